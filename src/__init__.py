@@ -1,0 +1,52 @@
+"""Prompt-cache-aware compaction strategies for Microsoft Agent Framework.
+
+Experimental: releases before 1.0 may change or remove APIs. Importing the package emits
+:class:`MafCompactionExperimentalWarning` once.
+"""
+
+from __future__ import annotations
+
+import warnings as _warnings
+
+from .adapters.anchored import AnchoredCompactionStrategy, MinimumGainAnchoredCompactionStrategy
+from .adapters.convert import original_results
+from .adapters.counting import MediaTokenEstimator
+from .adapters.tiktoken import TiktokenTokenizer
+from .core.anchored import AnchoredSnapshot
+from .errors import (
+    CompactionBudgetExceeded,
+    MafCompactionExperimentalWarning,
+    SnapshotError,
+    SnapshotVersionError,
+)
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "AnchoredCompactionStrategy",
+    "AnchoredSnapshot",
+    "CompactionBudgetExceeded",
+    "MafCompactionExperimentalWarning",
+    "MediaTokenEstimator",
+    "MinimumGainAnchoredCompactionStrategy",
+    "SnapshotError",
+    "SnapshotVersionError",
+    "TiktokenTokenizer",
+    "__version__",
+    "original_results",
+]
+
+
+def _warn_experimental() -> None:
+    # Under ``python -W error`` a warning becomes an exception; the import must still succeed.
+    try:
+        _warnings.warn(
+            "maf-compaction is experimental: releases before 1.0 may change or remove APIs.",
+            MafCompactionExperimentalWarning,
+            stacklevel=3,
+        )
+    except MafCompactionExperimentalWarning:
+        pass
+
+
+_warn_experimental()

@@ -1,0 +1,1 @@
+"""The async shell: framework types, conversion, effects and wiring."""

@@ -1,0 +1,228 @@
+"""``AnchoredCompactionStrategy`` and ``MinimumGainAnchoredCompactionStrategy``.
+
+Thin adapters over :mod:`maf_compaction.core.anchored`: convert the framework's list,
+run the pure step, apply the answer in place, log. The snapshot of decisions lives on
+the instance (direct wiring: one conversation per instance), so the in-call copies and
+the stored history get exactly the same sheds.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from agent_framework import Message
+
+from ..core import anchored as core
+from ..core.anchored import AnchoredConfig, AnchoredSnapshot, Report
+from .convert import apply, to_history
+from .counting import MediaTokenEstimator, Tokenizer, as_estimator
+
+logger = logging.getLogger("maf_compaction")
+
+EXCLUDE_REASON = "anchored_compaction"
+NOTE_KIND = "anchored"
+
+
+class AnchoredCompactionStrategy:
+    """Keep a fixed head and tail verbatim; shorten the band between by position only.
+
+    Tool results in the band keep a share of the budget that depends only on their
+    position (``band_share * max_input_tokens / (position + 1)``, at least 150 tokens),
+    so each is shortened once, to the same bytes on every later pass. Whole groups are
+    shed, oldest first, only when the prompt is over the budget, down to a low-water
+    mark so one prefix break buys room for several turns; each shed group leaves a note
+    the model can see and is named in a WARNING. User and system turns, injected
+    context and preserved messages are never changed. If the anchors alone exceed the
+    budget, the pass ends over it and logs a WARNING (honest overflow).
+
+    Implements the framework's ``CompactionStrategy``; pass the same instance as both
+    ``before_compaction_strategy`` and ``after_compaction_strategy`` of
+    ``create_harness_agent`` so the call copies and the stored history agree.
+
+    Args:
+        max_input_tokens: The input budget: context window minus output reservation.
+        tokenizer: Any ``count_tokens(text) -> int`` tokenizer; wrap it in a
+            :class:`MediaTokenEstimator` to set media estimates.
+        keep_head_groups: Groups at the start that are never touched (task, requirements).
+        keep_tail_groups: Groups at the end that are never touched (the working set).
+        keep_tokens: A fixed allowance per band result instead of the harmonic rule.
+        band_share: Share of the budget the oldest band result keeps, in (0, 1].
+        collapse_assistant_text: Also shed band assistant replies when shedding tool
+            groups alone does not reach the low-water mark.
+        low_water_fraction: A shed goes down to this share of the ceiling, in (0, 1].
+    """
+
+    def __init__(
+        self,
+        *,
+        max_input_tokens: int,
+        tokenizer: Tokenizer,
+        keep_head_groups: int = core.DEFAULT_KEEP_HEAD_GROUPS,
+        keep_tail_groups: int = core.DEFAULT_KEEP_TAIL_GROUPS,
+        keep_tokens: int | None = None,
+        band_share: float = core.DEFAULT_BAND_SHARE,
+        collapse_assistant_text: bool = True,
+        low_water_fraction: float = core.DEFAULT_LOW_WATER_FRACTION,
+    ) -> None:
+        self._config = AnchoredConfig(
+            max_input_tokens=max_input_tokens,
+            keep_head_groups=keep_head_groups,
+            keep_tail_groups=keep_tail_groups,
+            keep_tokens=keep_tokens,
+            band_share=band_share,
+            collapse_assistant_text=collapse_assistant_text,
+            low_water_fraction=low_water_fraction,
+            min_gain_fraction=self._min_gain(),
+        )
+        if not callable(getattr(tokenizer, "count_tokens", None)):
+            raise ValueError("tokenizer must have a count_tokens(text) -> int method")
+        self._tokenizer = tokenizer
+        self._estimator: MediaTokenEstimator = as_estimator(tokenizer)
+        self._counter = self._estimator._parts  # pyright: ignore[reportPrivateUsage]
+        self._snapshot = AnchoredSnapshot()
+        self.passes = 0
+        self.shed_events = 0
+        self.overflows = 0
+        self.last_report: Report | None = None
+
+    def _min_gain(self) -> float:
+        return 0.0
+
+    @property
+    def config(self) -> AnchoredConfig:
+        """The validated parameters."""
+        return self._config
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer given at construction (the framework reads it for its own logs)."""
+        return self._tokenizer
+
+    @property
+    def max_input_tokens(self) -> int:
+        """The input budget."""
+        return self._config.max_input_tokens
+
+    async def __call__(self, messages: list[Message]) -> bool:
+        """Compact ``messages`` in place to ``max_input_tokens``; True if anything changed.
+
+        False does not mean the prompt fits: see :attr:`last_report`.
+        """
+        return self.compact_to(messages, ceiling=self._config.max_input_tokens)
+
+    def compact_to(self, messages: list[Message], *, ceiling: int) -> bool:
+        """Compact in place, shedding (only) down toward ``ceiling`` instead of the budget.
+
+        This is the seam a composition uses to compact below the budget. Shortening
+        never reads the ceiling.
+        """
+        if isinstance(ceiling, bool) or not isinstance(ceiling, int) or ceiling <= 0:
+            raise ValueError(f"ceiling must be a positive integer, got {ceiling!r}")
+        if not messages:
+            return False
+        before = to_history(messages, self._counter, note_kind=NOTE_KIND)
+        done = core.step(self._config, before, self._snapshot, self._counter.measure, ceiling=ceiling).unwrap()
+        self._snapshot = done.snapshot
+        self._record(done.report)
+        if done.report.changed:
+            apply(messages, before, done.history, note_kind=NOTE_KIND, exclude_reason=EXCLUDE_REASON)
+        self._log(done.report, [before[i].message_id or f"#{i}" for i in done.report.shed])
+        return done.report.changed
+
+    def decision_state(self) -> AnchoredSnapshot:
+        """Every decision made so far (an immutable value; see ``to_dict``)."""
+        return self._snapshot
+
+    def restore_decisions(self, snapshot: AnchoredSnapshot | Mapping[str, object]) -> None:
+        """Continue from a snapshot (a value or its ``to_dict()``); refuses newer versions."""
+        self._snapshot = snapshot if isinstance(snapshot, AnchoredSnapshot) else AnchoredSnapshot.from_dict(snapshot)
+
+    def _record(self, report: Report) -> None:
+        self.passes += 1
+        self.last_report = report
+        if report.shed:
+            self.shed_events += 1
+        if report.overflow:
+            self.overflows += 1
+
+    def _log(self, report: Report, shed_ids: list[str]) -> None:
+        if shed_ids:
+            logger.warning(
+                "Shed %d message(s) to fit %d tokens (now %d); they stay in stored history, "
+                "excluded, with a note in their place: %s",
+                len(shed_ids),
+                report.ceiling,
+                report.tokens_after,
+                ", ".join(shed_ids),
+            )
+        if report.overflow:
+            logger.warning(
+                "The prompt is %d tokens, over the %d-token ceiling: the anchored head, tail and "
+                "protected turns alone exceed it. Nothing more can be removed by position.",
+                report.tokens_after,
+                report.ceiling,
+            )
+        logger.debug(
+            "anchored pass: %d -> %d tokens (ceiling %d), %d result(s) shortened, changed=%s",
+            report.tokens_before,
+            report.tokens_after,
+            report.ceiling,
+            report.shortened,
+            report.changed,
+        )
+
+
+class MinimumGainAnchoredCompactionStrategy(AnchoredCompactionStrategy):
+    """The anchored strategy with a break-even floor on each collapse.
+
+    A collapse re-bills every token behind its first edit at the uncached price, so it
+    pays only when ``R > B(p - c) / (p + T c)``: R removed, B behind the edit, T turns
+    left, p and c the uncached and cached prices. At a 10x discount and about 20 turns
+    that is 29% of B, the default. While the prompt fits, a collapse that would remove
+    less is declined (counted in :attr:`declined_collapses`); once accepted it is never
+    taken back. Over the ceiling the floor is skipped.
+
+    Args:
+        min_gain_fraction: The floor, in [0, 1); 0 makes it the anchored strategy.
+        **kwargs: As for :class:`AnchoredCompactionStrategy`.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_input_tokens: int,
+        tokenizer: Tokenizer,
+        keep_head_groups: int = core.DEFAULT_KEEP_HEAD_GROUPS,
+        keep_tail_groups: int = core.DEFAULT_KEEP_TAIL_GROUPS,
+        keep_tokens: int | None = None,
+        band_share: float = core.DEFAULT_BAND_SHARE,
+        collapse_assistant_text: bool = True,
+        low_water_fraction: float = core.DEFAULT_LOW_WATER_FRACTION,
+        min_gain_fraction: float = core.DEFAULT_MIN_GAIN_FRACTION,
+    ) -> None:
+        self._min_gain_fraction = min_gain_fraction
+        super().__init__(
+            max_input_tokens=max_input_tokens,
+            tokenizer=tokenizer,
+            keep_head_groups=keep_head_groups,
+            keep_tail_groups=keep_tail_groups,
+            keep_tokens=keep_tokens,
+            band_share=band_share,
+            collapse_assistant_text=collapse_assistant_text,
+            low_water_fraction=low_water_fraction,
+        )
+        self.declined_collapses = 0
+
+    def _min_gain(self) -> float:
+        return self._min_gain_fraction
+
+    @property
+    def min_gain_fraction(self) -> float:
+        """The break-even floor."""
+        return self._config.min_gain_fraction
+
+    def _record(self, report: Report) -> None:
+        super()._record(report)
+        if report.declined:
+            self.declined_collapses += 1

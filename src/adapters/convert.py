@@ -1,0 +1,153 @@
+"""Framework messages in, core records out, and the core's answer applied back in place.
+
+Nothing here decides what to compact. It reads flags (excluded, preserved, injected,
+our notes), converts, and writes exclusions, shortened results and notes onto the list
+the framework handed us. Loaded copies share their ``contents`` lists and nested dicts
+with stored history, so every write here assigns new objects and never mutates a
+shared one.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+from agent_framework import Content, HistoryProvider, Message
+
+from ..core.counting import message_tokens
+from ..core.model import History, MessageRecord, Part, history
+from .counting import PartCounter
+
+EXCLUDED_KEY = "_excluded"
+EXCLUDE_REASON_KEY = "_exclude_reason"
+PRESERVED_KEY = "_preserved"
+PRESERVE_REASON_KEY = "_preserve_reason"
+ATTRIBUTION_KEY = "_attribution"
+#: Marks a message maf-compaction inserted; the value names the strategy.
+NOTE_KEY = "_maf_compaction_note"
+#: Keeps a shortened result's original text on the message, so nothing is lost.
+ORIGINALS_KEY = "_maf_compaction_original_results"
+
+
+def to_history(messages: Sequence[Message], counter: PartCounter, *, note_kind: str) -> History:
+    """Records for ``messages``, each carrying its index as ``origin``."""
+    records: list[MessageRecord] = []
+    history_names = history_provider_names()
+    for index, message in enumerate(messages):
+        props = message.additional_properties
+        parts = counter.parts(message)
+        records.append(
+            MessageRecord(
+                role=str(message.role),
+                parts=parts,
+                tokens=message_tokens(p.tokens for p in parts),
+                message_id=message.message_id,
+                excluded=bool(props.get(EXCLUDED_KEY, False)),
+                preserved=bool(props.get(PRESERVED_KEY, False)),
+                injected=is_injected(message, history_names),
+                note=props.get(NOTE_KEY) == note_kind,
+                origin=index,
+            )
+        )
+    return history(records)
+
+
+def is_injected(message: Message, history_names: frozenset[str] | None = None) -> bool:
+    """A context provider added this message for one call; it is not history.
+
+    Such messages carry an ``_attribution`` naming a provider that is not a history
+    provider (the harness's todo list, mode or memory context). Messages a history
+    provider loaded, and messages without attribution, are conversation history.
+    """
+    attribution = message.additional_properties.get(ATTRIBUTION_KEY)
+    if not isinstance(attribution, dict):
+        return False
+    source_type = attribution.get("source_type")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    if not isinstance(source_type, str):
+        return False
+    return source_type not in (history_provider_names() if history_names is None else history_names)
+
+
+def history_provider_names() -> frozenset[str]:
+    """Class names of every history provider class defined so far."""
+    return frozenset(cls.__name__ for cls in _all_subclasses(HistoryProvider))
+
+
+def _all_subclasses(cls: type) -> list[type]:
+    found: list[type] = []
+    pending = [cls]
+    while pending:
+        current = pending.pop()
+        found.append(current)
+        pending.extend(current.__subclasses__())
+    return found
+
+
+def apply(
+    messages: list[Message],
+    before: History,
+    after: History,
+    *,
+    note_kind: str,
+    exclude_reason: str,
+) -> None:
+    """Make ``messages`` match ``after`` (which the core derived from ``before``), in place."""
+    notes = {m.message_id: m for m in messages if m.additional_properties.get(NOTE_KEY) == note_kind}
+    updated: list[Message] = []
+    for record in after:
+        if record.origin is None:
+            updated.append(_note_message(record, notes, note_kind))
+            continue
+        message = messages[record.origin]
+        source = before[record.origin]
+        if record.excluded and not source.excluded:
+            message.additional_properties[EXCLUDED_KEY] = True
+            message.additional_properties[EXCLUDE_REASON_KEY] = exclude_reason
+        if record.parts is not source.parts:
+            _rewrite_results(message, source.parts, record.parts)
+        updated.append(message)
+    messages[:] = updated
+
+
+def _note_message(record: MessageRecord, existing: dict[str | None, Message], note_kind: str) -> Message:
+    text = record.parts[0].text
+    found = existing.get(record.message_id)
+    if found is not None and found.text == text:
+        found.additional_properties[EXCLUDED_KEY] = False
+        return found
+    return Message(
+        "assistant",
+        [text],
+        message_id=record.message_id,
+        additional_properties={NOTE_KEY: note_kind, EXCLUDED_KEY: False},
+    )
+
+
+def _rewrite_results(message: Message, old: tuple[Part, ...], new: tuple[Part, ...]) -> None:
+    """Swap in shortened result contents; keep each original text on the message."""
+    contents = list(message.contents)
+    originals = dict(message.additional_properties.get(ORIGINALS_KEY) or {})
+    for index, (before, after) in enumerate(zip(old, new, strict=True)):
+        if after.text is before.text:
+            continue
+        content = contents[index]
+        originals.setdefault(content.call_id or str(index), before.text)
+        contents[index] = _with_result(content, after.text)
+    message.contents = contents
+    message.additional_properties[ORIGINALS_KEY] = originals
+
+
+def _with_result(content: Content, text: str) -> Content:
+    shortened = copy.copy(content)
+    shortened.result = text
+    media = [item for item in content.items or () if item.type != "text"]
+    shortened.items = [Content.from_text(text), *media]
+    if shortened.additional_properties is not None:
+        shortened.additional_properties = dict(shortened.additional_properties)
+    return shortened
+
+
+def original_results(message: Message) -> dict[str, str]:
+    """The original texts of results maf-compaction shortened, keyed by call id."""
+    stored = message.additional_properties.get(ORIGINALS_KEY)
+    return dict(stored) if isinstance(stored, dict) else {}  # pyright: ignore[reportUnknownArgumentType]

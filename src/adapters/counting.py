@@ -1,0 +1,207 @@
+"""Counting messages on our basis, with media at an estimate and a content-keyed cache.
+
+The basis itself (what text a part shows the model, what is opaque) is pure and lives
+in :mod:`maf_compaction.core.counting`; this module reads framework ``Content``
+objects, asks the tokenizer, and remembers the answers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+from agent_framework import Content, Message
+
+from ..core import counting as basis
+from ..core.model import MEDIA_KINDS, TOOL_CALL_KINDS, Part
+
+DEFAULT_IMAGE_TOKENS = 1_024
+DEFAULT_OTHER_MEDIA_TOKENS = 1_024
+
+#: Entries kept per cache; a long conversation's distinct texts fit comfortably.
+_CACHE_SIZE = 65_536
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """Anything with ``count_tokens(text) -> int``, like the framework's tokenizers."""
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens in ``text``."""
+        ...
+
+
+class MediaTokenEstimator:
+    """A tokenizer that also prices media parts at a fixed, configurable estimate.
+
+    Every ``data``, ``uri`` and ``hosted_file`` part (including media inside a tool
+    result) counts ``image_tokens`` when its media type is an image and
+    ``other_media_tokens`` otherwise, or whatever ``estimate_media(content)`` returns.
+    Inline base64 and URLs never count by their string length. Estimates must be
+    positive integers; they are not provider usage measurements.
+
+    Pass the same estimator to every strategy (and recall middleware) so they agree.
+
+    Args:
+        tokenizer: The text tokenizer to wrap.
+        image_tokens: Estimate for an image part.
+        other_media_tokens: Estimate for any other media part (audio, documents...).
+        estimate_media: Optional pure ``(content) -> int`` overriding both estimates.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        *,
+        image_tokens: int = DEFAULT_IMAGE_TOKENS,
+        other_media_tokens: int = DEFAULT_OTHER_MEDIA_TOKENS,
+        estimate_media: Callable[[Content], int] | None = None,
+    ) -> None:
+        if not callable(getattr(tokenizer, "count_tokens", None)):
+            raise ValueError("tokenizer must have a count_tokens(text) -> int method")
+        _require_positive("image_tokens", image_tokens)
+        _require_positive("other_media_tokens", other_media_tokens)
+        if estimate_media is not None and not callable(estimate_media):
+            raise ValueError("estimate_media must be a callable (content) -> int or None")
+        self._tokenizer = tokenizer
+        self._image_tokens = image_tokens
+        self._other_media_tokens = other_media_tokens
+        self._estimate_media = estimate_media
+        self._parts = PartCounter(self)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The wrapped text tokenizer."""
+        return self._tokenizer
+
+    @property
+    def image_tokens(self) -> int:
+        """Estimate for an image part."""
+        return self._image_tokens
+
+    @property
+    def other_media_tokens(self) -> int:
+        """Estimate for a non-image media part."""
+        return self._other_media_tokens
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens in ``text``, from the wrapped tokenizer."""
+        return self._tokenizer.count_tokens(text)
+
+    def estimate(self, content: Content) -> int:
+        """The estimate for one media part; raises ``ValueError`` for a bad callback answer."""
+        if self._estimate_media is not None:
+            value = self._estimate_media(content)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"estimate_media must return a positive integer, got {value!r}")
+            return value
+        media_type = content.media_type or ""
+        return self._image_tokens if media_type.startswith("image/") else self._other_media_tokens
+
+    def count_message_tokens(self, message: Message) -> int:
+        """Tokens of ``message`` on maf-compaction's counting basis."""
+        return basis.message_tokens(part.tokens for part in self._parts.parts(message))
+
+
+def as_estimator(tokenizer: Tokenizer) -> MediaTokenEstimator:
+    """``tokenizer`` itself if it is an estimator, else one with the default estimates."""
+    if isinstance(tokenizer, MediaTokenEstimator):
+        return tokenizer
+    return MediaTokenEstimator(tokenizer)
+
+
+class PartCounter:
+    """Converts ``Content`` into core :class:`Part` values, counting each distinct text once.
+
+    The cache is keyed by the counting basis version, the part kind and the text the
+    model sees; it belongs to one estimator, so another tokenizer never reuses a count.
+    Strings a conversation keeps (a stored tool result) keep their hash, so a warm
+    lookup costs a dictionary probe.
+    """
+
+    def __init__(self, estimator: MediaTokenEstimator) -> None:
+        self._estimator = estimator
+        self._tokens: OrderedDict[tuple[int, str, str], int] = OrderedDict()
+        self._reasoning: OrderedDict[str, str] = OrderedDict()
+
+    def measure(self, text: str) -> int:
+        """Tokens of ``text`` (cached); the core's injected ``measure``."""
+        return self._count("", text)
+
+    def parts(self, message: Message) -> tuple[Part, ...]:
+        """The message's parts on the counting basis."""
+        return tuple(self.part(content) for content in message.contents)
+
+    def part(self, content: Content) -> Part:
+        """One content part on the counting basis."""
+        kind = content.type
+        if kind == "text":
+            text = content.text or ""
+            return Part(kind=kind, text=text, tokens=self._count(kind, text))
+        if kind == "function_result":
+            text = _result_text(content)
+            media = sum(self._estimator.estimate(item) for item in content.items or () if item.type in MEDIA_KINDS)
+            return Part(kind=kind, text=text, tokens=self._count(kind, text) + media, call_id=content.call_id)
+        if kind in TOOL_CALL_KINDS:
+            name = content.name or getattr(content, "tool_name", None)
+            text = basis.call_text(name, basis.arguments_text(content.arguments))
+            return Part(kind=kind, text=text, tokens=self._count(kind, text), call_id=content.call_id, name=name)
+        if kind == "text_reasoning":
+            text = (content.text or "") + self._clear_reasoning(content.protected_data)
+            return Part(kind=kind, text=text, tokens=self._count(kind, text))
+        if kind in MEDIA_KINDS:
+            return Part(kind=kind, tokens=self._estimator.estimate(content))
+        text = _other_text(content)
+        return Part(kind=kind, text=text, tokens=self._count(kind, text), call_id=content.call_id)
+
+    def _count(self, kind: str, text: str) -> int:
+        if not text:
+            return 0
+        key = (basis.BASIS_VERSION, kind, text)
+        cached = self._tokens.get(key)
+        if cached is not None:
+            return cached
+        value = self._estimator.count_tokens(text)
+        self._tokens[key] = value
+        if len(self._tokens) > _CACHE_SIZE:
+            self._tokens.popitem(last=False)
+        return value
+
+    def _clear_reasoning(self, protected_data: str | None) -> str:
+        if not protected_data:
+            return ""
+        cached = self._reasoning.get(protected_data)
+        if cached is None:
+            cached = basis.clear_reasoning_text(protected_data)
+            self._reasoning[protected_data] = cached
+            if len(self._reasoning) > _CACHE_SIZE:
+                self._reasoning.popitem(last=False)
+        return cached
+
+
+def _result_text(content: Content) -> str:
+    result = content.result
+    text = result if isinstance(result, str) else ("" if result is None else _json(result))
+    if content.exception is not None:
+        text = f"{text}\n{content.exception}" if text else str(content.exception)
+    return text
+
+
+def _other_text(content: Content) -> str:
+    """A compact rendering of a content type with no dedicated rule (errors, approvals...)."""
+    payload: dict[str, Any] = content.to_dict(exclude_none=True)
+    for key in ("raw_representation", "additional_properties", "items", "protected_data", "type"):
+        payload.pop(key, None)
+    stripped = basis.strip_opaque(payload)
+    return _json(stripped) if stripped else ""
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _require_positive(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -1,0 +1,98 @@
+"""The counting basis: what of a message the model sees, and so what we count.
+
+We count text, tool names and arguments, tool results, clear-text reasoning and a
+small per-message overhead. Media parts count at a fixed estimate the shell supplies
+(never by the length of a base64 string or a URL), and opaque provider payloads count
+zero: a non-JSON ``protected_data`` blob, and ``encrypted_content``, ``signature`` and
+``thought_signature`` members at any depth. The provider never tokenises ciphertext,
+and counting it (three to four tokens per character of base64 under o200k_base) made
+the framework's compaction fire early; see the bug report in the project's seeds.
+
+Metadata a client keeps beside a part (``additional_properties``, ``raw_representation``)
+is not prompt text and is not counted either.
+
+:data:`BASIS_VERSION` changes whenever this basis changes, so cached counts made on an
+older basis are never reused.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import cast
+
+#: Bumped whenever what we count changes.
+BASIS_VERSION = 1
+
+#: Tokens charged per message for role and framing, as chat formats do (OpenAI documents
+#: three to four).
+MESSAGE_OVERHEAD_TOKENS = 4
+
+#: Keys whose values are opaque provider payloads, dropped at any depth.
+OPAQUE_KEYS: frozenset[str] = frozenset({"encrypted_content", "signature", "thought_signature"})
+
+Measure = Callable[[str], int]
+
+
+def strip_opaque(value: object) -> object:
+    """Drop opaque members at any depth; ``None`` when nothing readable is left."""
+    if isinstance(value, dict):
+        kept: dict[str, object] = {}
+        for key, item in cast("dict[str, object]", value).items():
+            if key in OPAQUE_KEYS:
+                continue
+            stripped = strip_opaque(item)
+            if stripped is not None:
+                kept[key] = stripped
+        return kept or None
+    if isinstance(value, list):
+        items = [s for s in (strip_opaque(item) for item in cast("list[object]", value)) if s is not None]
+        return items or None
+    return value
+
+
+def clear_reasoning_text(protected_data: str | None) -> str:
+    """The readable part of a reasoning ``protected_data`` payload.
+
+    A JSON structure (the Chat Completions ``reasoning_details``) is replayed as clear
+    text except for its opaque members, so what is left of it counts. Anything else
+    (a Responses ``encrypted_content`` blob, an Anthropic thinking signature, a Gemini
+    thought signature) is opaque and counts zero.
+    """
+    if not protected_data:
+        return ""
+    stripped = text_of_json(protected_data)
+    return stripped or ""
+
+
+def text_of_json(raw: str) -> str | None:
+    """Compact JSON of ``raw`` without opaque members, or ``None`` if ``raw`` is not JSON."""
+    try:
+        parsed: object = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(parsed, (dict, list)):
+        return None
+    stripped = strip_opaque(parsed)
+    if stripped is None:
+        return ""
+    return json.dumps(stripped, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+def call_text(name: str | None, arguments: str) -> str:
+    """What a tool call shows the model: its name and its arguments."""
+    return f"{name or ''} {arguments}".strip()
+
+
+def arguments_text(arguments: object) -> str:
+    """A call's arguments as the string the provider receives."""
+    if arguments is None:
+        return ""
+    if isinstance(arguments, str):
+        return arguments
+    return json.dumps(arguments, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def message_tokens(part_tokens: Iterable[int]) -> int:
+    """Tokens of a message: its parts plus the per-message overhead."""
+    return MESSAGE_OVERHEAD_TOKENS + sum(part_tokens)

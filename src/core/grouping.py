@@ -1,0 +1,145 @@
+"""Grouping: which messages are kept or removed together.
+
+The rules are the framework's (``agent_framework._compaction.group_messages``), restated
+over records so the core never imports the framework; a hypothesis differential test
+holds the two to the same answer:
+
+- each system message and each user message is a group of its own;
+- an assistant message with a tool call, any reasoning-only assistant messages right
+  before or after it, and the run of tool messages that follows form one ``tool_call``
+  group;
+- a run of tool messages with no call in front is a ``tool_call`` group too;
+- any other message is ``assistant_text``;
+- a function (or computer) result that is not adjacent to its call joins the call's
+  group when the pairing is unambiguous, so one group may have non-contiguous members.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .model import CALL_KIND_FOR_RESULT, LINKABLE_CALL_KINDS, Group, GroupKind, MessageRecord
+
+_Span = tuple[GroupKind, int, int, bool]
+
+
+def group_records(records: Sequence[MessageRecord]) -> tuple[Group, ...]:
+    """Group ``records`` by the framework's rules, in order of each group's first member."""
+    spans = _spans(records)
+    roots = _link(records, spans)
+    members: dict[int, list[int]] = {}
+    runs: dict[int, list[tuple[int, int]]] = {}
+    reasoning: dict[int, bool] = {}
+    for index, (_, start, end, has_reasoning) in enumerate(spans):
+        root = roots[index]
+        members.setdefault(root, []).extend(range(start, end + 1))
+        runs.setdefault(root, []).append((start, end))
+        reasoning[root] = reasoning.get(root, False) or has_reasoning
+    return tuple(
+        Group(
+            kind=spans[root][0],
+            members=tuple(sorted(members[root])),
+            has_reasoning=reasoning[root],
+            spans=tuple(runs[root]),
+        )
+        for root in sorted(members)
+    )
+
+
+def _spans(records: Sequence[MessageRecord]) -> list[_Span]:
+    spans: list[_Span] = []
+    count = len(records)
+    i = 0
+    while i < count:
+        current = records[i]
+        if current.role in ("system", "user"):
+            kind: GroupKind = "system" if current.role == "system" else "user"
+            spans.append((kind, i, i, current.has_reasoning))
+            i += 1
+            continue
+        if current.is_reasoning_only:
+            j = i
+            while j < count and records[j].is_reasoning_only:
+                j += 1
+            if j < count and _is_tool_call_assistant(records[j]):
+                end = _tool_run_end(records, j + 1)
+                spans.append(("tool_call", i, end - 1, True))
+                i = end
+                continue
+        if _is_tool_call_assistant(current):
+            k = j = i + 1
+            while k < count and records[k].is_reasoning_only:
+                k += 1
+            has_reasoning = current.has_reasoning or k > j
+            end = _tool_run_end(records, k)
+            spans.append(("tool_call", i, end - 1, has_reasoning))
+            i = end
+            continue
+        if current.role == "tool":
+            end = _tool_run_end(records, i + 1)
+            spans.append(("tool_call", i, end - 1, False))
+            i = end
+            continue
+        spans.append(("assistant_text", i, i, current.has_reasoning))
+        i += 1
+    return spans
+
+
+def _is_tool_call_assistant(record: MessageRecord) -> bool:
+    return record.role == "assistant" and record.has_tool_call
+
+
+def _tool_run_end(records: Sequence[MessageRecord], start: int) -> int:
+    """Index one past the run of reasoning-only assistants and tool messages from ``start``."""
+    k = start
+    while k < len(records) and records[k].is_reasoning_only:
+        k += 1
+    while k < len(records) and records[k].role == "tool":
+        k += 1
+    return k
+
+
+def _unambiguous_pairs(records: Sequence[MessageRecord]) -> list[tuple[int, int]]:
+    """(declaration index, result index) pairs whose call id matches exactly one open declaration."""
+    open_declarations: dict[tuple[str, str], list[int]] = {}
+    pairs: list[tuple[int, int]] = []
+    for index, record in enumerate(records):
+        if record.role not in ("assistant", "tool"):
+            continue
+        for part in record.parts:
+            if record.role == "assistant" and part.kind in LINKABLE_CALL_KINDS and part.call_id:
+                open_declarations.setdefault((part.kind, part.call_id), []).append(index)
+                continue
+            call_kind = CALL_KIND_FOR_RESULT.get(part.kind)
+            if call_kind is None or not part.call_id:
+                continue
+            candidates = open_declarations.get((call_kind, part.call_id))
+            if candidates is None or len(candidates) != 1:
+                continue
+            pairs.append((candidates.pop(), index))
+    return pairs
+
+
+def _link(records: Sequence[MessageRecord], spans: list[_Span]) -> list[int]:
+    """Union-find over spans: a result span joins its declaration's (earlier) span."""
+    parents = list(range(len(spans)))
+    if len(spans) < 2:
+        return parents
+    span_of: dict[int, int] = {}
+    for index, (_, start, end, _) in enumerate(spans):
+        for message_index in range(start, end + 1):
+            span_of[message_index] = index
+
+    def find(index: int) -> int:
+        while parents[index] != index:
+            parents[index] = parents[parents[index]]
+            index = parents[index]
+        return index
+
+    for declaration, result in _unambiguous_pairs(records):
+        left, right = span_of[declaration], span_of[result]
+        if left < right:
+            a, b = find(left), find(right)
+            if a != b:
+                parents[max(a, b)] = min(a, b)
+    return [find(index) for index in range(len(spans))]

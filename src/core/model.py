@@ -1,0 +1,137 @@
+"""The values the core works on: message records, parts, groups and the history.
+
+Everything here is frozen. The shell converts framework ``Message`` objects into
+these records once per pass (memoizing what it can) and applies the core's answer
+back; the core never sees a framework type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, TypeAlias
+
+from pyrsistent import PVector, pvector
+
+GroupKind: TypeAlias = Literal["system", "user", "assistant_text", "tool_call"]
+
+#: Content types that declare a tool call. Mirrors the framework's set exactly, because
+#: grouping must agree with ``agent_framework._compaction.group_messages``.
+TOOL_CALL_KINDS: frozenset[str] = frozenset(
+    {
+        "function_call",
+        "computer_tool_call",
+        "mcp_server_tool_call",
+        "code_interpreter_tool_call",
+        "shell_tool_call",
+        "image_generation_tool_call",
+    }
+)
+
+#: Declaration/result content types the framework links across non-adjacent spans.
+LINKABLE_CALL_KINDS: frozenset[str] = frozenset({"function_call", "computer_tool_call"})
+RESULT_KIND_FOR_CALL: dict[str, str] = {
+    "function_call": "function_result",
+    "computer_tool_call": "computer_tool_result",
+}
+CALL_KIND_FOR_RESULT: dict[str, str] = {result: call for call, result in RESULT_KIND_FOR_CALL.items()}
+
+MEDIA_KINDS: frozenset[str] = frozenset({"data", "uri", "hosted_file"})
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One content part as the core sees it.
+
+    Attributes:
+        kind: The framework content type (``"text"``, ``"function_result"``, ...).
+        text: The text the model sees for this part, on the counting basis of
+            :mod:`maf_compaction.core.counting` (text, clear-text reasoning, a call's
+            name and arguments, a result's text). Opaque payloads and media bytes are
+            never part of it.
+        tokens: Tokens of this part: ``measure(text)`` plus any media estimate.
+        call_id: The tool call id, for calls and results.
+        name: The tool name, for calls.
+    """
+
+    kind: str
+    text: str = ""
+    tokens: int = 0
+    call_id: str | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    """One message of the conversation, as a value.
+
+    Attributes:
+        role: ``"system"``, ``"user"``, ``"assistant"`` or ``"tool"``.
+        parts: The message's content parts, in order.
+        tokens: Counted tokens of the whole message (parts plus per-message overhead).
+        message_id: The message id, when the message has one.
+        excluded: The message is excluded from the prompt.
+        preserved: Another component asked that the message is never made smaller.
+        injected: A context provider added the message for this call only (a todo
+            list, memory context). It is not conversation history: it never counts as
+            a group, never shifts positions and is never changed.
+        note: One of our own notes (a shed marker). Notes never count as groups.
+        origin: Index of the message this record stands for in the list the shell
+            converted; ``None`` for a message the core created (a note). The core
+            carries it through untouched so the shell can apply the answer in place.
+    """
+
+    role: str
+    parts: tuple[Part, ...] = ()
+    tokens: int = 0
+    message_id: str | None = None
+    excluded: bool = False
+    preserved: bool = False
+    injected: bool = False
+    note: bool = False
+    origin: int | None = None
+
+    @property
+    def is_reasoning_only(self) -> bool:
+        """An assistant message holding nothing but reasoning."""
+        return self.role == "assistant" and bool(self.parts) and all(p.kind == "text_reasoning" for p in self.parts)
+
+    @property
+    def has_tool_call(self) -> bool:
+        """A message holding at least one tool-call declaration."""
+        return any(p.kind in TOOL_CALL_KINDS for p in self.parts)
+
+    @property
+    def has_reasoning(self) -> bool:
+        """A message holding at least one reasoning part."""
+        return any(p.kind == "text_reasoning" for p in self.parts)
+
+
+History: TypeAlias = PVector[MessageRecord]
+
+
+def history(records: object = ()) -> History:
+    """Build a :data:`History` from any iterable of records."""
+    return pvector(records)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """A group of messages that are kept or removed together.
+
+    Attributes:
+        kind: The framework group kind.
+        members: Indices into the history, ascending. A linked tool group (a call and
+            a result that is not adjacent to it) has non-contiguous members.
+        has_reasoning: Any member holds reasoning.
+        spans: The contiguous runs of members, as ``(start, end)`` inclusive pairs.
+    """
+
+    kind: GroupKind
+    members: tuple[int, ...]
+    has_reasoning: bool = False
+    spans: tuple[tuple[int, int], ...] = field(default=())
+
+    @property
+    def start(self) -> int:
+        """Index of the group's first member."""
+        return self.members[0]
