@@ -6,6 +6,7 @@ Experimental: releases before 1.0 may change or remove APIs. Importing the packa
 
 from __future__ import annotations
 
+import contextlib as _contextlib
 import warnings as _warnings
 
 from .adapters.anchored import AnchoredCompactionStrategy, MinimumGainAnchoredCompactionStrategy
@@ -39,14 +40,12 @@ __all__ = [
 
 def _warn_experimental() -> None:
     # Under ``python -W error`` a warning becomes an exception; the import must still succeed.
-    try:
+    with _contextlib.suppress(MafCompactionExperimentalWarning):
         _warnings.warn(
             "maf-compaction is experimental: releases before 1.0 may change or remove APIs.",
             MafCompactionExperimentalWarning,
             stacklevel=3,
         )
-    except MafCompactionExperimentalWarning:
-        pass
 
 
 _warn_experimental()

@@ -35,8 +35,10 @@ _SPECS: dict[str, _EncodingSpec] = {
         sha256="446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
         pat_str="|".join(
             [
-                r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-                r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+                r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"""
+                r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+                r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"""
+                r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
                 r"""\p{N}{1,3}""",
                 r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
                 r"""\s*[\r\n]+""",
@@ -48,7 +50,10 @@ _SPECS: dict[str, _EncodingSpec] = {
     ),
     "cl100k_base": _EncodingSpec(
         sha256="223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
-        pat_str=r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s""",
+        pat_str=(
+            r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+            r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+        ),
         special_tokens={
             "<|endoftext|>": 100257,
             "<|fim_prefix|>": 100258,
@@ -85,11 +90,9 @@ class TiktokenTokenizer:
 
     def __init__(self, encoding: str = "o200k_base", *, vocabulary_file: str | os.PathLike[str] | None = None) -> None:
         try:
-            import tiktoken
+            import tiktoken  # noqa: PLC0415 - an optional extra, imported on use
         except ImportError as error:  # pragma: no cover - exercised only without the extra
-            raise ImportError(
-                "TiktokenTokenizer needs tiktoken: pip install 'maf-compaction[tiktoken]'"
-            ) from error
+            raise ImportError("TiktokenTokenizer needs tiktoken: pip install 'maf-compaction[tiktoken]'") from error
         self._name = encoding
         path = vocabulary_file if vocabulary_file is not None else os.environ.get(ENV_VOCABULARY_FILE)
         if path:

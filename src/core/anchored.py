@@ -203,7 +203,7 @@ class _Plan:
     records: list[MessageRecord]
     shed_tools: int
     shed_texts: int
-    newly_shed: list[int] = field(default_factory=lambda: [])
+    newly_shed: list[int] = field(default_factory=list[int])
 
 
 def step(
@@ -228,7 +228,9 @@ def step(
     plan = _Plan(records=records, shed_tools=snapshot.tools_shed, shed_texts=snapshot.texts_shed)
     _replay_sheds(plan, band)
     committed = min(snapshot.shortened, len(band.tools))
-    shortened, declined, committed = _shorten_band(config, plan, band, committed, measure, limit)
+    shortened, declined, committed = _shorten_band(
+        config, plan, band, committed=committed, measure=measure, limit=limit
+    )
     _shed_to_low_water(config, plan, band, measure, limit)
 
     output = _with_notes(plan, band, measure)
@@ -287,6 +289,7 @@ def _shorten_band(
     config: AnchoredConfig,
     plan: _Plan,
     band: _Band,
+    *,
     committed: int,
     measure: Measure,
     limit: int,
@@ -332,12 +335,12 @@ def _shorten_record(record: MessageRecord, allowance: int, measure: Measure) -> 
     parts: list[Part] = []
     changed = False
     for part in record.parts:
-        if part.kind == "function_result" and part.text:
-            text = shorten(part.text, allowance, measure, tokens=part.tokens)
-            if text is not part.text:
-                part = replace(part, text=text, tokens=measure(text))
-                changed = True
-        parts.append(part)
+        text = shorten(part.text, allowance, measure, tokens=part.tokens) if part.kind == "function_result" else ""
+        if text and text is not part.text:
+            parts.append(replace(part, text=text, tokens=measure(text)))
+            changed = True
+        else:
+            parts.append(part)
     if not changed:
         return record
     tokens = record.tokens - sum(p.tokens for p in record.parts) + sum(p.tokens for p in parts)

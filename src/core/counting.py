@@ -73,7 +73,7 @@ def text_of_json(raw: str) -> str | None:
         return None
     if not isinstance(parsed, (dict, list)):
         return None
-    stripped = strip_opaque(parsed)
+    stripped = strip_opaque(cast("object", parsed))
     if stripped is None:
         return ""
     return json.dumps(stripped, ensure_ascii=False, sort_keys=True, separators=(",", ":"))

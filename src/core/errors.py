@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-class CompactionBudgetExceeded(Exception):  # noqa: N818 - public name from the README
+class CompactionBudgetExceeded(Exception):
     """What must stay in the prompt does not fit the budget.
 
     The core returns it as a ``Failure`` value; the shell raises it. The host handles
