@@ -13,13 +13,12 @@ import copy
 from collections.abc import Sequence
 
 from agent_framework import Content, HistoryProvider, Message
+from agent_framework._compaction import EXCLUDE_REASON_KEY, EXCLUDED_KEY
 
 from ..core.counting import message_tokens
 from ..core.model import History, MessageRecord, Part, history
 from .counting import PartCounter
 
-EXCLUDED_KEY = "_excluded"
-EXCLUDE_REASON_KEY = "_exclude_reason"
 PRESERVED_KEY = "_preserved"
 PRESERVE_REASON_KEY = "_preserve_reason"
 ATTRIBUTION_KEY = "_attribution"
