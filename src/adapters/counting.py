@@ -143,7 +143,13 @@ class PartCounter:
         if kind == "function_result":
             text = _result_text(content)
             media = sum(self._estimator.estimate(item) for item in content.items or () if item.type in MEDIA_KINDS)
-            return Part(kind=kind, text=text, tokens=self._count(kind, text) + media, call_id=content.call_id)
+            return Part(
+                kind=kind,
+                text=text,
+                tokens=self._count(kind, text) + media,
+                media_tokens=media,
+                call_id=content.call_id,
+            )
         if kind in TOOL_CALL_KINDS:
             name = content.name or getattr(content, "tool_name", None)
             text = basis.call_text(name, basis.arguments_text(content.arguments))
@@ -152,7 +158,8 @@ class PartCounter:
             text = (content.text or "") + self._clear_reasoning(content.protected_data)
             return Part(kind=kind, text=text, tokens=self._count(kind, text))
         if kind in MEDIA_KINDS:
-            return Part(kind=kind, tokens=self._estimator.estimate(content))
+            media = self._estimator.estimate(content)
+            return Part(kind=kind, tokens=media, media_tokens=media)
         text = _other_text(content)
         return Part(kind=kind, text=text, tokens=self._count(kind, text), call_id=content.call_id)
 
@@ -182,11 +189,9 @@ class PartCounter:
 
 
 def _result_text(content: Content) -> str:
+    """The result the client sends; ``exception`` is host-side diagnostics, never sent."""
     result = content.result
-    text = result if isinstance(result, str) else ("" if result is None else _json(result))
-    if content.exception is not None:
-        text = f"{text}\n{content.exception}" if text else str(content.exception)
-    return text
+    return result if isinstance(result, str) else ("" if result is None else _json(result))
 
 
 def _other_text(content: Content) -> str:

@@ -14,6 +14,7 @@ import gzip
 import hashlib
 import importlib.resources
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,7 +137,12 @@ def _from_file(tiktoken: Any, encoding: str, path: Path) -> Any:
     except OSError as error:
         raise TokenizerUnavailableError(f"cannot read vocabulary_file {str(path)!r}: {error}") from error
     if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as error:
+            raise ValueError(
+                f"vocabulary_file {str(path)!r} is not the official {encoding} file: cannot decompress it ({error})"
+            ) from error
     return _from_bytes(tiktoken, encoding, raw, source=str(path))
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Final
+from typing import Final, cast
 
 from pyrsistent import pvector
 from returns.result import Result, Success
@@ -115,15 +115,20 @@ class AnchoredSnapshot:
     """Every decision the anchored strategy has made, as watermarks over band positions.
 
     Attributes:
-        tools_shed: Band tool groups at positions below this are shed.
-        texts_shed: Band assistant replies at positions below this are shed.
+        tools_shed: Band tool groups at positions below this are shed...
+        texts_shed: ...and band assistant replies at positions below this.
         shortened: Band tool groups at positions below this are committed to being
             shortened (the minimum-gain floor accepted them; it never takes that back).
+        spared_tools: Positions below ``tools_shed`` a shed passed over because they
+            were preserved at the time; they are never shed later by replay.
+        spared_texts: The same for assistant replies.
     """
 
     tools_shed: int = 0
     texts_shed: int = 0
     shortened: int = 0
+    spared_tools: tuple[int, ...] = ()
+    spared_texts: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-safe dict with an explicit kind and version."""
@@ -133,6 +138,8 @@ class AnchoredSnapshot:
             "tools_shed": self.tools_shed,
             "texts_shed": self.texts_shed,
             "shortened": self.shortened,
+            "spared_tools": list(self.spared_tools),
+            "spared_texts": list(self.spared_texts),
         }
 
     @classmethod
@@ -141,17 +148,36 @@ class AnchoredSnapshot:
         if not isinstance(data, Mapping):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise SnapshotError(f"an anchored snapshot must be a mapping, got {type(data).__name__}")
         version = data.get("version")
-        if version not in SUPPORTED_SNAPSHOT_VERSIONS:
+        if isinstance(version, bool) or version not in SUPPORTED_SNAPSHOT_VERSIONS:
             raise SnapshotVersionError(version, SUPPORTED_SNAPSHOT_VERSIONS)
         if data.get("kind") != SNAPSHOT_KIND:
             raise SnapshotError(f"expected an {SNAPSHOT_KIND!r} snapshot, got kind {data.get('kind')!r}")
-        values: dict[str, int] = {}
-        for name in ("tools_shed", "texts_shed", "shortened"):
-            value = data.get(name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise SnapshotError(f"snapshot field {name!r} must be a non-negative integer, got {value!r}")
-            values[name] = value
-        return cls(**values)
+        return cls(
+            tools_shed=_count_field(data, "tools_shed"),
+            texts_shed=_count_field(data, "texts_shed"),
+            shortened=_count_field(data, "shortened"),
+            spared_tools=_positions_field(data, "spared_tools"),
+            spared_texts=_positions_field(data, "spared_texts"),
+        )
+
+
+def _count_field(data: Mapping[str, object], name: str) -> int:
+    value = data.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise SnapshotError(f"snapshot field {name!r} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _positions_field(data: Mapping[str, object], name: str) -> tuple[int, ...]:
+    value = data.get(name, [])
+    if not isinstance(value, (list, tuple)):
+        raise SnapshotError(f"snapshot field {name!r} must be a list of positions, got {value!r}")
+    positions: list[int] = []
+    for item in cast("Sequence[object]", value):
+        if not isinstance(item, int) or isinstance(item, bool) or item < 0:
+            raise SnapshotError(f"snapshot field {name!r} must hold non-negative integers, got {item!r}")
+        positions.append(item)
+    return tuple(sorted(set(positions)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,10 +216,24 @@ class Done:
 
 @dataclass(frozen=True, slots=True)
 class _Band:
-    """The conversation's groups, by band position."""
+    """The conversation's band groups by kind, positions oldest first."""
 
     tools: tuple[Group, ...]
     texts: tuple[Group, ...]
+
+
+@dataclass(slots=True)
+class _Lane:
+    """The shed state of one kind of band group (tool groups, or assistant replies)."""
+
+    groups: tuple[Group, ...]
+    tag: str
+    shed: int
+    spared: set[int]
+
+    def decided(self) -> list[tuple[int, Group]]:
+        """Groups a shed has already reached and did not spare, with their positions."""
+        return [(p, g) for p, g in enumerate(self.groups[: self.shed]) if p not in self.spared]
 
 
 @dataclass(slots=True)
@@ -201,9 +241,12 @@ class _Plan:
     """Working state of one pass (local to :func:`step`, never escapes it)."""
 
     records: list[MessageRecord]
-    shed_tools: int
-    shed_texts: int
+    tools: _Lane
+    texts: _Lane
     newly_shed: list[int] = field(default_factory=list[int])
+
+    def protected(self, group: Group) -> bool:
+        return any(self.records[i].preserved for i in group.members)
 
 
 def step(
@@ -222,22 +265,29 @@ def step(
     """
     limit = config.max_input_tokens if ceiling is None else ceiling
     records = [r for r in history if not r.note]
-    tokens_before = _included_tokens(history)
     band = _band(config, records)
-
-    plan = _Plan(records=records, shed_tools=snapshot.tools_shed, shed_texts=snapshot.texts_shed)
-    _replay_sheds(plan, band)
-    committed = min(snapshot.shortened, len(band.tools))
-    shortened, declined, committed = _shorten_band(
-        config, plan, band, committed=committed, measure=measure, limit=limit
+    plan = _Plan(
+        records=records,
+        tools=_Lane(band.tools, "tool", snapshot.tools_shed, set(snapshot.spared_tools)),
+        texts=_Lane(band.texts, "reply", snapshot.texts_shed, set(snapshot.spared_texts)),
     )
-    _shed_to_low_water(config, plan, band, measure, limit)
+    _replay_sheds(plan)
+    shortened, declined, committed = _shorten_band(
+        config, plan, committed=snapshot.shortened, measure=measure, limit=limit
+    )
+    _shed_to_low_water(config, plan, measure, limit)
 
-    output = _with_notes(plan, band, measure)
+    output = _with_notes(plan, measure)
     tokens_after = _included_tokens(output)
-    new_snapshot = AnchoredSnapshot(tools_shed=plan.shed_tools, texts_shed=plan.shed_texts, shortened=committed)
+    new_snapshot = AnchoredSnapshot(
+        tools_shed=plan.tools.shed,
+        texts_shed=plan.texts.shed,
+        shortened=committed,
+        spared_tools=tuple(sorted(plan.tools.spared)),
+        spared_texts=tuple(sorted(plan.texts.spared)),
+    )
     report = Report(
-        tokens_before=tokens_before,
+        tokens_before=_included_tokens(history),
         tokens_after=tokens_after,
         ceiling=limit,
         changed=_differs(history, output),
@@ -250,9 +300,10 @@ def step(
 
 
 def band_groups(config: AnchoredConfig, history: Sequence[MessageRecord]) -> tuple[Group, ...]:
-    """The band's groups (indices into ``history``), for tests and diagnostics."""
-    band = _band(config, [r for r in history if not r.note])
-    return tuple(sorted((*band.tools, *band.texts), key=lambda g: g.start))
+    """The band's groups, with member indices into ``history``, for tests and diagnostics."""
+    kept = [i for i, r in enumerate(history) if not r.note]
+    band = _band(config, [history[i] for i in kept])
+    return tuple(sorted((_reindex(g, kept) for g in (*band.tools, *band.texts)), key=lambda g: g.start))
 
 
 def _band(config: AnchoredConfig, records: Sequence[MessageRecord]) -> _Band:
@@ -277,30 +328,31 @@ def _reindex(group: Group, indices: Sequence[int]) -> Group:
     )
 
 
-def _replay_sheds(plan: _Plan, band: _Band) -> None:
-    """Apply the sheds the snapshot already holds; ``newly_shed`` is not touched."""
-    for group in band.tools[: plan.shed_tools]:
-        _exclude(plan, group, record_new=False)
-    for group in band.texts[: plan.shed_texts]:
-        _exclude(plan, group, record_new=False)
+def _replay_sheds(plan: _Plan) -> None:
+    """Apply the sheds the snapshot already holds; they are not new, so not reported."""
+    for lane in (plan.tools, plan.texts):
+        for _, group in lane.decided():
+            if not plan.protected(group):
+                _exclude(plan, group, record_new=False)
 
 
 def _shorten_band(
     config: AnchoredConfig,
     plan: _Plan,
-    band: _Band,
     *,
     committed: int,
     measure: Measure,
     limit: int,
 ) -> tuple[int, bool, int]:
-    """Shorten band results by position; returns (count, declined, new commitment)."""
+    """Shorten band results by position; returns (count, declined, new commitment).
+
+    Positions below ``committed`` are always shortened. The minimum-gain floor judges
+    only the positions above it, and only while the prompt fits.
+    """
     edits: dict[int, MessageRecord] = {}
     saved_by_position: dict[int, int] = {}
     first_edit: dict[int, int] = {}
-    for position, group in enumerate(band.tools):
-        if position < plan.shed_tools:
-            continue
+    for position, group in enumerate(plan.tools.groups):
         allowance = config.allowance(position)
         for index in group.members:
             record = plan.records[index]
@@ -313,31 +365,29 @@ def _shorten_band(
                 first_edit.setdefault(position, index)
     pending = [p for p in saved_by_position if p >= committed]
     declined = False
-    if pending and config.min_gain_fraction > 0 and _included_tokens(plan.records) <= limit:
+    if pending and config.min_gain_fraction > 0 and _prompt_tokens(plan, measure) <= limit:
         start = min(first_edit[p] for p in pending)
         behind = sum(r.tokens for r in plan.records[start:] if not r.excluded)
         saved = sum(saved_by_position[p] for p in pending)
         declined = saved < int(behind * config.min_gain_fraction)
-    applied = 0
-    for position, group in enumerate(band.tools):
+    for position, group in enumerate(plan.tools.groups):
         if declined and position >= committed:
             break
         for index in group.members:
             if index in edits:
                 plan.records[index] = edits[index]
-                applied += 1
-    if not declined:
-        committed = len(band.tools)
-    return applied, declined, committed
+    applied = sum(1 for p in saved_by_position if not declined or p < committed)
+    return applied, declined, committed if declined else max(committed, len(plan.tools.groups))
 
 
 def _shorten_record(record: MessageRecord, allowance: int, measure: Measure) -> MessageRecord:
     parts: list[Part] = []
     changed = False
     for part in record.parts:
-        text = shorten(part.text, allowance, measure, tokens=part.tokens) if part.kind == "function_result" else ""
+        text_tokens = part.tokens - part.media_tokens
+        text = shorten(part.text, allowance, measure, tokens=text_tokens) if part.kind == "function_result" else ""
         if text and text is not part.text:
-            parts.append(replace(part, text=text, tokens=measure(text)))
+            parts.append(replace(part, text=text, tokens=measure(text) + part.media_tokens))
             changed = True
         else:
             parts.append(part)
@@ -347,34 +397,26 @@ def _shorten_record(record: MessageRecord, allowance: int, measure: Measure) -> 
     return replace(record, parts=tuple(parts), tokens=tokens)
 
 
-def _shed_to_low_water(config: AnchoredConfig, plan: _Plan, band: _Band, measure: Measure, limit: int) -> None:
+def _shed_to_low_water(config: AnchoredConfig, plan: _Plan, measure: Measure, limit: int) -> None:
     """Shed whole groups oldest first, down to the low-water mark, only when over ``limit``."""
-    total = _included_tokens(plan.records)
+    total = _prompt_tokens(plan, measure)
     if total <= limit:
         return
     low_water = math.floor(limit * config.low_water_fraction)
-    kinds: list[tuple[tuple[Group, ...], str]] = [(band.tools, "tools")]
-    if config.collapse_assistant_text:
-        kinds.append((band.texts, "texts"))
-    for groups, which in kinds:
-        position = plan.shed_tools if which == "tools" else plan.shed_texts
-        while total > low_water and position < len(groups):
-            group = groups[position]
-            position += 1
-            if any(plan.records[i].preserved for i in group.members):
+    lanes = [plan.tools, plan.texts] if config.collapse_assistant_text else [plan.tools]
+    for lane in lanes:
+        while total > low_water and lane.shed < len(lane.groups):
+            position, group = lane.shed, lane.groups[lane.shed]
+            lane.shed += 1
+            if plan.protected(group):
+                lane.spared.add(position)
                 continue
             freed = sum(plan.records[i].tokens for i in group.members if not plan.records[i].excluded)
             _exclude(plan, group, record_new=True)
-            total -= freed - _note_tokens(_note_text([plan.records[i] for i in group.members], group.kind), measure)
-        if which == "tools":
-            plan.shed_tools = position
-        else:
-            plan.shed_texts = position
+            total -= freed - _note(plan, group, lane.tag, position, measure).tokens
 
 
 def _exclude(plan: _Plan, group: Group, *, record_new: bool) -> None:
-    if any(plan.records[i].preserved for i in group.members):
-        return
     for index in group.members:
         record = plan.records[index]
         if not record.excluded:
@@ -383,22 +425,36 @@ def _exclude(plan: _Plan, group: Group, *, record_new: bool) -> None:
                 plan.newly_shed.append(record.origin)
 
 
-def _with_notes(plan: _Plan, band: _Band, measure: Measure) -> list[MessageRecord]:
-    """The records with a note before each shed group's first member."""
+def _notes(plan: _Plan, measure: Measure) -> dict[int, MessageRecord]:
+    """The note each shed group leaves, keyed by the index of the group's first member."""
     notes: dict[int, MessageRecord] = {}
-    for groups, count, tag in ((band.tools, plan.shed_tools, "tool"), (band.texts, plan.shed_texts, "reply")):
-        for position, group in enumerate(groups[:count]):
-            members = [plan.records[i] for i in group.members]
-            if any(r.preserved or not r.excluded for r in members):
-                continue
-            text = _note_text(members, group.kind)
-            notes[group.start] = MessageRecord(
-                role="assistant",
-                parts=(Part(kind="text", text=text, tokens=measure(text)),),
-                tokens=_note_tokens(text, measure),
-                message_id=f"anchored_{tag}_{position}",
-                note=True,
-            )
+    for lane in (plan.tools, plan.texts):
+        for position, group in lane.decided():
+            if all(plan.records[i].excluded for i in group.members) and not plan.protected(group):
+                notes[group.start] = _note(plan, group, lane.tag, position, measure)
+    return notes
+
+
+def _note(plan: _Plan, group: Group, tag: str, position: int, measure: Measure) -> MessageRecord:
+    text = _note_text([plan.records[i] for i in group.members], group.kind)
+    text_tokens = measure(text)
+    return MessageRecord(
+        role="assistant",
+        parts=(Part(kind="text", text=text, tokens=text_tokens),),
+        tokens=MESSAGE_OVERHEAD_TOKENS + text_tokens,
+        message_id=f"anchored_{tag}_{position}",
+        note=True,
+    )
+
+
+def _prompt_tokens(plan: _Plan, measure: Measure) -> int:
+    """Included tokens of the plan's records plus the notes its sheds leave."""
+    return _included_tokens(plan.records) + sum(n.tokens for n in _notes(plan, measure).values())
+
+
+def _with_notes(plan: _Plan, measure: Measure) -> list[MessageRecord]:
+    """The records with a note before each shed group's first member."""
+    notes = _notes(plan, measure)
     output: list[MessageRecord] = []
     for index, record in enumerate(plan.records):
         note = notes.get(index)
@@ -416,10 +472,6 @@ def _note_text(members: Sequence[MessageRecord], kind: str) -> str:
     if not names:
         return TOOL_NOTE_PREFIX + "]"
     return f"{TOOL_NOTE_PREFIX} ({', '.join(names)})]"
-
-
-def _note_tokens(text: str, measure: Measure) -> int:
-    return MESSAGE_OVERHEAD_TOKENS + measure(text)
 
 
 def _included_tokens(records: Sequence[MessageRecord]) -> int:

@@ -31,15 +31,24 @@ MESSAGE_OVERHEAD_TOKENS = 4
 #: Keys whose values are opaque provider payloads, dropped at any depth.
 OPAQUE_KEYS: frozenset[str] = frozenset({"encrypted_content", "signature", "thought_signature"})
 
+#: The ``reasoning_details`` entry type whose ``data`` member is ciphertext.
+ENCRYPTED_ENTRY_TYPE = "reasoning.encrypted"
+
 Measure = Callable[[str], int]
 
 
 def strip_opaque(value: object) -> object:
-    """Drop opaque members at any depth; ``None`` when nothing readable is left."""
+    """Drop opaque members at any depth; ``None`` when nothing readable is left.
+
+    Besides :data:`OPAQUE_KEYS`, a ``reasoning_details`` entry of type
+    ``reasoning.encrypted`` keeps its ciphertext under ``data``, which is dropped too.
+    """
     if isinstance(value, dict):
+        entries = cast("dict[str, object]", value)
+        encrypted_entry = entries.get("type") == ENCRYPTED_ENTRY_TYPE
         kept: dict[str, object] = {}
-        for key, item in cast("dict[str, object]", value).items():
-            if key in OPAQUE_KEYS:
+        for key, item in entries.items():
+            if key in OPAQUE_KEYS or (encrypted_entry and key == "data"):
                 continue
             stripped = strip_opaque(item)
             if stripped is not None:

@@ -76,7 +76,7 @@ def _spans(records: Sequence[MessageRecord]) -> list[_Span]:
             i = end
             continue
         if current.role == "tool":
-            end = _tool_run_end(records, i + 1)
+            end = _tool_messages_end(records, i + 1)
             spans.append(("tool_call", i, end - 1, False))
             i = end
             continue
@@ -90,10 +90,16 @@ def _is_tool_call_assistant(record: MessageRecord) -> bool:
 
 
 def _tool_run_end(records: Sequence[MessageRecord], start: int) -> int:
-    """Index one past the run of reasoning-only assistants and tool messages from ``start``."""
+    """Index one past the reasoning-only assistants and then the tool messages from ``start``."""
     k = start
     while k < len(records) and records[k].is_reasoning_only:
         k += 1
+    return _tool_messages_end(records, k)
+
+
+def _tool_messages_end(records: Sequence[MessageRecord], start: int) -> int:
+    """Index one past the run of tool messages from ``start``."""
+    k = start
     while k < len(records) and records[k].role == "tool":
         k += 1
     return k

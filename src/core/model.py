@@ -48,7 +48,9 @@ class Part:
             :mod:`maf_compaction.core.counting` (text, clear-text reasoning, a call's
             name and arguments, a result's text). Opaque payloads and media bytes are
             never part of it.
-        tokens: Tokens of this part: ``measure(text)`` plus any media estimate.
+        tokens: Tokens of this part: ``measure(text)`` plus ``media_tokens``.
+        media_tokens: The media estimate within ``tokens`` (an image part, or media
+            items inside a tool result); text rewrites keep it.
         call_id: The tool call id, for calls and results.
         name: The tool name, for calls.
     """
@@ -56,6 +58,7 @@ class Part:
     kind: str
     text: str = ""
     tokens: int = 0
+    media_tokens: int = 0
     call_id: str | None = None
     name: str | None = None
 
