@@ -370,14 +370,23 @@ def _shorten_band(
         behind = sum(r.tokens for r in plan.records[start:] if not r.excluded)
         saved = sum(saved_by_position[p] for p in pending)
         declined = saved < int(behind * config.min_gain_fraction)
+    originals = {index: plan.records[index] for index in edits}
     for position, group in enumerate(plan.tools.groups):
         if declined and position >= committed:
             break
         for index in group.members:
             if index in edits:
                 plan.records[index] = edits[index]
-    applied = sum(1 for p in saved_by_position if not declined or p < committed)
+    applied = sum(
+        _results_changed(edits[index], record)
+        for index, record in originals.items()
+        if plan.records[index] is edits[index]
+    )
     return applied, declined, committed if declined else max(committed, len(plan.tools.groups))
+
+
+def _results_changed(after: MessageRecord, before: MessageRecord) -> int:
+    return sum(1 for a, b in zip(after.parts, before.parts, strict=True) if a is not b)
 
 
 def _shorten_record(record: MessageRecord, allowance: int, measure: Measure) -> MessageRecord:
@@ -408,7 +417,8 @@ def _shed_to_low_water(config: AnchoredConfig, plan: _Plan, measure: Measure, li
         while total > low_water and lane.shed < len(lane.groups):
             position, group = lane.shed, lane.groups[lane.shed]
             lane.shed += 1
-            if plan.protected(group):
+            if plan.protected(group) or all(plan.records[i].excluded for i in group.members):
+                # Preserved, or already removed by someone else: not ours to shed or to mark.
                 lane.spared.add(position)
                 continue
             freed = sum(plan.records[i].tokens for i in group.members if not plan.records[i].excluded)

@@ -30,10 +30,11 @@ def shorten(text: str, budget: int, measure: Measure, tokens: int | None = None)
     """Return ``text`` cut to about ``budget`` tokens, head and tail kept.
 
     ``tokens`` is ``measure(text)`` when the caller already knows it. The text is
-    returned unchanged when it fits, when it is already shortened, or when cutting
-    would not make it smaller (the marker costs tokens too).
+    returned unchanged when it fits, when it is already shortened, when the budget is
+    negative, or when cutting would not make it smaller (the marker costs tokens too).
+    A budget of 0 keeps only the marker line.
     """
-    if budget <= 0 or is_shortened(text):
+    if budget < 0 or is_shortened(text):
         return text
     total = measure(text) if tokens is None else tokens
     if total <= budget:
