@@ -17,7 +17,7 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m maf_compaction.bench demo
+	$(BIN)/python -W "ignore:maf-compaction is experimental" -m maf_compaction.bench demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests
@@ -32,7 +32,7 @@ pytest: $(STAMP)
 test: lint typecheck pytest
 
 bench-speed: $(STAMP)
-	$(BIN)/python -m maf_compaction.bench speed
+	$(BIN)/python -W "ignore:maf-compaction is experimental" -m maf_compaction.bench speed
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -126,11 +126,17 @@ def _rewrite_results(message: Message, old: tuple[Part, ...], new: tuple[Part, .
     """Swap in shortened result contents; keep each original text on the message."""
     contents = list(message.contents)
     originals = dict(message.additional_properties.get(ORIGINALS_KEY) or {})
+    call_ids = [c.call_id for c in contents]
     for index, (before, after) in enumerate(zip(old, new, strict=True)):
         if after.text is before.text:
             continue
         content = contents[index]
-        originals.setdefault(content.call_id or str(index), before.text)
+        key = (
+            content.call_id
+            if content.call_id and call_ids.count(content.call_id) == 1
+            else f"{content.call_id}#{index}"
+        )
+        originals.setdefault(key, before.text)
         contents[index] = _with_result(content, after.text)
     message.contents = contents
     message.additional_properties[ORIGINALS_KEY] = originals
@@ -147,6 +153,10 @@ def _with_result(content: Content, text: str) -> Content:
 
 
 def original_results(message: Message) -> dict[str, str]:
-    """The original texts of results maf-compaction shortened, keyed by call id."""
+    """The original texts of results maf-compaction shortened, keyed by call id.
+
+    A result whose call id is not unique within its message is keyed ``"<call id>#<index>"``
+    by its position among the message's contents.
+    """
     stored = message.additional_properties.get(ORIGINALS_KEY)
     return dict(stored) if isinstance(stored, dict) else {}  # pyright: ignore[reportUnknownArgumentType]

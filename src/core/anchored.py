@@ -30,6 +30,7 @@ than the removal saves.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final, cast
@@ -57,6 +58,8 @@ DEFAULT_MIN_GAIN_FRACTION: Final = 0.29
 
 TOOL_NOTE_PREFIX: Final = "[compacted: an earlier tool call and its result"
 TEXT_NOTE: Final = "[compacted: an earlier assistant reply]"
+
+_NOTE_ID: Final = re.compile(r"anchored_(tool|reply)_(\d+)")
 
 SNAPSHOT_KIND: Final = "anchored"
 SNAPSHOT_VERSION: Final = 1
@@ -266,10 +269,11 @@ def step(
     limit = config.max_input_tokens if ceiling is None else ceiling
     records = [r for r in history if not r.note]
     band = _band(config, records)
+    noted = _noted_positions(history)
     plan = _Plan(
         records=records,
-        tools=_Lane(band.tools, "tool", snapshot.tools_shed, set(snapshot.spared_tools)),
-        texts=_Lane(band.texts, "reply", snapshot.texts_shed, set(snapshot.spared_texts)),
+        tools=_lane(band.tools, "tool", snapshot.tools_shed, snapshot.spared_tools, noted),
+        texts=_lane(band.texts, "reply", snapshot.texts_shed, snapshot.spared_texts, noted),
     )
     _replay_sheds(plan)
     shortened, declined, committed = _shorten_band(
@@ -297,6 +301,32 @@ def step(
         overflow=tokens_after > limit,
     )
     return Success(Done(history=pvector(output), snapshot=new_snapshot, report=report))
+
+
+def _noted_positions(history: Sequence[MessageRecord]) -> set[tuple[str, int]]:
+    """(lane tag, position) of every note in ``history``: evidence of sheds already made."""
+    found: set[tuple[str, int]] = set()
+    for record in history:
+        match = _NOTE_ID.fullmatch(record.message_id or "") if record.note else None
+        if match is not None:
+            found.add((match.group(1), int(match.group(2))))
+    return found
+
+
+def _lane(
+    groups: tuple[Group, ...], tag: str, shed: int, spared: tuple[int, ...], noted: set[tuple[str, int]]
+) -> _Lane:
+    """A lane's state: the snapshot's, or the notes' when the history shows sheds it does not know.
+
+    A fresh instance (a restored session, a restarted process, another replica) starts
+    from an empty snapshot, but the stored history carries the notes of earlier sheds.
+    Positions below the newest note that have no note were passed over (spared).
+    """
+    evidence = max((p + 1 for t, p in noted if t == tag), default=0)
+    if evidence <= shed:
+        return _Lane(groups, tag, shed, set(spared))
+    inferred = {p for p in range(shed, evidence) if (tag, p) not in noted}
+    return _Lane(groups, tag, evidence, set(spared) | inferred)
 
 
 def band_groups(config: AnchoredConfig, history: Sequence[MessageRecord]) -> tuple[Group, ...]:

@@ -1,0 +1,61 @@
+"""``python -m maf_compaction.bench COMMAND``: the bench's command line.
+
+Each command lives in its own module with a ``main(argv) -> int``; the module is
+imported only when its command runs, so a command's dependencies never load for
+another one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+from typing import Final, cast
+
+_PACKAGE: Final = "maf_compaction.bench"
+
+#: Command name -> (module under ``maf_compaction.bench``, one-line help).
+COMMANDS: Final[dict[str, tuple[str, str]]] = {
+    "demo": ("demo", "run one long conversation without compaction, with the framework's default and with ours"),
+    "speed": ("speed", "time one compaction pass: ours against the framework's"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: python -m maf_compaction.bench COMMAND [options]", "", "commands:"]
+    lines += [f"  {name:<8} {text}" for name, (_, text) in COMMANDS.items()]
+    lines.append("\nRun a command with --help for its options.")
+    return "\n".join(lines)
+
+
+def _load(command: str) -> Callable[[Sequence[str]], int] | None:
+    """The ``main`` of ``command``'s module, or ``None`` when that module is not there."""
+    module_name = f"{_PACKAGE}.{COMMANDS[command][0]}"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name == module_name:
+            return None
+        raise
+    return cast("Callable[[Sequence[str]], int]", module.main)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Dispatch ``argv`` (default ``sys.argv[1:]``) to a command; returns the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    if command not in COMMANDS:
+        print(f"unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    run = _load(command)
+    if run is None:
+        print(f"the {command!r} command is not available in this build", file=sys.stderr)
+        return 2
+    return run(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
