@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tokenizers import vocabulary_gz
 
 from maf_compaction.bench.scripted import ScriptedChatClient
+from tokenizers import vocabulary_gz
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 PROVIDER_CLIENT = 'client = OpenAIChatClient(model_id="gpt-6-luna")'
@@ -34,7 +34,7 @@ async def test_every_readme_block_runs_and_the_agent_compacts(monkeypatch: pytes
     namespace: dict[str, Any] = {"__name__": "readme", "ScriptedChatClient": ScriptedChatClient}
     for block in python_blocks():
         code = block.replace(PROVIDER_CLIENT, 'client = ScriptedChatClient(tool_name="lookup_deployment")')
-        exec(compile(code, str(README), "exec"), namespace)  # noqa: S102 - the README is our own file
+        exec(compile(code, str(README), "exec"), namespace)
 
     agent, strategy = namespace["agent"], namespace["strategy"]
     assert isinstance(namespace["client"], ScriptedChatClient)
