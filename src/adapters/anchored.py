@@ -15,7 +15,7 @@ from agent_framework import Message
 
 from ..core import anchored as core
 from ..core.anchored import AnchoredConfig, AnchoredSnapshot, Report
-from .convert import apply, to_history
+from .convert import RecordCache, apply
 from .counting import MediaTokenEstimator, Tokenizer, as_estimator
 
 logger = logging.getLogger("maf_compaction")
@@ -80,6 +80,7 @@ class AnchoredCompactionStrategy:
         self._tokenizer = tokenizer
         self._estimator: MediaTokenEstimator = as_estimator(tokenizer)
         self._counter = self._estimator._parts  # pyright: ignore[reportPrivateUsage]
+        self._records = RecordCache(self._counter)
         self._snapshot = AnchoredSnapshot()
         self.passes = 0
         self.shed_events = 0
@@ -121,7 +122,7 @@ class AnchoredCompactionStrategy:
             raise ValueError(f"ceiling must be a positive integer, got {ceiling!r}")
         if not messages:
             return False
-        before = to_history(messages, self._counter, note_kind=NOTE_KIND)
+        before = self._records.history(messages, note_kind=NOTE_KIND)
         done = core.step(self._config, before, self._snapshot, self._counter.measure, ceiling=ceiling).unwrap()
         self._snapshot = done.snapshot
         self._record(done.report)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from operator import is_
 
 from agent_framework import Content, HistoryProvider, Message
 from agent_framework._compaction import EXCLUDE_REASON_KEY, EXCLUDED_KEY
@@ -30,25 +31,84 @@ ORIGINALS_KEY = "_maf_compaction_original_results"
 
 def to_history(messages: Sequence[Message], counter: PartCounter, *, note_kind: str) -> History:
     """Records for ``messages``, each carrying its index as ``origin``."""
-    records: list[MessageRecord] = []
-    history_names = history_provider_names()
-    for index, message in enumerate(messages):
-        props = message.additional_properties
-        parts = counter.parts(message)
-        records.append(
-            MessageRecord(
-                role=str(message.role),
-                parts=parts,
-                tokens=message_tokens(p.tokens for p in parts),
-                message_id=message.message_id,
-                excluded=bool(props.get(EXCLUDED_KEY, False)),
-                preserved=bool(props.get(PRESERVED_KEY, False)),
-                injected=is_injected(message, history_names),
-                note=props.get(NOTE_KEY) == note_kind,
-                origin=index,
+    return RecordCache(counter).history(messages, note_kind=note_kind)
+
+
+class RecordCache:
+    """Converts messages to records, reusing what an earlier pass already converted.
+
+    The harness hands a strategy fresh shallow copies of stored history on every model
+    call; the copies share their ``contents`` lists and ``Content`` objects with the
+    stored messages. A message whose contents list holds the same ``Content`` objects as
+    on the previous pass has the same parts and tokens, so only new or rewritten messages
+    are converted and counted. Like the framework, this treats a ``Content`` in history
+    as a value: code that changes one replaces it (as this package does), rather than
+    editing its fields in place. Shell state: the core never sees it.
+    """
+
+    def __init__(self, counter: PartCounter) -> None:
+        self._counter = counter
+        self._entries: dict[int, _Entry] = {}
+
+    def history(self, messages: Sequence[Message], *, note_kind: str) -> History:
+        """Records for ``messages``, each carrying its index as ``origin``."""
+        history_names = history_provider_names()
+        previous, current = self._entries, dict[int, _Entry]()
+        records: list[MessageRecord] = []
+        for index, message in enumerate(messages):
+            props = message.additional_properties
+            contents = message.contents
+            signature = (
+                index,
+                str(message.role),
+                message.message_id,
+                bool(props.get(EXCLUDED_KEY, False)),
+                bool(props.get(PRESERVED_KEY, False)),
+                "_attribution" in props and is_injected(message, history_names),
+                props.get(NOTE_KEY) == note_kind,
             )
-        )
-    return history(records)
+            entry = previous.get(id(contents))
+            if entry is None or not entry.matches(contents):
+                parts = self._counter.parts(message)
+                entry = _Entry(contents, tuple(contents), parts, message_tokens(p.tokens for p in parts))
+            if entry.record is None or entry.signature != signature:
+                entry.signature = signature
+                entry.record = MessageRecord(
+                    role=signature[1],
+                    parts=entry.parts,
+                    tokens=entry.tokens,
+                    message_id=signature[2],
+                    excluded=signature[3],
+                    preserved=signature[4],
+                    injected=signature[5],
+                    note=signature[6],
+                    origin=index,
+                )
+            current[id(contents)] = entry
+            records.append(entry.record)
+        self._entries = current
+        return history(records)
+
+
+class _Entry:
+    """A converted message: its contents (held, so their ids stay unique) and its record."""
+
+    __slots__ = ("contents", "parts", "probe", "record", "signature", "tokens")
+
+    def __init__(
+        self, contents: list[Content], probe: tuple[object, ...], parts: tuple[Part, ...], tokens: int
+    ) -> None:
+        self.contents = contents
+        self.probe = probe
+        self.parts = parts
+        self.tokens = tokens
+        self.record: MessageRecord | None = None
+        self.signature: tuple[object, ...] = ()
+
+    def matches(self, contents: list[Content]) -> bool:
+        """The same contents list, holding the same ``Content`` objects."""
+        probe = self.probe
+        return contents is self.contents and len(probe) == len(contents) and all(map(is_, probe, contents))
 
 
 def is_injected(message: Message, history_names: frozenset[str] | None = None) -> bool:

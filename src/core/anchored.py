@@ -41,7 +41,7 @@ from returns.result import Result, Success
 from .counting import MESSAGE_OVERHEAD_TOKENS, Measure
 from .errors import CompactionBudgetExceeded, SnapshotError, SnapshotVersionError
 from .grouping import group_records
-from .model import TOOL_CALL_KINDS, Group, History, MessageRecord, Part
+from .model import TOOL_CALL_KINDS, Group, GroupKind, History, MessageRecord, Part
 from .shorten import shorten
 
 DEFAULT_KEEP_HEAD_GROUPS: Final = 3
@@ -59,6 +59,7 @@ DEFAULT_MIN_GAIN_FRACTION: Final = 0.29
 TOOL_NOTE_PREFIX: Final = "[compacted: an earlier tool call and its result"
 TEXT_NOTE: Final = "[compacted: an earlier assistant reply]"
 
+_SHEDDABLE: Final = frozenset[GroupKind]({"tool_call", "assistant_text"})
 _NOTE_ID: Final = re.compile(r"anchored_(tool|reply)_(\d+)")
 
 SNAPSHOT_KIND: Final = "anchored"
@@ -247,6 +248,10 @@ class _Plan:
     tools: _Lane
     texts: _Lane
     newly_shed: list[int] = field(default_factory=list[int])
+    #: The notes of the current sheds; dropped whenever an exclusion changes them.
+    notes: dict[int, MessageRecord] | None = None
+    #: Notes the input already holds, by id: reused when still right.
+    existing_notes: dict[str, MessageRecord] = field(default_factory=dict[str, MessageRecord])
 
     def protected(self, group: Group) -> bool:
         return any(self.records[i].preserved for i in group.members)
@@ -271,6 +276,7 @@ def step(
     band = _band(config, records)
     noted = _noted_positions(history)
     plan = _Plan(
+        existing_notes={r.message_id: r for r in history if r.note and r.message_id},
         records=records,
         tools=_lane(band.tools, "tool", snapshot.tools_shed, snapshot.spared_tools, noted),
         texts=_lane(band.texts, "reply", snapshot.texts_shed, snapshot.spared_texts, noted),
@@ -339,11 +345,15 @@ def band_groups(config: AnchoredConfig, history: Sequence[MessageRecord]) -> tup
 def _band(config: AnchoredConfig, records: Sequence[MessageRecord]) -> _Band:
     """Band groups by kind, positions oldest first; indices refer to ``records``."""
     conversation = [i for i, r in enumerate(records) if not r.injected]
-    groups = group_records([records[i] for i in conversation])
-    end = len(groups) - config.keep_tail_groups
-    if end <= config.keep_head_groups:
-        return _Band(tools=(), texts=())
-    band = [_reindex(g, conversation) for g in groups[config.keep_head_groups : end]]
+    everything = len(conversation) == len(records)
+    band = group_records(
+        records if everything else [records[i] for i in conversation],
+        skip_head=config.keep_head_groups,
+        skip_tail=config.keep_tail_groups,
+        kinds=_SHEDDABLE,
+    )
+    if not everything:
+        band = tuple(_reindex(g, conversation) for g in band)
     return _Band(
         tools=tuple(g for g in band if g.kind == "tool_call"),
         texts=tuple(g for g in band if g.kind == "assistant_text"),
@@ -351,8 +361,7 @@ def _band(config: AnchoredConfig, records: Sequence[MessageRecord]) -> _Band:
 
 
 def _reindex(group: Group, indices: Sequence[int]) -> Group:
-    return replace(
-        group,
+    return group._replace(
         members=tuple(indices[m] for m in group.members),
         spans=tuple((indices[a], indices[b]) for a, b in group.spans),
     )
@@ -420,6 +429,8 @@ def _results_changed(after: MessageRecord, before: MessageRecord) -> int:
 
 
 def _shorten_record(record: MessageRecord, allowance: int, measure: Measure) -> MessageRecord:
+    if not any(p.kind == "function_result" and p.tokens - p.media_tokens > allowance for p in record.parts):
+        return record
     parts: list[Part] = []
     changed = False
     for part in record.parts:
@@ -460,6 +471,7 @@ def _exclude(plan: _Plan, group: Group, *, record_new: bool) -> None:
     for index in group.members:
         record = plan.records[index]
         if not record.excluded:
+            plan.notes = None
             plan.records[index] = replace(record, excluded=True)
             if record_new and record.origin is not None:
                 plan.newly_shed.append(record.origin)
@@ -467,22 +479,29 @@ def _exclude(plan: _Plan, group: Group, *, record_new: bool) -> None:
 
 def _notes(plan: _Plan, measure: Measure) -> dict[int, MessageRecord]:
     """The note each shed group leaves, keyed by the index of the group's first member."""
+    if plan.notes is not None:
+        return plan.notes
     notes: dict[int, MessageRecord] = {}
     for lane in (plan.tools, plan.texts):
         for position, group in lane.decided():
             if all(plan.records[i].excluded for i in group.members) and not plan.protected(group):
                 notes[group.start] = _note(plan, group, lane.tag, position, measure)
+    plan.notes = notes
     return notes
 
 
 def _note(plan: _Plan, group: Group, tag: str, position: int, measure: Measure) -> MessageRecord:
     text = _note_text([plan.records[i] for i in group.members], group.kind)
+    message_id = f"anchored_{tag}_{position}"
+    found = plan.existing_notes.get(message_id)
+    if found is not None and len(found.parts) == 1 and found.parts[0].text == text and not found.excluded:
+        return found
     text_tokens = measure(text)
     return MessageRecord(
         role="assistant",
         parts=(Part(kind="text", text=text, tokens=text_tokens),),
         tokens=MESSAGE_OVERHEAD_TOKENS + text_tokens,
-        message_id=f"anchored_{tag}_{position}",
+        message_id=message_id,
         note=True,
     )
 
@@ -496,11 +515,12 @@ def _with_notes(plan: _Plan, measure: Measure) -> list[MessageRecord]:
     """The records with a note before each shed group's first member."""
     notes = _notes(plan, measure)
     output: list[MessageRecord] = []
-    for index, record in enumerate(plan.records):
-        note = notes.get(index)
-        if note is not None:
-            output.append(note)
-        output.append(record)
+    start = 0
+    for index in sorted(notes):
+        output.extend(plan.records[start:index])
+        output.append(notes[index])
+        start = index
+    output.extend(plan.records[start:])
     return output
 
 
@@ -522,7 +542,8 @@ def _differs(before: Sequence[MessageRecord], after: Sequence[MessageRecord]) ->
     if len(before) != len(after):
         return True
     return any(
-        a.note != b.note or a.excluded != b.excluded or a.parts != b.parts for a, b in zip(before, after, strict=True)
+        a is not b and (a.note != b.note or a.excluded != b.excluded or a.parts != b.parts)
+        for a, b in zip(before, after, strict=True)
     )
 
 

@@ -16,17 +16,41 @@ holds the two to the same answer:
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 
-from .model import CALL_KIND_FOR_RESULT, LINKABLE_CALL_KINDS, Group, GroupKind, MessageRecord
+from .model import Group, GroupKind, MessageRecord
 
 _Span = tuple[GroupKind, int, int, bool]
 
 
-def group_records(records: Sequence[MessageRecord]) -> tuple[Group, ...]:
-    """Group ``records`` by the framework's rules, in order of each group's first member."""
+def group_records(
+    records: Sequence[MessageRecord],
+    *,
+    skip_head: int = 0,
+    skip_tail: int = 0,
+    kinds: frozenset[GroupKind] | None = None,
+) -> tuple[Group, ...]:
+    """Group ``records`` by the framework's rules, in order of each group's first member.
+
+    ``skip_head`` and ``skip_tail`` leave out the first and last groups, and ``kinds``
+    keeps only groups of those kinds, so a caller that needs the middle of a long history
+    does not build every group.
+    """
     spans = _spans(records)
     roots = _link(records, spans)
+    if roots is None:
+        end = len(spans) - skip_tail
+        return tuple(
+            Group(kind=kind, members=tuple(range(start, stop + 1)), has_reasoning=reasoning, spans=((start, stop),))
+            for kind, start, stop, reasoning in spans[skip_head:end]
+            if kinds is None or kind in kinds
+        )
+    merged = _merged(spans, roots)
+    return tuple(g for g in merged[skip_head : len(merged) - skip_tail] if kinds is None or g.kind in kinds)
+
+
+def _merged(spans: list[_Span], roots: list[int]) -> list[Group]:
     members: dict[int, list[int]] = {}
     runs: dict[int, list[tuple[int, int]]] = {}
     reasoning: dict[int, bool] = {}
@@ -35,7 +59,7 @@ def group_records(records: Sequence[MessageRecord]) -> tuple[Group, ...]:
         members.setdefault(root, []).extend(range(start, end + 1))
         runs.setdefault(root, []).append((start, end))
         reasoning[root] = reasoning.get(root, False) or has_reasoning
-    return tuple(
+    return [
         Group(
             kind=spans[root][0],
             members=tuple(sorted(members[root])),
@@ -43,7 +67,7 @@ def group_records(records: Sequence[MessageRecord]) -> tuple[Group, ...]:
             spans=tuple(runs[root]),
         )
         for root in sorted(members)
-    )
+    ]
 
 
 def _spans(records: Sequence[MessageRecord]) -> list[_Span]:
@@ -110,42 +134,43 @@ def _unambiguous_pairs(records: Sequence[MessageRecord]) -> list[tuple[int, int]
     open_declarations: dict[tuple[str, str], list[int]] = {}
     pairs: list[tuple[int, int]] = []
     for index, record in enumerate(records):
-        if record.role not in ("assistant", "tool"):
-            continue
-        for part in record.parts:
-            if record.role == "assistant" and part.kind in LINKABLE_CALL_KINDS and part.call_id:
-                open_declarations.setdefault((part.kind, part.call_id), []).append(index)
+        for call_kind, call_id, declaration in record.links:
+            if declaration:
+                open_declarations.setdefault((call_kind, call_id), []).append(index)
                 continue
-            call_kind = CALL_KIND_FOR_RESULT.get(part.kind)
-            if call_kind is None or not part.call_id:
-                continue
-            candidates = open_declarations.get((call_kind, part.call_id))
+            candidates = open_declarations.get((call_kind, call_id))
             if candidates is None or len(candidates) != 1:
                 continue
             pairs.append((candidates.pop(), index))
     return pairs
 
 
-def _link(records: Sequence[MessageRecord], spans: list[_Span]) -> list[int]:
-    """Union-find over spans: a result span joins its declaration's (earlier) span."""
-    parents = list(range(len(spans)))
+def _link(records: Sequence[MessageRecord], spans: list[_Span]) -> list[int] | None:
+    """Union-find over spans: a result span joins its declaration's (earlier) span.
+
+    Returns each span's root span, or ``None`` when no result links two spans (the
+    common case: every result sits in its call's span).
+    """
     if len(spans) < 2:
-        return parents
-    span_of: dict[int, int] = {}
-    for index, (_, start, end, _) in enumerate(spans):
-        for message_index in range(start, end + 1):
-            span_of[message_index] = index
+        return None
+    starts = [start for _, start, _, _ in spans]
+    parents: list[int] | None = None
 
     def find(index: int) -> int:
+        assert parents is not None
         while parents[index] != index:
             parents[index] = parents[parents[index]]
             index = parents[index]
         return index
 
     for declaration, result in _unambiguous_pairs(records):
-        left, right = span_of[declaration], span_of[result]
+        left, right = bisect_right(starts, declaration) - 1, bisect_right(starts, result) - 1
         if left < right:
+            if parents is None:
+                parents = list(range(len(spans)))
             a, b = find(left), find(right)
             if a != b:
                 parents[max(a, b)] = min(a, b)
+    if parents is None:
+        return None
     return [find(index) for index in range(len(spans))]

@@ -8,7 +8,7 @@ back; the core never sees a framework type.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, TypeAlias
+from typing import Literal, NamedTuple, TypeAlias
 
 from pyrsistent import PVector, pvector
 
@@ -92,21 +92,38 @@ class MessageRecord:
     injected: bool = False
     note: bool = False
     origin: int | None = None
+    # Derived from role and parts once, when the record is made (grouping reads them on
+    # every pass, and the shell reuses records across passes).
+    is_reasoning_only: bool = field(init=False, compare=False, repr=False)
+    """An assistant message holding nothing but reasoning."""
+    has_tool_call: bool = field(init=False, compare=False, repr=False)
+    """A message holding at least one tool-call declaration."""
+    has_reasoning: bool = field(init=False, compare=False, repr=False)
+    """A message holding at least one reasoning part."""
+    links: tuple[tuple[str, str, bool], ...] = field(init=False, compare=False, repr=False)
+    """``(call kind, call id, is_declaration)`` of each linkable call or result part."""
 
-    @property
-    def is_reasoning_only(self) -> bool:
-        """An assistant message holding nothing but reasoning."""
-        return self.role == "assistant" and bool(self.parts) and all(p.kind == "text_reasoning" for p in self.parts)
+    def __post_init__(self) -> None:
+        kinds = [p.kind for p in self.parts]
+        reasoning_only = self.role == "assistant" and bool(kinds) and all(k == "text_reasoning" for k in kinds)
+        object.__setattr__(self, "is_reasoning_only", reasoning_only)
+        object.__setattr__(self, "has_tool_call", any(k in TOOL_CALL_KINDS for k in kinds))
+        object.__setattr__(self, "has_reasoning", "text_reasoning" in kinds)
+        object.__setattr__(self, "links", _links(self.role, self.parts))
 
-    @property
-    def has_tool_call(self) -> bool:
-        """A message holding at least one tool-call declaration."""
-        return any(p.kind in TOOL_CALL_KINDS for p in self.parts)
 
-    @property
-    def has_reasoning(self) -> bool:
-        """A message holding at least one reasoning part."""
-        return any(p.kind == "text_reasoning" for p in self.parts)
+def _links(role: str, parts: tuple[Part, ...]) -> tuple[tuple[str, str, bool], ...]:
+    if role not in ("assistant", "tool"):
+        return ()
+    found: list[tuple[str, str, bool]] = []
+    for part in parts:
+        if not part.call_id:
+            continue
+        if role == "assistant" and part.kind in LINKABLE_CALL_KINDS:
+            found.append((part.kind, part.call_id, True))
+        elif part.kind in CALL_KIND_FOR_RESULT:
+            found.append((CALL_KIND_FOR_RESULT[part.kind], part.call_id, False))
+    return tuple(found)
 
 
 History: TypeAlias = PVector[MessageRecord]
@@ -117,8 +134,7 @@ def history(records: object = ()) -> History:
     return pvector(records)  # type: ignore[arg-type]
 
 
-@dataclass(frozen=True, slots=True)
-class Group:
+class Group(NamedTuple):
     """A group of messages that are kept or removed together.
 
     Attributes:
@@ -132,7 +148,7 @@ class Group:
     kind: GroupKind
     members: tuple[int, ...]
     has_reasoning: bool = False
-    spans: tuple[tuple[int, int], ...] = field(default=())
+    spans: tuple[tuple[int, int], ...] = ()
 
     @property
     def start(self) -> int:

@@ -34,10 +34,10 @@ def shorten(text: str, budget: int, measure: Measure, tokens: int | None = None)
     negative, or when cutting would not make it smaller (the marker costs tokens too).
     A budget of 0 keeps only the marker line.
     """
-    if budget < 0 or is_shortened(text):
+    if budget < 0:
         return text
     total = measure(text) if tokens is None else tokens
-    if total <= budget:
+    if total <= budget or is_shortened(text):
         return text
     head_budget = budget // 2
     tail_budget = budget - head_budget
