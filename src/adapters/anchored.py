@@ -15,6 +15,7 @@ from agent_framework import Message
 
 from ..core import anchored as core
 from ..core.anchored import AnchoredConfig, AnchoredSnapshot, Report
+from ..core.grouping import Grouping
 from .convert import RecordCache, apply
 from .counting import MediaTokenEstimator, Tokenizer, as_estimator
 
@@ -81,6 +82,7 @@ class AnchoredCompactionStrategy:
         self._estimator: MediaTokenEstimator = as_estimator(tokenizer)
         self._counter = self._estimator._parts  # pyright: ignore[reportPrivateUsage]
         self._records = RecordCache(self._counter)
+        self._grouping: Grouping | None = None  # the last pass's grouping: a memo, never a decision
         self._snapshot = AnchoredSnapshot()
         self.passes = 0
         self.shed_events = 0
@@ -123,8 +125,11 @@ class AnchoredCompactionStrategy:
         if not messages:
             return False
         before = self._records.history(messages, note_kind=NOTE_KIND)
-        done = core.step(self._config, before, self._snapshot, self._counter.measure, ceiling=ceiling).unwrap()
+        done = core.step(
+            self._config, before, self._snapshot, self._counter.measure, ceiling=ceiling, grouping=self._grouping
+        ).unwrap()
         self._snapshot = done.snapshot
+        self._grouping = done.grouping
         self._record(done.report)
         if done.report.changed:
             apply(messages, before, done.history, note_kind=NOTE_KIND, exclude_reason=EXCLUDE_REASON)

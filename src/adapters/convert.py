@@ -55,16 +55,24 @@ class RecordCache:
         history_names = history_provider_names()
         previous, current = self._entries, dict[int, _Entry]()
         records: list[MessageRecord] = []
+        injected_by_source: dict[object, bool] = {}
         for index, message in enumerate(messages):
             props = message.additional_properties
             contents = message.contents
+            attribution = props.get(ATTRIBUTION_KEY)
+            injected = False
+            if attribution is not None:
+                source = attribution.get("source_type") if isinstance(attribution, dict) else None
+                injected = injected_by_source.get(source)  # pyright: ignore[reportArgumentType]
+                if injected is None:
+                    injected = injected_by_source[source] = is_injected(message, history_names)
             signature = (
                 index,
                 str(message.role),
                 message.message_id,
                 bool(props.get(EXCLUDED_KEY, False)),
                 bool(props.get(PRESERVED_KEY, False)),
-                "_attribution" in props and is_injected(message, history_names),
+                injected,
                 props.get(NOTE_KEY) == note_kind,
             )
             entry = previous.get(id(contents))

@@ -40,7 +40,7 @@ from returns.result import Result, Success
 
 from .counting import MESSAGE_OVERHEAD_TOKENS, Measure
 from .errors import CompactionBudgetExceeded, SnapshotError, SnapshotVersionError
-from .grouping import group_records
+from .grouping import Grouping, regroup
 from .model import TOOL_CALL_KINDS, Group, GroupKind, History, MessageRecord, Part
 from .shorten import shorten
 
@@ -211,11 +211,16 @@ class Report:
 
 @dataclass(frozen=True, slots=True)
 class Done:
-    """The pass's answer: the new history, the new snapshot and a report."""
+    """The pass's answer: the new history, the new snapshot and a report.
+
+    ``grouping`` is the conversation's grouping on this pass; handing it to the next
+    :func:`step` lets that pass regroup only what changed. It never changes an answer.
+    """
 
     history: History
     snapshot: AnchoredSnapshot
     report: Report
+    grouping: Grouping | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,16 +269,18 @@ def step(
     measure: Measure,
     *,
     ceiling: int | None = None,
+    grouping: Grouping | None = None,
 ) -> Result[Done, CompactionBudgetExceeded]:
     """One anchored pass over ``history``.
 
     ``ceiling`` (default ``max_input_tokens``) bounds only how far shedding goes;
-    shortening never reads it. The anchored strategy never fails: when the anchors alone
-    exceed the ceiling it answers with ``report.overflow`` set.
+    shortening never reads it. ``grouping`` is the previous pass's ``Done.grouping``, a
+    memo that saves work and never changes the answer. The anchored strategy never
+    fails: when the anchors alone exceed the ceiling it answers with ``report.overflow``.
     """
     limit = config.max_input_tokens if ceiling is None else ceiling
     records = [r for r in history if not r.note]
-    band = _band(config, records)
+    band, grouping = _band(config, records, grouping)
     noted = _noted_positions(history)
     plan = _Plan(
         existing_notes={r.message_id: r for r in history if r.note and r.message_id},
@@ -306,7 +313,7 @@ def step(
         declined=declined,
         overflow=tokens_after > limit,
     )
-    return Success(Done(history=pvector(output), snapshot=new_snapshot, report=report))
+    return Success(Done(history=pvector(output), snapshot=new_snapshot, report=report, grouping=grouping))
 
 
 def _noted_positions(history: Sequence[MessageRecord]) -> set[tuple[str, int]]:
@@ -338,26 +345,23 @@ def _lane(
 def band_groups(config: AnchoredConfig, history: Sequence[MessageRecord]) -> tuple[Group, ...]:
     """The band's groups, with member indices into ``history``, for tests and diagnostics."""
     kept = [i for i, r in enumerate(history) if not r.note]
-    band = _band(config, [history[i] for i in kept])
+    band, _ = _band(config, [history[i] for i in kept], None)
     return tuple(sorted((_reindex(g, kept) for g in (*band.tools, *band.texts)), key=lambda g: g.start))
 
 
-def _band(config: AnchoredConfig, records: Sequence[MessageRecord]) -> _Band:
+def _band(
+    config: AnchoredConfig, records: Sequence[MessageRecord], previous: Grouping | None
+) -> tuple[_Band, Grouping]:
     """Band groups by kind, positions oldest first; indices refer to ``records``."""
     conversation = [i for i, r in enumerate(records) if not r.injected]
     everything = len(conversation) == len(records)
-    band = group_records(
-        records if everything else [records[i] for i in conversation],
-        skip_head=config.keep_head_groups,
-        skip_tail=config.keep_tail_groups,
-        kinds=_SHEDDABLE,
-    )
+    grouping = regroup(records if everything else [records[i] for i in conversation], previous)
+    band = grouping.groups(skip_head=config.keep_head_groups, skip_tail=config.keep_tail_groups, kinds=_SHEDDABLE)
     if not everything:
         band = tuple(_reindex(g, conversation) for g in band)
-    return _Band(
-        tools=tuple(g for g in band if g.kind == "tool_call"),
-        texts=tuple(g for g in band if g.kind == "assistant_text"),
-    )
+    tools = tuple(g for g in band if g.kind == "tool_call")
+    texts = tuple(g for g in band if g.kind == "assistant_text")
+    return _Band(tools=tools, texts=texts), grouping
 
 
 def _reindex(group: Group, indices: Sequence[int]) -> Group:

@@ -16,12 +16,49 @@ holds the two to the same answer:
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from .model import Group, GroupKind, MessageRecord
 
 _Span = tuple[GroupKind, int, int, bool]
+_Key = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Grouping:
+    """A grouped history, kept as a value so the next pass regroups only what changed.
+
+    Attributes:
+        records: The records that were grouped (compared by identity on the next pass).
+        spans: Contiguous runs ``(kind, start, end, has_reasoning)``, in order.
+        roots: For each span, the span it is linked into; ``None`` when nothing is linked.
+        declarations: ``(index, (call kind, call id))`` of every linkable declaration.
+    """
+
+    records: tuple[MessageRecord, ...]
+    spans: tuple[_Span, ...]
+    roots: tuple[int, ...] | None
+    declarations: tuple[tuple[int, _Key], ...]
+
+    def groups(
+        self, *, skip_head: int = 0, skip_tail: int = 0, kinds: frozenset[GroupKind] | None = None
+    ) -> tuple[Group, ...]:
+        """The groups, in order of each group's first member.
+
+        ``skip_head`` and ``skip_tail`` leave out the first and last groups, and ``kinds``
+        keeps only groups of those kinds, so a caller that needs the middle of a long
+        history does not build every group.
+        """
+        if self.roots is None:
+            return tuple(
+                Group(kind=kind, members=tuple(range(start, stop + 1)), has_reasoning=reasoning, spans=((start, stop),))
+                for kind, start, stop, reasoning in self.spans[skip_head : len(self.spans) - skip_tail]
+                if kinds is None or kind in kinds
+            )
+        merged = _merged(self.spans, self.roots)
+        return tuple(g for g in merged[skip_head : len(merged) - skip_tail] if kinds is None or g.kind in kinds)
 
 
 def group_records(
@@ -31,26 +68,75 @@ def group_records(
     skip_tail: int = 0,
     kinds: frozenset[GroupKind] | None = None,
 ) -> tuple[Group, ...]:
-    """Group ``records`` by the framework's rules, in order of each group's first member.
+    """Group ``records`` by the framework's rules (see :meth:`Grouping.groups`)."""
+    return regroup(records).groups(skip_head=skip_head, skip_tail=skip_tail, kinds=kinds)
 
-    ``skip_head`` and ``skip_tail`` leave out the first and last groups, and ``kinds``
-    keeps only groups of those kinds, so a caller that needs the middle of a long history
-    does not build every group.
+
+def regroup(records: Sequence[MessageRecord], previous: Grouping | None = None) -> Grouping:
+    """Group ``records``, reusing ``previous`` for the prefix they share with it.
+
+    The answer is always the same as grouping from scratch; ``previous`` only saves
+    work. Records are compared by identity, so the shell's reuse of unchanged records
+    across passes is what makes the shared prefix long. The regrouped suffix starts at
+    the earliest span the new records could extend (a call's span gains its results, a
+    run of reasoning-only messages joins a call that follows it). Any linking across
+    spans, or a suffix call id the prefix already declared, falls back to a full pass.
     """
+    records = tuple(records)
+    start = _reusable_prefix(records, previous)
+    if previous is None or start == 0:
+        return _full(records)
+    prior = [(i, key) for i, key in previous.declarations if i < start]
+    declared = {key for _, key in prior}
+    suffix = records[start:]
+    if any((kind, call_id) in declared for r in suffix for kind, call_id, _ in r.links):
+        return _full(records)
+    local = _spans(suffix)
+    if _link(suffix, local) is not None:
+        return _full(records)
+    kept = tuple(span for span in previous.spans if span[2] < start)
+    shifted = tuple(_shift(span, start) for span in local)
+    return Grouping(records, kept + shifted, None, (*prior, *_declarations(suffix, start)))
+
+
+def _reusable_prefix(records: tuple[MessageRecord, ...], previous: Grouping | None) -> int:
+    """Index where regrouping must start: 0 when nothing of ``previous`` can be reused."""
+    if previous is None or previous.roots is not None or not previous.spans:
+        return 0
+    same = 0
+    limit = min(len(records), len(previous.records))
+    while same < limit and records[same] is previous.records[same]:
+        same += 1
+    if same == 0:
+        return 0
+    spans = previous.spans
+    cut = bisect_left([end for _, _, end, _ in spans], same - 1)
+    while cut > 0 and spans[cut - 1][0] == "assistant_text" and records[spans[cut - 1][1]].is_reasoning_only:
+        cut -= 1
+    return spans[cut][1] if cut < len(spans) else len(records)
+
+
+def _shift(span: _Span, offset: int) -> _Span:
+    kind, start, end, reasoning = span
+    return (kind, start + offset, end + offset, reasoning)
+
+
+def _full(records: tuple[MessageRecord, ...]) -> Grouping:
     spans = _spans(records)
     roots = _link(records, spans)
-    if roots is None:
-        end = len(spans) - skip_tail
-        return tuple(
-            Group(kind=kind, members=tuple(range(start, stop + 1)), has_reasoning=reasoning, spans=((start, stop),))
-            for kind, start, stop, reasoning in spans[skip_head:end]
-            if kinds is None or kind in kinds
-        )
-    merged = _merged(spans, roots)
-    return tuple(g for g in merged[skip_head : len(merged) - skip_tail] if kinds is None or g.kind in kinds)
+    return Grouping(records, tuple(spans), None if roots is None else tuple(roots), tuple(_declarations(records, 0)))
 
 
-def _merged(spans: list[_Span], roots: list[int]) -> list[Group]:
+def _declarations(records: Sequence[MessageRecord], offset: int) -> list[tuple[int, _Key]]:
+    return [
+        (index + offset, (kind, call_id))
+        for index, record in enumerate(records)
+        for kind, call_id, declaration in record.links
+        if declaration
+    ]
+
+
+def _merged(spans: Sequence[_Span], roots: Sequence[int]) -> list[Group]:
     members: dict[int, list[int]] = {}
     runs: dict[int, list[tuple[int, int]]] = {}
     reasoning: dict[int, bool] = {}
