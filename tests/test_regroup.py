@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agent_framework import CharacterEstimatorTokenizer, Content, Message
-from histories import conversation_chunks
 from hypothesis import given
 from hypothesis import strategies as st
 
+from histories import conversation_chunks
 from maf_compaction.adapters.convert import RecordCache
 from maf_compaction.adapters.counting import MediaTokenEstimator
 from maf_compaction.core.grouping import Grouping, group_records, regroup
