@@ -660,7 +660,9 @@ def test_shortened_result_keeps_its_media_estimate() -> None:
 
 
 def test_snapshot_round_trips_through_its_dict() -> None:
-    snapshot = AnchoredSnapshot(tools_shed=3, texts_shed=1, shortened=7, spared_tools=(0, 2), spared_texts=(0,))
+    snapshot = AnchoredSnapshot(
+        tools_shed=3, texts_shed=1, shortened=7, spared_tools=(0, 2), spared_texts=(0,), open_tools=((2, 2),)
+    )
 
     assert AnchoredSnapshot.from_dict(snapshot.to_dict()) == snapshot
 
@@ -674,6 +676,7 @@ def test_snapshot_dict_names_its_kind_and_version() -> None:
         "shortened": 0,
         "spared_tools": [1],
         "spared_texts": [],
+        "open_tools": [],
     }
 
 
@@ -717,3 +720,11 @@ def test_snapshot_with_a_boolean_version_is_refused() -> None:
         AnchoredSnapshot.from_dict(
             {"kind": "anchored", "version": True, "tools_shed": 0, "texts_shed": 0, "shortened": 0}
         )
+
+
+@pytest.mark.parametrize("open_tools", [5, [[1]], [[1, -2]], [[True, 2]], [["a", 1]]])
+def test_snapshot_with_malformed_open_groups_is_refused(open_tools: object) -> None:
+    data = {**AnchoredSnapshot().to_dict(), "open_tools": open_tools}
+
+    with pytest.raises(SnapshotError, match="open_tools"):
+        AnchoredSnapshot.from_dict(data)

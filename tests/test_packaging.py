@@ -24,7 +24,8 @@ print(json.dumps({"file": maf_compaction.__file__, "modules": names, "all": sort
 
 
 def _inspect(*, extra_path: Path | None = None) -> dict[str, object]:
-    code = _LIST_MODULES if extra_path is None else f"import sys; sys.path.insert(0, {str(extra_path)!r})\n{_LIST_MODULES}"
+    prelude = "" if extra_path is None else f"import sys; sys.path.insert(0, {str(extra_path)!r})\n"
+    code = prelude + _LIST_MODULES
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd="/")
     return json.loads(out.stdout)
 
@@ -33,7 +34,7 @@ def _inspect(*, extra_path: Path | None = None) -> dict[str, object]:
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = tmp_path_factory.mktemp("wheel")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(target), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(target), str(ROOT)],
         check=True,
         capture_output=True,
     )

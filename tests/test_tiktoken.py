@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import zlib
 from pathlib import Path
 from typing import Any
 

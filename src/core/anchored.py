@@ -126,6 +126,9 @@ class AnchoredSnapshot:
         spared_tools: Positions below ``tools_shed`` a shed passed over because they
             were preserved at the time; they are never shed later by replay.
         spared_texts: The same for assistant replies.
+        open_tools: ``(position, members)`` of shed tool groups that were still waiting
+            for a result (an approval, a long job); a result that arrives later is shed
+            with its call, and reported then.
     """
 
     tools_shed: int = 0
@@ -133,6 +136,7 @@ class AnchoredSnapshot:
     shortened: int = 0
     spared_tools: tuple[int, ...] = ()
     spared_texts: tuple[int, ...] = ()
+    open_tools: tuple[tuple[int, int], ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-safe dict with an explicit kind and version."""
@@ -144,6 +148,7 @@ class AnchoredSnapshot:
             "shortened": self.shortened,
             "spared_tools": list(self.spared_tools),
             "spared_texts": list(self.spared_texts),
+            "open_tools": [list(pair) for pair in self.open_tools],
         }
 
     @classmethod
@@ -162,6 +167,7 @@ class AnchoredSnapshot:
             shortened=_count_field(data, "shortened"),
             spared_tools=_positions_field(data, "spared_tools"),
             spared_texts=_positions_field(data, "spared_texts"),
+            open_tools=_open_field(data, "open_tools"),
         )
 
 
@@ -170,6 +176,19 @@ def _count_field(data: Mapping[str, object], name: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise SnapshotError(f"snapshot field {name!r} must be a non-negative integer, got {value!r}")
     return value
+
+
+def _open_field(data: Mapping[str, object], name: str) -> tuple[tuple[int, int], ...]:
+    value = data.get(name, [])
+    if not isinstance(value, (list, tuple)):
+        raise SnapshotError(f"snapshot field {name!r} must be a list of [position, members] pairs, got {value!r}")
+    pairs: dict[int, int] = {}
+    for item in cast("Sequence[object]", value):
+        numbers = list(cast("Sequence[object]", item)) if isinstance(item, (list, tuple)) else []
+        if len(numbers) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers):
+            raise SnapshotError(f"snapshot field {name!r} must hold [position, members] pairs, got {item!r}")
+        pairs[cast(int, numbers[0])] = cast(int, numbers[1])
+    return tuple(sorted(pairs.items()))
 
 
 def _positions_field(data: Mapping[str, object], name: str) -> tuple[int, ...]:
@@ -239,6 +258,7 @@ class _Lane:
     tag: str
     shed: int
     spared: set[int]
+    open: dict[int, int] = field(default_factory=dict[int, int])
 
     def decided(self) -> list[tuple[int, Group]]:
         """Groups a shed has already reached and did not spare, with their positions."""
@@ -285,8 +305,17 @@ def step(
     plan = _Plan(
         existing_notes={r.message_id: r for r in history if r.note and r.message_id},
         records=records,
-        tools=_lane(band.tools, "tool", snapshot.tools_shed, snapshot.spared_tools, noted),
-        texts=_lane(band.texts, "reply", snapshot.texts_shed, snapshot.spared_texts, noted),
+        tools=_lane(
+            band.tools,
+            "tool",
+            shed=snapshot.tools_shed,
+            spared=snapshot.spared_tools,
+            noted=noted,
+            open_groups=dict(snapshot.open_tools),
+        ),
+        texts=_lane(
+            band.texts, "reply", shed=snapshot.texts_shed, spared=snapshot.spared_texts, noted=noted, open_groups={}
+        ),
     )
     _replay_sheds(plan)
     shortened, declined, committed = _shorten_band(
@@ -302,6 +331,7 @@ def step(
         shortened=committed,
         spared_tools=tuple(sorted(plan.tools.spared)),
         spared_texts=tuple(sorted(plan.texts.spared)),
+        open_tools=tuple(sorted(plan.tools.open.items())),
     )
     report = Report(
         tokens_before=_included_tokens(history),
@@ -327,7 +357,13 @@ def _noted_positions(history: Sequence[MessageRecord]) -> set[tuple[str, int]]:
 
 
 def _lane(
-    groups: tuple[Group, ...], tag: str, shed: int, spared: tuple[int, ...], noted: set[tuple[str, int]]
+    groups: tuple[Group, ...],
+    tag: str,
+    *,
+    shed: int,
+    spared: tuple[int, ...],
+    noted: set[tuple[str, int]],
+    open_groups: dict[int, int],
 ) -> _Lane:
     """A lane's state: the snapshot's, or the notes' when the history shows sheds it does not know.
 
@@ -337,9 +373,9 @@ def _lane(
     """
     evidence = max((p + 1 for t, p in noted if t == tag), default=0)
     if evidence <= shed:
-        return _Lane(groups, tag, shed, set(spared))
+        return _Lane(groups, tag, shed, set(spared), open_groups)
     inferred = {p for p in range(shed, evidence) if (tag, p) not in noted}
-    return _Lane(groups, tag, evidence, set(spared) | inferred)
+    return _Lane(groups, tag, evidence, set(spared) | inferred, open_groups)
 
 
 def band_groups(config: AnchoredConfig, history: Sequence[MessageRecord]) -> tuple[Group, ...]:
@@ -372,11 +408,31 @@ def _reindex(group: Group, indices: Sequence[int]) -> Group:
 
 
 def _replay_sheds(plan: _Plan) -> None:
-    """Apply the sheds the snapshot already holds; they are not new, so not reported."""
+    """Apply the sheds the snapshot already holds.
+
+    A replayed shed is not news, except where a shed call's result arrived since: it is
+    excluded with its call (a call without its result is refused by providers), and
+    reported like a new shed, so nothing disappears without a WARNING.
+    """
     for lane in (plan.tools, plan.texts):
-        for _, group in lane.decided():
-            if not plan.protected(group):
-                _exclude(plan, group, record_new=False)
+        for position, group in lane.decided():
+            if plan.protected(group):
+                continue
+            known = lane.open.get(position)
+            grew = known is not None and len(group.members) > known
+            _exclude(plan, group, record_new=grew)
+            if grew:
+                _track_open(plan, lane, position, group)
+
+
+def _track_open(plan: _Plan, lane: _Lane, position: int, group: Group) -> None:
+    """Remember a shed tool group that still waits for a result, by its size."""
+    declared = {(k, i) for m in group.members for k, i, d in plan.records[m].links if d}
+    answered = {(k, i) for m in group.members for k, i, d in plan.records[m].links if not d}
+    if declared - answered:
+        lane.open[position] = len(group.members)
+    else:
+        lane.open.pop(position, None)
 
 
 def _shorten_band(
@@ -467,8 +523,15 @@ def _shed_to_low_water(config: AnchoredConfig, plan: _Plan, measure: Measure, li
                 lane.spared.add(position)
                 continue
             freed = sum(plan.records[i].tokens for i in group.members if not plan.records[i].excluded)
+            note = _note(plan, group, lane.tag, position, measure)
+            if freed <= note.tokens:
+                # Its note would cost as much as it frees: shedding it cannot help.
+                lane.spared.add(position)
+                continue
             _exclude(plan, group, record_new=True)
-            total -= freed - _note(plan, group, lane.tag, position, measure).tokens
+            if lane is plan.tools:
+                _track_open(plan, lane, position, group)
+            total -= freed - note.tokens
 
 
 def _exclude(plan: _Plan, group: Group, *, record_new: bool) -> None:

@@ -1,0 +1,22 @@
+"""Hypothesis profiles: ``default`` is fast enough for CI, ``long`` hunts for bugs.
+
+Pick one with ``HYPOTHESIS_PROFILE=long .venv/bin/pytest ...``; ``default`` when unset.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+from hypothesis import HealthCheck, settings
+
+# The package warns once, on import, that it is experimental; the tests know.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    import maf_compaction  # noqa: F401
+
+_SUPPRESSED = [HealthCheck.too_slow, HealthCheck.data_too_large]
+
+settings.register_profile("default", max_examples=40, deadline=None, suppress_health_check=_SUPPRESSED)
+settings.register_profile("long", max_examples=1_000, deadline=None, suppress_health_check=_SUPPRESSED, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
