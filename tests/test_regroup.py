@@ -21,8 +21,8 @@ def _cache() -> RecordCache:
 
 def _same(incremental: Grouping, records: Sequence[MessageRecord]) -> None:
     scratch = regroup(records)
-    assert incremental.spans == scratch.spans
-    assert incremental.roots == scratch.roots
+    assert incremental.all == scratch.all
+    assert incremental.linked == scratch.linked
     assert incremental.declarations == scratch.declarations
     assert incremental.groups() == group_records(records)
 
@@ -79,6 +79,6 @@ def test_a_late_result_linking_back_to_an_earlier_call_falls_back_to_a_full_grou
     later = [*first, Message("tool", [Content.from_function_result(call_id="c1", result="done")])]
     records = cache.history(later, note_kind="anchored")
     regrouped = regroup(records, grouping)
-    assert regrouped.roots is not None  # the call and its late result are one linked group
+    assert regrouped.linked  # the call and its late result are one linked group
     assert [g.members for g in regrouped.groups()] == [(0,), (1, 3), (2,)]
     _same(regrouped, records)

@@ -76,7 +76,12 @@ class RecordCache:
                 props.get(NOTE_KEY) == note_kind,
             )
             entry = previous.get(id(contents))
-            if entry is None or not entry.matches(contents):
+            if entry is None or not (
+                # Inlined ``_Entry.matches``: this loop runs once per message per pass.
+                entry.contents is contents
+                and len(entry.probe) == len(contents)
+                and all(map(is_, entry.probe, contents))
+            ):
                 parts = self._counter.parts(message)
                 entry = _Entry(contents, tuple(contents), parts, message_tokens(p.tokens for p in parts))
             if entry.record is None or entry.signature != signature:
@@ -112,11 +117,6 @@ class _Entry:
         self.tokens = tokens
         self.record: MessageRecord | None = None
         self.signature: tuple[object, ...] = ()
-
-    def matches(self, contents: list[Content]) -> bool:
-        """The same contents list, holding the same ``Content`` objects."""
-        probe = self.probe
-        return contents is self.contents and len(probe) == len(contents) and all(map(is_, probe, contents))
 
 
 def is_injected(message: Message, history_names: frozenset[str] | None = None) -> bool:

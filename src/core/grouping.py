@@ -32,14 +32,14 @@ class Grouping:
 
     Attributes:
         records: The records that were grouped (compared by identity on the next pass).
-        spans: Contiguous runs ``(kind, start, end, has_reasoning)``, in order.
-        roots: For each span, the span it is linked into; ``None`` when nothing is linked.
+        all: Every group, in order of its first member.
+        linked: Some group joins non-contiguous spans (a late result linked to its call).
         declarations: ``(index, (call kind, call id))`` of every linkable declaration.
     """
 
     records: tuple[MessageRecord, ...]
-    spans: tuple[_Span, ...]
-    roots: tuple[int, ...] | None
+    all: tuple[Group, ...]
+    linked: bool
     declarations: tuple[tuple[int, _Key], ...]
 
     def groups(
@@ -48,17 +48,10 @@ class Grouping:
         """The groups, in order of each group's first member.
 
         ``skip_head`` and ``skip_tail`` leave out the first and last groups, and ``kinds``
-        keeps only groups of those kinds, so a caller that needs the middle of a long
-        history does not build every group.
+        keeps only groups of those kinds.
         """
-        if self.roots is None:
-            return tuple(
-                Group(kind=kind, members=tuple(range(start, stop + 1)), has_reasoning=reasoning, spans=((start, stop),))
-                for kind, start, stop, reasoning in self.spans[skip_head : len(self.spans) - skip_tail]
-                if kinds is None or kind in kinds
-            )
-        merged = _merged(self.spans, self.roots)
-        return tuple(g for g in merged[skip_head : len(merged) - skip_tail] if kinds is None or g.kind in kinds)
+        middle = self.all[skip_head : len(self.all) - skip_tail]
+        return middle if kinds is None else tuple(g for g in middle if g.kind in kinds)
 
 
 def group_records(
@@ -78,8 +71,8 @@ def regroup(records: Sequence[MessageRecord], previous: Grouping | None = None) 
     The answer is always the same as grouping from scratch; ``previous`` only saves
     work. Records are compared by identity, so the shell's reuse of unchanged records
     across passes is what makes the shared prefix long. The regrouped suffix starts at
-    the earliest span the new records could extend (a call's span gains its results, a
-    run of reasoning-only messages joins a call that follows it). Any linking across
+    the earliest group the new records could extend (a call's group gains its results,
+    a run of reasoning-only messages joins a call that follows it). Any linking across
     spans, or a suffix call id the prefix already declared, falls back to a full pass.
     """
     records = tuple(records)
@@ -94,14 +87,14 @@ def regroup(records: Sequence[MessageRecord], previous: Grouping | None = None) 
     local = _spans(suffix)
     if _link(suffix, local) is not None:
         return _full(records)
-    kept = tuple(span for span in previous.spans if span[2] < start)
-    shifted = tuple(_shift(span, start) for span in local)
-    return Grouping(records, kept + shifted, None, (*prior, *_declarations(suffix, start)))
+    kept = tuple(g for g in previous.all if g.members[-1] < start)
+    fresh = tuple(_group(_shift(span, start)) for span in local)
+    return Grouping(records, kept + fresh, False, (*prior, *_declarations(suffix, start)))
 
 
 def _reusable_prefix(records: tuple[MessageRecord, ...], previous: Grouping | None) -> int:
     """Index where regrouping must start: 0 when nothing of ``previous`` can be reused."""
-    if previous is None or previous.roots is not None or not previous.spans:
+    if previous is None or previous.linked or not previous.all:
         return 0
     same = 0
     limit = min(len(records), len(previous.records))
@@ -109,11 +102,11 @@ def _reusable_prefix(records: tuple[MessageRecord, ...], previous: Grouping | No
         same += 1
     if same == 0:
         return 0
-    spans = previous.spans
-    cut = bisect_left([end for _, _, end, _ in spans], same - 1)
-    while cut > 0 and spans[cut - 1][0] == "assistant_text" and records[spans[cut - 1][1]].is_reasoning_only:
+    groups = previous.all
+    cut = bisect_left([g.members[-1] for g in groups], same - 1)
+    while cut > 0 and groups[cut - 1].kind == "assistant_text" and records[groups[cut - 1].start].is_reasoning_only:
         cut -= 1
-    return spans[cut][1] if cut < len(spans) else len(records)
+    return groups[cut].start if cut < len(groups) else len(records)
 
 
 def _shift(span: _Span, offset: int) -> _Span:
@@ -121,10 +114,16 @@ def _shift(span: _Span, offset: int) -> _Span:
     return (kind, start + offset, end + offset, reasoning)
 
 
+def _group(span: _Span) -> Group:
+    kind, start, end, reasoning = span
+    return Group(kind=kind, members=tuple(range(start, end + 1)), has_reasoning=reasoning, spans=((start, end),))
+
+
 def _full(records: tuple[MessageRecord, ...]) -> Grouping:
     spans = _spans(records)
     roots = _link(records, spans)
-    return Grouping(records, tuple(spans), None if roots is None else tuple(roots), tuple(_declarations(records, 0)))
+    groups = tuple(map(_group, spans)) if roots is None else tuple(_merged(spans, roots))
+    return Grouping(records, groups, roots is not None, tuple(_declarations(records, 0)))
 
 
 def _declarations(records: Sequence[MessageRecord], offset: int) -> list[tuple[int, _Key]]:
