@@ -12,7 +12,7 @@ import warnings as _warnings
 from .adapters.anchored import AnchoredCompactionStrategy, MinimumGainAnchoredCompactionStrategy
 from .adapters.convert import original_results
 from .adapters.counting import MediaTokenEstimator
-from .adapters.tiktoken import TiktokenTokenizer
+from .adapters.tiktoken import TiktokenTokenizer, TokenizerUnavailableError
 from .core.anchored import AnchoredSnapshot
 from .errors import (
     CompactionBudgetExceeded,
@@ -33,6 +33,7 @@ __all__ = [
     "SnapshotError",
     "SnapshotVersionError",
     "TiktokenTokenizer",
+    "TokenizerUnavailableError",
     "__version__",
     "original_results",
 ]

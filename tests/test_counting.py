@@ -28,7 +28,7 @@ from maf_compaction.adapters.counting import (
     as_estimator,
 )
 from maf_compaction.core.counting import BASIS_VERSION, MESSAGE_OVERHEAD_TOKENS
-from tokenizers import CountingTokenizer, offline_tiktoken
+from offline_tokenizers import CountingTokenizer, offline_tiktoken
 
 Count = Callable[[Message], int]
 

@@ -35,7 +35,7 @@ from maf_compaction.bench.workload import (
     lookup_result,
     planted_codes,
 )
-from tokenizers import offline_tiktoken, vocabulary_gz
+from offline_tokenizers import offline_tiktoken, vocabulary_gz
 
 ROW_NAMES = ("none", "framework default", "anchored (ours)")
 

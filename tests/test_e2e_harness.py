@@ -31,7 +31,7 @@ from maf_compaction.bench.measure import CallMeasure, PromptMeter, RenderedReque
 from maf_compaction.bench.scripted import ScriptedChatClient
 from maf_compaction.bench.workload import build_workload, lookup_result
 from maf_compaction.core.shorten import is_shortened
-from tokenizers import offline_tiktoken
+from offline_tokenizers import offline_tiktoken
 
 TURNS = 44
 WINDOW = 24_000

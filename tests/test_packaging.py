@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -33,8 +34,23 @@ def _inspect(*, extra_path: Path | None = None) -> dict[str, object]:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     target = tmp_path_factory.mktemp("wheel")
+    # Build from a copy, so no build/ or egg-info is left (or reused) in the work tree.
+    source = tmp_path_factory.mktemp("source") / "maf-compaction"
+    skipped = shutil.ignore_patterns(".*", "build", "*.egg-info", "__pycache__", "bench-results", "agent-file-memory")
+    shutil.copytree(ROOT, source, ignore=skipped)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(target), str(ROOT)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(target),
+            str(source),
+        ],
         check=True,
         capture_output=True,
     )

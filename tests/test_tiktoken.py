@@ -19,7 +19,7 @@ import tiktoken_ext.openai_public
 import maf_compaction.adapters.tiktoken as tiktoken_adapter
 from maf_compaction import TiktokenTokenizer
 from maf_compaction.adapters.tiktoken import ENV_VOCABULARY_FILE, TokenizerUnavailableError
-from tokenizers import offline_tiktoken, vocabulary_bytes, vocabulary_gz
+from offline_tokenizers import offline_tiktoken, vocabulary_bytes, vocabulary_gz
 
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 SAMPLES = [
@@ -177,9 +177,8 @@ def test_unavailable_everywhere_says_how_to_fix_it(monkeypatch: pytest.MonkeyPat
     assert isinstance(raised.value.__cause__, OSError)
 
 
-@pytest.mark.usefixtures("no_tiktoken_source")
-def test_unknown_encoding_without_a_file_is_unavailable() -> None:
-    with pytest.raises(TokenizerUnavailableError, match="no_such_encoding"):
+def test_unknown_encoding_is_refused_naming_the_parameter() -> None:
+    with pytest.raises(ValueError, match=r"encoding must be one of .*'o200k_base'.*got 'no_such_encoding'"):
         TiktokenTokenizer("no_such_encoding")
 
 

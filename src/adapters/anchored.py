@@ -12,6 +12,7 @@ import logging
 from collections.abc import Mapping
 
 from agent_framework import Message
+from returns.result import Failure
 
 from ..core import anchored as core
 from ..core.anchored import AnchoredConfig, AnchoredSnapshot, Report
@@ -52,6 +53,15 @@ class AnchoredCompactionStrategy:
         collapse_assistant_text: Also shed band assistant replies when shedding tool
             groups alone does not reach the low-water mark.
         low_water_fraction: A shed goes down to this share of the ceiling, in (0, 1].
+
+    Attributes:
+        last_report: What the last pass did (tokens before and after, shed message
+            origins, results shortened, overflow), or ``None`` before the first pass.
+        passes: Passes run, over both lists.
+        shed_events: Passes that shed something new.
+        overflows: Passes that ended over their ceiling (honest overflow).
+
+    ``compact_to`` is synchronous: the anchored strategy performs no effects.
     """
 
     def __init__(
@@ -80,10 +90,11 @@ class AnchoredCompactionStrategy:
             raise ValueError("tokenizer must have a count_tokens(text) -> int method")
         self._tokenizer = tokenizer
         self._estimator: MediaTokenEstimator = as_estimator(tokenizer)
-        self._counter = self._estimator._parts  # pyright: ignore[reportPrivateUsage]
+        self._counter = self._estimator.parts
         self._records = RecordCache(self._counter)
         self._grouping: Grouping | None = None  # the last pass's grouping: a memo, never a decision
         self._snapshot = AnchoredSnapshot()
+        self._overflowing = False
         self.passes = 0
         self.shed_events = 0
         self.overflows = 0
@@ -125,9 +136,12 @@ class AnchoredCompactionStrategy:
         if not messages:
             return False
         before = self._records.history(messages, note_kind=NOTE_KIND)
-        done = core.step(
+        result = core.step(
             self._config, before, self._snapshot, self._counter.measure, ceiling=ceiling, grouping=self._grouping
-        ).unwrap()
+        )
+        if isinstance(result, Failure):
+            raise result.failure()
+        done = result.unwrap()
         self._snapshot = done.snapshot
         self._grouping = done.grouping
         self._record(done.report)
@@ -145,6 +159,7 @@ class AnchoredCompactionStrategy:
         self._snapshot = snapshot if isinstance(snapshot, AnchoredSnapshot) else AnchoredSnapshot.from_dict(snapshot)
 
     def _record(self, report: Report) -> None:
+        self._overflowing = self.last_report is not None and self.last_report.overflow
         self.passes += 1
         self.last_report = report
         if report.shed:
@@ -162,7 +177,7 @@ class AnchoredCompactionStrategy:
                 report.tokens_after,
                 ", ".join(shed_ids),
             )
-        if report.overflow:
+        if report.overflow and not self._overflowing:
             logger.warning(
                 "The prompt is %d tokens, over the %d-token ceiling: the anchored head, tail and "
                 "protected turns alone exceed it. Nothing more can be removed by position.",

@@ -21,7 +21,6 @@ from ..core.model import History, MessageRecord, Part, history
 from .counting import PartCounter
 
 PRESERVED_KEY = "_preserved"
-PRESERVE_REASON_KEY = "_preserve_reason"
 ATTRIBUTION_KEY = "_attribution"
 #: Marks a message maf-compaction inserted; the value names the strategy.
 NOTE_KEY = "_maf_compaction_note"
@@ -122,16 +121,18 @@ class _Entry:
 def is_injected(message: Message, history_names: frozenset[str] | None = None) -> bool:
     """A context provider added this message for one call; it is not history.
 
-    Such messages carry an ``_attribution`` naming a provider that is not a history
-    provider (the harness's todo list, mode or memory context). Messages a history
-    provider loaded, and messages without attribution, are conversation history.
+    Such messages carry an ``_attribution`` that does not name a history provider: the
+    harness's todo list and mode notices, file memory, background tasks. A history
+    provider always attributes what it loads with its own class (``source_type``);
+    providers that attribute with a bare ``source_id`` string are context providers.
+    Messages without attribution are conversation history.
     """
     attribution = message.additional_properties.get(ATTRIBUTION_KEY)
     if not isinstance(attribution, dict):
         return False
     source_type = attribution.get("source_type")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
     if not isinstance(source_type, str):
-        return False
+        return True
     return source_type not in (history_provider_names() if history_names is None else history_names)
 
 

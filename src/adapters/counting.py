@@ -7,10 +7,9 @@ objects, asks the tokenizer, and remembers the answers.
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from agent_framework import Content, Message
 
@@ -72,6 +71,11 @@ class MediaTokenEstimator:
         self._parts = PartCounter(self)
 
     @property
+    def parts(self) -> PartCounter:
+        """The estimator's part counter and cache (shared by every strategy using this estimator)."""
+        return self._parts
+
+    @property
     def tokenizer(self) -> Tokenizer:
         """The wrapped text tokenizer."""
         return self._tokenizer
@@ -123,50 +127,50 @@ class PartCounter:
 
     def __init__(self, estimator: MediaTokenEstimator) -> None:
         self._estimator = estimator
-        self._tokens: OrderedDict[tuple[int, str, str], int] = OrderedDict()
-        self._reasoning: OrderedDict[str, str] = OrderedDict()
+        self._tokens: OrderedDict[tuple[int, str], int] = OrderedDict()
 
     def measure(self, text: str) -> int:
         """Tokens of ``text`` (cached); the core's injected ``measure``."""
-        return self._count("", text)
+        return self._count(text)
 
     def parts(self, message: Message) -> tuple[Part, ...]:
         """The message's parts on the counting basis."""
         return tuple(self.part(content) for content in message.contents)
 
     def part(self, content: Content) -> Part:
-        """One content part on the counting basis."""
+        """One content part on the counting basis (the rules are the core's)."""
         kind = content.type
-        if kind == "text":
-            text = content.text or ""
-            return Part(kind=kind, text=text, tokens=self._count(kind, text))
-        if kind == "function_result":
-            text = _result_text(content)
-            media = sum(self._estimator.estimate(item) for item in content.items or () if item.type in MEDIA_KINDS)
-            return Part(
-                kind=kind,
-                text=text,
-                tokens=self._count(kind, text) + media,
-                media_tokens=media,
-                call_id=content.call_id,
-            )
-        if kind in TOOL_CALL_KINDS:
-            name = content.name or getattr(content, "tool_name", None)
-            text = basis.call_text(name, basis.arguments_text(content.arguments))
-            return Part(kind=kind, text=text, tokens=self._count(kind, text), call_id=content.call_id, name=name)
-        if kind == "text_reasoning":
-            text = (content.text or "") + self._clear_reasoning(content.protected_data)
-            return Part(kind=kind, text=text, tokens=self._count(kind, text))
         if kind in MEDIA_KINDS:
             media = self._estimator.estimate(content)
             return Part(kind=kind, tokens=media, media_tokens=media)
-        text = _other_text(content)
-        return Part(kind=kind, text=text, tokens=self._count(kind, text), call_id=content.call_id)
+        name = (content.name or getattr(content, "tool_name", None)) if kind in TOOL_CALL_KINDS else None
+        if kind in basis.RULED_KINDS:
+            text = basis.visible_text(
+                kind,
+                text=content.text,
+                name=name,
+                arguments=content.arguments,
+                result=content.result,
+                protected_data=content.protected_data,
+            )
+        else:
+            text = basis.other_text(content.to_dict(exclude_none=True))
+        media = 0
+        if kind == "function_result":
+            media = sum(self._estimator.estimate(item) for item in content.items or () if item.type in MEDIA_KINDS)
+        return Part(
+            kind=kind,
+            text=text,
+            tokens=self._count(text) + media,
+            media_tokens=media,
+            call_id=content.call_id,
+            name=name,
+        )
 
-    def _count(self, kind: str, text: str) -> int:
+    def _count(self, text: str) -> int:
         if not text:
             return 0
-        key = (basis.BASIS_VERSION, kind, text)
+        key = (basis.BASIS_VERSION, text)
         cached = self._tokens.get(key)
         if cached is not None:
             return cached
@@ -175,36 +179,6 @@ class PartCounter:
         if len(self._tokens) > _CACHE_SIZE:
             self._tokens.popitem(last=False)
         return value
-
-    def _clear_reasoning(self, protected_data: str | None) -> str:
-        if not protected_data:
-            return ""
-        cached = self._reasoning.get(protected_data)
-        if cached is None:
-            cached = basis.clear_reasoning_text(protected_data)
-            self._reasoning[protected_data] = cached
-            if len(self._reasoning) > _CACHE_SIZE:
-                self._reasoning.popitem(last=False)
-        return cached
-
-
-def _result_text(content: Content) -> str:
-    """The result the client sends; ``exception`` is host-side diagnostics, never sent."""
-    result = content.result
-    return result if isinstance(result, str) else ("" if result is None else _json(result))
-
-
-def _other_text(content: Content) -> str:
-    """A compact rendering of a content type with no dedicated rule (errors, approvals...)."""
-    payload: dict[str, Any] = content.to_dict(exclude_none=True)
-    for key in ("raw_representation", "additional_properties", "items", "protected_data", "type"):
-        payload.pop(key, None)
-    stripped = basis.strip_opaque(payload)
-    return _json(stripped) if stripped else ""
-
-
-def _json(value: object) -> str:
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def _require_positive(name: str, value: object) -> None:

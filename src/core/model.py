@@ -7,6 +7,7 @@ back; the core never sees a framework type.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, TypeAlias
 
@@ -129,9 +130,9 @@ def _links(role: str, parts: tuple[Part, ...]) -> tuple[tuple[str, str, bool], .
 History: TypeAlias = PVector[MessageRecord]
 
 
-def history(records: object = ()) -> History:
+def history(records: Iterable[MessageRecord] = ()) -> History:
     """Build a :data:`History` from any iterable of records."""
-    return pvector(records)  # type: ignore[arg-type]
+    return pvector(records)
 
 
 class Group(NamedTuple):
