@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 
 from agent_framework import Message
 from returns.result import Failure
@@ -84,7 +85,6 @@ class AnchoredCompactionStrategy:
             band_share=band_share,
             collapse_assistant_text=collapse_assistant_text,
             low_water_fraction=low_water_fraction,
-            min_gain_fraction=self._min_gain(),
         )
         if not callable(getattr(tokenizer, "count_tokens", None)):
             raise ValueError("tokenizer must have a count_tokens(text) -> int method")
@@ -99,9 +99,6 @@ class AnchoredCompactionStrategy:
         self.shed_events = 0
         self.overflows = 0
         self.last_report: Report | None = None
-
-    def _min_gain(self) -> float:
-        return 0.0
 
     @property
     def config(self) -> AnchoredConfig:
@@ -177,6 +174,13 @@ class AnchoredCompactionStrategy:
                 report.tokens_after,
                 ", ".join(shed_ids),
             )
+        if report.misplaced:
+            logger.warning(
+                "%d shed note(s) no longer sit at the group they replaced: the list lost messages. "
+                "Keep excluded messages in loaded history (InMemoryHistoryProvider(skip_excluded=False), "
+                "the default); until then this strategy only shortens.",
+                report.misplaced,
+            )
         if report.overflow and not self._overflowing:
             logger.warning(
                 "The prompt is %d tokens, over the %d-token ceiling: the anchored head, tail and "
@@ -222,7 +226,6 @@ class MinimumGainAnchoredCompactionStrategy(AnchoredCompactionStrategy):
         low_water_fraction: float = core.DEFAULT_LOW_WATER_FRACTION,
         min_gain_fraction: float = core.DEFAULT_MIN_GAIN_FRACTION,
     ) -> None:
-        self._min_gain_fraction = min_gain_fraction
         super().__init__(
             max_input_tokens=max_input_tokens,
             tokenizer=tokenizer,
@@ -233,10 +236,8 @@ class MinimumGainAnchoredCompactionStrategy(AnchoredCompactionStrategy):
             collapse_assistant_text=collapse_assistant_text,
             low_water_fraction=low_water_fraction,
         )
+        self._config = replace(self._config, min_gain_fraction=min_gain_fraction)
         self.declined_collapses = 0
-
-    def _min_gain(self) -> float:
-        return self._min_gain_fraction
 
     @property
     def min_gain_fraction(self) -> float:

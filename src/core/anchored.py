@@ -216,6 +216,9 @@ class Report:
         shortened: Number of results shortened on this pass (newly or replayed).
         declined: The minimum-gain floor declined this pass's collapse.
         overflow: The output is still over the ceiling: the anchors alone exceed it.
+        misplaced: Notes of earlier sheds stand where the group at their position is
+            not excluded: the list lost messages (a history provider that drops excluded
+            messages). Positions cannot be trusted, so the pass neither replayed nor shed.
     """
 
     tokens_before: int
@@ -226,6 +229,7 @@ class Report:
     shortened: int = 0
     declined: bool = False
     overflow: bool = False
+    misplaced: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,11 +328,14 @@ def step(
             records=records,
         ),
     )
-    _replay_sheds(plan)
+    misplaced = _misplaced_notes(plan, noted)
+    if not misplaced:
+        _replay_sheds(plan)
     shortened, declined, committed = _shorten_band(
         config, plan, committed=snapshot.shortened, measure=measure, limit=limit
     )
-    _shed_to_low_water(config, plan, measure, limit)
+    if not misplaced:
+        _shed_to_low_water(config, plan, measure, limit)
 
     output = _with_notes(plan, measure)
     tokens_after = _included_tokens(output)
@@ -349,8 +356,20 @@ def step(
         shortened=shortened,
         declined=declined,
         overflow=tokens_after > limit,
+        misplaced=misplaced,
     )
     return Success(Done(history=pvector(output), snapshot=new_snapshot, report=report, grouping=grouping))
+
+
+def _misplaced_notes(plan: _Plan, noted: set[tuple[str, int]]) -> int:
+    """Notes whose band position now holds a group that is not excluded (or no group)."""
+    lanes = {"tool": plan.tools, "reply": plan.texts}
+    misplaced = 0
+    for tag, position in noted:
+        groups = lanes[tag].groups
+        if position >= len(groups) or not all(plan.records[i].excluded for i in groups[position].members):
+            misplaced += 1
+    return misplaced
 
 
 def _noted_positions(history: Sequence[MessageRecord]) -> set[tuple[str, int]]:
