@@ -86,8 +86,6 @@ class AnchoredCompactionStrategy:
             collapse_assistant_text=collapse_assistant_text,
             low_water_fraction=low_water_fraction,
         )
-        if not callable(getattr(tokenizer, "count_tokens", None)):
-            raise ValueError("tokenizer must have a count_tokens(text) -> int method")
         self._tokenizer = tokenizer
         self._estimator: MediaTokenEstimator = as_estimator(tokenizer)
         self._counter = self._estimator.parts

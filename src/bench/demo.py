@@ -34,6 +34,7 @@ from agent_framework import Agent, AgentResponse, AgentSession, create_harness_a
 from ..adapters.anchored import AnchoredCompactionStrategy
 from ..adapters.counting import MediaTokenEstimator
 from ..adapters.tiktoken import TiktokenTokenizer
+from .args import positive_int
 from .measure import CallMeasure, PromptMeter, RunSummary, measure_calls, summarize
 from .scripted import ScriptedChatClient
 from .workload import DEFAULT_SEED, DEFAULT_TURNS, Workload, build_workload, lookup_deployment
@@ -381,11 +382,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         description="Run one scripted conversation through create_harness_agent without compaction, with the "
         "framework's default compaction and with AnchoredCompactionStrategy, and compare prompt-cache reuse.",
     )
-    parser.add_argument("--turns", type=_positive, default=DEFAULT_TURNS, help="user turns (default %(default)s)")
-    parser.add_argument("--window", type=_positive, default=DEFAULT_WINDOW, help="context window (default %(default)s)")
+    parser.add_argument("--turns", type=positive_int, default=DEFAULT_TURNS, help="user turns (default %(default)s)")
+    parser.add_argument(
+        "--window", type=positive_int, default=DEFAULT_WINDOW, help="context window (default %(default)s)"
+    )
     parser.add_argument(
         "--output-tokens",
-        type=_positive,
+        type=positive_int,
         default=DEFAULT_OUTPUT_TOKENS,
         help="output reservation (default %(default)s)",
     )
@@ -400,13 +403,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.output_tokens >= args.window:
         parser.error("--output-tokens must be smaller than --window")
     return args
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

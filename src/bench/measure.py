@@ -26,8 +26,7 @@ from typing import Any
 from agent_framework import Content, FunctionTool, Message
 
 from ..adapters.counting import MediaTokenEstimator, Tokenizer
-
-_MEDIA_KINDS = frozenset({"data", "uri", "hosted_file"})
+from ..core.model import MEDIA_KINDS
 
 
 def render_content(content: Content) -> str:
@@ -41,7 +40,7 @@ def render_content(content: Content) -> str:
         # ``exception`` stays on the host: clients send only the result.
         result = content.result if isinstance(content.result, str) else _json(content.result)
         return f"result {content.call_id}: {result}"
-    if kind in _MEDIA_KINDS:
+    if kind in MEDIA_KINDS:
         return f"[{kind} {content.media_type or ''} {content.uri or content.file_id or ''}]"
     payload = content.to_dict(exclude_none=True)
     for key in ("raw_representation", "additional_properties"):

@@ -66,6 +66,7 @@ from agent_framework._compaction import (  # pyright: ignore[reportPrivateUsage]
 from ..adapters.anchored import AnchoredCompactionStrategy
 from ..adapters.counting import MediaTokenEstimator
 from ..adapters.tiktoken import TiktokenTokenizer
+from .args import positive_int
 
 DEFAULT_SIZES: Final = (400, 1_600, 3_200)
 DEFAULT_WARM_REPEATS: Final = 15
@@ -734,13 +735,6 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
 def parser() -> argparse.ArgumentParser:
     """The command line."""
     cli = argparse.ArgumentParser(
@@ -754,11 +748,11 @@ def parser() -> argparse.ArgumentParser:
         help="comma-separated history sizes in messages, multiples of 4 (default: 400,1600,3200)",
     )
     cli.add_argument(
-        "--repeats", type=_positive, default=DEFAULT_WARM_REPEATS, help="timed warm passes per row (default: 15)"
+        "--repeats", type=positive_int, default=DEFAULT_WARM_REPEATS, help="timed warm passes per row (default: 15)"
     )
     cli.add_argument(
         "--cold-repeats",
-        type=_positive,
+        type=positive_int,
         default=None,
         help=f"timed cold passes per row (default: min({DEFAULT_COLD_REPEATS}, --repeats))",
     )
@@ -776,8 +770,8 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also cProfile our warm pass at --profile-size messages and print the top entries",
     )
-    cli.add_argument("--profile-size", type=_positive, default=TARGET_SIZE, help="default: 1600")
-    cli.add_argument("--profile-top", type=_positive, default=25, help="entries per profile listing (default: 25)")
+    cli.add_argument("--profile-size", type=positive_int, default=TARGET_SIZE, help="default: 1600")
+    cli.add_argument("--profile-top", type=positive_int, default=25, help="entries per profile listing (default: 25)")
     cli.add_argument("--strict", action="store_true", help="exit with status 1 when a measured target is not met")
     return cli
 
