@@ -82,3 +82,13 @@ def test_a_late_result_linking_back_to_an_earlier_call_falls_back_to_a_full_grou
     assert regrouped.linked  # the call and its late result are one linked group
     assert [g.members for g in regrouped.groups()] == [(0,), (1, 3), (2,)]
     _same(regrouped, records)
+
+
+def test_skipping_more_groups_than_there_are_leaves_none() -> None:
+    records = _cache().history([Message("user", ["a"]), Message("assistant", ["b"])], note_kind="anchored")
+    grouping = regroup(records)
+
+    assert grouping.groups(skip_tail=5) == ()
+    assert grouping.groups(skip_head=1, skip_tail=1) == ()
+    assert grouping.groups(skip_head=5) == ()
+    assert len(grouping.groups(skip_tail=1)) == 1

@@ -362,12 +362,16 @@ def step(
 
 
 def _misplaced_notes(plan: _Plan, noted: set[tuple[str, int]]) -> int:
-    """Notes whose band position now holds a group that is not excluded (or no group)."""
+    """Notes whose band position now holds a live group (or no group at all).
+
+    The note's own group starts excluded; a member that arrived later (a late result)
+    may not be, and is shed on replay, so only the first member is checked.
+    """
     lanes = {"tool": plan.tools, "reply": plan.texts}
     misplaced = 0
     for tag, position in noted:
         groups = lanes[tag].groups
-        if position >= len(groups) or not all(plan.records[i].excluded for i in groups[position].members):
+        if position >= len(groups) or not plan.records[groups[position].start].excluded:
             misplaced += 1
     return misplaced
 
@@ -570,8 +574,10 @@ def _shed_to_low_water(config: AnchoredConfig, plan: _Plan, measure: Measure, li
                 continue
             freed = sum(plan.records[i].tokens for i in group.members if not plan.records[i].excluded)
             note = _note(plan, group, lane.tag, position, measure)
-            if freed <= note.tokens:
-                # Its note would cost as much as it frees: shedding it cannot help.
+            if freed <= note.tokens and not _unanswered(plan.records, group):
+                # Its note would cost as much as it frees, and a complete group never grows:
+                # shedding it cannot help, now or later. (A call still waiting for its result
+                # is shed anyway: the result will come, and go with it.)
                 lane.spared.add(position)
                 continue
             _exclude(plan, group, record_new=True)

@@ -50,7 +50,7 @@ class Grouping:
         ``skip_head`` and ``skip_tail`` leave out the first and last groups, and ``kinds``
         keeps only groups of those kinds.
         """
-        middle = self.all[skip_head : len(self.all) - skip_tail]
+        middle = self.all[skip_head : max(len(self.all) - skip_tail, 0)]
         return middle if kinds is None else tuple(g for g in middle if g.kind in kinds)
 
 
