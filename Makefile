@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest bench-speed clean
+.PHONY: demo test test-long lint typecheck pytest bench-speed clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,8 +31,12 @@ pytest: $(STAMP)
 
 test: lint typecheck pytest
 
+# The property tests with many more examples, drawn afresh (about 10 minutes).
+test-long: $(STAMP)
+	HYPOTHESIS_PROFILE=long $(BIN)/python -m pytest -q tests/test_anchored_properties.py tests/test_grouping.py tests/test_regroup.py
+
 bench-speed: $(STAMP)
 	$(BIN)/python -W "ignore:maf-compaction is experimental" -m maf_compaction.bench speed
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis agent-file-memory
