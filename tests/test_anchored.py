@@ -713,7 +713,9 @@ async def test_decision_state_holds_the_shed_watermark() -> None:
 
     await compactor(six_groups())
 
-    assert compactor.decision_state() == AnchoredSnapshot(tools_shed=3, texts_shed=0, shortened=6)
+    assert compactor.decision_state() == AnchoredSnapshot(
+        tools_shed=3, texts_shed=0, shortened=6, keep_head_groups=compactor.config.keep_head_groups
+    )
 
 
 @pytest.mark.parametrize("as_dict", [False, True], ids=["snapshot", "dict"])
@@ -854,3 +856,13 @@ def test_edge_values_are_accepted(overrides: dict[str, Any]) -> None:
 
 def test_zero_min_gain_fraction_is_accepted() -> None:
     assert min_gain(min_gain_fraction=0).min_gain_fraction == 0
+
+
+def test_a_snapshot_made_under_another_head_is_refused() -> None:
+    from maf_compaction import AnchoredSnapshot, SnapshotError
+
+    strategy = AnchoredCompactionStrategy(max_input_tokens=1_000, tokenizer=CharacterEstimatorTokenizer())
+    with pytest.raises(SnapshotError, match="keep_head_groups=5"):
+        strategy.restore_decisions(AnchoredSnapshot(tools_shed=2, keep_head_groups=5))
+    strategy.restore_decisions(AnchoredSnapshot(tools_shed=2, keep_head_groups=3))
+    assert strategy.decision_state().tools_shed == 2

@@ -501,7 +501,9 @@ def test_skipped_preserved_position_is_remembered_as_spared() -> None:
     records = list(SIX_GROUPS)
     records[3] = replace(records[3], preserved=True)
 
-    assert run(SHED_CONFIG, records).snapshot == AnchoredSnapshot(tools_shed=4, shortened=6, spared_tools=(0,))
+    assert run(SHED_CONFIG, records).snapshot == AnchoredSnapshot(
+        tools_shed=4, shortened=6, spared_tools=(0,), keep_head_groups=SHED_CONFIG.keep_head_groups
+    )
 
 
 def test_spared_group_is_never_shed_by_a_replay_once_its_mark_is_gone() -> None:
@@ -677,6 +679,7 @@ def test_snapshot_dict_names_its_kind_and_version() -> None:
         "spared_tools": [1],
         "spared_texts": [],
         "open_tools": [],
+        "keep_head_groups": None,
     }
 
 

@@ -17,7 +17,9 @@ from returns.result import Failure
 
 from ..core import anchored as core
 from ..core.anchored import AnchoredConfig, AnchoredSnapshot, Report
+from ..core.errors import SnapshotError
 from ..core.grouping import Grouping
+from ..core.model import History
 from .convert import RecordCache, apply
 from .counting import MediaTokenEstimator, Tokenizer, as_estimator
 
@@ -142,7 +144,7 @@ class AnchoredCompactionStrategy:
         self._record(done.report)
         if done.report.changed:
             apply(messages, before, done.history, note_kind=NOTE_KIND, exclude_reason=EXCLUDE_REASON)
-        self._log(done.report, [before[i].message_id or f"#{i}" for i in done.report.shed])
+        self._log(done.report, _ids(before, done.report.shed), _ids(before, done.report.joined))
         return done.report.changed
 
     def decision_state(self) -> AnchoredSnapshot:
@@ -150,8 +152,20 @@ class AnchoredCompactionStrategy:
         return self._snapshot
 
     def restore_decisions(self, snapshot: AnchoredSnapshot | Mapping[str, object]) -> None:
-        """Continue from a snapshot (a value or its ``to_dict()``); refuses newer versions."""
-        self._snapshot = snapshot if isinstance(snapshot, AnchoredSnapshot) else AnchoredSnapshot.from_dict(snapshot)
+        """Continue from a snapshot (a value or its ``to_dict()``).
+
+        Raises:
+            SnapshotVersionError: The snapshot was written by a newer schema.
+            SnapshotError: It is malformed, or was made under another ``keep_head_groups``
+                (its positions would name other groups).
+        """
+        value = snapshot if isinstance(snapshot, AnchoredSnapshot) else AnchoredSnapshot.from_dict(snapshot)
+        if value.keep_head_groups is not None and value.keep_head_groups != self._config.keep_head_groups:
+            raise SnapshotError(
+                f"the snapshot was made with keep_head_groups={value.keep_head_groups}, this strategy has "
+                f"keep_head_groups={self._config.keep_head_groups}; positions would name other groups"
+            )
+        self._snapshot = value
 
     def _record(self, report: Report) -> None:
         self._overflowing = self.last_report is not None and self.last_report.overflow
@@ -162,7 +176,14 @@ class AnchoredCompactionStrategy:
         if report.overflow:
             self.overflows += 1
 
-    def _log(self, report: Report, shed_ids: list[str]) -> None:
+    def _log(self, report: Report, shed_ids: list[str], joined_ids: list[str]) -> None:
+        if joined_ids:
+            logger.warning(
+                "Excluded %d message(s) to keep earlier sheds whole (a result that arrived for a shed call, "
+                "or the rest of a tool group found half-excluded); they stay in stored history: %s",
+                len(joined_ids),
+                ", ".join(joined_ids),
+            )
         if shed_ids:
             logger.warning(
                 "Shed %d message(s) to fit %d tokens (now %d); they stay in stored history, "
@@ -194,6 +215,10 @@ class AnchoredCompactionStrategy:
             report.shortened,
             report.changed,
         )
+
+
+def _ids(records: History, origins: tuple[int, ...]) -> list[str]:
+    return [records[i].message_id or f"#{i}" for i in origins]
 
 
 class MinimumGainAnchoredCompactionStrategy(AnchoredCompactionStrategy):

@@ -129,6 +129,8 @@ class AnchoredSnapshot:
         open_tools: ``(position, members)`` of shed tool groups that were still waiting
             for a result (an approval, a long job); a result that arrives later is shed
             with its call, and reported then.
+        keep_head_groups: The head size the positions were counted under (``None``
+            before the first pass); positions mean nothing under another head.
     """
 
     tools_shed: int = 0
@@ -137,6 +139,7 @@ class AnchoredSnapshot:
     spared_tools: tuple[int, ...] = ()
     spared_texts: tuple[int, ...] = ()
     open_tools: tuple[tuple[int, int], ...] = ()
+    keep_head_groups: int | None = None
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-safe dict with an explicit kind and version."""
@@ -149,6 +152,7 @@ class AnchoredSnapshot:
             "spared_tools": list(self.spared_tools),
             "spared_texts": list(self.spared_texts),
             "open_tools": [list(pair) for pair in self.open_tools],
+            "keep_head_groups": self.keep_head_groups,
         }
 
     @classmethod
@@ -168,6 +172,7 @@ class AnchoredSnapshot:
             spared_tools=_positions_field(data, "spared_tools"),
             spared_texts=_positions_field(data, "spared_texts"),
             open_tools=_open_field(data, "open_tools"),
+            keep_head_groups=None if data.get("keep_head_groups") is None else _count_field(data, "keep_head_groups"),
         )
 
 
@@ -213,6 +218,8 @@ class Report:
         ceiling: The ceiling the pass compacted to.
         changed: Any message's inclusion or content changed, or notes changed.
         shed: Origins of the messages this pass shed (newly, not replayed).
+        joined: Origins of messages excluded to keep an earlier shed whole: a result that
+            arrived for a shed call, or the rest of a tool group found half-excluded.
         shortened: Number of results shortened on this pass (newly or replayed).
         declined: The minimum-gain floor declined this pass's collapse.
         overflow: The output is still over the ceiling: the anchors alone exceed it.
@@ -226,6 +233,7 @@ class Report:
     ceiling: int
     changed: bool
     shed: tuple[int, ...] = ()
+    joined: tuple[int, ...] = ()
     shortened: int = 0
     declined: bool = False
     overflow: bool = False
@@ -277,6 +285,7 @@ class _Plan:
     tools: _Lane
     texts: _Lane
     newly_shed: list[int] = field(default_factory=list[int])
+    newly_joined: list[int] = field(default_factory=list[int])
     #: The notes of the current sheds; dropped whenever an exclusion changes them.
     notes: dict[int, MessageRecord] | None = None
     #: Notes the input already holds, by id: reused when still right.
@@ -346,6 +355,7 @@ def step(
         spared_tools=tuple(sorted(plan.tools.spared)),
         spared_texts=tuple(sorted(plan.texts.spared)),
         open_tools=tuple(sorted(plan.tools.open.items())),
+        keep_head_groups=config.keep_head_groups,
     )
     report = Report(
         tokens_before=_included_tokens(history),
@@ -353,6 +363,7 @@ def step(
         ceiling=limit,
         changed=_differs(history, output),
         shed=tuple(plan.newly_shed),
+        joined=tuple(plan.newly_joined),
         shortened=shortened,
         declined=declined,
         overflow=tokens_after > limit,
@@ -458,7 +469,7 @@ def _replay_sheds(plan: _Plan) -> None:
                 continue
             known = lane.open.get(position)
             grew = known is not None and len(group.members) > known
-            _exclude(plan, group, record_new=grew)
+            _exclude(plan, group, into=plan.newly_joined if grew else None)
             if grew:
                 _track_open(plan, lane, position, group)
     # Tool integrity: a call is never sent without its result. A band tool group that
@@ -467,7 +478,7 @@ def _replay_sheds(plan: _Plan) -> None:
     for group in plan.tools.groups:
         flags = {plan.records[i].excluded for i in group.members}
         if len(flags) == 2 and not plan.protected(group):
-            _exclude(plan, group, record_new=True)
+            _exclude(plan, group, into=plan.newly_joined)
 
 
 def _track_open(plan: _Plan, lane: _Lane, position: int, group: Group) -> None:
@@ -580,20 +591,21 @@ def _shed_to_low_water(config: AnchoredConfig, plan: _Plan, measure: Measure, li
                 # is shed anyway: the result will come, and go with it.)
                 lane.spared.add(position)
                 continue
-            _exclude(plan, group, record_new=True)
+            _exclude(plan, group, into=plan.newly_shed)
             if lane is plan.tools:
                 _track_open(plan, lane, position, group)
             total -= freed - note.tokens
 
 
-def _exclude(plan: _Plan, group: Group, *, record_new: bool) -> None:
+def _exclude(plan: _Plan, group: Group, *, into: list[int] | None) -> None:
+    """Exclude every member of ``group``; origins of newly excluded members go ``into`` a report list."""
     for index in group.members:
         record = plan.records[index]
         if not record.excluded:
             plan.notes = None
             plan.records[index] = replace(record, excluded=True)
-            if record_new and record.origin is not None:
-                plan.newly_shed.append(record.origin)
+            if into is not None and record.origin is not None:
+                into.append(record.origin)
 
 
 def _notes(plan: _Plan, measure: Measure) -> dict[int, MessageRecord]:

@@ -1,0 +1,356 @@
+"""A simulated provider prompt cache and its billing, on token sequences.
+
+The benchmark cannot reach a provider, so it prices each call the way the providers publish
+that they do. This module is the pure part of that: it sees a request only as the token ids
+of its canonical rendering (counted by the harness with tiktoken o200k_base, independently
+of the strategy under test, see ``EVALUATION.md`` "Simulated provider") and decides how many
+of them a provider's prompt cache would serve, how many it would write, and what the call
+costs. It knows nothing of agent_framework.
+
+Every figure below comes from ``reference/caching-and-peers.md`` section 3 ("Prompt caching
+facts per provider"), which cites the providers' own pages:
+
+- OpenAI (developers.openai.com/api/docs/guides/prompt-caching): caching is "automatic,
+  exact prefix", "≥ 1,024 tokens; hits in 128-token increments"; cache writes: "none before
+  GPT-5.6" (Azure: "GPT-5.6+ may charge cache writes").
+- Anthropic (platform.claude.com/docs/en/build-with-claude/prompt-caching): "explicit
+  ``cache_control`` (≤ 4 breakpoints)", "~20-block lookback", minimum 1,024 tokens (Sonnet
+  4.5/4/3.7, Opus 4.1/4), 2,048 (Sonnet 4.6, Haiku 3.5/3) or 4,096 (Opus 4.5/4.6, Haiku
+  4.5); cached input at "0.1× base input"; writes at "1.25× (5 min), 2× (1 h)".
+
+Usage::
+
+    cache = OpenAICache()
+    result = cache.lookup_and_store(tokens)
+    dollars = bill(PROFILES["default"], result, output_tokens=150)
+
+Deliberately not simulated (nothing in the reference fixes them for one conversation): cache
+expiry (the runs are short and deterministic, so every entry is assumed retained), OpenAI's
+routing hash on the first ~256 tokens (one conversation always routes alike), Anthropic's
+rule that a longer TTL must precede a shorter one, and the exact ~20-block bound of
+Anthropic's lookback (a token sequence has no block boundaries; see :class:`AnthropicCache`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+__all__ = [
+    "ANTHROPIC_MAX_BREAKPOINTS",
+    "ANTHROPIC_MIN_CACHEABLE_TOKENS",
+    "OPENAI_HIT_INCREMENT",
+    "OPENAI_MIN_CACHED_TOKENS",
+    "PROFILES",
+    "AnthropicCache",
+    "CacheResult",
+    "OpenAICache",
+    "PriceProfile",
+    "bill",
+    "get_profile",
+]
+
+OPENAI_MIN_CACHED_TOKENS = 1024
+"""OpenAI caches nothing below 1,024 tokens (reference §3: "≥ 1,024 tokens")."""
+
+OPENAI_HIT_INCREMENT = 128
+"""OpenAI reports hits in 128-token increments (reference §3: "hits in 128-token increments")."""
+
+ANTHROPIC_MIN_CACHEABLE_TOKENS = 1024
+"""Anthropic's smallest minimum cacheable length (reference §3: 1,024 for Sonnet 4.5/4/3.7 and
+Opus 4.1/4; 2,048 and 4,096 for other models, so it is a parameter of :class:`AnthropicCache`)."""
+
+ANTHROPIC_MAX_BREAKPOINTS = 4
+"""Anthropic accepts at most 4 ``cache_control`` breakpoints per request (reference §3: "≤ 4")."""
+
+_MAX_TOKEN_ID = 2**64 - 1
+_DIGEST_SIZE = 16
+
+
+@dataclass(frozen=True, slots=True)
+class CacheResult:
+    """How one request's prompt tokens split between cache reads, cache writes and plain input.
+
+    ``input_tokens`` is the whole prompt (as the providers' usage reports it, cached tokens
+    included); ``cached_tokens`` of it were read from the cache and ``written_tokens`` were
+    written to it (billed at the write price where the profile has one). The rest,
+    :attr:`uncached_tokens`, is plain input.
+    """
+
+    cached_tokens: int
+    input_tokens: int
+    written_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if self.input_tokens < 0:
+            raise ValueError(f"input_tokens must be >= 0, got {self.input_tokens}")
+        if not 0 <= self.cached_tokens <= self.input_tokens:
+            raise ValueError(
+                f"cached_tokens must be in [0, input_tokens={self.input_tokens}], got {self.cached_tokens}"
+            )
+        free = self.input_tokens - self.cached_tokens
+        if not 0 <= self.written_tokens <= free:
+            raise ValueError(
+                f"written_tokens must be in [0, input_tokens - cached_tokens = {free}], got {self.written_tokens}"
+            )
+
+    @property
+    def uncached_tokens(self) -> int:
+        """Prompt tokens neither read from nor written to the cache, billed at the input price."""
+        return self.input_tokens - self.cached_tokens - self.written_tokens
+
+    @property
+    def hit_ratio(self) -> float:
+        """Share of the prompt served from the cache (0.0 for an empty prompt)."""
+        return self.cached_tokens / self.input_tokens if self.input_tokens else 0.0
+
+
+def _validate_tokens(tokens: Sequence[int]) -> bytes:
+    """Pack token ids as unsigned 64-bit integers, refusing anything that is not one."""
+    try:
+        return array("Q", tokens).tobytes()
+    except (OverflowError, TypeError) as exc:
+        raise ValueError(f"tokens must be integers in [0, {_MAX_TOKEN_ID}]: {exc}") from exc
+
+
+class _PrefixHasher:
+    """Digests of the prefixes of one token sequence, computed incrementally.
+
+    Prefixes are compared by a 128-bit BLAKE2b digest of their packed token ids rather than
+    token by token, so a lookup costs one pass over the request whatever the number of
+    stored requests; at 128 bits an accidental collision is not a practical concern, and
+    unlike Python's ``hash`` the digest is the same in every process (determinism).
+    """
+
+    __slots__ = ("_data", "_hash", "_pos")
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self._hash = hashlib.blake2b(digest_size=_DIGEST_SIZE)
+        self._pos = 0
+
+    def digest_at(self, offset: int) -> bytes:
+        """Digest of ``tokens[:offset]``; offsets must be asked in non-decreasing order."""
+        end = offset * 8
+        if end < self._pos:
+            raise ValueError(f"offset must not decrease, got {offset} after {self._pos // 8}")
+        self._hash.update(self._data[self._pos : end])
+        self._pos = end
+        return self._hash.copy().digest() + offset.to_bytes(8, "little")
+
+
+class OpenAICache:
+    """OpenAI's automatic prompt cache for one simulated conversation.
+
+    Rule implemented (reference §3, OpenAI row, from OpenAI's prompt-caching guide):
+    ``cached_tokens`` is the length of the longest common prefix between this request and
+    any request stored before it, rounded down to a multiple of 128 ("hits in 128-token
+    increments"), and 0 if that is below 1,024 ("≥ 1,024 tokens"). So a request shorter than
+    1,024 tokens never hits, a hit of exactly 1,024 tokens counts, and a repeated request of
+    1,500 tokens gets 1,408. Every request is then stored ("automatic"; no expiry simulated).
+
+    Implementation: for every stored request, the digest of each prefix ending on a 128-token
+    boundary is kept in a set. Matching prefixes are closed under shortening, so the hit is
+    the largest boundary of this request whose prefix digest is in the set: one pass over
+    the request, O(len(tokens) / 128) set probes, independent of the number of requests.
+
+    Cache writes: the reference says OpenAI bills none "before GPT-5.6" and that on GPT-5.6+
+    (Azure) it "may charge cache writes" without saying which tokens. By default
+    ``written_tokens`` is 0; with ``count_writes=True`` the tokens beyond the hit of a
+    request of at least ``min_tokens`` tokens (the tail it adds to the cache) are reported as
+    written, so a profile with a write price (e.g. ``gpt-6-luna``) bills them at it.
+    """
+
+    def __init__(
+        self,
+        *,
+        min_tokens: int = OPENAI_MIN_CACHED_TOKENS,
+        increment: int = OPENAI_HIT_INCREMENT,
+        count_writes: bool = False,
+    ) -> None:
+        if increment < 1:
+            raise ValueError(f"increment must be >= 1, got {increment}")
+        if min_tokens < 0:
+            raise ValueError(f"min_tokens must be >= 0, got {min_tokens}")
+        self.min_tokens = min_tokens
+        self.increment = increment
+        self.count_writes = count_writes
+        self._prefixes: set[bytes] = set()
+
+    def lookup_and_store(self, tokens: Sequence[int]) -> CacheResult:
+        """Return the cache outcome of ``tokens`` against the earlier requests, then store it."""
+        hasher = _PrefixHasher(_validate_tokens(tokens))
+        n = len(tokens)
+        hit = 0
+        missing: list[bytes] = []
+        for boundary in range(self.increment, n + 1, self.increment):
+            digest = hasher.digest_at(boundary)
+            if not missing and digest in self._prefixes:
+                hit = boundary
+            else:
+                missing.append(digest)
+        self._prefixes.update(missing)
+        if hit < self.min_tokens:
+            hit = 0
+        written = n - hit if self.count_writes and n >= self.min_tokens else 0
+        return CacheResult(cached_tokens=hit, input_tokens=n, written_tokens=written)
+
+
+class AnthropicCache:
+    """Anthropic's explicit (``cache_control``) prompt cache for one simulated conversation.
+
+    A request comes as its token ids plus ``breakpoints``: the token offsets where the blocks
+    it marks with ``cache_control`` end (the cached prefix is ``tokens[:b]``). Rules
+    implemented (reference §3, Anthropic row, from Anthropic's prompt-caching docs):
+
+    - At most 4 breakpoints ("≤ 4 breakpoints"); more are refused with ``ValueError`` (the
+      API rejects such a request, it does not silently drop some). Offsets must be strictly
+      increasing and within ``[1, len(tokens)]``.
+    - No breakpoint, no caching: the request neither reads nor writes ("explicit").
+    - Writes: each breakpoint ``b >= min_tokens`` writes the prefix ``tokens[:b]``; shorter
+      prefixes cannot be cached (minimum cacheable length, 1,024 by default, 2,048 or 4,096
+      on some models). The billed ``written_tokens`` are the tokens from the hit up to the
+      newest (last) breakpoint, billed at the write premium (1.25x for 5 minutes, 2x for 1
+      hour: pick the profile).
+    - Reads: the hit is the longest prefix written by an earlier request (at one of its
+      breakpoints) that is a prefix of this request and ends at or before this request's
+      newest breakpoint ("prefix hits up to the newest cache breakpoint the request marks",
+      ``EVALUATION.md``). With ``lookback=True`` (default) that earlier breakpoint need not
+      be marked again in this request: Anthropic looks back (~20 blocks) from a breakpoint
+      for earlier cache entries, which is what makes the usual pattern (one breakpoint
+      on the last message, moving every turn) hit at all. The ~20-block bound is not
+      enforced, as token sequences carry no block boundaries. With ``lookback=False`` only
+      this request's own breakpoints can hit (a strict reading).
+    """
+
+    def __init__(
+        self,
+        *,
+        min_tokens: int = ANTHROPIC_MIN_CACHEABLE_TOKENS,
+        max_breakpoints: int = ANTHROPIC_MAX_BREAKPOINTS,
+        lookback: bool = True,
+    ) -> None:
+        if min_tokens < 1:
+            raise ValueError(f"min_tokens must be >= 1, got {min_tokens}")
+        if max_breakpoints < 1:
+            raise ValueError(f"max_breakpoints must be >= 1, got {max_breakpoints}")
+        self.min_tokens = min_tokens
+        self.max_breakpoints = max_breakpoints
+        self.lookback = lookback
+        self._written: set[bytes] = set()
+        self._written_offsets: list[int] = []  # sorted, distinct
+
+    def _check_breakpoints(self, breakpoints: Sequence[int], n: int) -> list[int]:
+        points = list(breakpoints)
+        if len(points) > self.max_breakpoints:
+            raise ValueError(f"breakpoints: at most {self.max_breakpoints} allowed, got {len(points)}")
+        previous = 0
+        for point in points:
+            if not isinstance(point, int) or not previous < point <= n:
+                raise ValueError(
+                    f"breakpoints must be strictly increasing token offsets in [1, len(tokens)={n}], got {points}"
+                )
+            previous = point
+        return points
+
+    def lookup_and_store(self, tokens: Sequence[int], breakpoints: Sequence[int]) -> CacheResult:
+        """Return the cache outcome of ``tokens`` marked at ``breakpoints``, then store its writes."""
+        data = _validate_tokens(tokens)
+        n = len(tokens)
+        points = self._check_breakpoints(breakpoints, n)
+        if not points:
+            return CacheResult(cached_tokens=0, input_tokens=n)
+        newest = points[-1]
+        if self.lookback:
+            limit = bisect.bisect_right(self._written_offsets, newest)
+            candidates = sorted(set(self._written_offsets[:limit]) | set(points))
+        else:
+            candidates = points
+        hasher = _PrefixHasher(data)
+        hit = 0
+        digests: dict[int, bytes] = {}
+        for offset in candidates:
+            digest = hasher.digest_at(offset)
+            digests[offset] = digest
+            if offset >= self.min_tokens and digest in self._written:
+                hit = offset
+        for point in points:
+            if point >= self.min_tokens:
+                self._written.add(digests[point])
+                index = bisect.bisect_left(self._written_offsets, point)
+                if index == len(self._written_offsets) or self._written_offsets[index] != point:
+                    self._written_offsets.insert(index, point)
+        written = newest - hit if newest >= self.min_tokens else 0
+        return CacheResult(cached_tokens=hit, input_tokens=n, written_tokens=written)
+
+
+@dataclass(frozen=True, slots=True)
+class PriceProfile:
+    """Prices in dollars per million tokens.
+
+    ``cache_write`` is the price of a token written to the cache; ``None`` means the provider
+    bills no write premium, so written tokens (if a cache reports any) cost plain ``input``.
+    """
+
+    name: str
+    input: float
+    cached_input: float
+    output: float
+    cache_write: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("name must be a non-empty string")
+        for field in ("input", "cached_input", "output"):
+            value = getattr(self, field)
+            if not value >= 0:
+                raise ValueError(f"{field} must be a price >= 0 per million tokens, got {value}")
+        if self.cache_write is not None and not self.cache_write >= 0:
+            raise ValueError(f"cache_write must be None or a price >= 0 per million tokens, got {self.cache_write}")
+
+
+PROFILES: Mapping[str, PriceProfile] = MappingProxyType(
+    {
+        # EVALUATION.md "Simulated provider": p=1.00, c=0.10, o=4.00 per million, ratio-only.
+        "default": PriceProfile("default", input=1.00, cached_input=0.10, output=4.00),
+        # reference §5.3, runs 63/64: "gpt-6-luna $0.10 / $0.01 / $0.50 with $0.125 cache writes".
+        "gpt-6-luna": PriceProfile("gpt-6-luna", input=0.10, cached_input=0.01, output=0.50, cache_write=0.125),
+        # reference §5.3, runs 63/64: "gpt-5.6-luna $0.20 / $0.02 cached / $1.20 out".
+        "gpt-5.6-luna": PriceProfile("gpt-5.6-luna", input=0.20, cached_input=0.02, output=1.20),
+        # reference §3, Anthropic: reads 0.1x, writes 1.25x (5 min TTL) on the default's ratios.
+        "anthropic-5m": PriceProfile("anthropic-5m", input=1.00, cached_input=0.10, output=4.00, cache_write=1.25),
+        # reference §3, Anthropic: writes 2x for the 1-hour TTL.
+        "anthropic-1h": PriceProfile("anthropic-1h", input=1.00, cached_input=0.10, output=4.00, cache_write=2.00),
+    }
+)
+"""Named price profiles; only figures the reference states (ratio-only where no dollars are given)."""
+
+
+def get_profile(name: str) -> PriceProfile:
+    """Return the named profile, or raise ``ValueError`` listing the known names."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"profile must be one of {sorted(PROFILES)}, got {name!r}") from None
+
+
+def bill(profile: PriceProfile, result: CacheResult, output_tokens: int) -> float:
+    """Dollars for one call: uncached x input + cached x cached_input + written x write + output x output.
+
+    All prices are per million tokens (EVALUATION.md "Billing per call"). Written tokens are
+    billed at ``profile.cache_write`` or, for a profile without one, at ``profile.input``.
+    """
+    if output_tokens < 0:
+        raise ValueError(f"output_tokens must be >= 0, got {output_tokens}")
+    write_price = profile.input if profile.cache_write is None else profile.cache_write
+    total = (
+        result.uncached_tokens * profile.input
+        + result.cached_tokens * profile.cached_input
+        + result.written_tokens * write_price
+        + output_tokens * profile.output
+    )
+    return total / 1_000_000
