@@ -714,7 +714,11 @@ async def test_decision_state_holds_the_shed_watermark() -> None:
     await compactor(six_groups())
 
     assert compactor.decision_state() == AnchoredSnapshot(
-        tools_shed=3, texts_shed=0, shortened=6, keep_head_groups=compactor.config.keep_head_groups
+        tools_shed=3,
+        texts_shed=0,
+        shortened=6,
+        shed_sizes=((0, 2), (1, 2), (2, 2)),
+        keep_head_groups=compactor.config.keep_head_groups,
     )
 
 

@@ -502,7 +502,11 @@ def test_skipped_preserved_position_is_remembered_as_spared() -> None:
     records[3] = replace(records[3], preserved=True)
 
     assert run(SHED_CONFIG, records).snapshot == AnchoredSnapshot(
-        tools_shed=4, shortened=6, spared_tools=(0,), keep_head_groups=SHED_CONFIG.keep_head_groups
+        tools_shed=4,
+        shortened=6,
+        spared_tools=(0,),
+        shed_sizes=((1, 2), (2, 2), (3, 2)),
+        keep_head_groups=SHED_CONFIG.keep_head_groups,
     )
 
 
@@ -663,7 +667,7 @@ def test_shortened_result_keeps_its_media_estimate() -> None:
 
 def test_snapshot_round_trips_through_its_dict() -> None:
     snapshot = AnchoredSnapshot(
-        tools_shed=3, texts_shed=1, shortened=7, spared_tools=(0, 2), spared_texts=(0,), open_tools=((2, 2),)
+        tools_shed=3, texts_shed=1, shortened=7, spared_tools=(0, 2), spared_texts=(0,), shed_sizes=((2, 2),)
     )
 
     assert AnchoredSnapshot.from_dict(snapshot.to_dict()) == snapshot
@@ -678,7 +682,7 @@ def test_snapshot_dict_names_its_kind_and_version() -> None:
         "shortened": 0,
         "spared_tools": [1],
         "spared_texts": [],
-        "open_tools": [],
+        "shed_sizes": [],
         "keep_head_groups": None,
     }
 
@@ -725,9 +729,9 @@ def test_snapshot_with_a_boolean_version_is_refused() -> None:
         )
 
 
-@pytest.mark.parametrize("open_tools", [5, [[1]], [[1, -2]], [[True, 2]], [["a", 1]]])
-def test_snapshot_with_malformed_open_groups_is_refused(open_tools: object) -> None:
-    data = {**AnchoredSnapshot().to_dict(), "open_tools": open_tools}
+@pytest.mark.parametrize("shed_sizes", [5, [[1]], [[1, -2]], [[True, 2]], [["a", 1]]])
+def test_snapshot_with_malformed_shed_sizes_is_refused(shed_sizes: object) -> None:
+    data = {**AnchoredSnapshot().to_dict(), "shed_sizes": shed_sizes}
 
-    with pytest.raises(SnapshotError, match="open_tools"):
+    with pytest.raises(SnapshotError, match="shed_sizes"):
         AnchoredSnapshot.from_dict(data)

@@ -126,9 +126,9 @@ class AnchoredSnapshot:
         spared_tools: Positions below ``tools_shed`` a shed passed over because they
             were preserved at the time; they are never shed later by replay.
         spared_texts: The same for assistant replies.
-        open_tools: ``(position, members)`` of shed tool groups that were still waiting
-            for a result (an approval, a long job); a result that arrives later is shed
-            with its call, and reported then.
+        shed_sizes: ``(position, members)`` of each shed tool group when it was shed.
+            A group that grows since (a result arriving for a shed call, a tool message
+            joining its run) is shed whole again, and the newcomers are reported.
         keep_head_groups: The head size the positions were counted under (``None``
             before the first pass); positions mean nothing under another head.
     """
@@ -138,7 +138,7 @@ class AnchoredSnapshot:
     shortened: int = 0
     spared_tools: tuple[int, ...] = ()
     spared_texts: tuple[int, ...] = ()
-    open_tools: tuple[tuple[int, int], ...] = ()
+    shed_sizes: tuple[tuple[int, int], ...] = ()
     keep_head_groups: int | None = None
 
     def to_dict(self) -> dict[str, object]:
@@ -151,7 +151,7 @@ class AnchoredSnapshot:
             "shortened": self.shortened,
             "spared_tools": list(self.spared_tools),
             "spared_texts": list(self.spared_texts),
-            "open_tools": [list(pair) for pair in self.open_tools],
+            "shed_sizes": [list(pair) for pair in self.shed_sizes],
             "keep_head_groups": self.keep_head_groups,
         }
 
@@ -171,7 +171,7 @@ class AnchoredSnapshot:
             shortened=_count_field(data, "shortened"),
             spared_tools=_positions_field(data, "spared_tools"),
             spared_texts=_positions_field(data, "spared_texts"),
-            open_tools=_open_field(data, "open_tools"),
+            shed_sizes=_sizes_field(data, "shed_sizes"),
             keep_head_groups=None if data.get("keep_head_groups") is None else _count_field(data, "keep_head_groups"),
         )
 
@@ -183,7 +183,7 @@ def _count_field(data: Mapping[str, object], name: str) -> int:
     return value
 
 
-def _open_field(data: Mapping[str, object], name: str) -> tuple[tuple[int, int], ...]:
+def _sizes_field(data: Mapping[str, object], name: str) -> tuple[tuple[int, int], ...]:
     value = data.get(name, [])
     if not isinstance(value, (list, tuple)):
         raise SnapshotError(f"snapshot field {name!r} must be a list of [position, members] pairs, got {value!r}")
@@ -270,7 +270,7 @@ class _Lane:
     tag: str
     shed: int
     spared: set[int]
-    open: dict[int, int] = field(default_factory=dict[int, int])
+    sizes: dict[int, int] = field(default_factory=dict[int, int])
 
     def decided(self) -> list[tuple[int, Group]]:
         """Groups a shed has already reached and did not spare, with their positions."""
@@ -324,7 +324,7 @@ def step(
             shed=snapshot.tools_shed,
             spared=snapshot.spared_tools,
             noted=noted,
-            open_groups=dict(snapshot.open_tools),
+            sizes=dict(snapshot.shed_sizes),
             records=records,
         ),
         texts=_lane(
@@ -333,7 +333,7 @@ def step(
             shed=snapshot.texts_shed,
             spared=snapshot.spared_texts,
             noted=noted,
-            open_groups={},
+            sizes={},
             records=records,
         ),
     )
@@ -354,7 +354,7 @@ def step(
         shortened=committed,
         spared_tools=tuple(sorted(plan.tools.spared)),
         spared_texts=tuple(sorted(plan.texts.spared)),
-        open_tools=tuple(sorted(plan.tools.open.items())),
+        shed_sizes=tuple(sorted(plan.tools.sizes.items())),
         keep_head_groups=config.keep_head_groups,
     )
     report = Report(
@@ -404,7 +404,7 @@ def _lane(
     shed: int,
     spared: tuple[int, ...],
     noted: set[tuple[str, int]],
-    open_groups: dict[int, int],
+    sizes: dict[int, int],
     records: Sequence[MessageRecord],
 ) -> _Lane:
     """A lane's state: the snapshot's, or the notes' when the history shows sheds it does not know.
@@ -415,16 +415,16 @@ def _lane(
     """
     evidence = max((p + 1 for t, p in noted if t == tag), default=0)
     if evidence <= shed:
-        return _Lane(groups, tag, shed, set(spared), open_groups)
+        return _Lane(groups, tag, shed, set(spared), sizes)
     inferred = {p for p in range(shed, evidence) if (tag, p) not in noted}
-    # Recovered sheds are judged by what is excluded now: a member that arrives later
-    # (a result for a shed call) is then reported when it is shed with its call.
+    # Recovered sheds are sized by what is excluded now: a member that arrives later
+    # (a result for a shed call) is then reported when it is shed with its group.
     recovered = {
         p: sum(1 for i in groups[p].members if records[i].excluded)
         for p in range(shed, min(evidence, len(groups)))
-        if (tag, p) in noted and _unanswered(records, groups[p])
+        if (tag, p) in noted
     }
-    return _Lane(groups, tag, evidence, set(spared) | inferred, {**recovered, **open_groups})
+    return _Lane(groups, tag, evidence, set(spared) | inferred, {**recovered, **sizes})
 
 
 def band_groups(config: AnchoredConfig, history: Sequence[MessageRecord]) -> tuple[Group, ...]:
@@ -467,11 +467,11 @@ def _replay_sheds(plan: _Plan) -> None:
         for position, group in lane.decided():
             if plan.protected(group):
                 continue
-            known = lane.open.get(position)
+            known = lane.sizes.get(position)
             grew = known is not None and len(group.members) > known
             _exclude(plan, group, into=plan.newly_joined if grew else None)
             if grew:
-                _track_open(plan, lane, position, group)
+                lane.sizes[position] = len(group.members)
     # Tool integrity: a call is never sent without its result. A band tool group that
     # arrives partly excluded (a run that stopped between the two lists' passes, or
     # another component's exclusion) is excluded whole, and reported.
@@ -479,14 +479,6 @@ def _replay_sheds(plan: _Plan) -> None:
         flags = {plan.records[i].excluded for i in group.members}
         if len(flags) == 2 and not plan.protected(group):
             _exclude(plan, group, into=plan.newly_joined)
-
-
-def _track_open(plan: _Plan, lane: _Lane, position: int, group: Group) -> None:
-    """Remember a shed tool group that still waits for a result, by its size."""
-    if _unanswered(plan.records, group):
-        lane.open[position] = len(group.members)
-    else:
-        lane.open.pop(position, None)
 
 
 def _unanswered(records: Sequence[MessageRecord], group: Group) -> bool:
@@ -593,7 +585,7 @@ def _shed_to_low_water(config: AnchoredConfig, plan: _Plan, measure: Measure, li
                 continue
             _exclude(plan, group, into=plan.newly_shed)
             if lane is plan.tools:
-                _track_open(plan, lane, position, group)
+                lane.sizes[position] = len(group.members)
             total -= freed - note.tokens
 
 
