@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final, cast
 
@@ -515,6 +515,18 @@ def _shorten_band(
                 edits[index] = shortened
                 saved_by_position[position] = saved_by_position.get(position, 0) + record.tokens - shortened.tokens
                 first_edit.setdefault(position, index)
+    originals = {index: plan.records[index] for index in edits}
+
+    def apply(positions: Callable[[int], bool]) -> None:
+        for position, group in enumerate(plan.tools.groups):
+            if positions(position):
+                for index in group.members:
+                    if index in edits:
+                        plan.records[index] = edits[index]
+
+    # Committed positions first, so the floor judges the same state on every list (the
+    # stored history already holds them shortened; fresh copies do not yet).
+    apply(lambda position: position < committed)
     pending = [p for p in saved_by_position if p >= committed]
     declined = False
     if pending and config.min_gain_fraction > 0 and _prompt_tokens(plan, measure) <= limit:
@@ -522,13 +534,8 @@ def _shorten_band(
         behind = sum(r.tokens for r in plan.records[start:] if not r.excluded)
         saved = sum(saved_by_position[p] for p in pending)
         declined = saved < int(behind * config.min_gain_fraction)
-    originals = {index: plan.records[index] for index in edits}
-    for position, group in enumerate(plan.tools.groups):
-        if declined and position >= committed:
-            break
-        for index in group.members:
-            if index in edits:
-                plan.records[index] = edits[index]
+    if not declined:
+        apply(lambda position: position >= committed)
     applied = sum(
         _results_changed(edits[index], record)
         for index, record in originals.items()
