@@ -66,3 +66,31 @@ def test_the_full_stored_list_is_not_misplaced() -> None:
 
     assert anchored.last_report is not None
     assert anchored.last_report.misplaced == 0
+
+
+def test_a_tool_message_joining_a_shed_group_is_reported(caplog: pytest.LogCaptureFixture) -> None:
+    # Found by the long hypothesis profile: with no tail, a tool message appended right after a
+    # shed group's results joins that group's run and is excluded with it; it must be named.
+    anchored = AnchoredCompactionStrategy(
+        max_input_tokens=120, tokenizer=CharacterEstimatorTokenizer(), keep_head_groups=1, keep_tail_groups=0
+    )
+    call = Content.from_function_call(call_id="c1", name="lookup", arguments={})
+    first = [
+        Message("user", ["Look it up."], message_id="u"),
+        Message("assistant", [call], message_id="a1"),
+        Message("tool", [Content.from_function_result(call_id="c1", result="x" * 800)], message_id="t1"),
+    ]
+    asyncio.run(anchored([*first]))
+    assert anchored.last_report is not None
+    assert anchored.last_report.shed
+
+    late = Message("tool", [Content.from_function_result(call_id="other", result="y" * 40)], message_id="t2")
+    grown = [Message(m.role, list(m.contents), message_id=m.message_id) for m in first] + [late]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="maf_compaction"):
+        asyncio.run(anchored(grown))
+
+    assert late.additional_properties.get(EXCLUDED)
+    assert anchored.last_report is not None
+    assert anchored.last_report.joined
+    assert any("t2" in r.getMessage() and "keep earlier sheds whole" in r.getMessage() for r in caplog.records)
