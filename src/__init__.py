@@ -13,7 +13,7 @@ from .adapters.anchored import AnchoredCompactionStrategy, MinimumGainAnchoredCo
 from .adapters.convert import original_results
 from .adapters.counting import MediaTokenEstimator
 from .adapters.tiktoken import TiktokenTokenizer, TokenizerUnavailableError
-from .core.anchored import AnchoredSnapshot
+from .core.snapshot import AnchoredSnapshot
 from .errors import (
     CompactionBudgetExceeded,
     MafCompactionExperimentalWarning,

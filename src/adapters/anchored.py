@@ -16,10 +16,11 @@ from agent_framework import Message
 from returns.result import Failure
 
 from ..core import anchored as core
-from ..core.anchored import AnchoredConfig, AnchoredSnapshot, Report
+from ..core.anchored import AnchoredConfig, Report
 from ..core.errors import SnapshotError
 from ..core.grouping import Grouping
 from ..core.model import History
+from ..core.snapshot import AnchoredSnapshot
 from .convert import RecordCache, apply
 from .counting import MediaTokenEstimator, Tokenizer, as_estimator
 

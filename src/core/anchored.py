@@ -31,18 +31,19 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Final, cast
+from typing import Final
 
 from pyrsistent import pvector
 from returns.result import Result, Success
 
 from .counting import MESSAGE_OVERHEAD_TOKENS, Measure
-from .errors import CompactionBudgetExceeded, SnapshotError, SnapshotVersionError
+from .errors import CompactionBudgetExceeded
 from .grouping import Grouping, regroup
 from .model import TOOL_CALL_KINDS, Group, GroupKind, History, MessageRecord, Part
 from .shorten import shorten
+from .snapshot import AnchoredSnapshot
 
 DEFAULT_KEEP_HEAD_GROUPS: Final = 3
 DEFAULT_KEEP_TAIL_GROUPS: Final = 4
@@ -61,10 +62,6 @@ TEXT_NOTE: Final = "[compacted: an earlier assistant reply]"
 
 _SHEDDABLE: Final = frozenset[GroupKind]({"tool_call", "assistant_text"})
 _NOTE_ID: Final = re.compile(r"anchored_(tool|reply)_(\d+)")
-
-SNAPSHOT_KIND: Final = "anchored"
-SNAPSHOT_VERSION: Final = 1
-SUPPORTED_SNAPSHOT_VERSIONS: Final = (1,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,100 +109,6 @@ class AnchoredConfig:
         if self.keep_tokens is not None:
             return self.keep_tokens
         return max(int(self.max_input_tokens * self.band_share / (position + 1)), DEFAULT_KEEP_TOKENS)
-
-
-@dataclass(frozen=True, slots=True)
-class AnchoredSnapshot:
-    """Every decision the anchored strategy has made, as watermarks over band positions.
-
-    Attributes:
-        tools_shed: Band tool groups at positions below this are shed...
-        texts_shed: ...and band assistant replies at positions below this.
-        shortened: Band tool groups at positions below this are committed to being
-            shortened (the minimum-gain floor accepted them; it never takes that back).
-        spared_tools: Positions below ``tools_shed`` a shed passed over because they
-            were preserved at the time; they are never shed later by replay.
-        spared_texts: The same for assistant replies.
-        shed_sizes: ``(position, members)`` of each shed tool group when it was shed.
-            A group that grows since (a result arriving for a shed call, a tool message
-            joining its run) is shed whole again, and the newcomers are reported.
-        keep_head_groups: The head size the positions were counted under (``None``
-            before the first pass); positions mean nothing under another head.
-    """
-
-    tools_shed: int = 0
-    texts_shed: int = 0
-    shortened: int = 0
-    spared_tools: tuple[int, ...] = ()
-    spared_texts: tuple[int, ...] = ()
-    shed_sizes: tuple[tuple[int, int], ...] = ()
-    keep_head_groups: int | None = None
-
-    def to_dict(self) -> dict[str, object]:
-        """A JSON-safe dict with an explicit kind and version."""
-        return {
-            "kind": SNAPSHOT_KIND,
-            "version": SNAPSHOT_VERSION,
-            "tools_shed": self.tools_shed,
-            "texts_shed": self.texts_shed,
-            "shortened": self.shortened,
-            "spared_tools": list(self.spared_tools),
-            "spared_texts": list(self.spared_texts),
-            "shed_sizes": [list(pair) for pair in self.shed_sizes],
-            "keep_head_groups": self.keep_head_groups,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, object]) -> AnchoredSnapshot:
-        """Read a snapshot written by :meth:`to_dict`; refuses newer or malformed ones."""
-        if not isinstance(data, Mapping):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise SnapshotError(f"an anchored snapshot must be a mapping, got {type(data).__name__}")
-        version = data.get("version")
-        if not isinstance(version, int) or isinstance(version, bool) or version not in SUPPORTED_SNAPSHOT_VERSIONS:
-            raise SnapshotVersionError(version, SUPPORTED_SNAPSHOT_VERSIONS)
-        if data.get("kind") != SNAPSHOT_KIND:
-            raise SnapshotError(f"expected an {SNAPSHOT_KIND!r} snapshot, got kind {data.get('kind')!r}")
-        return cls(
-            tools_shed=_count_field(data, "tools_shed"),
-            texts_shed=_count_field(data, "texts_shed"),
-            shortened=_count_field(data, "shortened"),
-            spared_tools=_positions_field(data, "spared_tools"),
-            spared_texts=_positions_field(data, "spared_texts"),
-            shed_sizes=_sizes_field(data, "shed_sizes"),
-            keep_head_groups=None if data.get("keep_head_groups") is None else _count_field(data, "keep_head_groups"),
-        )
-
-
-def _count_field(data: Mapping[str, object], name: str) -> int:
-    value = data.get(name)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise SnapshotError(f"snapshot field {name!r} must be a non-negative integer, got {value!r}")
-    return value
-
-
-def _sizes_field(data: Mapping[str, object], name: str) -> tuple[tuple[int, int], ...]:
-    value = data.get(name, [])
-    if not isinstance(value, (list, tuple)):
-        raise SnapshotError(f"snapshot field {name!r} must be a list of [position, members] pairs, got {value!r}")
-    pairs: dict[int, int] = {}
-    for item in cast("Sequence[object]", value):
-        numbers = list(cast("Sequence[object]", item)) if isinstance(item, (list, tuple)) else []
-        if len(numbers) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers):
-            raise SnapshotError(f"snapshot field {name!r} must hold [position, members] pairs, got {item!r}")
-        pairs[cast(int, numbers[0])] = cast(int, numbers[1])
-    return tuple(sorted(pairs.items()))
-
-
-def _positions_field(data: Mapping[str, object], name: str) -> tuple[int, ...]:
-    value = data.get(name, [])
-    if not isinstance(value, (list, tuple)):
-        raise SnapshotError(f"snapshot field {name!r} must be a list of positions, got {value!r}")
-    positions: list[int] = []
-    for item in cast("Sequence[object]", value):
-        if not isinstance(item, int) or isinstance(item, bool) or item < 0:
-            raise SnapshotError(f"snapshot field {name!r} must hold non-negative integers, got {item!r}")
-        positions.append(item)
-    return tuple(sorted(set(positions)))
 
 
 @dataclass(frozen=True, slots=True)
