@@ -160,10 +160,14 @@ def apply(
     exclude_reason: str,
 ) -> None:
     """Make ``messages`` match ``after`` (which the core derived from ``before``), in place."""
-    notes = {m.message_id: m for m in messages if m.additional_properties.get(NOTE_KEY) == note_kind}
+    notes: dict[str | None, Message] | None = None  # existing notes by id, looked up only for new ones
     updated: list[Message] = []
     for record in after:
         if record.origin is None:
+            if notes is None:
+                notes = {
+                    messages[r.origin].message_id: messages[r.origin] for r in before if r.note and r.origin is not None
+                }
             updated.append(_note_message(record, notes, note_kind))
             continue
         message = messages[record.origin]
