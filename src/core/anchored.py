@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final
 
@@ -216,29 +216,18 @@ def step(
     """
     limit = config.max_input_tokens if ceiling is None else ceiling
     records = [r for r in history if not r.note]
+    existing_notes = {r.message_id: r for r in history if r.note and r.message_id}
     band, grouping = _band(config, records, grouping)
-    noted = _noted_positions(history)
+    noted = _noted_positions(existing_notes)
+
+    def lane(groups: tuple[Group, ...], tag: str, shed: int, spared: tuple[int, ...], sizes: dict[int, int]) -> _Lane:
+        return _lane(groups, tag, shed=shed, spared=spared, noted=noted, sizes=sizes, records=records)
+
     plan = _Plan(
-        existing_notes={r.message_id: r for r in history if r.note and r.message_id},
+        existing_notes=existing_notes,
         records=records,
-        tools=_lane(
-            band.tools,
-            "tool",
-            shed=snapshot.tools_shed,
-            spared=snapshot.spared_tools,
-            noted=noted,
-            sizes=dict(snapshot.shed_sizes),
-            records=records,
-        ),
-        texts=_lane(
-            band.texts,
-            "reply",
-            shed=snapshot.texts_shed,
-            spared=snapshot.spared_texts,
-            noted=noted,
-            sizes={},
-            records=records,
-        ),
+        tools=lane(band.tools, "tool", snapshot.tools_shed, snapshot.spared_tools, dict(snapshot.shed_sizes)),
+        texts=lane(band.texts, "reply", snapshot.texts_shed, snapshot.spared_texts, {}),
     )
     misplaced = _misplaced_notes(plan, noted)
     if not misplaced:
@@ -290,11 +279,11 @@ def _misplaced_notes(plan: _Plan, noted: set[tuple[str, int]]) -> int:
     return misplaced
 
 
-def _noted_positions(history: Sequence[MessageRecord]) -> set[tuple[str, int]]:
-    """(lane tag, position) of every note in ``history``: evidence of sheds already made."""
+def _noted_positions(notes: Mapping[str, MessageRecord]) -> set[tuple[str, int]]:
+    """(lane tag, position) of every note, by its id: evidence of sheds already made."""
     found: set[tuple[str, int]] = set()
-    for record in history:
-        match = _NOTE_ID.fullmatch(record.message_id or "") if record.note else None
+    for message_id in notes:
+        match = _NOTE_ID.fullmatch(message_id)
         if match is not None:
             found.add((match.group(1), int(match.group(2))))
     return found
