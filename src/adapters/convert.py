@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from operator import is_
 
 from agent_framework import Content, HistoryProvider, Message
 from agent_framework._compaction import EXCLUDE_REASON_KEY, EXCLUDED_KEY
@@ -40,64 +39,74 @@ class RecordCache:
     call; the copies share their ``contents`` lists and ``Content`` objects with the
     stored messages. A message whose contents list holds the same ``Content`` objects as
     on the previous pass has the same parts and tokens, so only new or rewritten messages
-    are converted and counted. Like the framework, this treats a ``Content`` in history
-    as a value: code that changes one replaces it (as this package does), rather than
-    editing its fields in place. Shell state: the core never sees it.
+    are converted and counted, and a record is rebuilt only when a flag, the id or the
+    position changed. Like the framework, this treats a ``Content`` in history as a
+    value: code that changes one replaces it (as this package does), rather than editing
+    its fields in place. Shell state: the core never sees it.
     """
 
     def __init__(self, counter: PartCounter) -> None:
         self._counter = counter
-        self._entries: dict[int, _Entry] = {}
+        self._entries: list[_Entry] = []  # one per message of the previous pass, in order
 
     def history(self, messages: Sequence[Message], *, note_kind: str) -> History:
         """Records for ``messages``, each carrying its index as ``origin``."""
-        history_names = history_provider_names()
-        previous, current = self._entries, dict[int, _Entry]()
+        previous = self._entries
+        known = len(previous)
+        by_contents: dict[int, _Entry] | None = None  # built only when a message moved
+        current: list[_Entry] = []
         records: list[MessageRecord] = []
-        injected_by_source: dict[object, bool] = {}
+        injected_by_source: dict[str, bool] = {}
+        # This loop runs once per message per pass: it is written for speed.
         for index, message in enumerate(messages):
-            props = message.additional_properties
             contents = message.contents
-            attribution = props.get(ATTRIBUTION_KEY)
+            entry = previous[index] if index < known else None
+            if entry is None or entry.contents is not contents:
+                if by_contents is None:
+                    by_contents = {id(e.contents): e for e in previous}
+                entry = by_contents.get(id(contents))
+            if entry is None or entry.contents is not contents or entry.probe != contents:
+                # New, or its list now holds other contents (equal values count as the same).
+                parts = self._counter.parts(message)
+                entry = _Entry(contents, parts, message_tokens(p.tokens for p in parts))
+            props = message.additional_properties
             injected = False
+            attribution = props.get(ATTRIBUTION_KEY)
             if attribution is not None:
                 source = attribution.get("source_type") if isinstance(attribution, dict) else None
-                injected = injected_by_source.get(source)  # pyright: ignore[reportArgumentType]
-                if injected is None:
-                    injected = injected_by_source[source] = is_injected(message, history_names)
-            signature = (
-                index,
-                str(message.role),
-                message.message_id,
-                bool(props.get(EXCLUDED_KEY, False)),
-                bool(props.get(PRESERVED_KEY, False)),
-                injected,
-                props.get(NOTE_KEY) == note_kind,
-            )
-            entry = previous.get(id(contents))
-            if entry is None or not (
-                # Inlined ``_Entry.matches``: this loop runs once per message per pass.
-                entry.contents is contents
-                and len(entry.probe) == len(contents)
-                and all(map(is_, entry.probe, contents))
+                if isinstance(source, str):
+                    injected = injected_by_source.get(source)
+                    if injected is None:
+                        injected = injected_by_source[source] = is_injected(message)
+                else:
+                    injected = is_injected(message)
+            excluded = bool(props.get(EXCLUDED_KEY))
+            preserved = bool(props.get(PRESERVED_KEY))
+            note = props.get(NOTE_KEY) == note_kind
+            record = entry.record
+            if (
+                record is None
+                or record.origin != index
+                or record.excluded != excluded
+                or record.preserved != preserved
+                or record.injected != injected
+                or record.note != note
+                or record.message_id != message.message_id
+                or record.role != message.role
             ):
-                parts = self._counter.parts(message)
-                entry = _Entry(contents, tuple(contents), parts, message_tokens(p.tokens for p in parts))
-            if entry.record is None or entry.signature != signature:
-                entry.signature = signature
-                entry.record = MessageRecord(
-                    role=signature[1],
+                record = entry.record = MessageRecord(
+                    role=str(message.role),
                     parts=entry.parts,
                     tokens=entry.tokens,
-                    message_id=signature[2],
-                    excluded=signature[3],
-                    preserved=signature[4],
-                    injected=signature[5],
-                    note=signature[6],
+                    message_id=message.message_id,
+                    excluded=excluded,
+                    preserved=preserved,
+                    injected=injected,
+                    note=note,
                     origin=index,
                 )
-            current[id(contents)] = entry
-            records.append(entry.record)
+            current.append(entry)
+            records.append(record)
         self._entries = current
         return history(records)
 
@@ -105,17 +114,14 @@ class RecordCache:
 class _Entry:
     """A converted message: its contents (held, so their ids stay unique) and its record."""
 
-    __slots__ = ("contents", "parts", "probe", "record", "signature", "tokens")
+    __slots__ = ("contents", "parts", "probe", "record", "tokens")
 
-    def __init__(
-        self, contents: list[Content], probe: tuple[object, ...], parts: tuple[Part, ...], tokens: int
-    ) -> None:
+    def __init__(self, contents: list[Content], parts: tuple[Part, ...], tokens: int) -> None:
         self.contents = contents
-        self.probe = probe
+        self.probe = list(contents)  # the Content objects it held when converted
         self.parts = parts
         self.tokens = tokens
         self.record: MessageRecord | None = None
-        self.signature: tuple[object, ...] = ()
 
 
 def is_injected(message: Message, history_names: frozenset[str] | None = None) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import is_
 
 from .model import Group, GroupKind, MessageRecord
 
@@ -79,7 +80,7 @@ def regroup(records: Sequence[MessageRecord], previous: Grouping | None = None) 
     start = _reusable_prefix(records, previous)
     if previous is None or start == 0:
         return _full(records)
-    prior = [(i, key) for i, key in previous.declarations if i < start]
+    prior = previous.declarations[: bisect_left(previous.declarations, start, key=_declared_at)]
     declared = {key for _, key in prior}
     suffix = records[start:]
     if any((kind, call_id) in declared for r in suffix for kind, call_id, _ in r.links):
@@ -87,26 +88,32 @@ def regroup(records: Sequence[MessageRecord], previous: Grouping | None = None) 
     local = _spans(suffix)
     if _link(suffix, local) is not None:
         return _full(records)
-    kept = tuple(g for g in previous.all if g.members[-1] < start)
+    kept = previous.all[: bisect_left(previous.all, start, key=_last_member)]
     fresh = tuple(_group(_shift(span, start)) for span in local)
-    return Grouping(records, kept + fresh, False, (*prior, *_declarations(suffix, start)))
+    return Grouping(records, kept + fresh, False, prior + tuple(_declarations(suffix, start)))
 
 
 def _reusable_prefix(records: tuple[MessageRecord, ...], previous: Grouping | None) -> int:
     """Index where regrouping must start: 0 when nothing of ``previous`` can be reused."""
     if previous is None or previous.linked or not previous.all:
         return 0
-    same = 0
-    limit = min(len(records), len(previous.records))
-    while same < limit and records[same] is previous.records[same]:
-        same += 1
+    alike = list(map(is_, records, previous.records))  # stops at the shorter of the two
+    same = alike.index(False) if False in alike else len(alike)
     if same == 0:
         return 0
     groups = previous.all
-    cut = bisect_left([g.members[-1] for g in groups], same - 1)
+    cut = bisect_left(groups, same - 1, key=_last_member)
     while cut > 0 and groups[cut - 1].kind == "assistant_text" and records[groups[cut - 1].start].is_reasoning_only:
         cut -= 1
     return groups[cut].start if cut < len(groups) else len(records)
+
+
+def _declared_at(declaration: tuple[int, _Key]) -> int:
+    return declaration[0]
+
+
+def _last_member(group: Group) -> int:
+    return group.members[-1]
 
 
 def _shift(span: _Span, offset: int) -> _Span:

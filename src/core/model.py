@@ -103,6 +103,10 @@ class MessageRecord:
     """A message holding at least one reasoning part."""
     links: tuple[tuple[str, str, bool], ...] = field(init=False, compare=False, repr=False)
     """``(call kind, call id, is_declaration)`` of each linkable call or result part."""
+    call_names: tuple[str, ...] = field(init=False, compare=False, repr=False)
+    """Tool names of the message's call declarations, in order."""
+    longest_result_text: int = field(init=False, compare=False, repr=False)
+    """Text tokens (media excluded) of the largest function result part; 0 without one."""
 
     def __post_init__(self) -> None:
         kinds = [p.kind for p in self.parts]
@@ -111,6 +115,13 @@ class MessageRecord:
         object.__setattr__(self, "has_tool_call", any(k in TOOL_CALL_KINDS for k in kinds))
         object.__setattr__(self, "has_reasoning", "text_reasoning" in kinds)
         object.__setattr__(self, "links", _links(self.role, self.parts))
+        names = tuple(p.name for p in self.parts if p.name and p.kind in TOOL_CALL_KINDS)
+        object.__setattr__(self, "call_names", names)
+        object.__setattr__(
+            self,
+            "longest_result_text",
+            max((p.tokens - p.media_tokens for p in self.parts if p.kind == "function_result"), default=0),
+        )
 
 
 def _links(role: str, parts: tuple[Part, ...]) -> tuple[tuple[str, str, bool], ...]:
