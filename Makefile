@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-long lint typecheck pytest bench-speed clean
+.PHONY: demo bench test test-long lint typecheck pytest bench-speed clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,8 +16,16 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
+# The default grid: fills 0.9, 1.5 and 3.0 x every row x 3 seeds at a 32K window.
 demo: $(STAMP)
-	$(BIN)/python -W "ignore:maf-compaction is experimental" -m maf_compaction.bench demo
+	$(BIN)/python -W "ignore:maf-compaction is experimental" -m maf_compaction.bench
+
+# The full grid: 5 seeds, both cache rules; JSON and plots under bench-results/ (git-ignored).
+bench: $(STAMP)
+	$(BIN)/python -W "ignore:maf-compaction is experimental" -m maf_compaction.bench --seeds 5 --cache openai \
+		--json bench-results/openai.json --plot bench-results/openai.png
+	$(BIN)/python -W "ignore:maf-compaction is experimental" -m maf_compaction.bench --seeds 5 --cache anthropic \
+		--json bench-results/anthropic.json --plot bench-results/anthropic.png
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests

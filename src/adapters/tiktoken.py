@@ -118,6 +118,10 @@ class TiktokenTokenizer:
         """The encoding name."""
         return self._name
 
+    def encode(self, text: str) -> list[int]:
+        """The token ids of ``text`` (special-token text is encoded as ordinary text)."""
+        return self._encoding.encode(text, disallowed_special=())
+
     def count_tokens(self, text: str) -> int:
         """Tokens in ``text``."""
         return len(self._encoding.encode(text, disallowed_special=()))

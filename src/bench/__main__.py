@@ -1,4 +1,8 @@
-"""``python -m maf_compaction.bench COMMAND``: the bench's command line.
+"""``python -m maf_compaction.bench [COMMAND] [options]``: the bench's command line.
+
+Without a command (or when the first argument is an option) it runs ``bench``, the
+evaluation grid, so ``maf-compaction bench --fill 1.5`` and ``python -m
+maf_compaction.bench --fill 1.5`` are the same run.
 
 Each command lives in its own module with a ``main(argv) -> int``; the module is
 imported only when its command runs, so a command's dependencies never load for
@@ -16,13 +20,17 @@ _PACKAGE: Final = "maf_compaction.bench"
 
 #: Command name -> (module under ``maf_compaction.bench``, one-line help).
 COMMANDS: Final[dict[str, tuple[str, str]]] = {
+    "bench": ("grid", "replay a conversation through every strategy against the simulated provider (the default)"),
     "demo": ("demo", "run one long conversation without compaction, with the framework's default and with ours"),
     "speed": ("speed", "time one compaction pass: ours against the framework's"),
 }
 
 
+DEFAULT_COMMAND: Final = "bench"
+
+
 def _usage() -> str:
-    lines = ["usage: python -m maf_compaction.bench COMMAND [options]", "", "commands:"]
+    lines = ["usage: python -m maf_compaction.bench [COMMAND] [options]", "", "commands:"]
     lines += [f"  {name:<8} {text}" for name, (_, text) in COMMANDS.items()]
     lines.append("\nRun a command with --help for its options.")
     return "\n".join(lines)
@@ -43,9 +51,11 @@ def _load(command: str) -> Callable[[Sequence[str]], int] | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Dispatch ``argv`` (default ``sys.argv[1:]``) to a command; returns the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
+    if args and args[0] in ("-h", "--help"):
         print(_usage())
-        return 0 if args else 2
+        return 0
+    if not args or args[0].startswith("-"):
+        args = [DEFAULT_COMMAND, *args]  # `maf-compaction bench` is what runs without a command
     command, rest = args[0], args[1:]
     if command not in COMMANDS:
         print(f"unknown command {command!r}\n\n{_usage()}", file=sys.stderr)

@@ -1,0 +1,241 @@
+"""The scripted model: deterministic, and it sees only the context it is sent.
+
+:class:`ScriptedModel` answers one request from the request alone (its messages and
+options) plus the :class:`~maf_compaction.bench.scenario.Scenario` it plays. It never
+remembers earlier calls, so whatever a compaction removed from the prompt is gone for it:
+
+- **Summarizer requests** (a request the harness marks as one): an extractive summary of
+  the transcript it was sent: the lines that carry a planted value (or a requirement or
+  correction marker), in order, within the requested size. ``summary_quality`` drops a
+  seeded share of those lines.
+- **Pinned to** ``recall_earlier_tool_results`` (``tool_choice`` requires that function):
+  a call of that tool whose ``values`` argument quotes, grouped by tool, every line of
+  the tool results in its context that carries a planted value. ``record_quality`` drops
+  a seeded share; ``ignore_pin`` models a route that ignores the pin.
+- **A scenario turn:** the turn is found by the newest user message whose text is one of
+  the scenario's turns. The model makes the turn's scripted calls in order, one per model
+  call (it counts the turn's results it can see), then gives the turn's reply.
+- **A probe turn:** it quotes each expected value that is visible anywhere in its
+  context (records and summaries included) and says which ones it cannot see.
+
+Call ids are ``call_<turn>_<n>`` so every row of a benchmark makes the same calls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from agent_framework import Content, Message
+
+from .scenario import RECALL_TOOL, Scenario, Turn
+
+#: What a planted value looks like when the scenario does not list it (``TL-3FA9C2``).
+VALUE_PATTERN: Final = re.compile(r"\b[A-Z]{2}-[0-9A-F]{6}\b")
+_KEEP_WORDS: Final = re.compile(r"\b(requirement|correction|R\d+)\b", re.IGNORECASE)
+#: Characters per token the model assumes when it sizes a summary or a record.
+_CHARS_PER_TOKEN: Final = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ModelOptions:
+    """How well the scripted model writes records and summaries.
+
+    Attributes:
+        record_quality: Share of value lines a record keeps, in [0, 1].
+        summary_quality: Share of value lines a summary keeps, in [0, 1].
+        ignore_pin: Answer a pinned request as if it were not pinned.
+        seed: Seeds which lines a lower quality drops.
+    """
+
+    record_quality: float = 1.0
+    summary_quality: float = 1.0
+    ignore_pin: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("record_quality", "summary_quality"):
+            value = getattr(self, name)
+            if not 0 <= value <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+
+
+def content_text(content: Content) -> str:
+    """The text a model reads from one content part."""
+    kind = content.type
+    if kind in ("text", "text_reasoning"):
+        return content.text or ""
+    if kind == "function_call":
+        arguments = content.arguments
+        return arguments if isinstance(arguments, str) else json.dumps(arguments, sort_keys=True)
+    if kind == "function_result":
+        result = content.result
+        if isinstance(result, str):
+            return result
+        if isinstance(result, list):
+            return "\n".join(content_text(c) if isinstance(c, Content) else str(c) for c in result)  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+        return "" if result is None else str(result)
+    return ""
+
+
+def context_text(messages: Sequence[Message]) -> str:
+    """Everything the model can read in ``messages``."""
+    return "\n".join(content_text(c) for m in messages for c in m.contents)
+
+
+def pinned_function(tool_choice: object) -> str | None:
+    """The function a ``tool_choice`` requires, if it requires one."""
+    if isinstance(tool_choice, Mapping):
+        choice: Mapping[str, Any] = tool_choice  # pyright: ignore[reportUnknownVariableType]
+        if choice.get("mode") == "required":
+            name = choice.get("required_function_name")
+            return name if isinstance(name, str) else None
+    return None
+
+
+class ScriptedModel:
+    """Plays a scenario; see the module docstring for the rules.
+
+    Args:
+        scenario: The script.
+        options: Record and summary quality.
+    """
+
+    def __init__(self, scenario: Scenario, options: ModelOptions | None = None) -> None:
+        self.scenario = scenario
+        self.options = options or ModelOptions()
+        self._values = [f.value for f in scenario.facts]
+
+    def respond(
+        self,
+        messages: Sequence[Message],
+        *,
+        tool_choice: object = None,
+        max_tokens: int | None = None,
+        summarizer: bool = False,
+    ) -> Message:
+        """The model's answer to one request."""
+        if summarizer:
+            return Message("assistant", [self.summary(messages, max_tokens)])
+        if pinned_function(tool_choice) == RECALL_TOOL and not self.options.ignore_pin:
+            return Message("assistant", [self._record_call(messages, max_tokens)])
+        found = self._current_turn(messages)
+        if found is None:
+            return Message("assistant", ["Understood."])
+        number, turn, start = found
+        done = self._results_of_turn(messages[start:], number)
+        if done < len(turn.calls) and tool_choice != "none":
+            call = turn.calls[done]
+            return Message(
+                "assistant",
+                [
+                    Content.from_function_call(
+                        call_id=f"call_{number}_{done}", name=call.name, arguments=dict(call.arguments)
+                    )
+                ],
+            )
+        if turn.probe is not None:
+            others = [*messages[:start], *messages[start + 1 :]]  # the question itself shows no values
+            return Message("assistant", [self.answer(others, turn.probe.expected)])
+        return Message("assistant", [turn.reply or "Done."])
+
+    # -- the pieces ------------------------------------------------------------------
+
+    def answer(self, messages: Sequence[Message], expected: Sequence[str]) -> str:
+        """Quote each expected value visible in ``messages``; name how many it cannot see."""
+        text = context_text(messages)
+        seen = [v for v in expected if v in text]
+        missing = len(expected) - len(seen)
+        answer = "Values: " + (", ".join(seen) if seen else "none visible") + "."
+        return answer + (f" I cannot see {missing} of the values asked for." if missing else "")
+
+    def summary(self, messages: Sequence[Message], max_tokens: int | None) -> str:
+        """An extractive summary: the value-bearing lines of the transcript, in order."""
+        lines: list[str] = []
+        for message in messages:
+            if message.role == "system":
+                continue  # the summarizer's own instructions
+            for line in context_text([message]).splitlines():
+                if self._carries_value(line) or _KEEP_WORDS.search(line):
+                    lines.append(line.strip())
+        kept = self._drop(lines, self.options.summary_quality, "summary")
+        return self._fit("Summary of the earlier conversation:", kept, max_tokens)
+
+    def record(self, messages: Sequence[Message], max_tokens: int | None = None) -> str:
+        """A record: value-bearing lines of every visible tool result, grouped by tool."""
+        names = {c.call_id: c.name for m in messages for c in m.contents if c.type == "function_call"}
+        by_tool: dict[str, list[str]] = {}
+        for message in messages:
+            for content in message.contents:
+                if content.type != "function_result":
+                    continue
+                name = names.get(content.call_id) or "tool"
+                if name == RECALL_TOOL:
+                    continue
+                lines = [line.strip() for line in content_text(content).splitlines() if self._carries_value(line)]
+                by_tool.setdefault(name, []).extend(lines)
+        out: list[str] = []
+        for name, lines in by_tool.items():
+            kept = self._drop(lines, self.options.record_quality, "record")
+            if kept:
+                out += [f"{name}:", *kept]
+        return self._fit("Values from earlier tool results:", out, max_tokens)
+
+    def _record_call(self, messages: Sequence[Message], max_tokens: int | None) -> Content:
+        digest = hashlib.sha256(context_text(messages).encode()).hexdigest()[:12]
+        return Content.from_function_call(
+            call_id=f"call_recall_{digest}", name=RECALL_TOOL, arguments={"values": self.record(messages, max_tokens)}
+        )
+
+    def _carries_value(self, line: str) -> bool:
+        return bool(VALUE_PATTERN.search(line)) or any(v in line for v in self._values)
+
+    def _drop(self, lines: list[str], quality: float, what: str) -> list[str]:
+        if quality >= 1:
+            return lines
+        kept: list[str] = []
+        for line in lines:
+            digest = hashlib.sha256(f"{self.options.seed}:{what}:{line}".encode()).digest()
+            if int.from_bytes(digest[:4], "big") / 2**32 < quality:
+                kept.append(line)
+        return kept
+
+    @staticmethod
+    def _fit(title: str, lines: list[str], max_tokens: int | None) -> str:
+        text = "\n".join([title, *lines])
+        if max_tokens is not None and len(text) > max_tokens * _CHARS_PER_TOKEN:
+            limit = max_tokens * _CHARS_PER_TOKEN
+            out = [title]
+            size = len(title)
+            for line in lines:
+                if size + len(line) + 1 > limit:
+                    break
+                out.append(line)
+                size += len(line) + 1
+            text = "\n".join(out)
+        return text
+
+    def _current_turn(self, messages: Sequence[Message]) -> tuple[int, Turn, int] | None:
+        """(turn number, turn, index of its user message) of the newest scenario turn in context."""
+        for index in range(len(messages) - 1, -1, -1):
+            message = messages[index]
+            if message.role != "user":
+                continue
+            turn = self.scenario.turn_for(message.text)
+            if turn is not None:
+                return self.scenario.turns.index(turn) + 1, turn, index
+        return None
+
+    @staticmethod
+    def _results_of_turn(messages: Sequence[Message], number: int) -> int:
+        prefix = f"call_{number}_"
+        return sum(
+            1
+            for m in messages
+            for c in m.contents
+            if c.type == "function_result" and (c.call_id or "").startswith(prefix)
+        )

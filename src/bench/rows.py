@@ -1,0 +1,215 @@
+"""The rows of the benchmark: which strategy each one runs, wired as a user would wire it.
+
+A row is a factory: given a :class:`RowContext` (the input budget, the window, the
+tokenizer, a client for summarizer calls) it returns a :class:`RowSetup`: the strategy
+for the harness's per-call (``before``) phase and for its after-run (``after``) phase,
+plus any middleware and tools the strategy brings. Every built-in row passes one
+instance to both phases, which is what ``create_harness_agent`` does with its default.
+
+Built in: ``none`` (the control), the framework's own strategies (``context_window``, its
+default, ``truncation``, ``sliding_window``, ``tool_result``, ``summarization``,
+``token_budget``) and ours that exist (``anchored``, ``anchored_min_gain``). A row for a
+strategy that is not built yet is absent, never faked.
+
+``--strategy NAME=module:factory`` adds any strategy: ``factory(context)`` returns a
+``CompactionStrategy`` (used for both phases) or a :class:`RowSetup`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from agent_framework import (
+    CompactionStrategy,
+    ContextWindowCompactionStrategy,
+    SlidingWindowStrategy,
+    SummarizationStrategy,
+    TokenBudgetComposedStrategy,
+    ToolResultCompactionStrategy,
+    TruncationStrategy,
+)
+
+from ..adapters.anchored import AnchoredCompactionStrategy, MinimumGainAnchoredCompactionStrategy
+from ..adapters.tiktoken import TiktokenTokenizer
+
+
+@dataclass(frozen=True, slots=True)
+class RowContext:
+    """What a row factory may use.
+
+    Attributes:
+        budget: The input budget: ``window - output_tokens``.
+        window: The context window.
+        output_tokens: The output reservation (the harness's ``max_output_tokens``).
+        tokenizer: The tokenizer strategies count with (o200k_base).
+        summarizer: A chat client for summarizer calls; its calls are billed and counted
+            as the row's summarizer calls.
+    """
+
+    budget: int
+    window: int
+    output_tokens: int
+    tokenizer: TiktokenTokenizer
+    summarizer: Any
+
+
+@dataclass(slots=True)
+class RowSetup:
+    """A row's parts.
+
+    Attributes:
+        before: The per-model-call strategy (``before_compaction_strategy``), or ``None``.
+        after: The after-run strategy (``after_compaction_strategy``), or ``None``.
+        middleware: Agent or chat middleware the strategy needs.
+        tools: Extra tools the strategy gives the model.
+        disable_compaction: Turn the harness's compaction off (the control).
+    """
+
+    before: CompactionStrategy | None = None
+    after: CompactionStrategy | None = None
+    middleware: list[Any] = field(default_factory=list[Any])
+    tools: list[Any] = field(default_factory=list[Any])
+    disable_compaction: bool = False
+
+
+RowFactory = Callable[[RowContext], "RowSetup | CompactionStrategy"]
+
+
+def _both(strategy: CompactionStrategy) -> RowSetup:
+    return RowSetup(before=strategy, after=strategy)
+
+
+def _none(context: RowContext) -> RowSetup:
+    return RowSetup(disable_compaction=True)
+
+
+def _context_window(context: RowContext) -> RowSetup:
+    # Exactly what create_harness_agent builds when given the window and the output size.
+    return _both(
+        ContextWindowCompactionStrategy(
+            max_context_window_tokens=context.window,
+            max_output_tokens=context.output_tokens,
+            tokenizer=context.tokenizer,
+        )
+    )
+
+
+def _truncation(context: RowContext) -> RowSetup:
+    return _both(
+        TruncationStrategy(
+            max_n=int(context.budget * 0.8), compact_to=int(context.budget * 0.5), tokenizer=context.tokenizer
+        )
+    )
+
+
+def _sliding_window(context: RowContext) -> RowSetup:
+    return _both(SlidingWindowStrategy(keep_last_groups=6))
+
+
+def _tool_result(context: RowContext) -> RowSetup:
+    return _both(ToolResultCompactionStrategy(keep_last_tool_call_groups=1))
+
+
+def _summarization(context: RowContext) -> RowSetup:
+    return _both(
+        SummarizationStrategy(
+            client=context.summarizer, max_summary_input_tokens=context.budget, tokenizer=context.tokenizer
+        )
+    )
+
+
+def _token_budget(context: RowContext) -> RowSetup:
+    return _both(
+        TokenBudgetComposedStrategy(
+            token_budget=context.budget,
+            tokenizer=context.tokenizer,
+            strategies=[ToolResultCompactionStrategy(keep_last_tool_call_groups=4)],
+        )
+    )
+
+
+def _anchored(context: RowContext) -> RowSetup:
+    return _both(AnchoredCompactionStrategy(max_input_tokens=context.budget, tokenizer=context.tokenizer))
+
+
+def _anchored_min_gain(context: RowContext) -> RowSetup:
+    return _both(MinimumGainAnchoredCompactionStrategy(max_input_tokens=context.budget, tokenizer=context.tokenizer))
+
+
+#: Built-in rows, in table order; what each one runs is in :data:`ROW_DESCRIPTIONS`.
+ROWS: Final[Mapping[str, RowFactory]] = {
+    "none": _none,
+    "context_window": _context_window,
+    "truncation": _truncation,
+    "sliding_window": _sliding_window,
+    "tool_result": _tool_result,
+    "summarization": _summarization,
+    "token_budget": _token_budget,
+    "anchored": _anchored,
+    "anchored_min_gain": _anchored_min_gain,
+}
+
+ROW_DESCRIPTIONS: Final[Mapping[str, str]] = {
+    "none": "no compaction (the control)",
+    "context_window": "ContextWindowCompactionStrategy(window, output): the harness default",
+    "truncation": "TruncationStrategy(max_n=0.8 budget, compact_to=0.5 budget)",
+    "sliding_window": "SlidingWindowStrategy(keep_last_groups=6)",
+    "tool_result": "ToolResultCompactionStrategy(keep_last_tool_call_groups=1)",
+    "summarization": "SummarizationStrategy(client, max_summary_input_tokens=budget): framework defaults otherwise",
+    "token_budget": "TokenBudgetComposedStrategy(budget, [ToolResultCompactionStrategy(keep 4)]) + its fallbacks",
+    "anchored": "AnchoredCompactionStrategy(budget): defaults",
+    "anchored_min_gain": "MinimumGainAnchoredCompactionStrategy(budget): defaults",
+}
+
+
+def parse_strategy_option(text: str) -> tuple[str, str]:
+    """``NAME=module:factory`` -> ``(NAME, "module:factory")``, with a clear error."""
+    name, sep, target = text.partition("=")
+    module, colon, attribute = target.partition(":")
+    if not sep or not colon or not name.strip() or not module or not attribute:
+        raise ValueError(f"--strategy expects NAME=module:factory, got {text!r}")
+    return name.strip(), target
+
+
+def load_factory(target: str) -> RowFactory:
+    """Import ``module:factory`` (a callable taking a :class:`RowContext`)."""
+    module_name, _, attribute = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ValueError(f"--strategy: cannot import module {module_name!r}: {error}") from error
+    factory: object = module
+    for part in attribute.split("."):
+        factory = getattr(factory, part, None)
+        if factory is None:
+            raise ValueError(f"--strategy: {module_name!r} has no attribute {attribute!r}")
+    if not callable(factory):
+        raise ValueError(f"--strategy: {target!r} is not callable")
+    return factory  # pyright: ignore[reportReturnType]
+
+
+def resolve_rows(names: Sequence[str], extra: Mapping[str, str]) -> dict[str, RowFactory]:
+    """The factories of ``names`` (built-in or from ``extra``), in order, with clear errors."""
+    rows: dict[str, RowFactory] = {}
+    for name in names:
+        if name in extra:
+            rows[name] = load_factory(extra[name])
+        elif name in ROWS:
+            rows[name] = ROWS[name]
+        else:
+            known = ", ".join([*ROWS, *extra])
+            raise ValueError(f"--rows: unknown row {name!r}; known rows: {known}")
+    return rows
+
+
+def setup_of(factory: RowFactory, context: RowContext) -> RowSetup:
+    """Call a row factory and normalize its answer to a :class:`RowSetup`."""
+    made = factory(context)
+    if isinstance(made, RowSetup):
+        return made
+    if callable(made):
+        return _both(made)
+    raise TypeError(f"a row factory must return a CompactionStrategy or a RowSetup, got {type(made).__name__}")

@@ -1,0 +1,440 @@
+"""Run a scenario through one row and measure it; run a grid of cells in parallel.
+
+A *cell* is one (row, fill, seed): the scenario is generated (or loaded), an agent is
+built the way a user builds one (``create_harness_agent`` with the row's strategies,
+todo/mode/file memory/web search off so only compaction moves the prompt), and every
+user turn is sent in one session. The simulated provider accounts every request the
+client receives; the row's figures come from those records, from the final stored
+history and from the probe answers. Nothing here trusts a strategy's own counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from agent_framework import AgentSession, CompactionStrategy, Content, Message, create_harness_agent
+
+from ..adapters.tiktoken import TiktokenTokenizer
+from . import workload_file
+from .client import SimulatedChatClient, media_contents, scenario_tools
+from .model import ModelOptions, ScriptedModel, context_text
+from .provider import CacheKind, CallRecord, SimulatedProvider
+from .rows import RowContext, RowFactory, resolve_rows, setup_of
+from .scenario import GeneratorOptions, Scenario, generate
+from .simulator import get_profile
+
+logger = logging.getLogger("maf_compaction")
+
+ClientMode = Literal["inprocess", "openai-responses", "openai-chat"]
+CLIENT_MODES: tuple[ClientMode, ...] = ("inprocess", "openai-responses", "openai-chat")
+
+#: Harness features that would move the prompt head on their own (see framework-api.md §5).
+QUIET_HARNESS: Mapping[str, bool] = {
+    "disable_todo": True,
+    "disable_mode": True,
+    "disable_file_memory": True,
+    "disable_web_search": True,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything a cell needs besides its row, fill and seed (picklable)."""
+
+    context_window: int = 32_000
+    max_output_tokens: int = 2_048
+    cache: CacheKind = "openai"
+    profile: str = "default"
+    tool_share: float = 0.6
+    tool_turns: int = 6
+    markers_per_tool: int = 8
+    record_quality: float = 1.0
+    summary_quality: float = 1.0
+    ignore_pin: bool = False
+    client: ClientMode = "inprocess"
+    stream: bool = False
+    workload: str | None = None
+    session: str | None = None
+    strategies: Mapping[str, str] = field(default_factory=dict[str, str])
+
+    @property
+    def budget(self) -> int:
+        """The input budget strategies get."""
+        return self.context_window - self.max_output_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One (row, fill, seed) of a grid."""
+
+    row: str
+    fill: float
+    seed: int
+
+
+@dataclass(slots=True)
+class CellResult:
+    """Every figure of one cell (JSON-safe through :func:`dataclasses.asdict`).
+
+    Attributes:
+        row, fill, seed: The cell.
+        cost: Dollars over every call, summarizer calls included.
+        input_tokens, cached_tokens, output_tokens: Sums over every call.
+        breaks: Model calls that were not a prefix extension of the previous one.
+        max_prompt: The largest request, in tokens.
+        window: The context window.
+        dq: Calls whose request exceeded the window.
+        facts_kept, facts_total: Planted values present in the final stored history's
+            included messages (records and summaries count; excluded originals do not).
+        correct, asked: Expected probe values quoted, and asked for.
+        model_calls, summarizer_calls: Calls by kind.
+        pass_ms: Every compaction pass, in milliseconds (both phases).
+        prompts, cached: Per model call: request tokens and cached tokens (for plots).
+        error: A failure that ended the run early, or ``None``.
+        seconds: Wall time of the cell.
+    """
+
+    row: str
+    fill: float
+    seed: int
+    cost: float = 0.0
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    breaks: int = 0
+    max_prompt: int = 0
+    window: int = 0
+    dq: int = 0
+    facts_kept: int = 0
+    facts_total: int = 0
+    correct: int = 0
+    asked: int = 0
+    model_calls: int = 0
+    summarizer_calls: int = 0
+    pass_ms: list[float] = field(default_factory=list[float])
+    prompts: list[int] = field(default_factory=list[int])
+    cached: list[int] = field(default_factory=list[int])
+    error: str | None = None
+    seconds: float = 0.0
+
+    @property
+    def hit(self) -> float:
+        """Cached share of all input tokens."""
+        return self.cached_tokens / self.input_tokens if self.input_tokens else 0.0
+
+    @property
+    def accuracy(self) -> float:
+        """Share of expected probe values quoted."""
+        return self.correct / self.asked if self.asked else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every figure, JSON-safe."""
+        return {**asdict(self), "hit": self.hit, "accuracy": self.accuracy}
+
+
+@functools.cache
+def _tokenizer() -> TiktokenTokenizer:
+    """One o200k_base tokenizer per process (loading the vocabulary takes a while)."""
+    return TiktokenTokenizer()
+
+
+class TimedStrategy:
+    """Wraps a strategy to time each pass; exposes the wrapped ``tokenizer`` (the framework reads it)."""
+
+    def __init__(self, strategy: CompactionStrategy, into: list[float]) -> None:
+        self.strategy = strategy
+        self.tokenizer: object = getattr(strategy, "tokenizer", None)
+        self._into = into
+
+    async def __call__(self, messages: list[Message]) -> bool:
+        start = time.perf_counter()
+        try:
+            return await self.strategy(messages)
+        finally:
+            self._into.append((time.perf_counter() - start) * 1_000)
+
+
+def load_scenario(settings: Settings, fill: float, seed: int) -> Scenario:
+    """The cell's scenario: generated, or from ``--workload`` / ``--session``."""
+    if settings.workload is not None or settings.session is not None:
+        if settings.workload is not None:
+            return workload_file.load_workload(settings.workload)
+        assert settings.session is not None
+        return workload_file.load_session(settings.session)
+    return generate(
+        GeneratorOptions(
+            context_window=settings.context_window,
+            fill=fill,
+            tool_share=settings.tool_share,
+            tool_turns=settings.tool_turns,
+            markers_per_tool=settings.markers_per_tool,
+            seed=seed,
+        )
+    )
+
+
+def _user_message(text: str, scenario: Scenario) -> Message | str:
+    turn = scenario.turn_for(text)
+    if turn is None or not turn.media:
+        return text
+    return Message("user", [Content.from_text(text), *media_contents(turn.media)])
+
+
+def stored_messages(session: AgentSession) -> list[Message]:
+    """The history the session's in-memory provider stored."""
+    for value in session.state.values():
+        if isinstance(value, dict) and "messages" in value:
+            messages: object = value["messages"]  # pyright: ignore[reportUnknownVariableType]
+            if isinstance(messages, list):
+                return [m for m in messages if isinstance(m, Message)]  # pyright: ignore[reportUnknownVariableType]
+    return []
+
+
+def _included_text(messages: Sequence[Message]) -> str:
+    return context_text([m for m in messages if not m.additional_properties.get("_excluded", False)])
+
+
+async def run_cell(
+    cell: Cell, settings: Settings, *, factory: RowFactory | None = None, scenario: Scenario | None = None
+) -> CellResult:
+    """Run one cell in process and measure it."""
+    started = time.perf_counter()
+    scenario = scenario or load_scenario(settings, cell.fill, cell.seed)
+    tokenizer = _tokenizer()
+    provider = SimulatedProvider(
+        encoder=tokenizer, window=settings.context_window, profile=get_profile(settings.profile), cache=settings.cache
+    )
+    model = ScriptedModel(
+        scenario,
+        ModelOptions(
+            record_quality=settings.record_quality,
+            summary_quality=settings.summary_quality,
+            ignore_pin=settings.ignore_pin,
+            seed=cell.seed,
+        ),
+    )
+    result = CellResult(row=cell.row, fill=cell.fill, seed=cell.seed, window=settings.context_window)
+    if factory is None:
+        factory = resolve_rows([cell.row], settings.strategies)[cell.row]
+    async with _clients(settings, model, provider) as (client, summarizer):
+        context = RowContext(
+            budget=settings.budget,
+            window=settings.context_window,
+            output_tokens=settings.max_output_tokens,
+            tokenizer=tokenizer,
+            summarizer=summarizer,
+        )
+        setup = setup_of(factory, context)
+        timed: dict[int, TimedStrategy] = {}
+
+        def wrap(strategy: CompactionStrategy | None) -> CompactionStrategy | None:
+            if strategy is None:
+                return None
+            if id(strategy) not in timed:
+                timed[id(strategy)] = TimedStrategy(strategy, result.pass_ms)
+            return timed[id(strategy)]
+
+        options: dict[str, Any] = {}
+        if setup.disable_compaction:
+            options["disable_compaction"] = True
+            options["default_options"] = {"max_tokens": settings.max_output_tokens}
+        else:
+            options.update(
+                max_context_window_tokens=settings.context_window,
+                max_output_tokens=settings.max_output_tokens,
+                tokenizer=tokenizer,
+                before_compaction_strategy=wrap(setup.before),
+                after_compaction_strategy=wrap(setup.after),
+            )
+        agent = create_harness_agent(
+            client,
+            agent_instructions=scenario.system,
+            tools=[*scenario_tools(scenario), *setup.tools],
+            middleware=list(setup.middleware) or None,
+            **QUIET_HARNESS,
+            **options,
+        )
+        session = agent.create_session()
+        replies: list[str] = []
+        for number, turn in enumerate(scenario.turns, start=1):
+            provider.turn = number
+            try:
+                if settings.stream:
+                    updates = agent.run(_user_message(turn.user, scenario), session=session, stream=True)
+                    async for _ in updates:
+                        pass
+                    response = await updates.get_final_response()
+                else:
+                    response = await agent.run(_user_message(turn.user, scenario), session=session)
+            except Exception as error:  # a strategy or tool failure ends the row, reported
+                result.error = f"turn {number}: {type(error).__name__}: {error}"
+                logger.warning("row %s stopped at %s", cell.row, result.error)
+                break
+            replies.append(response.text)
+    _fill_figures(result, scenario, provider.calls, replies, stored_messages(session))
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _fill_figures(
+    result: CellResult, scenario: Scenario, calls: Sequence[CallRecord], replies: Sequence[str], stored: list[Message]
+) -> None:
+    for call in calls:
+        result.cost += call.cost
+        result.input_tokens += call.input_tokens
+        result.cached_tokens += call.cached_tokens
+        result.output_tokens += call.output_tokens
+        result.max_prompt = max(result.max_prompt, call.input_tokens)
+        result.dq += call.over_window
+        if call.kind == "model":
+            result.model_calls += 1
+            result.breaks += call.broke
+            result.prompts.append(call.input_tokens)
+            result.cached.append(call.cached_tokens)
+        else:
+            result.summarizer_calls += 1
+    text = _included_text(stored)
+    values = {f.value for f in scenario.facts}
+    result.facts_total = len(values)
+    result.facts_kept = sum(1 for v in values if v in text)
+    for turn, reply in zip(scenario.turns, replies, strict=False):
+        if turn.probe is not None:
+            result.asked += len(turn.probe.expected)
+            result.correct += sum(1 for v in turn.probe.expected if v in reply)
+    unanswered = scenario.turns[len(replies) :]
+    result.asked += sum(len(t.probe.expected) for t in unanswered if t.probe is not None)
+
+
+class _clients:
+    """The model client and the summarizer client of a cell, in process or over loopback."""
+
+    def __init__(self, settings: Settings, model: ScriptedModel, provider: SimulatedProvider) -> None:
+        self._settings = settings
+        self._model = model
+        self._provider = provider
+        self._server: Any = None
+
+    async def __aenter__(self) -> tuple[Any, Any]:
+        if self._settings.client == "inprocess":
+            return (
+                SimulatedChatClient(model=self._model, provider=self._provider),
+                SimulatedChatClient(model=self._model, provider=self._provider, kind="summarizer"),
+            )
+        from .loopback import LoopbackProvider, make_client  # noqa: PLC0415 - needs the openai extras
+
+        self._server = LoopbackProvider(self._model, self._provider)
+        server = await self._server.__aenter__()
+        kind = self._settings.client
+        return make_client(kind, server.base_url("model")), make_client(kind, server.base_url("summarizer"))
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._server is not None:
+            await self._server.__aexit__(*exc)
+
+
+# ----------------------------------------------------------------------------------------
+# Grids
+# ----------------------------------------------------------------------------------------
+
+
+def _run_in_worker(cell: Cell, settings: Settings) -> CellResult:
+    logging.getLogger("maf_compaction").setLevel(logging.ERROR)
+    logging.getLogger("agent_framework").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    return asyncio.run(run_cell(cell, settings))
+
+
+def run_grid(
+    cells: Sequence[Cell],
+    settings: Settings,
+    *,
+    jobs: int = 1,
+    progress: Callable[[int, int, CellResult], None] | None = None,
+) -> list[CellResult]:
+    """Run every cell (in ``jobs`` worker processes when > 1); results in cell order."""
+    results: dict[Cell, CellResult] = {}
+    if jobs <= 1:
+        for cell in cells:
+            results[cell] = _run_in_worker(cell, settings)
+            if progress is not None:
+                progress(len(results), len(cells), results[cell])
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            futures = {pool.submit(_run_in_worker, cell, settings): cell for cell in cells}
+            for future in as_completed(futures):
+                results[futures[future]] = future.result()
+                if progress is not None:
+                    progress(len(results), len(cells), results[futures[future]])
+    return [results[cell] for cell in cells]
+
+
+@dataclass(frozen=True, slots=True)
+class RowSummary:
+    """A row at one fill, averaged over seeds."""
+
+    row: str
+    fill: float
+    seeds: int
+    cost: float
+    vs_none: float | None
+    hit: float
+    breaks: float
+    max_prompt_share: float
+    dq: int
+    dq_seeds: int
+    facts_kept: float
+    facts_total: int
+    accuracy: float
+    model_calls: float
+    summarizer_calls: float
+    pass_ms_median: float | None
+    pass_ms_max: float | None
+    errors: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe."""
+        return asdict(self)
+
+
+def summarize(results: Sequence[CellResult]) -> list[RowSummary]:
+    """One summary per (fill, row), rows in the order first seen; ``vs none`` per seed, then averaged."""
+    groups: dict[tuple[float, str], list[CellResult]] = {}
+    for result in results:
+        groups.setdefault((result.fill, result.row), []).append(result)
+    none_cost = {(r.fill, r.seed): r.cost for r in results if r.row == "none"}
+    summaries: list[RowSummary] = []
+    for (fill, row), cells in groups.items():
+        ratios = [c.cost / none_cost[(fill, c.seed)] for c in cells if none_cost.get((fill, c.seed))]
+        passes = [ms for c in cells for ms in c.pass_ms]
+        summaries.append(
+            RowSummary(
+                row=row,
+                fill=fill,
+                seeds=len(cells),
+                cost=statistics.fmean(c.cost for c in cells),
+                vs_none=statistics.fmean(ratios) if ratios else None,
+                hit=statistics.fmean(c.hit for c in cells),
+                breaks=statistics.fmean(c.breaks for c in cells),
+                max_prompt_share=max(c.max_prompt / c.window for c in cells),
+                dq=sum(c.dq for c in cells),
+                dq_seeds=sum(1 for c in cells if c.dq),
+                facts_kept=statistics.fmean(c.facts_kept for c in cells),
+                facts_total=max(c.facts_total for c in cells),
+                accuracy=statistics.fmean(c.accuracy for c in cells),
+                model_calls=statistics.fmean(c.model_calls for c in cells),
+                summarizer_calls=statistics.fmean(c.summarizer_calls for c in cells),
+                pass_ms_median=statistics.median(passes) if passes else None,
+                pass_ms_max=max(passes) if passes else None,
+                errors=tuple(c.error for c in cells if c.error),
+            )
+        )
+    return summaries

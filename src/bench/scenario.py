@@ -1,0 +1,446 @@
+"""What the benchmark replays: a scripted conversation with planted facts, as a value.
+
+A :class:`Scenario` is the whole script of one conversation: the system text, the tools,
+and the user turns in order. Each turn says which tool calls the scripted model makes
+(with the exact result each returns), the reply it gives, and, for probe turns, the
+planted values a correct answer quotes. Three sources produce the same value:
+
+- :func:`generate`: the default, a long tool-heavy session (requirements, a correction,
+  lookups whose results carry planted codes, filler turns, closing probes), sized to a
+  multiple of the context window and fully determined by its seed;
+- ``--workload FILE.json`` (:mod:`maf_compaction.bench.workload_file`);
+- ``--session FILE.json``, an ``AgentSession.to_dict()`` export (same module).
+
+Facts: every planted value is a :class:`Fact` with a unique label and the scope it
+belongs to. The generator's values look like ``TL-3FA9C2`` (tool codes), ``RQ-…``
+(requirements) and ``FB-…`` (the correction), each the first six hex digits of
+``sha256(f"{seed}:{label}")``, uppercase.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+#: The tool the generated scenario's lookups call.
+LOOKUP_TOOL: Final = "lookup_records"
+#: Tool calls whose result must not be used to find the turn (the record tool of issue 4).
+RECALL_TOOL: Final = "recall_earlier_tool_results"
+
+DEFAULT_WINDOW: Final = 32_000
+DEFAULT_FILL: Final = 1.5
+DEFAULT_TOOL_SHARE: Final = 0.6
+DEFAULT_TOOL_TURNS: Final = 6
+DEFAULT_MARKERS_PER_TOOL: Final = 8
+DEFAULT_SEED: Final = 1
+#: Tokens of one filler turn (user text plus reply), roughly.
+FILLER_TURN_TOKENS: Final = 2_000
+#: Tokens of an ordinary assistant reply, roughly.
+REPLY_TOKENS: Final = 150
+#: Characters per o200k_base token of the generated prose and logs (measured, see tests).
+CHARS_PER_TOKEN: Final = 6.0
+
+
+@dataclass(frozen=True, slots=True)
+class Media:
+    """A media part: an image or another file, by URI or inline base64 data.
+
+    Attributes:
+        media_type: The MIME type (``image/png``, ``application/pdf``...).
+        uri: A URL, or ``None`` when ``data`` is given.
+        data: Base64 bytes, or ``None`` when ``uri`` is given.
+    """
+
+    media_type: str
+    uri: str | None = None
+    data: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A tool the scripted model may call.
+
+    Attributes:
+        name: The function name.
+        description: What the model is told the tool does.
+        parameters: The JSON schema of its arguments.
+    """
+
+    name: str
+    description: str
+    parameters: Mapping[str, Any] = field(
+        default_factory=lambda: {"type": "object", "properties": {}, "additionalProperties": True}
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One scripted tool call and the exact result the tool returns for it.
+
+    Attributes:
+        name: The tool called (one of the scenario's tools).
+        arguments: The call's arguments.
+        result: The result text.
+        media: Media items returned with the result (counted at the estimate).
+    """
+
+    name: str
+    arguments: Mapping[str, Any]
+    result: str
+    media: tuple[Media, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """A question whose correct answer quotes planted values.
+
+    Attributes:
+        scope: What the question is about (``"requirements"``, ``"lookup 3"``...).
+        expected: The values a correct answer quotes, verbatim.
+    """
+
+    scope: str
+    expected: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One user turn and what the scripted model does in it.
+
+    Attributes:
+        user: The user's message text (unique within a scenario).
+        calls: The tool calls the model makes, in order, one per model call.
+        reply: The model's final text for the turn (ignored for a probe turn, whose
+            answer is composed from what the model can see).
+        probe: Set when the turn asks for planted values.
+        media: Media the user attaches to the turn.
+    """
+
+    user: str
+    calls: tuple[ToolCall, ...] = ()
+    reply: str = ""
+    probe: Probe | None = None
+    media: tuple[Media, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Fact:
+    """A planted value the conversation must keep.
+
+    Attributes:
+        label: Its unique name (``code_3_7``, ``R2``, ``correction``).
+        value: The value, as it appears in the conversation.
+        scope: The part of the conversation it belongs to.
+    """
+
+    label: str
+    value: str
+    scope: str
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A whole scripted conversation.
+
+    Attributes:
+        name: A short name for reports.
+        system: The agent's instructions.
+        tools: The tools the model may call.
+        turns: The user turns, in order; user texts are unique.
+        facts: Every planted value, for the ``facts kept`` metric.
+        meta: Free-form figures of how it was made (fill, sizes, seed).
+    """
+
+    name: str
+    system: str
+    tools: tuple[ToolSpec, ...]
+    turns: tuple[Turn, ...]
+    facts: tuple[Fact, ...] = ()
+    meta: Mapping[str, Any] = field(default_factory=dict[str, Any])
+    _by_text: Mapping[str, Turn] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        seen: dict[str, Turn] = {}
+        for index, turn in enumerate(self.turns):
+            if turn.user in seen:
+                raise ValueError(f"turns[{index}].user repeats an earlier turn's text; user texts must be unique")
+            seen[turn.user] = turn
+        object.__setattr__(self, "_by_text", seen)
+        names = {t.name for t in self.tools}
+        for index, turn in enumerate(self.turns):
+            for number, call in enumerate(turn.calls):
+                if call.name not in names:
+                    raise ValueError(f"turns[{index}].calls[{number}].name: {call.name!r} is not a declared tool")
+
+    def turn_for(self, user_text: str) -> Turn | None:
+        """The turn whose user message is ``user_text``, if any."""
+        return self._by_text.get(user_text)
+
+
+def code(seed: int | str, label: str, prefix: str) -> str:
+    """A planted value: ``prefix`` and the first 6 hex digits of ``sha256(seed:label)``, uppercase."""
+    digest = hashlib.sha256(f"{seed}:{label}".encode()).hexdigest()[:6].upper()
+    return f"{prefix}-{digest}"
+
+
+# ----------------------------------------------------------------------------------------
+# The generated scenario
+# ----------------------------------------------------------------------------------------
+
+_WORDS: Final = [
+    "service",
+    "region",
+    "rollout",
+    "latency",
+    "budget",
+    "window",
+    "replica",
+    "shard",
+    "queue",
+    "ledger",
+    "invoice",
+    "cache",
+    "metric",
+    "alert",
+    "owner",
+    "review",
+    "change",
+    "freeze",
+    "canary",
+    "drain",
+    "warmup",
+    "migrate",
+    "verify",
+    "deploy",
+    "build",
+    "fetch",
+    "schema",
+    "index",
+    "tenant",
+    "quota",
+    "policy",
+    "audit",
+    "trace",
+    "span",
+    "batch",
+    "stream",
+    "pipeline",
+    "retry",
+    "timeout",
+    "backoff",
+    "health",
+    "probe",
+    "route",
+    "gateway",
+    "cluster",
+    "node",
+    "pool",
+    "volume",
+    "snapshot",
+    "restore",
+]
+_REGIONS: Final = ("eu-west-1", "us-east-2", "ap-south-1", "eu-central-1")
+_STATUSES: Final = ("ok", "ok", "ok", "retry", "ok", "slow")
+_SYSTEM: Final = (
+    "You are an operations assistant. Use the lookup tool when the user asks for records, "
+    "and quote planted values exactly as they appear (for example TL-3FA9C2). "
+    "Keep the user's requirements and corrections in mind for the whole session."
+)
+
+
+def _prose(rng: random.Random, tokens: int) -> str:
+    """Deterministic prose of about ``tokens`` o200k tokens."""
+    target = int(tokens * CHARS_PER_TOKEN)
+    words: list[str] = []
+    length = 0
+    while length < target:
+        sentence = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(8, 16)))
+        words.append(sentence.capitalize() + ".")
+        length += len(sentence) + 2
+    return " ".join(words)
+
+
+def _log_line(rng: random.Random, number: int) -> str:
+    return (
+        f"{number:05d} {rng.choice(_REGIONS)} {rng.choice(_WORDS)}-{rng.choice(_WORDS)} "
+        f"status={rng.choice(_STATUSES)} took={rng.randint(3, 999)}ms shard={rng.randint(0, 63)}"
+    )
+
+
+def _lookup_result(seed: int, lookup: int, tokens: int, markers: int) -> tuple[str, list[Fact]]:
+    """A log of about ``tokens`` tokens with ``markers`` planted codes spread through it.
+
+    Two in three codes are ``[record N] code_L_N=VALUE`` lines; every third is a row of a
+    Markdown table placed where its line would be.
+    """
+    rng = random.Random(f"{seed}:lookup:{lookup}")
+    facts = [
+        Fact(f"code_{lookup}_{n}", code(seed, f"code_{lookup}_{n}", "TL"), f"lookup {lookup}")
+        for n in range(1, markers + 1)
+    ]
+    line_tokens = 20  # o200k tokens of one log line, measured
+    lines_total = max(tokens // line_tokens, markers * 2)
+    spacing = lines_total / (markers + 1)
+    plant_at = {int(spacing * (n + 1)): n for n in range(markers)}
+    lines = [f"# records of lookup {lookup}"]
+    for number in range(lines_total):
+        if number in plant_at:
+            fact = facts[plant_at[number]]
+            if plant_at[number] % 3 == 2:
+                lines += ["", "| label | value | region | status |", "|---|---|---|---|"]
+                lines.append(f"| {fact.label} | {fact.value} | {rng.choice(_REGIONS)} | {rng.choice(_STATUSES)} |")
+                lines.append("")
+            else:
+                lines.append(f"[record {plant_at[number] + 1}] {fact.label}={fact.value}")
+        lines.append(_log_line(rng, number))
+    return "\n".join(lines), facts
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratorOptions:
+    """The knobs of :func:`generate` (see EVALUATION.md, "Workloads")."""
+
+    context_window: int = DEFAULT_WINDOW
+    fill: float = DEFAULT_FILL
+    tool_share: float = DEFAULT_TOOL_SHARE
+    tool_turns: int = DEFAULT_TOOL_TURNS
+    markers_per_tool: int = DEFAULT_MARKERS_PER_TOOL
+    seed: int = DEFAULT_SEED
+
+    def __post_init__(self) -> None:
+        if self.context_window < 4_096:
+            raise ValueError(f"context_window must be >= 4096, got {self.context_window}")
+        if not 0 < self.fill <= 10:
+            raise ValueError(f"fill must be in (0, 10], got {self.fill}")
+        if not 0 <= self.tool_share < 1:
+            raise ValueError(f"tool_share must be in [0, 1), got {self.tool_share}")
+        if self.tool_turns < 1:
+            raise ValueError(f"tool_turns must be >= 1, got {self.tool_turns}")
+        if self.markers_per_tool < 1:
+            raise ValueError(f"markers_per_tool must be >= 1, got {self.markers_per_tool}")
+
+
+def generate(options: GeneratorOptions | None = None) -> Scenario:
+    """The default workload: a tool-heavy session sized to ``fill`` times the window.
+
+    Order (after the published cachebench design): requirements in turns 1-2; lookups
+    spread evenly through filler turns; a correction a third of the way in; closing
+    probes, one for the requirements and correction and one per lookup. The tool
+    results carry ``tool_share`` of the total, split evenly over ``tool_turns`` lookups;
+    filler turns of about 2,000 tokens make up the rest.
+    """
+    opts = options or GeneratorOptions()
+    seed = opts.seed
+    rng = random.Random(f"{seed}:plan")
+    total = int(opts.context_window * opts.fill)
+    result_tokens = max(int(total * opts.tool_share / opts.tool_turns), 200)
+    filler_count = max(int(total * (1 - opts.tool_share) / FILLER_TURN_TOKENS), opts.tool_turns)
+
+    requirements = [
+        Fact("R1", code(seed, "R1", "RQ"), "requirements"),
+        Fact("R2", code(seed, "R2", "RQ"), "requirements"),
+        Fact("R3", code(seed, "R3", "RQ"), "requirements"),
+    ]
+    correction = Fact("correction", code(seed, "correction", "FB"), "requirements")
+    turns: list[Turn] = [
+        Turn(
+            user=(
+                "Requirements for this session, keep them for the whole conversation:\n"
+                f"- R1 ({requirements[0].value}): every rollout goes region by region.\n"
+                f"- R2 ({requirements[1].value}): reports go through the batch pipeline."
+            ),
+            reply="Noted: R1 and R2.",
+        ),
+        Turn(
+            user=f"One more requirement:\n- R3 ({requirements[2].value}): never drain more than one shard at a time.",
+            reply="Noted: R3.",
+        ),
+    ]
+    facts: list[Fact] = [*requirements, correction]
+    lookups: list[Turn] = []
+    for lookup in range(1, opts.tool_turns + 1):
+        result, planted = _lookup_result(seed, lookup, result_tokens, opts.markers_per_tool)
+        facts += planted
+        call = ToolCall(LOOKUP_TOOL, {"lookup": lookup}, result)
+        lookups.append(
+            Turn(
+                user=f"Run lookup {lookup} and keep its planted codes at hand; I will ask for them later.",
+                calls=(call,),
+                reply=f"Lookup {lookup} is loaded: {len(planted)} planted codes.",
+            )
+        )
+    fillers = [
+        Turn(
+            user=f"Note {n + 1}: " + _prose(rng, FILLER_TURN_TOKENS - REPLY_TOKENS),
+            reply=_prose(rng, REPLY_TOKENS),
+        )
+        for n in range(filler_count)
+    ]
+    # Lookups spread evenly through the filler; the correction a third of the way in.
+    body: list[Turn] = []
+    slots = {int(i * filler_count / opts.tool_turns): lookups[i] for i in range(opts.tool_turns)}
+    correction_at = filler_count // 3
+    for index, filler in enumerate(fillers):
+        if index in slots:
+            body.append(slots[index])
+        if index == correction_at:
+            body.append(
+                Turn(
+                    user=(
+                        f"Correction ({correction.value}): R2 changes, reports now go through the "
+                        "streaming pipeline, not the batch pipeline."
+                    ),
+                    reply="Understood: streaming pipeline from now on.",
+                )
+            )
+        body.append(filler)
+    turns += body
+    turns.append(
+        Turn(
+            user="Closing check: quote the codes of R1, R2, R3 and of the correction.",
+            probe=Probe("requirements", tuple(f.value for f in (*requirements, correction))),
+        )
+    )
+    for lookup in range(1, opts.tool_turns + 1):
+        expected = tuple(f.value for f in facts if f.scope == f"lookup {lookup}")
+        turns.append(
+            Turn(
+                user=f"Closing check: quote every planted code of lookup {lookup}.",
+                probe=Probe(f"lookup {lookup}", expected),
+            )
+        )
+    tools = (
+        ToolSpec(
+            LOOKUP_TOOL,
+            "Fetch the records of a numbered lookup. Returns a log with planted codes.",
+            {"type": "object", "properties": {"lookup": {"type": "integer"}}, "required": ["lookup"]},
+        ),
+    )
+    return Scenario(
+        name="generated",
+        system=_SYSTEM,
+        tools=tools,
+        turns=tuple(turns),
+        facts=tuple(facts),
+        meta={
+            "context_window": opts.context_window,
+            "fill": opts.fill,
+            "tool_share": opts.tool_share,
+            "tool_turns": opts.tool_turns,
+            "markers_per_tool": opts.markers_per_tool,
+            "seed": seed,
+            "result_tokens": result_tokens,
+            "filler_turns": filler_count,
+        },
+    )
+
+
+ScenarioSource = Callable[[], Scenario]
+
+
+def facts_in(text: str, facts: Sequence[Fact]) -> list[Fact]:
+    """The facts whose value appears verbatim in ``text``."""
+    return [f for f in facts if f.value in text]

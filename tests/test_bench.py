@@ -1,0 +1,402 @@
+"""The benchmark harness: scenario, scripted model, simulated provider, rows, runner and command line."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from agent_framework import Content, Message
+
+from maf_compaction.adapters.tiktoken import TiktokenTokenizer
+from maf_compaction.bench import __main__ as bench_main
+from maf_compaction.bench import grid
+from maf_compaction.bench.measure import RenderedRequest
+from maf_compaction.bench.model import ModelOptions, ScriptedModel, context_text
+from maf_compaction.bench.provider import SimulatedProvider
+from maf_compaction.bench.rows import ROWS, RowContext, RowSetup, parse_strategy_option, resolve_rows
+from maf_compaction.bench.runner import Cell, CellResult, Settings, run_cell, run_grid, summarize
+from maf_compaction.bench.scenario import (
+    LOOKUP_TOOL,
+    RECALL_TOOL,
+    GeneratorOptions,
+    Probe,
+    Scenario,
+    ToolCall,
+    ToolSpec,
+    Turn,
+    generate,
+)
+from maf_compaction.bench.simulator import OpenAICache, bill, get_profile
+
+TOKENIZER = TiktokenTokenizer()
+SMALL = GeneratorOptions(context_window=8_192, fill=1.5, tool_turns=3, markers_per_tool=4, seed=3)
+SMALL_SETTINGS = Settings(context_window=8_192, max_output_tokens=1_024, tool_turns=3, markers_per_tool=4)
+
+
+def _tokens(scenario: Scenario) -> int:
+    return sum(
+        TOKENIZER.count_tokens(t.user)
+        + TOKENIZER.count_tokens(t.reply)
+        + sum(TOKENIZER.count_tokens(c.result) for c in t.calls)
+        for t in scenario.turns
+    )
+
+
+# -- scenario ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fill", [0.9, 1.5, 3.0])
+def test_the_generated_conversation_is_sized_to_its_fill(fill: float) -> None:
+    scenario = generate(GeneratorOptions(fill=fill))
+    assert _tokens(scenario) == pytest.approx(32_000 * fill, rel=0.1)
+    tool = sum(TOKENIZER.count_tokens(c.result) for t in scenario.turns for c in t.calls)
+    assert tool / _tokens(scenario) == pytest.approx(0.6, abs=0.05)
+
+
+def test_the_generated_conversation_is_a_function_of_its_seed() -> None:
+    assert generate(SMALL) == generate(SMALL)
+    other = generate(GeneratorOptions(**{**_options_dict(SMALL), "seed": 4}))
+    assert {f.value for f in other.facts}.isdisjoint({f.value for f in generate(SMALL).facts})
+
+
+def _options_dict(options: GeneratorOptions) -> dict[str, object]:
+    return {name: getattr(options, name) for name in options.__dataclass_fields__}
+
+
+def test_planted_facts_are_unique_and_each_is_in_the_conversation() -> None:
+    scenario = generate(SMALL)
+    values = [f.value for f in scenario.facts]
+    assert len(values) == len(set(values)) == 4 + 3 * 4
+    text = "\n".join([t.user for t in scenario.turns] + [c.result for t in scenario.turns for c in t.calls])
+    assert all(v in text for v in values)
+    # Table rows as well as code lines carry facts.
+    results = [c.result for t in scenario.turns for c in t.calls]
+    assert any(line.startswith("| code_") for r in results for line in r.splitlines())
+    assert any("] code_" in line for r in results for line in r.splitlines())
+    probes = [t.probe for t in scenario.turns if t.probe is not None]
+    assert sorted(v for p in probes for v in p.expected) == sorted(values)
+
+
+def test_a_scenario_refuses_repeated_user_texts_and_undeclared_tools() -> None:
+    tools = (ToolSpec("t", "d"),)
+    with pytest.raises(ValueError, match=r"turns\[1\]\.user repeats"):
+        Scenario("x", "s", tools, (Turn("same"), Turn("same")))
+    with pytest.raises(ValueError, match=r"turns\[0\]\.calls\[0\]\.name: 'u' is not a declared tool"):
+        Scenario("x", "s", tools, (Turn("a", calls=(ToolCall("u", {}, "r"),)),))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("context_window", 100, "context_window must be >= 4096"),
+        ("fill", 0.0, r"fill must be in \(0, 10\]"),
+        ("tool_share", 1.0, r"tool_share must be in \[0, 1\)"),
+        ("tool_turns", 0, "tool_turns must be >= 1"),
+        ("markers_per_tool", 0, "markers_per_tool must be >= 1"),
+    ],
+)
+def test_generator_options_are_validated(field: str, value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        GeneratorOptions(**{field: value})  # type: ignore[arg-type]
+
+
+# -- scripted model ----------------------------------------------------------------------
+
+SCRIPT = Scenario(
+    "unit",
+    "system",
+    (ToolSpec(LOOKUP_TOOL, "lookup"),),
+    (
+        Turn(
+            "first",
+            calls=(ToolCall(LOOKUP_TOOL, {"n": 1}, "a\ncode_1=TL-AAAAAA\nb"), ToolCall(LOOKUP_TOOL, {"n": 2}, "x")),
+            reply="done",
+        ),
+        Turn("ask", probe=Probe("lookup", ("TL-AAAAAA", "RQ-BBBBBB"))),
+    ),
+)
+
+
+def _call(message: Message) -> Content:
+    (content,) = message.contents
+    assert content.type == "function_call"
+    return content
+
+
+def test_the_model_makes_the_turns_calls_in_order_then_replies() -> None:
+    model = ScriptedModel(SCRIPT)
+    history: list[Message] = [Message("user", ["first"])]
+    first = _call(model.respond(history))
+    assert (first.call_id, first.name) == ("call_1_0", LOOKUP_TOOL)
+    history += [
+        Message("assistant", [first]),
+        Message("tool", [Content.from_function_result(call_id="call_1_0", result="r")]),
+    ]
+    second = _call(model.respond(history))
+    assert second.call_id == "call_1_1"
+    history += [
+        Message("assistant", [second]),
+        Message("tool", [Content.from_function_result(call_id="call_1_1", result="r")]),
+    ]
+    assert model.respond(history).text == "done"
+
+
+def test_the_model_quotes_only_values_visible_in_its_context() -> None:
+    model = ScriptedModel(SCRIPT)
+    seen = model.respond([Message("user", ["value code_1=TL-AAAAAA"]), Message("user", ["ask"])]).text
+    assert "TL-AAAAAA" in seen
+    assert "RQ-BBBBBB" not in seen
+    assert "cannot see 1" in seen
+    assert "TL-AAAAAA" not in model.respond([Message("user", ["ask"])]).text
+
+
+def test_a_summary_keeps_value_lines_in_order_within_its_size() -> None:
+    model = ScriptedModel(SCRIPT)
+    transcript = [
+        Message("system", ["Summarize TL-CCCCCC"]),
+        Message("user", ["chatter\nR1 (RQ-BBBBBB): keep it\nmore chatter"]),
+        Message("assistant", ["filler\ncode_1=TL-AAAAAA"]),
+    ]
+    summary = model.respond(transcript, summarizer=True).text
+    assert summary.splitlines()[1:] == ["R1 (RQ-BBBBBB): keep it", "code_1=TL-AAAAAA"]
+    assert "TL-CCCCCC" not in summary  # the summarizer's own instructions are not the conversation
+    assert len(model.summary(transcript, max_tokens=12)) <= 12 * 4
+
+
+def test_lower_quality_drops_a_seeded_share_of_values() -> None:
+    lines = "\n".join(f"code_{i}=TL-{i:06X}" for i in range(200))
+    transcript = [Message("user", [lines])]
+    kept = ScriptedModel(SCRIPT, ModelOptions(summary_quality=0.5, seed=1)).summary(transcript, None)
+    count = sum(1 for line in kept.splitlines() if "TL-" in line)
+    assert 70 < count < 130
+    assert kept == ScriptedModel(SCRIPT, ModelOptions(summary_quality=0.5, seed=1)).summary(transcript, None)
+
+
+def test_a_pinned_request_gets_a_record_of_visible_tool_values_unless_the_pin_is_ignored() -> None:
+    context = [
+        Message("user", ["first"]),
+        Message("assistant", [Content.from_function_call(call_id="call_1_0", name=LOOKUP_TOOL, arguments={"n": 1})]),
+        Message("tool", [Content.from_function_result(call_id="call_1_0", result="a\ncode_1=TL-AAAAAA\nb")]),
+    ]
+    pin = {"mode": "required", "required_function_name": RECALL_TOOL}
+    call = _call(ScriptedModel(SCRIPT).respond(context, tool_choice=pin))
+    assert call.name == RECALL_TOOL
+    assert call.parse_arguments() == {"values": f"Values from earlier tool results:\n{LOOKUP_TOOL}:\ncode_1=TL-AAAAAA"}
+    ignored = ScriptedModel(SCRIPT, ModelOptions(ignore_pin=True)).respond(context, tool_choice=pin)
+    assert _call(ignored).name == LOOKUP_TOOL
+
+
+@pytest.mark.parametrize("field", ["record_quality", "summary_quality"])
+def test_model_qualities_are_validated(field: str) -> None:
+    with pytest.raises(ValueError, match=rf"{field} must be in \[0, 1\]"):
+        ModelOptions(**{field: 1.5})  # type: ignore[arg-type]
+
+
+def test_context_text_reads_results_calls_and_reasoning() -> None:
+    messages = [
+        Message(
+            "assistant",
+            [
+                Content.from_text_reasoning(text="think TL-1"),
+                Content.from_function_call(call_id="c", name="f", arguments={"a": 1}),
+            ],
+        ),
+        Message("tool", [Content.from_function_result(call_id="c", result=[Content.from_text("inner TL-2")])]),
+    ]
+    text = context_text(messages)
+    assert "think TL-1" in text
+    assert '"a": 1' in text
+    assert "inner TL-2" in text
+
+
+# -- simulated provider ------------------------------------------------------------------
+
+
+def _request(*messages: str) -> RenderedRequest:
+    return RenderedRequest(instructions="<|system|>\nbe brief " * 200, tools=None, messages=messages)
+
+
+def test_the_provider_bills_what_the_cache_rules_say_and_flags_breaks_and_dq() -> None:
+    provider = SimulatedProvider(encoder=TOKENIZER, window=2_000, profile=get_profile("default"))
+    first = provider.call(_request("<|user|>\nhello"), output="hi")
+    second = provider.call(_request("<|user|>\nhello", "<|assistant|>\nhi", "<|user|>\nmore " * 50), output="ok")
+    third = provider.call(_request("<|user|>\nchanged"), output="ok")
+    reference = OpenAICache()
+    sequences = [
+        [t for e in r.entries for t in TOKENIZER.encode(e)]
+        for r in (
+            _request("<|user|>\nhello"),
+            _request("<|user|>\nhello", "<|assistant|>\nhi", "<|user|>\nmore " * 50),
+            _request("<|user|>\nchanged"),
+        )
+    ]
+    expected = [reference.lookup_and_store(s) for s in sequences]
+    assert [c.cached_tokens for c in (first, second, third)] == [e.cached_tokens for e in expected]
+    assert second.cached_tokens > 0
+    assert [c.broke for c in (first, second, third)] == [False, False, True]
+    assert first.cost == bill(get_profile("default"), expected[0], TOKENIZER.count_tokens("hi"))
+    big = provider.call(_request("<|user|>\n" + "word " * 3_000), output="x")
+    assert big.over_window
+    assert not first.over_window
+
+
+def test_anthropic_requests_write_at_their_breakpoints_and_read_later() -> None:
+    provider = SimulatedProvider(encoder=TOKENIZER, window=100_000, profile=get_profile("default"), cache="anthropic")
+    first = provider.call(_request("<|user|>\n" + "alpha " * 1_500), output="x")
+    second = provider.call(_request("<|user|>\n" + "alpha " * 1_500, "<|user|>\nbeta"), output="x")
+    assert first.cached_tokens == 0
+    assert first.written_tokens > 0
+    assert second.cached_tokens == first.input_tokens
+
+
+def test_the_provider_refuses_unknown_settings() -> None:
+    with pytest.raises(ValueError, match="cache must be one of openai, anthropic"):
+        SimulatedProvider(encoder=TOKENIZER, window=10, profile=get_profile("default"), cache="other")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="window must be a positive integer"):
+        SimulatedProvider(encoder=TOKENIZER, window=0, profile=get_profile("default"))
+
+
+# -- rows and runner ---------------------------------------------------------------------
+
+
+async def test_the_control_keeps_every_fact_and_never_breaks_the_prefix() -> None:
+    result = await run_cell(Cell("none", 1.5, 3), SMALL_SETTINGS)
+    assert result.error is None
+    assert result.breaks == 0
+    assert result.facts_kept == result.facts_total == 16
+    assert result.accuracy == 1.0
+    assert result.dq > 0  # fill 1.5 outgrows the window: the control is disqualified
+    assert result.max_prompt > SMALL_SETTINGS.context_window
+    assert result.model_calls == len(result.prompts)
+    assert result.summarizer_calls == 0
+    assert result.pass_ms == []
+
+
+async def test_a_compacting_row_stays_inside_the_window_and_is_timed() -> None:
+    result = await run_cell(Cell("context_window", 1.5, 3), SMALL_SETTINGS)
+    assert result.dq == 0
+    assert result.max_prompt <= SMALL_SETTINGS.context_window
+    assert result.pass_ms
+    assert all(ms >= 0 for ms in result.pass_ms)
+    assert result.facts_kept < result.facts_total  # the framework default loses facts past the window
+
+
+async def test_the_summarization_row_bills_its_summarizer_calls() -> None:
+    result = await run_cell(Cell("summarization", 1.5, 3), SMALL_SETTINGS)
+    assert result.summarizer_calls > 0
+    assert result.model_calls + result.summarizer_calls > len(result.prompts)
+
+
+def _without_timings(result: CellResult) -> dict[str, object]:
+    data = result.to_dict()
+    for key in ("seconds", "pass_ms"):
+        data.pop(key)
+    return data
+
+
+def test_a_grid_run_is_deterministic_and_parallel_runs_agree() -> None:
+    cells = [Cell(row, 1.5, 3) for row in ("none", "anchored", "truncation")]
+    once = run_grid(cells, SMALL_SETTINGS, jobs=1)
+    again = run_grid(cells, SMALL_SETTINGS, jobs=2)
+    assert [_without_timings(r) for r in once] == [_without_timings(r) for r in again]
+
+
+def test_summaries_average_over_seeds_and_compare_with_the_control_per_seed() -> None:
+    def cell(row: str, seed: int, cost: float) -> CellResult:
+        return CellResult(
+            row=row, fill=1.0, seed=seed, cost=cost, input_tokens=100, cached_tokens=50, window=10, max_prompt=5
+        )
+
+    summaries = summarize([cell("none", 1, 2.0), cell("x", 1, 1.0), cell("none", 2, 4.0), cell("x", 2, 3.0)])
+    x = next(s for s in summaries if s.row == "x")
+    assert x.cost == 2.0
+    assert x.vs_none == pytest.approx((0.5 + 0.75) / 2)
+    assert x.hit == 0.5
+    assert x.seeds == 2
+
+
+def strict_truncation(context: RowContext) -> RowSetup:
+    """A custom row for the --strategy test: the framework's truncation at 60% of the budget."""
+    from agent_framework import TruncationStrategy
+
+    strategy = TruncationStrategy(
+        max_n=int(context.budget * 0.6), compact_to=int(context.budget * 0.4), tokenizer=context.tokenizer
+    )
+    return RowSetup(before=strategy, after=strategy)
+
+
+def test_rows_resolve_built_ins_and_module_factories_with_clear_errors() -> None:
+    extra = dict([parse_strategy_option("mine=test_bench:strict_truncation")])
+    rows = resolve_rows(["anchored", "mine"], extra)
+    assert rows["anchored"] is ROWS["anchored"]
+    assert rows["mine"] is strict_truncation
+    with pytest.raises(ValueError, match="--strategy expects NAME=module:factory"):
+        parse_strategy_option("mine=module")
+    with pytest.raises(ValueError, match="unknown row 'nope'"):
+        resolve_rows(["nope"], {})
+    with pytest.raises(ValueError, match="cannot import module 'no_such_module'"):
+        resolve_rows(["x"], {"x": "no_such_module:f"})
+    with pytest.raises(ValueError, match="has no attribute 'missing'"):
+        resolve_rows(["x"], {"x": "test_bench:missing"})
+
+
+# -- command line ------------------------------------------------------------------------
+
+
+def _run(argv: Sequence[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    status = bench_main.main(list(argv))
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+SMALL_ARGS = ["--context-window", "8192", "--max-output-tokens", "1024", "--tool-turns", "3", "--markers-per-tool", "4"]
+
+
+def test_the_command_prints_the_table_and_writes_json_and_a_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report, picture = tmp_path / "out" / "r.json", tmp_path / "r.png"
+    argv = ["bench", *SMALL_ARGS, "--fill", "1.5", "--seeds", "1", "--jobs", "1", "--rows", "none,anchored,mine"]
+    argv += ["--strategy", "mine=test_bench:strict_truncation", "--json", str(report), "--plot", str(picture)]
+    status, out, err = _run(argv, capsys)
+    assert status == 0, err
+    assert "fill 1.5 x 8,192-token window" in out
+    assert "anchored" in out
+    assert "mine" in out
+    assert "3/3 cells" in err  # the progress bar
+    data = json.loads(report.read_text())
+    assert {s["row"] for s in data["summaries"]} == {"none", "anchored", "mine"}
+    assert data["settings"]["strategies"] == {"mine": "test_bench:strict_truncation"}
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_options_starting_the_command_line_run_the_bench(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = _run(
+        [*SMALL_ARGS, "--fill", "0.9", "--seeds", "1", "--jobs", "1", "--rows", "none", "--quiet"], capsys
+    )
+    assert status == 0
+    assert "fill 0.9" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--rows", "nope"], "unknown row 'nope'"),
+        (["--strategy", "broken"], "--strategy expects NAME=module:factory"),
+        (["--context-window", "4096", "--max-output-tokens", "4096"], "--max-output-tokens (4096) must be below"),
+    ],
+)
+def test_bad_options_exit_2_with_a_message(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    status, _, err = _run(["bench", *argv], capsys)
+    assert status == 2
+    assert message in err
+
+
+@pytest.mark.parametrize("argv", [["--fill", "0"], ["--seeds", "0"], ["--record-quality", "2"]])
+def test_bad_values_are_refused_by_the_parser(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        grid.main(argv)
+    assert exit_info.value.code == 2
+    assert "error" in capsys.readouterr().err
