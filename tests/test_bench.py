@@ -400,3 +400,49 @@ def test_bad_values_are_refused_by_the_parser(argv: list[str], capsys: pytest.Ca
         grid.main(argv)
     assert exit_info.value.code == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_a_step_hidden_by_compaction_is_not_made_again() -> None:
+    """A strategy may exclude an earlier result of the same turn; the model moves on from the latest it sees."""
+    model = ScriptedModel(SCRIPT)
+    later_only = [
+        Message("user", ["first"]),
+        Message("assistant", [Content.from_function_call(call_id="call_1_1", name=LOOKUP_TOOL, arguments={"n": 2})]),
+        Message("tool", [Content.from_function_result(call_id="call_1_1", result="x")]),
+    ]
+    assert model.respond(later_only).text == "done"
+
+
+def test_the_command_replays_a_workload_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    workload = {
+        "version": 1,
+        "name": "tiny",
+        "system": "Be brief.",
+        "tools": [{"name": "lookup"}],
+        "turns": [
+            {"user": "look it up", "calls": [{"name": "lookup", "arguments": {"n": 1}, "result": "code=TL-ABCDEF"}]},
+            {"user": "what was the code?", "probe": {"scope": "lookup", "expected": ["TL-ABCDEF"]}},
+        ],
+    }
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(workload))
+    report = tmp_path / "r.json"
+    argv = ["--workload", str(path), "--rows", "none,anchored", "--jobs", "1", "--quiet", "--json", str(report)]
+    status, out, err = _run(argv, capsys)
+    assert status == 0, err
+    assert f"{path} at a 32,000-token window" in out
+    assert "1.0/1" in out  # one fact, kept
+    cells = json.loads(report.read_text())["cells"]
+    assert [c["accuracy"] for c in cells] == [1.0, 1.0]
+    assert [c["model_calls"] for c in cells] == [3, 3]
+
+
+def test_workload_and_session_errors_are_clean(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"version": 1, "turns": [{"user": 12}]}')
+    status, _, err = _run(["--workload", str(bad)], capsys)
+    assert status == 2
+    assert "bad.json: turns[0].user" in err
+    status, _, err = _run(["--facts", str(bad)], capsys)
+    assert status == 2
+    assert "--facts goes with --session" in err

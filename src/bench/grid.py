@@ -71,6 +71,9 @@ def parser() -> argparse.ArgumentParser:
     source = work.add_mutually_exclusive_group()
     source.add_argument("--workload", metavar="FILE.json", help="replay a workload file (docs/workload-format.md)")
     source.add_argument("--session", metavar="FILE.json", help="replay an AgentSession.to_dict() export")
+    work.add_argument(
+        "--facts", metavar="FILE.json", help="with --session: the values to track, a JSON list of {label, value, scope}"
+    )
     sim = cli.add_argument_group("provider and model")
     sim.add_argument("--max-output-tokens", type=positive_int, default=2_048, help="output reservation (default: 2048)")
     sim.add_argument("--cache", choices=CACHE_KINDS, default="openai", help="prompt cache rules (default: openai)")
@@ -100,6 +103,8 @@ def parser() -> argparse.ArgumentParser:
 def settings_from(args: argparse.Namespace) -> Settings:
     """:class:`Settings` from parsed arguments (validates ``--strategy`` and the window)."""
     extra = dict(parse_strategy_option(text) for text in args.strategy)
+    if args.facts is not None and args.session is None:
+        raise ValueError("--facts goes with --session (a workload file lists its facts itself)")
     if args.max_output_tokens >= args.context_window:
         raise ValueError(
             f"--max-output-tokens ({args.max_output_tokens}) must be below --context-window ({args.context_window})"
@@ -119,6 +124,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         stream=args.stream,
         workload=args.workload,
         session=args.session,
+        facts=args.facts,
         strategies=extra,
     )
 

@@ -232,10 +232,18 @@ class ScriptedModel:
 
     @staticmethod
     def _results_of_turn(messages: Sequence[Message], number: int) -> int:
+        """How many of the turn's scripted calls are done: one past the latest step whose result it sees.
+
+        The latest, not a count: a strategy may hide an earlier result of the same turn while
+        the tool loop still runs, and the model should not redo a step it has moved past.
+        """
         prefix = f"call_{number}_"
-        return sum(
-            1
-            for m in messages
-            for c in m.contents
-            if c.type == "function_result" and (c.call_id or "").startswith(prefix)
-        )
+        done = 0
+        for message in messages:
+            for content in message.contents:
+                call_id = content.call_id or ""
+                if content.type == "function_result" and call_id.startswith(prefix):
+                    step = call_id[len(prefix) :]
+                    if step.isdigit():
+                        done = max(done, int(step) + 1)
+        return done

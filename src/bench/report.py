@@ -53,8 +53,10 @@ def render_table(summaries: Sequence[RowSummary], settings: Settings) -> str:
     for fill in fills:
         rows = [s for s in summaries if s.fill == fill]
         seeds = max(s.seeds for s in rows)
+        source = settings.workload or settings.session
+        what = f"{source} at a" if source else f"fill {fill:g} x"
         lines.append(
-            f"fill {fill:g} x {settings.context_window:,}-token window, {seeds} seed(s), "
+            f"{what} {settings.context_window:,}-token window, {seeds} seed(s), "
             f"{settings.cache} cache, '{settings.profile}' prices, budget {settings.budget:,}"
         )
         table = [[title for _, title in COLUMNS], *([_cells(s)[key] for key, _ in COLUMNS] for s in rows)]

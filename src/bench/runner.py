@@ -64,6 +64,7 @@ class Settings:
     stream: bool = False
     workload: str | None = None
     session: str | None = None
+    facts: str | None = None
     strategies: Mapping[str, str] = field(default_factory=dict[str, str])
 
     @property
@@ -169,7 +170,7 @@ def load_scenario(settings: Settings, fill: float, seed: int) -> Scenario:
         if settings.workload is not None:
             return workload_file.load_workload(settings.workload)
         assert settings.session is not None
-        return workload_file.load_session(settings.session)
+        return workload_file.load_session(settings.session, settings.facts)
     return generate(
         GeneratorOptions(
             context_window=settings.context_window,

@@ -1,0 +1,771 @@
+"""Scenarios from files: the workload JSON format, and ``AgentSession.to_dict()`` exports.
+
+Two loaders produce the same :class:`~maf_compaction.bench.scenario.Scenario` value the
+generator produces:
+
+- :func:`load_workload` reads the documented workload format (``--workload FILE.json``,
+  see ``docs/workload-format.md``) and validates every field. Typos do not pass
+  silently: unknown keys, missing fields, wrong types and inconsistent turns each raise
+  :class:`WorkloadError` with the file, the JSON path (``turns[3].calls[0].result``) and
+  what is wrong.
+- :func:`load_session` reads an ``AgentSession.to_dict()`` export (``--session
+  FILE.json``) and turns the messages a history provider stored in it into turns to
+  replay: one turn per user message, its tool calls matched to their results by call id,
+  its last assistant text as the reply. What compaction added (framework summaries,
+  maf-compaction notes) is skipped; what compaction excluded is replayed, since it is
+  the original conversation.
+
+Both only read the paths they are given.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import difflib
+import json
+import logging
+import os
+import re
+import urllib.parse
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final, NoReturn, cast
+
+from agent_framework import AgentSession, Content, InMemoryHistoryProvider, Message
+from agent_framework._compaction import EXCLUDED_KEY, GROUP_ANNOTATION_KEY, SUMMARY_OF_MESSAGE_IDS_KEY
+
+from ..adapters.convert import NOTE_KEY, ORIGINALS_KEY
+from .scenario import RECALL_TOOL, Fact, Media, Probe, Scenario, ToolCall, ToolSpec, Turn
+
+__all__ = [
+    "PLANTED_VALUE",
+    "SESSION_SNAPSHOT_VERSION",
+    "SUMMARY_ID_PREFIXES",
+    "SUPPORTED_VERSION",
+    "UNKNOWN_MEDIA_TYPE",
+    "WorkloadError",
+    "load_facts",
+    "load_session",
+    "load_workload",
+]
+
+logger = logging.getLogger("maf_compaction")
+
+#: The workload format version this module reads (and the only one so far).
+SUPPORTED_VERSION: Final = 1
+#: The ``version`` a ``FileSessionStore`` JSON snapshot carries; ``to_dict()`` writes none.
+SESSION_SNAPSHOT_VERSION: Final = "1.0"
+#: ``message_id`` prefixes of the summaries the framework's strategies insert.
+SUMMARY_ID_PREFIXES: Final = ("summary_", "tool_summary_")
+#: What a planted value looks like in the generated workloads (``TL-3FA9C2``, ``RQ-…``).
+PLANTED_VALUE: Final = re.compile(r"\b[A-Z]{2}-[0-9A-F]{6}\b")
+#: The media type given to a ``uri`` part that declares none.
+UNKNOWN_MEDIA_TYPE: Final = "application/octet-stream"
+
+_TOP_REQUIRED: Final = ("version", "turns")
+_TOP_OPTIONAL: Final = ("name", "system", "tools", "facts")
+_TOOL_REQUIRED: Final = ("name",)
+_TOOL_OPTIONAL: Final = ("description", "parameters")
+_FACT_REQUIRED: Final = ("label", "value", "scope")
+_TURN_REQUIRED: Final = ("user",)
+_TURN_OPTIONAL: Final = ("media", "calls", "reply", "probe")
+_CALL_REQUIRED: Final = ("name", "result")
+_CALL_OPTIONAL: Final = ("arguments", "media")
+_PROBE_REQUIRED: Final = ("scope", "expected")
+_MEDIA_REQUIRED: Final = ("media_type",)
+_MEDIA_OPTIONAL: Final = ("uri", "data")
+_MIME: Final = re.compile(r"^[\w.+-]+/[\w.+-]+(\s*;\s*[\w.+-]+=[^;]+)*$")
+_SHOWN_CHARS: Final = 40
+
+
+class WorkloadError(ValueError):
+    """A workload or session file that cannot be loaded, and why.
+
+    The message reads ``FILE: WHERE: PROBLEM`` (``workload.json: turns[3].calls[0].result:
+    expected a string, got 12``), or ``FILE: PROBLEM`` when the problem is the whole file.
+
+    Attributes:
+        file: The path as it was given.
+        where: The JSON path of the offending value (``turns[3].user``), or ``""``.
+        problem: What is wrong with it.
+    """
+
+    def __init__(self, file: str, where: str, problem: str) -> None:
+        self.file = file
+        self.where = where
+        self.problem = problem
+        super().__init__(f"{file}: {where}: {problem}" if where else f"{file}: {problem}")
+
+
+# ----------------------------------------------------------------------------------------
+# Reading JSON
+# ----------------------------------------------------------------------------------------
+
+
+class _JsonObject(dict[str, Any]):
+    """A JSON object that remembers the keys it repeated (``json`` keeps the last silently)."""
+
+    __slots__ = ("duplicates",)
+
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+        super().__init__(pairs)
+        seen: set[str] = set()
+        repeated: list[str] = []
+        for key, _ in pairs:
+            if key in seen and key not in repeated:
+                repeated.append(key)
+            seen.add(key)
+        self.duplicates: tuple[str, ...] = tuple(repeated)
+
+
+class _NotJson(ValueError):
+    """Raised for the ``NaN``/``Infinity`` constants Python's parser accepts and JSON does not."""
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise _NotJson(name)
+
+
+def _read_json(file: str) -> object:
+    """The parsed content of ``file``; every failure is a :class:`WorkloadError`."""
+    try:
+        raw = Path(file).read_bytes()
+    except OSError as exc:
+        raise WorkloadError(file, "", f"cannot read the file: {exc.strerror or exc}") from exc
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise WorkloadError(file, "", f"not UTF-8 text (invalid byte at offset {exc.start})") from exc
+    try:
+        return json.loads(text, object_pairs_hook=_JsonObject, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise WorkloadError(file, "", f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from exc
+    except _NotJson as exc:
+        raise WorkloadError(file, "", f"invalid JSON: {exc} is not a JSON value") from exc
+
+
+def _shown(value: object) -> str:
+    """``value`` as JSON, cut short, for an error message."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
+
+
+def _join(where: str, key: str | int) -> str:
+    """``where`` extended by a list index or an object key, as a JSON path."""
+    if isinstance(key, int):
+        return f"{where}[{key}]"
+    if key.isidentifier():
+        return f"{where}.{key}" if where else key
+    return f"{where}[{json.dumps(key, ensure_ascii=False)}]"
+
+
+class _Checker:
+    """Type and shape checks that fail with the file and the JSON path."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+
+    def fail(self, where: str, problem: str) -> NoReturn:
+        raise WorkloadError(self.file, where, problem)
+
+    def object(self, value: object, where: str) -> Mapping[str, object]:
+        if not isinstance(value, dict):
+            self.fail(where, f"expected an object, got {_shown(value)}")
+        mapping = cast(dict[str, object], value)
+        repeated = getattr(mapping, "duplicates", ())
+        if repeated:
+            self.fail(_join(where, repeated[0]), "key given twice in the same object")
+        return mapping
+
+    def fields(
+        self, value: object, where: str, required: Sequence[str], optional: Sequence[str] = ()
+    ) -> Mapping[str, object]:
+        """The object at ``where``, with no unknown keys and every required key present."""
+        mapping = self.object(value, where)
+        allowed = (*required, *optional)
+        for key in mapping:
+            if key not in allowed:
+                close = difflib.get_close_matches(key, allowed, n=1)
+                hint = f' (did you mean "{close[0]}"?)' if close else ""
+                kind = "unknown key" if where else "unknown top-level key"
+                self.fail(_join(where, key), f"{kind}{hint}; allowed keys: {', '.join(allowed)}")
+        for key in required:
+            if key not in mapping:
+                self.fail(_join(where, key), "required field is missing")
+        return mapping
+
+    def string(self, value: object, where: str, *, nonempty: bool = False) -> str:
+        if not isinstance(value, str):
+            self.fail(where, f"expected a string, got {_shown(value)}")
+        if nonempty and not value.strip():
+            self.fail(where, "must not be empty")
+        return value
+
+    def array(self, value: object, where: str) -> list[object]:
+        if not isinstance(value, list):
+            self.fail(where, f"expected a list, got {_shown(value)}")
+        return cast(list[object], value)
+
+    def plain(self, value: object, where: str) -> Any:
+        """Free-form JSON as plain dicts and lists, refusing repeated keys at any depth."""
+        if isinstance(value, dict):
+            mapping = self.object(value, where)
+            return {key: self.plain(item, _join(where, key)) for key, item in mapping.items()}
+        if isinstance(value, list):
+            return [self.plain(item, _join(where, index)) for index, item in enumerate(cast(list[object], value))]
+        return value
+
+
+# ----------------------------------------------------------------------------------------
+# The workload format
+# ----------------------------------------------------------------------------------------
+
+
+def load_workload(path: str | os.PathLike[str]) -> Scenario:
+    """Read and validate a workload file (format: ``docs/workload-format.md``).
+
+    Args:
+        path: The JSON file.
+
+    Returns:
+        The scenario it describes. ``name`` defaults to the file's stem, ``system`` to
+        ``""``; without a ``facts`` list, the facts are the probes' expected values
+        (label = value, scope = the probe's scope). ``meta`` records the source file.
+
+    Raises:
+        WorkloadError: The file cannot be read, is not JSON, or breaks the format; the
+            message names the file, the JSON path and the problem.
+    """
+    file = os.fspath(path)
+    check = _Checker(file)
+    data = _read_json(file)
+    top = check.object(data, "")
+    if "session_id" in top and "state" in top and "turns" not in top:
+        check.fail("", "this is an AgentSession export, not a workload file; load it with --session (load_session)")
+    version = _version(check, top)
+    top = check.fields(top, "", _TOP_REQUIRED, _TOP_OPTIONAL)
+    name = check.string(top["name"], "name", nonempty=True) if "name" in top else Path(file).stem
+    system = check.string(top["system"], "system") if "system" in top else ""
+    tools = _tools(check, top.get("tools", []))
+    declared = [t.name for t in tools]
+    turns_raw = check.array(top["turns"], "turns")
+    if not turns_raw:
+        check.fail("turns", "must list at least one turn")
+    turns: list[Turn] = []
+    first_seen: dict[str, int] = {}
+    for index, raw in enumerate(turns_raw):
+        turn = _turn(check, raw, f"turns[{index}]", declared)
+        if turn.user in first_seen:
+            check.fail(
+                f"turns[{index}].user",
+                f"repeats the text of turns[{first_seen[turn.user]}].user; user texts must be unique",
+            )
+        first_seen[turn.user] = index
+        turns.append(turn)
+    facts = _facts(check, top["facts"], "facts") if "facts" in top else _facts_of_probes(turns)
+    try:
+        return Scenario(
+            name=name,
+            system=system,
+            tools=tuple(tools),
+            turns=tuple(turns),
+            facts=tuple(facts),
+            meta={"source": "workload", "file": file, "version": version},
+        )
+    except ValueError as exc:  # the checks above should have caught it first
+        raise WorkloadError(file, "", str(exc)) from exc
+
+
+def load_facts(path: str | os.PathLike[str]) -> tuple[Fact, ...]:
+    """Read a facts file: a JSON list of ``{"label", "value", "scope"}`` objects.
+
+    Raises:
+        WorkloadError: As for :func:`load_workload`, with paths like ``[2].value``.
+    """
+    file = os.fspath(path)
+    return tuple(_facts(_Checker(file), _read_json(file), ""))
+
+
+def _version(check: _Checker, top: Mapping[str, object]) -> int:
+    supported = f"this loader reads version {SUPPORTED_VERSION}"
+    if "version" not in top:
+        check.fail("version", f"required field is missing ({supported})")
+    version = top["version"]
+    if not isinstance(version, int) or isinstance(version, bool):
+        check.fail("version", f"expected an integer, got {_shown(version)} ({supported})")
+    if version > SUPPORTED_VERSION:
+        check.fail("version", f"{version} is newer than this loader supports; {supported}")
+    if version < SUPPORTED_VERSION:
+        check.fail("version", f"{version} is not a version of the format; {supported}")
+    return version
+
+
+def _tools(check: _Checker, value: object) -> list[ToolSpec]:
+    tools: list[ToolSpec] = []
+    seen: dict[str, int] = {}
+    for index, raw in enumerate(check.array(value, "tools")):
+        where = f"tools[{index}]"
+        spec = check.fields(raw, where, _TOOL_REQUIRED, _TOOL_OPTIONAL)
+        name = check.string(spec["name"], f"{where}.name", nonempty=True)
+        if name in seen:
+            check.fail(f"{where}.name", f"repeats tools[{seen[name]}].name {_shown(name)}; tool names must be unique")
+        if name == RECALL_TOOL:
+            check.fail(f"{where}.name", f"{_shown(name)} is reserved for the harness's record tool")
+        seen[name] = index
+        description = check.string(spec["description"], f"{where}.description") if "description" in spec else ""
+        if "parameters" in spec:
+            parameters = check.plain(check.object(spec["parameters"], f"{where}.parameters"), f"{where}.parameters")
+            kind = parameters.get("type", "object")
+            if kind != "object":
+                check.fail(
+                    f"{where}.parameters.type", f'the parameters schema must have "type": "object", got {_shown(kind)}'
+                )
+            tools.append(ToolSpec(name, description, parameters))
+        else:
+            tools.append(ToolSpec(name, description))
+    return tools
+
+
+def _facts(check: _Checker, value: object, where: str) -> list[Fact]:
+    facts: list[Fact] = []
+    seen: dict[str, int] = {}
+    for index, raw in enumerate(check.array(value, where)):
+        at = _join(where, index)
+        spec = check.fields(raw, at, _FACT_REQUIRED)
+        label = check.string(spec["label"], _join(at, "label"), nonempty=True)
+        if label in seen:
+            check.fail(_join(at, "label"), f"repeats {_join(where, seen[label])}.label; fact labels must be unique")
+        seen[label] = index
+        fact_value = check.string(spec["value"], _join(at, "value"), nonempty=True)
+        scope = check.string(spec["scope"], _join(at, "scope"))
+        facts.append(Fact(label, fact_value, scope))
+    return facts
+
+
+def _facts_of_probes(turns: Sequence[Turn]) -> list[Fact]:
+    """One fact per distinct expected value, in probe order: label = value, scope = the probe's."""
+    facts: dict[str, Fact] = {}
+    for turn in turns:
+        if turn.probe is not None:
+            for value in turn.probe.expected:
+                facts.setdefault(value, Fact(value, value, turn.probe.scope))
+    return list(facts.values())
+
+
+def _turn(check: _Checker, value: object, where: str, declared: Sequence[str]) -> Turn:
+    spec = check.fields(value, where, _TURN_REQUIRED, _TURN_OPTIONAL)
+    user = check.string(spec["user"], f"{where}.user", nonempty=True)
+    media = _media_list(check, spec.get("media", []), f"{where}.media")
+    calls: list[ToolCall] = []
+    for number, raw in enumerate(check.array(spec.get("calls", []), f"{where}.calls")):
+        calls.append(_call(check, raw, f"{where}.calls[{number}]", declared))
+    reply = check.string(spec["reply"], f"{where}.reply") if "reply" in spec else ""
+    probe = _probe(check, spec["probe"], f"{where}.probe") if "probe" in spec else None
+    if probe is not None and reply:
+        check.fail(
+            f"{where}.reply",
+            "a probe turn has no scripted reply (the model answers it from its context); remove reply or probe",
+        )
+    return Turn(user=user, calls=tuple(calls), reply=reply, probe=probe, media=media)
+
+
+def _call(check: _Checker, value: object, where: str, declared: Sequence[str]) -> ToolCall:
+    spec = check.fields(value, where, _CALL_REQUIRED, _CALL_OPTIONAL)
+    name = check.string(spec["name"], f"{where}.name", nonempty=True)
+    if name not in declared:
+        known = ", ".join(declared) if declared else "none"
+        check.fail(f"{where}.name", f"{_shown(name)} is not a declared tool (declared tools: {known})")
+    arguments: dict[str, Any] = {}
+    if "arguments" in spec:
+        arguments = check.plain(check.object(spec["arguments"], f"{where}.arguments"), f"{where}.arguments")
+    result = check.string(spec["result"], f"{where}.result")
+    media = _media_list(check, spec.get("media", []), f"{where}.media")
+    return ToolCall(name=name, arguments=arguments, result=result, media=media)
+
+
+def _probe(check: _Checker, value: object, where: str) -> Probe:
+    spec = check.fields(value, where, _PROBE_REQUIRED)
+    scope = check.string(spec["scope"], f"{where}.scope", nonempty=True)
+    expected_raw = check.array(spec["expected"], f"{where}.expected")
+    if not expected_raw:
+        check.fail(f"{where}.expected", "must list at least one value a correct answer quotes")
+    expected: list[str] = []
+    for index, raw in enumerate(expected_raw):
+        item = check.string(raw, f"{where}.expected[{index}]", nonempty=True)
+        if item in expected:
+            check.fail(f"{where}.expected[{index}]", f"lists {_shown(item)} twice")
+        expected.append(item)
+    return Probe(scope=scope, expected=tuple(expected))
+
+
+def _media_list(check: _Checker, value: object, where: str) -> tuple[Media, ...]:
+    return tuple(_media(check, raw, f"{where}[{index}]") for index, raw in enumerate(check.array(value, where)))
+
+
+def _media(check: _Checker, value: object, where: str) -> Media:
+    spec = check.fields(value, where, _MEDIA_REQUIRED, _MEDIA_OPTIONAL)
+    media_type = check.string(spec["media_type"], f"{where}.media_type", nonempty=True)
+    if not _MIME.match(media_type):
+        check.fail(f"{where}.media_type", f"expected a MIME type like image/png, got {_shown(media_type)}")
+    has_uri, has_data = "uri" in spec, "data" in spec
+    if has_uri == has_data:
+        check.fail(where, 'give exactly one of "uri" and "data"' + (", not both" if has_uri else ""))
+    if has_uri:
+        return Media(media_type, uri=check.string(spec["uri"], f"{where}.uri", nonempty=True))
+    data = "".join(check.string(spec["data"], f"{where}.data", nonempty=True).split())
+    try:
+        base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        check.fail(f"{where}.data", f"not valid base64 ({exc})")
+    return Media(media_type, data=data)
+
+
+# ----------------------------------------------------------------------------------------
+# Session exports
+# ----------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _DraftCall:
+    name: str
+    arguments: Mapping[str, Any]
+    result: str = ""
+    media: list[Media] = field(default_factory=list[Media])
+    answered: bool = False
+
+
+@dataclass(slots=True)
+class _DraftTurn:
+    user: str
+    media: list[Media] = field(default_factory=list[Media])
+    calls: list[_DraftCall] = field(default_factory=list[_DraftCall])
+    reply: str = ""
+    pending: dict[str, _DraftCall] = field(default_factory=dict[str, _DraftCall])
+
+
+@dataclass(slots=True)
+class _Tally:
+    """What the session reader skipped, kept or changed; it ends up in ``Scenario.meta``."""
+
+    notes: int = 0
+    summaries: int = 0
+    before_first_user: int = 0
+    recall_calls: int = 0
+    excluded_replayed: int = 0
+    restored_results: int = 0
+    orphan_results: int = 0
+    unanswered_calls: int = 0
+    dropped_contents: int = 0
+    renamed_turns: int = 0
+
+    def figures(self) -> dict[str, int]:
+        """The counts under their ``meta`` names (``skipped_notes``, ``orphan_results``...)."""
+        return {f"skipped_{k}" if k in _SKIPPED else k: v for k, v in asdict(self).items()}
+
+
+_SKIPPED: Final = ("notes", "summaries", "before_first_user", "recall_calls")
+#: Figures worth a line at INFO when any is non-zero.
+_WORTH_A_LOG: Final = (
+    "skipped_notes",
+    "skipped_summaries",
+    "skipped_before_first_user",
+    "skipped_recall_calls",
+    "orphan_results",
+    "unanswered_calls",
+    "renamed_turns",
+)
+
+
+def load_session(
+    path: str | os.PathLike[str],
+    facts_path: str | os.PathLike[str] | None = None,
+    *,
+    source_id: str | None = None,
+) -> Scenario:
+    """Turn the messages stored in an ``AgentSession.to_dict()`` export into a scenario.
+
+    Accepts what ``json.dumps(session.to_dict())`` writes and ``FileSessionStore`` JSON
+    snapshots (``"version": "1.0"``). The messages are the ``messages`` list a history
+    provider keeps in ``state[source_id]`` (``InMemoryHistoryProvider`` by default).
+    Mapping, in message order (details and limits: ``docs/workload-format.md``):
+
+    - each user message with text or media starts a turn; its text is the turn's
+      ``user`` (an empty text becomes ``(turn N)``, a repeated one gets `` (turn N)``
+      appended, N counting turns from 1), its ``data``/``uri`` parts its media;
+    - each assistant ``function_call`` becomes a :class:`ToolCall` once its
+      ``function_result`` (matched by call id) is found: parsed arguments, the result
+      text (a maf-compaction shortened result is restored to its original), non-text
+      result items as media; a call with no result keeps an empty result;
+    - the last assistant text of the turn is its reply;
+    - skipped: maf-compaction notes, framework summaries (``message_id`` starting with
+      ``summary_`` or ``tool_summary_``, or a group annotation listing summarized ids),
+      calls of the harness's record tool, and messages before the first user message.
+      Messages compaction excluded are the original conversation and are replayed.
+
+    Args:
+        path: The export.
+        facts_path: A facts file (:func:`load_facts`). Without one, the facts are the
+            planted-looking values (``TL-3FA9C2``: two capitals, a dash, six hex digits)
+            found in user texts and tool results, each labelled by itself and scoped to
+            the turn that first shows it; usually none for real traffic.
+        source_id: The history provider whose messages to read; needed only when the
+            export holds several and none is ``in_memory``.
+
+    Returns:
+        The scenario, with every tool seen declared with a generic schema, no probes,
+        the text of stored system messages as ``system``, and counts of what was
+        skipped in ``meta``.
+
+    Raises:
+        WorkloadError: Not a session export, an unknown snapshot version, no stored
+            messages, or a bad facts file; the message names the file.
+    """
+    file = os.fspath(path)
+    check = _Checker(file)
+    session = _session(check, _read_json(file))
+    source, messages = _history(check, session, source_id)
+    tally = _Tally()
+    system: list[str] = []
+    drafts = _drafts(messages, tally, system)
+    if not drafts:
+        check.fail(f"state.{source}.messages", "no user message found: nothing to replay")
+    tools: dict[str, ToolSpec] = {}
+    turns: list[Turn] = []
+    for draft, user in zip(drafts, _unique_texts([d.user for d in drafts], tally), strict=True):
+        calls: list[ToolCall] = []
+        for call in draft.calls:
+            tally.unanswered_calls += not call.answered
+            tools.setdefault(call.name, ToolSpec(call.name, f"A tool the recorded session called ({call.name})."))
+            calls.append(ToolCall(call.name, call.arguments, call.result, tuple(call.media)))
+        turns.append(Turn(user=user, calls=tuple(calls), reply=draft.reply, media=tuple(draft.media)))
+    if facts_path is not None:
+        facts, facts_source = load_facts(facts_path), "file"
+    else:
+        facts, facts_source = _found_facts(turns), "found"
+    meta: dict[str, Any] = {
+        "source": "session",
+        "file": file,
+        "session_id": session.session_id,
+        "history": source,
+        "messages": len(messages),
+        "facts_source": facts_source,
+    }
+    figures = tally.figures()
+    meta |= figures
+    if any(figures[k] for k in _WORTH_A_LOG):
+        logger.info("Session %s: %d turns; %s", file, len(turns), ", ".join(f"{k}={v}" for k, v in figures.items()))
+    try:
+        return Scenario(
+            name=Path(file).stem,
+            system="\n\n".join(system),
+            tools=tuple(tools.values()),
+            turns=tuple(turns),
+            facts=facts,
+            meta=meta,
+        )
+    except ValueError as exc:  # unique texts and declared tools are ensured above
+        raise WorkloadError(file, "", str(exc)) from exc
+
+
+def _session(check: _Checker, data: object) -> AgentSession:
+    """The session in an export, restored by the framework."""
+    not_export = (
+        'not an AgentSession export (expected an object with "type": "session", "session_id" and "state", '
+        "as json.dumps(session.to_dict()) writes)"
+    )
+    if not isinstance(data, dict):
+        check.fail("", f"{not_export}; got {_shown(data)}")
+    top = cast(dict[str, object], data)
+    if "turns" in top and "state" not in top:
+        check.fail("", "this is a workload file, not a session export; load it with --workload (load_workload)")
+    if top.get("type", "session") != "session" or not isinstance(top.get("session_id"), str):
+        check.fail("", not_export)
+    if not isinstance(top.get("state"), dict):
+        check.fail("state", f"expected an object, got {_shown(top.get('state'))}")
+    version = top.get("version")
+    if version is not None and version != SESSION_SNAPSHOT_VERSION:
+        check.fail(
+            "version",
+            f"unknown session schema version {_shown(version)}; this loader reads AgentSession.to_dict() exports "
+            f'and FileSessionStore snapshots of version "{SESSION_SNAPSHOT_VERSION}"',
+        )
+    try:
+        return AgentSession.from_dict(dict(top))
+    except Exception as exc:  # a damaged export: whatever the framework's decoders raise
+        check.fail("", f"the framework cannot restore this session export: {exc}")
+
+
+def _history(check: _Checker, session: AgentSession, source_id: str | None) -> tuple[str, list[Message]]:
+    """The source id and the stored messages of the history provider to replay."""
+    found = {
+        key: cast(list[object], value["messages"])
+        for key, value in session.state.items()
+        if isinstance(value, dict) and isinstance(value.get("messages"), list)
+    }
+    if source_id is not None:
+        if source_id not in found:
+            others = ", ".join(found) or "none"
+            check.fail(f"state.{source_id}", f"no stored messages for this source id (histories found: {others})")
+        chosen = source_id
+    elif not found:
+        check.fail(
+            "state",
+            "no stored messages found: no history provider kept a messages list in this session "
+            "(service-side sessions and FileHistoryProvider keep messages outside the export)",
+        )
+    elif len(found) == 1:
+        chosen = next(iter(found))
+    elif InMemoryHistoryProvider.DEFAULT_SOURCE_ID in found:
+        chosen = InMemoryHistoryProvider.DEFAULT_SOURCE_ID
+    else:
+        check.fail("state", f"several histories hold messages ({', '.join(found)}); choose one with source_id")
+    messages: list[Message] = []
+    for index, item in enumerate(found[chosen]):
+        where = f"state.{chosen}.messages[{index}]"
+        if isinstance(item, Message):
+            messages.append(item)
+            continue
+        if not isinstance(item, dict):
+            check.fail(where, f"expected a message object, got {_shown(item)}")
+        try:
+            messages.append(Message.from_dict(cast(dict[str, Any], item)))
+        except Exception as exc:  # the framework's own decoder decides what a message is
+            check.fail(where, f"not a message the framework can read: {exc}")
+    if not messages:
+        check.fail(f"state.{chosen}.messages", "no messages found: the list is empty")
+    return chosen, messages
+
+
+def _is_summary(message: Message) -> bool:
+    """A summary a framework strategy inserted (assistant role, its own id prefix, links to originals)."""
+    if message.role == "user":
+        return False
+    if message.message_id is not None and message.message_id.startswith(SUMMARY_ID_PREFIXES):
+        return True
+    group = message.additional_properties.get(GROUP_ANNOTATION_KEY)
+    return isinstance(group, dict) and SUMMARY_OF_MESSAGE_IDS_KEY in group
+
+
+def _drafts(messages: Sequence[Message], tally: _Tally, system: list[str]) -> list[_DraftTurn]:
+    """Group the original conversation into turns."""
+    drafts: list[_DraftTurn] = []
+    recall_ids: set[str] = set()
+    for message in messages:
+        props = message.additional_properties
+        if props.get(NOTE_KEY):
+            tally.notes += 1
+            continue
+        if _is_summary(message):
+            tally.summaries += 1
+            continue
+        tally.excluded_replayed += bool(props.get(EXCLUDED_KEY))
+        if message.role == "system":
+            if message.text:
+                system.append(message.text)
+            continue
+        media = [m for m in map(_media_of, message.contents) if m is not None]
+        if message.role == "user" and (message.text or media):
+            drafts.append(_DraftTurn(user=message.text, media=media))
+            tally.dropped_contents += sum(c.type not in ("text", "data", "uri") for c in message.contents)
+            continue
+        if not drafts:
+            tally.before_first_user += 1
+            continue
+        _add_to_turn(drafts[-1], message, tally, recall_ids)
+    return drafts
+
+
+def _add_to_turn(turn: _DraftTurn, message: Message, tally: _Tally, recall_ids: set[str]) -> None:
+    for index, content in enumerate(message.contents):
+        if content.type == "function_call":
+            if content.name == RECALL_TOOL:
+                tally.recall_calls += 1
+                recall_ids.add(content.call_id or "")
+                continue
+            if not content.name:
+                tally.dropped_contents += 1
+                continue
+            call = _DraftCall(content.name, content.parse_arguments() or {})
+            turn.calls.append(call)
+            if content.call_id:
+                turn.pending[content.call_id] = call
+        elif content.type == "function_result":
+            if content.call_id in recall_ids:
+                continue
+            call = turn.pending.pop(content.call_id or "", None)
+            if call is None:
+                tally.orphan_results += 1
+                continue
+            call.result, restored = _result_text(content, message, index)
+            tally.restored_results += restored
+            call.media = [m for m in map(_media_of, content.items or ()) if m is not None]
+            call.answered = True
+        elif content.type not in ("text", "usage"):
+            tally.dropped_contents += 1
+    if message.role == "assistant" and message.text.strip():
+        turn.reply = message.text
+
+
+def _result_text(content: Content, message: Message, index: int) -> tuple[str, bool]:
+    """The result's text, the original one when maf-compaction shortened it in place."""
+    originals = message.additional_properties.get(ORIGINALS_KEY)
+    if isinstance(originals, dict) and content.call_id:
+        for key in (content.call_id, f"{content.call_id}#{index}"):
+            original = cast(dict[str, object], originals).get(key)
+            if isinstance(original, str):
+                return original, True
+    result = content.result
+    if isinstance(result, str):
+        return result, False
+    if result is None:
+        return "\n".join(c.text for c in content.items or () if c.type == "text" and c.text), False
+    return json.dumps(result, default=str, ensure_ascii=False), False
+
+
+def _media_of(content: Content) -> Media | None:
+    """A ``data`` or ``uri`` part as :class:`Media`; ``None`` for anything else."""
+    if content.type == "uri" and content.uri:
+        return Media(content.media_type or UNKNOWN_MEDIA_TYPE, uri=content.uri)
+    if content.type != "data" or not content.uri or not content.uri.startswith("data:"):
+        return None
+    header, _, payload = content.uri[len("data:") :].partition(",")
+    params = header.split(";")
+    media_type = content.media_type or params[0] or UNKNOWN_MEDIA_TYPE
+    if "base64" in params[1:]:
+        return Media(media_type, data=payload)
+    return Media(media_type, data=base64.b64encode(urllib.parse.unquote_to_bytes(payload)).decode("ascii"))
+
+
+def _unique_texts(texts: Sequence[str], tally: _Tally) -> Iterator[str]:
+    """The turns' user texts made unique: later repeats get `` (turn N)``, empty ones ``(turn N)``."""
+    originals = set(texts)
+    used: set[str] = set()
+    for number, text in enumerate(texts, start=1):
+        candidate = text if text.strip() else f"(turn {number})"
+        if candidate in used or (candidate != text and candidate in originals):
+            candidate = f"{text} (turn {number})" if text.strip() else candidate
+            extra = 2
+            base = candidate
+            while candidate in used or candidate in originals:
+                candidate = f"{base} #{extra}"
+                extra += 1
+        if candidate != text:
+            tally.renamed_turns += 1
+        used.add(candidate)
+        yield candidate
+
+
+def _found_facts(turns: Sequence[Turn]) -> tuple[Fact, ...]:
+    """Planted-looking values in user texts and tool results, first sighting wins."""
+    facts: dict[str, Fact] = {}
+    for number, turn in enumerate(turns, start=1):
+        texts = [turn.user, *(c.result for c in turn.calls)]
+        for text in texts:
+            for value in PLANTED_VALUE.findall(text):
+                facts.setdefault(value, Fact(value, value, f"turn {number}"))
+    return tuple(facts.values())
