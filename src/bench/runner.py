@@ -11,12 +11,13 @@ history and from the probe answers. Nothing here trusts a strategy's own counts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -226,7 +227,8 @@ async def run_cell(
     result = CellResult(row=cell.row, fill=cell.fill, seed=cell.seed, window=settings.context_window)
     if factory is None:
         factory = resolve_rows([cell.row], settings.strategies)[cell.row]
-    async with _clients(settings, model, provider) as (client, summarizer):
+    clients = _clients(settings, model, provider)
+    async with clients as (client, summarizer):
         context = RowContext(
             budget=settings.budget,
             window=settings.context_window,
@@ -244,10 +246,10 @@ async def run_cell(
                 timed[id(strategy)] = TimedStrategy(strategy, result.pass_ms)
             return timed[id(strategy)]
 
-        options: dict[str, Any] = {}
+        options: dict[str, Any] = {"default_options": clients.agent_options()}
         if setup.disable_compaction:
             options["disable_compaction"] = True
-            options["default_options"] = {"max_tokens": settings.max_output_tokens}
+            options["default_options"]["max_tokens"] = settings.max_output_tokens
         else:
             options.update(
                 max_context_window_tokens=settings.context_window,
@@ -337,6 +339,14 @@ class _clients:
         kind = self._settings.client
         return make_client(kind, server.base_url("model")), make_client(kind, server.base_url("summarizer"))
 
+    def agent_options(self) -> dict[str, Any]:
+        """Default chat options the agent needs for this client (``store=False`` for the Responses API)."""
+        if self._settings.client == "inprocess":
+            return {}
+        from .loopback import agent_options  # noqa: PLC0415 - needs the openai extras
+
+        return agent_options(self._settings.client)
+
     async def __aexit__(self, *exc: object) -> None:
         if self._server is not None:
             await self._server.__aexit__(*exc)
@@ -347,11 +357,25 @@ class _clients:
 # ----------------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence the strategies' WARNINGs while cells run (the table reports what they did), then restore."""
+    loggers = [logging.getLogger(name) for name in ("maf_compaction", "agent_framework")]
+    levels = [logger.level for logger in loggers]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for logger in loggers:
+            logger.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for logger, level in zip(loggers, levels, strict=True):
+                logger.setLevel(level)
+
+
 def _run_in_worker(cell: Cell, settings: Settings) -> CellResult:
-    logging.getLogger("maf_compaction").setLevel(logging.ERROR)
-    logging.getLogger("agent_framework").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore")
-    return asyncio.run(run_cell(cell, settings))
+    with _quiet():
+        return asyncio.run(run_cell(cell, settings))
 
 
 def run_grid(

@@ -1,0 +1,983 @@
+"""Real client mode: the framework's OpenAI clients against a loopback server hosting the simulator.
+
+:class:`LoopbackProvider` is an aiohttp server on ``127.0.0.1`` (ephemeral port) that speaks
+the two OpenAI wire APIs the ``agent-framework-openai`` clients use:
+
+- ``POST /v1/responses`` (the Responses API, ``OpenAIChatClient``), JSON or SSE;
+- ``POST /v1/chat/completions`` (Chat Completions, ``OpenAIChatCompletionClient``), JSON or SSE.
+
+The same routes under ``/summarizer/v1/...`` serve a strategy's summarizer client; their
+calls are answered with ``summarizer=True`` and accounted with ``kind="summarizer"``.
+
+Per request the server
+
+1. parses the wire JSON into framework ``Message`` objects (:func:`parse_responses_request`,
+   :func:`parse_chat_request`) and asks the :class:`~.model.ScriptedModel` for the reply;
+2. renders the *wire* request canonically (:func:`render_responses_request`,
+   :func:`render_chat_request`) and accounts it with the :class:`~.provider.SimulatedProvider`;
+3. answers in the shape the ``openai`` SDK parses, usage included: Responses
+   ``usage.input_tokens``, ``input_tokens_details.cached_tokens``, ``output_tokens``,
+   ``output_tokens_details.reasoning_tokens``; Chat ``usage.prompt_tokens``,
+   ``prompt_tokens_details.cached_tokens``, ``completion_tokens``.
+
+Rendering (what the simulated cache sees). A request becomes a
+:class:`~.measure.RenderedRequest`:
+
+- ``instructions``: canonical JSON of the request's top-level fields other than ``input`` /
+  ``messages`` / ``tools`` and the transport or sampling fields in :data:`TRANSPORT_KEYS`
+  (``model``, ``stream``, ``store``, ``include``, ``max_output_tokens``, ``temperature``...).
+  For the Responses API that is ``instructions`` and ``tool_choice`` (plus ``reasoning``,
+  ``text``, ``parallel_tool_calls`` when sent); for Chat Completions, where the instructions
+  travel as the first ``system`` message, usually just ``tool_choice``. Unknown fields are
+  rendered here too, so a new model-facing field cannot be silently ignored.
+- ``tools``: canonical JSON of the ``tools`` list, in the order sent.
+- ``messages``: one canonical JSON string per input item (Responses) or message (Chat).
+
+Canonical JSON is ``json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False)``:
+key order is not prompt content. Two rewrites are applied, both documented here:
+
+- **Server-assigned ids.** Every id this server issued (``resp_…``, ``rs_…``, ``fc_…``,
+  ``msg_…``, ``chatcmpl-…``), wherever it appears as a whole JSON string in the request, is
+  replaced by ``"<prefix>_issued"`` (``"rs_issued"``...): the ids are unique per answer, so two
+  requests that differ only in server-assigned ids render identically. Ids the *client* made up are
+  kept verbatim under the default policy ``"issued"`` (the agent-framework client rebuilds a
+  function call's item id as ``fc_<call_id>`` when it replays history, so that difference
+  shows up as a cache break, which is a finding about the client's bytes). Policy ``"drop"``
+  additionally removes the fields the in-process rendering (:mod:`.measure`) never carries
+  either: the ``id`` of every Responses input item, and the participant ``name`` of a Chat
+  message (the client adds ``"name": <agent name>`` to assistant messages it replays from
+  history, but not to the ones it sends within the tool loop). ``"drop"`` is the view that is
+  comparable with the in-process run; it is not a claim that a provider ignores those fields
+  (OpenAI documents ``name`` as visible to the model).
+- **Encrypted reasoning.** A reasoning item's ``encrypted_content`` is opaque provider
+  state, not visible prompt text: its base64 length says nothing about what a provider
+  bills for it, but it is part of the request's bytes. It is rendered as
+  ``"<opaque sha256:XXXXXXXXXXXXXXXX>"`` (first 16 hex digits of the sha256 of the value): the
+  count sees a marker of about a dozen tokens whatever the blob's size, while a changed blob
+  still changes the bytes, so prefix identity is kept. The item's ``summary`` (visible text)
+  and ``id`` are rendered like any other field.
+
+Answers. Every Responses answer carries a ``reasoning`` item (id ``rs_…``, a short summary
+and a deterministic base64 ``encrypted_content`` of :data:`ENCRYPTED_BYTES` bytes), then
+either ``function_call`` items or one assistant ``message``. Chat answers carry no reasoning
+(OpenAI's Chat Completions never return it). The reply the provider bills is the same
+rendering the in-process client bills (:func:`~.measure.render_content` of each content), plus
+the reasoning summary for the Responses API (reported as ``reasoning_tokens``).
+
+Use :func:`make_client` for the real client and :func:`agent_options` for the options an
+``Agent`` needs (``store=False`` for the Responses API, so history is replayed client-side).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
+
+from agent_framework import Content, Message
+from aiohttp import web
+
+from .measure import RenderedRequest, render_content
+from .model import ScriptedModel
+from .provider import CallKind, CallRecord, SimulatedProvider
+
+if TYPE_CHECKING:
+    from agent_framework_openai import OpenAIChatClient, OpenAIChatCompletionClient
+
+__all__ = [
+    "ENCRYPTED_BYTES",
+    "REASONING_SUMMARY",
+    "TRANSPORT_KEYS",
+    "ClientKind",
+    "IdPolicy",
+    "IssuedIds",
+    "LoopbackProvider",
+    "ParsedRequest",
+    "WireApi",
+    "agent_options",
+    "canonical_json",
+    "chat_chunks",
+    "make_client",
+    "parse_chat_request",
+    "parse_responses_request",
+    "render_chat_request",
+    "render_responses_request",
+    "render_wire_request",
+    "responses_events",
+    "sse_frame",
+]
+
+logger = logging.getLogger("maf_compaction")
+
+#: Which real client: ``OpenAIChatClient`` (Responses API) or ``OpenAIChatCompletionClient``.
+ClientKind: TypeAlias = Literal["openai-responses", "openai-chat"]
+#: Which wire API a request used.
+WireApi: TypeAlias = Literal["responses", "chat"]
+#: How item ids are rendered: ``"issued"`` canonicalizes server-issued ids, ``"drop"`` also drops item ids and names.
+IdPolicy: TypeAlias = Literal["issued", "drop"]
+
+#: Top-level request fields that steer transport, storage or sampling, not the prompt.
+TRANSPORT_KEYS: Final = frozenset(
+    {
+        "model",
+        "stream",
+        "stream_options",
+        "store",
+        "include",
+        "max_output_tokens",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "top_logprobs",
+        "logprobs",
+        "n",
+        "seed",
+        "stop",
+        "frequency_penalty",
+        "presence_penalty",
+        "logit_bias",
+        "user",
+        "metadata",
+        "service_tier",
+        "safety_identifier",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "background",
+        "truncation",
+    }
+)
+#: Bytes of opaque state behind each reasoning item's ``encrypted_content``.
+ENCRYPTED_BYTES: Final = 384
+#: The visible summary of every reasoning item (no planted values, no summary keywords).
+REASONING_SUMMARY: Final = "Choosing the next step from the conversation so far."
+#: ``created_at`` of the first answer; later answers count up from it (deterministic).
+_EPOCH: Final = 1_767_225_600
+_DELTA_CHARS: Final = 48
+_ISSUED_PREFIXES: Final = ("resp", "rs", "fc", "msg", "chatcmpl")
+
+
+# ---------------------------------------------------------------------------------------
+# Canonical JSON, ids and opaque state
+# ---------------------------------------------------------------------------------------
+
+
+def canonical_json(value: object) -> str:
+    """``value`` as canonical JSON: sorted keys, compact separators, UTF-8 text kept as is."""
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _opaque_marker(value: str) -> str:
+    return f"<opaque sha256:{hashlib.sha256(value.encode()).hexdigest()[:16]}>"
+
+
+@dataclass(slots=True)
+class IssuedIds:
+    """The ids one server handed out, and their canonical names.
+
+    Ids look like ``<prefix>_<24 hex>`` (``chatcmpl-<hex>`` for chat completions), derived
+    from ``seed`` and a counter, so one seed always issues the same ids and two seeds
+    issue different ones.
+
+    Args:
+        seed: Seeds the ids.
+    """
+
+    seed: int = 0
+    _count: int = field(default=0, init=False)
+    _canonical: dict[str, str] = field(default_factory=dict[str, str], init=False)
+
+    def new(self, prefix: str) -> str:
+        """Issue a fresh id with ``prefix`` (one of ``resp``, ``rs``, ``fc``, ``msg``, ``chatcmpl``)."""
+        if prefix not in _ISSUED_PREFIXES:
+            raise ValueError(f"prefix must be one of {', '.join(_ISSUED_PREFIXES)}, got {prefix!r}")
+        self._count += 1
+        digest = hashlib.sha256(f"{self.seed}:{self._count}".encode()).hexdigest()[:24]
+        issued = f"chatcmpl-{digest}" if prefix == "chatcmpl" else f"{prefix}_{digest}"
+        self._canonical[issued] = f"{prefix}_issued"
+        return issued
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._canonical
+
+    def canonical(self, value: str) -> str:
+        """The canonical name of an issued id; any other string unchanged."""
+        return self._canonical.get(value, value)
+
+    def rewrite(self, value: Any) -> Any:
+        """A copy of the JSON ``value`` with every issued id (a whole string) replaced by its canonical name."""
+        if isinstance(value, str):
+            return self._canonical.get(value, value)
+        if isinstance(value, Mapping):
+            mapping: Mapping[str, Any] = value  # pyright: ignore[reportUnknownVariableType]
+            return {key: self.rewrite(item) for key, item in mapping.items()}
+        if isinstance(value, list):
+            items: list[Any] = value  # pyright: ignore[reportUnknownVariableType]
+            return [self.rewrite(item) for item in items]
+        return value
+
+
+def _encrypted_content(seed: int, number: int, summary: str) -> str:
+    """Deterministic opaque bytes standing in for a provider's encrypted reasoning state."""
+    blob = b""
+    block = 0
+    while len(blob) < ENCRYPTED_BYTES:
+        blob += hashlib.sha256(f"{seed}:{number}:{block}:{summary}".encode()).digest()
+        block += 1
+    return base64.b64encode(blob[:ENCRYPTED_BYTES]).decode("ascii")
+
+
+# ---------------------------------------------------------------------------------------
+# Parsing: wire JSON -> framework messages
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    """What the scripted model reads from one wire request.
+
+    Attributes:
+        messages: The request as framework messages (instructions first, as a system message).
+        tool_choice: The framework form: ``"auto"``, ``"none"``, ``"required"``,
+            ``{"mode": "required", "required_function_name": name}`` when one function is
+            forced, ``{"mode": ..., "allowed_tools": [...]}`` for an allow-list, or ``None``.
+        max_tokens: ``max_output_tokens`` (Responses) or ``max_completion_tokens`` / ``max_tokens`` (Chat).
+        stream: The client asked for server-sent events.
+    """
+
+    messages: list[Message]
+    tool_choice: object
+    max_tokens: int | None
+    stream: bool
+
+
+def _as_mapping(value: object) -> Mapping[str, Any]:
+    if isinstance(value, Mapping):
+        return value  # pyright: ignore[reportUnknownVariableType]
+    return {}
+
+
+def _as_list(value: object) -> list[Any]:
+    if isinstance(value, list):
+        return value  # pyright: ignore[reportUnknownVariableType]
+    return []
+
+
+def _media_type_of(uri: str, default: str) -> str:
+    if uri.startswith("data:") and ";" in uri:
+        return uri[5 : uri.index(";")]
+    return default
+
+
+def _part_content(part: object) -> Content | None:
+    """One content part (either API's shape) as framework content; ``None`` for parts the model ignores."""
+    if isinstance(part, str):
+        return Content.from_text(part)
+    data = _as_mapping(part)
+    kind = data.get("type")
+    if kind in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
+        return Content.from_text(str(data.get("text") or ""))
+    if kind == "refusal":
+        return Content.from_text(str(data.get("refusal") or ""))
+    if kind == "input_image":
+        url = data.get("image_url")
+        if isinstance(url, str):
+            return Content.from_uri(url, media_type=_media_type_of(url, "image/*"))
+    if kind == "image_url":
+        url = _as_mapping(data.get("image_url")).get("url")
+        if isinstance(url, str):
+            return Content.from_uri(url, media_type=_media_type_of(url, "image/*"))
+    if kind == "input_file":
+        url = data.get("file_url") or data.get("file_data")
+        if isinstance(url, str):
+            return Content.from_uri(url, media_type=_media_type_of(url, "application/octet-stream"))
+    logger.debug("loopback: content part of type %r not shown to the scripted model", kind)
+    return None
+
+
+def _parts(value: object) -> list[Content]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [Content.from_text(value)]
+    return [c for c in map(_part_content, _as_list(value)) if c is not None]
+
+
+def _text_of(value: object) -> str:
+    """The text of a tool output / tool message content (a string or a list of parts)."""
+    if isinstance(value, str):
+        return value
+    return "\n".join(c.text or "" for c in _parts(value) if c.type == "text")
+
+
+def _responses_tool_choice(value: object) -> object:
+    if value is None or isinstance(value, str):
+        return value
+    data = _as_mapping(value)
+    kind = data.get("type")
+    if kind == "function" and isinstance(data.get("name"), str):
+        return {"mode": "required", "required_function_name": data["name"]}
+    if kind == "allowed_tools":
+        names = [t.get("name") for t in map(_as_mapping, _as_list(data.get("tools")))]
+        return {"mode": data.get("mode", "auto"), "allowed_tools": [n for n in names if isinstance(n, str)]}
+    return value
+
+
+def _chat_tool_choice(value: object) -> object:
+    if value is None or isinstance(value, str):
+        return value
+    data = _as_mapping(value)
+    kind = data.get("type")
+    if kind == "function":
+        name = _as_mapping(data.get("function")).get("name")
+        if isinstance(name, str):
+            return {"mode": "required", "required_function_name": name}
+    if kind == "allowed_tools":
+        allowed = _as_mapping(data.get("allowed_tools"))
+        names = [_as_mapping(t.get("function")).get("name") for t in map(_as_mapping, _as_list(allowed.get("tools")))]
+        return {"mode": allowed.get("mode", "auto"), "allowed_tools": [n for n in names if isinstance(n, str)]}
+    return value
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _responses_item_message(item: Mapping[str, Any]) -> Message | None:
+    kind = item.get("type", "message")
+    if kind == "message":
+        return Message(str(item.get("role") or "user"), _parts(item.get("content")))
+    if kind == "function_call":
+        return Message(
+            "assistant",
+            [
+                Content.from_function_call(
+                    call_id=str(item.get("call_id") or ""),
+                    name=str(item.get("name") or ""),
+                    arguments=str(item.get("arguments") or ""),
+                )
+            ],
+        )
+    if kind == "function_call_output":
+        return Message(
+            "tool",
+            [Content.from_function_result(call_id=str(item.get("call_id") or ""), result=_text_of(item.get("output")))],
+        )
+    if kind == "reasoning":
+        summary = "\n".join(str(_as_mapping(s).get("text") or "") for s in _as_list(item.get("summary")))
+        encrypted = item.get("encrypted_content")
+        return Message(
+            "assistant",
+            [
+                Content.from_text_reasoning(
+                    id=item.get("id") if isinstance(item.get("id"), str) else None,
+                    text=summary,
+                    protected_data=encrypted if isinstance(encrypted, str) else None,
+                )
+            ],
+        )
+    logger.debug("loopback: input item of type %r not shown to the scripted model", kind)
+    return None
+
+
+def parse_responses_request(body: Mapping[str, Any]) -> ParsedRequest:
+    """A Responses API request body as the scripted model reads it.
+
+    ``instructions`` becomes a leading system message; each input item becomes one message:
+    ``message`` (any role) with its text parts, ``function_call`` (an assistant call),
+    ``function_call_output`` (a tool result), ``reasoning`` (assistant reasoning with the
+    summary as text and ``encrypted_content`` as protected data).
+    """
+    messages: list[Message] = []
+    instructions = body.get("instructions")
+    if isinstance(instructions, str) and instructions:
+        messages.append(Message("system", [instructions]))
+    raw_input = body.get("input")
+    if isinstance(raw_input, str):
+        messages.append(Message("user", [raw_input]))
+    else:
+        for item in map(_as_mapping, _as_list(raw_input)):
+            message = _responses_item_message(item)
+            if message is not None:
+                messages.append(message)
+    return ParsedRequest(
+        messages=messages,
+        tool_choice=_responses_tool_choice(body.get("tool_choice")),
+        max_tokens=_int_or_none(body.get("max_output_tokens")),
+        stream=bool(body.get("stream")),
+    )
+
+
+def _chat_message(data: Mapping[str, Any]) -> Message:
+    role = str(data.get("role") or "user")
+    if role == "developer":
+        role = "system"
+    if role == "tool":
+        result = _text_of(data.get("content"))
+        return Message(
+            "tool", [Content.from_function_result(call_id=str(data.get("tool_call_id") or ""), result=result)]
+        )
+    contents = _parts(data.get("content"))
+    for call in map(_as_mapping, _as_list(data.get("tool_calls"))):
+        function = _as_mapping(call.get("function"))
+        contents.append(
+            Content.from_function_call(
+                call_id=str(call.get("id") or ""),
+                name=str(function.get("name") or ""),
+                arguments=str(function.get("arguments") or ""),
+            )
+        )
+    return Message(role, contents)
+
+
+def parse_chat_request(body: Mapping[str, Any]) -> ParsedRequest:
+    """A Chat Completions request body as the scripted model reads it (one message per wire message)."""
+    messages = [_chat_message(m) for m in map(_as_mapping, _as_list(body.get("messages")))]
+    max_tokens = _int_or_none(body.get("max_completion_tokens"))
+    if max_tokens is None:
+        max_tokens = _int_or_none(body.get("max_tokens"))
+    return ParsedRequest(
+        messages=messages,
+        tool_choice=_chat_tool_choice(body.get("tool_choice")),
+        max_tokens=max_tokens,
+        stream=bool(body.get("stream")),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Rendering: wire JSON -> what the simulated cache sees
+# ---------------------------------------------------------------------------------------
+
+
+def _render_head(body: Mapping[str, Any], ids: IssuedIds, payload_key: str) -> str | None:
+    head = {k: v for k, v in body.items() if k not in TRANSPORT_KEYS and k not in (payload_key, "tools")}
+    return canonical_json(ids.rewrite(head)) if head else None
+
+
+def _render_tools(body: Mapping[str, Any], ids: IssuedIds) -> str | None:
+    tools = body.get("tools")
+    return canonical_json(ids.rewrite(tools)) if tools else None
+
+
+def _render_item(item: object, ids: IssuedIds, policy: IdPolicy, api: WireApi) -> str:
+    rewritten = ids.rewrite(item)
+    if isinstance(rewritten, dict):
+        entry: dict[str, Any] = rewritten  # pyright: ignore[reportUnknownVariableType]
+        if policy == "drop":
+            entry.pop("id", None)
+            if api == "chat":
+                entry.pop("name", None)
+        encrypted = entry.get("encrypted_content")
+        if isinstance(encrypted, str):
+            entry["encrypted_content"] = _opaque_marker(encrypted)
+        return canonical_json(entry)
+    return canonical_json(rewritten)
+
+
+def render_responses_request(
+    body: Mapping[str, Any], ids: IssuedIds | None = None, policy: IdPolicy = "issued"
+) -> RenderedRequest:
+    """A Responses API request body, rendered canonically (see the module docstring)."""
+    ids = ids if ids is not None else IssuedIds()
+    raw_input = body.get("input")
+    items: list[Any] = [{"role": "user", "content": raw_input}] if isinstance(raw_input, str) else _as_list(raw_input)
+    return RenderedRequest(
+        instructions=_render_head(body, ids, "input"),
+        tools=_render_tools(body, ids),
+        messages=tuple(_render_item(item, ids, policy, "responses") for item in items),
+    )
+
+
+def render_chat_request(
+    body: Mapping[str, Any], ids: IssuedIds | None = None, policy: IdPolicy = "issued"
+) -> RenderedRequest:
+    """A Chat Completions request body, rendered canonically (see the module docstring)."""
+    ids = ids if ids is not None else IssuedIds()
+    return RenderedRequest(
+        instructions=_render_head(body, ids, "messages"),
+        tools=_render_tools(body, ids),
+        messages=tuple(_render_item(m, ids, policy, "chat") for m in _as_list(body.get("messages"))),
+    )
+
+
+def render_wire_request(
+    api: WireApi, body: Mapping[str, Any], ids: IssuedIds | None = None, policy: IdPolicy = "issued"
+) -> RenderedRequest:
+    """Render a request body of either API (``server.requests`` can be re-measured with another policy)."""
+    if api == "responses":
+        return render_responses_request(body, ids, policy)
+    return render_chat_request(body, ids, policy)
+
+
+# ---------------------------------------------------------------------------------------
+# Answers: JSON bodies and SSE frames
+# ---------------------------------------------------------------------------------------
+
+
+def sse_frame(data: Mapping[str, Any] | str, event: str | None = None) -> bytes:
+    """One server-sent event: an optional ``event:`` line, one ``data:`` line, a blank line."""
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {payload}\n\n".encode()
+
+
+def _chunks(text: str) -> list[str]:
+    return [text[i : i + _DELTA_CHARS] for i in range(0, len(text), _DELTA_CHARS)] or [""]
+
+
+def _arguments_json(content: Content) -> str:
+    arguments = content.arguments
+    if isinstance(arguments, str):
+        return arguments
+    return json.dumps(dict(arguments or {}), ensure_ascii=False)
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """One answered call: the reply, its accounting, and the ids it was given."""
+
+    reply: Message
+    record: CallRecord
+    reasoning_tokens: int
+    number: int
+
+
+def _responses_usage(answer: _Answer) -> dict[str, Any]:
+    record = answer.record
+    return {
+        "input_tokens": record.input_tokens,
+        "input_tokens_details": {"cached_tokens": record.cached_tokens, "cache_write_tokens": record.written_tokens},
+        "output_tokens": record.output_tokens,
+        "output_tokens_details": {"reasoning_tokens": answer.reasoning_tokens},
+        "total_tokens": record.input_tokens + record.output_tokens,
+    }
+
+
+def _chat_usage(answer: _Answer) -> dict[str, Any]:
+    record = answer.record
+    return {
+        "prompt_tokens": record.input_tokens,
+        "prompt_tokens_details": {
+            "cached_tokens": record.cached_tokens,
+            "cache_write_tokens": record.written_tokens,
+            "audio_tokens": 0,
+        },
+        "completion_tokens": record.output_tokens,
+        "completion_tokens_details": {"reasoning_tokens": answer.reasoning_tokens, "audio_tokens": 0},
+        "total_tokens": record.input_tokens + record.output_tokens,
+    }
+
+
+def _responses_output(answer: _Answer, ids: IssuedIds) -> list[dict[str, Any]]:
+    output: list[dict[str, Any]] = [
+        {
+            "type": "reasoning",
+            "id": ids.new("rs"),
+            "summary": [{"type": "summary_text", "text": REASONING_SUMMARY}],
+            "encrypted_content": _encrypted_content(ids.seed, answer.number, REASONING_SUMMARY),
+        }
+    ]
+    text: list[str] = []
+    for content in answer.reply.contents:
+        if content.type == "function_call":
+            output.append(
+                {
+                    "type": "function_call",
+                    "id": ids.new("fc"),
+                    "call_id": content.call_id or "",
+                    "name": content.name or "",
+                    "arguments": _arguments_json(content),
+                    "status": "completed",
+                }
+            )
+        elif content.type == "text":
+            text.append(content.text or "")
+    if text or len(output) == 1:
+        output.append(
+            {
+                "type": "message",
+                "id": ids.new("msg"),
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": "".join(text), "annotations": [], "logprobs": []}],
+            }
+        )
+    return output
+
+
+def _response_object(
+    body: Mapping[str, Any],
+    response_id: str,
+    created_at: int,
+    *,
+    status: str,
+    output: list[dict[str, Any]],
+    usage: dict[str, Any] | None,
+) -> dict[str, Any]:
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "model": body.get("model") or "scripted",
+        "output": output,
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "previous_response_id": None,
+        "reasoning": {"effort": None, "summary": None},
+        "store": body.get("store", True),
+        "temperature": body.get("temperature"),
+        "text": {"format": {"type": "text"}},
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": body.get("tools", []),
+        "top_p": body.get("top_p"),
+        "truncation": "disabled",
+        "usage": usage,
+        "metadata": {},
+    }
+
+
+def responses_events(response: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The Responses API event stream for a finished ``response`` object: ``(event type, payload)`` pairs.
+
+    ``response.created``, ``response.in_progress``, then per output item ``output_item.added``,
+    its deltas (reasoning summary text, function call arguments, output text) and
+    ``output_item.done``, then ``response.completed`` with the usage.
+    """
+    sequence = 0
+
+    def event(kind: str, **payload: Any) -> tuple[str, dict[str, Any]]:
+        nonlocal sequence
+        sequence += 1
+        return kind, {"type": kind, "sequence_number": sequence - 1, **payload}
+
+    pending = {**response, "status": "in_progress", "output": [], "usage": None}
+    yield event("response.created", response=pending)
+    yield event("response.in_progress", response=pending)
+    for index, item in enumerate(_as_list(response.get("output"))):
+        done: dict[str, Any] = dict(item)
+        item_id = done["id"]
+        kind = done["type"]
+        if kind == "reasoning":
+            yield event("response.output_item.added", output_index=index, item={**done, "summary": []})
+            for number, part in enumerate(_as_list(done.get("summary"))):
+                text = str(_as_mapping(part).get("text") or "")
+                where = {"item_id": item_id, "output_index": index, "summary_index": number}
+                yield event("response.reasoning_summary_part.added", **where, part={"type": "summary_text", "text": ""})
+                for delta in _chunks(text):
+                    yield event("response.reasoning_summary_text.delta", **where, delta=delta)
+                yield event("response.reasoning_summary_text.done", **where, text=text)
+                yield event(
+                    "response.reasoning_summary_part.done", **where, part={"type": "summary_text", "text": text}
+                )
+        elif kind == "function_call":
+            yield event(
+                "response.output_item.added",
+                output_index=index,
+                item={**done, "arguments": "", "status": "in_progress"},
+            )
+            for delta in _chunks(done["arguments"]):
+                yield event("response.function_call_arguments.delta", item_id=item_id, output_index=index, delta=delta)
+            yield event(
+                "response.function_call_arguments.done",
+                item_id=item_id,
+                output_index=index,
+                name=done["name"],
+                arguments=done["arguments"],
+            )
+        else:
+            yield event(
+                "response.output_item.added",
+                output_index=index,
+                item={**done, "status": "in_progress", "content": []},
+            )
+            for number, part in enumerate(_as_list(done.get("content"))):
+                text = str(_as_mapping(part).get("text") or "")
+                where = {"item_id": item_id, "output_index": index, "content_index": number}
+                empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                yield event("response.content_part.added", **where, part=empty)
+                for delta in _chunks(text):
+                    yield event("response.output_text.delta", **where, delta=delta, logprobs=[])
+                yield event("response.output_text.done", **where, text=text, logprobs=[])
+                yield event("response.content_part.done", **where, part=dict(_as_mapping(part)))
+        yield event("response.output_item.done", output_index=index, item=done)
+    yield event("response.completed", response=dict(response))
+
+
+def _chat_message_out(reply: Message) -> tuple[dict[str, Any], str]:
+    calls = [c for c in reply.contents if c.type == "function_call"]
+    text = "".join(c.text or "" for c in reply.contents if c.type == "text")
+    message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None, "refusal": None}
+    if calls:
+        message["tool_calls"] = [
+            {
+                "id": c.call_id or "",
+                "type": "function",
+                "function": {"name": c.name or "", "arguments": _arguments_json(c)},
+            }
+            for c in calls
+        ]
+    return message, "tool_calls" if calls else "stop"
+
+
+def chat_chunks(completion: Mapping[str, Any], *, include_usage: bool) -> Iterator[dict[str, Any]]:
+    """The Chat Completions chunk stream for a finished ``completion`` (``[DONE]`` is not included).
+
+    A role chunk, content deltas or tool-call deltas (id and name first, then the
+    arguments), a chunk with the ``finish_reason``, and with ``include_usage`` a last chunk
+    with empty ``choices`` and the usage.
+    """
+    base = {k: completion[k] for k in ("id", "created", "model", "system_fingerprint")}
+    base["object"] = "chat.completion.chunk"
+    choice = _as_mapping(_as_list(completion.get("choices"))[0])
+    message = _as_mapping(choice.get("message"))
+
+    def chunk(delta: Mapping[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        return {
+            **base,
+            "choices": [{"index": 0, "delta": dict(delta), "finish_reason": finish_reason, "logprobs": None}],
+        }
+
+    yield chunk({"role": "assistant", "content": "", "refusal": None})
+    text = message.get("content")
+    if isinstance(text, str) and text:
+        for delta in _chunks(text):
+            yield chunk({"content": delta})
+    for index, call in enumerate(map(_as_mapping, _as_list(message.get("tool_calls")))):
+        function = _as_mapping(call.get("function"))
+        opening = {
+            "index": index,
+            "id": call["id"],
+            "type": "function",
+            "function": {"name": function["name"], "arguments": ""},
+        }
+        yield chunk({"tool_calls": [opening]})
+        for delta in _chunks(str(function.get("arguments") or "")):
+            yield chunk({"tool_calls": [{"index": index, "function": {"arguments": delta}}]})
+    yield chunk({}, str(choice.get("finish_reason")))
+    if include_usage:
+        yield {**base, "choices": [], "usage": completion.get("usage")}
+
+
+# ---------------------------------------------------------------------------------------
+# The server
+# ---------------------------------------------------------------------------------------
+
+_ROUTES: Final[tuple[tuple[str, CallKind, WireApi], ...]] = (
+    ("/v1/responses", "model", "responses"),
+    ("/v1/chat/completions", "model", "chat"),
+    ("/summarizer/v1/responses", "summarizer", "responses"),
+    ("/summarizer/v1/chat/completions", "summarizer", "chat"),
+)
+
+
+class LoopbackProvider:
+    """An OpenAI-compatible HTTP server on ``127.0.0.1`` answering with the scripted model.
+
+    Use it as an async context manager::
+
+        async with LoopbackProvider(model, provider) as server:
+            client = make_client("openai-responses", server.base_url("model"))
+
+    Args:
+        model: Answers each request from what the wire request carries.
+        provider: Counts, caches and bills each request (on its canonical wire rendering).
+        id_policy: How item ids are rendered (see the module docstring): ``"issued"``
+            canonicalizes the ids this server issued, ``"drop"`` also removes every input
+            item's ``id``.
+        id_seed: Seeds the ids the server issues.
+
+    Attributes:
+        requests: The raw JSON bodies received, in order.
+        apis: For each request, which API it used.
+        kinds: For each request, ``"model"`` or ``"summarizer"``.
+        rendered: For each request, what the provider was given.
+        ids: The ids this server issued.
+    """
+
+    def __init__(
+        self,
+        model: ScriptedModel,
+        provider: SimulatedProvider,
+        *,
+        id_policy: IdPolicy = "issued",
+        id_seed: int = 0,
+    ) -> None:
+        self.model = model
+        self.provider = provider
+        self.id_policy: IdPolicy = id_policy
+        self.ids = IssuedIds(seed=id_seed)
+        self.requests: list[dict[str, Any]] = []
+        self.apis: list[WireApi] = []
+        self.kinds: list[CallKind] = []
+        self.rendered: list[RenderedRequest] = []
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def __aenter__(self) -> LoopbackProvider:
+        """Start serving on an ephemeral port of ``127.0.0.1``."""
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        for path, kind, api in _ROUTES:
+            app.router.add_post(path, self._handler(kind, api))
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        self._port = int(sock.getsockname()[1])
+        await web.SockSite(runner, sock).start()
+        self._runner = runner
+        logger.debug("loopback: serving on 127.0.0.1:%d", self._port)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Stop serving."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self._runner = None
+        self._port = None
+
+    def base_url(self, kind: CallKind = "model") -> str:
+        """The ``base_url`` an OpenAI client uses for the agent's calls or a summarizer's."""
+        if self._port is None:
+            raise RuntimeError("LoopbackProvider is not running; use it as an async context manager")
+        prefix = "/summarizer/v1" if kind == "summarizer" else "/v1"
+        return f"http://127.0.0.1:{self._port}{prefix}"
+
+    # -- requests -------------------------------------------------------------------
+
+    def _handler(self, kind: CallKind, api: WireApi) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            try:
+                body = await request.json()
+                if not isinstance(body, dict):
+                    raise ValueError("the request body is not a JSON object")
+                payload: dict[str, Any] = body  # pyright: ignore[reportUnknownVariableType]
+                if api == "responses":
+                    return await self._responses(request, payload, kind)
+                return await self._chat(request, payload, kind)
+            except Exception as error:
+                logger.exception("loopback: %s %s failed", request.method, request.path)
+                return web.json_response(
+                    {"error": {"message": f"loopback: {error}", "type": "server_error", "param": None, "code": None}},
+                    status=500,
+                )
+
+        return handle
+
+    def _answer(self, body: dict[str, Any], kind: CallKind, api: WireApi, parsed: ParsedRequest) -> _Answer:
+        self.requests.append(body)
+        self.apis.append(api)
+        self.kinds.append(kind)
+        reply = self.model.respond(
+            parsed.messages,
+            tool_choice=parsed.tool_choice,
+            max_tokens=parsed.max_tokens,
+            summarizer=kind == "summarizer",
+        )
+        rendered = render_wire_request(api, body, self.ids, self.id_policy)
+        self.rendered.append(rendered)
+        output = "\n".join(render_content(c) for c in reply.contents)
+        reasoning_tokens = 0
+        if api == "responses":
+            output = f"{output}\n{REASONING_SUMMARY}"
+            reasoning_tokens = self.provider.count(REASONING_SUMMARY)
+        record = self.provider.call(rendered, output=output, kind=kind)
+        return _Answer(reply=reply, record=record, reasoning_tokens=reasoning_tokens, number=len(self.requests))
+
+    async def _responses(self, request: web.Request, body: dict[str, Any], kind: CallKind) -> web.StreamResponse:
+        parsed = parse_responses_request(body)
+        answer = self._answer(body, kind, "responses", parsed)
+        response = _response_object(
+            body,
+            self.ids.new("resp"),
+            _EPOCH + answer.number,
+            status="completed",
+            output=_responses_output(answer, self.ids),
+            usage=_responses_usage(answer),
+        )
+        if not parsed.stream:
+            return web.json_response(response)
+        return await self._stream(request, (sse_frame(data, event) for event, data in responses_events(response)))
+
+    async def _chat(self, request: web.Request, body: dict[str, Any], kind: CallKind) -> web.StreamResponse:
+        parsed = parse_chat_request(body)
+        answer = self._answer(body, kind, "chat", parsed)
+        message, finish_reason = _chat_message_out(answer.reply)
+        completion = {
+            "id": self.ids.new("chatcmpl"),
+            "object": "chat.completion",
+            "created": _EPOCH + answer.number,
+            "model": body.get("model") or "scripted",
+            "system_fingerprint": "fp_loopback",
+            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
+            "usage": _chat_usage(answer),
+        }
+        if not parsed.stream:
+            return web.json_response(completion)
+        include_usage = bool(_as_mapping(body.get("stream_options")).get("include_usage"))
+        frames = [sse_frame(c) for c in chat_chunks(completion, include_usage=include_usage)]
+        return await self._stream(request, [*frames, sse_frame("[DONE]")])
+
+    @staticmethod
+    async def _stream(request: web.Request, frames: Iterable[bytes]) -> web.StreamResponse:
+        response = web.StreamResponse(
+            status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        for frame in frames:
+            await response.write(frame)
+        await response.write_eof()
+        return response
+
+
+# ---------------------------------------------------------------------------------------
+# The real clients
+# ---------------------------------------------------------------------------------------
+
+
+def make_client(
+    kind: ClientKind,
+    base_url: str,
+    *,
+    model: str = "scripted-model",
+    timeout: float = 30.0,
+) -> OpenAIChatClient[Any] | OpenAIChatCompletionClient[Any]:
+    """The framework's real OpenAI client for ``kind``, pointed at ``base_url``.
+
+    ``"openai-responses"`` builds ``agent_framework_openai.OpenAIChatClient`` (Responses API),
+    ``"openai-chat"`` builds ``OpenAIChatCompletionClient``. Both get a pre-built
+    ``AsyncOpenAI`` with a dummy key, ``max_retries=0`` and a finite ``timeout`` (seconds), so a
+    failing server fails the call instead of hanging it, and no ``OPENAI_*`` environment
+    variable is read. The Responses client stores server-side by default: give the agent
+    :func:`agent_options` (``store=False``) so history is kept and replayed client-side.
+    """
+    from agent_framework_openai import OpenAIChatClient, OpenAIChatCompletionClient  # noqa: PLC0415 (heavy, only needed here)
+    from openai import AsyncOpenAI  # noqa: PLC0415
+
+    openai_client = AsyncOpenAI(api_key="sk-loopback", base_url=base_url, max_retries=0, timeout=timeout)
+    if kind == "openai-responses":
+        return OpenAIChatClient(model=model, async_client=openai_client)
+    if kind == "openai-chat":
+        return OpenAIChatCompletionClient(model=model, async_client=openai_client)
+    raise ValueError(f"kind must be 'openai-responses' or 'openai-chat', got {kind!r}")
+
+
+def agent_options(kind: ClientKind) -> dict[str, Any]:
+    """The ``default_options`` an ``Agent`` over :func:`make_client` needs: ``store=False`` for the Responses API."""
+    return {"store": False} if kind == "openai-responses" else {}
