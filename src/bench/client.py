@@ -68,17 +68,7 @@ class SimulatedChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTele
     ) -> Awaitable[ChatResponse] | ResponseStream[ChatResponseUpdate, ChatResponse]:
         if not stream:
             return self._respond(messages, options)
-
-        async def updates() -> AsyncIterator[ChatResponseUpdate]:
-            response = await self._respond(messages, options)
-            for message in response.messages:
-                yield ChatResponseUpdate(
-                    role="assistant", contents=list(message.contents), response_id=response.response_id
-                )
-            if response.usage_details is not None:
-                yield ChatResponseUpdate(contents=[Content.from_usage(response.usage_details)])
-
-        return self._build_response_stream(updates())
+        return self._build_response_stream(response_updates(self._respond(messages, options)))
 
     async def _respond(self, messages: Sequence[Message], options: Mapping[str, Any]) -> ChatResponse:
         validated = await self._validate_options(options)
@@ -99,6 +89,15 @@ class SimulatedChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTele
         )
         number = len(self.provider.calls)
         return ChatResponse(messages=[reply], response_id=f"resp_{number}", model="scripted", usage_details=usage)
+
+
+async def response_updates(pending: Awaitable[ChatResponse]) -> AsyncIterator[ChatResponseUpdate]:
+    """A finished response as the updates a streaming provider would send (messages, then usage)."""
+    response = await pending
+    for message in response.messages:
+        yield ChatResponseUpdate(role="assistant", contents=list(message.contents), response_id=response.response_id)
+    if response.usage_details is not None:
+        yield ChatResponseUpdate(contents=[Content.from_usage(response.usage_details)])
 
 
 def _media_content(media: Media) -> Content:

@@ -11,13 +11,12 @@ history and from the probe answers. Nothing here trusts a strategy's own counts.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -29,6 +28,7 @@ from . import workload_file
 from .client import SimulatedChatClient, media_contents, scenario_tools
 from .model import ModelOptions, ScriptedModel, context_text
 from .provider import CacheKind, CallRecord, SimulatedProvider
+from .quiet import quiet_logs
 from .rows import RowContext, RowFactory, resolve_rows, setup_of
 from .scenario import GeneratorOptions, Scenario, generate
 from .simulator import get_profile
@@ -357,24 +357,10 @@ class _clients:
 # ----------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Silence the strategies' WARNINGs while cells run (the table reports what they did), then restore."""
-    loggers = [logging.getLogger(name) for name in ("maf_compaction", "agent_framework")]
-    levels = [logger.level for logger in loggers]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for logger in loggers:
-            logger.setLevel(logging.ERROR)
-        try:
-            yield
-        finally:
-            for logger, level in zip(loggers, levels, strict=True):
-                logger.setLevel(level)
-
-
 def _run_in_worker(cell: Cell, settings: Settings) -> CellResult:
-    with _quiet():
+    # The table reports what the strategies did; their WARNINGs would only bury it.
+    with warnings.catch_warnings(), quiet_logs():
+        warnings.simplefilter("ignore")
         return asyncio.run(run_cell(cell, settings))
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,7 @@ from agent_framework._middleware import ChatMiddlewareLayer
 from agent_framework._tools import FunctionInvocationLayer
 from agent_framework.observability import ChatTelemetryLayer
 
+from .client import response_updates
 from .measure import PromptMeter, RenderedRequest, common_prefix
 from .workload import LOOKUP_REQUEST, REQUIREMENT_REQUEST, TOOL_NAME
 
@@ -90,17 +91,7 @@ class ScriptedChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelem
     ) -> Awaitable[ChatResponse] | ResponseStream[ChatResponseUpdate, ChatResponse]:
         if not stream:
             return self._respond(messages, options, stream=False)
-
-        async def updates() -> AsyncIterator[ChatResponseUpdate]:
-            response = await self._respond(messages, options, stream=True)
-            for message in response.messages:
-                yield ChatResponseUpdate(
-                    role="assistant", contents=list(message.contents), response_id=response.response_id
-                )
-            if response.usage_details is not None:
-                yield ChatResponseUpdate(contents=[Content.from_usage(response.usage_details)])
-
-        return self._build_response_stream(updates())
+        return self._build_response_stream(response_updates(self._respond(messages, options, stream=True)))
 
     async def _respond(self, messages: Sequence[Message], options: Mapping[str, Any], *, stream: bool) -> ChatResponse:
         validated = await self._validate_options(options)

@@ -41,7 +41,6 @@ import gc
 import io
 import itertools
 import json
-import logging
 import math
 import platform
 import pstats
@@ -49,8 +48,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.resources import as_file, files
 from pathlib import Path
@@ -67,6 +65,7 @@ from ..adapters.anchored import AnchoredCompactionStrategy
 from ..adapters.counting import MediaTokenEstimator
 from ..adapters.tiktoken import TiktokenTokenizer
 from .args import positive_int
+from .quiet import quiet_logs
 
 DEFAULT_SIZES: Final = (400, 1_600, 3_200)
 DEFAULT_WARM_REPEATS: Final = 15
@@ -102,7 +101,6 @@ MODES: Final = (COLD, WARM, WARM_SAME)
 #: What the harness's history provider writes on every loaded copy.
 HISTORY_ATTRIBUTION: Final = {"source_id": "in_memory", "source_type": "InMemoryHistoryProvider"}
 
-_QUIET_LOGGERS: Final = ("maf_compaction", "agent_framework")
 
 # ----------------------------------------------------------------------------------------
 # A realistic tool-using conversation, built deterministically.
@@ -711,20 +709,6 @@ def load_tokenizer(name: str) -> TokenizerProtocol:
         return TiktokenTokenizer(vocabulary_file=path)
 
 
-@contextmanager
-def _quiet_logs() -> Iterator[None]:
-    """Silence the sheds' WARNINGs while timing (a shed names every message it removes)."""
-    loggers = [logging.getLogger(name) for name in _QUIET_LOGGERS]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
-
-
 def _sizes(text: str) -> list[int]:
     try:
         sizes = [int(item.replace("_", "")) for item in text.split(",") if item.strip()]
@@ -788,7 +772,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  measuring {text} ...", file=sys.stderr, flush=True)
 
     workloads = prepare(sizes, tokenizer)
-    with _quiet_logs():
+    with quiet_logs():
         results = asyncio.run(
             run_all(
                 workloads,
@@ -814,7 +798,7 @@ def main(argv: list[str] | None = None) -> int:
         if size % MESSAGES_PER_TURN:
             raise SystemExit(f"--profile-size must be a multiple of {MESSAGES_PER_TURN}")
         (work,) = prepare([size], tokenizer)
-        with _quiet_logs():
+        with quiet_logs():
             profile_text = asyncio.run(profile_warm(work, tokenizer, warm_repeats, args.profile_top))
         print()
         print(profile_text)
