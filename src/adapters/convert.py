@@ -25,6 +25,10 @@ ATTRIBUTION_KEY = "_attribution"
 NOTE_KEY = "_maf_compaction_note"
 #: Keeps a shortened result's original text on the message, so nothing is lost.
 ORIGINALS_KEY = "_maf_compaction_original_results"
+#: Names why the record strategy holds a message (it also sets ``_preserved``).
+HOLD_KEY = "_maf_compaction_hold"
+#: Marks a record compaction wrote (an assistant message starting with the record prefix).
+WRITTEN_RECORD_KEY = "maf_compaction_written_record"
 
 
 def to_history(messages: Sequence[Message], counter: PartCounter, *, note_kind: str) -> History:
@@ -45,8 +49,9 @@ class RecordCache:
     its fields in place. Shell state: the core never sees it.
     """
 
-    def __init__(self, counter: PartCounter) -> None:
+    def __init__(self, counter: PartCounter, *, holds: frozenset[str] = frozenset()) -> None:
         self._counter = counter
+        self._holds = holds  # hold reasons that are this strategy's own: read as holds, not preserves
         self._entries: list[_Entry] = []  # one per message of the previous pass, in order
 
     def history(self, messages: Sequence[Message], *, note_kind: str) -> History:
@@ -82,6 +87,12 @@ class RecordCache:
                     injected = is_injected(message)
             excluded = bool(props.get(EXCLUDED_KEY))
             preserved = bool(props.get(PRESERVED_KEY))
+            held = props.get(HOLD_KEY) if self._holds else None
+            if not isinstance(held, str) or held not in self._holds:
+                held = None
+            else:
+                preserved = False
+            written = props.get(WRITTEN_RECORD_KEY) is True
             note = props.get(NOTE_KEY) == note_kind
             record = entry.record
             if (
@@ -91,6 +102,8 @@ class RecordCache:
                 or record.preserved != preserved
                 or record.injected != injected
                 or record.note != note
+                or record.held != held
+                or record.written_record != written
                 or record.message_id != message.message_id
                 or record.role != message.role
             ):
@@ -103,6 +116,8 @@ class RecordCache:
                     preserved=preserved,
                     injected=injected,
                     note=note,
+                    held=held,
+                    written_record=written,
                     origin=index,
                 )
             current.append(entry)
@@ -183,8 +198,20 @@ def apply(
             message.additional_properties[EXCLUDE_REASON_KEY] = exclude_reason
         if record.parts is not source.parts:
             _rewrite_results(message, source.parts, record.parts)
+        if record.held != source.held:
+            _set_hold(message, record.held)
         updated.append(message)
     messages[:] = updated
+
+
+def _set_hold(message: Message, reason: str | None) -> None:
+    props = message.additional_properties
+    if reason is None:
+        if props.pop(HOLD_KEY, None) is not None:
+            props.pop(PRESERVED_KEY, None)
+        return
+    props[HOLD_KEY] = reason
+    props[PRESERVED_KEY] = True
 
 
 def _note_message(record: MessageRecord, existing: dict[str | None, Message], note_kind: str) -> Message:

@@ -156,8 +156,11 @@ class PartCounter:
         else:
             text = basis.other_text(content.to_dict(exclude_none=True))
         media = 0
+        structured = False
         if kind == "function_result":
-            media = sum(self._estimator.estimate(item) for item in content.items or () if item.type in MEDIA_KINDS)
+            items = content.items or ()
+            media = sum(self._estimator.estimate(item) for item in items if item.type in MEDIA_KINDS)
+            structured = any(item.type != "text" for item in items) or basis.is_json_container(text)
         return Part(
             kind=kind,
             text=text,
@@ -165,6 +168,7 @@ class PartCounter:
             media_tokens=media,
             call_id=content.call_id,
             name=name,
+            structured=structured,
         )
 
     def _count(self, text: str) -> int:

@@ -76,6 +76,18 @@ def clear_reasoning_text(protected_data: str | None) -> str:
     return stripped or ""
 
 
+def is_json_container(text: str) -> bool:
+    """``text`` is a JSON object or array (a tool returned structured data)."""
+    start = text.lstrip()[:1]
+    if start not in ("{", "["):
+        return False
+    try:
+        parsed: object = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(parsed, (dict, list))
+
+
 def text_of_json(raw: str) -> str | None:
     """Compact JSON of ``raw`` without opaque members, or ``None`` if ``raw`` is not JSON."""
     try:

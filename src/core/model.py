@@ -54,6 +54,8 @@ class Part:
             items inside a tool result); text rewrites keep it.
         call_id: The tool call id, for calls and results.
         name: The tool name, for calls.
+        structured: A result that is not a plain string: it carries media items, or its
+            text is a JSON object or array. Partial records never rewrite such a result.
     """
 
     kind: str
@@ -62,6 +64,7 @@ class Part:
     media_tokens: int = 0
     call_id: str | None = None
     name: str | None = None
+    structured: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +82,11 @@ class MessageRecord:
             list, memory context). It is not conversation history: it never counts as
             a group, never shifts positions and is never changed.
         note: One of our own notes (a shed marker). Notes never count as groups.
+        held: The record strategy holds this message in the prompt (an uncovered or
+            unrecorded tool group), with this reason; ``None`` when not held. A hold is
+            ours to release, unlike ``preserved``, which another component set.
+        written_record: A record compaction wrote (an assistant message carrying the
+            written-record metadata), as opposed to a recall-tool result.
         origin: Index of the message this record stands for in the list the shell
             converted; ``None`` for a message the core created (a note). The core
             carries it through untouched so the shell can apply the answer in place.
@@ -92,6 +100,8 @@ class MessageRecord:
     preserved: bool = False
     injected: bool = False
     note: bool = False
+    held: str | None = None
+    written_record: bool = False
     origin: int | None = None
     # Derived from role and parts once, when the record is made (grouping reads them on
     # every pass, and the shell reuses records across passes).

@@ -70,24 +70,24 @@ class AnchoredSnapshot:
         if data.get("kind") != SNAPSHOT_KIND:
             raise SnapshotError(f"expected an {SNAPSHOT_KIND!r} snapshot, got kind {data.get('kind')!r}")
         return cls(
-            tools_shed=_count_field(data, "tools_shed"),
-            texts_shed=_count_field(data, "texts_shed"),
-            shortened=_count_field(data, "shortened"),
-            spared_tools=_positions_field(data, "spared_tools"),
-            spared_texts=_positions_field(data, "spared_texts"),
-            shed_sizes=_sizes_field(data, "shed_sizes"),
-            keep_head_groups=None if data.get("keep_head_groups") is None else _count_field(data, "keep_head_groups"),
+            tools_shed=count_field(data, "tools_shed"),
+            texts_shed=count_field(data, "texts_shed"),
+            shortened=count_field(data, "shortened"),
+            spared_tools=positions_field(data, "spared_tools"),
+            spared_texts=positions_field(data, "spared_texts"),
+            shed_sizes=sizes_field(data, "shed_sizes"),
+            keep_head_groups=None if data.get("keep_head_groups") is None else count_field(data, "keep_head_groups"),
         )
 
 
-def _count_field(data: Mapping[str, object], name: str) -> int:
+def count_field(data: Mapping[str, object], name: str) -> int:
     value = data.get(name)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise SnapshotError(f"snapshot field {name!r} must be a non-negative integer, got {value!r}")
     return value
 
 
-def _sizes_field(data: Mapping[str, object], name: str) -> tuple[tuple[int, int], ...]:
+def sizes_field(data: Mapping[str, object], name: str) -> tuple[tuple[int, int], ...]:
     value = data.get(name, [])
     if not isinstance(value, (list, tuple)):
         raise SnapshotError(f"snapshot field {name!r} must be a list of [position, members] pairs, got {value!r}")
@@ -100,7 +100,7 @@ def _sizes_field(data: Mapping[str, object], name: str) -> tuple[tuple[int, int]
     return tuple(sorted(pairs.items()))
 
 
-def _positions_field(data: Mapping[str, object], name: str) -> tuple[int, ...]:
+def positions_field(data: Mapping[str, object], name: str) -> tuple[int, ...]:
     value = data.get(name, [])
     if not isinstance(value, (list, tuple)):
         raise SnapshotError(f"snapshot field {name!r} must be a list of positions, got {value!r}")

@@ -1,0 +1,587 @@
+"""The record strategy: tool results leave the prompt once a record quotes their values.
+
+Past the window, trimming trades facts for room. A *record* lets the model write down
+the exact values of earlier tool results; once it has, the raw results can leave the
+prompt without losing anything. The rules, all pure functions of the history, its
+records and the :class:`~.record_decisions.RecordDecisions`:
+
+- **Records** are results of ``recall_earlier_tool_results`` calls (matched by call id,
+  anywhere in the list) that carry :data:`RECORD_MARKER`, and records compaction wrote.
+  Excluded messages are never records. Records stay in the prompt.
+- Nothing happens at or below ``trigger_fraction`` of the budget.
+- Without a record, the strategy waits; past ``fallback_fraction`` it gives up waiting
+  and the shell runs the fallback with nothing held.
+- With a record, every tool group after the head that ends before the newest record is
+  judged by **coverage**: its distinct distinctive values (:mod:`.values`) must appear in
+  the union of all records, at least ``ceil(n * coverage_share)`` of them; a group
+  without values is covered when each tool it called is mentioned by name at least as
+  often as candidate groups call it. Covered groups leave the prompt. Uncovered groups
+  are **held** (the fallback must not shrink them); a group larger than
+  ``record_target_tokens`` first releases the table rows the record quotes verbatim
+  (:mod:`.tables`).
+- Uncovered groups are **asked** for once per batch (the middleware re-forces one
+  request); an ask ends when a new record arrives or after two responses without one.
+  When it ends with none of its batch covered, the batch is **settled**: held for good,
+  released only when a later record quotes it.
+- If the prompt is still over the budget, every remaining tool group is held too and
+  the shell runs the fallback behind the record, which can then shed only narration.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Final
+
+from pyrsistent import pvector
+
+from .grouping import Grouping, regroup
+from .model import Group, History, MessageRecord, Part
+from .record_decisions import Ask, RecordDecisions
+from .tables import RowKey, release_rows, repeated_rows, row_keys
+from .values import distinctive_values, name_mentions, word_set
+
+Measure = Callable[[str], int]
+
+RECALL_TOOL_NAME: Final = "recall_earlier_tool_results"
+RECORD_MARKER: Final = "[recorded by compaction]"
+RECORD_PREAMBLE: Final = (
+    "Earlier tool results may have been shortened or removed from this conversation; this is their "
+    "compaction record. Treat its values as authoritative for the tool it names, and treat information "
+    "as absent only if it appears nowhere, including here."
+)
+RECORD_PREFIX: Final = f"{RECORD_MARKER} {RECORD_PREAMBLE}"
+
+#: Hold reasons, written on held messages so the fallback leaves them whole.
+HOLD_UNCOVERED: Final = "tool_summary_uncovered"
+HOLD_UNRECORDED: Final = "tool_summary_unrecorded"
+HOLD_REASONS: Final = frozenset({HOLD_UNCOVERED, HOLD_UNRECORDED})
+
+DEFAULT_TRIGGER_FRACTION: Final = 0.6
+DEFAULT_FALLBACK_FRACTION: Final = 0.9
+DEFAULT_COVERAGE_SHARE: Final = 0.8
+DEFAULT_RECORD_TARGET_TOKENS: Final = 2_000
+#: Responses after an ask without a new record before the ask is judged failed.
+ASK_RESPONSES: Final = 2
+
+_SHARE_TOLERANCE: Final = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class RecordConfig:
+    """Parameters of the record strategy; invalid values raise ``ValueError``.
+
+    Attributes:
+        max_input_tokens: The input budget.
+        keep_head_groups: Groups at the start that are never judged (task, requirements).
+        keep_tail_groups: The tail the default fallback keeps.
+        trigger_fraction: Nothing happens at or below this share of the budget.
+        fallback_fraction: Without a record, the fallback runs from this share on.
+        coverage_share: Share of a group's distinct values a record must quote.
+        record_target_tokens: Groups above this size may release quoted table rows;
+            ``None`` disables partial release and the unreachable-coverage estimate.
+    """
+
+    max_input_tokens: int
+    keep_head_groups: int = 3
+    keep_tail_groups: int = 4
+    trigger_fraction: float = DEFAULT_TRIGGER_FRACTION
+    fallback_fraction: float = DEFAULT_FALLBACK_FRACTION
+    coverage_share: float = DEFAULT_COVERAGE_SHARE
+    record_target_tokens: int | None = DEFAULT_RECORD_TARGET_TOKENS
+
+    def __post_init__(self) -> None:
+        _require_int("max_input_tokens", self.max_input_tokens, minimum=1)
+        _require_int("keep_head_groups", self.keep_head_groups, minimum=0)
+        _require_int("keep_tail_groups", self.keep_tail_groups, minimum=0)
+        _require_fraction("trigger_fraction", self.trigger_fraction, low_open=True)
+        _require_fraction("fallback_fraction", self.fallback_fraction, low_open=True)
+        if self.fallback_fraction <= self.trigger_fraction:
+            raise ValueError(
+                f"fallback_fraction must be greater than trigger_fraction ({self.trigger_fraction!r}), "
+                f"got {self.fallback_fraction!r}"
+            )
+        _require_fraction("coverage_share", self.coverage_share, low_open=False)
+        if self.record_target_tokens is not None:
+            _require_int("record_target_tokens", self.record_target_tokens, minimum=1)
+
+    @property
+    def trigger_tokens(self) -> int:
+        """Prompt size above which records are asked for and applied."""
+        return int(self.max_input_tokens * self.trigger_fraction)
+
+    @property
+    def fallback_tokens(self) -> int:
+        """Prompt size from which the strategy stops waiting for a first record."""
+        return int(self.max_input_tokens * self.fallback_fraction)
+
+
+# ----------------------------------------------------------------------------------------
+# Recognising records
+# ----------------------------------------------------------------------------------------
+
+
+def recall_call_ids(history: Iterable[MessageRecord]) -> frozenset[str]:
+    """Call ids of every ``recall_earlier_tool_results`` call in ``history``."""
+    return frozenset(
+        part.call_id
+        for record in history
+        if record.has_tool_call and RECALL_TOOL_NAME in record.call_names
+        for part in record.parts
+        if part.call_id and part.name == RECALL_TOOL_NAME
+    )
+
+
+def record_text(record: MessageRecord, recall_ids: frozenset[str]) -> str:
+    """The record text ``record`` carries: "" when it is not a record."""
+    if record.excluded:
+        return ""
+    if record.written_record:
+        text = "\n".join(p.text for p in record.parts if p.kind == "text")
+        return text if text.startswith(RECORD_PREFIX) and not record.has_tool_call else ""
+    if record.role != "tool":
+        return ""
+    return "\n".join(
+        part.text
+        for part in record.parts
+        if part.kind == "function_result" and part.call_id in recall_ids and RECORD_MARKER in part.text
+    )
+
+
+def is_record(record: MessageRecord, recall_ids: frozenset[str]) -> bool:
+    """``record`` is an active record (see :func:`record_text`)."""
+    return bool(record_text(record, recall_ids))
+
+
+def record_identity(record: MessageRecord, recall_ids: frozenset[str]) -> str:
+    """A stable name for a record: its call id, or its text for a written one."""
+    if record.written_record:
+        return "text:" + record_text(record, recall_ids)
+    ids = sorted(p.call_id for p in record.parts if p.kind == "function_result" and p.call_id in recall_ids)
+    return "call:" + ",".join(ids)
+
+
+def _is_recall_group(records: Sequence[MessageRecord], group: Group, recall_ids: frozenset[str]) -> bool:
+    for index in group.members:
+        record = records[index]
+        if RECALL_TOOL_NAME in record.call_names:
+            return True
+        if any(p.kind == "function_result" and p.call_id in recall_ids for p in record.parts):
+            return True
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class RecallStatus:
+    """What the recall middleware needs to know about a prompt.
+
+    Attributes:
+        included_tokens: Tokens of the messages that are sent (not excluded).
+        records: Active records.
+        newest_record: Identity of the newest record, ``None`` without one.
+        pending_groups: Tool groups (other than recall groups) after the newest record,
+            or in the whole conversation without one; excluded groups do not count.
+        grouping: The grouping, a memo for the next call (never changes an answer).
+    """
+
+    included_tokens: int
+    records: int
+    newest_record: str | None
+    pending_groups: int
+    grouping: Grouping | None = field(default=None, compare=False, repr=False)
+
+
+def recall_status(history: Sequence[MessageRecord], grouping: Grouping | None = None) -> RecallStatus:
+    """Size, records and new tool material of ``history`` (for the recall middleware)."""
+    records = [r for r in history if not r.injected and not r.note]
+    recall_ids = recall_call_ids(records)
+    found = [k for k, r in enumerate(records) if is_record(r, recall_ids)]
+    grouping = regroup(records, grouping)
+    newest = found[-1] if found else -1
+    pending = sum(
+        1
+        for g in grouping.all
+        if g.kind == "tool_call"
+        and g.start > newest
+        and not all(records[i].excluded for i in g.members)
+        and not _is_recall_group(records, g, recall_ids)
+    )
+    return RecallStatus(
+        included_tokens=sum(r.tokens for r in history if not r.excluded),
+        records=len(found),
+        newest_record=record_identity(records[newest], recall_ids) if found else None,
+        pending_groups=pending,
+        grouping=grouping,
+    )
+
+
+# ----------------------------------------------------------------------------------------
+# The pass
+# ----------------------------------------------------------------------------------------
+
+
+class Fallback(Enum):
+    """Which fallback the shell must run after applying a pass."""
+
+    NONE = "none"
+    PLAIN = "plain"
+    """No record at or past ``fallback_fraction``: the fallback runs with nothing held."""
+    BEHIND_RECORD = "behind_record"
+    """Over the budget with a record: every remaining tool group is held first."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordReport:
+    """What a pass did.
+
+    Attributes:
+        tokens_before: Prompt tokens of the conversation before the pass.
+        tokens_after: Prompt tokens after the pass (before any fallback).
+        triggered: The prompt was over the trigger, so records were applied.
+        records: Active records in the conversation.
+        covered: Ordinals of the tool groups the records cover (left the prompt).
+        dropped: Origins of messages this pass newly excluded.
+        uncovered: Ordinals of candidate groups the records do not cover (held).
+        settled: Ordinals of uncovered groups held for good.
+        asked: Ordinals of a new ask made on this pass (empty when none).
+        rows_released: Table rows this pass newly released from held results.
+        unreachable: Held groups whose cheapest sufficient value text exceeds
+            ``record_target_tokens`` (a diagnostic estimate).
+        held_unrecorded: Groups held so the fallback behind a record leaves them whole.
+        fallback: The fallback the shell must run.
+    """
+
+    tokens_before: int
+    tokens_after: int
+    triggered: bool = False
+    records: int = 0
+    covered: tuple[int, ...] = ()
+    dropped: tuple[int, ...] = ()
+    uncovered: tuple[int, ...] = ()
+    settled: tuple[int, ...] = ()
+    asked: tuple[int, ...] = ()
+    rows_released: int = 0
+    unreachable: int = 0
+    held_unrecorded: int = 0
+    fallback: Fallback = Fallback.NONE
+
+
+@dataclass(frozen=True, slots=True)
+class RecordDone:
+    """The pass's answer: the new history, decisions and report (plus a grouping memo)."""
+
+    history: History
+    decisions: RecordDecisions
+    report: RecordReport
+    grouping: Grouping | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    ordinal: int
+    group: Group
+    values: tuple[str, ...]
+    names: tuple[str, ...]
+
+
+def step(
+    config: RecordConfig,
+    history: History,
+    decisions: RecordDecisions,
+    measure: Measure,
+    *,
+    grouping: Grouping | None = None,
+) -> RecordDone:
+    """One record pass over ``history`` (see the module docstring for the rules).
+
+    Injected context and notes are not conversation: they are neither grouped nor
+    counted against the trigger, so the in-call copies and the stored history decide
+    alike. ``grouping`` is the previous pass's memo; it never changes the answer.
+    """
+    conversation = [i for i, r in enumerate(history) if not r.injected and not r.note]
+    records = [history[i] for i in conversation]
+    released = [r if r.held is None else replace(r, held=None) for r in records]
+    tokens_before = _prompt_tokens(history)
+    if tokens_before <= config.trigger_tokens:
+        report = RecordReport(tokens_before, tokens_before)
+        return _done(history, conversation, released, decisions=decisions, report=report, grouping=grouping)
+    recall_ids = recall_call_ids(records)
+    found = [k for k, r in enumerate(records) if is_record(r, recall_ids)]
+    if not found:
+        fallback = Fallback.PLAIN if tokens_before >= config.fallback_tokens else Fallback.NONE
+        report = RecordReport(tokens_before, tokens_before, triggered=True, fallback=fallback)
+        return _done(history, conversation, released, decisions=decisions, report=report, grouping=grouping)
+
+    grouping = regroup(records, grouping)
+    text = "\n".join(record_text(records[k], recall_ids) for k in found)
+    candidates = _candidates(config, records, grouping, found[-1], recall_ids)
+    covered, uncovered = _coverage(config, candidates, text)
+    output = released
+    dropped: list[int] = []
+    for candidate in covered:
+        for index in candidate.group.members:
+            if not output[index].excluded:
+                output[index] = replace(output[index], excluded=True)
+                origin = records[index].origin
+                if origin is not None:
+                    dropped.append(origin)
+    rows = _release_rows(config, output, uncovered, text, measure)
+    for candidate in uncovered:
+        for index in candidate.group.members:
+            output[index] = replace(output[index], held=HOLD_UNCOVERED)
+
+    new_decisions, asked = _chain(decisions, {c.ordinal for c in uncovered}, len(found), _responses(records))
+    settled = tuple(c.ordinal for c in uncovered if c.ordinal in new_decisions.settled)
+    tokens_after = tokens_before + _change(records, output)
+    held_unrecorded = 0
+    fallback = Fallback.NONE
+    if tokens_after > config.max_input_tokens:
+        fallback = Fallback.BEHIND_RECORD
+        held_unrecorded = _hold_unrecorded(output, grouping, recall_ids)
+    report = RecordReport(
+        tokens_before=tokens_before,
+        tokens_after=tokens_after,
+        triggered=True,
+        records=len(found),
+        covered=tuple(c.ordinal for c in covered),
+        dropped=tuple(dropped),
+        uncovered=tuple(c.ordinal for c in uncovered),
+        settled=settled,
+        asked=asked,
+        rows_released=rows,
+        unreachable=_unreachable(config, uncovered, measure),
+        held_unrecorded=held_unrecorded,
+        fallback=fallback,
+    )
+    return _done(history, conversation, output, decisions=new_decisions, report=report, grouping=grouping)
+
+
+def _prompt_tokens(history: Iterable[MessageRecord]) -> int:
+    """Tokens of the conversation as sent: included messages, notes too, injected context not."""
+    return sum(r.tokens for r in history if not r.excluded and not r.injected)
+
+
+def _change(before: Sequence[MessageRecord], after: Sequence[MessageRecord]) -> int:
+    """How the included tokens changed from ``before`` to ``after`` (same length)."""
+    return sum(
+        (0 if new.excluded else new.tokens) - (0 if old.excluded else old.tokens)
+        for old, new in zip(before, after, strict=True)
+        if old is not new
+    )
+
+
+def _done(
+    history: History,
+    conversation: Sequence[int],
+    records: Sequence[MessageRecord],
+    *,
+    decisions: RecordDecisions,
+    report: RecordReport,
+    grouping: Grouping | None,
+) -> RecordDone:
+    output = list(history)
+    for index, record in zip(conversation, records, strict=True):
+        output[index] = record
+    return RecordDone(history=pvector(output), decisions=decisions, report=report, grouping=grouping)
+
+
+def _candidates(
+    config: RecordConfig,
+    records: Sequence[MessageRecord],
+    grouping: Grouping,
+    anchor: int,
+    recall_ids: frozenset[str],
+) -> list[_Candidate]:
+    """Tool groups after the head that end before the newest record, ours to judge."""
+    found: list[_Candidate] = []
+    ordinal = -1
+    for index, group in enumerate(grouping.all):
+        if group.kind != "tool_call":
+            continue
+        ordinal += 1
+        members = group.members
+        if index < config.keep_head_groups or members[-1] >= anchor:
+            continue
+        if any(records[i].preserved for i in members) or all(records[i].excluded for i in members):
+            continue  # another component's, or already gone
+        if _is_recall_group(records, group, recall_ids):
+            continue
+        result_text = "\n".join(
+            p.text for i in members for p in records[i].parts if p.kind == "function_result" and p.text
+        )
+        names = tuple(name for i in members for name in records[i].call_names)
+        found.append(_Candidate(ordinal, group, distinctive_values(result_text), names))
+    return found
+
+
+def _coverage(
+    config: RecordConfig, candidates: Sequence[_Candidate], record: str
+) -> tuple[list[_Candidate], list[_Candidate]]:
+    """Split candidates into covered and uncovered by the records' text."""
+    quoted = word_set(record)
+    mentions = name_mentions(record)
+    callers: dict[str, int] = {}
+    for candidate in candidates:
+        for name in set(candidate.names):
+            callers[name] = callers.get(name, 0) + 1
+    covered: list[_Candidate] = []
+    uncovered: list[_Candidate] = []
+    for candidate in candidates:
+        if candidate.values:
+            needed = math.ceil(len(candidate.values) * config.coverage_share - _SHARE_TOLERANCE)
+            ok = sum(1 for v in candidate.values if v in quoted) >= needed
+        else:
+            names = set(candidate.names)
+            ok = bool(names) and all(mentions.get(n.lower(), 0) >= callers[n] for n in names)
+        (covered if ok else uncovered).append(candidate)
+    return covered, uncovered
+
+
+def _release_rows(
+    config: RecordConfig,
+    output: list[MessageRecord],
+    uncovered: Sequence[_Candidate],
+    record: str,
+    measure: Measure,
+) -> int:
+    """Release quoted table rows from large uncovered string results, in ``output``."""
+    target = config.record_target_tokens
+    if target is None or "|" not in record:
+        return 0
+    large = [c for c in uncovered if _string_result_tokens(output, c.group) > target]
+    if not large:
+        return 0
+    quoted = frozenset(row_keys(record))
+    if not quoted:
+        return 0
+    ambiguous = repeated_rows(p.text for r in output for p in r.parts if p.kind == "function_result")
+    released = 0
+    for candidate in large:
+        for index in candidate.group.members:
+            old = output[index]
+            parts, count = _released_parts(old.parts, quoted, ambiguous, measure)
+            if count:
+                released += count
+                tokens = old.tokens - sum(p.tokens for p in old.parts) + sum(p.tokens for p in parts)
+                output[index] = replace(old, parts=parts, tokens=tokens)
+    return released
+
+
+def _string_result_tokens(records: Sequence[MessageRecord], group: Group) -> int:
+    return sum(
+        p.tokens - p.media_tokens
+        for i in group.members
+        for p in records[i].parts
+        if p.kind == "function_result" and not p.structured
+    )
+
+
+def _released_parts(
+    parts: tuple[Part, ...], quoted: frozenset[RowKey], ambiguous: frozenset[RowKey], measure: Measure
+) -> tuple[tuple[Part, ...], int]:
+    out: list[Part] = []
+    released = 0
+    for part in parts:
+        if part.kind != "function_result" or part.structured or "|" not in part.text:
+            out.append(part)
+            continue
+        text, count = release_rows(part.text, quoted, ambiguous)
+        if count:
+            released += count
+            out.append(replace(part, text=text, tokens=measure(text) + part.media_tokens))
+        else:
+            out.append(part)
+    return tuple(out), released
+
+
+def _responses(records: Sequence[MessageRecord]) -> int:
+    """Assistant responses in the conversation (reasoning-only messages do not count)."""
+    return sum(1 for r in records if r.role == "assistant" and not r.is_reasoning_only)
+
+
+def _chain(
+    decisions: RecordDecisions, uncovered: set[int], records: int, responses: int
+) -> tuple[RecordDecisions, tuple[int, ...]]:
+    """Resolve the outstanding ask and make the next one; returns (decisions, new ask targets)."""
+    settled = set(decisions.settled)
+    ask = decisions.ask
+    if ask is not None:
+        still = [t for t in ask.targets if t in uncovered]
+        if records > ask.records_at_ask:
+            if len(still) == len(ask.targets):  # the record came and covered none of them
+                settled.update(still)
+            ask = None
+        elif responses >= ask.responses_at_ask + ASK_RESPONSES:
+            settled.update(still)
+            ask = None
+    asked: tuple[int, ...] = ()
+    waiting = sorted(uncovered - settled)
+    if ask is None and waiting:
+        asked = tuple(waiting)
+        ask = Ask(targets=asked, records_at_ask=records, responses_at_ask=responses)
+    return RecordDecisions(settled=tuple(sorted(settled)), ask=ask), asked
+
+
+def take_reforce(decisions: RecordDecisions) -> tuple[bool, RecordDecisions]:
+    """Take the outstanding ask for one pinned request: True once per ask."""
+    ask = decisions.ask
+    if ask is None or ask.taken:
+        return False, decisions
+    return True, replace(decisions, ask=replace(ask, taken=True))
+
+
+def reforce_due(decisions: RecordDecisions) -> bool:
+    """An ask is outstanding and not yet taken (a preview; nothing is consumed)."""
+    return decisions.ask is not None and not decisions.ask.taken
+
+
+def _hold_unrecorded(output: list[MessageRecord], grouping: Grouping, recall_ids: frozenset[str]) -> int:
+    """Hold every remaining tool group that is not held, preserved or a recall group."""
+    held = 0
+    for group in grouping.all:
+        members = group.members
+        if group.kind != "tool_call" or all(output[i].excluded for i in members):
+            continue
+        if any(output[i].preserved or output[i].held for i in members):
+            continue
+        if _is_recall_group(output, group, recall_ids):
+            continue
+        for index in members:
+            output[index] = replace(output[index], held=HOLD_UNRECORDED)
+        held += 1
+    return held
+
+
+def _unreachable(config: RecordConfig, uncovered: Sequence[_Candidate], measure: Measure) -> int:
+    """Held groups whose cheapest sufficient set of values alone exceeds the record target."""
+    target = config.record_target_tokens
+    if target is None:
+        return 0
+    count = 0
+    for candidate in uncovered:
+        if not candidate.values:
+            continue
+        needed = math.ceil(len(candidate.values) * config.coverage_share - _SHARE_TOLERANCE)
+        cheapest = sorted(measure(v) for v in candidate.values)[:needed]
+        if sum(cheapest) > target:
+            count += 1
+    return count
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _require_fraction(name: str, value: object, *, low_open: bool) -> None:
+    if not _is_number(value):
+        raise ValueError(f"{name} must be a number in {'(0, 1]' if low_open else '[0, 1]'}, got {value!r}")
+    number = float(value)  # pyright: ignore[reportArgumentType]
+    if (number <= 0 if low_open else number < 0) or number > 1:
+        raise ValueError(f"{name} must be in {'(0, 1]' if low_open else '[0, 1]'}, got {value!r}")
+
+
+def _require_int(name: str, value: object, *, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
