@@ -12,7 +12,10 @@ import warnings as _warnings
 from .adapters.anchored import AnchoredCompactionStrategy, MinimumGainAnchoredCompactionStrategy
 from .adapters.convert import original_results
 from .adapters.counting import MediaTokenEstimator
+from .adapters.nested import find_nested_strategy
+from .adapters.records import ToolResultAnchoredSummarizationCompactionStrategy, record_text
 from .adapters.tiktoken import TiktokenTokenizer, TokenizerUnavailableError
+from .core.record_decisions import Ask, RecordDecisions
 from .core.snapshot import AnchoredSnapshot
 from .errors import (
     CompactionBudgetExceeded,
@@ -26,16 +29,21 @@ __version__ = "0.1.0.dev0"
 __all__ = [
     "AnchoredCompactionStrategy",
     "AnchoredSnapshot",
+    "Ask",
     "CompactionBudgetExceeded",
     "MafCompactionExperimentalWarning",
     "MediaTokenEstimator",
     "MinimumGainAnchoredCompactionStrategy",
+    "RecordDecisions",
     "SnapshotError",
     "SnapshotVersionError",
     "TiktokenTokenizer",
     "TokenizerUnavailableError",
+    "ToolResultAnchoredSummarizationCompactionStrategy",
     "__version__",
+    "find_nested_strategy",
     "original_results",
+    "record_text",
 ]
 
 

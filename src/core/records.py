@@ -327,7 +327,7 @@ def step(
                 origin = records[index].origin
                 if origin is not None:
                     dropped.append(origin)
-    rows = _release_rows(config, output, uncovered, text, measure)
+    rows = _release_rows(config, output, uncovered, text, measure=measure, recall_ids=recall_ids)
     for candidate in uncovered:
         for index in candidate.group.members:
             output[index] = replace(output[index], held=HOLD_UNCOVERED)
@@ -444,9 +444,15 @@ def _release_rows(
     output: list[MessageRecord],
     uncovered: Sequence[_Candidate],
     record: str,
+    *,
     measure: Measure,
+    recall_ids: frozenset[str],
 ) -> int:
-    """Release quoted table rows from large uncovered string results, in ``output``."""
+    """Release quoted table rows from large uncovered string results, in ``output``.
+
+    A row repeated under the same headings anywhere in the loaded tool results (records
+    aside: they quote it) stays, because the record cannot say which result it is from.
+    """
     target = config.record_target_tokens
     if target is None or "|" not in record:
         return 0
@@ -456,7 +462,9 @@ def _release_rows(
     quoted = frozenset(row_keys(record))
     if not quoted:
         return 0
-    ambiguous = repeated_rows(p.text for r in output for p in r.parts if p.kind == "function_result")
+    ambiguous = repeated_rows(
+        p.text for r in output for p in r.parts if p.kind == "function_result" and p.call_id not in recall_ids
+    )
     released = 0
     for candidate in large:
         for index in candidate.group.members:
