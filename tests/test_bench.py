@@ -16,10 +16,11 @@ from maf_compaction.bench.measure import RenderedRequest
 from maf_compaction.bench.model import ModelOptions, ScriptedModel, context_text
 from maf_compaction.bench.provider import SimulatedProvider
 from maf_compaction.bench.rows import ROWS, RowContext, RowSetup, parse_strategy_option, resolve_rows
-from maf_compaction.bench.runner import Cell, CellResult, Settings, run_cell, run_grid, summarize
+from maf_compaction.bench.runner import Cell, CellResult, Settings, load_scenario, run_cell, run_grid, summarize
 from maf_compaction.bench.scenario import (
     LOOKUP_TOOL,
     RECALL_TOOL,
+    Fact,
     GeneratorOptions,
     Probe,
     Scenario,
@@ -29,6 +30,7 @@ from maf_compaction.bench.scenario import (
     generate,
 )
 from maf_compaction.bench.simulator import OpenAICache, bill, get_profile
+from maf_compaction.core.values import distinctive_values
 
 TOKENIZER = TiktokenTokenizer()
 SMALL = GeneratorOptions(context_window=8_192, fill=1.5, tool_turns=3, markers_per_tool=4, seed=3)
@@ -47,9 +49,10 @@ def _tokens(scenario: Scenario) -> int:
 # -- scenario ----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("dense", [False, True], ids=["default", "dense"])
 @pytest.mark.parametrize("fill", [0.9, 1.5, 3.0])
-def test_the_generated_conversation_is_sized_to_its_fill(fill: float) -> None:
-    scenario = generate(GeneratorOptions(fill=fill))
+def test_the_generated_conversation_is_sized_to_its_fill(fill: float, dense: bool) -> None:
+    scenario = generate(GeneratorOptions(fill=fill, dense_values=dense))
     assert _tokens(scenario) == pytest.approx(32_000 * fill, rel=0.1)
     tool = sum(TOKENIZER.count_tokens(c.result) for t in scenario.turns for c in t.calls)
     assert tool / _tokens(scenario) == pytest.approx(0.6, abs=0.05)
@@ -77,6 +80,51 @@ def test_planted_facts_are_unique_and_each_is_in_the_conversation() -> None:
     assert any("] code_" in line for r in results for line in r.splitlines())
     probes = [t.probe for t in scenario.turns if t.probe is not None]
     assert sorted(v for p in probes for v in p.expected) == sorted(values)
+
+
+def _lookups(scenario: Scenario) -> list[tuple[str, list[Fact]]]:
+    """Each lookup's result with the facts of its scope."""
+    calls = [c for t in scenario.turns for c in t.calls if c.name == LOOKUP_TOOL]
+    return [(c.result, [f for f in scenario.facts if f.scope == f"lookup {c.arguments['lookup']}"]) for c in calls]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [GeneratorOptions(fill=0.9), GeneratorOptions(fill=3.0, seed=2), SMALL, GeneratorOptions(markers_per_tool=12)],
+    ids=["fill-0.9", "fill-3.0", "small", "12-markers"],
+)
+def test_a_lookup_results_distinctive_values_are_its_planted_codes_and_table_labels(
+    options: GeneratorOptions,
+) -> None:
+    """The filler lines carry no distinctive value, so a record can cover a lookup by quoting its codes."""
+    for result, planted in _lookups(generate(options)):
+        labels = {f.label for f in planted if f"| {f.label} | {f.value} |" in result}
+        assert labels, "some codes are table rows"
+        assert len(labels) == options.markers_per_tool // 3
+        assert set(distinctive_values(result)) == {f.value for f in planted} | labels
+        assert len(distinctive_values(result)) == len(planted) + len(labels)
+
+
+def test_dense_values_fill_lookup_results_with_distinctive_values() -> None:
+    plain = _lookups(generate(GeneratorOptions(fill=0.9)))
+    dense = _lookups(generate(GeneratorOptions(fill=0.9, dense_values=True)))
+    for (plain_result, planted), (dense_result, dense_planted) in zip(plain, dense, strict=True):
+        assert planted == dense_planted  # the same codes, in the same places
+        values = distinctive_values(dense_result)
+        assert {f.value for f in planted} <= set(values)
+        assert len(values) > 20 * len(distinctive_values(plain_result))
+        assert [line for line in dense_result.splitlines() if "code_" in line and "|" not in line] == [
+            line for line in plain_result.splitlines() if "code_" in line and "|" not in line
+        ]
+
+
+def test_the_dense_values_option_reaches_the_generator() -> None:
+    settings = grid.settings_from(grid.parser().parse_args(["--dense-values"]))
+    assert settings.dense_values
+    assert not grid.settings_from(grid.parser().parse_args([])).dense_values
+    scenario = load_scenario(settings, 1.5, 1)
+    assert scenario.meta["dense_values"] is True
+    assert all(len(distinctive_values(result)) > 100 for result, _ in _lookups(scenario))
 
 
 def test_a_scenario_refuses_repeated_user_texts_and_undeclared_tools() -> None:

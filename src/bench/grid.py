@@ -68,6 +68,11 @@ def parser() -> argparse.ArgumentParser:
     work.add_argument(
         "--markers-per-tool", type=positive_int, default=DEFAULT_MARKERS_PER_TOOL, help="codes per lookup (default: 8)"
     )
+    work.add_argument(
+        "--dense-values",
+        action="store_true",
+        help="number-dense log lines in lookup results (hundreds of distinctive values per result)",
+    )
     source = work.add_mutually_exclusive_group()
     source.add_argument("--workload", metavar="FILE.json", help="replay a workload file (docs/workload-format.md)")
     source.add_argument("--session", metavar="FILE.json", help="replay an AgentSession.to_dict() export")
@@ -117,6 +122,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         tool_share=args.tool_share,
         tool_turns=args.tool_turns,
         markers_per_tool=args.markers_per_tool,
+        dense_values=args.dense_values,
         record_quality=args.record_quality,
         summary_quality=args.summary_quality,
         ignore_pin=args.ignore_pin,

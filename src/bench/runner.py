@@ -58,6 +58,7 @@ class Settings:
     tool_share: float = 0.6
     tool_turns: int = 6
     markers_per_tool: int = 8
+    dense_values: bool = False
     record_quality: float = 1.0
     summary_quality: float = 1.0
     ignore_pin: bool = False
@@ -179,6 +180,7 @@ def load_scenario(settings: Settings, fill: float, seed: int) -> Scenario:
             tool_share=settings.tool_share,
             tool_turns=settings.tool_turns,
             markers_per_tool=settings.markers_per_tool,
+            dense_values=settings.dense_values,
             seed=seed,
         )
     )

@@ -40,8 +40,12 @@ DEFAULT_SEED: Final = 1
 FILLER_TURN_TOKENS: Final = 2_000
 #: Tokens of an ordinary assistant reply, roughly.
 REPLY_TOKENS: Final = 150
-#: Characters per o200k_base token of the generated prose and logs (measured, see tests).
+#: Characters per o200k_base token of the generated prose (measured, see tests).
 CHARS_PER_TOKEN: Final = 6.0
+#: o200k_base tokens of one default log line of a lookup result (measured: 15.95 on average).
+LOG_LINE_TOKENS: Final = 16
+#: o200k_base tokens of one dense log line (``dense_values``; measured: 19.97 on average).
+DENSE_LOG_LINE_TOKENS: Final = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,7 +246,10 @@ _WORDS: Final = [
     "snapshot",
     "restore",
 ]
-_REGIONS: Final = ("eu-west-1", "us-east-2", "ap-south-1", "eu-central-1")
+#: Regions of the default log lines and table rows: no digit, so no distinctive value.
+_REGIONS: Final = ("eu-west", "us-east", "ap-south", "eu-central")
+#: Regions of the dense log lines (``--dense-values``), as cloud region names are spelled.
+_DENSE_REGIONS: Final = ("eu-west-1", "us-east-2", "ap-south-1", "eu-central-1")
 _STATUSES: Final = ("ok", "ok", "ok", "retry", "ok", "slow")
 _SYSTEM: Final = (
     "You are an operations assistant. Use the lookup tool when the user asks for records, "
@@ -264,24 +271,39 @@ def _prose(rng: random.Random, tokens: int) -> str:
 
 
 def _log_line(rng: random.Random, number: int) -> str:
+    """A log line with no distinctive value: no line number, a region without a digit, ``took=345 ms``."""
     return (
-        f"{number:05d} {rng.choice(_REGIONS)} {rng.choice(_WORDS)}-{rng.choice(_WORDS)} "
+        f"{rng.choice(_REGIONS)} {rng.choice(_WORDS)}-{rng.choice(_WORDS)} "
+        f"status={rng.choice(_STATUSES)} took={rng.randint(3, 999)} ms shard={rng.randint(0, 63)}"
+    )
+
+
+def _dense_log_line(rng: random.Random, number: int) -> str:
+    """A number-dense log line: the line number, the region and the duration are distinctive values."""
+    return (
+        f"{number:05d} {rng.choice(_DENSE_REGIONS)} {rng.choice(_WORDS)}-{rng.choice(_WORDS)} "
         f"status={rng.choice(_STATUSES)} took={rng.randint(3, 999)}ms shard={rng.randint(0, 63)}"
     )
 
 
-def _lookup_result(seed: int, lookup: int, tokens: int, markers: int) -> tuple[str, list[Fact]]:
+def _lookup_result(seed: int, lookup: int, tokens: int, markers: int, *, dense: bool = False) -> tuple[str, list[Fact]]:
     """A log of about ``tokens`` tokens with ``markers`` planted codes spread through it.
 
     Two in three codes are ``[record N] code_L_N=VALUE`` lines; every third is a row of a
-    Markdown table placed where its line would be.
+    Markdown table placed where its line would be. By default the log lines around them
+    carry no distinctive value (:mod:`maf_compaction.core.values`), so a result's
+    distinctive values are its planted codes and its table rows' labels, as in the
+    published cachebench design; ``dense`` writes number-dense lines instead, with
+    hundreds of distinctive values per result.
     """
     rng = random.Random(f"{seed}:lookup:{lookup}")
     facts = [
         Fact(f"code_{lookup}_{n}", code(seed, f"code_{lookup}_{n}", "TL"), f"lookup {lookup}")
         for n in range(1, markers + 1)
     ]
-    line_tokens = 20  # o200k tokens of one log line, measured
+    line = _dense_log_line if dense else _log_line
+    regions = _DENSE_REGIONS if dense else _REGIONS
+    line_tokens = DENSE_LOG_LINE_TOKENS if dense else LOG_LINE_TOKENS
     lines_total = max(tokens // line_tokens, markers * 2)
     spacing = lines_total / (markers + 1)
     plant_at = {int(spacing * (n + 1)): n for n in range(markers)}
@@ -291,11 +313,11 @@ def _lookup_result(seed: int, lookup: int, tokens: int, markers: int) -> tuple[s
             fact = facts[plant_at[number]]
             if plant_at[number] % 3 == 2:
                 lines += ["", "| label | value | region | status |", "|---|---|---|---|"]
-                lines.append(f"| {fact.label} | {fact.value} | {rng.choice(_REGIONS)} | {rng.choice(_STATUSES)} |")
+                lines.append(f"| {fact.label} | {fact.value} | {rng.choice(regions)} | {rng.choice(_STATUSES)} |")
                 lines.append("")
             else:
                 lines.append(f"[record {plant_at[number] + 1}] {fact.label}={fact.value}")
-        lines.append(_log_line(rng, number))
+        lines.append(line(rng, number))
     return "\n".join(lines), facts
 
 
@@ -309,6 +331,9 @@ class GeneratorOptions:
     tool_turns: int = DEFAULT_TOOL_TURNS
     markers_per_tool: int = DEFAULT_MARKERS_PER_TOOL
     seed: int = DEFAULT_SEED
+    #: Number-dense log lines in lookup results (line numbers, regions and durations that
+    #: are distinctive values), instead of lines whose only values are the planted codes.
+    dense_values: bool = False
 
     def __post_init__(self) -> None:
         if self.context_window < 4_096:
@@ -362,7 +387,7 @@ def generate(options: GeneratorOptions | None = None) -> Scenario:
     facts: list[Fact] = [*requirements, correction]
     lookups: list[Turn] = []
     for lookup in range(1, opts.tool_turns + 1):
-        result, planted = _lookup_result(seed, lookup, result_tokens, opts.markers_per_tool)
+        result, planted = _lookup_result(seed, lookup, result_tokens, opts.markers_per_tool, dense=opts.dense_values)
         facts += planted
         call = ToolCall(LOOKUP_TOOL, {"lookup": lookup}, result)
         lookups.append(
@@ -431,6 +456,7 @@ def generate(options: GeneratorOptions | None = None) -> Scenario:
             "tool_share": opts.tool_share,
             "tool_turns": opts.tool_turns,
             "markers_per_tool": opts.markers_per_tool,
+            "dense_values": opts.dense_values,
             "seed": seed,
             "result_tokens": result_tokens,
             "filler_turns": filler_count,
