@@ -8,10 +8,13 @@ records and the :class:`~.record_decisions.RecordDecisions`:
 - **Records** are results of ``recall_earlier_tool_results`` calls (matched by call id,
   anywhere in the list) that carry :data:`RECORD_MARKER`, and records compaction wrote.
   Excluded messages are never records. Records stay in the prompt.
-- Nothing happens at or below ``trigger_fraction`` of the budget.
-- Without a record, the strategy waits; past ``fallback_fraction`` it gives up waiting
-  and the shell runs the fallback with nothing held.
-- With a record, every tool group after the head that ends before the newest record is
+- Records are asked for past ``trigger_fraction`` of the budget (by the recall
+  middleware, which shares the fraction). Without a record the strategy waits; past
+  ``fallback_fraction`` it gives up waiting and the shell runs the fallback with
+  nothing held.
+- Once a record exists, every pass applies the records, whatever the prompt's size, so
+  the prompt is a function of the history and its records alone and changes only when
+  a record arrives: every tool group after the head that ends before the newest record is
   judged by **coverage**: its distinct distinctive values (:mod:`.values`) must appear in
   the union of all records, at least ``ceil(n * coverage_share)`` of them; a group
   without values is covered when each tool it called is mentioned by name at least as
@@ -239,7 +242,7 @@ class RecordReport:
     Attributes:
         tokens_before: Prompt tokens of the conversation before the pass.
         tokens_after: Prompt tokens after the pass (before any fallback).
-        triggered: The prompt was over the trigger, so records were applied.
+        triggered: The prompt was over the trigger.
         records: Active records in the conversation.
         covered: Ordinals of the tool groups the records cover (left the prompt).
         dropped: Origins of messages this pass newly excluded.
@@ -297,21 +300,19 @@ def step(
     """One record pass over ``history`` (see the module docstring for the rules).
 
     Injected context and notes are not conversation: they are neither grouped nor
-    counted against the trigger, so the in-call copies and the stored history decide
-    alike. ``grouping`` is the previous pass's memo; it never changes the answer.
+    counted against the fallback fraction, so the in-call copies and the stored history
+    decide alike. ``grouping`` is the previous pass's memo; it never changes the answer.
     """
     conversation = [i for i, r in enumerate(history) if not r.injected and not r.note]
     records = [history[i] for i in conversation]
     released = [r if r.held is None else replace(r, held=None) for r in records]
     tokens_before = _prompt_tokens(history)
-    if tokens_before <= config.trigger_tokens:
-        report = RecordReport(tokens_before, tokens_before)
-        return _done(history, conversation, released, decisions=decisions, report=report, grouping=grouping)
+    triggered = tokens_before > config.trigger_tokens
     recall_ids = recall_call_ids(records)
     found = [k for k, r in enumerate(records) if is_record(r, recall_ids)]
     if not found:
         fallback = Fallback.PLAIN if tokens_before >= config.fallback_tokens else Fallback.NONE
-        report = RecordReport(tokens_before, tokens_before, triggered=True, fallback=fallback)
+        report = RecordReport(tokens_before, tokens_before, triggered=triggered, fallback=fallback)
         return _done(history, conversation, released, decisions=decisions, report=report, grouping=grouping)
 
     grouping = regroup(records, grouping)
@@ -343,7 +344,7 @@ def step(
     report = RecordReport(
         tokens_before=tokens_before,
         tokens_after=tokens_after,
-        triggered=True,
+        triggered=triggered,
         records=len(found),
         covered=tuple(c.ordinal for c in covered),
         dropped=tuple(dropped),
@@ -512,15 +513,24 @@ def _responses(records: Sequence[MessageRecord]) -> int:
 def _chain(
     decisions: RecordDecisions, uncovered: set[int], records: int, responses: int
 ) -> tuple[RecordDecisions, tuple[int, ...]]:
-    """Resolve the outstanding ask and make the next one; returns (decisions, new ask targets)."""
+    """Resolve the outstanding ask and make the next one; returns (decisions, new ask targets).
+
+    An ask whose record covered part of its batch continues for the rest of that batch
+    only: groups that arrived meanwhile wait until the chain ends, so a chain retires at
+    least one group per ask and cannot grow.
+    """
     settled = set(decisions.settled)
     ask = decisions.ask
     if ask is not None:
-        still = [t for t in ask.targets if t in uncovered]
+        still = tuple(t for t in ask.targets if t in uncovered)
         if records > ask.records_at_ask:
             if len(still) == len(ask.targets):  # the record came and covered none of them
                 settled.update(still)
-            ask = None
+                ask = None
+            else:
+                ask = Ask(targets=still, records_at_ask=records, responses_at_ask=responses) if still else None
+                if ask is not None:
+                    return RecordDecisions(settled=tuple(sorted(settled)), ask=ask), still
         elif responses >= ask.responses_at_ask + ASK_RESPONSES:
             settled.update(still)
             ask = None

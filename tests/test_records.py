@@ -1,0 +1,720 @@
+"""The record strategy, rule by rule: records, coverage, holds and asks, partial records.
+
+Conversations are built from framework ``Message`` objects the way an agent stores
+them: a task, lookups (a user turn, a call, its result, a reply), and a record written
+through the recall tool (an assistant call of ``recall_earlier_tool_results`` and its
+result carrying the record prefix). Tokens are counted with the framework's
+``CharacterEstimatorTokenizer`` (4 characters a token).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from agent_framework import CharacterEstimatorTokenizer, Content, Message
+
+from maf_compaction import (
+    AnchoredCompactionStrategy,
+    RecordDecisions,
+    SnapshotError,
+    SnapshotVersionError,
+    ToolResultAnchoredSummarizationCompactionStrategy,
+    find_nested_strategy,
+    original_results,
+    record_text,
+)
+from maf_compaction.adapters.convert import HOLD_KEY, PRESERVED_KEY, WRITTEN_RECORD_KEY
+from maf_compaction.core.record_decisions import Ask
+from maf_compaction.core.records import HOLD_UNCOVERED, HOLD_UNRECORDED, RECALL_TOOL_NAME, RECORD_PREFIX
+from maf_compaction.core.tables import PARTIAL_MARKER_PREFIX
+from maf_compaction.core.values import distinctive_values, words
+
+TOKENIZER = CharacterEstimatorTokenizer()
+FILLER = "eu-west cache-miss status=ok took=12 ms shard=3 the request completed within its window"
+
+Strategy = ToolResultAnchoredSummarizationCompactionStrategy
+
+
+# ----------------------------------------------------------------------------- builders
+
+
+def lookup_text(n: int, *, filler_lines: int = 40, table: bool = True) -> str:
+    """A lookup result: filler, four planted codes, and a two-row table."""
+    lines = [f"# lookup {n}"]
+    for i in range(filler_lines):
+        lines.append(f"[record {i}] code_{n}_{i}=TL-{n:02d}{i:04d}" if i % 10 == 5 else FILLER)
+    if table:
+        lines += ["", "| label | value | region |", "|---|---|---|"]
+        lines += [f"| row_{n}_{k} | TB-{n:02d}A{k:03d} | eu-west |" for k in (1, 2)]
+    return "\n".join(lines)
+
+
+def quote_all(text: str) -> str:
+    """What a faithful record quotes of ``text``: every value line and table (with headings)."""
+    return "\n".join(line for line in text.split("\n") if distinctive_values(line) or line.startswith("|"))
+
+
+def lookup(n: int, result: str | None = None, *, name: str = "lookup", call_id: str | None = None) -> list[Message]:
+    cid = call_id or f"call_{n}"
+    return [
+        Message("user", [f"Please run lookup {n}."]),
+        Message("assistant", [Content.from_function_call(call_id=cid, name=name, arguments={"n": n})]),
+        Message(
+            "tool", [Content.from_function_result(call_id=cid, result=lookup_text(n) if result is None else result)]
+        ),
+        Message("assistant", [f"Lookup {n} is done."]),
+    ]
+
+
+def recall(body: str, *, call_id: str = "recall_1", marker: bool = True) -> list[Message]:
+    text = f"{RECORD_PREFIX}\n{body}" if marker else body
+    return [
+        Message(
+            "assistant",
+            [Content.from_function_call(call_id=call_id, name=RECALL_TOOL_NAME, arguments={"values": body})],
+        ),
+        Message("tool", [Content.from_function_result(call_id=call_id, result=text)]),
+    ]
+
+
+def conversation(lookups: int = 6, *, head: int = 0) -> list[Message]:
+    """A task, ``head`` head turns, then ``lookups`` lookups (lookup 0 is in the head).
+
+    The groups are the task, lookup 0's user turn and its tool group (the head of three),
+    then lookup 0's reply, and so on: lookup ``n``'s tool group is tool ordinal ``n``.
+    """
+    messages = [Message("user", ["Task: reconcile."])]
+    messages += [Message("user", [f"Context {i}."]) for i in range(head)]
+    for n in range(lookups):
+        messages += lookup(n)
+    return messages
+
+
+def strategy(budget: int = 100_000, **kwargs: Any) -> Strategy:
+    return Strategy(max_input_tokens=budget, tokenizer=TOKENIZER, **kwargs)
+
+
+def run(strategy: Strategy, messages: list[Message]) -> bool:
+    import asyncio
+
+    return asyncio.run(strategy(messages))
+
+
+def excluded(message: Message) -> bool:
+    return bool(message.additional_properties.get("_excluded"))
+
+
+def result_of(messages: Sequence[Message], call_id: str) -> Message:
+    return next(m for m in messages if any(c.call_id == call_id and c.type == "function_result" for c in m.contents))
+
+
+def call_of(messages: Sequence[Message], call_id: str) -> Message:
+    return next(m for m in messages if any(c.call_id == call_id and c.type == "function_call" for c in m.contents))
+
+
+def dropped(messages: Sequence[Message], call_id: str) -> bool:
+    return excluded(result_of(messages, call_id)) and excluded(call_of(messages, call_id))
+
+
+def hold(message: Message) -> str | None:
+    return message.additional_properties.get(HOLD_KEY)
+
+
+class Recording:
+    """A fallback that records each call and changes nothing."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[Message]] = []
+
+    async def __call__(self, messages: list[Message]) -> bool:
+        self.calls.append(list(messages))
+        return False
+
+
+# ----------------------------------------------------------------------------- parameters
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"max_input_tokens": 0}, "max_input_tokens"),
+        ({"max_input_tokens": True}, "max_input_tokens"),
+        ({"keep_head_groups": -1}, "keep_head_groups"),
+        ({"keep_tail_groups": 1.5}, "keep_tail_groups"),
+        ({"trigger_fraction": 0}, "trigger_fraction"),
+        ({"trigger_fraction": 1.2}, "trigger_fraction"),
+        ({"fallback_fraction": float("nan")}, "fallback_fraction"),
+        ({"trigger_fraction": 0.9, "fallback_fraction": 0.8}, "fallback_fraction"),
+        ({"trigger_fraction": 0.9, "fallback_fraction": 0.9}, "fallback_fraction"),
+        ({"coverage_share": -0.1}, "coverage_share"),
+        ({"coverage_share": 1.01}, "coverage_share"),
+        ({"record_target_tokens": 0}, "record_target_tokens"),
+        ({"record_target_tokens": "2000"}, "record_target_tokens"),
+        ({"fallback": "anchored"}, "fallback"),
+    ],
+)
+def test_invalid_parameters_name_themselves(kwargs: dict[str, Any], name: str) -> None:
+    arguments: dict[str, Any] = {"max_input_tokens": 1_000, "tokenizer": TOKENIZER, **kwargs}
+    with pytest.raises(ValueError, match=name):
+        Strategy(**arguments)
+
+
+def test_defaults_follow_the_readme() -> None:
+    s = strategy(12_000)
+    config = s.config
+    assert (config.keep_head_groups, config.keep_tail_groups) == (3, 4)
+    assert (s.trigger_fraction, s.fallback_fraction, s.coverage_share) == (0.6, 0.9, 0.8)
+    assert s.record_target_tokens == 2_000
+    assert isinstance(s.fallback, AnchoredCompactionStrategy)
+    assert s.fallback.max_input_tokens == 12_000
+    assert s.fallback.config.keep_head_groups == 3 and s.fallback.config.keep_tail_groups == 4
+
+
+def test_coverage_share_zero_and_one_are_allowed() -> None:
+    assert strategy(coverage_share=0).coverage_share == 0
+    assert strategy(coverage_share=1).coverage_share == 1
+
+
+# ----------------------------------------------------------------------------- values
+
+
+def test_values_are_cut_at_separators_and_keep_paths_versions_and_codes_whole() -> None:
+    text = 'code_7=TL-3FA9C2, path /srv/app-12/log.txt; v1.23.0 (2026-10-12) "ab12" [x9y8z] <q1w2> 12:30:45'
+    assert words("code_7=TL-3FA9C2,") == ["TL-3FA9C2"]
+    assert distinctive_values(text) == (
+        "TL-3FA9C2",
+        "srv/app-12/log.txt",  # punctuation is stripped from both ends, on both sides alike
+        "v1.23.0",
+        "2026-10-12",
+        "ab12",
+        "x9y8z",
+        "q1w2",
+        "12:30:45",
+    )
+
+
+def test_values_need_four_characters_and_a_digit_and_keep_their_case() -> None:
+    assert distinctive_values("a1b abc1 ABCD 123 1234 tl-3fa9c2 TL-3FA9C2") == (
+        "abc1",
+        "1234",
+        "tl-3fa9c2",
+        "TL-3FA9C2",
+    )
+
+
+# ----------------------------------------------------------------------------- what is a record
+
+
+def test_a_recall_result_with_the_marker_is_a_record_matched_by_call_id_anywhere() -> None:
+    messages = conversation(4)
+    body = quote_all(lookup_text(1))
+    call, result = recall(body)
+    # The result arrives after an unrelated user turn: matched by call id, not adjacency.
+    messages += [call, Message("user", ["(meanwhile)"]), result]
+    s = strategy()
+    run(s, messages)
+    assert s.records_found == 1
+    assert dropped(messages, "call_1")
+
+
+@pytest.mark.parametrize("case", ["no_marker", "other_tool", "no_call", "excluded", "user_text"])
+def test_things_that_look_like_records_are_not(case: str) -> None:
+    messages = conversation(4)
+    body = quote_all(lookup_text(1))
+    if case == "no_marker":
+        messages += recall(body, marker=False)
+    elif case == "other_tool":
+        messages += lookup(9, f"{RECORD_PREFIX}\n{body}", name="search", call_id="x9")
+    elif case == "no_call":
+        messages += [
+            Message("tool", [Content.from_function_result(call_id="orphan", result=f"{RECORD_PREFIX}\n{body}")])
+        ]
+    elif case == "excluded":
+        call, result = recall(body)
+        call.additional_properties["_excluded"] = True
+        result.additional_properties["_excluded"] = True
+        messages += [call, result]
+    else:
+        messages += [Message("user", [f"{RECORD_PREFIX}\n{body}"])]
+    s = strategy()
+    run(s, messages)
+    assert s.records_found == 0
+    assert not any(excluded(m) for m in messages if m.role == "tool" and "lookup 1" in (m.contents[0].result or ""))
+
+
+def test_a_written_record_counts_only_with_its_metadata_and_prefix() -> None:
+    body = quote_all(lookup_text(1))
+    written = Message("assistant", [f"{RECORD_PREFIX}\n{body}"], additional_properties={WRITTEN_RECORD_KEY: True})
+    imitation = Message("assistant", [f"{RECORD_PREFIX}\n{body}"])
+    wrong_text = Message("assistant", [body], additional_properties={WRITTEN_RECORD_KEY: True})
+    for message, counts in ((written, True), (imitation, False), (wrong_text, False)):
+        messages = [*conversation(4), copy.deepcopy(message)]
+        s = strategy()
+        run(s, messages)
+        assert s.records_found == int(counts)
+        assert dropped(messages, "call_1") is counts
+        assert bool(record_text(messages[-1])) is counts
+
+
+def test_record_text_reads_only_marked_results() -> None:
+    call, result = recall("TL-000001")
+    assert record_text(result).endswith("TL-000001")
+    assert record_text(call) == ""
+    assert record_text(Message("tool", [Content.from_function_result(call_id="x", result="TL-000001")])) == ""
+    result.additional_properties["_excluded"] = True
+    assert record_text(result) == ""
+
+
+# ----------------------------------------------------------------------------- coverage
+
+
+def test_covered_groups_leave_uncovered_are_held_head_and_later_groups_stay() -> None:
+    messages = conversation(6)
+    body = "\n".join(quote_all(lookup_text(n)) for n in (0, 1, 2, 4))
+    messages += recall(body)
+    messages += lookup(6)  # after the record: never judged
+    s = strategy()
+    assert run(s, messages)
+    # Lookup 0 is the third group (task, its user turn, its call): the head.
+    assert not excluded(result_of(messages, "call_0"))
+    assert all(dropped(messages, f"call_{n}") for n in (1, 2, 4))
+    for n in (3, 5):
+        assert not excluded(result_of(messages, f"call_{n}"))
+        assert hold(result_of(messages, f"call_{n}")) == HOLD_UNCOVERED
+        assert result_of(messages, f"call_{n}").additional_properties[PRESERVED_KEY] is True
+    assert not excluded(result_of(messages, "call_6")) and hold(result_of(messages, "call_6")) is None
+    # The record stays, and so do the user turns and replies.
+    assert not excluded(result_of(messages, "recall_1"))
+    assert all(not excluded(m) for m in messages if m.role in ("user", "system") or m.text.startswith("Lookup"))
+    assert (s.groups_covered, s.groups_kept_uncovered) == (3, 2)
+
+
+def test_coverage_needs_the_configured_share_of_distinct_values_with_case() -> None:
+    text = "\n".join(f"v{i}=AB-{i:04d}" for i in range(10))  # ten distinct values
+    for quoted, share, covered in ((8, 0.8, True), (7, 0.8, False), (7, 0.7, True), (10, 1.0, True), (9, 1.0, False)):
+        messages = conversation(2)
+        messages[-2].contents[0].result = text  # lookup 1's result
+        messages[-2].contents[0].items = [Content.from_text(text)]
+        messages += recall(" ".join(f"AB-{i:04d}" for i in range(quoted)))
+        s = strategy(coverage_share=share)
+        run(s, messages)
+        assert dropped(messages, "call_1") is covered, (quoted, share)
+    messages = conversation(2)
+    messages[-2].contents[0].result = text
+    messages[-2].contents[0].items = [Content.from_text(text)]
+    messages += recall(" ".join(f"ab-{i:04d}" for i in range(10)))  # wrong case
+    run(strategy(), messages)
+    assert not dropped(messages, "call_1")
+
+
+def test_values_are_whole_words_not_substrings() -> None:
+    messages = conversation(2)
+    messages += recall(
+        " ".join(f"XTL-01{i:04d}" for i in range(40)) + " " + quote_all(lookup_text(1)).replace("TL-", "TLX-")
+    )
+    run(strategy(), messages)
+    assert not dropped(messages, "call_1")
+
+
+def test_coverage_share_zero_covers_any_group_with_values() -> None:
+    messages = conversation(2)
+    messages += recall("nothing useful")
+    run(strategy(coverage_share=0), messages)
+    assert dropped(messages, "call_1")
+
+
+def test_groups_without_values_are_covered_by_tool_name_mentions() -> None:
+    prose = "The weather was mild and the deploy went well. " * 20
+    messages = conversation(1)
+    messages += lookup(1, prose, name="get_weather", call_id="w1")
+    messages += lookup(2, prose + " Again.", name="get_weather", call_id="w2")
+    messages += lookup(3, prose, name="list_files", call_id="f3")
+    messages += recall("get_weather: mild, deploy went well. GET_WEATHER twice.\nlist_files nothing")
+    run(strategy(), messages)
+    assert dropped(messages, "w1") and dropped(messages, "w2")  # mentioned twice for two groups
+    assert dropped(messages, "f3")
+    messages = conversation(1)
+    messages += lookup(1, prose, name="get_weather", call_id="w1")
+    messages += lookup(2, prose + " Again.", name="get_weather", call_id="w2")
+    messages += recall("get_weather: mild.")  # once, for two groups
+    run(strategy(), messages)
+    assert not dropped(messages, "w1") and not dropped(messages, "w2")
+
+
+def test_all_records_count_and_preserved_groups_are_not_ours() -> None:
+    messages = conversation(4)
+    messages += recall(quote_all(lookup_text(1)), call_id="recall_1")
+    messages += recall(quote_all(lookup_text(2)), call_id="recall_2")
+    result_of(messages, "call_3").additional_properties[PRESERVED_KEY] = True
+    s = strategy()
+    run(s, messages)
+    assert dropped(messages, "call_1") and dropped(messages, "call_2")
+    assert not excluded(result_of(messages, "call_3")) and hold(result_of(messages, "call_3")) is None
+    assert s.records_in_conversation == 2
+
+
+def test_records_apply_below_the_trigger_and_do_nothing_without_one() -> None:
+    messages = conversation(3)
+    s = strategy(1_000_000)
+    assert not run(s, list(messages))
+    messages += recall(quote_all(lookup_text(1)))
+    assert run(s, messages)
+    assert dropped(messages, "call_1")
+    assert s.last_report is not None and not s.last_report.triggered
+
+
+# ----------------------------------------------------------------------------- asks and settling
+
+
+def _uncovered_setup() -> tuple[Strategy, list[Message]]:
+    messages = conversation(4)
+    messages += recall(quote_all(lookup_text(1)))
+    s = strategy()
+    run(s, messages)
+    return s, messages
+
+
+def test_uncovered_groups_are_asked_for_once_per_ask() -> None:
+    s, _ = _uncovered_setup()
+    ask = s.decision_state().ask
+    assert ask is not None and ask.targets == (2, 3)
+    assert s.reforce_pending() and s.record_due()
+    assert s.take_reforce() is True
+    assert s.take_reforce() is False
+    assert not s.reforce_pending() and s.record_due()  # still outstanding, just taken
+
+
+def test_an_ask_that_covers_none_of_its_batch_settles_it() -> None:
+    s, messages = _uncovered_setup()
+    s.take_reforce()
+    messages += recall("nothing new", call_id="recall_2")
+    run(s, messages)
+    decisions = s.decision_state()
+    assert decisions.settled == (2, 3) and decisions.ask is None
+    assert s.groups_preserved_uncovered == 2
+    assert hold(result_of(messages, "call_2")) == HOLD_UNCOVERED
+    # A later record that quotes them releases them.
+    messages += recall(quote_all(lookup_text(2)) + "\n" + quote_all(lookup_text(3)), call_id="recall_3")
+    run(s, messages)
+    assert dropped(messages, "call_2") and dropped(messages, "call_3")
+    assert hold(result_of(messages, "call_2")) is None
+
+
+def test_an_ask_fails_after_two_responses_without_a_record() -> None:
+    s, messages = _uncovered_setup()
+    messages += [Message("user", ["next"]), Message("assistant", ["one"])]
+    run(s, messages)
+    assert s.decision_state().ask is not None
+    messages += [Message("assistant", ["two"])]
+    run(s, messages)
+    assert s.decision_state().settled == (2, 3)
+    assert s.decision_state().ask is None
+
+
+def test_a_partly_successful_ask_asks_again_for_the_rest_only() -> None:
+    s, messages = _uncovered_setup()
+    s.take_reforce()
+    messages += lookup(7)  # arrives during the ask: not recruited
+    messages += recall(quote_all(lookup_text(2)), call_id="recall_2")
+    run(s, messages)
+    assert dropped(messages, "call_2")
+    ask = s.decision_state().ask
+    # The chain continues for what is left of its batch only.
+    assert ask is not None and ask.targets == (3,)
+    assert s.decision_state().settled == ()
+
+
+def test_a_chain_does_not_recruit_groups_arriving_during_it() -> None:
+    s, messages = _uncovered_setup()
+    assert s.decision_state().ask == Ask(targets=(2, 3), records_at_ask=1, responses_at_ask=9)
+    s.take_reforce()
+    messages += lookup(7)  # ordinal 5 (the recall group is ordinal 4)
+    messages += recall(quote_all(lookup_text(2)), call_id="recall_2")
+    run(s, messages)
+    ask = s.decision_state().ask
+    assert ask is not None and ask.targets == (3,)  # lookup 7 is uncovered too, but waits
+    assert hold(result_of(messages, "call_7")) == HOLD_UNCOVERED
+    assert s.take_reforce()
+    messages += recall(quote_all(lookup_text(3)), call_id="recall_3")
+    run(s, messages)
+    ask = s.decision_state().ask
+    assert dropped(messages, "call_3")
+    assert ask is not None and ask.targets == (5,)  # the chain ended; a new one starts
+
+
+def test_decisions_round_trip_and_restore() -> None:
+    s, messages = _uncovered_setup()
+    s.take_reforce()
+    data = json.loads(json.dumps(s.decision_state().to_dict()))
+    fresh = strategy()
+    fresh.restore_decisions(data)
+    assert fresh.decision_state() == s.decision_state()
+    assert not fresh.take_reforce()
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        ({"kind": "records", "version": 2}, SnapshotVersionError),
+        ({"kind": "records", "version": "1"}, SnapshotVersionError),
+        ({"kind": "anchored", "version": 1}, SnapshotError),
+        ({"kind": "records", "version": 1, "settled": [-1]}, SnapshotError),
+        (
+            {"kind": "records", "version": 1, "ask": {"targets": [], "records_at_ask": 0, "responses_at_ask": 0}},
+            SnapshotError,
+        ),
+        (
+            {
+                "kind": "records",
+                "version": 1,
+                "ask": {"targets": [1], "records_at_ask": 0, "responses_at_ask": 0, "taken": 1},
+            },
+            SnapshotError,
+        ),
+        ({"kind": "records", "version": 1, "ask": [1]}, SnapshotError),
+    ],
+)
+def test_bad_decisions_are_refused_with_a_typed_error(data: dict[str, Any], error: type[Exception]) -> None:
+    with pytest.raises(error):
+        strategy().restore_decisions(data)
+
+
+def test_a_newer_snapshot_names_its_version() -> None:
+    with pytest.raises(SnapshotVersionError, match="version 7"):
+        RecordDecisions.from_dict({"kind": "records", "version": 7})
+
+
+# ----------------------------------------------------------------------------- fallbacks
+
+
+def test_without_a_record_it_waits_until_the_fallback_fraction() -> None:
+    messages = conversation(6)
+    size = sum(TOKENIZER.count_tokens(m.text or "") + len(m.contents[0].result or "") // 4 for m in messages)
+    fallback = Recording()
+    s = strategy(int(size / 0.8), fallback=fallback)  # about 80%: over the trigger, under 90%
+    run(s, messages)
+    assert fallback.calls == [] and s.fallbacks_used == 0
+    s = strategy(int(size / 0.95), fallback=fallback)
+    run(s, messages)
+    assert len(fallback.calls) == 1 and s.fallbacks_used == 1
+    assert not any(hold(m) for m in messages)  # the plain fallback holds nothing
+
+
+def test_behind_a_record_over_budget_everything_unrecorded_is_held_and_a_warning_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    messages = conversation(6)
+    messages += recall(quote_all(lookup_text(1)))
+    messages += lookup(9)
+    s = strategy(3_000)
+    with caplog.at_level(logging.WARNING, logger="maf_compaction"):
+        run(s, messages)
+    assert hold(result_of(messages, "call_0")) == HOLD_UNRECORDED  # the head
+    assert hold(result_of(messages, "call_9")) == HOLD_UNRECORDED  # after the record
+    assert hold(result_of(messages, "call_2")) == HOLD_UNCOVERED
+    assert hold(result_of(messages, "recall_1")) is None
+    assert s.fallbacks_held_after_record == 1 and s.overflows == 1
+    assert any("behind a record" in r.getMessage() for r in caplog.records)
+    # The anchored fallback sheds only narration: every held result is intact.
+    for n in (0, 2, 3, 4, 5, 9):
+        assert not excluded(result_of(messages, f"call_{n}"))
+        assert result_of(messages, f"call_{n}").contents[0].result == lookup_text(n)
+
+
+def test_holds_are_released_when_no_longer_needed() -> None:
+    messages = conversation(6)
+    messages += recall(quote_all(lookup_text(1)))
+    run(strategy(3_000), messages)
+    assert hold(result_of(messages, "call_0")) == HOLD_UNRECORDED
+    run(strategy(1_000_000), messages)
+    assert hold(result_of(messages, "call_0")) is None
+    assert PRESERVED_KEY not in result_of(messages, "call_0").additional_properties
+    assert hold(result_of(messages, "call_2")) == HOLD_UNCOVERED
+
+
+# ----------------------------------------------------------------------------- partial records
+
+
+TABLE = [
+    "| id | code | owner |",
+    "|---|---|---|",
+    "| 1 | PX-000101 | ana |",
+    "| 2 | PX-000102 | bo |",
+    "| 3 | PX-000103 | cy |",
+]
+
+
+def big_result(rows: Sequence[str] = TABLE, *, filler: int = 60) -> str:
+    values = "\n".join(f"note_{i}=NV-{i:06d}" for i in range(6))
+    return "\n".join([values, *(FILLER for _ in range(filler)), *rows, *(FILLER for _ in range(5))])
+
+
+def partial_setup(result: str, body: str, **kwargs: Any) -> tuple[Strategy, list[Message]]:
+    messages = conversation(1)
+    messages += lookup(1, result, call_id="big")
+    messages += lookup(2, "small result AB-0001")
+    messages += recall(body)
+    s = strategy(record_target_tokens=kwargs.pop("record_target_tokens", 200), **kwargs)
+    run(s, messages)
+    return s, messages
+
+
+def released_text(messages: Sequence[Message]) -> str:
+    return result_of(messages, "big").contents[0].result or ""
+
+
+def test_quoted_rows_of_a_large_result_are_released_headings_and_others_stay() -> None:
+    body = "\n".join(TABLE[:3] + [TABLE[4]])  # rows 1 and 3, under the headings
+    s, messages = partial_setup(big_result(), body)
+    text = released_text(messages)
+    assert "| 1 | PX-000101 | ana |" not in text and "| 3 | PX-000103 | cy |" not in text
+    assert "| id | code | owner |\n|---|---|---|\n| 2 | PX-000102 | bo |" in text
+    marker = next(line for line in text.split("\n") if line.startswith(PARTIAL_MARKER_PREFIX))
+    assert "PX-000101" in marker and "PX-000103" in marker and "PX-000102" not in marker
+    assert s.rows_released == 2
+    assert not excluded(result_of(messages, "big"))  # whole-group coverage was not reached
+    assert hold(result_of(messages, "big")) == HOLD_UNCOVERED
+    assert original_results(result_of(messages, "big"))["big"] == big_result()
+    # The set of values is unchanged, so coverage reads the same after the release.
+    assert set(distinctive_values(text)) == set(distinctive_values(big_result()))
+
+
+@pytest.mark.parametrize(
+    ("case", "body", "rows"),
+    [
+        ("bare values", "PX-000101 PX-000102 PX-000103", TABLE),
+        ("changed row", "\n".join([*TABLE[:2], "| 1 | PX-000101 | ann |"]), TABLE),
+        ("other headings", "\n".join(["| id | code | team |", "|---|---|---|", TABLE[2]]), TABLE),
+        ("no separator", "\n".join([TABLE[0], TABLE[2]]), TABLE),
+        ("fenced in result", "\n".join(TABLE[:3]), ["```", *TABLE, "```"]),
+        ("fenced in record", "\n".join(["```", *TABLE[:3], "```"]), TABLE),
+        (
+            "backslash",
+            "\n".join([*TABLE[:2], "| 1 | PX-000101 \\ x | ana |"]),
+            [*TABLE[:2], "| 1 | PX-000101 \\ x | ana |"],
+        ),
+        ("no value", "\n".join([*TABLE[:2], "| a | b | c |"]), [*TABLE, "| a | b | c |"]),
+    ],
+)
+def test_rows_that_do_not_qualify_stay(case: str, body: str, rows: list[str]) -> None:
+    s, messages = partial_setup(big_result(rows), body)
+    assert released_text(messages) == big_result(rows), case
+    assert s.rows_released == 0
+
+
+def test_rows_repeated_anywhere_in_the_loaded_results_stay() -> None:
+    messages = conversation(1)
+    messages += lookup(1, big_result(), call_id="big")
+    messages += lookup(2, "\n".join(TABLE[:3]) + "\nmore AB-0001")  # the same row, same headings
+    messages += recall("\n".join(TABLE[:4]))
+    run(strategy(record_target_tokens=200), messages)
+    text = released_text(messages)
+    assert "| 1 | PX-000101 | ana |" in text  # ambiguous source
+    assert "| 2 | PX-000102 | bo |" not in text
+
+
+def test_small_groups_and_non_string_results_keep_the_whole_group_rule() -> None:
+    body = "\n".join(TABLE)
+    s, messages = partial_setup(big_result(), body, record_target_tokens=100_000)
+    assert released_text(messages) == big_result() and s.rows_released == 0
+    structured = json.dumps({"rows": TABLE, "pad": [FILLER] * 60})
+    s, messages = partial_setup(structured, body)
+    assert released_text(messages) == structured and s.rows_released == 0
+    messages = conversation(1)
+    image = Content.from_uri("https://example.com/a.png", media_type="image/png")
+    text = big_result()
+    messages += [
+        Message("user", ["look"]),
+        Message("assistant", [Content.from_function_call(call_id="big", name="shot", arguments={})]),
+        Message("tool", [Content.from_function_result(call_id="big", result=[Content.from_text(text), image])]),
+    ]
+    messages += lookup(2)
+    messages += recall(body)
+    s = strategy(record_target_tokens=200)
+    run(s, messages)
+    assert s.rows_released == 0
+
+
+def test_target_none_disables_partial_release_and_the_estimate() -> None:
+    s, messages = partial_setup(big_result(), "\n".join(TABLE), record_target_tokens=None)
+    assert released_text(messages) == big_result()
+    assert s.rows_released == 0 and s.groups_held_unreachable_coverage == 0
+
+
+def test_partial_rows_are_recomputed_from_history_alone() -> None:
+    body = "\n".join(TABLE[:3])
+    _, first = partial_setup(big_result(), body)
+    # A fresh instance (no state) on the already-released history changes nothing more.
+    again = copy.deepcopy(first)
+    s = strategy(record_target_tokens=200)
+    run(s, again)
+    assert released_text(again) == released_text(first)
+    # A later record quoting another row extends the same marker.
+    again += recall("\n".join([*TABLE[:2], TABLE[3]]), call_id="recall_2")
+    run(s, again)
+    text = released_text(again)
+    markers = [line for line in text.split("\n") if line.startswith(PARTIAL_MARKER_PREFIX)]
+    assert len(markers) == 1 and "PX-000101" in markers[0] and "PX-000102" in markers[0]
+
+
+def test_unreachable_coverage_estimate_counts_held_groups_whose_values_exceed_the_target() -> None:
+    dense = "\n".join(f"k{i}=VAL-{i:08d}" for i in range(400))
+    messages = conversation(1)
+    messages += lookup(1, dense, call_id="dense")
+    messages += lookup(2)
+    messages += recall("nothing")
+    s = strategy(record_target_tokens=500)
+    run(s, messages)
+    assert s.groups_held_unreachable_coverage == 1  # 320 values of ~4 tokens each > 500
+    s = strategy(record_target_tokens=10_000)
+    run(s, copy.deepcopy(messages))
+    assert s.groups_held_unreachable_coverage == 0
+
+
+# ----------------------------------------------------------------------------- the two lists, nesting
+
+
+def test_the_in_call_copies_and_the_stored_history_agree() -> None:
+    stored = conversation(6)
+    stored += recall(quote_all(lookup_text(1)) + quote_all(lookup_text(3)))
+    copies = copy.deepcopy(stored)
+    for message in copies:
+        message.additional_properties["_attribution"] = {
+            "source_id": "in_memory",
+            "source_type": "InMemoryHistoryProvider",
+        }
+    todo = Message(
+        "user",
+        ["## Todo"],
+        additional_properties={"_attribution": {"source_id": "todo", "source_type": "TodoProvider"}},
+    )
+    copies.insert(0, todo)
+    s = strategy()
+    run(s, copies)
+    run(s, stored)
+
+    def shown(messages: list[Message]) -> list[Any]:
+        return [m.to_dict()["contents"] for m in messages if not excluded(m) and m is not todo]
+
+    assert shown(copies) == shown(stored)
+
+
+def test_find_nested_strategy_walks_compositions_but_not_fallbacks() -> None:
+    records = strategy()
+
+    class Composed:
+        def __init__(self, *parts: object) -> None:
+            self.strategies = list(parts)
+
+    inner = Composed(object(), records)
+    outer = Composed(inner)
+    inner.strategies.append(outer)  # a cycle
+    assert find_nested_strategy(outer, Strategy) is records
+    assert find_nested_strategy(records, AnchoredCompactionStrategy) is None
+    assert find_nested_strategy(records, Strategy) is records
+    assert find_nested_strategy(Composed(), Strategy) is None
