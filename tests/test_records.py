@@ -172,7 +172,8 @@ def test_defaults_follow_the_readme() -> None:
     assert s.record_target_tokens == 2_000
     assert isinstance(s.fallback, AnchoredCompactionStrategy)
     assert s.fallback.max_input_tokens == 12_000
-    assert s.fallback.config.keep_head_groups == 3 and s.fallback.config.keep_tail_groups == 4
+    assert s.fallback.config.keep_head_groups == 3
+    assert s.fallback.config.keep_tail_groups == 4
 
 
 def test_coverage_share_zero_and_one_are_allowed() -> None:
@@ -287,7 +288,8 @@ def test_covered_groups_leave_uncovered_are_held_head_and_later_groups_stay() ->
         assert not excluded(result_of(messages, f"call_{n}"))
         assert hold(result_of(messages, f"call_{n}")) == HOLD_UNCOVERED
         assert result_of(messages, f"call_{n}").additional_properties[PRESERVED_KEY] is True
-    assert not excluded(result_of(messages, "call_6")) and hold(result_of(messages, "call_6")) is None
+    assert not excluded(result_of(messages, "call_6"))
+    assert hold(result_of(messages, "call_6")) is None
     # The record stays, and so do the user turns and replies.
     assert not excluded(result_of(messages, "recall_1"))
     assert all(not excluded(m) for m in messages if m.role in ("user", "system") or m.text.startswith("Lookup"))
@@ -336,14 +338,16 @@ def test_groups_without_values_are_covered_by_tool_name_mentions() -> None:
     messages += lookup(3, prose, name="list_files", call_id="f3")
     messages += recall("get_weather: mild, deploy went well. GET_WEATHER twice.\nlist_files nothing")
     run(strategy(), messages)
-    assert dropped(messages, "w1") and dropped(messages, "w2")  # mentioned twice for two groups
+    assert dropped(messages, "w1")
+    assert dropped(messages, "w2")
     assert dropped(messages, "f3")
     messages = conversation(1)
     messages += lookup(1, prose, name="get_weather", call_id="w1")
     messages += lookup(2, prose + " Again.", name="get_weather", call_id="w2")
     messages += recall("get_weather: mild.")  # once, for two groups
     run(strategy(), messages)
-    assert not dropped(messages, "w1") and not dropped(messages, "w2")
+    assert not dropped(messages, "w1")
+    assert not dropped(messages, "w2")
 
 
 def test_all_records_count_and_preserved_groups_are_not_ours() -> None:
@@ -353,8 +357,10 @@ def test_all_records_count_and_preserved_groups_are_not_ours() -> None:
     result_of(messages, "call_3").additional_properties[PRESERVED_KEY] = True
     s = strategy()
     run(s, messages)
-    assert dropped(messages, "call_1") and dropped(messages, "call_2")
-    assert not excluded(result_of(messages, "call_3")) and hold(result_of(messages, "call_3")) is None
+    assert dropped(messages, "call_1")
+    assert dropped(messages, "call_2")
+    assert not excluded(result_of(messages, "call_3"))
+    assert hold(result_of(messages, "call_3")) is None
     assert s.records_in_conversation == 2
 
 
@@ -365,7 +371,8 @@ def test_records_apply_below_the_trigger_and_do_nothing_without_one() -> None:
     messages += recall(quote_all(lookup_text(1)))
     assert run(s, messages)
     assert dropped(messages, "call_1")
-    assert s.last_report is not None and not s.last_report.triggered
+    assert s.last_report is not None
+    assert not s.last_report.triggered
 
 
 # ----------------------------------------------------------------------------- asks and settling
@@ -382,11 +389,14 @@ def _uncovered_setup() -> tuple[Strategy, list[Message]]:
 def test_uncovered_groups_are_asked_for_once_per_ask() -> None:
     s, _ = _uncovered_setup()
     ask = s.decision_state().ask
-    assert ask is not None and ask.targets == (2, 3)
-    assert s.reforce_pending() and s.record_due()
+    assert ask is not None
+    assert ask.targets == (2, 3)
+    assert s.reforce_pending()
+    assert s.record_due()
     assert s.take_reforce() is True
     assert s.take_reforce() is False
-    assert not s.reforce_pending() and s.record_due()  # still outstanding, just taken
+    assert not s.reforce_pending()
+    assert s.record_due()
 
 
 def test_an_ask_that_covers_none_of_its_batch_settles_it() -> None:
@@ -395,13 +405,15 @@ def test_an_ask_that_covers_none_of_its_batch_settles_it() -> None:
     messages += recall("nothing new", call_id="recall_2")
     run(s, messages)
     decisions = s.decision_state()
-    assert decisions.settled == (2, 3) and decisions.ask is None
+    assert decisions.settled == (2, 3)
+    assert decisions.ask is None
     assert s.groups_preserved_uncovered == 2
     assert hold(result_of(messages, "call_2")) == HOLD_UNCOVERED
     # A later record that quotes them releases them.
     messages += recall(quote_all(lookup_text(2)) + "\n" + quote_all(lookup_text(3)), call_id="recall_3")
     run(s, messages)
-    assert dropped(messages, "call_2") and dropped(messages, "call_3")
+    assert dropped(messages, "call_2")
+    assert dropped(messages, "call_3")
     assert hold(result_of(messages, "call_2")) is None
 
 
@@ -425,7 +437,8 @@ def test_a_partly_successful_ask_asks_again_for_the_rest_only() -> None:
     assert dropped(messages, "call_2")
     ask = s.decision_state().ask
     # The chain continues for what is left of its batch only.
-    assert ask is not None and ask.targets == (3,)
+    assert ask is not None
+    assert ask.targets == (3,)
     assert s.decision_state().settled == ()
 
 
@@ -437,18 +450,20 @@ def test_a_chain_does_not_recruit_groups_arriving_during_it() -> None:
     messages += recall(quote_all(lookup_text(2)), call_id="recall_2")
     run(s, messages)
     ask = s.decision_state().ask
-    assert ask is not None and ask.targets == (3,)  # lookup 7 is uncovered too, but waits
+    assert ask is not None
+    assert ask.targets == (3,)
     assert hold(result_of(messages, "call_7")) == HOLD_UNCOVERED
     assert s.take_reforce()
     messages += recall(quote_all(lookup_text(3)), call_id="recall_3")
     run(s, messages)
     ask = s.decision_state().ask
     assert dropped(messages, "call_3")
-    assert ask is not None and ask.targets == (5,)  # the chain ended; a new one starts
+    assert ask is not None
+    assert ask.targets == (5,)
 
 
 def test_decisions_round_trip_and_restore() -> None:
-    s, messages = _uncovered_setup()
+    s, _messages = _uncovered_setup()
     s.take_reforce()
     data = json.loads(json.dumps(s.decision_state().to_dict()))
     fresh = strategy()
@@ -498,10 +513,12 @@ def test_without_a_record_it_waits_until_the_fallback_fraction() -> None:
     fallback = Recording()
     s = strategy(int(size / 0.8), fallback=fallback)  # about 80%: over the trigger, under 90%
     run(s, messages)
-    assert fallback.calls == [] and s.fallbacks_used == 0
+    assert fallback.calls == []
+    assert s.fallbacks_used == 0
     s = strategy(int(size / 0.95), fallback=fallback)
     run(s, messages)
-    assert len(fallback.calls) == 1 and s.fallbacks_used == 1
+    assert len(fallback.calls) == 1
+    assert s.fallbacks_used == 1
     assert not any(hold(m) for m in messages)  # the plain fallback holds nothing
 
 
@@ -518,7 +535,8 @@ def test_behind_a_record_over_budget_everything_unrecorded_is_held_and_a_warning
     assert hold(result_of(messages, "call_9")) == HOLD_UNRECORDED  # after the record
     assert hold(result_of(messages, "call_2")) == HOLD_UNCOVERED
     assert hold(result_of(messages, "recall_1")) is None
-    assert s.fallbacks_held_after_record == 1 and s.overflows == 1
+    assert s.fallbacks_held_after_record == 1
+    assert s.overflows == 1
     assert any("behind a record" in r.getMessage() for r in caplog.records)
     # The anchored fallback sheds only narration: every held result is intact.
     for n in (0, 2, 3, 4, 5, 9):
@@ -569,13 +587,16 @@ def released_text(messages: Sequence[Message]) -> str:
 
 
 def test_quoted_rows_of_a_large_result_are_released_headings_and_others_stay() -> None:
-    body = "\n".join(TABLE[:3] + [TABLE[4]])  # rows 1 and 3, under the headings
+    body = "\n".join([*TABLE[:3], TABLE[4]])  # rows 1 and 3, under the headings
     s, messages = partial_setup(big_result(), body)
     text = released_text(messages)
-    assert "| 1 | PX-000101 | ana |" not in text and "| 3 | PX-000103 | cy |" not in text
+    assert "| 1 | PX-000101 | ana |" not in text
+    assert "| 3 | PX-000103 | cy |" not in text
     assert "| id | code | owner |\n|---|---|---|\n| 2 | PX-000102 | bo |" in text
     marker = next(line for line in text.split("\n") if line.startswith(PARTIAL_MARKER_PREFIX))
-    assert "PX-000101" in marker and "PX-000103" in marker and "PX-000102" not in marker
+    assert "PX-000101" in marker
+    assert "PX-000103" in marker
+    assert "PX-000102" not in marker
     assert s.rows_released == 2
     assert not excluded(result_of(messages, "big"))  # whole-group coverage was not reached
     assert hold(result_of(messages, "big")) == HOLD_UNCOVERED
@@ -621,10 +642,12 @@ def test_rows_repeated_anywhere_in_the_loaded_results_stay() -> None:
 def test_small_groups_and_non_string_results_keep_the_whole_group_rule() -> None:
     body = "\n".join(TABLE)
     s, messages = partial_setup(big_result(), body, record_target_tokens=100_000)
-    assert released_text(messages) == big_result() and s.rows_released == 0
+    assert released_text(messages) == big_result()
+    assert s.rows_released == 0
     structured = json.dumps({"rows": TABLE, "pad": [FILLER] * 60})
     s, messages = partial_setup(structured, body)
-    assert released_text(messages) == structured and s.rows_released == 0
+    assert released_text(messages) == structured
+    assert s.rows_released == 0
     messages = conversation(1)
     image = Content.from_uri("https://example.com/a.png", media_type="image/png")
     text = big_result()
@@ -643,7 +666,8 @@ def test_small_groups_and_non_string_results_keep_the_whole_group_rule() -> None
 def test_target_none_disables_partial_release_and_the_estimate() -> None:
     s, messages = partial_setup(big_result(), "\n".join(TABLE), record_target_tokens=None)
     assert released_text(messages) == big_result()
-    assert s.rows_released == 0 and s.groups_held_unreachable_coverage == 0
+    assert s.rows_released == 0
+    assert s.groups_held_unreachable_coverage == 0
 
 
 def test_partial_rows_are_recomputed_from_history_alone() -> None:
@@ -659,7 +683,9 @@ def test_partial_rows_are_recomputed_from_history_alone() -> None:
     run(s, again)
     text = released_text(again)
     markers = [line for line in text.split("\n") if line.startswith(PARTIAL_MARKER_PREFIX)]
-    assert len(markers) == 1 and "PX-000101" in markers[0] and "PX-000102" in markers[0]
+    assert len(markers) == 1
+    assert "PX-000101" in markers[0]
+    assert "PX-000102" in markers[0]
 
 
 def test_unreachable_coverage_estimate_counts_held_groups_whose_values_exceed_the_target() -> None:
