@@ -30,6 +30,7 @@ from maf_compaction.bench.scenario import (
     generate,
 )
 from maf_compaction.bench.simulator import OpenAICache, bill, get_profile
+from maf_compaction.core.tables import row_keys
 from maf_compaction.core.values import distinctive_values
 
 TOKENIZER = TiktokenTokenizer()
@@ -234,6 +235,96 @@ def test_a_pinned_request_gets_a_record_of_visible_tool_values_unless_the_pin_is
     assert call.parse_arguments() == {"values": f"Values from earlier tool results:\n{LOOKUP_TOOL}:\ncode_1=TL-AAAAAA"}
     ignored = ScriptedModel(SCRIPT, ModelOptions(ignore_pin=True)).respond(context, tool_choice=pin)
     assert _call(ignored).name == LOOKUP_TOOL
+
+
+def _results_context(*results: str) -> list[Message]:
+    """A context with one lookup call and result per text."""
+    context = [Message("user", ["first"])]
+    for number, result in enumerate(results):
+        call_id = f"call_1_{number}"
+        call = Content.from_function_call(call_id=call_id, name=LOOKUP_TOOL, arguments={"n": number})
+        context += [
+            Message("assistant", [call]),
+            Message("tool", [Content.from_function_result(call_id, result=result)]),
+        ]
+    return context
+
+
+TABLES = """# records
+code_1=TL-AAAAAA
+| label | value | region |
+|---|---|---|
+| code_2 | TL-BBBBBB | eu-west |
+| probe | none | us-east |
+| code_3 | TL-CCCCCC | ap-south |
+no values here
+| name | code |
+|:--|--:|
+| code_4 | TL-DDDDDD |
+after the tables, code_5=TL-EEEEEE"""
+
+
+def test_a_record_quotes_table_rows_under_their_headings_once_per_table() -> None:
+    second = "| label | value | region |\n|---|---|---|\n| code_6 | TL-FFFFFF | eu-west |"
+    record = ScriptedModel(SCRIPT).record(_results_context(TABLES, second))
+    assert record.splitlines() == [
+        "Values from earlier tool results:",
+        f"{LOOKUP_TOOL}:",
+        "code_1=TL-AAAAAA",
+        "| label | value | region |",
+        "|---|---|---|",
+        "| code_2 | TL-BBBBBB | eu-west |",
+        "| code_3 | TL-CCCCCC | ap-south |",
+        "",  # the next table follows a row directly: kept apart
+        "| name | code |",
+        "|:--|--:|",
+        "| code_4 | TL-DDDDDD |",
+        "after the tables, code_5=TL-EEEEEE",
+        "| label | value | region |",  # another result's table, under its own heading
+        "|---|---|---|",
+        "| code_6 | TL-FFFFFF | eu-west |",
+    ]
+    # Read as the record strategy reads it: every value row of the results, under the same headings.
+    quoted = set(row_keys(record))
+    assert quoted == {
+        key for text in (TABLES, second) for key in row_keys(text) if distinctive_values("|".join(key[1]))
+    }
+
+
+def test_a_lower_quality_record_drops_whole_rows_and_writes_a_heading_only_with_a_row() -> None:
+    result = "\n".join(
+        f"| label | value | t{n} |\n|---|---|---|\n| a{n} | TL-{n:04X}A0 | x |\n| b{n} | TL-{n:04X}B0 | y |\ngap"
+        for n in range(120)
+    )
+    model = ScriptedModel(SCRIPT, ModelOptions(record_quality=0.5, seed=2))
+    record = model.record(_results_context(result))
+    assert record == model.record(_results_context(result))
+    lines = record.splitlines()
+    headings = [i for i, line in enumerate(lines) if line.startswith("| label |")]
+    kept = row_keys(record)
+    assert 60 < len(kept) < 180
+    assert set(kept) <= set(row_keys(result))  # each row verbatim, under its own table's heading
+    assert len(headings) == len({heading for heading, _ in kept})  # one heading per table with a kept row
+    for index in headings:
+        assert lines[index + 1] == "|---|---|---|"
+        assert lines[index + 2].startswith(("| a", "| b"))
+    assert all(line.startswith("|") or line in ("", f"{LOOKUP_TOOL}:") for line in lines[1:])
+
+
+def test_a_record_cut_to_its_size_never_ends_on_a_heading() -> None:
+    model = ScriptedModel(SCRIPT)
+    for max_tokens in range(9, 60):  # the title alone is 33 characters
+        lines = model.record(_results_context(TABLES), max_tokens).splitlines()
+        assert len("\n".join(lines)) <= max_tokens * 4
+        assert not lines[-1].startswith(("| label |", "|---", "| name |", "|:--"))
+
+
+def test_a_record_of_a_generated_lookup_quotes_every_code_and_each_table_row_with_its_heading() -> None:
+    result, planted = _lookups(generate(SMALL))[0]
+    record = ScriptedModel(generate(SMALL)).record(_results_context(result))
+    assert {f.value for f in planted} <= set(distinctive_values(record))
+    assert set(distinctive_values(record)) == set(distinctive_values(result))
+    assert set(row_keys(record)) == set(row_keys(result))
 
 
 @pytest.mark.parametrize("field", ["record_quality", "summary_quality"])

@@ -10,8 +10,9 @@ remembers earlier calls, so whatever a compaction removed from the prompt is gon
   seeded share of those lines.
 - **Pinned to** ``recall_earlier_tool_results`` (``tool_choice`` requires that function):
   a call of that tool whose ``values`` argument quotes, grouped by tool, every line of
-  the tool results in its context that carries a planted value. ``record_quality`` drops
-  a seeded share; ``ignore_pin`` models a route that ignores the pin.
+  the tool results in its context that carries a planted value; a Markdown table row is
+  quoted under its table's heading and separator rows. ``record_quality`` drops a
+  seeded share of the lines and rows; ``ignore_pin`` models a route that ignores the pin.
 - **A scenario turn:** the turn is found by the newest user message whose text is one of
   the scenario's turns. The model makes the turn's scripted calls in order, one per model
   call (it counts the turn's results it can see), then gives the turn's reply.
@@ -32,6 +33,7 @@ from typing import Any, Final
 
 from agent_framework import Content, Message
 
+from ..core.tables import tables
 from .scenario import RECALL_TOOL, Scenario, Turn
 
 #: What a planted value looks like when the scenario does not list it (``TL-3FA9C2``).
@@ -62,6 +64,40 @@ class ModelOptions:
             value = getattr(self, name)
             if not 0 <= value <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Quote:
+    """A value-bearing line of a tool result, with its table's heading rows if it is a table row.
+
+    Attributes:
+        line: The line, stripped.
+        heading: The table's heading row and separator row, or ``()`` outside a table.
+        block: Identifies the table block (result, table), or ``None`` outside a table.
+    """
+
+    line: str
+    heading: tuple[str, ...] = ()
+    block: tuple[int, int] | None = None
+
+
+def _with_headings(quotes: Sequence[_Quote]) -> list[list[str]]:
+    """The quoted lines as chunks; a table block's first kept row carries its heading rows.
+
+    A heading that follows another table's row directly gets an empty line first, so
+    the two tables stay apart for a Markdown reader.
+    """
+    chunks: list[list[str]] = []
+    block: tuple[int, int] | None = None
+    previous_row = False
+    for quote in quotes:
+        chunk = [quote.line]
+        if quote.block is not None and quote.block != block:
+            chunk = [*([""] if previous_row else []), *quote.heading, quote.line]
+        chunks.append(chunk)
+        block = quote.block
+        previous_row = quote.block is not None
+    return chunks
 
 
 def content_text(content: Content) -> str:
@@ -162,28 +198,46 @@ class ScriptedModel:
             for line in context_text([message]).splitlines():
                 if self._carries_value(line) or _KEEP_WORDS.search(line):
                     lines.append(line.strip())
-        kept = self._drop(lines, self.options.summary_quality, "summary")
-        return self._fit("Summary of the earlier conversation:", kept, max_tokens)
+        kept = [line for line in lines if self._keeps(line, self.options.summary_quality, "summary")]
+        return self._fit("Summary of the earlier conversation:", [[line] for line in kept], max_tokens)
 
     def record(self, messages: Sequence[Message], max_tokens: int | None = None) -> str:
-        """A record: value-bearing lines of every visible tool result, grouped by tool."""
+        """A record: value-bearing lines of every visible tool result, grouped by tool.
+
+        A kept Markdown table row is written under its table's heading row and separator
+        row, once per table block and in the original order, so the record quotes the row
+        verbatim under the same column headings; a heading is written only with a row.
+        """
         names = {c.call_id: c.name for m in messages for c in m.contents if c.type == "function_call"}
-        by_tool: dict[str, list[str]] = {}
-        for message in messages:
-            for content in message.contents:
-                if content.type != "function_result":
-                    continue
-                name = names.get(content.call_id) or "tool"
-                if name == RECALL_TOOL:
-                    continue
-                lines = [line.strip() for line in content_text(content).splitlines() if self._carries_value(line)]
-                by_tool.setdefault(name, []).extend(lines)
-        out: list[str] = []
-        for name, lines in by_tool.items():
-            kept = self._drop(lines, self.options.record_quality, "record")
+        results = [c for m in messages for c in m.contents if c.type == "function_result"]
+        by_tool: dict[str, list[_Quote]] = {}
+        for number, content in enumerate(results):
+            name = names.get(content.call_id) or "tool"
+            if name != RECALL_TOOL:
+                by_tool.setdefault(name, []).extend(self._quotes(content_text(content), number))
+        chunks: list[list[str]] = []
+        for name, quotes in by_tool.items():
+            kept = [q for q in quotes if self._keeps(q.line, self.options.record_quality, "record")]
             if kept:
-                out += [f"{name}:", *kept]
-        return self._fit("Values from earlier tool results:", out, max_tokens)
+                chunks += [[f"{name}:"], *_with_headings(kept)]
+        return self._fit("Values from earlier tool results:", chunks, max_tokens)
+
+    def _quotes(self, text: str, result: int) -> list[_Quote]:
+        """The value-bearing lines of one tool result; table rows with their table's heading."""
+        lines = text.splitlines()
+        in_table: dict[int, tuple[tuple[str, str], tuple[int, int]]] = {}
+        for number, table in enumerate(tables("\n".join(lines))):
+            start = table.end - len(table.rows) - 2
+            heading = (lines[start].strip(), lines[start + 1].strip())
+            for index, _ in table.rows:
+                in_table[index] = (heading, (result, number))
+        quotes: list[_Quote] = []
+        for index, line in enumerate(lines):
+            if not self._carries_value(line):
+                continue
+            heading, block = in_table.get(index, ((), None))
+            quotes.append(_Quote(line.strip(), heading, block))
+        return quotes
 
     def _record_call(self, messages: Sequence[Message], max_tokens: int | None) -> Content:
         digest = hashlib.sha256(context_text(messages).encode()).hexdigest()[:12]
@@ -194,28 +248,28 @@ class ScriptedModel:
     def _carries_value(self, line: str) -> bool:
         return bool(VALUE_PATTERN.search(line)) or any(v in line for v in self._values)
 
-    def _drop(self, lines: list[str], quality: float, what: str) -> list[str]:
+    def _keeps(self, line: str, quality: float, what: str) -> bool:
+        """Whether a record or summary of ``quality`` keeps ``line`` (seeded, so the same every time)."""
         if quality >= 1:
-            return lines
-        kept: list[str] = []
-        for line in lines:
-            digest = hashlib.sha256(f"{self.options.seed}:{what}:{line}".encode()).digest()
-            if int.from_bytes(digest[:4], "big") / 2**32 < quality:
-                kept.append(line)
-        return kept
+            return True
+        digest = hashlib.sha256(f"{self.options.seed}:{what}:{line}".encode()).digest()
+        return int.from_bytes(digest[:4], "big") / 2**32 < quality
 
     @staticmethod
-    def _fit(title: str, lines: list[str], max_tokens: int | None) -> str:
+    def _fit(title: str, chunks: Sequence[Sequence[str]], max_tokens: int | None) -> str:
+        """``title`` and the chunks' lines, whole chunks only, within ``max_tokens``."""
+        lines = [line for chunk in chunks for line in chunk]
         text = "\n".join([title, *lines])
         if max_tokens is not None and len(text) > max_tokens * _CHARS_PER_TOKEN:
             limit = max_tokens * _CHARS_PER_TOKEN
             out = [title]
             size = len(title)
-            for line in lines:
-                if size + len(line) + 1 > limit:
+            for chunk in chunks:
+                grown = size + sum(len(line) + 1 for line in chunk)
+                if grown > limit:
                     break
-                out.append(line)
-                size += len(line) + 1
+                out += chunk
+                size = grown
             text = "\n".join(out)
         return text
 
