@@ -318,6 +318,14 @@ class ToolResultAnchoredSummarizationCompactionStrategy:
                 len(ids),
                 ", ".join(ids),
             )
+        if report.joined:
+            ids = [before[i].message_id or f"#{i}" for i in report.joined]
+            logger.warning(
+                "Excluded %d message(s) no record quotes, to keep a tool group whole (a result that arrived "
+                "for a call a record already covered); they stay in stored history: %s",
+                len(ids),
+                ", ".join(ids),
+            )
         if report.rows_released:
             logger.info("Released %d table row(s) that a record quotes verbatim", report.rows_released)
         if report.asked:

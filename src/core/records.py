@@ -245,7 +245,9 @@ class RecordReport:
         triggered: The prompt was over the trigger.
         records: Active records in the conversation.
         covered: Ordinals of the tool groups the records cover (left the prompt).
-        dropped: Origins of messages this pass newly excluded.
+        dropped: Origins of messages this pass newly excluded because a record covers them.
+        joined: Origins of messages excluded to keep a tool group whole: the rest of an
+            uncovered group found partly excluded (a late result for a covered call).
         uncovered: Ordinals of candidate groups the records do not cover (held).
         settled: Ordinals of uncovered groups held for good.
         asked: Ordinals of a new ask made on this pass (empty when none).
@@ -262,6 +264,7 @@ class RecordReport:
     records: int = 0
     covered: tuple[int, ...] = ()
     dropped: tuple[int, ...] = ()
+    joined: tuple[int, ...] = ()
     uncovered: tuple[int, ...] = ()
     settled: tuple[int, ...] = ()
     asked: tuple[int, ...] = ()
@@ -319,15 +322,13 @@ def step(
     text = "\n".join(record_text(records[k], recall_ids) for k in found)
     candidates = _candidates(config, records, grouping, found[-1], recall_ids)
     covered, uncovered = _coverage(config, candidates, text)
+    # Tool integrity: an uncovered group found partly excluded (a result that arrived
+    # for a call a record covered, or another component's exclusion) goes whole.
+    broken = [c for c in uncovered if any(records[i].excluded for i in c.group.members)]
+    uncovered = [c for c in uncovered if c not in broken]
     output = released
-    dropped: list[int] = []
-    for candidate in covered:
-        for index in candidate.group.members:
-            if not output[index].excluded:
-                output[index] = replace(output[index], excluded=True)
-                origin = records[index].origin
-                if origin is not None:
-                    dropped.append(origin)
+    dropped = _exclude(output, covered)
+    joined = _exclude(output, broken)
     rows = _release_rows(config, output, uncovered, text, measure=measure, recall_ids=recall_ids)
     for candidate in uncovered:
         for index in candidate.group.members:
@@ -348,6 +349,7 @@ def step(
         records=len(found),
         covered=tuple(c.ordinal for c in covered),
         dropped=tuple(dropped),
+        joined=tuple(joined),
         uncovered=tuple(c.ordinal for c in uncovered),
         settled=settled,
         asked=asked,
@@ -362,6 +364,19 @@ def step(
 def _prompt_tokens(history: Iterable[MessageRecord]) -> int:
     """Tokens of the conversation as sent: included messages, notes too, injected context not."""
     return sum(r.tokens for r in history if not r.excluded and not r.injected)
+
+
+def _exclude(output: list[MessageRecord], candidates: Sequence[_Candidate]) -> list[int]:
+    """Exclude every member of ``candidates`` in ``output``; origins of the newly excluded."""
+    origins: list[int] = []
+    for candidate in candidates:
+        for index in candidate.group.members:
+            record = output[index]
+            if not record.excluded:
+                output[index] = replace(record, excluded=True)
+                if record.origin is not None:
+                    origins.append(record.origin)
+    return origins
 
 
 def _change(before: Sequence[MessageRecord], after: Sequence[MessageRecord]) -> int:
