@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import json
+import sys
+import types
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from agent_framework import Content, Message
+from agent_framework import Agent, Content, Message
 
 from maf_compaction.adapters.tiktoken import TiktokenTokenizer
 from maf_compaction.bench import __main__ as bench_main
 from maf_compaction.bench import grid
-from maf_compaction.bench.measure import RenderedRequest
+from maf_compaction.bench.client import SimulatedChatClient, scenario_tools
 from maf_compaction.bench.model import ModelOptions, ScriptedModel, context_text
 from maf_compaction.bench.provider import SimulatedProvider
+from maf_compaction.bench.rendering import RenderedRequest, common_prefix, render_message
 from maf_compaction.bench.rows import ROWS, RowContext, RowSetup, parse_strategy_option, resolve_rows
 from maf_compaction.bench.runner import Cell, CellResult, Settings, load_scenario, run_cell, run_grid, summarize
 from maf_compaction.bench.scenario import (
@@ -350,6 +353,20 @@ def test_context_text_reads_results_calls_and_reasoning() -> None:
     assert "inner TL-2" in text
 
 
+# -- rendering -----------------------------------------------------------------------------
+
+
+def test_rendering_keeps_what_the_model_sees_and_drops_ids_and_metadata() -> None:
+    a = Message("user", ["hello"], message_id="a", additional_properties={"_group": {"index": 1}})
+    b = Message("user", ["hello"], message_id="b")
+    assert render_message(a) == render_message(b) == "<|user|>\nhello"
+    call = Message("assistant", [Content.from_function_call(call_id="c1", name="f", arguments={"q": 1})])
+    assert render_message(call) == '<|assistant|>\ncall c1 f({"q":1})'
+    request = RenderedRequest.of([a, call], {"instructions": "be brief"})
+    assert request.entries == ("<|system|>\nbe brief", render_message(a), render_message(call))
+    assert common_prefix(["a", "b"], ["a", "c", "d"]) == 1
+
+
 # -- simulated provider ------------------------------------------------------------------
 
 
@@ -395,6 +412,29 @@ def test_the_provider_refuses_unknown_settings() -> None:
         SimulatedProvider(encoder=TOKENIZER, window=10, profile=get_profile("default"), cache="other")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="window must be a positive integer"):
         SimulatedProvider(encoder=TOKENIZER, window=0, profile=get_profile("default"))
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["non-streaming", "streaming"])
+async def test_the_in_process_client_plays_a_turn_through_an_agent_and_reports_usage(stream: bool) -> None:
+    provider = SimulatedProvider(encoder=TOKENIZER, window=32_000, profile=get_profile("default"))
+    client = SimulatedChatClient(model=ScriptedModel(SCRIPT), provider=provider)
+    instructions = "Quote values exactly. " * 300  # long enough for the prompt cache's 1,024-token minimum
+    agent = Agent(client, instructions, tools=scenario_tools(SCRIPT))
+    if stream:
+        updates = agent.run("first", stream=True)
+        async for _ in updates:
+            pass
+        response = await updates.get_final_response()
+    else:
+        response = await agent.run("first")
+    assert response.text == "done"
+    results = [c.result for m in response.messages for c in m.contents if c.type == "function_result"]
+    assert results == ["a\ncode_1=TL-AAAAAA\nb", "x"]  # the scripted results, in order
+    assert [c.kind for c in provider.calls] == ["model"] * 3  # two calls, then the reply
+    usage = response.usage_details or {}
+    assert usage.get("input_token_count") == sum(c.input_tokens for c in provider.calls)
+    assert usage.get("cache_read_input_token_count") == sum(c.cached_tokens for c in provider.calls) > 0
+    assert usage.get("output_token_count") == sum(c.output_tokens for c in provider.calls)
 
 
 # -- rows and runner ---------------------------------------------------------------------
@@ -488,6 +528,41 @@ def _run(argv: Sequence[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, 
     status = bench_main.main(list(argv))
     out = capsys.readouterr()
     return status, out.out, out.err
+
+
+def test_the_command_line_lists_its_commands_and_refuses_unknown_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_main.main(["--help"]) == 0
+    listed = capsys.readouterr().out
+    assert "bench" in listed
+    assert "speed" in listed
+    assert "demo" not in listed
+    assert bench_main.main(["demo"]) == 2
+    assert "unknown command 'demo'" in capsys.readouterr().err
+
+
+def test_the_command_line_imports_a_command_only_when_it_runs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: list[Sequence[str]] = []
+
+    def fake_main(argv: Sequence[str]) -> int:
+        seen.append(argv)
+        return 7
+
+    module = types.ModuleType("maf_compaction.bench.fake")
+    module.main = fake_main  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "maf_compaction.bench.fake", module)
+    monkeypatch.setitem(bench_main.COMMANDS, "fake", ("fake", "a test command"))
+    monkeypatch.setitem(bench_main.COMMANDS, "ghost", ("ghost_module_that_does_not_exist", "not installed"))
+    assert bench_main.main(["fake", "--x", "1"]) == 7
+    assert seen == [["--x", "1"]]
+    assert bench_main.main(["ghost"]) == 2
+    assert "not available" in capsys.readouterr().err
+    # Without a command, or with an option first, the evaluation grid (``bench``) runs.
+    monkeypatch.setitem(bench_main.COMMANDS, "bench", ("fake", "the grid"))
+    assert bench_main.main([]) == 7
+    assert bench_main.main(["--fill", "1.5"]) == 7
+    assert seen[-2:] == [[], ["--fill", "1.5"]]
 
 
 SMALL_ARGS = ["--context-window", "8192", "--max-output-tokens", "1024", "--tool-turns", "3", "--markers-per-tool", "4"]

@@ -1,9 +1,16 @@
 """End to end: the anchored strategy inside ``create_harness_agent``, judged by what the provider received.
 
-A scripted provider (``maf_compaction.bench.scripted``) records every request after the
-harness loaded history and the strategy compacted it. A 44-turn, tool-heavy conversation
-grows to over three times the budget; each request is then checked against the one before
-it, on a canonical rendering counted with tiktoken's ``o200k_base`` (offline vocabulary).
+The bench harness plays a lookup-heavy session: the generated workload
+(:func:`maf_compaction.bench.runner.load_scenario`, 28 lookups of about 2,500 tokens each)
+without its filler turns, so that tool results grow the conversation to over three times
+the budget. The scripted model behind the simulated provider
+(:class:`~maf_compaction.bench.client.SimulatedChatClient`) answers every request, and the
+agent is wired as the grid wires a cell (the row's factory, ``QUIET_HARNESS``, the
+scenario's tools): a run here bills exactly what :func:`~maf_compaction.bench.runner.run_cell`
+bills (tested), and records every request as the provider received it, after the harness
+loaded history and the strategy compacted it. Each request is then checked against the
+one before it, on the canonical rendering the provider tokenizes (o200k_base, offline
+vocabulary); reuse is the provider's cached share (OpenAI rules: 128-token steps).
 
 Terms: an *event* is a request that is not a prefix extension of the previous one (the
 prompt cache breaks there). The *band* starts at conversation group ``keep_head_groups``
@@ -15,95 +22,245 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_framework import AgentSession, Message
-from agent_framework._compaction import group_messages
+from agent_framework import (
+    Agent,
+    AgentSession,
+    ChatResponse,
+    ChatResponseUpdate,
+    Message,
+    ResponseStream,
+    create_harness_agent,
+)
+from agent_framework._compaction import GROUP_ANNOTATION_KEY, group_messages
 
 from maf_compaction import AnchoredCompactionStrategy, MediaTokenEstimator, original_results
 from maf_compaction.adapters.convert import EXCLUDED_KEY, NOTE_KEY
-from maf_compaction.bench.demo import MEASURED_HARNESS_OPTIONS, RowName, build_agent, run_workload
-from maf_compaction.bench.measure import CallMeasure, PromptMeter, RenderedRequest, measure_calls, summarize
-from maf_compaction.bench.scripted import ScriptedChatClient
-from maf_compaction.bench.workload import build_workload, lookup_result
+from maf_compaction.bench.client import SimulatedChatClient, scenario_tools
+from maf_compaction.bench.model import ModelOptions, ScriptedModel
+from maf_compaction.bench.provider import CallRecord, SimulatedProvider
+from maf_compaction.bench.rendering import RenderedRequest, common_prefix
+from maf_compaction.bench.rows import ROWS, RowContext, setup_of
+from maf_compaction.bench.runner import (
+    QUIET_HARNESS,
+    Cell,
+    CellResult,
+    Settings,
+    load_scenario,
+    run_cell,
+    stored_messages,
+)
+from maf_compaction.bench.scenario import Scenario
+from maf_compaction.bench.simulator import get_profile
 from maf_compaction.core.shorten import is_shortened
 from offline_tokenizers import offline_tiktoken
 
-TURNS = 44
 WINDOW = 24_000
 OUTPUT_TOKENS = 2_000
 BUDGET = WINDOW - OUTPUT_TOKENS
-KEEP_HEAD_GROUPS = 3  # the strategy's defaults, which the harness wiring keeps
+SETTINGS = Settings(context_window=WINDOW, max_output_tokens=OUTPUT_TOKENS, tool_share=0.85, tool_turns=28)
+FILL = 3.5
+SEED = 1
+KEEP_HEAD_GROUPS = 3  # the strategy's defaults, which the anchored row keeps
 KEEP_TAIL_GROUPS = 4
 TODO_SOURCE_ID = "todo"
-OURS: RowName = "anchored (ours)"
-DEFAULT: RowName = "framework default"
+OURS = "anchored"
+DEFAULT = "context_window"  # exactly what create_harness_agent builds when given the window and output
 
 MODES = pytest.mark.parametrize("stream", [False, True], ids=["non-streaming", "streaming"])
+
+
+def lookup_heavy() -> Scenario:
+    """The generated workload without its filler turns: requirements, correction, lookups, probes."""
+    generated = load_scenario(SETTINGS, FILL, SEED)
+    values = [f.value for f in generated.facts]
+    turns = tuple(t for t in generated.turns if t.calls or t.probe or any(v in t.user for v in values))
+    return replace(generated, name="lookup-heavy", turns=turns)
+
+
+SCENARIO = lookup_heavy()
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One request as the provider received it.
+
+    Attributes:
+        messages: Copies taken on arrival, so later compaction of stored history cannot
+            change them (contents are shared, never mutated).
+        rendered: The canonical rendering the provider tokenizes.
+        stream: The call was a streaming call.
+    """
+
+    messages: list[Message]
+    rendered: RenderedRequest
+    stream: bool
+
+
+def _snapshot(message: Message) -> Message:
+    """A copy of ``message`` that later in-place edits of the original cannot reach."""
+    copied = copy.copy(message)
+    copied.contents = list(message.contents)
+    props = dict(message.additional_properties)
+    group = props.get(GROUP_ANNOTATION_KEY)
+    if isinstance(group, dict):
+        props[GROUP_ANNOTATION_KEY] = dict(group)  # pyright: ignore[reportUnknownArgumentType]
+    copied.additional_properties = props
+    return copied
+
+
+class RecordingClient(SimulatedChatClient):
+    """The bench's in-process client, keeping every request it receives."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.sent: list[Sent] = []
+        self._stream = False
+
+    def _inner_get_response(
+        self, *, messages: Sequence[Message], stream: bool, options: Mapping[str, Any], **kwargs: Any
+    ) -> Awaitable[ChatResponse] | ResponseStream[ChatResponseUpdate, ChatResponse]:
+        self._stream = stream
+        return super()._inner_get_response(messages=messages, stream=stream, options=options, **kwargs)
+
+    async def _respond(self, messages: Sequence[Message], options: Mapping[str, Any]) -> ChatResponse:
+        rendered = RenderedRequest.of(messages, await self._validate_options(options))
+        self.sent.append(Sent([_snapshot(m) for m in messages], rendered, self._stream))
+        return await super()._respond(messages, options)
 
 
 @dataclass(frozen=True)
 class Run:
     """One conversation through the harness, and what the provider received."""
 
-    client: ScriptedChatClient
+    client: RecordingClient
     session: AgentSession
-    requests: list[list[Message]]
     stored: list[Message]
-    turn_of_call: list[int]
-    measures: list[CallMeasure]
     strategy: AnchoredCompactionStrategy | None
     warnings: list[str]
 
+    @property
+    def requests(self) -> list[list[Message]]:
+        return [s.messages for s in self.client.sent]
+
+    @property
+    def calls(self) -> list[CallRecord]:
+        return self.client.provider.calls
+
     def first_calls(self) -> set[int]:
         """0-based indices of the calls that open a turn."""
-        return {i for i, turn in enumerate(self.turn_of_call) if i == 0 or self.turn_of_call[i - 1] != turn}
+        turns = [c.turn for c in self.calls]
+        return {i for i, turn in enumerate(turns) if i == 0 or turns[i - 1] != turn}
+
+    def reuse(self, index: int) -> float:
+        """Share of call ``index``'s prompt the provider served from its cache."""
+        call = self.calls[index]
+        return call.cached_tokens / call.input_tokens
+
+    def first_change(self, index: int) -> int:
+        """Index of the first message of request ``index`` that differs from the previous request's.
+
+        ``0`` when the instructions or tools changed, since everything after them is re-billed.
+        """
+        previous, current = self.client.sent[index - 1].rendered, self.client.sent[index].rendered
+        return common_prefix(previous.messages, current.messages) if previous.preamble == current.preamble else 0
+
+    def describe(self, label: str) -> str:
+        events = [i for i, c in enumerate(self.calls) if c.broke]
+        deep = sum(self.reuse(i) < 0.5 for i in events)
+        hit = sum(c.cached_tokens for c in self.calls) / sum(c.input_tokens for c in self.calls)
+        sheds = self.strategy.shed_events if self.strategy is not None else "-"
+        largest = max(c.input_tokens for c in self.calls)
+        return (
+            f"{label}: {len(self.calls)} calls, cached {hit:.1%}, {len(events)} events ({deep} keeping under half "
+            f"the prompt), sheds {sheds}, max prompt {largest:,}/{BUDGET:,}"
+        )
 
 
-_RUNS: dict[tuple[RowName, bool, bool], Run] = {}
+def build_agent(row: str, client: SimulatedChatClient, harness: Mapping[str, Any]) -> tuple[Agent, Any]:
+    """The harness agent of ``row`` as the grid builds a cell's, and the row's strategy."""
+    tokenizer = offline_tiktoken()
+    context = RowContext(
+        budget=BUDGET, window=WINDOW, output_tokens=OUTPUT_TOKENS, tokenizer=tokenizer, summarizer=None
+    )
+    setup = setup_of(ROWS[row], context)
+    agent = create_harness_agent(
+        client,
+        agent_instructions=SCENARIO.system,
+        tools=scenario_tools(SCENARIO),
+        max_context_window_tokens=WINDOW,
+        max_output_tokens=OUTPUT_TOKENS,
+        tokenizer=tokenizer,
+        before_compaction_strategy=setup.before,
+        after_compaction_strategy=setup.after,
+        **harness,
+    )
+    return agent, setup.before
 
 
-async def run(row: RowName, *, stream: bool, harness_defaults: bool = False) -> Run:
-    """Run the workload through ``row`` once per session of tests (the runs are deterministic)."""
+def recording_client() -> RecordingClient:
+    provider = SimulatedProvider(
+        encoder=offline_tiktoken(), window=WINDOW, profile=get_profile(SETTINGS.profile), cache=SETTINGS.cache
+    )
+    return RecordingClient(model=ScriptedModel(SCENARIO, ModelOptions(seed=SEED)), provider=provider)
+
+
+_RUNS: dict[tuple[str, bool, bool], Run] = {}
+_CELLS: dict[tuple[str, bool], CellResult] = {}
+
+
+async def cell(row: str, *, stream: bool) -> CellResult:
+    """The grid's cell of ``row`` for the scenario, once per session of tests."""
+    key = (row, stream)
+    if key not in _CELLS:
+        _CELLS[key] = await run_cell(Cell(row, FILL, SEED), replace(SETTINGS, stream=stream), scenario=SCENARIO)
+    return _CELLS[key]
+
+
+async def run(row: str, *, stream: bool, harness_defaults: bool = False) -> Run:
+    """Run the scenario through ``row`` once per session of tests (the runs are deterministic)."""
     key = (row, stream, harness_defaults)
     if key not in _RUNS:
         _RUNS[key] = await _run(row, stream=stream, harness_defaults=harness_defaults)
     return _RUNS[key]
 
 
-async def _run(row: RowName, *, stream: bool, harness_defaults: bool) -> Run:
-    tokenizer = offline_tiktoken()
-    workload = build_workload(TURNS)
-    client = ScriptedChatClient(meter=PromptMeter(tokenizer))
-    # With the harness defaults on, only web search stays off: the scripted client has none.
-    options: dict[str, Any] = {"disable_web_search": True} if harness_defaults else dict(MEASURED_HARNESS_OPTIONS)
-    agent = build_agent(
-        row, client, workload, window=WINDOW, output_tokens=OUTPUT_TOKENS, tokenizer=tokenizer, **options
-    )
-    strategy = agent.compaction_strategy if row == OURS else None
-    assert strategy is None or isinstance(strategy, AnchoredCompactionStrategy)
+async def _run(row: str, *, stream: bool, harness_defaults: bool) -> Run:
+    client = recording_client()
+    # With the harness defaults on, only web search stays off: the simulated provider has none.
+    harness = {"disable_web_search": True} if harness_defaults else QUIET_HARNESS
+    agent, strategy = build_agent(row, client, harness)
+    assert row != OURS or isinstance(strategy, AnchoredCompactionStrategy)
     warnings: list[str] = []
     handler = _ListHandler(warnings)
     logger = logging.getLogger("maf_compaction")
     logger.addHandler(handler)
+    session = agent.create_session()
     try:
-        conversation = await run_workload(agent, client, workload, stream=stream)
+        for number, turn in enumerate(SCENARIO.turns, start=1):
+            client.provider.turn = number
+            if stream:
+                updates = agent.run(turn.user, session=session, stream=True)
+                async for _ in updates:
+                    pass
+                await updates.get_final_response()
+            else:
+                await agent.run(turn.user, session=session)
     finally:
         logger.removeHandler(handler)
-    assert all(request.stream is stream for request in client.requests)
-    requests = [(r.messages, r.options) for r in client.requests]
+    assert all(sent.stream is stream for sent in client.sent)
+    assert all(call.kind == "model" for call in client.provider.calls)
+    assert len(client.sent) == len(client.provider.calls)
     return Run(
         client=client,
-        session=conversation.session,
-        requests=[list(r.messages) for r in client.requests],
-        stored=list(conversation.session.state["in_memory"]["messages"]),
-        turn_of_call=conversation.turn_of_call,
-        measures=measure_calls(requests, PromptMeter(tokenizer), MediaTokenEstimator(tokenizer)),
-        strategy=strategy,
+        session=session,
+        stored=stored_messages(session),
+        strategy=strategy if isinstance(strategy, AnchoredCompactionStrategy) else None,
         warnings=warnings,
     )
 
@@ -133,22 +290,28 @@ def group_starts(messages: Sequence[Message]) -> list[int]:
     return [kept[span["start_index"]] for span in spans]
 
 
-def events(result: Run) -> tuple[list[tuple[int, CallMeasure]], list[tuple[int, CallMeasure]]]:
-    """The run's events, split into sheds (a note is the first change) and the rest."""
-    found = [(i, m) for i, m in enumerate(result.measures) if m.breaks]
-    sheds = [(i, m) for i, m in found if is_note(result.requests[i][m.first_change or 0])]
-    return sheds, [event for event in found if event not in sheds]
+def events(result: Run) -> tuple[list[int], list[int]]:
+    """The run's events (call indices), split into sheds (a note is the first change) and the rest."""
+    found = [i for i, call in enumerate(result.calls) if call.broke]
+    sheds = [i for i in found if is_note(result.requests[i][result.first_change(i)])]
+    return sheds, [i for i in found if i not in sheds]
 
 
-def describe(result: Run, label: str) -> str:
-    s = summarize(result.measures, BUDGET)
-    deep = sum(m.breaks and m.reuse_share < 0.5 for m in result.measures)
-    sheds = result.strategy.shed_events if result.strategy is not None else "-"
-    return (
-        f"{label}: {s.model_calls} calls, prefix reuse {s.reuse_share:.1%}, {s.breaks} events "
-        f"({deep} keeping under half the prompt), sheds {sheds}, max prompt {s.max_prompt:,}/{BUDGET:,}, "
-        f"over budget {s.over_budget}"
-    )
+def basis_tokens(messages: Sequence[Message]) -> int:
+    """The request's messages on the strategy's own counting basis."""
+    return sum(map(MediaTokenEstimator(offline_tiktoken()).count_message_tokens, messages))
+
+
+# --- the run is the grid's cell -----------------------------------------------------------
+
+
+@MODES
+async def test_a_recorded_run_bills_what_the_grids_cell_bills(stream: bool) -> None:
+    result, grid = await run(OURS, stream=stream), await cell(OURS, stream=stream)
+    assert grid.error is None
+    assert [c.input_tokens for c in result.calls] == grid.prompts
+    assert [c.cached_tokens for c in result.calls] == grid.cached
+    assert sum(c.broke for c in result.calls) == grid.breaks
 
 
 # --- the anchored strategy, both modes ------------------------------------------------------
@@ -157,17 +320,17 @@ def describe(result: Run, label: str) -> str:
 @MODES
 async def test_between_events_every_request_extends_the_previous_one(stream: bool) -> None:
     result = await run(OURS, stream=stream)
-    print(describe(result, f"ours ({'streaming' if stream else 'non-streaming'})"))
-    rendered = [RenderedRequest.of(r.messages, r.options).entries for r in result.client.requests]
-    for index, measure in enumerate(result.measures[1:], start=1):
+    print(result.describe(f"ours ({'streaming' if stream else 'non-streaming'})"))
+    rendered = [s.rendered.entries for s in result.client.sent]
+    for index, call in enumerate(result.calls[1:], start=1):
         previous, current = rendered[index - 1], rendered[index]
-        assert measure.breaks == (current[: len(previous)] != previous)
+        assert call.broke == (current[: len(previous)] != previous)
     # Only a shed (the prompt passed the budget, possibly on a tool result mid-turn) breaks
     # the prefix inside a turn; the tool loop's later calls never re-decide anything else.
     _, others = events(result)
     first_calls = result.first_calls()
-    assert all(index in first_calls for index, _ in others)
-    assert len({result.turn_of_call[i] for i, _ in others}) == len(others), "at most one band entry per turn"
+    assert all(index in first_calls for index in others)
+    assert len({result.calls[i].turn for i in others}) == len(others), "at most one band entry per turn"
 
 
 @MODES
@@ -175,78 +338,81 @@ async def test_events_happen_and_only_sheds_cut_deep(stream: bool) -> None:
     result = await run(OURS, stream=stream)
     assert result.strategy is not None
     sheds, others = events(result)
-    kept = sorted(m.reuse_share for _, m in others)
+    kept = sorted(result.reuse(i) for i in others)
     print(
-        f"{len(result.measures)} requests, {len(sheds) + len(others)} events: {len(sheds)} shed(s) keeping "
-        f"{[f'{m.reuse_share:.0%}' for _, m in sheds]} of the prompt, {len(others)} band entries keeping "
+        f"{len(result.calls)} requests, {len(sheds) + len(others)} events: {len(sheds)} shed(s) keeping "
+        f"{[f'{result.reuse(i):.0%}' for i in sheds]} of the prompt, {len(others)} band entries keeping "
         f"{kept[0]:.0%} to {kept[-1]:.0%} (median {kept[len(kept) // 2]:.0%})"
     )
     # Each shed reaches the provider as exactly one event, and sheds are rare: one frees a
     # quarter of the budget, and shortening by position keeps later growth small.
     assert len(sheds) == result.strategy.shed_events >= 1
-    assert len(sheds) * 20 <= len(result.measures)
+    assert len(sheds) * 20 <= len(result.calls)
     # Every other event is the band entry of a result that just left the tail: it is
     # shortened, once, to the bytes it keeps from then on, and most of the prompt stays cached.
     assert others
-    for index, measure in others:
-        changed = result.requests[index][measure.first_change or 0]
+    for index in others:
+        changed = result.requests[index][result.first_change(index)]
         assert changed.role == "tool"
         assert all(is_shortened(str(c.result)) for c in changed.contents if c.type == "function_result")
-        assert measure.reuse_share >= 0.5
+        assert result.reuse(index) >= 0.5
 
 
 @MODES
 async def test_each_event_starts_in_the_band(stream: bool) -> None:
     result = await run(OURS, stream=stream)
-    for index, measure in enumerate(result.measures):
-        if not measure.breaks:
+    for index, call in enumerate(result.calls):
+        if not call.broke:
             continue
-        previous = result.requests[index - 1]
-        starts = group_starts(previous)
+        starts = group_starts(result.requests[index - 1])
         band_start, tail_start = starts[KEEP_HEAD_GROUPS], starts[-KEEP_TAIL_GROUPS]
-        assert measure.first_change is not None
-        assert measure.first_change >= band_start, f"call {index + 1} changed the head"
-        if not is_note(result.requests[index][measure.first_change]):
+        first_change = result.first_change(index)
+        assert first_change >= band_start, f"call {index + 1} changed the head"
+        if not is_note(result.requests[index][first_change]):
             # Not a shed: only what the previous request still had in its tail changed.
-            assert measure.first_change >= tail_start, f"call {index + 1} re-decided an older band group"
+            assert first_change >= tail_start, f"call {index + 1} re-decided an older band group"
 
 
 @MODES
 async def test_no_request_exceeds_the_budget(stream: bool) -> None:
     result = await run(OURS, stream=stream)
-    basis = MediaTokenEstimator(offline_tiktoken())
-    largest = max(sum(map(basis.count_message_tokens, request)) for request in result.requests)
+    largest = max(map(basis_tokens, result.requests))
     print(f"largest request on the strategy's basis: {largest:,} of {BUDGET:,}")
     assert largest <= BUDGET
-    results = sum(basis.count_tokens(lookup_result(t.service)) for t in build_workload(TURNS).turns if t.service)
+    assert not any(call.over_window for call in result.calls)
+    counter = MediaTokenEstimator(offline_tiktoken())
+    results = sum(counter.count_tokens(c.result) for t in SCENARIO.turns for c in t.calls)
     assert results > 3 * BUDGET, f"the conversation should outgrow the budget three times, got {results:,}"
 
 
 @MODES
 async def test_prefix_reuse_beats_the_framework_default(stream: bool) -> None:
-    ours, default = await run(OURS, stream=stream), await run(DEFAULT, stream=stream)
-    print(describe(ours, "ours"))
-    print(describe(default, "framework default"))
-    ours_summary, default_summary = summarize(ours.measures, BUDGET), summarize(default.measures, BUDGET)
-    assert ours_summary.reuse_share > default_summary.reuse_share
-    assert ours_summary.over_budget == 0
+    ours, default = await cell(OURS, stream=stream), await cell(DEFAULT, stream=stream)
+    for name, result in (("ours", ours), ("framework default", default)):
+        print(
+            f"{name}: {result.model_calls} calls, cached {result.hit:.1%}, {result.breaks} events, cost "
+            f"{result.cost:.4f}, max prompt {result.max_prompt:,}, facts kept {result.facts_kept}/{result.facts_total}"
+        )
+    assert ours.hit > default.hit
+    assert ours.cost < default.cost
+    assert ours.dq == 0
     # The default cuts from the front of the prompt at nearly every event; ours at its sheds only.
-    deep = [sum(m.breaks and m.reuse_share < 0.5 for m in r.measures) for r in (ours, default)]
+    deep = [sum(c < 0.5 * p for p, c in zip(r.prompts, r.cached, strict=True)) for r in (ours, default)]
     assert deep[0] < deep[1]
 
 
 @MODES
 async def test_nothing_is_lost_silently(stream: bool) -> None:
     result = await run(OURS, stream=stream)
-    workload = build_workload(TURNS)
-    services = {c.call_id: c.arguments for m in result.stored for c in m.contents if c.type == "function_call"}
+    scripted = {c.arguments["lookup"]: c.result for t in SCENARIO.turns for c in t.calls}
+    arguments = {c.call_id: c.arguments for m in result.stored for c in m.contents if c.type == "function_call"}
     results = [(m, c) for m in result.stored for c in m.contents if c.type == "function_result"]
-    assert len(results) == workload.lookups, "every tool result stays in stored history"
+    assert len(results) == len(scripted), "every tool result stays in stored history"
     for message, content in results:
-        arguments = services[content.call_id]
-        assert isinstance(arguments, dict)
+        called = arguments[content.call_id]
+        assert isinstance(called, dict)
         original = original_results(message).get(content.call_id or "", content.result)
-        assert original == lookup_result(str(arguments["service"]))  # pyright: ignore[reportUnknownArgumentType]
+        assert original == scripted[called["lookup"]]
     excluded = [i for i, m in enumerate(result.stored) if m.additional_properties.get(EXCLUDED_KEY)]
     assert excluded, "the shed groups stay stored, excluded"
     for index in excluded:
@@ -258,9 +424,7 @@ async def test_nothing_is_lost_silently(stream: bool) -> None:
 
 async def test_streaming_and_non_streaming_send_the_same_requests() -> None:
     blocking, streaming = await run(OURS, stream=False), await run(OURS, stream=True)
-    assert [RenderedRequest.of(r.messages, r.options) for r in blocking.client.requests] == [
-        RenderedRequest.of(r.messages, r.options) for r in streaming.client.requests
-    ]
+    assert [s.rendered for s in blocking.client.sent] == [s.rendered for s in streaming.client.sent]
 
 
 # --- the harness defaults: todo and mode providers on -----------------------------------------
@@ -272,13 +436,12 @@ async def test_with_harness_defaults_the_todo_message_is_left_alone(
     monkeypatch.chdir(tmp_path)  # the default file memory writes under the working directory
     result = await run(OURS, stream=False, harness_defaults=True)
     plain = await run(OURS, stream=False)
-    print(describe(result, "ours, harness defaults on"))
+    print(result.describe("ours, harness defaults on"))
     print(
-        f"largest rendered prompt with the harness's instructions and {len(result.client.requests[0].options['tools'])}"
-        f" tool declarations: {max(m.prompt_tokens for m in result.measures):,} tokens; window {WINDOW:,}"
+        f"largest rendered prompt with the harness's instructions and tool declarations: "
+        f"{max(c.input_tokens for c in result.calls):,} tokens; window {WINDOW:,}"
     )
-    basis = MediaTokenEstimator(offline_tiktoken())
-    assert all(sum(map(basis.count_message_tokens, request)) <= BUDGET for request in result.requests)
+    assert all(basis_tokens(request) <= BUDGET for request in result.requests)
 
     # The todo provider injects its message at position 0 on each turn's first call only;
     # it reaches the provider every time, unexcluded and byte-identical.
@@ -286,7 +449,7 @@ async def test_with_harness_defaults_the_todo_message_is_left_alone(
     todo = [[m for m in request if is_todo(m)] for request in result.requests]
     assert [len(t) for t in todo] == [int(i in first_calls) for i in range(len(todo))]
     injected = [t[0] for t in todo if t]
-    assert all(request[0] is t[0] for request, t in zip(result.requests, todo, strict=True) if t)
+    assert all(is_todo(request[0]) for request, t in zip(result.requests, todo, strict=True) if t)
     assert not any(m.additional_properties.get(EXCLUDED_KEY) for m in injected)
     assert len({RenderedRequest.of([m], {}).messages for m in injected}) == 1
 
@@ -294,11 +457,11 @@ async def test_with_harness_defaults_the_todo_message_is_left_alone(
     # todo and mode providers sent, and every event still starts in the band.
     conversation = [[m for m in request if not is_todo(m)] for request in result.requests]
     assert [RenderedRequest.of(r, {}) for r in conversation] == [RenderedRequest.of(r, {}) for r in plain.requests]
-    measures = measure_calls([(r, {}) for r in conversation], PromptMeter(offline_tiktoken()), basis)
-    for index, measure in enumerate(measures):
-        if measure.breaks:
-            assert measure.first_change is not None
-            assert measure.first_change >= group_starts(conversation[index - 1])[KEEP_HEAD_GROUPS]
+    rendered = [RenderedRequest.of(r, {}).messages for r in conversation]
+    for index in range(1, len(rendered)):
+        previous, current = rendered[index - 1], rendered[index]
+        if current[: len(previous)] != previous:
+            assert common_prefix(previous, current) >= group_starts(conversation[index - 1])[KEEP_HEAD_GROUPS]
 
 
 # --- restore ------------------------------------------------------------------------------------
@@ -311,20 +474,11 @@ async def test_a_restored_session_keeps_the_notes_of_earlier_sheds() -> None:
     # A new process (or replica) restores the session and builds the agent again, as direct
     # wiring does; the stored history still holds the shed groups, excluded, behind their notes.
     restored = AgentSession.from_dict(result.session.to_dict())
-    tokenizer = offline_tiktoken()
-    client = ScriptedChatClient(meter=PromptMeter(tokenizer))
-    workload = build_workload(TURNS + 1)
-    agent = build_agent(
-        OURS,
-        client,
-        workload,
-        window=WINDOW,
-        output_tokens=OUTPUT_TOKENS,
-        tokenizer=tokenizer,
-        **MEASURED_HARNESS_OPTIONS,
-    )
-    await agent.run(workload.turns[-1].text, session=restored)
-    stored = restored.state["in_memory"]["messages"]
+    client = recording_client()
+    agent, _ = build_agent(OURS, client, QUIET_HARNESS)
+    await agent.run("One more question before we finish: which lookups did we run?", session=restored)
+    stored = stored_messages(restored)
     assert sum(m.role == "tool" and bool(m.additional_properties.get(EXCLUDED_KEY)) for m in stored) > 0
-    assert [sum(map(is_note, r.messages)) for r in client.requests] == [shed_notes] * len(client.requests)
+    assert client.sent
+    assert [sum(map(is_note, sent.messages)) for sent in client.sent] == [shed_notes] * len(client.sent)
     assert sum(map(is_note, stored)) == shed_notes

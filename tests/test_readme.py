@@ -1,7 +1,8 @@
 """Every Python block in the README runs, in order, as a user would paste them.
 
-The one change: the provider client is swapped for the offline scripted client, and the
-tokenizer loads its vocabulary from the offline copy (no network here).
+The one change: the provider client is swapped for the bench's offline client (the scripted
+model behind the simulated provider, playing three lookups with the README's tool), and
+the tokenizer loads its vocabulary from the offline copy (no network here).
 """
 
 from __future__ import annotations
@@ -12,11 +13,34 @@ from typing import Any
 
 import pytest
 
-from maf_compaction.bench.scripted import ScriptedChatClient
-from offline_tokenizers import vocabulary_gz
+from maf_compaction.bench.client import SimulatedChatClient
+from maf_compaction.bench.model import ScriptedModel
+from maf_compaction.bench.provider import SimulatedProvider
+from maf_compaction.bench.scenario import Probe, Scenario, ToolCall, ToolSpec, Turn
+from maf_compaction.bench.simulator import get_profile
+from offline_tokenizers import offline_tiktoken, vocabulary_gz
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 PROVIDER_CLIENT = 'client = OpenAIChatClient(model_id="gpt-6-luna")'
+#: The README's tool returns this code for every service.
+CODE = "TL-3FA9C2"
+LOOKUPS = tuple(f"Look up the deployment log of svc-{n} and tell me code_1" for n in range(3))
+
+
+def offline_client() -> SimulatedChatClient:
+    """The scripted model behind the simulated provider: each lookup calls the README's tool, then quotes the code."""
+    tool = "lookup_deployment"
+    scenario = Scenario(
+        "readme",
+        "",
+        (ToolSpec(tool, "The README's tool."),),
+        tuple(
+            Turn(text, calls=(ToolCall(tool, {"service": f"svc-{n}"}, ""),), probe=Probe(f"svc-{n}", (CODE,)))
+            for n, text in enumerate(LOOKUPS)
+        ),
+    )
+    provider = SimulatedProvider(encoder=offline_tiktoken(), window=128_000, profile=get_profile("default"))
+    return SimulatedChatClient(model=ScriptedModel(scenario), provider=provider)
 
 
 def python_blocks() -> list[str]:
@@ -32,17 +56,18 @@ def test_the_readme_has_python_blocks_and_a_provider_client_to_swap() -> None:
 async def test_every_readme_block_runs_and_the_agent_compacts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.chdir(tmp_path)  # the harness's file memory writes under the working directory
     monkeypatch.setenv("MAF_COMPACTION_TIKTOKEN_FILE", str(vocabulary_gz("o200k_base")))
-    namespace: dict[str, Any] = {"__name__": "readme", "ScriptedChatClient": ScriptedChatClient}
+    namespace: dict[str, Any] = {"__name__": "readme", "offline_client": offline_client}
     for block in python_blocks():
-        code = block.replace(PROVIDER_CLIENT, 'client = ScriptedChatClient(tool_name="lookup_deployment")')
+        code = block.replace(PROVIDER_CLIENT, "client = offline_client()")
         exec(compile(code, str(README), "exec"), namespace)
 
-    agent, strategy = namespace["agent"], namespace["strategy"]
-    assert isinstance(namespace["client"], ScriptedChatClient)
+    agent, strategy, client = namespace["agent"], namespace["strategy"], namespace["client"]
+    assert isinstance(client, SimulatedChatClient)
     session = agent.create_session()
-    for turn in range(3):
-        response = await agent.run(f"Look up the deployment log of svc-{turn} and tell me code_1", session=session)
-        assert "TL-3FA9C2" in response.text
+    for text in LOOKUPS:
+        response = await agent.run(text, session=session)
+        assert CODE in response.text
+    assert len([c for c in client.provider.calls if c.kind == "model"]) == 2 * len(LOOKUPS)  # a call, then the answer
     assert strategy.passes > 0
     assert strategy.last_report is not None
     assert strategy.last_report.tokens_after > 0

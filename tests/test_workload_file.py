@@ -28,9 +28,23 @@ from hypothesis import strategies as st
 
 from maf_compaction.adapters.anchored import AnchoredCompactionStrategy
 from maf_compaction.adapters.convert import NOTE_KEY
-from maf_compaction.bench.scenario import RECALL_TOOL, Fact, Media, Probe, Scenario, ToolCall, ToolSpec, Turn
-from maf_compaction.bench.scripted import ScriptedChatClient
-from maf_compaction.bench.workload import TOOL_NAME, lookup_deployment, lookup_result
+from maf_compaction.bench.client import SimulatedChatClient, scenario_tools
+from maf_compaction.bench.model import ScriptedModel
+from maf_compaction.bench.provider import SimulatedProvider
+from maf_compaction.bench.scenario import (
+    LOOKUP_TOOL,
+    RECALL_TOOL,
+    Fact,
+    GeneratorOptions,
+    Media,
+    Probe,
+    Scenario,
+    ToolCall,
+    ToolSpec,
+    Turn,
+    generate,
+)
+from maf_compaction.bench.simulator import get_profile
 from maf_compaction.bench.workload_file import (
     SUPPORTED_VERSION,
     WorkloadError,
@@ -38,6 +52,7 @@ from maf_compaction.bench.workload_file import (
     load_session,
     load_workload,
 )
+from offline_tokenizers import offline_tiktoken
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(range(40))).decode()
 
@@ -482,25 +497,48 @@ def test_any_valid_workload_round_trips(tmp_path_factory: pytest.TempPathFactory
 
 # --- session exports -----------------------------------------------------------------------
 
-LOOKUPS = (("billing-api", "code_3"), ("search", "code_2"), ("ledger", "code_1"))
-USER_TEXTS = (
-    "Hello there",
-    *(f"Look up the deployment log of {service} and tell me {code}" for service, code in LOOKUPS),
-    "Hello there",
-    "Thanks",
+ACK = "Understood."
+#: Three lookup results of the generated workload, about 1,600 tokens each, 8 planted codes each.
+GENERATED = generate(GeneratorOptions(context_window=8_192, fill=1.0, tool_turns=3, seed=5))
+LOOKUPS = (("billing-api", 3), ("search", 2), ("ledger", 1))
+
+
+def _lookup_turn(lookup: int, service: str, code: int) -> Turn:
+    """Lookup ``lookup`` of the generated workload, asked about as ``service``; the reply quotes one code."""
+    (call,) = next(t.calls for t in GENERATED.turns if t.calls and t.calls[0].arguments == {"lookup": lookup})
+    fact = next(f for f in GENERATED.facts if f.label == f"code_{lookup}_{code}")
+    return Turn(
+        f"Look up the deployment log of {service} and tell me {fact.label}",
+        calls=(ToolCall(LOOKUP_TOOL, {"service": service}, call.result),),
+        reply=f"{service}: {fact.label} is {fact.value}.",
+    )
+
+
+#: What the recorded session plays: a greeting, three lookups, the greeting again, thanks.
+RECORDED = Scenario(
+    "recorded",
+    "Answer from the lookups.",
+    (ToolSpec(LOOKUP_TOOL, "Fetch the records of a service."),),
+    (
+        Turn("Hello there", reply=ACK),
+        *(_lookup_turn(n, service, code) for n, (service, code) in enumerate(LOOKUPS, start=1)),
+        Turn("Thanks", reply=ACK),
+    ),
 )
+USER_TEXTS = (*(t.user for t in RECORDED.turns[:4]), "Hello there", "Thanks")
 
 
 async def _run_session(after: Any = None) -> JsonDict:
-    """A real session: the scripted client behind the framework's Agent, history in memory."""
+    """A real session: the scripted model behind the framework's Agent, history in memory."""
     history = InMemoryHistoryProvider()
     providers: list[Any] = [history]
     if after is not None:
         providers.append(CompactionProvider(after_strategy=after, history_source_id=history.source_id))
+    provider = SimulatedProvider(encoder=offline_tiktoken(), window=128_000, profile=get_profile("default"))
     agent = Agent(
-        client=ScriptedChatClient(),
-        instructions="Answer from the lookups.",
-        tools=[lookup_deployment],
+        client=SimulatedChatClient(model=ScriptedModel(RECORDED), provider=provider),
+        instructions=RECORDED.system,
+        tools=scenario_tools(RECORDED),
         context_providers=providers,
     )
     session = agent.create_session()
@@ -536,14 +574,12 @@ def test_session_replay_reproduces_turns_calls_results_and_replies(
 ) -> None:
     scenario = load_session(write(tmp_path, exports["plain"], "session.json"))
     assert scenario.name == "session"
-    assert scenario.tools == (ToolSpec(TOOL_NAME, f"A tool the recorded session called ({TOOL_NAME})."),)
+    assert scenario.tools == (ToolSpec(LOOKUP_TOOL, f"A tool the recorded session called ({LOOKUP_TOOL})."),)
     assert [t.user for t in scenario.turns] == [*USER_TEXTS[:4], "Hello there (turn 5)", "Thanks"]
-    ack = "Understood. I will keep these in mind."
-    assert [scenario.turns[i].reply for i in (0, 4, 5)] == [ack, ack, ack]
-    for turn, (service, code) in zip(scenario.turns[1:4], LOOKUPS, strict=True):
-        assert turn.calls == (ToolCall(TOOL_NAME, {"service": service}, lookup_result(service)),)
-        value = next(line for line in turn.calls[0].result.splitlines() if line.startswith(f"{code}="))
-        assert turn.reply == f"{service}: {code} is {value.split('=')[1]}."
+    assert [scenario.turns[i].reply for i in (0, 4, 5)] == [ACK, ACK, ACK]
+    for turn, recorded in zip(scenario.turns[1:4], RECORDED.turns[1:4], strict=True):
+        assert turn.calls == recorded.calls  # each call with the exact result the tool returned
+        assert turn.reply == recorded.reply
     assert all(t.calls == () and t.media == () and t.probe is None for t in (scenario.turns[0], *scenario.turns[4:]))
     assert scenario.meta["renamed_turns"] == 1
     assert scenario.meta["session_id"] == exports["plain"]["session_id"]
@@ -551,7 +587,7 @@ def test_session_replay_reproduces_turns_calls_results_and_replies(
     # every planted code of the three lookups, each scoped to the turn that showed it
     assert len(scenario.facts) == 3 * 8
     assert {f.scope for f in scenario.facts} == {"turn 2", "turn 3", "turn 4"}
-    assert all(f.value in lookup_result(LOOKUPS[int(f.scope[-1]) - 2][0]) for f in scenario.facts)
+    assert all(f.value in RECORDED.turns[int(f.scope[-1]) - 1].calls[0].result for f in scenario.facts)
 
 
 @pytest.mark.parametrize("kind", ["tool_result", "anchored"])

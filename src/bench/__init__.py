@@ -1,4 +1,5 @@
-"""The offline bench: a scripted provider, generated workloads, measurements and the demo.
+"""The offline evaluation harness: a generated workload, a scripted model, a simulated provider, the grid.
 
-Run it as ``python -m maf_compaction.bench COMMAND`` (``demo``; see ``--help``).
+Run it as ``maf-compaction bench`` or ``python -m maf_compaction.bench [COMMAND]``
+(``bench``, the default, or ``speed``; see ``--help`` and ``docs/bench.md``).
 """

@@ -21,7 +21,6 @@ _PACKAGE: Final = "maf_compaction.bench"
 #: Command name -> (module under ``maf_compaction.bench``, one-line help).
 COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "bench": ("grid", "replay a conversation through every strategy against the simulated provider (the default)"),
-    "demo": ("demo", "per-call view of one long conversation: no compaction, the framework default and ours"),
     "speed": ("speed", "time one compaction pass: ours against the framework's"),
 }
 

@@ -32,9 +32,9 @@ from agent_framework._middleware import ChatMiddlewareLayer
 from agent_framework._tools import FunctionInvocationLayer
 from agent_framework.observability import ChatTelemetryLayer
 
-from .measure import RenderedRequest, render_content
 from .model import ScriptedModel
 from .provider import CallKind, SimulatedProvider
+from .rendering import RenderedRequest, render_content
 from .scenario import Media, Scenario, ToolCall
 
 

@@ -21,7 +21,7 @@ Per request the server
    ``prompt_tokens_details.cached_tokens``, ``completion_tokens``.
 
 Rendering (what the simulated cache sees). A request becomes a
-:class:`~.measure.RenderedRequest`:
+:class:`~.rendering.RenderedRequest`:
 
 - ``instructions``: canonical JSON of the request's top-level fields other than ``input`` /
   ``messages`` / ``tools`` and the transport or sampling fields in :data:`TRANSPORT_KEYS`
@@ -43,7 +43,7 @@ key order is not prompt content. Two rewrites are applied, both documented here:
   kept verbatim under the default policy ``"issued"`` (the agent-framework client rebuilds a
   function call's item id as ``fc_<call_id>`` when it replays history, so that difference
   shows up as a cache break, which is a finding about the client's bytes). Policy ``"drop"``
-  additionally removes the fields the in-process rendering (:mod:`.measure`) never carries
+  additionally removes the fields the in-process rendering (:mod:`.rendering`) never carries
   either: the ``id`` of every Responses input item, and the participant ``name`` of a Chat
   message (the client adds ``"name": <agent name>`` to assistant messages it replays from
   history, but not to the ones it sends within the tool loop). ``"drop"`` is the view that is
@@ -61,7 +61,7 @@ Answers. Every Responses answer carries a ``reasoning`` item (id ``rs_…``, a s
 and a deterministic base64 ``encrypted_content`` of :data:`ENCRYPTED_BYTES` bytes), then
 either ``function_call`` items or one assistant ``message``. Chat answers carry no reasoning
 (OpenAI's Chat Completions never return it). The reply the provider bills is the same
-rendering the in-process client bills (:func:`~.measure.render_content` of each content), plus
+rendering the in-process client bills (:func:`~.rendering.render_content` of each content), plus
 the reasoning summary for the Responses API (reported as ``reasoning_tokens``).
 
 Use :func:`make_client` for the real client and :func:`agent_options` for the options an
@@ -83,9 +83,9 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 from agent_framework import Content, Message
 from aiohttp import web
 
-from .measure import RenderedRequest, render_content
 from .model import ScriptedModel
 from .provider import CallKind, CallRecord, SimulatedProvider
+from .rendering import RenderedRequest, render_content
 
 if TYPE_CHECKING:
     from agent_framework_openai import OpenAIChatClient, OpenAIChatCompletionClient

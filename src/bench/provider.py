@@ -1,7 +1,7 @@
 """The simulated provider: renders each request, counts it, caches it, bills it.
 
 :class:`SimulatedProvider` is what a provider account would see over one conversation.
-Every request is rendered canonically (:class:`~maf_compaction.bench.measure.RenderedRequest`:
+Every request is rendered canonically (:class:`~maf_compaction.bench.rendering.RenderedRequest`:
 instructions, tool declarations, then one entry per message), each entry is tokenized
 with tiktoken ``o200k_base`` (independently of the tokenizer the strategy under test
 uses), and the token ids go through the prompt cache of :mod:`.simulator`:
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from .measure import RenderedRequest, common_prefix
+from .rendering import RenderedRequest, common_prefix
 from .simulator import AnthropicCache, OpenAICache, PriceProfile, bill
 
 CacheKind = Literal["openai", "anthropic"]
