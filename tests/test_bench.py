@@ -592,6 +592,7 @@ def test_options_starting_the_command_line_run_the_bench(capsys: pytest.CaptureF
     )
     assert status == 0
     assert "fill 0.9" in out
+    assert grid.parser().parse_args(["--fills", "0.9,1.5"]).fill == [0.9, 1.5]  # the plural spelling too
 
 
 @pytest.mark.parametrize(

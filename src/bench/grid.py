@@ -60,7 +60,11 @@ def parser() -> argparse.ArgumentParser:
     work = cli.add_argument_group("workload")
     work.add_argument("--context-window", type=positive_int, default=DEFAULT_WINDOW, help="tokens (default: 32000)")
     work.add_argument(
-        "--fill", type=_fills, default=list(DEFAULT_FILLS), help="conversation size / window, comma-separated"
+        "--fill",
+        "--fills",
+        type=_fills,
+        default=list(DEFAULT_FILLS),
+        help="conversation size / window, comma-separated (default: 0.9,1.5,3.0)",
     )
     work.add_argument("--seeds", type=positive_int, default=DEFAULT_SEEDS, help="seeds 1..N per cell (default: 3)")
     work.add_argument("--tool-share", type=_share, default=DEFAULT_TOOL_SHARE, help="share of tokens in tool results")
