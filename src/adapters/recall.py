@@ -1,0 +1,611 @@
+"""Recall: the tool the model writes records with, its gate, and the middleware that pins it.
+
+A compaction pass cannot ask the model for anything: it runs inside a model call. So the
+record strategy's request for a record travels as a *pin*: on its way out of one model
+call, :class:`ToolResultRecallMiddleware` reads the loaded history and decides whether the
+NEXT call must be forced to call ``recall_earlier_tool_results``. The forced call carries
+only a named ``tool_choice`` (and a response cap); no instruction or message is injected,
+because the tool's description (:func:`make_recall_tool`) is the whole prompt for the record.
+
+The tool is registered with the agent for good, and the framework cannot hide a tool from
+the model, so :class:`RecallGate` keeps it inert unless the middleware armed it for the
+forced request.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from agent_framework import (
+    ChatContext,
+    ChatMiddleware,
+    ChatResponse,
+    ChatResponseUpdate,
+    FunctionTool,
+    Message,
+    MiddlewareFailure,
+    MiddlewareTermination,
+    ResponseStream,
+    tool,
+)
+
+from ..core.grouping import Grouping
+from ..core.records import RECALL_TOOL_NAME, RECORD_PREFIX, RecallStatus, recall_status
+from .convert import RecordCache
+from .counting import Tokenizer, as_estimator
+
+logger = logging.getLogger("maf_compaction")
+
+#: What the tool answers when nobody asked for a record: not a record (no marker).
+NOT_NEEDED_REPLY: Final = "No record is needed now: nothing was recorded and nothing was removed."
+DEFAULT_TARGET_TOKENS: Final = 2_000
+DEFAULT_RECORD_MAX_TOKENS: Final = 4_000
+DEFAULT_TRIGGER_FRACTION: Final = 0.6
+DEFAULT_MIN_GROUPS_BEFORE_REPEAT: Final = 4
+#: Consecutive forced responses without a recall call after which forcing stops.
+IGNORED_LIMIT: Final = 2
+#: The note kind of the anchored fallback's notes (they are not conversation history).
+_NOTE_KIND: Final = "anchored"
+#: Exceptions that stop a run on purpose: they are never retried and never judged.
+_ABORTS: Final = (MiddlewareTermination, MiddlewareFailure)
+
+
+class RecallGate:
+    """A one-shot permission for the recall tool to write a record.
+
+    The registered tool cannot be hidden from the model, so it stays inert unless the
+    middleware armed it for a forced request: a record the model volunteers at any other
+    time is answered with a sentence that records nothing. :meth:`take` spends the
+    permission, so one forced request yields at most one record.
+    """
+
+    def __init__(self) -> None:
+        self._armed = False
+
+    @property
+    def armed(self) -> bool:
+        """Whether the next recall call may record."""
+        return self._armed
+
+    def arm(self) -> None:
+        """Permit one record (the middleware calls this on a forced request)."""
+        self._armed = True
+
+    def disarm(self) -> None:
+        """Withdraw the permission (the middleware calls this on every unforced request)."""
+        self._armed = False
+
+    def take(self) -> bool:
+        """Return whether a record is permitted, and withdraw the permission."""
+        armed, self._armed = self._armed, False
+        return armed
+
+
+def recall_description(target_tokens: int | None = DEFAULT_TARGET_TOKENS) -> str:
+    """The recall tool's description: the whole prompt the model gets for a record.
+
+    Args:
+        target_tokens: The size to aim for, or ``None`` to state no size.
+
+    Returns:
+        Three parts joined by blank lines: the purpose, the size to aim for (only with a
+        target), and what ``values`` must hold.
+
+    Raises:
+        ValueError: ``target_tokens`` is not a positive integer or ``None``.
+    """
+    _require_optional_positive("target_tokens", target_tokens)
+    purpose = (
+        "Record what must survive from the earlier tool results in this conversation, so that it stays "
+        "available after those results are removed to save space."
+    )
+    guidance = (
+        "Args:\n"
+        "    values: Everything from the earlier tool results, grouped by the tool that produced it, so that "
+        "nothing is lost unnoticed. Quote verbatim every value that cannot be reconstructed: identifiers, "
+        "codes, names, numbers, paths, URLs, versions, states and timestamps. Copy Markdown table rows "
+        "verbatim, under their column heading and separator rows. Keep findings and conclusions as stated. "
+        "Carry over unchanged any summary a tool wrote. Briefly summarise the rest. Include only what was "
+        "actually present. When forced to choose, prefer exactness over brevity."
+    )
+    parts = [purpose]
+    if target_tokens is not None:
+        parts.append(
+            f"Aim for about {target_tokens:,} tokens in total, spent on the values that cannot be "
+            "reconstructed rather than on summaries."
+        )
+    parts.append(guidance)
+    return "\n\n".join(parts)
+
+
+def make_recall_tool(
+    gate: RecallGate | None = None, *, target_tokens: int | None = DEFAULT_TARGET_TOKENS
+) -> FunctionTool:
+    """The ``recall_earlier_tool_results`` tool the model writes records with.
+
+    Register it with the agent (it must be in the request for a named ``tool_choice`` to
+    work). Its description is the entire prompt for the record: nothing else is injected.
+
+    Args:
+        gate: The gate the middleware arms. With a gate, a call records only when the gate
+            was armed (one record per arming); otherwise it answers that no record is needed,
+            recording and removing nothing. Without a gate every call records.
+        target_tokens: The record size the description asks for; match the record
+            strategy's ``record_target_tokens``. ``None`` states no size.
+
+    Returns:
+        A framework ``FunctionTool`` with one string parameter, ``values``.
+
+    Raises:
+        ValueError: ``target_tokens`` is not a positive integer or ``None``.
+    """
+    description = recall_description(target_tokens)
+
+    def recall_earlier_tool_results(values: str) -> str:
+        if gate is not None and not gate.take():
+            return NOT_NEEDED_REPLY
+        return f"{RECORD_PREFIX}\n{values}"
+
+    return tool(
+        recall_earlier_tool_results,
+        name=RECALL_TOOL_NAME,
+        description=description,
+        approval_mode="never_require",
+    )
+
+
+@dataclass(slots=True)
+class _ForcedOutcome:
+    """How a forced stream ended: its own final response, or the retry's stream."""
+
+    response: ChatResponse | None = None
+    retry: ResponseStream[ChatResponseUpdate, ChatResponse] | None = None
+
+
+class ToolResultRecallMiddleware(ChatMiddleware):
+    """Pins the next model call to the recall tool when a record is due.
+
+    On its way out of each model call it reads the loaded history (under
+    ``create_harness_agent`` chat middleware sees only the new messages on the way in;
+    the history middleware inside it has loaded the whole conversation by the time
+    ``call_next`` returns) and decides whether the NEXT call is forced. The first rule
+    that matches decides:
+
+    1. forcing is disabled (the provider ignored two pins in a row, or a forced request
+       failed): no pin;
+    2. ``reforce()`` returns True (the record strategy asks again for uncovered groups): pin;
+    3. ``max_groups_before_record`` is set and at least that many tool groups arrived
+       since the newest record: pin, even below the size trigger;
+    4. a record exists and ``repeat_records`` is off, or fewer than
+       ``min_groups_before_repeat`` tool groups arrived since it: no pin;
+    5. otherwise pin iff the prompt exceeds ``int(max_input_tokens * trigger_fraction)``.
+
+    So the first size-triggered record is asked for at once, later ones only once enough
+    new tool material exists to be worth a record.
+
+    A forced call gets a new options dict (the caller's own is the function loop's dict
+    and is never changed) with ``tool_choice`` naming the recall tool and, when
+    ``record_max_tokens`` is set, that ``max_tokens``; the gate is armed for it. Forced
+    streams are buffered until complete. An ordinary exception from a forced request
+    disables forcing and retries once with the caller's options; cancellation and the
+    framework's middleware abort signals propagate untouched.
+
+    One instance serves one conversation: a second session raises ``RuntimeError``.
+
+    Args:
+        max_input_tokens: The input budget, as given to the record strategy.
+        tokenizer: Any ``count_tokens(text) -> int`` tokenizer; the same as the strategy's.
+        arm: Called before a forced request (``RecallGate.arm``).
+        disarm: Called before every other request (``RecallGate.disarm``).
+        trigger_fraction: Share of the budget above which a record is due, in (0, 1].
+        record_max_tokens: The response cap of a forced request, or ``None`` to leave
+            the caller's cap.
+        max_groups_before_record: Pin after this many new tool groups even below the
+            trigger; ``None`` turns the bound off.
+        repeat_records: Ask for further size-triggered records after the first.
+        min_groups_before_repeat: New tool groups a further size-triggered record waits for.
+        reforce: Returns True, once per request, when the record strategy wants a record
+            again (its bound ``take_reforce``). If it is a bound method of an object with
+            ``bind_recall``, that is called with this middleware; an object with
+            ``reforce_pending`` provides the non-consuming peek :meth:`record_due` uses.
+
+    Raises:
+        ValueError: A parameter is outside its range (the message names it).
+    """
+
+    def __init__(
+        self,
+        *,
+        max_input_tokens: int,
+        tokenizer: Tokenizer,
+        arm: Callable[[], object],
+        disarm: Callable[[], object] | None = None,
+        trigger_fraction: float = DEFAULT_TRIGGER_FRACTION,
+        record_max_tokens: int | None = DEFAULT_RECORD_MAX_TOKENS,
+        max_groups_before_record: int | None = None,
+        repeat_records: bool = True,
+        min_groups_before_repeat: int = DEFAULT_MIN_GROUPS_BEFORE_REPEAT,
+        reforce: Callable[[], bool] | None = None,
+    ) -> None:
+        _require_positive("max_input_tokens", max_input_tokens)
+        _require_fraction("trigger_fraction", trigger_fraction)
+        _require_optional_positive("record_max_tokens", record_max_tokens)
+        _require_optional_positive("max_groups_before_record", max_groups_before_record)
+        _require_positive("min_groups_before_repeat", min_groups_before_repeat)
+        if not isinstance(repeat_records, bool):
+            raise ValueError(f"repeat_records must be True or False, got {repeat_records!r}")
+        if not callable(arm):
+            raise ValueError(f"arm must be a callable taking no arguments, got {arm!r}")
+        for name, value in (("disarm", disarm), ("reforce", reforce)):
+            if value is not None and not callable(value):
+                raise ValueError(f"{name} must be a callable taking no arguments or None, got {value!r}")
+        if not callable(getattr(tokenizer, "count_tokens", None)):
+            raise ValueError("tokenizer must have a count_tokens(text) -> int method")
+        self._max_input_tokens = max_input_tokens
+        self._trigger_fraction = float(trigger_fraction)
+        self._trigger_tokens = int(max_input_tokens * trigger_fraction)
+        self._record_max_tokens = record_max_tokens
+        self._max_groups_before_record = max_groups_before_record
+        self._repeat_records = repeat_records
+        self._min_groups_before_repeat = min_groups_before_repeat
+        self._arm = arm
+        self._disarm = disarm
+        self._reforce = reforce
+        self._reforce_peek: Callable[[], object] | None = None
+        self._records = RecordCache(as_estimator(tokenizer).parts)
+        self._grouping: Grouping | None = None  # the last status's grouping: a memo, never a decision
+        self._last_status: RecallStatus | None = None
+        self._session_id: str | None = None
+        self._force_next = False
+        self._force_is_reforce = False
+        self._awaiting_record = False
+        self._ignored_streak = 0
+        self._pin_disabled = False
+        self._forced_calls = 0
+        self._reforced_calls = 0
+        self._ignored_forced_calls = 0
+        self._failed_forced_calls = 0
+        self._records_truncated = 0
+        owner = getattr(reforce, "__self__", None) if inspect.ismethod(reforce) else None
+        if owner is not None:
+            peek = getattr(owner, "reforce_pending", None)
+            if callable(peek):
+                self._reforce_peek = peek
+            bind = getattr(owner, "bind_recall", None)
+            if callable(bind):
+                bind(self)
+
+    # --- configuration and diagnostics --------------------------------------------------
+
+    @property
+    def max_input_tokens(self) -> int:
+        """The input budget."""
+        return self._max_input_tokens
+
+    @property
+    def trigger_fraction(self) -> float:
+        """Share of the budget above which a size-triggered record is due."""
+        return self._trigger_fraction
+
+    @property
+    def forced_calls(self) -> int:
+        """Pinned requests sent (aborted ones included)."""
+        return self._forced_calls
+
+    @property
+    def reforced_calls(self) -> int:
+        """Pinned requests whose pin came from ``reforce``."""
+        return self._reforced_calls
+
+    @property
+    def ignored_forced_calls(self) -> int:
+        """Forced responses without a recall call (truncated ones included): noncompliance, not its cause."""
+        return self._ignored_forced_calls
+
+    @property
+    def failed_forced_calls(self) -> int:
+        """Forced requests that raised an ordinary exception (each was retried unpinned)."""
+        return self._failed_forced_calls
+
+    @property
+    def records_truncated(self) -> int:
+        """Forced responses that ended at the response cap (``finish_reason == "length"``)."""
+        return self._records_truncated
+
+    @property
+    def pin_disabled(self) -> bool:
+        """Forcing stopped for this session: two ignored pins in a row, or a failed forced request."""
+        return self._pin_disabled
+
+    @property
+    def awaiting_record(self) -> bool:
+        """The last completed call was forced; the record it asked for is not judged yet."""
+        return self._awaiting_record
+
+    # --- public decisions ----------------------------------------------------------------
+
+    def record_due(self) -> bool:
+        """Whether the next request would be pinned, without consuming anything.
+
+        Answers from the last history seen (``False`` before any call): a pin already
+        decided counts; a re-force is read through the strategy's ``reforce_pending``
+        peek, never by calling ``reforce``.
+        """
+        if self._pin_disabled:
+            return False
+        if self._force_next:
+            return True
+        if self._last_status is None:
+            return False
+        return self._record_due(self._last_status, consume=False)
+
+    def forget_pending(self) -> None:
+        """Drop queued work: the pending pin, the awaiting flag and the session binding.
+
+        The provider-support verdict (``pin_disabled`` and the ignored streak) stays: it
+        describes the provider, not the queued work. The gate is disarmed.
+        """
+        self._force_next = False
+        self._force_is_reforce = False
+        self._awaiting_record = False
+        self._session_id = None
+        self._last_status = None
+        self._release()
+
+    # --- the middleware --------------------------------------------------------------------
+
+    async def process(self, context: ChatContext, call_next: Callable[[], Awaitable[None]]) -> None:
+        """Pin this call if the previous one decided so; decide about the next on the way out.
+
+        Args:
+            context: The chat call.
+            call_next: The rest of the chain.
+
+        Raises:
+            RuntimeError: The call belongs to another session than the first one seen.
+        """
+        self._bind(context)
+        forced = self._force_next and not self._pin_disabled
+        reforced = forced and self._force_is_reforce
+        self._force_next = False
+        self._force_is_reforce = False
+        if not forced:
+            self._release()
+            await call_next()
+            self._decide(context.messages)
+            return
+        await self._forced(context, call_next, reforced=reforced)
+
+    async def _forced(self, context: ChatContext, call_next: Callable[[], Awaitable[None]], *, reforced: bool) -> None:
+        caller_options = context.options
+        caller_messages = list(context.messages)
+        self._arm()
+        self._forced_calls += 1
+        if reforced:
+            self._reforced_calls += 1
+        context.options = self._pinned_options(caller_options)
+        try:
+            await call_next()
+        except _ABORTS:
+            self._requeue(reforced)
+            raise
+        except Exception as exc:
+            self._fail(exc)
+            await self._retry(context, call_next, caller_options, caller_messages)
+            self._decide(context.messages)
+            return
+        except BaseException:  # cancellation: the pin is not spent
+            self._requeue(reforced)
+            raise
+        finally:
+            if context.options is not caller_options:
+                context.options = caller_options
+        result = context.result
+        if isinstance(result, ResponseStream):
+            context.result = self._buffered(
+                result,
+                context,
+                call_next,
+                caller_options,
+                caller_messages,
+                reforced=reforced,
+            )
+        elif isinstance(result, ChatResponse):
+            self._judge(result)
+        # The record this call asks for reaches history only after the tool runs, so the
+        # exit of a forced call decides nothing.
+        self._awaiting_record = True
+
+    def _buffered(
+        self,
+        inner: ResponseStream[ChatResponseUpdate, ChatResponse],
+        context: ChatContext,
+        call_next: Callable[[], Awaitable[None]],
+        caller_options: Mapping[str, Any] | None,
+        caller_messages: list[Message],
+        *,
+        reforced: bool,
+    ) -> ResponseStream[ChatResponseUpdate, ChatResponse]:
+        """Hold a forced stream until it completes; on an ordinary failure, stream a retry instead.
+
+        The returned stream's source consumes the forced stream to its end, finalizer and
+        result hooks included (the history middleware persists the turn in one of them),
+        before it releases the first update, so a failed attempt shows the caller no
+        partial text or tool call. The retry streams normally.
+
+        The framework's ``buffer_updates()`` is not used on the forced stream: it refuses
+        to release updates once a result hook returned a response (the history
+        middleware's does) unless the updates can be rebuilt from the final response,
+        which would not replay what the provider streamed.
+        """
+        outcome = _ForcedOutcome()
+
+        async def updates() -> AsyncIterator[ChatResponseUpdate]:
+            held: list[ChatResponseUpdate] = []
+            try:
+                async for update in inner:
+                    held.append(update)
+                response = await inner.get_final_response()
+            except _ABORTS:
+                self._requeue(reforced)
+                raise
+            except Exception as exc:
+                self._fail(exc)
+                outer = context.result
+                stream = await self._retry(context, call_next, caller_options, caller_messages)
+                context.result = outer
+                if not isinstance(stream, ResponseStream):
+                    raise ValueError("Streaming chat middleware requires a ResponseStream result.") from exc
+                outcome.retry = stream
+                async with stream:
+                    async for update in stream:
+                        yield update
+                return
+            except BaseException:
+                self._requeue(reforced)
+                raise
+            self._judge(response)
+            outcome.response = response
+            for update in held:
+                yield update
+
+        async def final(_: Sequence[ChatResponseUpdate]) -> ChatResponse:
+            # The inner final response carries the continuation state the function loop
+            # needs (the history middleware's conversation sentinel); return it, not a rebuild.
+            if outcome.response is not None:
+                return outcome.response
+            if outcome.retry is not None:
+                return await outcome.retry.get_final_response()
+            raise RuntimeError("The forced recall stream ended before it produced a response.")
+
+        return ResponseStream(updates(), finalizer=final)
+
+    async def _retry(
+        self,
+        context: ChatContext,
+        call_next: Callable[[], Awaitable[None]],
+        caller_options: Mapping[str, Any] | None,
+        caller_messages: list[Message],
+    ) -> ChatResponse | ResponseStream[ChatResponseUpdate, ChatResponse] | None:
+        """Run the rest of the chain again, exactly as the caller asked (no pin, no cap)."""
+        context.options = caller_options
+        # The history middleware rebuilt ``messages`` from the incoming ones; hand it those again.
+        context.messages = list(caller_messages)
+        context.result = None
+        await call_next()
+        return context.result
+
+    # --- bookkeeping -------------------------------------------------------------------------
+
+    def _bind(self, context: ChatContext) -> None:
+        session = context.session
+        if session is None:
+            return
+        if self._session_id is None:
+            self._session_id = session.session_id
+        elif session.session_id != self._session_id:
+            raise RuntimeError(
+                f"ToolResultRecallMiddleware serves one session ({self._session_id!r}) but was called for "
+                f"{session.session_id!r}: build one middleware, gate and strategy per session, or use the "
+                "session registry to serve many sessions."
+            )
+
+    def _release(self) -> None:
+        if self._disarm is not None:
+            self._disarm()
+
+    def _pinned_options(self, caller: Mapping[str, Any] | None) -> dict[str, Any]:
+        options = dict(caller) if caller is not None else {}
+        options["tool_choice"] = {"mode": "required", "required_function_name": RECALL_TOOL_NAME}
+        if self._record_max_tokens is not None:
+            options["max_tokens"] = self._record_max_tokens
+        return options
+
+    def _requeue(self, reforced: bool) -> None:
+        """An aborted forced request did not spend its pin: the next request is pinned again."""
+        self._force_next = True
+        self._force_is_reforce = reforced
+        self._awaiting_record = False
+
+    def _fail(self, exc: Exception) -> None:
+        self._failed_forced_calls += 1
+        self._awaiting_record = False
+        self._release()
+        self._pin_disabled = True
+        logger.warning(
+            "A request forced to call %s failed (%s: %s); forcing recall is disabled for this session "
+            "and the request is retried once with the caller's own options.",
+            RECALL_TOOL_NAME,
+            type(exc).__name__,
+            exc,
+        )
+
+    def _judge(self, response: ChatResponse) -> None:
+        """The provider-support verdict on one complete forced response."""
+        if response.finish_reason == "length":
+            self._records_truncated += 1
+        if _calls_recall(response):
+            self._ignored_streak = 0
+            return
+        self._ignored_forced_calls += 1
+        self._ignored_streak += 1
+        if self._ignored_streak >= IGNORED_LIMIT and not self._pin_disabled:
+            self._pin_disabled = True
+            logger.warning(
+                "%d consecutive responses forced to call %s did not call it; forcing recall is disabled for "
+                "this session. The provider route may not honour a named tool_choice.",
+                self._ignored_streak,
+                RECALL_TOOL_NAME,
+            )
+
+    def _decide(self, messages: Sequence[Message]) -> None:
+        history = self._records.history(messages, note_kind=_NOTE_KIND)
+        status = recall_status(history, self._grouping)
+        self._grouping = status.grouping
+        self._last_status = status
+        self._awaiting_record = False
+        self._force_is_reforce = False
+        self._force_next = self._record_due(status, consume=True)
+
+    def _record_due(self, status: RecallStatus, *, consume: bool) -> bool:
+        """The pin rule (see the class docstring); ``consume`` calls ``reforce``, else peeks."""
+        if self._pin_disabled:
+            return False
+        if consume:
+            if self._reforce is not None and self._reforce():
+                self._force_is_reforce = True
+                return True
+        elif self._reforce_peek is not None and bool(self._reforce_peek()):
+            return True
+        if self._max_groups_before_record is not None and status.pending_groups >= self._max_groups_before_record:
+            return True
+        if status.records and (not self._repeat_records or status.pending_groups < self._min_groups_before_repeat):
+            return False
+        return status.included_tokens > self._trigger_tokens
+
+
+def _calls_recall(response: ChatResponse) -> bool:
+    return any(
+        content.type == "function_call" and content.name == RECALL_TOOL_NAME
+        for message in response.messages
+        for content in message.contents
+    )
+
+
+def _require_positive(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def _require_optional_positive(name: str, value: object) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
+
+
+def _require_fraction(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
