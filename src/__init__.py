@@ -13,6 +13,7 @@ from .adapters.anchored import AnchoredCompactionStrategy, MinimumGainAnchoredCo
 from .adapters.convert import original_results
 from .adapters.counting import MediaTokenEstimator
 from .adapters.nested import find_nested_strategy
+from .adapters.recall import RecallGate, ToolResultRecallMiddleware, make_recall_tool
 from .adapters.records import ToolResultAnchoredSummarizationCompactionStrategy, record_text
 from .adapters.tiktoken import TiktokenTokenizer, TokenizerUnavailableError
 from .core.record_decisions import Ask, RecordDecisions
@@ -34,14 +35,17 @@ __all__ = [
     "MafCompactionExperimentalWarning",
     "MediaTokenEstimator",
     "MinimumGainAnchoredCompactionStrategy",
+    "RecallGate",
     "RecordDecisions",
     "SnapshotError",
     "SnapshotVersionError",
     "TiktokenTokenizer",
     "TokenizerUnavailableError",
     "ToolResultAnchoredSummarizationCompactionStrategy",
+    "ToolResultRecallMiddleware",
     "__version__",
     "find_nested_strategy",
+    "make_recall_tool",
     "original_results",
     "record_text",
 ]

@@ -30,7 +30,7 @@ from maf_compaction import (
 )
 from maf_compaction.adapters.convert import HOLD_KEY, PRESERVED_KEY, WRITTEN_RECORD_KEY
 from maf_compaction.core.record_decisions import Ask
-from maf_compaction.core.records import HOLD_UNCOVERED, HOLD_UNRECORDED, RECALL_TOOL_NAME, RECORD_PREFIX
+from maf_compaction.core.records import HOLD_RECORD, HOLD_UNCOVERED, HOLD_UNRECORDED, RECALL_TOOL_NAME, RECORD_PREFIX
 from maf_compaction.core.tables import PARTIAL_MARKER_PREFIX
 from maf_compaction.core.values import distinctive_values, words
 
@@ -534,7 +534,7 @@ def test_behind_a_record_over_budget_everything_unrecorded_is_held_and_a_warning
     assert hold(result_of(messages, "call_0")) == HOLD_UNRECORDED  # the head
     assert hold(result_of(messages, "call_9")) == HOLD_UNRECORDED  # after the record
     assert hold(result_of(messages, "call_2")) == HOLD_UNCOVERED
-    assert hold(result_of(messages, "recall_1")) is None
+    assert hold(result_of(messages, "recall_1")) == HOLD_RECORD
     assert s.fallbacks_held_after_record == 1
     assert s.overflows == 1
     assert any("behind a record" in r.getMessage() for r in caplog.records)

@@ -82,7 +82,7 @@ class ToolResultAnchoredSummarizationCompactionStrategy:
         passes: Passes run, over both lists.
         records_found: 1 once a record has been seen, else 0.
         records_in_conversation: The most records seen in one conversation state.
-        groups_covered: Covered groups on the last pass with a record.
+        groups_covered: Tool groups records have covered so far (they left the prompt).
         groups_kept_uncovered: Groups held uncovered on the last pass with a record.
         groups_preserved_uncovered: Of those, the settled ones (held for good).
         groups_held_unreachable_coverage: Held groups on the last pass with a record whose
@@ -138,6 +138,7 @@ class ToolResultAnchoredSummarizationCompactionStrategy:
         self.passes = 0
         self.records_found = 0
         self.records_in_conversation = 0
+        self._covered: set[int] = set()  # ordinals of covered groups, for the counter
         self.groups_covered = 0
         self.groups_kept_uncovered = 0
         self.groups_preserved_uncovered = 0
@@ -286,7 +287,8 @@ class ToolResultAnchoredSummarizationCompactionStrategy:
         if report.records:
             self.records_found = 1
             self.records_in_conversation = max(self.records_in_conversation, report.records)
-            self.groups_covered = len(report.covered)
+            self._covered.update(report.covered)
+            self.groups_covered = len(self._covered)
             self.groups_kept_uncovered = len(report.uncovered)
             self.groups_preserved_uncovered = len(report.settled)
             self.groups_held_unreachable_coverage = report.unreachable

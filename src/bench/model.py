@@ -208,6 +208,10 @@ class ScriptedModel:
         row, once per table block and in the original order, so the record quotes the row
         verbatim under the same column headings; a heading is written only with a row.
         """
+        # Which lines a lower quality drops is drawn afresh for each request (seeded by
+        # what the request shows): a model does not forget the same lines every time, so
+        # asking again for an uncovered batch can recover them.
+        attempt = "record:" + hashlib.sha256(context_text(messages).encode()).hexdigest()[:16]
         names = {c.call_id: c.name for m in messages for c in m.contents if c.type == "function_call"}
         results = [c for m in messages for c in m.contents if c.type == "function_result"]
         by_tool: dict[str, list[_Quote]] = {}
@@ -217,7 +221,7 @@ class ScriptedModel:
                 by_tool.setdefault(name, []).extend(self._quotes(content_text(content), number))
         chunks: list[list[str]] = []
         for name, quotes in by_tool.items():
-            kept = [q for q in quotes if self._keeps(q.line, self.options.record_quality, "record")]
+            kept = [q for q in quotes if self._keeps(q.line, self.options.record_quality, attempt)]
             if kept:
                 chunks += [[f"{name}:"], *_with_headings(kept)]
         return self._fit("Values from earlier tool results:", chunks, max_tokens)

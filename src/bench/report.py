@@ -69,6 +69,10 @@ def render_table(summaries: Sequence[RowSummary], settings: Settings) -> str:
             lines.append("  " + "  ".join(cells))
             if index == 0:
                 lines.append("  " + "  ".join("-" * w for w in widths))
+        for summary in rows:
+            if summary.counters:
+                shown = ", ".join(f"{name.replace('_', ' ')} {value:g}" for name, value in summary.counters.items())
+                lines.append(f"  {summary.row} (mean per seed): {shown}")
         lines.append("")
     lines += [
         "cost: dollars over every call (summarizer calls included); vs none: per-seed ratio to the control;",

@@ -8,7 +8,8 @@ instance to both phases, which is what ``create_harness_agent`` does with its de
 
 Built in: ``none`` (the control), the framework's own strategies (``context_window``, its
 default, ``truncation``, ``sliding_window``, ``tool_result``, ``summarization``,
-``token_budget``) and ours that exist (``anchored``, ``anchored_min_gain``). A row for a
+``token_budget``) and ours that exist (``anchored``, ``anchored_min_gain``,
+``tool_summary_anchored``). A row for a
 strategy that is not built yet is absent, never faked.
 
 ``--strategy NAME=module:factory`` adds any strategy: ``factory(context)`` returns a
@@ -33,6 +34,8 @@ from agent_framework import (
 )
 
 from ..adapters.anchored import AnchoredCompactionStrategy, MinimumGainAnchoredCompactionStrategy
+from ..adapters.recall import RecallGate, ToolResultRecallMiddleware, make_recall_tool
+from ..adapters.records import ToolResultAnchoredSummarizationCompactionStrategy
 from ..adapters.tiktoken import TiktokenTokenizer
 
 
@@ -66,6 +69,8 @@ class RowSetup:
         middleware: Agent or chat middleware the strategy needs.
         tools: Extra tools the strategy gives the model.
         disable_compaction: Turn the harness's compaction off (the control).
+        counters: Reads the strategy's own counters after the run (records, forced
+            calls...); they go to the row's figures as they are.
     """
 
     before: CompactionStrategy | None = None
@@ -73,6 +78,7 @@ class RowSetup:
     middleware: list[Any] = field(default_factory=list[Any])
     tools: list[Any] = field(default_factory=list[Any])
     disable_compaction: bool = False
+    counters: Callable[[], Mapping[str, float]] | None = None
 
 
 RowFactory = Callable[[RowContext], "RowSetup | CompactionStrategy"]
@@ -139,6 +145,50 @@ def _anchored_min_gain(context: RowContext) -> RowSetup:
     return _both(MinimumGainAnchoredCompactionStrategy(max_input_tokens=context.budget, tokenizer=context.tokenizer))
 
 
+def _tool_summary_anchored(context: RowContext) -> RowSetup:
+    # The README's wiring: the strategy, the gate, the recall tool and its middleware.
+    strategy = ToolResultAnchoredSummarizationCompactionStrategy(
+        max_input_tokens=context.budget, tokenizer=context.tokenizer
+    )
+    gate = RecallGate()
+    recall = ToolResultRecallMiddleware(
+        max_input_tokens=context.budget,
+        tokenizer=context.tokenizer,
+        arm=gate.arm,
+        disarm=gate.disarm,
+        trigger_fraction=strategy.trigger_fraction,
+        record_max_tokens=4_000,
+        min_groups_before_repeat=2,
+        reforce=strategy.take_reforce,
+    )
+
+    def counters() -> dict[str, float]:
+        return {
+            "records": strategy.records_in_conversation,
+            "groups_covered": strategy.groups_covered,
+            "groups_held": strategy.groups_kept_uncovered,
+            "groups_settled": strategy.groups_preserved_uncovered,
+            "rows_released": strategy.rows_released,
+            "fallbacks": strategy.fallbacks_used,
+            "fallbacks_after_record": strategy.fallbacks_after_record,
+            "overflows": strategy.overflows,
+            "forced_calls": recall.forced_calls,
+            "reforced_calls": recall.reforced_calls,
+            "ignored_forced_calls": recall.ignored_forced_calls,
+            "failed_forced_calls": recall.failed_forced_calls,
+            "records_truncated": recall.records_truncated,
+            "pin_disabled": int(recall.pin_disabled),
+        }
+
+    return RowSetup(
+        before=strategy,
+        after=strategy,
+        middleware=[recall],
+        tools=[make_recall_tool(gate, target_tokens=2_000)],
+        counters=counters,
+    )
+
+
 #: Built-in rows, in table order; what each one runs is in :data:`ROW_DESCRIPTIONS`.
 ROWS: Final[Mapping[str, RowFactory]] = {
     "none": _none,
@@ -150,6 +200,7 @@ ROWS: Final[Mapping[str, RowFactory]] = {
     "token_budget": _token_budget,
     "anchored": _anchored,
     "anchored_min_gain": _anchored_min_gain,
+    "tool_summary_anchored": _tool_summary_anchored,
 }
 
 ROW_DESCRIPTIONS: Final[Mapping[str, str]] = {
@@ -162,6 +213,8 @@ ROW_DESCRIPTIONS: Final[Mapping[str, str]] = {
     "token_budget": "TokenBudgetComposedStrategy(budget, [ToolResultCompactionStrategy(keep 4)]) + its fallbacks",
     "anchored": "AnchoredCompactionStrategy(budget): defaults",
     "anchored_min_gain": "MinimumGainAnchoredCompactionStrategy(budget): defaults",
+    "tool_summary_anchored": "ToolResultAnchoredSummarizationCompactionStrategy(budget) + RecallGate, "
+    "make_recall_tool, ToolResultRecallMiddleware: the README's wiring",
 }
 
 

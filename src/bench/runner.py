@@ -102,6 +102,7 @@ class CellResult:
         model_calls, summarizer_calls: Calls by kind.
         pass_ms: Every compaction pass, in milliseconds (both phases).
         prompts, cached: Per model call: request tokens and cached tokens (for plots).
+        counters: The row's own counters after the run (records, forced calls...).
         error: A failure that ended the run early, or ``None``.
         seconds: Wall time of the cell.
     """
@@ -126,6 +127,7 @@ class CellResult:
     pass_ms: list[float] = field(default_factory=list[float])
     prompts: list[int] = field(default_factory=list[int])
     cached: list[int] = field(default_factory=list[int])
+    counters: dict[str, float] = field(default_factory=dict[str, float])
     error: str | None = None
     seconds: float = 0.0
 
@@ -285,6 +287,8 @@ async def run_cell(
                 logger.warning("row %s stopped at %s", cell.row, result.error)
                 break
             replies.append(response.text)
+        if setup.counters is not None:
+            result.counters = {name: float(value) for name, value in setup.counters().items()}
     _fill_figures(result, scenario, provider.calls, replies, stored_messages(session))
     result.seconds = time.perf_counter() - started
     return result
@@ -412,10 +416,15 @@ class RowSummary:
     pass_ms_median: float | None
     pass_ms_max: float | None
     errors: tuple[str, ...]
+    counters: dict[str, float] = field(default_factory=dict[str, float])
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe."""
         return asdict(self)
+
+
+def _mean_counters(cells: Sequence[CellResult]) -> dict[str, float]:
+    return {name: statistics.fmean(c.counters.get(name, 0.0) for c in cells) for name in cells[0].counters}
 
 
 def summarize(results: Sequence[CellResult]) -> list[RowSummary]:
@@ -448,6 +457,7 @@ def summarize(results: Sequence[CellResult]) -> list[RowSummary]:
                 pass_ms_median=statistics.median(passes) if passes else None,
                 pass_ms_max=max(passes) if passes else None,
                 errors=tuple(c.error for c in cells if c.error),
+                counters=_mean_counters(cells),
             )
         )
     return summaries

@@ -7,7 +7,8 @@ records and the :class:`~.record_decisions.RecordDecisions`:
 
 - **Records** are results of ``recall_earlier_tool_results`` calls (matched by call id,
   anywhere in the list) that carry :data:`RECORD_MARKER`, and records compaction wrote.
-  Excluded messages are never records. Records stay in the prompt.
+  Excluded messages are never records. Records stay in the prompt: they are held, so
+  the fallback leaves them whole.
 - Records are asked for past ``trigger_fraction`` of the budget (by the recall
   middleware, which shares the fraction). Without a record the strategy waits; past
   ``fallback_fraction`` it gives up waiting and the shell runs the fallback with
@@ -60,7 +61,8 @@ RECORD_PREFIX: Final = f"{RECORD_MARKER} {RECORD_PREAMBLE}"
 #: Hold reasons, written on held messages so the fallback leaves them whole.
 HOLD_UNCOVERED: Final = "tool_summary_uncovered"
 HOLD_UNRECORDED: Final = "tool_summary_unrecorded"
-HOLD_REASONS: Final = frozenset({HOLD_UNCOVERED, HOLD_UNRECORDED})
+HOLD_RECORD: Final = "tool_summary_record"
+HOLD_REASONS: Final = frozenset({HOLD_UNCOVERED, HOLD_UNRECORDED, HOLD_RECORD})
 
 DEFAULT_TRIGGER_FRACTION: Final = 0.6
 DEFAULT_FALLBACK_FRACTION: Final = 0.9
@@ -333,6 +335,7 @@ def step(
     for candidate in uncovered:
         for index in candidate.group.members:
             output[index] = replace(output[index], held=HOLD_UNCOVERED)
+    _hold_records(output, grouping, frozenset(found))
 
     new_decisions, asked = _chain(decisions, {c.ordinal for c in uncovered}, len(found), _responses(records))
     settled = tuple(c.ordinal for c in uncovered if c.ordinal in new_decisions.settled)
@@ -568,6 +571,14 @@ def take_reforce(decisions: RecordDecisions) -> tuple[bool, RecordDecisions]:
 def reforce_due(decisions: RecordDecisions) -> bool:
     """An ask is outstanding and not yet taken (a preview; nothing is consumed)."""
     return decisions.ask is not None and not decisions.ask.taken
+
+
+def _hold_records(output: list[MessageRecord], grouping: Grouping, found: frozenset[int]) -> None:
+    """Hold every record with its group: records stay in the prompt, whatever the fallback does."""
+    for group in grouping.all:
+        if any(i in found for i in group.members):
+            for index in group.members:
+                output[index] = replace(output[index], held=HOLD_RECORD)
 
 
 def _hold_unrecorded(output: list[MessageRecord], grouping: Grouping, recall_ids: frozenset[str]) -> int:
