@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from maf_compaction import ToolResultAnchoredSummarizationCompactionStrategy, ToolResultRecallMiddleware
 from maf_compaction.bench.client import SimulatedChatClient
 from maf_compaction.bench.model import ScriptedModel
 from maf_compaction.bench.provider import SimulatedProvider
@@ -68,6 +69,11 @@ async def test_every_readme_block_runs_and_the_agent_compacts(monkeypatch: pytes
         response = await agent.run(text, session=session)
         assert CODE in response.text
     assert len([c for c in client.provider.calls if c.kind == "model"]) == 2 * len(LOOKUPS)  # a call, then the answer
+    # The record strategy's block came last among the agents: its wiring ran the lookups.
+    assert isinstance(strategy, ToolResultAnchoredSummarizationCompactionStrategy)
+    assert isinstance(namespace["recall"], ToolResultRecallMiddleware)
+    assert namespace["recall_tool"].name == "recall_earlier_tool_results"
+    assert namespace["recall"].forced_calls == 0  # three small lookups stay under the trigger
     assert strategy.passes > 0
     assert strategy.last_report is not None
     assert strategy.last_report.tokens_after > 0

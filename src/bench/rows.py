@@ -145,10 +145,16 @@ def _anchored_min_gain(context: RowContext) -> RowSetup:
     return _both(MinimumGainAnchoredCompactionStrategy(max_input_tokens=context.budget, tokenizer=context.tokenizer))
 
 
-def _tool_summary_anchored(context: RowContext) -> RowSetup:
-    # The README's wiring: the strategy, the gate, the recall tool and its middleware.
+def record_row(context: RowContext, *, min_groups_before_repeat: int = 2, **strategy_options: Any) -> RowSetup:
+    """The record strategy wired as the README wires it: strategy, gate, recall tool, middleware.
+
+    ``min_groups_before_repeat`` is 2 rather than the README's 4 because the generated
+    lookups are each about a sixth of the budget: four of them do not fit between the
+    trigger and the budget. ``strategy_options`` go to the strategy (for example
+    ``coverage_share=1.0``), so a variant is one ``--strategy NAME=module:factory`` away.
+    """
     strategy = ToolResultAnchoredSummarizationCompactionStrategy(
-        max_input_tokens=context.budget, tokenizer=context.tokenizer
+        max_input_tokens=context.budget, tokenizer=context.tokenizer, **strategy_options
     )
     gate = RecallGate()
     recall = ToolResultRecallMiddleware(
@@ -158,7 +164,7 @@ def _tool_summary_anchored(context: RowContext) -> RowSetup:
         disarm=gate.disarm,
         trigger_fraction=strategy.trigger_fraction,
         record_max_tokens=4_000,
-        min_groups_before_repeat=2,
+        min_groups_before_repeat=min_groups_before_repeat,
         reforce=strategy.take_reforce,
     )
 
@@ -189,6 +195,10 @@ def _tool_summary_anchored(context: RowContext) -> RowSetup:
     )
 
 
+def _tool_summary_anchored(context: RowContext) -> RowSetup:
+    return record_row(context)
+
+
 #: Built-in rows, in table order; what each one runs is in :data:`ROW_DESCRIPTIONS`.
 ROWS: Final[Mapping[str, RowFactory]] = {
     "none": _none,
@@ -214,7 +224,7 @@ ROW_DESCRIPTIONS: Final[Mapping[str, str]] = {
     "anchored": "AnchoredCompactionStrategy(budget): defaults",
     "anchored_min_gain": "MinimumGainAnchoredCompactionStrategy(budget): defaults",
     "tool_summary_anchored": "ToolResultAnchoredSummarizationCompactionStrategy(budget) + RecallGate, "
-    "make_recall_tool, ToolResultRecallMiddleware: the README's wiring",
+    "make_recall_tool, ToolResultRecallMiddleware(min_groups_before_repeat=2): the README's wiring",
 }
 
 
