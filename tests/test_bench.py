@@ -18,7 +18,14 @@ from maf_compaction.bench.client import SimulatedChatClient, scenario_tools
 from maf_compaction.bench.model import ModelOptions, ScriptedModel, context_text
 from maf_compaction.bench.provider import SimulatedProvider
 from maf_compaction.bench.rendering import RenderedRequest, common_prefix, render_message
-from maf_compaction.bench.rows import ROWS, RowContext, RowSetup, parse_strategy_option, resolve_rows
+from maf_compaction.bench.rows import (
+    ROW_DESCRIPTIONS,
+    ROWS,
+    RowContext,
+    RowSetup,
+    parse_strategy_option,
+    resolve_rows,
+)
 from maf_compaction.bench.runner import Cell, CellResult, Settings, load_scenario, run_cell, run_grid, summarize
 from maf_compaction.bench.scenario import (
     LOOKUP_TOOL,
@@ -661,3 +668,66 @@ def test_workload_and_session_errors_are_clean(tmp_path: Path, capsys: pytest.Ca
     status, _, err = _run(["--facts", str(bad)], capsys)
     assert status == 2
     assert "--facts goes with --session" in err
+
+
+# -- the record row (tool_summary_anchored) ----------------------------------------------
+
+RECORD_ROW = "tool_summary_anchored"
+_RECORD_CELLS: dict[bool, CellResult] = {}
+
+
+async def _record_cell(*, ignore_pin: bool = False) -> CellResult:
+    """The record row at fill 1.5, seed 1, on the default 32K window (once per session of tests)."""
+    if ignore_pin not in _RECORD_CELLS:
+        _RECORD_CELLS[ignore_pin] = await run_cell(Cell(RECORD_ROW, 1.5, 1), Settings(ignore_pin=ignore_pin))
+    return _RECORD_CELLS[ignore_pin]
+
+
+async def test_the_record_row_is_built_in_and_keeps_every_fact_within_the_window() -> None:
+    assert RECORD_ROW in ROWS
+    assert RECORD_ROW in ROW_DESCRIPTIONS
+    assert list(ROWS) == list(ROW_DESCRIPTIONS), "every row has a description, in table order"
+    result = await _record_cell()
+    assert result.error is None, result.error
+    assert result.dq == 0, f"{result.dq} request(s) over the window"
+    assert result.facts_kept == result.facts_total, f"facts kept {result.facts_kept}/{result.facts_total}"
+    assert result.accuracy == 1.0
+    counters = result.counters
+    assert counters["forced_calls"] >= 1, counters
+    assert counters["records"] >= 1, counters
+    assert counters["groups_covered"] >= 4, counters
+    assert counters["pin_disabled"] == 0, counters
+
+
+async def test_the_record_row_reports_a_route_that_ignores_the_pin() -> None:
+    result = await _record_cell(ignore_pin=True)
+    assert result.error is None, result.error
+    counters = result.counters
+    assert counters["pin_disabled"] == 1, counters
+    assert counters["ignored_forced_calls"] == 2, counters
+    assert counters["forced_calls"] == 2, counters
+    assert counters["records"] == 0, counters
+    assert result.dq == 0, f"{result.dq} request(s) over the window: the fallback should keep the prompt inside"
+
+
+def test_the_command_writes_and_prints_the_record_rows_counters(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "r.json"
+    argv = ["bench", "--fill", "1.5", "--seeds", "1", "--jobs", "1", "--quiet", "--rows", f"none,{RECORD_ROW}"]
+    status, out, err = _run([*argv, "--json", str(report)], capsys)
+    assert status == 0, err
+    data = json.loads(report.read_text())
+    cells = {c["row"]: c for c in data["cells"]}
+    counters = cells[RECORD_ROW]["counters"]
+    assert counters["forced_calls"] >= 1
+    assert counters["records"] >= 1
+    assert counters["groups_covered"] >= 4
+    assert cells["none"]["counters"] == {}
+    summary = next(s for s in data["summaries"] if s["row"] == RECORD_ROW)
+    assert summary["counters"] == counters  # one seed: the mean is the cell's own
+    lines = [line.strip() for line in out.splitlines() if "(mean per seed)" in line]
+    assert len(lines) == 1, f"one counters line expected (the record row's), got {lines}"
+    assert lines[0].startswith(f"{RECORD_ROW} (mean per seed): ")
+    assert f"forced calls {counters['forced_calls']:g}" in lines[0]
+    assert f"groups covered {counters['groups_covered']:g}" in lines[0]
