@@ -16,8 +16,10 @@ from .adapters.nested import find_nested_strategy
 from .adapters.recall import RecallGate, ToolResultRecallMiddleware, make_recall_tool
 from .adapters.records import ToolResultAnchoredSummarizationCompactionStrategy, record_text
 from .adapters.tiktoken import TiktokenTokenizer, TokenizerUnavailableError
+from .adapters.user_summaries import UserTurnAnchoredSummarizationCompactionStrategy
 from .core.record_decisions import Ask, RecordDecisions
 from .core.snapshot import AnchoredSnapshot
+from .core.user_snapshot import UserSummarySnapshot
 from .errors import (
     CompactionBudgetExceeded,
     MafCompactionExperimentalWarning,
@@ -43,6 +45,8 @@ __all__ = [
     "TokenizerUnavailableError",
     "ToolResultAnchoredSummarizationCompactionStrategy",
     "ToolResultRecallMiddleware",
+    "UserSummarySnapshot",
+    "UserTurnAnchoredSummarizationCompactionStrategy",
     "__version__",
     "find_nested_strategy",
     "make_recall_tool",

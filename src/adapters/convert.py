@@ -17,6 +17,7 @@ from agent_framework._compaction import EXCLUDE_REASON_KEY, EXCLUDED_KEY
 
 from ..core.counting import message_tokens
 from ..core.model import History, MessageRecord, Part, history
+from ..core.user_summaries import USER_SUMMARY_MARKER
 from .counting import PartCounter
 
 PRESERVED_KEY = "_preserved"
@@ -29,6 +30,8 @@ ORIGINALS_KEY = "_maf_compaction_original_results"
 HOLD_KEY = "_maf_compaction_hold"
 #: Marks a record compaction wrote (an assistant message starting with the record prefix).
 WRITTEN_RECORD_KEY = "maf_compaction_written_record"
+#: Marks one of our user-turn summaries; the value is the summary id.
+SUMMARY_KEY = "_maf_compaction_summary"
 
 
 def to_history(messages: Sequence[Message], counter: PartCounter, *, note_kind: str) -> History:
@@ -93,6 +96,7 @@ class RecordCache:
             else:
                 preserved = False
             written = props.get(WRITTEN_RECORD_KEY) is True
+            summary = is_summary(message)
             note = props.get(NOTE_KEY) == note_kind
             record = entry.record
             if (
@@ -104,6 +108,7 @@ class RecordCache:
                 or record.note != note
                 or record.held != held
                 or record.written_record != written
+                or record.summary != summary
                 or record.message_id != message.message_id
                 or record.role != message.role
             ):
@@ -118,6 +123,7 @@ class RecordCache:
                     note=note,
                     held=held,
                     written_record=written,
+                    summary=summary,
                     origin=index,
                 )
             current.append(entry)
@@ -137,6 +143,18 @@ class _Entry:
         self.parts = parts
         self.tokens = tokens
         self.record: MessageRecord | None = None
+
+
+def is_summary(message: Message) -> bool:
+    """One of our user-turn summaries: a user message with our summary id and the summary marker.
+
+    Text alone never makes a summary, so a user (or a summarizer) who writes the marker
+    does not create one.
+    """
+    summary_id = message.additional_properties.get(SUMMARY_KEY)
+    if message.role != "user" or not isinstance(summary_id, str) or summary_id != message.message_id:
+        return False
+    return message.text.startswith(USER_SUMMARY_MARKER)
 
 
 def is_injected(message: Message, history_names: frozenset[str] | None = None) -> bool:

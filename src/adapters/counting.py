@@ -7,6 +7,7 @@ objects, asks the tokenizer, and remembers the answers.
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
@@ -142,7 +143,7 @@ class PartCounter:
         kind = content.type
         if kind in MEDIA_KINDS:
             media = self._estimator.estimate(content)
-            return Part(kind=kind, tokens=media, media_tokens=media)
+            return Part(kind=kind, tokens=media, media_tokens=media, ref=media_ref(content))
         name = (content.name or getattr(content, "tool_name", None)) if kind in TOOL_CALL_KINDS else None
         if kind in basis.RULED_KINDS:
             text = basis.visible_text(
@@ -183,6 +184,17 @@ class PartCounter:
         if len(self._tokens) > _CACHE_SIZE:
             self._tokens.popitem(last=False)
         return value
+
+
+def media_ref(content: Content) -> str:
+    """A stable reference to a media part: its URI, a digest of inline data, or a hosted file id."""
+    media_type = content.media_type or ""
+    if content.type == "hosted_file":
+        return f"file:{content.file_id}"
+    uri = content.uri or ""
+    if content.type == "data" or uri.startswith("data:"):
+        return f"data:{media_type}:sha256:{hashlib.sha256(uri.encode()).hexdigest()}"
+    return f"uri:{media_type}:{uri}"
 
 
 def _require_positive(name: str, value: object) -> None:

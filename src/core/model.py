@@ -56,6 +56,9 @@ class Part:
         name: The tool name, for calls.
         structured: A result that is not a plain string: it carries media items, or its
             text is a JSON object or array. Partial records never rewrite such a result.
+        ref: A stable reference to a media part's bytes (its URI, a digest of its inline
+            data, or a hosted file id) with its media type: media descriptions are keyed
+            by it, so different media never share a description.
     """
 
     kind: str
@@ -65,6 +68,7 @@ class Part:
     call_id: str | None = None
     name: str | None = None
     structured: bool = False
+    ref: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +91,9 @@ class MessageRecord:
             ours to release, unlike ``preserved``, which another component set.
         written_record: A record compaction wrote (an assistant message carrying the
             written-record metadata), as opposed to a recall-tool result.
+        summary: One of our user-turn summaries (a user message with our summary
+            metadata, the framework's summary links and the summary marker), never a
+            user's own words.
         origin: Index of the message this record stands for in the list the shell
             converted; ``None`` for a message the core created (a note). The core
             carries it through untouched so the shell can apply the answer in place.
@@ -102,6 +109,7 @@ class MessageRecord:
     note: bool = False
     held: str | None = None
     written_record: bool = False
+    summary: bool = False
     origin: int | None = None
     # Derived from role and parts once, when the record is made (grouping reads them on
     # every pass, and the shell reuses records across passes).

@@ -1,0 +1,377 @@
+"""``UserTurnAnchoredSummarizationCompactionStrategy``: earlier user turns become a summary.
+
+A thin shell over :mod:`maf_compaction.core.user_summaries`. The core answers with
+effect requests (a summary, a media description); this adapter performs them (the
+summarizer client, the host's ``describe_media`` hook), absorbs each answer into the
+snapshot, and steps again until the core is done, then applies the answer in place.
+Because answers are kept by request identity, the stored-history pass, a restored
+session or another replica replays a summary instead of asking for it again.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from agent_framework import Content, Message
+from agent_framework._compaction import (
+    EXCLUDE_REASON_KEY,
+    EXCLUDED_KEY,
+    GROUP_ANNOTATION_KEY,
+    SUMMARIZED_BY_SUMMARY_ID_KEY,
+    SUMMARY_OF_GROUP_IDS_KEY,
+    SUMMARY_OF_MESSAGE_IDS_KEY,
+)
+
+from ..core import user_summaries as core
+from ..core.effects import DescribeMedia, Request, Summarize
+from ..core.model import History, MessageRecord
+from ..core.user_snapshot import UserSummarySnapshot
+from ..core.user_summaries import Needs, Outcome, SummaryMode, UserReport, UserSummaryConfig
+from .convert import SUMMARY_KEY, RecordCache
+from .counting import MediaTokenEstimator, Tokenizer, as_estimator
+
+logger = logging.getLogger("maf_compaction")
+
+#: Why a summarised user turn is excluded.
+EXCLUDE_REASON = "user_turn_summarized"
+#: Why a folded summary is excluded.
+FOLD_EXCLUDE_REASON = "user_summaries_folded"
+#: The most effect rounds one pass may take: descriptions, then a summary.
+_MAX_ROUNDS = 4
+
+DescribeMediaHook = Callable[[Content, Message], Awaitable[str | None]]
+
+
+class UserTurnAnchoredSummarizationCompactionStrategy:
+    """Replace earlier user turns with a summary that keeps every requirement and correction.
+
+    Past ``trigger_fraction`` of the budget, the user turns between the first
+    ``keep_head_user_turns`` and the last ``keep_tail_user_turns`` (the band) are sent to
+    ``client`` with a prompt that asks for every requirement, constraint, correction and
+    exact value, and replaced by one user message that starts with
+    ``[earlier turns in this conversation, compacted]``. Assistant and tool messages stay
+    where they are. The band must be worth a call (``min_band_share`` of the prompt),
+    each request fits ``max_summary_input_tokens``, and a summary is accepted only if it
+    is smaller than what it replaces; a failure or a refusal changes nothing and is
+    counted.
+
+    Modes: ``"recompact"`` re-summarises the standing summary with the new turns (one
+    summary stands; the front of the prompt changes each time); ``"boundary"`` leaves
+    standing summaries alone and summarises only the turns after the newest one (the
+    prefix before it stays cached); ``"fold"`` is boundary plus folding standing
+    summaries into one when the saving pays for the break.
+
+    User turns with media stay verbatim unless ``describe_media`` is given: an async
+    ``describe_media(content, message) -> str | None`` that receives copies of the media
+    part and the whole turn and returns a description (``None`` for an unsupported
+    part). Descriptions replace the media in the transcript, marked as inferred; a
+    failed, empty or oversized one keeps the turn. Descriptions and summary answers live
+    in the snapshot (:meth:`decision_state`), keyed by what determines them.
+
+    Args:
+        max_input_tokens: The input budget.
+        tokenizer: Any ``count_tokens(text) -> int`` tokenizer.
+        client: The summarizer: any framework chat client (``get_response``).
+        keep_head_user_turns: User turns at the start never summarised.
+        keep_tail_user_turns: User turns at the end never summarised.
+        trigger_fraction: The strategy acts above this share of the budget, in (0, 1].
+        min_band_share: The band must be at least this share of the prompt, in [0, 1).
+        summary_mode: ``"recompact"``, ``"boundary"`` or ``"fold"``.
+        prompt: The summarizer's instructions (a default is provided).
+        fold_prompt: The instructions for folding summaries.
+        remembered_requests: Summary answers kept in the snapshot (at least 1; 2 when a
+            composition runs this strategy in the boundary or fold mode).
+        max_summary_input_tokens: Bound on every summarizer request, instructions and
+            numbered transcript together; half the budget by default (at least 1).
+        describe_media: The host's media description hook (see above).
+
+    Attributes:
+        last_report: What the last pass did, or ``None``.
+        passes: Passes run, over both lists.
+        user_compactions: Summaries accepted from a fresh answer.
+        user_folds: Folds accepted from a fresh answer.
+        user_summaries_replayed: Summaries or folds applied from a remembered answer.
+        user_summary_failures: Fresh answers that failed or were refused.
+        user_summaries_refused: Of those, the ones refused for not being smaller.
+        user_messages_replaced: Messages the last applied summary replaced.
+        user_summaries_in_conversation: Summaries standing after the last pass.
+        user_summary_tokens: Their tokens.
+        user_passes_below_trigger: Passes at or below the trigger.
+        user_passes_declined: Passes whose band was not worth a call.
+        user_passes_nothing_fits: Passes where no item fitted ``max_summary_input_tokens``.
+        summarizer_calls: Requests sent to the summarizer.
+        media_descriptions: Calls of ``describe_media``.
+        media_description_failures: Of those, the ones that raised or returned nothing.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_input_tokens: int,
+        tokenizer: Tokenizer,
+        client: Any,
+        keep_head_user_turns: int = core.DEFAULT_KEEP_HEAD_USER_TURNS,
+        keep_tail_user_turns: int = core.DEFAULT_KEEP_TAIL_USER_TURNS,
+        trigger_fraction: float = core.DEFAULT_TRIGGER_FRACTION,
+        min_band_share: float = core.DEFAULT_MIN_BAND_SHARE,
+        summary_mode: SummaryMode = "recompact",
+        prompt: str | None = None,
+        fold_prompt: str | None = None,
+        remembered_requests: int = core.DEFAULT_REMEMBERED_REQUESTS,
+        max_summary_input_tokens: int | None = None,
+        describe_media: DescribeMediaHook | None = None,
+    ) -> None:
+        if client is None or not callable(getattr(client, "get_response", None)):
+            raise ValueError(f"client must be a chat client with get_response(), got {client!r}")
+        if describe_media is not None and not callable(describe_media):
+            raise ValueError(f"describe_media must be an async callable or None, got {describe_media!r}")
+        self._config = UserSummaryConfig(
+            max_input_tokens=max_input_tokens,
+            keep_head_user_turns=keep_head_user_turns,
+            keep_tail_user_turns=keep_tail_user_turns,
+            trigger_fraction=trigger_fraction,
+            min_band_share=min_band_share,
+            summary_mode=summary_mode,
+            prompt=core.DEFAULT_PROMPT if prompt is None else prompt,
+            fold_prompt=core.DEFAULT_FOLD_PROMPT if fold_prompt is None else fold_prompt,
+            remembered_requests=remembered_requests,
+            max_summary_input_tokens=max_summary_input_tokens,
+            describe_media=describe_media is not None,
+        )
+        self._client = client
+        self._describe = describe_media
+        self._tokenizer = tokenizer
+        self._estimator: MediaTokenEstimator = as_estimator(tokenizer)
+        self._counter = self._estimator.parts
+        self._records = RecordCache(self._counter)
+        self._snapshot = UserSummarySnapshot()
+        self.last_report: UserReport | None = None
+        self.passes = 0
+        self.user_compactions = 0
+        self.user_folds = 0
+        self.user_summaries_replayed = 0
+        self.user_summary_failures = 0
+        self.user_summaries_refused = 0
+        self.user_messages_replaced = 0
+        self.user_summaries_in_conversation = 0
+        self.user_summary_tokens = 0
+        self.user_passes_below_trigger = 0
+        self.user_passes_declined = 0
+        self.user_passes_nothing_fits = 0
+        self.summarizer_calls = 0
+        self.media_descriptions = 0
+        self.media_description_failures = 0
+
+    @property
+    def config(self) -> UserSummaryConfig:
+        """The validated parameters."""
+        return self._config
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer given at construction."""
+        return self._tokenizer
+
+    @property
+    def max_input_tokens(self) -> int:
+        """The input budget."""
+        return self._config.max_input_tokens
+
+    @property
+    def trigger_fraction(self) -> float:
+        """The strategy acts above this share of the budget."""
+        return self._config.trigger_fraction
+
+    @property
+    def summary_mode(self) -> SummaryMode:
+        """``"recompact"``, ``"boundary"`` or ``"fold"``."""
+        return self._config.summary_mode
+
+    @property
+    def client(self) -> Any:
+        """The summarizer client."""
+        return self._client
+
+    async def __call__(self, messages: list[Message]) -> bool:
+        """Summarise earlier user turns of ``messages`` in place; True if anything changed."""
+        if not messages:
+            return False
+        before = self._records.history(messages, note_kind="anchored")
+        fresh: set[str] = set()  # requests answered during this pass
+        result = core.step(self._config, before, self._snapshot, self._counter.measure)
+        rounds = 0
+        while isinstance(result, Needs):
+            rounds += 1
+            asked = {r.identity for r in result.requests}
+            if rounds > _MAX_ROUNDS or asked <= fresh:
+                raise RuntimeError("maf_compaction: the user-turn strategy asked for an answer it already has")
+            answers = [(request, await self._perform(request, messages)) for request in result.requests]
+            fresh |= asked
+            self._snapshot = core.absorb(self._config, self._snapshot, answers)
+            result = core.step(self._config, before, self._snapshot, self._counter.measure)
+        report = result.report
+        self._record(report, fresh=report.request in fresh)
+        if report.outcome in (Outcome.SUMMARIZED, Outcome.FOLDED):
+            _apply(messages, before, result.history, report, folded=report.outcome is Outcome.FOLDED)
+            return True
+        return False
+
+    # -- effects ---------------------------------------------------------------------------
+
+    async def _perform(self, request: Request, messages: Sequence[Message]) -> str | None:
+        if isinstance(request, Summarize):
+            return await self._summarize(request)
+        return await self._describe_media(request, messages)
+
+    async def _summarize(self, request: Summarize) -> str | None:
+        self.summarizer_calls += 1
+        try:
+            response = await self._client.get_response(
+                [Message("system", [request.prompt]), Message("user", [request.transcript])], stream=False
+            )
+        except Exception as error:  # the summarizer is outside our control; cancellation propagates
+            logger.warning(
+                "The summarizer failed (%s: %s); user turns stay as they are",
+                type(error).__name__,
+                error,
+            )
+            return None
+        text = getattr(response, "text", None)
+        if not isinstance(text, str) or not text.strip():
+            logger.warning("The summarizer returned no text; user turns stay as they are")
+            return None
+        return text
+
+    async def _describe_media(self, request: DescribeMedia, messages: Sequence[Message]) -> str | None:
+        hook = self._describe
+        if hook is None or not 0 <= request.origin < len(messages):
+            return None
+        message = messages[request.origin]
+        self.media_descriptions += 1
+        try:
+            pending = hook(copy.deepcopy(message.contents[request.part]), copy.deepcopy(message))
+            text = await pending if inspect.isawaitable(pending) else pending
+        except Exception as error:  # the host's hook; cancellation propagates
+            self.media_description_failures += 1
+            logger.warning(
+                "describe_media failed for message %s (%s: %s); the turn stays verbatim",
+                message.message_id,
+                type(error).__name__,
+                error,
+            )
+            return None
+        if not isinstance(text, str) or not text.strip():
+            self.media_description_failures += 1
+            return None
+        return text
+
+    # -- snapshot --------------------------------------------------------------------------
+
+    def decision_state(self) -> UserSummarySnapshot:
+        """Remembered answers, descriptions and id counts (an immutable value; see ``to_dict``)."""
+        return self._snapshot
+
+    def restore_decisions(self, snapshot: UserSummarySnapshot | Mapping[str, Any]) -> None:
+        """Continue from a snapshot (a value or its ``to_dict()``).
+
+        Raises:
+            SnapshotVersionError: It was written by a newer schema.
+            SnapshotError: It is malformed.
+        """
+        value = snapshot if isinstance(snapshot, UserSummarySnapshot) else UserSummarySnapshot.from_dict(snapshot)
+        keep = self._config.remembered_requests
+        self._snapshot = UserSummarySnapshot(
+            answers=value.answers[-keep:],
+            descriptions=value.descriptions,
+            compactions=value.compactions,
+            folds=value.folds,
+        )
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+
+    def _record(self, report: UserReport, *, fresh: bool) -> None:
+        self.passes += 1
+        self.last_report = report
+        self.user_summaries_in_conversation = report.standing
+        self.user_summary_tokens = report.summary_tokens
+        outcome = report.outcome
+        if outcome is Outcome.BELOW_TRIGGER:
+            self.user_passes_below_trigger += 1
+        elif outcome is Outcome.DECLINED:
+            self.user_passes_declined += 1
+        elif outcome is Outcome.NOTHING_FITS:
+            self.user_passes_nothing_fits += 1
+            if fresh or self.user_passes_nothing_fits == 1:
+                logger.warning(
+                    "No user turn fits max_summary_input_tokens=%d with the instructions; nothing was summarised",
+                    self._config.summary_input_limit,
+                )
+        elif outcome in (Outcome.SUMMARIZED, Outcome.FOLDED):
+            self.user_messages_replaced = len(report.replaced)
+            if not fresh:
+                self.user_summaries_replayed += 1
+            elif outcome is Outcome.FOLDED:
+                self.user_folds += 1
+            else:
+                self.user_compactions += 1
+            if fresh:
+                logger.info(
+                    "%s %d message(s) into %s (%d -> %d tokens)",
+                    "Folded" if outcome is Outcome.FOLDED else "Summarised",
+                    len(report.replaced),
+                    report.summary_id,
+                    report.tokens_before,
+                    report.tokens_after,
+                )
+        elif fresh:
+            self.user_summary_failures += 1
+            if outcome is Outcome.REFUSED:
+                self.user_summaries_refused += 1
+                logger.warning(
+                    "Refused summary %s: it was not smaller than the %d tokens it would replace",
+                    report.summary_id,
+                    report.band_tokens,
+                )
+
+
+def _apply(messages: list[Message], before: History, after: History, report: UserReport, *, folded: bool) -> None:
+    """Make ``messages`` match ``after``: exclude what the summary replaced, insert the summary."""
+    replaced = [messages[origin] for origin in report.replaced]
+    summary_id = report.summary_id or ""
+    reason = FOLD_EXCLUDE_REASON if folded else EXCLUDE_REASON
+    updated: list[Message] = []
+    for record in after:
+        if record.origin is None:
+            updated.append(_summary_message(record, replaced))
+            continue
+        message = messages[record.origin]
+        if record.excluded and not before[record.origin].excluded:
+            props = message.additional_properties
+            props[EXCLUDED_KEY] = True
+            props[EXCLUDE_REASON_KEY] = reason
+            # The group annotation is shared with stored history on loaded copies: replace it.
+            group = dict(props.get(GROUP_ANNOTATION_KEY) or {})
+            group[SUMMARIZED_BY_SUMMARY_ID_KEY] = summary_id
+            props[GROUP_ANNOTATION_KEY] = group
+        updated.append(message)
+    messages[:] = updated
+
+
+def _summary_message(record: MessageRecord, replaced: Sequence[Message]) -> Message:
+    ids = [m.message_id for m in replaced if m.message_id]
+    return Message(
+        "user",
+        [record.parts[0].text],
+        message_id=record.message_id,
+        additional_properties={
+            SUMMARY_KEY: record.message_id,
+            GROUP_ANNOTATION_KEY: {
+                SUMMARY_OF_MESSAGE_IDS_KEY: ids,
+                SUMMARY_OF_GROUP_IDS_KEY: [f"group_{i}" for i in ids],
+            },
+        },
+    )

@@ -1,0 +1,84 @@
+"""Effect requests: what the core needs from the outside world, as values.
+
+The core never calls a model. When a pass needs a summary or a media description it
+answers with requests; the shell performs them, records each answer (or failure) into
+the snapshot with :func:`~maf_compaction.core.user_summaries.absorb`, and steps again.
+Each request has an *identity*, a digest of everything that determines its answer, so
+the same request on the other list (the in-call copies or the stored history), after a
+session restore or on another replica finds its answer in the snapshot instead of
+being sent twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+
+def identity(kind: str, *fields: object) -> str:
+    """A stable digest of a request's kind and fields (JSON-encoded, so unambiguous)."""
+    payload = json.dumps([kind, *fields], ensure_ascii=False, separators=(",", ":"), default=str)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:32]
+
+
+@dataclass(frozen=True, slots=True)
+class Summarize:
+    """Ask the summarizer for one summary.
+
+    The shell sends ``[system(prompt), user(transcript)]`` and answers with the text.
+
+    Attributes:
+        identity: The request's identity (see the module docstring).
+        prompt: The summarizer's instructions.
+        transcript: The numbered items to summarise.
+        sources: How many items the transcript holds.
+        summary_id: The id the summary will carry if accepted (allocated with the
+            request, so both lists use the same one).
+        kind: ``"summary"`` for user turns, ``"fold"`` for earlier summaries.
+    """
+
+    identity: str
+    prompt: str
+    transcript: str
+    sources: int
+    summary_id: str
+    kind: Literal["summary", "fold"] = "summary"
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeMedia:
+    """Ask the host's ``describe_media`` hook for a description of one media part.
+
+    Attributes:
+        identity: Message id, ordered content and surrounding text, digested.
+        origin: Index of the user turn in the list the shell converted.
+        part: Index of the media part within that turn.
+    """
+
+    identity: str
+    origin: int
+    part: int
+
+
+Request: TypeAlias = Summarize | DescribeMedia
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What came back for a request.
+
+    Attributes:
+        identity: The request's identity.
+        text: The summary or description; ``None`` when the call failed or returned
+            nothing usable.
+        summary_id: For summaries, the id allocated with the request.
+        sources: For summaries, how many items the transcript held (a legacy answer
+            without it matches any count).
+    """
+
+    identity: str
+    text: str | None
+    summary_id: str | None = None
+    sources: int | None = None

@@ -1,0 +1,550 @@
+"""The user-turn strategy: earlier user turns replaced by a summary the model writes.
+
+Records cannot touch user turns, and past a few times the window the user's own text
+outgrows it. Requirements, constraints and corrections live there, so a summary must
+keep them, cost a model call as rarely as possible, and give identical bytes on both
+lists and after a restore. The rules, all pure:
+
+- Nothing happens at or below ``trigger_fraction`` of the budget (injected context
+  does not count).
+- The **anchors** are the first ``keep_head_user_turns`` and the last
+  ``keep_tail_user_turns`` user turns (summaries count as turns). The **band** is what
+  lies between: in ``recompact`` mode, or before any summary stands, every user turn
+  between the anchors (a standing summary included, so it is re-read); in ``boundary``
+  and ``fold`` modes, the turns after the newest standing summary.
+- Turns the host preserved, turns with parts of unknown kinds, and turns with media
+  (unless the host gave ``describe_media`` and every description came back usable)
+  are protected: they stay verbatim and leave the band.
+- The band must be worth a model call: its tokens at least ``min_band_share`` of the
+  prompt, checked on the whole eligible band.
+- Each request is bounded by ``max_summary_input_tokens`` (instructions plus numbered
+  transcript): the oldest whole items that fit are sent, none is truncated, nothing is
+  sent when not even the oldest fits. Newer items wait for later passes.
+- Requests and answers are effects (:mod:`.effects`): the pass answers
+  :class:`Needs` until the snapshot holds every answer it needs, so the same request is
+  never sent twice for the same conversation state.
+- A summary is accepted only if it is smaller than what it replaces; a failure or a
+  refusal changes nothing. An accepted summary is a user message starting with
+  :data:`USER_SUMMARY_MARKER`, inserted where the first replaced turn stood.
+- ``fold`` mode: when the band is not worth a call, two or more standing summaries
+  are folded into one if the tokens folding would save (all but the largest of the
+  selected summaries) reach ``min_band_share`` of the prompt from the oldest summary on.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Final, Literal, TypeAlias
+
+from pyrsistent import pvector
+
+from .counting import MESSAGE_OVERHEAD_TOKENS
+from .effects import Answer, DescribeMedia, Request, Summarize, identity
+from .model import MEDIA_KINDS, History, MessageRecord, Part
+from .user_snapshot import UserSummarySnapshot
+
+Measure = Callable[[str], int]
+SummaryMode: TypeAlias = Literal["recompact", "boundary", "fold"]
+
+USER_SUMMARY_MARKER: Final = "[earlier turns in this conversation, compacted]"
+SUMMARY_ID_PREFIX: Final = "user_summary_"
+FOLD_ID_PREFIX: Final = "user_summary_fold_"
+SUMMARY_MODES: Final = ("recompact", "boundary", "fold")
+#: Wraps a media description in a transcript: the summarizer must not take it for the user's words.
+MEDIA_DESCRIPTION_PREFIX: Final = "[inferred description of attached media, not the user's words: "
+MEDIA_DESCRIPTION_SUFFIX: Final = "]"
+
+DEFAULT_PROMPT: Final = (
+    "You compact the earlier turns of a conversation between a user and an assistant. The numbered items below are "
+    "what the user wrote, in order (an item may itself be an earlier summary of user turns, or carry an inferred "
+    "description of attached media, marked as such). Write one account, much shorter than the items, in the third "
+    "person and in order, of what the user asked for. Keep every requirement, constraint, correction and "
+    "preference exactly as stated; where a later item corrects an earlier one, keep the correction and say what it "
+    "replaces. Quote verbatim every value that cannot be reconstructed: identifiers, codes, names, numbers, paths, "
+    "URLs, versions, dates. Drop pleasantries, restatements and superseded details. Add nothing that is not in the "
+    "items. Reply with the account only."
+)
+DEFAULT_FOLD_PROMPT: Final = (
+    "The numbered items below are earlier summaries of a user's turns in one conversation. Each stands for turns "
+    "that are no longer in the conversation: they are not padding, and nothing in them can be recovered elsewhere. "
+    "Write one account that replaces all of them, in order, in the third person. Keep every requirement, "
+    "constraint, correction and preference, and quote every identifier, code, name, number, path, URL, version and "
+    "date verbatim. Drop only what a later item supersedes, and say what replaced it. Reply with the account only."
+)
+
+DEFAULT_KEEP_HEAD_USER_TURNS: Final = 1
+DEFAULT_KEEP_TAIL_USER_TURNS: Final = 1
+DEFAULT_TRIGGER_FRACTION: Final = 0.8
+DEFAULT_MIN_BAND_SHARE: Final = 0.1
+DEFAULT_REMEMBERED_REQUESTS: Final = 1
+
+_TEXT_KINDS: Final = frozenset({"text"})
+_ID_SUFFIX: Final = re.compile(r"(\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class UserSummaryConfig:
+    """Parameters of the user-turn strategy; invalid values raise ``ValueError``.
+
+    Attributes:
+        max_input_tokens: The input budget.
+        keep_head_user_turns: User turns at the start that are never summarised.
+        keep_tail_user_turns: User turns at the end that are never summarised.
+        trigger_fraction: Nothing happens at or below this share of the budget.
+        min_band_share: A band (or a fold's saving) must be at least this share of the prompt.
+        summary_mode: ``"recompact"``, ``"boundary"`` or ``"fold"``.
+        prompt: The summarizer's instructions for user turns.
+        fold_prompt: The instructions for folding summaries.
+        remembered_requests: Summary answers the snapshot keeps.
+        max_summary_input_tokens: Bound on every request (instructions plus transcript);
+            ``None`` means half the budget, at least 1.
+        describe_media: The host gave a ``describe_media`` hook, so media turns can be
+            summarised once every description came back usable.
+    """
+
+    max_input_tokens: int
+    keep_head_user_turns: int = DEFAULT_KEEP_HEAD_USER_TURNS
+    keep_tail_user_turns: int = DEFAULT_KEEP_TAIL_USER_TURNS
+    trigger_fraction: float = DEFAULT_TRIGGER_FRACTION
+    min_band_share: float = DEFAULT_MIN_BAND_SHARE
+    summary_mode: SummaryMode = "recompact"
+    prompt: str = DEFAULT_PROMPT
+    fold_prompt: str = DEFAULT_FOLD_PROMPT
+    remembered_requests: int = DEFAULT_REMEMBERED_REQUESTS
+    max_summary_input_tokens: int | None = None
+    describe_media: bool = False
+
+    def __post_init__(self) -> None:
+        _require_int("max_input_tokens", self.max_input_tokens, minimum=1)
+        _require_int("keep_head_user_turns", self.keep_head_user_turns, minimum=0)
+        _require_int("keep_tail_user_turns", self.keep_tail_user_turns, minimum=0)
+        if not _is_number(self.trigger_fraction) or not 0 < self.trigger_fraction <= 1:
+            raise ValueError(f"trigger_fraction must be in (0, 1], got {self.trigger_fraction!r}")
+        if not _is_number(self.min_band_share) or not 0 <= self.min_band_share < 1:
+            raise ValueError(f"min_band_share must be in [0, 1), got {self.min_band_share!r}")
+        if self.summary_mode not in SUMMARY_MODES:
+            raise ValueError(f"summary_mode must be one of {', '.join(SUMMARY_MODES)}, got {self.summary_mode!r}")
+        for name in ("prompt", "fold_prompt"):
+            value: object = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+        _require_int("remembered_requests", self.remembered_requests, minimum=1)
+        if self.max_summary_input_tokens is not None:
+            _require_int("max_summary_input_tokens", self.max_summary_input_tokens, minimum=1)
+
+    @property
+    def trigger_tokens(self) -> int:
+        """Prompt size above which the strategy acts."""
+        return int(self.max_input_tokens * self.trigger_fraction)
+
+    @property
+    def summary_input_limit(self) -> int:
+        """The bound on every summarizer request."""
+        if self.max_summary_input_tokens is not None:
+            return self.max_summary_input_tokens
+        return max(1, self.max_input_tokens // 2)
+
+
+class Outcome(Enum):
+    """What a pass did; the outcomes partition every pass over a non-empty conversation."""
+
+    BELOW_TRIGGER = "below_trigger"
+    DECLINED = "declined"
+    """The band was empty, only summaries, or too small to be worth a call (and no fold was due)."""
+    NOTHING_FITS = "nothing_fits"
+    """Not even the oldest item fits ``max_summary_input_tokens`` (two, for a fold)."""
+    SUMMARIZED = "summarized"
+    FOLDED = "folded"
+    REFUSED = "refused"
+    """The answer was not smaller than what it would replace."""
+    FAILED = "failed"
+    """The summarizer failed or answered nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class UserReport:
+    """What a pass did.
+
+    Attributes:
+        tokens_before: Prompt tokens before the pass (injected context aside).
+        tokens_after: Prompt tokens after it.
+        outcome: See :class:`Outcome`.
+        summary_id: The summary (or fold) applied, refused or failed on this pass.
+        replaced: Origins of the messages the summary replaced.
+        request: Identity of the request the outcome answered, if any.
+        band_tokens: Tokens of the eligible band.
+        protected: Band turns left verbatim (preserved, unknown parts, undescribed media).
+        standing: Our summaries standing after the pass, and their tokens.
+        summary_tokens: Tokens of the standing summaries.
+    """
+
+    tokens_before: int
+    tokens_after: int
+    outcome: Outcome
+    summary_id: str | None = None
+    replaced: tuple[int, ...] = ()
+    request: str | None = None
+    band_tokens: int = 0
+    protected: int = 0
+    standing: int = 0
+    summary_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Needs:
+    """The pass cannot finish before these requests are answered (see :func:`absorb`)."""
+
+    requests: tuple[Request, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class UserDone:
+    """The pass's answer: the new history and a report (the snapshot is unchanged by a pass)."""
+
+    history: History
+    report: UserReport
+
+
+@dataclass(frozen=True, slots=True)
+class _Item:
+    """One band item: a user turn or one of our summaries, as the summarizer will read it."""
+
+    index: int  # into the conversation records
+    text: str
+    tokens: int
+
+
+def step(
+    config: UserSummaryConfig, history: History, snapshot: UserSummarySnapshot, measure: Measure
+) -> Needs | UserDone:
+    """One pass over ``history`` (see the module docstring for the rules)."""
+    conversation = [i for i, r in enumerate(history) if not r.injected and not r.note]
+    records = [history[i] for i in conversation]
+    tokens = sum(r.tokens for r in records if not r.excluded)
+    standing = [k for k, r in enumerate(records) if r.summary and not r.excluded and r.role == "user"]
+
+    def done(outcome: Outcome, **fields: object) -> UserDone:
+        report = UserReport(
+            tokens_before=tokens,
+            tokens_after=tokens,
+            outcome=outcome,
+            standing=len(standing),
+            summary_tokens=sum(records[k].tokens for k in standing),
+        )
+        return UserDone(history=history, report=replace(report, **fields))  # pyright: ignore[reportArgumentType]
+
+    if tokens <= config.trigger_tokens:
+        return done(Outcome.BELOW_TRIGGER)
+    band = _band(config, records, standing)
+    items: list[_Item] = []
+    pending: list[DescribeMedia] = []
+    eligible_tokens = 0
+    protected = 0
+    for k in band:
+        item = _item(config, records[k], k, snapshot, measure)
+        if item is None:
+            protected += 1
+            continue
+        eligible_tokens += records[k].tokens
+        if isinstance(item, _Item):
+            items.append(item)
+        else:
+            pending.extend(item)
+    # Worth a call: user turns to summarise (not only our summaries), and enough of them.
+    has_turns = bool(pending) or any(not records[i.index].summary for i in items)
+    worth = has_turns and eligible_tokens >= math.ceil(tokens * config.min_band_share - 1e-9)
+    band_tokens = eligible_tokens
+    if not worth:
+        if config.summary_mode == "fold" and len(standing) >= 2:
+            return _fold(
+                config,
+                history,
+                conversation=conversation,
+                records=records,
+                standing=standing,
+                snapshot=snapshot,
+                measure=measure,
+                done=done,
+            )
+        return done(Outcome.DECLINED, band_tokens=band_tokens, protected=protected)
+    if pending:
+        # Descriptions first: the transcript (and so the request) depends on them.
+        return Needs(tuple(pending))
+    selected = _select(config.prompt, items, config.summary_input_limit, measure)
+    if not selected:
+        return done(Outcome.NOTHING_FITS, band_tokens=band_tokens, protected=protected)
+    summary_id = _next_id(SUMMARY_ID_PREFIX, snapshot.compactions, records, exclude_prefix=FOLD_ID_PREFIX)
+    request = _request("summary", config.prompt, selected, summary_id)
+    return _apply(
+        request,
+        snapshot.answer(request.identity),
+        history=history,
+        conversation=conversation,
+        records=records,
+        selected=selected,
+        measure=measure,
+        done=done,
+        band_tokens=band_tokens,
+        protected=protected,
+        folded=False,
+    )
+
+
+def _band(config: UserSummaryConfig, records: Sequence[MessageRecord], standing: Sequence[int]) -> list[int]:
+    """Indices of the band's user turns (and, in recompact mode, standing summaries), oldest first."""
+    turns = [k for k, r in enumerate(records) if r.role == "user" and not r.excluded]
+    end = len(turns) - config.keep_tail_user_turns
+    between = turns[config.keep_head_user_turns : max(end, config.keep_head_user_turns)]
+    if config.summary_mode == "recompact" or not standing:
+        return between
+    newest = standing[-1]
+    return [k for k in between if k > newest]
+
+
+def _item(
+    config: UserSummaryConfig,
+    record: MessageRecord,
+    index: int,
+    snapshot: UserSummarySnapshot,
+    measure: Measure,
+) -> _Item | list[DescribeMedia] | None:
+    """The band item ``record`` makes, the descriptions it still needs, or ``None`` if protected."""
+    if record.summary:
+        return _Item(index, _summary_body(record), record.tokens)
+    if record.preserved:
+        return None
+    pieces: list[str] = []
+    needed: list[DescribeMedia] = []
+    for number, part in enumerate(record.parts):
+        if part.kind in _TEXT_KINDS:
+            pieces.append(part.text)
+        elif part.kind in MEDIA_KINDS and config.describe_media:
+            key = media_identity(record, number)
+            answer = snapshot.description(key)
+            if answer is None:
+                if record.origin is None:
+                    return None  # nothing to hand the host
+                needed.append(DescribeMedia(identity=key, origin=record.origin, part=number))
+                continue
+            text = (answer.text or "").strip()
+            if not text or measure(text) > max(part.tokens, 1):
+                return None  # failed, empty or larger than the media it stands for
+            pieces.append(f"{MEDIA_DESCRIPTION_PREFIX}{text}{MEDIA_DESCRIPTION_SUFFIX}")
+        else:
+            return None  # media without a hook, or a kind we cannot put into words
+    if needed:
+        return needed
+    text = "\n".join(p for p in pieces if p)
+    return _Item(index, text, record.tokens) if text.strip() else None
+
+
+def media_identity(record: MessageRecord, part: int) -> str:
+    """The identity of a media part's description: message id, ordered content, surrounding text."""
+    content = [(p.kind, p.ref if p.kind in MEDIA_KINDS else p.text) for p in record.parts]
+    return identity("describe_media", record.message_id, part, content)
+
+
+def _summary_body(record: MessageRecord) -> str:
+    text = "\n".join(p.text for p in record.parts if p.kind == "text")
+    return text[len(USER_SUMMARY_MARKER) :].lstrip("\n") if text.startswith(USER_SUMMARY_MARKER) else text
+
+
+def _numbered(items: Sequence[_Item]) -> str:
+    return "\n".join(f"{number}. {item.text}" for number, item in enumerate(items, start=1))
+
+
+def _select(prompt: str, items: Sequence[_Item], limit: int, measure: Measure, *, minimum: int = 1) -> list[_Item]:
+    """The oldest whole items whose request (instructions plus transcript) fits ``limit``.
+
+    Items are added while the sum of their standalone counts fits; the whole request is
+    then counted exactly and the newest item dropped until it fits, so no request ever
+    exceeds the bound and no item is cut.
+    """
+    budget = limit - measure(prompt)
+    chosen: list[_Item] = []
+    used = 0
+    for number, item in enumerate(items, start=1):
+        cost = measure(f"{number}. {item.text}")
+        if used + cost > budget:
+            break
+        chosen.append(item)
+        used += cost
+    while len(chosen) >= minimum and measure(prompt) + measure(_numbered(chosen)) > limit:
+        chosen.pop()
+    return chosen if len(chosen) >= minimum else []
+
+
+def _request(kind: Literal["summary", "fold"], prompt: str, items: Sequence[_Item], summary_id: str) -> Summarize:
+    transcript = _numbered(items)
+    return Summarize(
+        identity=identity(kind, prompt, transcript, len(items)),
+        prompt=prompt,
+        transcript=transcript,
+        sources=len(items),
+        summary_id=summary_id,
+        kind=kind,
+    )
+
+
+def _next_id(prefix: str, count: int, records: Iterable[MessageRecord], *, exclude_prefix: str | None = None) -> str:
+    """``<prefix><n>``: past every count and every id in history, so ids never collide."""
+    taken = {r.message_id for r in records if r.message_id}
+    highest = count
+    for message_id in taken:
+        if message_id.startswith(prefix) and not (exclude_prefix and message_id.startswith(exclude_prefix)):
+            match = _ID_SUFFIX.search(message_id[len(prefix) :])
+            if match is not None and match.group(1) == message_id[len(prefix) :]:
+                highest = max(highest, int(match.group(1)) + 1)
+    number = highest
+    while f"{prefix}{number}" in taken:
+        number += 1
+    return f"{prefix}{number}"
+
+
+def summary_text(answer: str) -> str:
+    """The text of a summary message: the marker, then the summarizer's answer."""
+    return f"{USER_SUMMARY_MARKER}\n{answer.strip()}"
+
+
+def _apply(
+    request: Summarize,
+    answer: Answer | None,
+    *,
+    history: History,
+    conversation: Sequence[int],
+    records: Sequence[MessageRecord],
+    selected: Sequence[_Item],
+    measure: Measure,
+    done: Callable[..., UserDone],
+    band_tokens: int,
+    protected: int,
+    folded: bool,
+) -> Needs | UserDone:
+    if answer is None:
+        return Needs((request,))
+    summary_id = answer.summary_id or request.summary_id
+    common = {"request": request.identity, "summary_id": summary_id, "band_tokens": band_tokens, "protected": protected}
+    if not answer.text or not answer.text.strip():
+        return done(Outcome.FAILED, **common)
+    text = summary_text(answer.text)
+    text_tokens = measure(text)
+    summary = MessageRecord(
+        role="user",
+        parts=(Part(kind="text", text=text, tokens=text_tokens),),
+        tokens=MESSAGE_OVERHEAD_TOKENS + text_tokens,
+        message_id=summary_id,
+        summary=True,
+    )
+    replaced_tokens = sum(records[i.index].tokens for i in selected)
+    if summary.tokens >= replaced_tokens:
+        return done(Outcome.REFUSED, **common)
+    output = list(history)
+    origins: list[int] = []
+    for item in selected:
+        position = conversation[item.index]
+        original = output[position]
+        output[position] = replace(original, excluded=True)
+        if original.origin is not None:
+            origins.append(original.origin)
+    first = conversation[selected[0].index]
+    output.insert(first, summary)
+    result = done(Outcome.FOLDED if folded else Outcome.SUMMARIZED, replaced=tuple(origins), **common)
+    after = result.report.tokens_before - replaced_tokens + summary.tokens
+    standing = [r for r in output if r.summary and not r.excluded and not r.injected]
+    report = replace(
+        result.report,
+        tokens_after=after,
+        standing=len(standing),
+        summary_tokens=sum(r.tokens for r in standing),
+    )
+    return UserDone(history=pvector(output), report=report)
+
+
+def _fold(
+    config: UserSummaryConfig,
+    history: History,
+    *,
+    conversation: Sequence[int],
+    records: Sequence[MessageRecord],
+    standing: Sequence[int],
+    snapshot: UserSummarySnapshot,
+    measure: Measure,
+    done: Callable[..., UserDone],
+) -> Needs | UserDone:
+    """Fold the oldest standing summaries that fit, if the saving pays for the break it causes."""
+    items = [_Item(k, _summary_body(records[k]), records[k].tokens) for k in standing]
+    selected = _select(config.fold_prompt, items, config.summary_input_limit, measure, minimum=2)
+    if not selected:
+        return done(Outcome.NOTHING_FITS)
+    sizes = [i.tokens for i in selected]
+    saving = sum(sizes) - max(sizes)
+    behind = sum(r.tokens for r in records[selected[0].index :] if not r.excluded)
+    if saving < math.ceil(behind * config.min_band_share - 1e-9):
+        return done(Outcome.DECLINED)
+    fold_id = _next_id(FOLD_ID_PREFIX, snapshot.folds, records)
+    request = _request("fold", config.fold_prompt, selected, fold_id)
+    return _apply(
+        request,
+        snapshot.answer(request.identity),
+        history=history,
+        conversation=conversation,
+        records=records,
+        selected=selected,
+        measure=measure,
+        done=done,
+        band_tokens=sum(sizes),
+        protected=0,
+        folded=True,
+    )
+
+
+def absorb(
+    config: UserSummaryConfig, snapshot: UserSummarySnapshot, answers: Sequence[tuple[Request, str | None]]
+) -> UserSummarySnapshot:
+    """The snapshot with the answers to ``answers``' requests recorded.
+
+    ``None`` (or blank text) records a failure, so the other list replays it instead of
+    calling again. Summary answers beyond ``remembered_requests`` are forgotten, oldest
+    first; descriptions are kept.
+    """
+    kept = list(snapshot.answers)
+    descriptions = list(snapshot.descriptions)
+    compactions, folds = snapshot.compactions, snapshot.folds
+    for request, text in answers:
+        clean = text.strip() if isinstance(text, str) and text.strip() else None
+        if isinstance(request, Summarize):
+            kept = [a for a in kept if a.identity != request.identity]
+            kept.append(Answer(request.identity, clean, summary_id=request.summary_id, sources=request.sources))
+            if clean is not None:
+                number = _suffix(request.summary_id)
+                if request.kind == "fold":
+                    folds = max(folds, number + 1)
+                else:
+                    compactions = max(compactions, number + 1)
+        else:
+            descriptions = [d for d in descriptions if d.identity != request.identity]
+            descriptions.append(Answer(request.identity, clean))
+    return UserSummarySnapshot(
+        answers=tuple(kept[-config.remembered_requests :]),
+        descriptions=tuple(descriptions),
+        compactions=compactions,
+        folds=folds,
+    )
+
+
+def _suffix(summary_id: str) -> int:
+    match = _ID_SUFFIX.search(summary_id)
+    return int(match.group(1)) if match is not None else 0
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _require_int(name: str, value: object, *, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
