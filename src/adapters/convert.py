@@ -32,6 +32,10 @@ HOLD_KEY = "_maf_compaction_hold"
 WRITTEN_RECORD_KEY = "maf_compaction_written_record"
 #: Marks one of our user-turn summaries; the value is the summary id.
 SUMMARY_KEY = "_maf_compaction_summary"
+#: On a summary: the ids of the messages it replaces.
+SUMMARY_OF_KEY = "_maf_compaction_summary_of"
+#: On a replaced message: the id of the summary that replaced it.
+SUMMARIZED_BY_KEY = "_maf_compaction_summarized_by"
 
 
 def to_history(messages: Sequence[Message], counter: PartCounter, *, note_kind: str) -> History:
@@ -146,13 +150,16 @@ class _Entry:
 
 
 def is_summary(message: Message) -> bool:
-    """One of our user-turn summaries: a user message with our summary id and the summary marker.
+    """One of our user-turn summaries: a user message with our summary id, its links and the marker.
 
     Text alone never makes a summary, so a user (or a summarizer) who writes the marker
     does not create one.
     """
-    summary_id = message.additional_properties.get(SUMMARY_KEY)
+    props = message.additional_properties
+    summary_id = props.get(SUMMARY_KEY)
     if message.role != "user" or not isinstance(summary_id, str) or summary_id != message.message_id:
+        return False
+    if not isinstance(props.get(SUMMARY_OF_KEY), list):
         return False
     return message.text.startswith(USER_SUMMARY_MARKER)
 

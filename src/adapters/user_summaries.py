@@ -17,21 +17,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from agent_framework import Content, Message
-from agent_framework._compaction import (
-    EXCLUDE_REASON_KEY,
-    EXCLUDED_KEY,
-    GROUP_ANNOTATION_KEY,
-    SUMMARIZED_BY_SUMMARY_ID_KEY,
-    SUMMARY_OF_GROUP_IDS_KEY,
-    SUMMARY_OF_MESSAGE_IDS_KEY,
-)
+from agent_framework._compaction import EXCLUDE_REASON_KEY, EXCLUDED_KEY
 
 from ..core import user_summaries as core
 from ..core.effects import DescribeMedia, Request, Summarize
 from ..core.model import History, MessageRecord
 from ..core.user_snapshot import UserSummarySnapshot
 from ..core.user_summaries import Needs, Outcome, SummaryMode, UserReport, UserSummaryConfig
-from .convert import SUMMARY_KEY, RecordCache
+from .convert import SUMMARIZED_BY_KEY, SUMMARY_KEY, SUMMARY_OF_KEY, RecordCache
 from .counting import MediaTokenEstimator, Tokenizer, as_estimator
 
 logger = logging.getLogger("maf_compaction")
@@ -353,25 +346,25 @@ def _apply(messages: list[Message], before: History, after: History, report: Use
             props = message.additional_properties
             props[EXCLUDED_KEY] = True
             props[EXCLUDE_REASON_KEY] = reason
-            # The group annotation is shared with stored history on loaded copies: replace it.
-            group = dict(props.get(GROUP_ANNOTATION_KEY) or {})
-            group[SUMMARIZED_BY_SUMMARY_ID_KEY] = summary_id
-            props[GROUP_ANNOTATION_KEY] = group
+            props[SUMMARIZED_BY_KEY] = summary_id
         updated.append(message)
     messages[:] = updated
 
 
 def _summary_message(record: MessageRecord, replaced: Sequence[Message]) -> Message:
+    """The summary as a user message, linked both ways to the messages it replaces.
+
+    The links are our own keys, not the framework's ``_summary_of_message_ids`` in the
+    group annotation: the framework reconciles summaries that carry those with the
+    caller's messages after every model call, and under the harness (history loaded per
+    call) it rejects every one of ours with a WARNING and strips exclusions it cannot
+    root. Ours are not in-run summaries to reconcile; they are decisions the stored
+    history keeps.
+    """
     ids = [m.message_id for m in replaced if m.message_id]
     return Message(
         "user",
         [record.parts[0].text],
         message_id=record.message_id,
-        additional_properties={
-            SUMMARY_KEY: record.message_id,
-            GROUP_ANNOTATION_KEY: {
-                SUMMARY_OF_MESSAGE_IDS_KEY: ids,
-                SUMMARY_OF_GROUP_IDS_KEY: [f"group_{i}" for i in ids],
-            },
-        },
+        additional_properties={SUMMARY_KEY: record.message_id, SUMMARY_OF_KEY: ids},
     )

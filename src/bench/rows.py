@@ -37,6 +37,7 @@ from ..adapters.anchored import AnchoredCompactionStrategy, MinimumGainAnchoredC
 from ..adapters.recall import RecallGate, ToolResultRecallMiddleware, make_recall_tool
 from ..adapters.records import ToolResultAnchoredSummarizationCompactionStrategy
 from ..adapters.tiktoken import TiktokenTokenizer
+from ..adapters.user_summaries import UserTurnAnchoredSummarizationCompactionStrategy
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +200,38 @@ def _tool_summary_anchored(context: RowContext) -> RowSetup:
     return record_row(context)
 
 
+def user_summary_row(context: RowContext, **strategy_options: Any) -> RowSetup:
+    """The user-turn strategy with the row's summarizer client; ``strategy_options`` go to it."""
+    strategy = UserTurnAnchoredSummarizationCompactionStrategy(
+        max_input_tokens=context.budget, tokenizer=context.tokenizer, client=context.summarizer, **strategy_options
+    )
+
+    def counters() -> dict[str, float]:
+        return {
+            "summaries": strategy.user_compactions,
+            "folds": strategy.user_folds,
+            "replayed": strategy.user_summaries_replayed,
+            "standing": strategy.user_summaries_in_conversation,
+            "failures": strategy.user_summary_failures,
+            "declined": strategy.user_passes_declined,
+            "summarizer_calls": strategy.summarizer_calls,
+        }
+
+    return RowSetup(before=strategy, after=strategy, counters=counters)
+
+
+def _user_summary_anchored(context: RowContext) -> RowSetup:
+    return user_summary_row(context)
+
+
+def _user_summary_anchored_boundary(context: RowContext) -> RowSetup:
+    return user_summary_row(context, summary_mode="boundary")
+
+
+def _user_summary_anchored_fold(context: RowContext) -> RowSetup:
+    return user_summary_row(context, summary_mode="fold")
+
+
 #: Built-in rows, in table order; what each one runs is in :data:`ROW_DESCRIPTIONS`.
 ROWS: Final[Mapping[str, RowFactory]] = {
     "none": _none,
@@ -211,6 +244,9 @@ ROWS: Final[Mapping[str, RowFactory]] = {
     "anchored": _anchored,
     "anchored_min_gain": _anchored_min_gain,
     "tool_summary_anchored": _tool_summary_anchored,
+    "user_summary_anchored": _user_summary_anchored,
+    "user_summary_anchored_boundary": _user_summary_anchored_boundary,
+    "user_summary_anchored_fold": _user_summary_anchored_fold,
 }
 
 ROW_DESCRIPTIONS: Final[Mapping[str, str]] = {
@@ -225,6 +261,9 @@ ROW_DESCRIPTIONS: Final[Mapping[str, str]] = {
     "anchored_min_gain": "MinimumGainAnchoredCompactionStrategy(budget): defaults",
     "tool_summary_anchored": "ToolResultAnchoredSummarizationCompactionStrategy(budget) + RecallGate, "
     "make_recall_tool, ToolResultRecallMiddleware(min_groups_before_repeat=2): the README's wiring",
+    "user_summary_anchored": "UserTurnAnchoredSummarizationCompactionStrategy(budget, summarizer): recompact mode",
+    "user_summary_anchored_boundary": "UserTurnAnchoredSummarizationCompactionStrategy(..., summary_mode='boundary')",
+    "user_summary_anchored_fold": "UserTurnAnchoredSummarizationCompactionStrategy(..., summary_mode='fold')",
 }
 
 
