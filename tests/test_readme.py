@@ -13,7 +13,11 @@ from typing import Any
 
 import pytest
 
-from maf_compaction import ToolResultAnchoredSummarizationCompactionStrategy, ToolResultRecallMiddleware
+from maf_compaction import (
+    ToolResultAnchoredSummarizationCompactionStrategy,
+    ToolResultRecallMiddleware,
+    UserTurnAnchoredSummarizationCompactionStrategy,
+)
 from maf_compaction.bench.client import SimulatedChatClient
 from maf_compaction.bench.model import ScriptedModel
 from maf_compaction.bench.provider import SimulatedProvider
@@ -74,6 +78,11 @@ async def test_every_readme_block_runs_and_the_agent_compacts(monkeypatch: pytes
     assert isinstance(namespace["recall"], ToolResultRecallMiddleware)
     assert namespace["recall_tool"].name == "recall_earlier_tool_results"
     assert namespace["recall"].forced_calls == 0  # three small lookups stay under the trigger
+    users = namespace["users"]
+    assert isinstance(users, UserTurnAnchoredSummarizationCompactionStrategy)
+    assert users.client is client
+    assert users.summary_mode == "boundary"
+    assert users.config.summary_input_limit == namespace["BUDGET"] // 2
     assert strategy.passes > 0
     assert strategy.last_report is not None
     assert strategy.last_report.tokens_after > 0
