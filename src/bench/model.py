@@ -38,6 +38,7 @@ from .scenario import RECALL_TOOL, Scenario, Turn
 
 #: What a planted value looks like when the scenario does not list it (``TL-3FA9C2``).
 VALUE_PATTERN: Final = re.compile(r"\b[A-Z]{2}-[0-9A-F]{6}\b")
+_NUMBERED_ITEM: Final = re.compile(r"^\d+\. ")
 _KEEP_WORDS: Final = re.compile(r"\b(requirement|correction|R\d+)\b", re.IGNORECASE)
 #: Characters per token the model assumes when it sizes a summary or a record.
 _CHARS_PER_TOKEN: Final = 4
@@ -190,16 +191,26 @@ class ScriptedModel:
         return answer + (f" I cannot see {missing} of the values asked for." if missing else "")
 
     def summary(self, messages: Sequence[Message], max_tokens: int | None) -> str:
-        """An extractive summary: the value-bearing lines of the transcript, in order."""
+        """An extractive summary: the value-bearing lines of the transcript, in order.
+
+        Its first line says how many numbered items it covers: a model rewrites its
+        summary when its input changes, so re-summarising a summary with new turns gives
+        new bytes even when the new turns add no value line.
+        """
         lines: list[str] = []
+        items = 0
         for message in messages:
             if message.role == "system":
                 continue  # the summarizer's own instructions
             for line in context_text([message]).splitlines():
+                items += bool(_NUMBERED_ITEM.match(line))
                 if self._carries_value(line) or _KEEP_WORDS.search(line):
                     lines.append(line.strip())
         kept = [line for line in lines if self._keeps(line, self.options.summary_quality, "summary")]
-        return self._fit("Summary of the earlier conversation:", [[line] for line in kept], max_tokens)
+        title = (
+            f"Summary of the earlier conversation ({items} items):" if items else "Summary of the earlier conversation:"
+        )
+        return self._fit(title, [[line] for line in kept], max_tokens)
 
     def record(self, messages: Sequence[Message], max_tokens: int | None = None) -> str:
         """A record: value-bearing lines of every visible tool result, grouped by tool.
