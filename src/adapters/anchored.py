@@ -21,6 +21,7 @@ from ..core.errors import SnapshotError
 from ..core.grouping import Grouping
 from ..core.model import History
 from ..core.snapshot import AnchoredSnapshot
+from .base import ConfiguredStrategy
 from .convert import RecordCache, apply
 from .counting import MediaTokenEstimator, Tokenizer, as_estimator
 
@@ -30,7 +31,7 @@ EXCLUDE_REASON = "anchored_compaction"
 NOTE_KIND = "anchored"
 
 
-class AnchoredCompactionStrategy:
+class AnchoredCompactionStrategy(ConfiguredStrategy[AnchoredConfig]):
     """Keep a fixed head and tail verbatim; shorten the band between by position only.
 
     Tool results in the band keep a share of the budget that depends only on their
@@ -100,21 +101,6 @@ class AnchoredCompactionStrategy:
         self.shed_events = 0
         self.overflows = 0
         self.last_report: Report | None = None
-
-    @property
-    def config(self) -> AnchoredConfig:
-        """The validated parameters."""
-        return self._config
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        """The tokenizer given at construction (the framework reads it for its own logs)."""
-        return self._tokenizer
-
-    @property
-    def max_input_tokens(self) -> int:
-        """The input budget."""
-        return self._config.max_input_tokens
 
     async def __call__(self, messages: list[Message]) -> bool:
         """Compact ``messages`` in place to ``max_input_tokens``; True if anything changed.

@@ -21,6 +21,7 @@ from ..core.record_decisions import RecordDecisions
 from ..core.records import Fallback, RecordConfig, RecordReport
 from .anchored import NOTE_KIND as ANCHORED_NOTE_KIND
 from .anchored import AnchoredCompactionStrategy
+from .base import ConfiguredStrategy
 from .convert import EXCLUDED_KEY, WRITTEN_RECORD_KEY, RecordCache, apply
 from .counting import MediaTokenEstimator, Tokenizer, as_estimator
 
@@ -38,7 +39,7 @@ class RecallPreview(Protocol):
         ...
 
 
-class ToolResultAnchoredSummarizationCompactionStrategy:
+class ToolResultAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[RecordConfig]):
     """Let tool results leave the prompt once a record quotes their exact values.
 
     Past ``trigger_fraction`` of the budget the recall middleware asks the model for a
@@ -150,21 +151,6 @@ class ToolResultAnchoredSummarizationCompactionStrategy:
         self.overflows = 0
 
     # -- configuration -------------------------------------------------------------------
-
-    @property
-    def config(self) -> RecordConfig:
-        """The validated parameters."""
-        return self._config
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        """The tokenizer given at construction."""
-        return self._tokenizer
-
-    @property
-    def max_input_tokens(self) -> int:
-        """The input budget."""
-        return self._config.max_input_tokens
 
     @property
     def trigger_fraction(self) -> float:

@@ -24,6 +24,7 @@ from ..core.effects import DescribeMedia, Request, Summarize
 from ..core.model import History, MessageRecord
 from ..core.user_snapshot import UserSummarySnapshot
 from ..core.user_summaries import Needs, Outcome, SummaryMode, UserReport, UserSummaryConfig
+from .base import ConfiguredStrategy
 from .convert import SUMMARIZED_BY_KEY, SUMMARY_KEY, SUMMARY_OF_KEY, RecordCache
 from .counting import MediaTokenEstimator, Tokenizer, as_estimator
 
@@ -39,7 +40,7 @@ _MAX_ROUNDS = 4
 DescribeMediaHook = Callable[[Content, Message], Awaitable[str | None]]
 
 
-class UserTurnAnchoredSummarizationCompactionStrategy:
+class UserTurnAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[UserSummaryConfig]):
     """Replace earlier user turns with a summary that keeps every requirement and correction.
 
     Past ``trigger_fraction`` of the budget, the user turns between the first
@@ -158,21 +159,6 @@ class UserTurnAnchoredSummarizationCompactionStrategy:
         self.summarizer_calls = 0
         self.media_descriptions = 0
         self.media_description_failures = 0
-
-    @property
-    def config(self) -> UserSummaryConfig:
-        """The validated parameters."""
-        return self._config
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        """The tokenizer given at construction."""
-        return self._tokenizer
-
-    @property
-    def max_input_tokens(self) -> int:
-        """The input budget."""
-        return self._config.max_input_tokens
 
     @property
     def trigger_fraction(self) -> float:
