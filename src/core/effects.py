@@ -37,6 +37,8 @@ class Summarize:
         summary_id: The id the summary will carry if accepted (allocated with the
             request, so both lists use the same one).
         kind: ``"summary"`` for user turns, ``"fold"`` for earlier summaries.
+        turns: User turns in the conversation when the request was made: a failed
+            answer is replayed (not retried) until the conversation has more.
     """
 
     identity: str
@@ -45,6 +47,7 @@ class Summarize:
     sources: int
     summary_id: str
     kind: Literal["summary", "fold"] = "summary"
+    turns: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,11 +58,14 @@ class DescribeMedia:
         identity: Message id, ordered content and surrounding text, digested.
         origin: Index of the user turn in the list the shell converted.
         part: Index of the media part within that turn.
+        turns: User turns in the conversation when the request was made (see
+            :attr:`Summarize.turns`).
     """
 
     identity: str
     origin: int
     part: int
+    turns: int = 0
 
 
 Request: TypeAlias = Summarize | DescribeMedia
@@ -76,9 +82,17 @@ class Answer:
         summary_id: For summaries, the id allocated with the request.
         sources: For summaries, how many items the transcript held (a legacy answer
             without it matches any count).
+        turns: For a failure, the user turns the conversation had when it failed: the
+            failure stands for that conversation state only, and a later state (a new
+            user turn) asks again, so one transient error does not stop compaction.
     """
 
     identity: str
     text: str | None
     summary_id: str | None = None
     sources: int | None = None
+    turns: int | None = None
+
+    def stands(self, turns: int) -> bool:
+        """The answer applies to a conversation with ``turns`` user turns."""
+        return self.text is not None or self.turns is None or self.turns >= turns

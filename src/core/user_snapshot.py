@@ -88,6 +88,7 @@ def _answer_dict(answer: Answer) -> dict[str, object]:
         "text": answer.text,
         "summary_id": answer.summary_id,
         "sources": answer.sources,
+        "turns": answer.turns,
     }
 
 
@@ -100,11 +101,12 @@ def _answers(data: Mapping[str, object], name: str) -> tuple[Answer, ...]:
         if not isinstance(item, Mapping):
             raise SnapshotError(f"snapshot field {name!r} must hold mappings, got {item!r}")
         entry = cast("Mapping[str, object]", item)
-        identity, text, summary_id, sources = (
+        identity, text, summary_id, sources, turns = (
             entry.get("identity"),
             entry.get("text"),
             entry.get("summary_id"),
             entry.get("sources"),
+            entry.get("turns"),
         )
         if not isinstance(identity, str) or not identity:
             raise SnapshotError(f"snapshot field {name!r}: an entry has no identity: {item!r}")
@@ -114,5 +116,7 @@ def _answers(data: Mapping[str, object], name: str) -> tuple[Answer, ...]:
             raise SnapshotError(f"snapshot field {name!r}: 'summary_id' must be a string or null, got {summary_id!r}")
         if sources is not None and (not isinstance(sources, int) or isinstance(sources, bool) or sources < 1):
             raise SnapshotError(f"snapshot field {name!r}: 'sources' must be a positive integer or null")
-        found.append(Answer(identity=identity, text=text, summary_id=summary_id, sources=sources))
+        if turns is not None and (not isinstance(turns, int) or isinstance(turns, bool) or turns < 0):
+            raise SnapshotError(f"snapshot field {name!r}: 'turns' must be a non-negative integer or null")
+        found.append(Answer(identity=identity, text=text, summary_id=summary_id, sources=sources, turns=turns))
     return tuple(found)

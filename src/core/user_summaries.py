@@ -226,6 +226,7 @@ def step(
     records = [history[i] for i in conversation]
     tokens = sum(r.tokens for r in records if not r.excluded)
     standing = [k for k, r in enumerate(records) if r.summary and not r.excluded and r.role == "user"]
+    user_turns = sum(1 for r in records if r.role == "user" and not r.summary)
 
     def done(outcome: Outcome, **fields: object) -> UserDone:
         report = UserReport(
@@ -245,7 +246,7 @@ def step(
     eligible_tokens = 0
     protected = 0
     for k in band:
-        item = _item(config, records[k], k, snapshot, measure)
+        item = _item(config, records[k], k, snapshot, measure, turns=user_turns)
         if item is None:
             protected += 1
             continue
@@ -253,7 +254,7 @@ def step(
         if isinstance(item, _Item):
             items.append(item)
         else:
-            pending.extend(item)
+            pending.extend(replace(d, turns=user_turns) for d in item)
     # Worth a call: user turns to summarise (not only our summaries), and enough of them.
     has_turns = bool(pending) or any(not records[i.index].summary for i in items)
     worth = has_turns and eligible_tokens >= math.ceil(tokens * config.min_band_share - 1e-9)
@@ -275,13 +276,20 @@ def step(
         # Descriptions first: the transcript (and so the request) depends on them.
         return Needs(tuple(pending))
     selected = _select(config.prompt, items, config.summary_input_limit, measure)
+    # A request must hold a user turn: our own summaries alone under the user-turn prompt
+    # would be a fold in disguise, refused for not being smaller on every later pass.
+    # Leading summaries that leave no room for a turn stay standing; the turns after them
+    # are summarised instead, so a long history still progresses within the bound.
+    while selected and all(records[i.index].summary for i in selected):
+        items = items[1:]
+        selected = _select(config.prompt, items, config.summary_input_limit, measure)
     if not selected:
         return done(Outcome.NOTHING_FITS, band_tokens=band_tokens, protected=protected)
     summary_id = _next_id(SUMMARY_ID_PREFIX, snapshot.compactions, records, exclude_prefix=FOLD_ID_PREFIX)
-    request = _request("summary", config.prompt, selected, summary_id)
+    request = replace(_request("summary", config.prompt, selected, summary_id), turns=user_turns)
     return _apply(
         request,
-        snapshot.answer(request.identity),
+        _standing_answer(snapshot, request),
         history=history,
         conversation=conversation,
         records=records,
@@ -311,6 +319,8 @@ def _item(
     index: int,
     snapshot: UserSummarySnapshot,
     measure: Measure,
+    *,
+    turns: int,
 ) -> _Item | list[DescribeMedia] | None:
     """The band item ``record`` makes, the descriptions it still needs, or ``None`` if protected."""
     if record.summary:
@@ -325,6 +335,8 @@ def _item(
         elif part.kind in MEDIA_KINDS and config.describe_media:
             key = media_identity(record, number)
             answer = snapshot.description(key)
+            if answer is not None and not answer.stands(turns):
+                answer = None  # it failed in an earlier conversation state: ask again
             if answer is None:
                 if record.origin is None:
                     return None  # nothing to hand the host
@@ -403,6 +415,12 @@ def _next_id(prefix: str, count: int, records: Iterable[MessageRecord], *, exclu
     while f"{prefix}{number}" in taken:
         number += 1
     return f"{prefix}{number}"
+
+
+def _standing_answer(snapshot: UserSummarySnapshot, request: Summarize) -> Answer | None:
+    """The remembered answer to ``request``, unless it is a failure from an earlier state."""
+    answer = snapshot.answer(request.identity)
+    return answer if answer is not None and answer.stands(request.turns) else None
 
 
 def summary_text(answer: str) -> str:
@@ -486,10 +504,11 @@ def _fold(
     if saving < math.ceil(behind * config.min_band_share - 1e-9):
         return done(Outcome.DECLINED)
     fold_id = _next_id(FOLD_ID_PREFIX, snapshot.folds, records)
-    request = _request("fold", config.fold_prompt, selected, fold_id)
+    user_turns = sum(1 for r in records if r.role == "user" and not r.summary)
+    request = replace(_request("fold", config.fold_prompt, selected, fold_id), turns=user_turns)
     return _apply(
         request,
-        snapshot.answer(request.identity),
+        _standing_answer(snapshot, request),
         history=history,
         conversation=conversation,
         records=records,
@@ -518,7 +537,15 @@ def absorb(
         clean = text.strip() if isinstance(text, str) and text.strip() else None
         if isinstance(request, Summarize):
             kept = [a for a in kept if a.identity != request.identity]
-            kept.append(Answer(request.identity, clean, summary_id=request.summary_id, sources=request.sources))
+            kept.append(
+                Answer(
+                    request.identity,
+                    clean,
+                    summary_id=request.summary_id,
+                    sources=request.sources,
+                    turns=None if clean is not None else request.turns,
+                )
+            )
             if clean is not None:
                 number = _suffix(request.summary_id)
                 if request.kind == "fold":
@@ -527,7 +554,7 @@ def absorb(
                     compactions = max(compactions, number + 1)
         else:
             descriptions = [d for d in descriptions if d.identity != request.identity]
-            descriptions.append(Answer(request.identity, clean))
+            descriptions.append(Answer(request.identity, clean, turns=None if clean is not None else request.turns))
     return UserSummarySnapshot(
         answers=tuple(kept[-config.remembered_requests :]),
         descriptions=tuple(descriptions),
