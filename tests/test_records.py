@@ -744,3 +744,42 @@ def test_find_nested_strategy_walks_compositions_but_not_fallbacks() -> None:
     assert find_nested_strategy(records, AnchoredCompactionStrategy) is None
     assert find_nested_strategy(records, Strategy) is records
     assert find_nested_strategy(Composed(), Strategy) is None
+
+
+def test_record_text_with_the_conversation_requires_a_recall_call() -> None:
+    messages = conversation(2)
+    quoting = lookup(9, f"{RECORD_PREFIX}\nTL-000001", name="search", call_id="x9")
+    messages += quoting
+    messages += recall("TL-000002")
+    other = result_of(messages, "x9")
+    assert record_text(other)  # alone, a tool result that starts with the prefix reads as one
+    assert record_text(other, messages) == ""  # with the conversation, its call is not a recall
+    assert record_text(result_of(messages, "recall_1"), messages).endswith("TL-000002")
+    assert record_text(Message("user", [f"{RECORD_PREFIX}\nTL-000003"])) == ""
+
+
+def test_a_row_repeated_later_stays_even_after_its_twin_was_released() -> None:
+    messages = conversation(1)
+    messages += lookup(1, big_result(), call_id="big")
+    messages += lookup(2, "small result AB-0001")
+    messages += recall("\n".join(TABLE[:3]))
+    s = strategy(record_target_tokens=200)
+    run(s, messages)
+    assert "| 1 | PX-000101 | ana |" not in released_text(messages)
+    # A later result repeats the released row under the same headings: its source is now
+    # ambiguous, judged on the results as they were loaded, not as rewritten.
+    messages += lookup(3, big_result(), call_id="again")
+    messages += recall("\n".join(TABLE[:3]), call_id="recall_2")
+    run(s, messages)
+    assert "| 1 | PX-000101 | ana |" in (result_of(messages, "again").contents[0].result or "")
+
+
+def test_a_host_preserved_record_keeps_its_preserve_flag() -> None:
+    messages = conversation(4)
+    messages += recall(quote_all(lookup_text(1)))
+    record = result_of(messages, "recall_1")
+    record.additional_properties[PRESERVED_KEY] = True
+    run(strategy(3_000), messages)
+    run(strategy(1_000_000), messages)
+    assert record.additional_properties.get(PRESERVED_KEY) is True
+    assert hold(record) is None

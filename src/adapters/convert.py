@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from dataclasses import replace
 
 from agent_framework import Content, HistoryProvider, Message
 from agent_framework._compaction import EXCLUDE_REASON_KEY, EXCLUDED_KEY
@@ -80,6 +81,9 @@ class RecordCache:
             if entry is None or entry.contents is not contents or entry.probe != contents:
                 # New, or its list now holds other contents (equal values count as the same).
                 parts = self._counter.parts(message)
+                originals = message.additional_properties.get(ORIGINALS_KEY)
+                if originals:
+                    parts = _with_originals(parts, originals)
                 entry = _Entry(contents, parts, message_tokens(p.tokens for p in parts))
             props = message.additional_properties
             injected = False
@@ -134,6 +138,20 @@ class RecordCache:
             records.append(record)
         self._entries = current
         return history(records)
+
+
+def _with_originals(parts: tuple[Part, ...], originals: object) -> tuple[Part, ...]:
+    """Parts with the original text of each result an earlier pass rewrote (see ``original_results``)."""
+    if not isinstance(originals, dict):
+        return parts
+    stored: dict[str, str] = {str(k): v for k, v in originals.items() if isinstance(v, str)}  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+    ids = [p.call_id for p in parts]
+    out: list[Part] = []
+    for index, part in enumerate(parts):
+        key = part.call_id if part.call_id and ids.count(part.call_id) == 1 else f"{part.call_id}#{index}"
+        text = stored.get(key) if part.kind == "function_result" else None
+        out.append(part if text is None else replace(part, original=text))
+    return tuple(out)
 
 
 class _Entry:

@@ -34,7 +34,9 @@ from agent_framework import (
 )
 
 from ..core.grouping import Grouping
+from ..core.recall import PinRule, ignored_streak, pin_disabled, pin_due
 from ..core.records import RECALL_TOOL_NAME, RECORD_PREFIX, RecallStatus, recall_status
+from .anchored import NOTE_KIND as ANCHORED_NOTE_KIND
 from .convert import RecordCache
 from .counting import Tokenizer, as_estimator
 
@@ -47,9 +49,7 @@ DEFAULT_RECORD_MAX_TOKENS: Final = 4_000
 DEFAULT_TRIGGER_FRACTION: Final = 0.6
 DEFAULT_MIN_GROUPS_BEFORE_REPEAT: Final = 4
 #: Consecutive forced responses without a recall call after which forcing stops.
-IGNORED_LIMIT: Final = 2
 #: The note kind of the anchored fallback's notes (they are not conversation history).
-_NOTE_KIND: Final = "anchored"
 #: Exceptions that stop a run on purpose: they are never retried and never judged.
 _ABORTS: Final = (MiddlewareTermination, MiddlewareFailure)
 
@@ -249,9 +249,12 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         self._trigger_fraction = float(trigger_fraction)
         self._trigger_tokens = int(max_input_tokens * trigger_fraction)
         self._record_max_tokens = record_max_tokens
-        self._max_groups_before_record = max_groups_before_record
-        self._repeat_records = repeat_records
-        self._min_groups_before_repeat = min_groups_before_repeat
+        self._rule = PinRule(
+            trigger_tokens=self._trigger_tokens,
+            max_groups_before_record=max_groups_before_record,
+            repeat_records=repeat_records,
+            min_groups_before_repeat=min_groups_before_repeat,
+        )
         self._arm = arm
         self._disarm = disarm
         self._reforce = reforce
@@ -548,12 +551,12 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         """The provider-support verdict on one complete forced response."""
         if response.finish_reason == "length":
             self._records_truncated += 1
-        if _calls_recall(response):
-            self._ignored_streak = 0
+        called = _calls_recall(response)
+        self._ignored_streak = ignored_streak(self._ignored_streak, called_recall=called)
+        if called:
             return
         self._ignored_forced_calls += 1
-        self._ignored_streak += 1
-        if self._ignored_streak >= IGNORED_LIMIT and not self._pin_disabled:
+        if pin_disabled(self._ignored_streak) and not self._pin_disabled:
             self._pin_disabled = True
             logger.warning(
                 "%d consecutive responses forced to call %s did not call it; forcing recall is disabled for "
@@ -563,7 +566,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             )
 
     def _decide(self, messages: Sequence[Message]) -> None:
-        history = self._records.history(messages, note_kind=_NOTE_KIND)
+        history = self._records.history(messages, note_kind=ANCHORED_NOTE_KIND)
         status = recall_status(history, self._grouping)
         self._grouping = status.grouping
         self._last_status = status
@@ -581,11 +584,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
                 return True
         elif self._reforce_peek is not None and bool(self._reforce_peek()):
             return True
-        if self._max_groups_before_record is not None and status.pending_groups >= self._max_groups_before_record:
-            return True
-        if status.records and (not self._repeat_records or status.pending_groups < self._min_groups_before_repeat):
-            return False
-        return status.included_tokens > self._trigger_tokens
+        return pin_due(self._rule, status)
 
 
 def _calls_recall(response: ChatResponse) -> bool:

@@ -9,14 +9,14 @@ settled groups) live on the instance: direct wiring serves one conversation.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from agent_framework import CompactionStrategy, Message
 
 from ..core import records as core
 from ..core.grouping import Grouping
-from ..core.model import History
+from ..core.model import TOOL_CALL_KINDS, History
 from ..core.record_decisions import RecordDecisions
 from ..core.records import Fallback, RecordConfig, RecordReport
 from .anchored import NOTE_KIND as ANCHORED_NOTE_KIND
@@ -281,8 +281,7 @@ class ToolResultAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[Recor
             self.rows_released += report.rows_released
 
     def _check_budget(self, messages: list[Message]) -> None:
-        after = self._records.history(messages, note_kind=ANCHORED_NOTE_KIND)
-        tokens = sum(r.tokens for r in after if not r.excluded and not r.injected)
+        tokens = core.sent_tokens(self._records.history(messages, note_kind=ANCHORED_NOTE_KIND))
         if tokens <= self._config.max_input_tokens:
             self._overflowing = False
             return
@@ -334,11 +333,13 @@ def _differs(before: History, after: History) -> bool:
     )
 
 
-def record_text(message: Message) -> str:
+def record_text(message: Message, messages: Sequence[Message] | None = None) -> str:
     """The record text ``message`` carries, or "" when it carries none.
 
-    A written record (compaction's own) is its whole text; otherwise the joined
-    ``recall_earlier_tool_results`` results that carry the record marker. An excluded
+    A written record (compaction's own) is its whole text. Otherwise the message must be
+    a tool message whose results start with the record prefix; pass the conversation as
+    ``messages`` to also require that each result answers a
+    ``recall_earlier_tool_results`` call in it (the strategy's own test). An excluded
     message carries no record.
     """
     props = message.additional_properties
@@ -346,10 +347,23 @@ def record_text(message: Message) -> str:
         return ""
     if props.get(WRITTEN_RECORD_KEY) is True:
         text = message.text
-        has_call = any(c.type == "function_call" for c in message.contents)
+        has_call = any(c.type in TOOL_CALL_KINDS for c in message.contents)
         return text if text.startswith(core.RECORD_PREFIX) and not has_call else ""
+    if message.role != "tool":
+        return ""
+    calls: set[str] | None = None
+    if messages is not None:
+        calls = {
+            c.call_id
+            for m in messages
+            for c in m.contents
+            if c.type == "function_call" and c.name == core.RECALL_TOOL_NAME and c.call_id
+        }
     return "\n".join(
         c.result
         for c in message.contents
-        if c.type == "function_result" and isinstance(c.result, str) and core.RECORD_MARKER in c.result
+        if c.type == "function_result"
+        and isinstance(c.result, str)
+        and c.result.startswith(core.RECORD_PREFIX)
+        and (calls is None or c.call_id in calls)
     )

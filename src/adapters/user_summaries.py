@@ -24,6 +24,7 @@ from ..core.effects import DescribeMedia, Request, Summarize
 from ..core.model import History, MessageRecord
 from ..core.user_snapshot import UserSummarySnapshot
 from ..core.user_summaries import Needs, Outcome, SummaryMode, UserReport, UserSummaryConfig
+from .anchored import NOTE_KIND as ANCHORED_NOTE_KIND
 from .base import ConfiguredStrategy
 from .convert import SUMMARIZED_BY_KEY, SUMMARY_KEY, SUMMARY_OF_KEY, RecordCache
 from .counting import MediaTokenEstimator, Tokenizer, as_estimator
@@ -179,7 +180,7 @@ class UserTurnAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[UserSum
         """Summarise earlier user turns of ``messages`` in place; True if anything changed."""
         if not messages:
             return False
-        before = self._records.history(messages, note_kind="anchored")
+        before = self._records.history(messages, note_kind=ANCHORED_NOTE_KIND)
         fresh: set[str] = set()  # requests answered during this pass
         result = core.step(self._config, before, self._snapshot, self._counter.measure)
         rounds = 0

@@ -56,6 +56,9 @@ class Part:
         name: The tool name, for calls.
         structured: A result that is not a plain string: it carries media items, or its
             text is a JSON object or array. Partial records never rewrite such a result.
+        original: For a result an earlier pass rewrote (shortened, or table rows
+            released), the text it had before; ``None`` otherwise. Rules that must see
+            every loaded result as it was (a table row repeated across results) read it.
         ref: A stable reference to a media part's bytes (its URI, a digest of its inline
             data, or a hosted file id) with its media type: media descriptions are keyed
             by it, so different media never share a description.
@@ -68,6 +71,7 @@ class Part:
     call_id: str | None = None
     name: str | None = None
     structured: bool = False
+    original: str | None = None
     ref: str | None = None
 
 

@@ -160,14 +160,6 @@ def is_record(record: MessageRecord, recall_ids: frozenset[str]) -> bool:
     return bool(record_text(record, recall_ids))
 
 
-def record_identity(record: MessageRecord, recall_ids: frozenset[str]) -> str:
-    """A stable name for a record: its call id, or its text for a written one."""
-    if record.written_record:
-        return "text:" + record_text(record, recall_ids)
-    ids = sorted(p.call_id for p in record.parts if p.kind == "function_result" and p.call_id in recall_ids)
-    return "call:" + ",".join(ids)
-
-
 def _is_recall_group(records: Sequence[MessageRecord], group: Group, recall_ids: frozenset[str]) -> bool:
     for index in group.members:
         record = records[index]
@@ -185,7 +177,6 @@ class RecallStatus:
     Attributes:
         included_tokens: Tokens of the messages that are sent (not excluded).
         records: Active records.
-        newest_record: Identity of the newest record, ``None`` without one.
         pending_groups: Tool groups (other than recall groups) after the newest record,
             or in the whole conversation without one; excluded groups do not count.
         grouping: The grouping, a memo for the next call (never changes an answer).
@@ -193,7 +184,6 @@ class RecallStatus:
 
     included_tokens: int
     records: int
-    newest_record: str | None
     pending_groups: int
     grouping: Grouping | None = field(default=None, compare=False, repr=False)
 
@@ -216,7 +206,6 @@ def recall_status(history: Sequence[MessageRecord], grouping: Grouping | None = 
     return RecallStatus(
         included_tokens=sum(r.tokens for r in history if not r.excluded),
         records=len(found),
-        newest_record=record_identity(records[newest], recall_ids) if found else None,
         pending_groups=pending,
         grouping=grouping,
     )
@@ -342,7 +331,9 @@ def step(
     tokens_after = tokens_before + _change(records, output)
     held_unrecorded = 0
     fallback = Fallback.NONE
-    if tokens_after > config.max_input_tokens:
+    # Over the budget counts what is sent, injected context included (invariant 6);
+    # holds are recomputed on every pass, so the two lists still agree on what stays.
+    if tokens_after + _injected_tokens(history) > config.max_input_tokens:
         fallback = Fallback.BEHIND_RECORD
         held_unrecorded = _hold_unrecorded(output, grouping, recall_ids)
     report = RecordReport(
@@ -362,6 +353,15 @@ def step(
         fallback=fallback,
     )
     return _done(history, conversation, output, decisions=new_decisions, report=report, grouping=grouping)
+
+
+def _injected_tokens(history: Iterable[MessageRecord]) -> int:
+    return sum(r.tokens for r in history if r.injected and not r.excluded)
+
+
+def sent_tokens(history: Iterable[MessageRecord]) -> int:
+    """Tokens of everything the model is sent: included messages, injected context too."""
+    return sum(r.tokens for r in history if not r.excluded)
 
 
 def _prompt_tokens(history: Iterable[MessageRecord]) -> int:
@@ -482,7 +482,10 @@ def _release_rows(
     if not quoted:
         return 0
     ambiguous = repeated_rows(
-        p.text for r in output for p in r.parts if p.kind == "function_result" and p.call_id not in recall_ids
+        p.original or p.text
+        for r in output
+        for p in r.parts
+        if p.kind == "function_result" and p.call_id not in recall_ids
     )
     released = 0
     for candidate in large:
@@ -578,7 +581,8 @@ def _hold_records(output: list[MessageRecord], grouping: Grouping, found: frozen
     for group in grouping.all:
         if any(i in found for i in group.members):
             for index in group.members:
-                output[index] = replace(output[index], held=HOLD_RECORD)
+                if not output[index].preserved:  # the host's own preserve already protects it
+                    output[index] = replace(output[index], held=HOLD_RECORD)
 
 
 def _hold_unrecorded(output: list[MessageRecord], grouping: Grouping, recall_ids: frozenset[str]) -> int:
