@@ -144,6 +144,7 @@ class UserTurnAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[UserSum
         self._counter = self._estimator.parts
         self._records = RecordCache(self._counter)
         self._snapshot = UserSummarySnapshot()
+        self._nothing_fits = False  # the previous pass found nothing that fits (warned once per episode)
         self.last_report: UserReport | None = None
         self.passes = 0
         self.user_compactions = 0
@@ -274,6 +275,7 @@ class UserTurnAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[UserSum
     # -- bookkeeping ---------------------------------------------------------------------------
 
     def _record(self, report: UserReport, *, fresh: bool) -> None:
+        self._nothing_fits = self.last_report is not None and self.last_report.outcome is Outcome.NOTHING_FITS
         self.passes += 1
         self.last_report = report
         self.user_summaries_in_conversation = report.standing
@@ -285,9 +287,11 @@ class UserTurnAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[UserSum
             self.user_passes_declined += 1
         elif outcome is Outcome.NOTHING_FITS:
             self.user_passes_nothing_fits += 1
-            if fresh or self.user_passes_nothing_fits == 1:
+            if not self._nothing_fits:  # once per episode, not on every pass
                 logger.warning(
-                    "No user turn fits max_summary_input_tokens=%d with the instructions; nothing was summarised",
+                    "Nothing to summarise fits max_summary_input_tokens=%d with the instructions (the oldest user "
+                    "turn or summary alone, or for a fold two summaries, is larger); nothing was sent. Raise "
+                    "max_summary_input_tokens to let it progress.",
                     self._config.summary_input_limit,
                 )
         elif outcome in (Outcome.SUMMARIZED, Outcome.FOLDED):

@@ -18,8 +18,10 @@ lists and after a restore. The rules, all pure:
 - The band must be worth a model call: its tokens at least ``min_band_share`` of the
   prompt, checked on the whole eligible band.
 - Each request is bounded by ``max_summary_input_tokens`` (instructions plus numbered
-  transcript): the oldest whole items that fit are sent, none is truncated, nothing is
-  sent when not even the oldest fits. Newer items wait for later passes.
+  transcript, and the two messages' overhead): the oldest whole items that fit are
+  sent, none is truncated, nothing is sent when not even the oldest fits. Newer items
+  wait for later passes. One request never spans a turn that stays verbatim, so each
+  summary replaces one unbroken run of turns and stands where that run began.
 - Requests and answers are effects (:mod:`.effects`): the pass answers
   :class:`Needs` until the snapshot holds every answer it needs, so the same request is
   never sent twice for the same conversation state.
@@ -216,6 +218,7 @@ class _Item:
     index: int  # into the conversation records
     text: str
     tokens: int
+    run: int = 0  # runs are split by turns that stay verbatim; a summary never spans two
 
 
 def step(
@@ -252,7 +255,7 @@ def step(
             continue
         eligible_tokens += records[k].tokens
         if isinstance(item, _Item):
-            items.append(item)
+            items.append(replace(item, run=protected))
         else:
             pending.extend(replace(d, turns=user_turns) for d in item)
     # Worth a call: user turns to summarise (not only our summaries), and enough of them.
@@ -372,20 +375,23 @@ def _numbered(items: Sequence[_Item]) -> str:
 def _select(prompt: str, items: Sequence[_Item], limit: int, measure: Measure, *, minimum: int = 1) -> list[_Item]:
     """The oldest whole items whose request (instructions plus transcript) fits ``limit``.
 
-    Items are added while the sum of their standalone counts fits; the whole request is
-    then counted exactly and the newest item dropped until it fits, so no request ever
-    exceeds the bound and no item is cut.
+    Items are added while the sum of their standalone counts fits and they belong to the
+    first item's run (a summary stands where its first turn stood, so it must not reach
+    past a turn that stays verbatim); the whole request, with the two messages' overhead,
+    is then counted exactly and the newest item dropped until it fits, so no request
+    ever exceeds the bound and no item is cut.
     """
-    budget = limit - measure(prompt)
+    framing = 2 * MESSAGE_OVERHEAD_TOKENS
+    budget = limit - measure(prompt) - framing
     chosen: list[_Item] = []
     used = 0
     for number, item in enumerate(items, start=1):
         cost = measure(f"{number}. {item.text}")
-        if used + cost > budget:
+        if used + cost > budget or item.run != items[0].run:
             break
         chosen.append(item)
         used += cost
-    while len(chosen) >= minimum and measure(prompt) + measure(_numbered(chosen)) > limit:
+    while len(chosen) >= minimum and measure(prompt) + measure(_numbered(chosen)) + framing > limit:
         chosen.pop()
     return chosen if len(chosen) >= minimum else []
 
