@@ -12,7 +12,7 @@ def find_nested_strategy(strategy: object, kind: type[T]) -> T | None:
     """The first instance of ``kind`` in ``strategy`` or the strategies it composes.
 
     The walk is breadth-first over ``.strategies`` sequences (the framework's
-    ``TokenBudgetComposedStrategy`` and maf-compaction's compositions), with a guard
+    ``TokenBudgetComposedStrategy``; any composition that lists its parts there), with a guard
     against cycles. It does not follow a record strategy's ``fallback``: the fallback is
     not part of the composition the middleware serves. A composition is not an instance
     of its parts, so wiring ``reforce`` to the record half needs this.

@@ -68,7 +68,8 @@ class ToolResultAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[Recor
             middleware.
         keep_head_groups: Groups at the start that are never judged or changed.
         keep_tail_groups: The tail the default fallback keeps.
-        trigger_fraction: Records are applied above this share of the budget, in (0, 1].
+        trigger_fraction: The middleware asks for a record above this share of the budget,
+            in (0, 1]; once a record exists it applies whatever the size.
         fallback_fraction: Without a record, the fallback runs from this share on; in
             (trigger_fraction, 1].
         coverage_share: Share of a group's distinct values the records must quote, in [0, 1].
@@ -154,7 +155,7 @@ class ToolResultAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[Recor
 
     @property
     def trigger_fraction(self) -> float:
-        """Records are applied above this share of the budget (pass it to the middleware)."""
+        """The share of the budget above which a record is asked for (pass it to the middleware)."""
         return self._config.trigger_fraction
 
     @property

@@ -82,7 +82,8 @@ class RecordConfig:
         max_input_tokens: The input budget.
         keep_head_groups: Groups at the start that are never judged (task, requirements).
         keep_tail_groups: The tail the default fallback keeps.
-        trigger_fraction: Nothing happens at or below this share of the budget.
+        trigger_fraction: The recall middleware asks for a record above this share of
+            the budget; records apply whatever the size once they exist.
         fallback_fraction: Without a record, the fallback runs from this share on.
         coverage_share: Share of a group's distinct values a record must quote.
         record_target_tokens: Groups above this size may release quoted table rows;
