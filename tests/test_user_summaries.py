@@ -448,15 +448,6 @@ def test_a_summary_replaces_the_band_between_the_anchors(head: int, tail: int) -
     assert numbered_items(transcript.text) == [by_id(original, i).text for i in band]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "src bug: core.user_summaries.step() counts the prompt over `conversation`, which leaves out the anchored "
-        "strategy's removal notes (records with note=True), though the model is sent them; the record strategy "
-        "counts them (core.records._prompt_tokens: 'notes too'). A prompt over the trigger because of notes is "
-        "reported BELOW_TRIGGER, and min_band_share and the fold break-even use the same undercount."
-    ),
-)
 def test_the_anchored_strategys_notes_count_toward_the_trigger() -> None:
     messages = conversation(12, tools=True)
     for message in messages:

@@ -227,7 +227,9 @@ def step(
     """One pass over ``history`` (see the module docstring for the rules)."""
     conversation = [i for i, r in enumerate(history) if not r.injected and not r.note]
     records = [history[i] for i in conversation]
-    tokens = sum(r.tokens for r in records if not r.excluded)
+    # What is sent counts: our and other strategies' notes too; injected context does not
+    # (it is not conversation, and the two lists must decide alike).
+    tokens = sum(r.tokens for r in history if not r.excluded and not r.injected)
     standing = [k for k, r in enumerate(records) if r.summary and not r.excluded and r.role == "user"]
     user_turns = sum(1 for r in records if r.role == "user" and not r.summary)
 
@@ -506,7 +508,8 @@ def _fold(
         return done(Outcome.NOTHING_FITS)
     sizes = [i.tokens for i in selected]
     saving = sum(sizes) - max(sizes)
-    behind = sum(r.tokens for r in records[selected[0].index :] if not r.excluded)
+    start = conversation[selected[0].index]
+    behind = sum(r.tokens for r in history[start:] if not r.excluded and not r.injected)
     if saving < math.ceil(behind * config.min_band_share - 1e-9):
         return done(Outcome.DECLINED)
     fold_id = _next_id(FOLD_ID_PREFIX, snapshot.folds, records)
