@@ -1099,6 +1099,26 @@ def test_a_description_replaces_the_media_part_in_order_marked_as_inferred() -> 
     assert content is not by_id(messages, "u2").contents[1]
 
 
+def test_media_a_request_could_not_reach_yet_is_not_described() -> None:
+    messages = media_conversation()
+    calls: Described = []
+    client = ScriptedSummarizer()
+    # Room for the instructions and about one turn: the media turn (u2) lies beyond the
+    # first request's reach, so the host is not asked about it on this pass.
+    u1 = TOKENIZER.count_tokens(by_id(messages, "u1").text) + 40
+    limit = TOKENIZER.count_tokens(DEFAULT_PROMPT) + 8 + u1
+    worker = strategy(
+        client,
+        budget=over_budget(messages),
+        min_band_share=0,
+        max_summary_input_tokens=limit,
+        describe_media=describe_as("a bar chart", calls),
+    )
+    assert run(worker, messages) is True
+    assert calls == []
+    assert summaries(messages)[0].additional_properties[SUMMARY_OF_KEY] == ["u1"]
+
+
 def test_the_hook_receives_copies() -> None:
     messages = media_conversation()
     original = copy.deepcopy(by_id(messages, "u2"))

@@ -247,21 +247,25 @@ def step(
         return done(Outcome.BELOW_TRIGGER)
     band = _band(config, records, standing)
     items: list[_Item] = []
-    pending: list[DescribeMedia] = []
+    waiting: list[tuple[_Item, tuple[DescribeMedia, ...]]] = []  # media turns without descriptions yet
     eligible_tokens = 0
     protected = 0
+    run = 0
     for k in band:
         item = _item(config, records[k], k, snapshot, measure, turns=user_turns)
         if item is None:
             protected += 1
+            run += 1
             continue
         eligible_tokens += records[k].tokens
         if isinstance(item, _Item):
-            items.append(replace(item, run=protected))
+            items.append(replace(item, run=run))
         else:
-            pending.extend(replace(d, turns=user_turns) for d in item)
+            stand_in = _Item(k, "", records[k].tokens, run)
+            waiting.append((stand_in, tuple(replace(d, turns=user_turns) for d in item)))
+            run += 1  # until it is described, the turn ends the run a request may cover
     # Worth a call: user turns to summarise (not only our summaries), and enough of them.
-    has_turns = bool(pending) or any(not records[i.index].summary for i in items)
+    has_turns = bool(waiting) or any(not records[i.index].summary for i in items)
     worth = has_turns and eligible_tokens >= math.ceil(tokens * config.min_band_share - 1e-9)
     band_tokens = eligible_tokens
     if not worth:
@@ -277,9 +281,10 @@ def step(
                 done=done,
             )
         return done(Outcome.DECLINED, band_tokens=band_tokens, protected=protected)
+    pending = _reachable_descriptions(config, items, waiting, measure)
     if pending:
         # Descriptions first: the transcript (and so the request) depends on them.
-        return Needs(tuple(pending))
+        return Needs(pending)
     selected = _select(config.prompt, items, config.summary_input_limit, measure)
     # A request must hold a user turn: our own summaries alone under the user-turn prompt
     # would be a fold in disguise, refused for not being smaller on every later pass.
@@ -305,6 +310,34 @@ def step(
         protected=protected,
         folded=False,
     )
+
+
+def _reachable_descriptions(
+    config: UserSummaryConfig,
+    items: Sequence[_Item],
+    waiting: Sequence[tuple[_Item, tuple[DescribeMedia, ...]]],
+    measure: Measure,
+) -> tuple[DescribeMedia, ...]:
+    """Descriptions of the media turns this pass's request could reach, oldest first.
+
+    A usable description is never larger than the media it stands for, so a turn's own
+    token count bounds its place in the transcript: only turns of the first run whose
+    counts, added up from the band's start, fit the request bound are described now.
+    The host is not asked about media a request could not carry yet.
+    """
+    if not waiting:
+        return ()
+    entries = sorted([(i.index, i, ()) for i in items] + [(w.index, w, d) for w, d in waiting], key=lambda e: e[0])
+    first = entries[0][1].run
+    budget = config.summary_input_limit - measure(config.prompt) - 2 * MESSAGE_OVERHEAD_TOKENS
+    used = 0
+    found: list[DescribeMedia] = []
+    for _, entry, requests in entries:
+        used += entry.tokens
+        if entry.run != first or used > budget:
+            break
+        found.extend(requests)
+    return tuple(found)
 
 
 def _band(config: UserSummaryConfig, records: Sequence[MessageRecord], standing: Sequence[int]) -> list[int]:
