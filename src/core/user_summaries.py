@@ -221,38 +221,70 @@ class _Item:
     run: int = 0  # runs are split by turns that stay verbatim; a summary never spans two
 
 
+@dataclass(frozen=True, slots=True)
+class _Pass:
+    """What one pass reads, computed once (local to :func:`step`)."""
+
+    config: UserSummaryConfig
+    history: History
+    snapshot: UserSummarySnapshot
+    measure: Measure
+    conversation: tuple[int, ...]  # history indices of the conversation (injected context and notes aside)
+    records: tuple[MessageRecord, ...]  # the conversation's records
+    tokens: int  # what is sent: notes count, injected context does not
+    standing: tuple[int, ...]  # conversation indices of our included summaries
+    user_turns: int  # the user's own turns, excluded ones too: grows with the conversation
+
+    def done(
+        self,
+        outcome: Outcome,
+        *,
+        request: str | None = None,
+        summary_id: str | None = None,
+        band_tokens: int = 0,
+        protected: int = 0,
+    ) -> UserDone:
+        """The history unchanged, with a report of why."""
+        report = UserReport(
+            tokens_before=self.tokens,
+            tokens_after=self.tokens,
+            outcome=outcome,
+            summary_id=summary_id,
+            request=request,
+            band_tokens=band_tokens,
+            protected=protected,
+            standing=len(self.standing),
+            summary_tokens=sum(self.records[k].tokens for k in self.standing),
+        )
+        return UserDone(history=self.history, report=report)
+
+
 def step(
     config: UserSummaryConfig, history: History, snapshot: UserSummarySnapshot, measure: Measure
 ) -> Needs | UserDone:
     """One pass over ``history`` (see the module docstring for the rules)."""
-    conversation = [i for i, r in enumerate(history) if not r.injected and not r.note]
-    records = [history[i] for i in conversation]
-    # What is sent counts: our and other strategies' notes too; injected context does not
-    # (it is not conversation, and the two lists must decide alike).
-    tokens = sum(r.tokens for r in history if not r.excluded and not r.injected)
-    standing = [k for k, r in enumerate(records) if r.summary and not r.excluded and r.role == "user"]
-    user_turns = sum(1 for r in records if r.role == "user" and not r.summary)
-
-    def done(outcome: Outcome, **fields: object) -> UserDone:
-        report = UserReport(
-            tokens_before=tokens,
-            tokens_after=tokens,
-            outcome=outcome,
-            standing=len(standing),
-            summary_tokens=sum(records[k].tokens for k in standing),
-        )
-        return UserDone(history=history, report=replace(report, **fields))  # pyright: ignore[reportArgumentType]
-
-    if tokens <= config.trigger_tokens:
-        return done(Outcome.BELOW_TRIGGER)
-    band = _band(config, records, standing)
+    conversation = tuple(i for i, r in enumerate(history) if not r.injected and not r.note)
+    records = tuple(history[i] for i in conversation)
+    p = _Pass(
+        config=config,
+        history=history,
+        snapshot=snapshot,
+        measure=measure,
+        conversation=conversation,
+        records=records,
+        tokens=sum(r.tokens for r in history if not r.excluded and not r.injected),
+        standing=tuple(k for k, r in enumerate(records) if r.summary and not r.excluded and r.role == "user"),
+        user_turns=sum(1 for r in records if r.role == "user" and not r.summary),
+    )
+    if p.tokens <= config.trigger_tokens:
+        return p.done(Outcome.BELOW_TRIGGER)
     items: list[_Item] = []
     waiting: list[tuple[_Item, tuple[DescribeMedia, ...]]] = []  # media turns without descriptions yet
     eligible_tokens = 0
     protected = 0
     run = 0
-    for k in band:
-        item = _item(config, records[k], k, snapshot, measure, turns=user_turns)
+    for k in _band(config, records, p.standing):
+        item = _item(config, records[k], k, snapshot, measure, turns=p.user_turns)
         if item is None:
             protected += 1
             run += 1
@@ -262,25 +294,14 @@ def step(
             items.append(replace(item, run=run))
         else:
             stand_in = _Item(k, "", records[k].tokens, run)
-            waiting.append((stand_in, tuple(replace(d, turns=user_turns) for d in item)))
+            waiting.append((stand_in, tuple(replace(d, turns=p.user_turns) for d in item)))
             run += 1  # until it is described, the turn ends the run a request may cover
     # Worth a call: user turns to summarise (not only our summaries), and enough of them.
     has_turns = bool(waiting) or any(not records[i.index].summary for i in items)
-    worth = has_turns and eligible_tokens >= math.ceil(tokens * config.min_band_share - 1e-9)
-    band_tokens = eligible_tokens
-    if not worth:
-        if config.summary_mode == "fold" and len(standing) >= 2:
-            return _fold(
-                config,
-                history,
-                conversation=conversation,
-                records=records,
-                standing=standing,
-                snapshot=snapshot,
-                measure=measure,
-                done=done,
-            )
-        return done(Outcome.DECLINED, band_tokens=band_tokens, protected=protected)
+    if not has_turns or eligible_tokens < math.ceil(p.tokens * config.min_band_share - 1e-9):
+        if config.summary_mode == "fold" and len(p.standing) >= 2:
+            return _fold(p)
+        return p.done(Outcome.DECLINED, band_tokens=eligible_tokens, protected=protected)
     pending = _reachable_descriptions(config, items, waiting, measure)
     if pending:
         # Descriptions first: the transcript (and so the request) depends on them.
@@ -294,22 +315,9 @@ def step(
         items = items[1:]
         selected = _select(config.prompt, items, config.summary_input_limit, measure)
     if not selected:
-        return done(Outcome.NOTHING_FITS, band_tokens=band_tokens, protected=protected)
+        return p.done(Outcome.NOTHING_FITS, band_tokens=eligible_tokens, protected=protected)
     summary_id = _next_id(SUMMARY_ID_PREFIX, snapshot.compactions, records, exclude_prefix=FOLD_ID_PREFIX)
-    request = replace(_request("summary", config.prompt, selected, summary_id), turns=user_turns)
-    return _apply(
-        request,
-        _standing_answer(snapshot, request),
-        history=history,
-        conversation=conversation,
-        records=records,
-        selected=selected,
-        measure=measure,
-        done=done,
-        band_tokens=band_tokens,
-        protected=protected,
-        folded=False,
-    )
+    return _ask(p, "summary", selected, summary_id, band_tokens=eligible_tokens, protected=protected)
 
 
 def _reachable_descriptions(
@@ -469,28 +477,32 @@ def summary_text(answer: str) -> str:
     return f"{USER_SUMMARY_MARKER}\n{answer.strip()}"
 
 
-def _apply(
-    request: Summarize,
-    answer: Answer | None,
-    *,
-    history: History,
-    conversation: Sequence[int],
-    records: Sequence[MessageRecord],
+def _ask(
+    p: _Pass,
+    kind: Literal["summary", "fold"],
     selected: Sequence[_Item],
-    measure: Measure,
-    done: Callable[..., UserDone],
+    summary_id: str,
+    *,
     band_tokens: int,
     protected: int,
-    folded: bool,
 ) -> Needs | UserDone:
+    """The request for ``selected``: asked for, or answered from the snapshot and applied."""
+    prompt = p.config.fold_prompt if kind == "fold" else p.config.prompt
+    request = replace(_request(kind, prompt, selected, summary_id), turns=p.user_turns)
+    answer = _standing_answer(p.snapshot, request)
     if answer is None:
         return Needs((request,))
     summary_id = answer.summary_id or request.summary_id
-    common = {"request": request.identity, "summary_id": summary_id, "band_tokens": band_tokens, "protected": protected}
+
+    def done(outcome: Outcome) -> UserDone:
+        return p.done(
+            outcome, request=request.identity, summary_id=summary_id, band_tokens=band_tokens, protected=protected
+        )
+
     if not answer.text or not answer.text.strip():
-        return done(Outcome.FAILED, **common)
+        return done(Outcome.FAILED)
     text = summary_text(answer.text)
-    text_tokens = measure(text)
+    text_tokens = p.measure(text)
     summary = MessageRecord(
         role="user",
         parts=(Part(kind="text", text=text, tokens=text_tokens),),
@@ -498,69 +510,44 @@ def _apply(
         message_id=summary_id,
         summary=True,
     )
-    replaced_tokens = sum(records[i.index].tokens for i in selected)
+    replaced_tokens = sum(p.records[i.index].tokens for i in selected)
     if summary.tokens >= replaced_tokens:
-        return done(Outcome.REFUSED, **common)
-    output = list(history)
+        return done(Outcome.REFUSED)
+    output = list(p.history)
     origins: list[int] = []
     for item in selected:
-        position = conversation[item.index]
+        position = p.conversation[item.index]
         original = output[position]
         output[position] = replace(original, excluded=True)
         if original.origin is not None:
             origins.append(original.origin)
-    first = conversation[selected[0].index]
-    output.insert(first, summary)
-    result = done(Outcome.FOLDED if folded else Outcome.SUMMARIZED, replaced=tuple(origins), **common)
-    after = result.report.tokens_before - replaced_tokens + summary.tokens
+    output.insert(p.conversation[selected[0].index], summary)
     standing = [r for r in output if r.summary and not r.excluded and not r.injected]
     report = replace(
-        result.report,
-        tokens_after=after,
+        done(Outcome.FOLDED if kind == "fold" else Outcome.SUMMARIZED).report,
+        replaced=tuple(origins),
+        tokens_after=p.tokens - replaced_tokens + summary.tokens,
         standing=len(standing),
         summary_tokens=sum(r.tokens for r in standing),
     )
     return UserDone(history=pvector(output), report=report)
 
 
-def _fold(
-    config: UserSummaryConfig,
-    history: History,
-    *,
-    conversation: Sequence[int],
-    records: Sequence[MessageRecord],
-    standing: Sequence[int],
-    snapshot: UserSummarySnapshot,
-    measure: Measure,
-    done: Callable[..., UserDone],
-) -> Needs | UserDone:
+def _fold(p: _Pass) -> Needs | UserDone:
     """Fold the oldest standing summaries that fit, if the saving pays for the break it causes."""
-    items = [_Item(k, _summary_body(records[k]), records[k].tokens) for k in standing]
-    selected = _select(config.fold_prompt, items, config.summary_input_limit, measure, minimum=2)
+    config, records = p.config, p.records
+    items = [_Item(k, _summary_body(records[k]), records[k].tokens) for k in p.standing]
+    selected = _select(config.fold_prompt, items, config.summary_input_limit, p.measure, minimum=2)
     if not selected:
-        return done(Outcome.NOTHING_FITS)
+        return p.done(Outcome.NOTHING_FITS)
     sizes = [i.tokens for i in selected]
     saving = sum(sizes) - max(sizes)
-    start = conversation[selected[0].index]
-    behind = sum(r.tokens for r in history[start:] if not r.excluded and not r.injected)
+    start = p.conversation[selected[0].index]
+    behind = sum(r.tokens for r in p.history[start:] if not r.excluded and not r.injected)
     if saving < math.ceil(behind * config.min_band_share - 1e-9):
-        return done(Outcome.DECLINED)
-    fold_id = _next_id(FOLD_ID_PREFIX, snapshot.folds, records)
-    user_turns = sum(1 for r in records if r.role == "user" and not r.summary)
-    request = replace(_request("fold", config.fold_prompt, selected, fold_id), turns=user_turns)
-    return _apply(
-        request,
-        _standing_answer(snapshot, request),
-        history=history,
-        conversation=conversation,
-        records=records,
-        selected=selected,
-        measure=measure,
-        done=done,
-        band_tokens=sum(sizes),
-        protected=0,
-        folded=True,
-    )
+        return p.done(Outcome.DECLINED)
+    fold_id = _next_id(FOLD_ID_PREFIX, p.snapshot.folds, records)
+    return _ask(p, "fold", selected, fold_id, band_tokens=sum(sizes), protected=0)
 
 
 def absorb(
