@@ -33,6 +33,7 @@ from agent_framework import (
     tool,
 )
 
+from ..core.checks import require_fraction, require_int, require_optional_int
 from ..core.grouping import Grouping
 from ..core.recall import PinRule, ignored_streak, pin_disabled, pin_due
 from ..core.records import RECALL_TOOL_NAME, RECORD_PREFIX, RecallStatus, recall_status
@@ -98,7 +99,7 @@ def recall_description(target_tokens: int | None = DEFAULT_TARGET_TOKENS) -> str
     Raises:
         ValueError: ``target_tokens`` is not a positive integer or ``None``.
     """
-    _require_optional_positive("target_tokens", target_tokens)
+    require_optional_int("target_tokens", target_tokens, minimum=1)
     purpose = (
         "Record what must survive from the earlier tool results in this conversation, so that it stays "
         "available after those results are removed to save space."
@@ -231,11 +232,11 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         min_groups_before_repeat: int = DEFAULT_MIN_GROUPS_BEFORE_REPEAT,
         reforce: Callable[[], bool] | None = None,
     ) -> None:
-        _require_positive("max_input_tokens", max_input_tokens)
-        _require_fraction("trigger_fraction", trigger_fraction)
-        _require_optional_positive("record_max_tokens", record_max_tokens)
-        _require_optional_positive("max_groups_before_record", max_groups_before_record)
-        _require_positive("min_groups_before_repeat", min_groups_before_repeat)
+        require_int("max_input_tokens", max_input_tokens, minimum=1)
+        require_fraction("trigger_fraction", trigger_fraction)
+        require_optional_int("record_max_tokens", record_max_tokens, minimum=1)
+        require_optional_int("max_groups_before_record", max_groups_before_record, minimum=1)
+        require_int("min_groups_before_repeat", min_groups_before_repeat, minimum=1)
         if not isinstance(repeat_records, bool):
             raise ValueError(f"repeat_records must be True or False, got {repeat_records!r}")
         if not callable(arm):
@@ -593,18 +594,3 @@ def _calls_recall(response: ChatResponse) -> bool:
         for message in response.messages
         for content in message.contents
     )
-
-
-def _require_positive(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-
-
-def _require_optional_positive(name: str, value: object) -> None:
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
-
-
-def _require_fraction(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")

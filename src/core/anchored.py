@@ -38,6 +38,7 @@ from typing import Final
 from pyrsistent import pvector
 from returns.result import Result, Success
 
+from .checks import is_number, require_int
 from .counting import MESSAGE_OVERHEAD_TOKENS, Measure
 from .errors import CompactionBudgetExceeded
 from .grouping import Grouping, regroup
@@ -91,16 +92,16 @@ class AnchoredConfig:
     min_gain_fraction: float = 0.0
 
     def __post_init__(self) -> None:
-        _require_int("max_input_tokens", self.max_input_tokens, minimum=1)
-        _require_int("keep_head_groups", self.keep_head_groups, minimum=0)
-        _require_int("keep_tail_groups", self.keep_tail_groups, minimum=0)
+        require_int("max_input_tokens", self.max_input_tokens, minimum=1)
+        require_int("keep_head_groups", self.keep_head_groups, minimum=0)
+        require_int("keep_tail_groups", self.keep_tail_groups, minimum=0)
         if self.keep_tokens is not None:
-            _require_int("keep_tokens", self.keep_tokens, minimum=0)
-        if not _is_number(self.band_share) or not 0 < self.band_share <= 1:
+            require_int("keep_tokens", self.keep_tokens, minimum=0)
+        if not is_number(self.band_share) or not 0 < self.band_share <= 1:
             raise ValueError(f"band_share must be in (0, 1], got {self.band_share!r}")
-        if not _is_number(self.low_water_fraction) or not 0 < self.low_water_fraction <= 1:
+        if not is_number(self.low_water_fraction) or not 0 < self.low_water_fraction <= 1:
             raise ValueError(f"low_water_fraction must be in (0, 1], got {self.low_water_fraction!r}")
-        if not _is_number(self.min_gain_fraction) or not 0 <= self.min_gain_fraction < 1:
+        if not is_number(self.min_gain_fraction) or not 0 <= self.min_gain_fraction < 1:
             raise ValueError(f"min_gain_fraction must be in [0, 1), got {self.min_gain_fraction!r}")
 
     def allowance(self, position: int) -> int:
@@ -593,12 +594,3 @@ def _differs(before: Sequence[MessageRecord], after: Sequence[MessageRecord]) ->
         a is not b and (a.note != b.note or a.excluded != b.excluded or a.parts != b.parts)
         for a, b in zip(before, after, strict=True)
     )
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _require_int(name: str, value: object, *, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")

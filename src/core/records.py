@@ -41,6 +41,7 @@ from typing import Final
 
 from pyrsistent import pvector
 
+from .checks import require_fraction, require_int
 from .grouping import Grouping, regroup
 from .model import Group, History, MessageRecord, Part
 from .record_decisions import Ask, RecordDecisions
@@ -99,19 +100,19 @@ class RecordConfig:
     record_target_tokens: int | None = DEFAULT_RECORD_TARGET_TOKENS
 
     def __post_init__(self) -> None:
-        _require_int("max_input_tokens", self.max_input_tokens, minimum=1)
-        _require_int("keep_head_groups", self.keep_head_groups, minimum=0)
-        _require_int("keep_tail_groups", self.keep_tail_groups, minimum=0)
-        _require_fraction("trigger_fraction", self.trigger_fraction, low_open=True)
-        _require_fraction("fallback_fraction", self.fallback_fraction, low_open=True)
+        require_int("max_input_tokens", self.max_input_tokens, minimum=1)
+        require_int("keep_head_groups", self.keep_head_groups, minimum=0)
+        require_int("keep_tail_groups", self.keep_tail_groups, minimum=0)
+        require_fraction("trigger_fraction", self.trigger_fraction, low_open=True)
+        require_fraction("fallback_fraction", self.fallback_fraction, low_open=True)
         if self.fallback_fraction <= self.trigger_fraction:
             raise ValueError(
                 f"fallback_fraction must be greater than trigger_fraction ({self.trigger_fraction!r}), "
                 f"got {self.fallback_fraction!r}"
             )
-        _require_fraction("coverage_share", self.coverage_share, low_open=False)
+        require_fraction("coverage_share", self.coverage_share, low_open=False)
         if self.record_target_tokens is not None:
-            _require_int("record_target_tokens", self.record_target_tokens, minimum=1)
+            require_int("record_target_tokens", self.record_target_tokens, minimum=1)
 
     @property
     def trigger_tokens(self) -> int:
@@ -617,20 +618,3 @@ def _unreachable(config: RecordConfig, uncovered: Sequence[_Candidate], measure:
         if sum(cheapest) > target:
             count += 1
     return count
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _require_fraction(name: str, value: object, *, low_open: bool) -> None:
-    if not _is_number(value):
-        raise ValueError(f"{name} must be a number in {'(0, 1]' if low_open else '[0, 1]'}, got {value!r}")
-    number = float(value)  # pyright: ignore[reportArgumentType]
-    if (number <= 0 if low_open else number < 0) or number > 1:
-        raise ValueError(f"{name} must be in {'(0, 1]' if low_open else '[0, 1]'}, got {value!r}")
-
-
-def _require_int(name: str, value: object, *, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")

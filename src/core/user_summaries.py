@@ -44,6 +44,7 @@ from typing import Final, Literal, TypeAlias
 
 from pyrsistent import pvector
 
+from .checks import is_number, require_int
 from .counting import MESSAGE_OVERHEAD_TOKENS
 from .effects import Answer, DescribeMedia, Request, Summarize, identity
 from .model import MEDIA_KINDS, History, MessageRecord, Part
@@ -121,12 +122,12 @@ class UserSummaryConfig:
     describe_media: bool = False
 
     def __post_init__(self) -> None:
-        _require_int("max_input_tokens", self.max_input_tokens, minimum=1)
-        _require_int("keep_head_user_turns", self.keep_head_user_turns, minimum=0)
-        _require_int("keep_tail_user_turns", self.keep_tail_user_turns, minimum=0)
-        if not _is_number(self.trigger_fraction) or not 0 < self.trigger_fraction <= 1:
+        require_int("max_input_tokens", self.max_input_tokens, minimum=1)
+        require_int("keep_head_user_turns", self.keep_head_user_turns, minimum=0)
+        require_int("keep_tail_user_turns", self.keep_tail_user_turns, minimum=0)
+        if not is_number(self.trigger_fraction) or not 0 < self.trigger_fraction <= 1:
             raise ValueError(f"trigger_fraction must be in (0, 1], got {self.trigger_fraction!r}")
-        if not _is_number(self.min_band_share) or not 0 <= self.min_band_share < 1:
+        if not is_number(self.min_band_share) or not 0 <= self.min_band_share < 1:
             raise ValueError(f"min_band_share must be in [0, 1), got {self.min_band_share!r}")
         if self.summary_mode not in SUMMARY_MODES:
             raise ValueError(f"summary_mode must be one of {', '.join(SUMMARY_MODES)}, got {self.summary_mode!r}")
@@ -134,9 +135,9 @@ class UserSummaryConfig:
             value: object = getattr(self, name)
             if not isinstance(value, str) or not value.strip():
                 raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-        _require_int("remembered_requests", self.remembered_requests, minimum=1)
+        require_int("remembered_requests", self.remembered_requests, minimum=1)
         if self.max_summary_input_tokens is not None:
-            _require_int("max_summary_input_tokens", self.max_summary_input_tokens, minimum=1)
+            require_int("max_summary_input_tokens", self.max_summary_input_tokens, minimum=1)
 
     @property
     def trigger_tokens(self) -> int:
@@ -595,12 +596,3 @@ def absorb(
 def _suffix(summary_id: str) -> int:
     match = _ID_SUFFIX.search(summary_id)
     return int(match.group(1)) if match is not None else 0
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _require_int(name: str, value: object, *, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
