@@ -517,9 +517,13 @@ def logged_warnings(caplog: pytest.LogCaptureFixture) -> str:
 
 
 def names(message: Message, index: int, warnings: str) -> bool:
-    """The warnings name ``message``: by its id, or as ``#index`` when it has none."""
-    name = message.message_id or f"#{index}"
-    return re.search(rf"(?<![\w#]){re.escape(name)}(?!\w)", warnings) is not None
+    """The warnings name ``message``: by its id, or by its place in the conversation when it has none.
+
+    (Not by its list position: notes inserted before it would make that untrue.)
+    """
+    if message.message_id is None:
+        return f"<{message.role} message {index + 1} of the conversation" in warnings
+    return re.search(rf"(?<![\w#]){re.escape(message.message_id)}(?!\w)", warnings) is not None
 
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -661,8 +665,10 @@ def test_snapshot_round_trip(snapshot: AnchoredSnapshot) -> None:
 def test_decisions_of_real_passes_round_trip(parts: tuple[list[Message], list[Message]], p: Params) -> None:
     """Decisions a strategy made survive ``to_dict``/``from_dict`` unchanged."""
     strategy = p.build()
-    for chunk in parts:
-        run(strategy, deep_copy_messages(chunk))
+    grown: list[Message] = []
+    for chunk in parts:  # one conversation, growing: an instance serves one conversation
+        grown += chunk
+        run(strategy, deep_copy_messages(grown))
         state = strategy.decision_state()
         assert AnchoredSnapshot.from_dict(json.loads(json.dumps(state.to_dict()))) == state
 

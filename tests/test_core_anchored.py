@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
+from maf_compaction.core import anchored as core
 from maf_compaction.core.anchored import (
     AnchoredConfig,
+    AnchoredDone,
     AnchoredSnapshot,
-    Done,
     band_groups,
-    step,
 )
 from maf_compaction.core.errors import SnapshotError, SnapshotVersionError
 from maf_compaction.core.model import History, MessageRecord, Part, history
@@ -118,28 +118,28 @@ def run(
     snapshot: AnchoredSnapshot | None = None,
     *,
     ceiling: int | None = None,
-) -> Done:
+) -> AnchoredDone:
     source = records if not isinstance(records, list) else build(records)
-    return step(cfg, source, snapshot or AnchoredSnapshot(), measure, ceiling=ceiling).unwrap()
+    return core.run(cfg, snapshot or AnchoredSnapshot(), source, measure, ceiling=ceiling)
 
 
 def band_ids(cfg: AnchoredConfig, records: list[MessageRecord]) -> list[list[str | None]]:
     return [[records[i].message_id for i in group.members] for group in band_groups(cfg, records)]
 
 
-def record(done: Done, message_id: str) -> MessageRecord:
+def record(done: AnchoredDone, message_id: str) -> MessageRecord:
     return next(r for r in done.history if r.message_id == message_id)
 
 
-def result_text(done: Done, message_id: str) -> str:
+def result_text(done: AnchoredDone, message_id: str) -> str:
     return record(done, message_id).parts[0].text
 
 
-def excluded_ids(done: Done) -> list[str | None]:
+def excluded_ids(done: AnchoredDone) -> list[str | None]:
     return [r.message_id for r in done.history if r.excluded]
 
 
-def notes(done: Done) -> list[tuple[str | None, str]]:
+def notes(done: AnchoredDone) -> list[tuple[str | None, str]]:
     return [(r.message_id, r.parts[0].text) for r in done.history if r.note]
 
 
@@ -220,7 +220,7 @@ def test_note_records_do_not_count_as_groups() -> None:
     records = [*SIX_GROUPS[:-1], *tool_group(6, "x" * 4_000)]
     cfg = config(max_input_tokens=2_000, keep_tokens=999)
     first = run(cfg, records)
-    second = run(cfg, first.history, first.snapshot)
+    second = run(cfg, first.history, first.state)
 
     assert (len(notes(first)), second.report.changed, result_text(second, "t6")) == (5, False, "x" * 4_000)
 
@@ -350,7 +350,7 @@ def test_user_and_assistant_text_in_the_band_is_never_shortened() -> None:
 
 def test_shortened_result_is_left_alone_by_the_next_pass() -> None:
     first = run(config(keep_tokens=150), conversation("x" * 4_000))
-    second = run(config(keep_tokens=150), first.history, first.snapshot)
+    second = run(config(keep_tokens=150), first.history, first.state)
 
     assert (second.report.changed, second.history) == (False, first.history)
 
@@ -401,7 +401,7 @@ def test_shed_reports_the_origins_it_excluded() -> None:
 def test_shed_moves_the_tool_watermark() -> None:
     done = run(SHED_CONFIG, SIX_GROUPS)
 
-    assert done.snapshot.tools_shed == 3
+    assert done.state.tools_shed == 3
 
 
 def test_each_shed_group_gets_a_note_at_its_start() -> None:
@@ -462,7 +462,7 @@ def test_replies_are_shed_after_tool_groups_when_still_over() -> None:
     reply = text_record("assistant", "r" * 2_000, "r0")
     done = run(config(max_input_tokens=600, keep_tokens=NO_SHORTENING), [*records[:4], reply, *records[4:]])
 
-    assert (excluded_ids(done), notes(done), done.snapshot.texts_shed) == (
+    assert (excluded_ids(done), notes(done), done.state.texts_shed) == (
         ["a0", "t0", "r0"],
         [("anchored_tool_0", TOOL_NOTE), ("anchored_reply_0", REPLY_NOTE)],
         1,
@@ -475,7 +475,7 @@ def test_replies_are_never_shed_without_collapse_assistant_text() -> None:
     cfg = config(max_input_tokens=600, keep_tokens=NO_SHORTENING, collapse_assistant_text=False)
     done = run(cfg, [*records[:4], reply, *records[4:]])
 
-    assert (excluded_ids(done), done.snapshot.texts_shed) == (["a0", "t0"], 0)
+    assert (excluded_ids(done), done.state.texts_shed) == (["a0", "t0"], 0)
 
 
 def test_user_turns_in_the_band_are_never_shed() -> None:
@@ -501,7 +501,7 @@ def test_skipped_preserved_position_is_remembered_as_spared() -> None:
     records = list(SIX_GROUPS)
     records[3] = replace(records[3], preserved=True)
 
-    assert run(SHED_CONFIG, records).snapshot == AnchoredSnapshot(
+    assert run(SHED_CONFIG, records).state == AnchoredSnapshot(
         tools_shed=4,
         shortened=6,
         spared_tools=(0,),
@@ -607,11 +607,11 @@ def test_min_gain_declines_a_collapse_one_token_below_the_floor() -> None:
 
 
 def test_declined_collapse_commits_nothing() -> None:
-    assert run(MIN_GAIN, floor_case(676)).snapshot.shortened == 0
+    assert run(MIN_GAIN, floor_case(676)).state.shortened == 0
 
 
 def test_accepted_collapse_commits_every_band_position() -> None:
-    assert run(MIN_GAIN, conversation("x" * 4_000, "x" * 40, final="go")).snapshot.shortened == 2
+    assert run(MIN_GAIN, conversation("x" * 4_000, "x" * 40, final="go")).state.shortened == 2
 
 
 def test_min_gain_floor_is_skipped_over_the_ceiling() -> None:
@@ -644,9 +644,9 @@ def test_commitment_survives_a_pass_over_a_shorter_history() -> None:
     cfg = config(keep_tokens=150, min_gain_fraction=0.29)
     longer = conversation(*(["x" * 4_000] * 3))
     first = run(cfg, longer)
-    shorter = run(cfg, [*longer[:6], longer[-1]], first.snapshot)  # two of the three band groups
+    shorter = run(cfg, [*longer[:6], longer[-1]], first.state)  # two of the three band groups
 
-    assert (first.snapshot.shortened, shorter.snapshot.shortened) == (3, 3)
+    assert (first.state.shortened, shorter.state.shortened) == (3, 3)
 
 
 # --- media ------------------------------------------------------------------------------------

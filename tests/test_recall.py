@@ -51,6 +51,7 @@ from maf_compaction.adapters.recall import (
     ToolResultRecallMiddleware,
     make_recall_tool,
 )
+from maf_compaction.adapters.records import ToolResultAnchoredSummarizationCompactionStrategy
 from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_MARKER, RECORD_PREFIX
 
 TOKENIZER = CharacterEstimatorTokenizer()
@@ -471,17 +472,21 @@ class RecordStrategy:
         return False
 
 
-def test_bound_take_reforce_binds_the_strategy() -> None:
-    strategy = RecordStrategy()
+def test_the_strategys_take_reforce_shares_its_state_and_a_wrapper_shares_it_on_bind() -> None:
+    """No introspection: the strategy's ``take_reforce`` carries its state; a host's wrapper is bound explicitly."""
+    strategy = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=HUGE, tokenizer=TOKENIZER)
     recall = _middleware(reforce=strategy.take_reforce)
-    assert strategy.bound is recall
-    plain = RecordStrategy()
+    assert recall._cell is strategy.state_cell  # pyright: ignore[reportPrivateUsage]
 
-    def wrapper() -> bool:  # not the strategy's bound method: the host binds the strategy itself
-        return plain.take_reforce()
+    other = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=HUGE, tokenizer=TOKENIZER)
 
-    _middleware(reforce=wrapper)
-    assert plain.bound is None
+    def wrapper() -> bool:  # not the strategy's own take_reforce: nothing is shared until the host binds
+        return other.take_reforce()
+
+    wrapped = _middleware(reforce=wrapper)
+    assert wrapped._cell is not other.state_cell  # pyright: ignore[reportPrivateUsage]
+    other.bind_recall(wrapped)
+    assert wrapped._cell is other.state_cell  # pyright: ignore[reportPrivateUsage]
 
 
 # --- where the middleware runs ---------------------------------------------------------------
@@ -893,8 +898,8 @@ async def test_reforce_is_consumed_once_per_pin_and_only_peeked_by_record_due() 
     await run.ask()  # call 1's exit asks the strategy: nothing
     assert (strategy.taken, run.recall.record_due()) == (1, False)
     strategy.asks = 1
-    assert run.recall.record_due()  # seen through reforce_pending...
-    assert (strategy.taken, strategy.asks) == (1, 1)  # ...without consuming it
+    assert not run.recall.record_due()  # a host's own callable is never called for a preview...
+    assert (strategy.taken, strategy.asks) == (1, 1)  # ...so nothing is consumed
     await run.ask()  # call 2's exit takes the ask and pins call 3; call 4's exit asks again
     assert [r.number for r in run.client.requests if r.forced] == [3]
     assert (strategy.taken, strategy.asks) == (3, 0)

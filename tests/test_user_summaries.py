@@ -390,13 +390,16 @@ def test_at_or_below_the_trigger_nothing_happens() -> None:
     assert client.calls == 1
 
 
-def test_injected_context_does_not_count_toward_the_trigger() -> None:
+def test_injected_context_counts_toward_the_trigger() -> None:
+    """One definition of the prompt's size: what the next request carries, injected context included."""
     client = ScriptedSummarizer()
     messages = conversation(12)
-    in_call = with_injected_context(messages)  # the todo list is about 25 tokens more
     worker = strategy(client, budget=tokens(messages), trigger_fraction=1.0)
-    assert run(worker, in_call) is False
+    assert run(worker, copy.deepcopy(messages)) is False  # at the trigger, not over it
     assert client.calls == 0
+    in_call = with_injected_context(messages)  # the todo list is about 25 tokens more
+    assert run(worker, in_call) is True
+    assert client.calls == 1
 
 
 @pytest.mark.parametrize(("head", "tail"), [(1, 1), (2, 3), (0, 0)])

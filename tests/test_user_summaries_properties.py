@@ -42,11 +42,10 @@ from histories import Chunks, conversation_chunks, deep_copy_messages, describe,
 from maf_compaction import UserSummarySnapshot, UserTurnAnchoredSummarizationCompactionStrategy
 from maf_compaction.adapters.convert import SUMMARIZED_BY_KEY, SUMMARY_OF_KEY, is_summary, to_history
 from maf_compaction.core.effects import DescribeMedia, Summarize
+from maf_compaction.core.protocol import Done, Needs
 from maf_compaction.core.user_summaries import (
     DEFAULT_PROMPT,
     SUMMARY_MODES,
-    Needs,
-    UserDone,
     UserSummaryConfig,
     absorb,
     step,
@@ -289,11 +288,11 @@ def test_the_core_is_pure(chunks: Chunks, p: Params, data: st.DataObject) -> Non
     measure = ESTIMATOR.parts.measure
     for _ in range(4):
         kept_history, kept_snapshot = copy.deepcopy(history), copy.deepcopy(snapshot)
-        first = step(config, history, snapshot, measure)
-        second = step(config, history, snapshot, measure)
+        first = step(config, snapshot, history, measure).unwrap()
+        second = step(config, snapshot, history, measure).unwrap()
         assert first == second
         assert (history, snapshot) == (kept_history, kept_snapshot)
-        if isinstance(first, UserDone):
+        if isinstance(first, Done):
             return
         assert isinstance(first, Needs)
         assert first.requests
@@ -305,8 +304,8 @@ def test_the_core_is_pure(chunks: Chunks, p: Params, data: st.DataObject) -> Non
             else:
                 text = f"an attachment ({request.part})"
             answers.append((request, None if fails else text))
-        absorbed = absorb(config, snapshot, answers)
-        assert absorbed == absorb(config, snapshot, answers)
+        absorbed = absorb(snapshot, answers)
+        assert absorbed == absorb(snapshot, answers)
         assert snapshot == kept_snapshot
         snapshot = absorbed
     raise AssertionError("the core kept asking after its answers were recorded")

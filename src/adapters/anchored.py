@@ -1,37 +1,36 @@
 """``AnchoredCompactionStrategy`` and ``MinimumGainAnchoredCompactionStrategy``.
 
-Thin adapters over :mod:`maf_compaction.core.anchored`: convert the framework's list,
-run the pure step, apply the answer in place, log. The snapshot of decisions lives on
-the instance (direct wiring: one conversation per instance), so the in-call copies and
-the stored history get exactly the same sheds.
+Thin adapters over :mod:`maf_compaction.core.anchored` on the generic shell loop
+(:mod:`.loop`): the strategy supplies its configuration, its counters and its log lines.
+The conversation's decisions live on the instance (direct wiring: one conversation per
+instance), so the in-call copies and the stored history get exactly the same sheds.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any, ClassVar
 
 from agent_framework import Message
-from returns.result import Failure
 
 from ..core import anchored as core
 from ..core.anchored import AnchoredConfig, Report
 from ..core.errors import SnapshotError
-from ..core.grouping import Grouping
 from ..core.model import History
 from ..core.snapshot import AnchoredSnapshot
-from .base import ConfiguredStrategy
-from .convert import RecordCache, apply
-from .counting import MediaTokenEstimator, Tokenizer, as_estimator
+from .counting import Tokenizer
+from .loop import NOTE_KIND, CompactionAdapter
 
 logger = logging.getLogger("maf_compaction")
 
-EXCLUDE_REASON = "anchored_compaction"
-NOTE_KIND = "anchored"
+EXCLUDE_REASON = core.EXCLUDE_REASON
+__all__ = ["NOTE_KIND", "AnchoredCompactionStrategy", "MinimumGainAnchoredCompactionStrategy"]
 
 
-class AnchoredCompactionStrategy(ConfiguredStrategy[AnchoredConfig]):
+class AnchoredCompactionStrategy(CompactionAdapter[AnchoredConfig, AnchoredSnapshot, Report]):
     """Keep a fixed head and tail verbatim; shorten the band between by position only.
 
     Tool results in the band keep a share of the budget that depends only on their
@@ -65,9 +64,12 @@ class AnchoredCompactionStrategy(ConfiguredStrategy[AnchoredConfig]):
         passes: Passes run, over both lists.
         shed_events: Passes that shed something new.
         overflows: Passes that ended over their ceiling (honest overflow).
+        declined_collapses: Passes whose collapse the minimum-gain floor declined.
 
     ``compact_to`` is synchronous: the anchored strategy performs no effects.
     """
+
+    core: ClassVar[object] = core
 
     def __init__(
         self,
@@ -81,7 +83,7 @@ class AnchoredCompactionStrategy(ConfiguredStrategy[AnchoredConfig]):
         collapse_assistant_text: bool = True,
         low_water_fraction: float = core.DEFAULT_LOW_WATER_FRACTION,
     ) -> None:
-        self._config = AnchoredConfig(
+        config = AnchoredConfig(
             max_input_tokens=max_input_tokens,
             keep_head_groups=keep_head_groups,
             keep_tail_groups=keep_tail_groups,
@@ -90,16 +92,12 @@ class AnchoredCompactionStrategy(ConfiguredStrategy[AnchoredConfig]):
             collapse_assistant_text=collapse_assistant_text,
             low_water_fraction=low_water_fraction,
         )
-        self._tokenizer = tokenizer
-        self._estimator: MediaTokenEstimator = as_estimator(tokenizer)
-        self._counter = self._estimator.parts
-        self._records = RecordCache(self._counter)
-        self._grouping: Grouping | None = None  # the last pass's grouping: a memo, never a decision
-        self._snapshot = AnchoredSnapshot()
+        self._setup(config, tokenizer, AnchoredSnapshot())
         self._overflowing = False
         self.passes = 0
         self.shed_events = 0
         self.overflows = 0
+        self.declined_collapses = 0
         self.last_report: Report | None = None
 
     async def __call__(self, messages: list[Message]) -> bool:
@@ -117,26 +115,11 @@ class AnchoredCompactionStrategy(ConfiguredStrategy[AnchoredConfig]):
         """
         if isinstance(ceiling, bool) or not isinstance(ceiling, int) or ceiling <= 0:
             raise ValueError(f"ceiling must be a positive integer, got {ceiling!r}")
-        if not messages:
-            return False
-        before = self._records.history(messages, note_kind=NOTE_KIND)
-        result = core.step(
-            self._config, before, self._snapshot, self._counter.measure, ceiling=ceiling, grouping=self._grouping
-        )
-        if isinstance(result, Failure):
-            raise result.failure()
-        done = result.unwrap()
-        self._snapshot = done.snapshot
-        self._grouping = done.grouping
-        self._record(done.report)
-        if done.report.changed:
-            apply(messages, before, done.history, note_kind=NOTE_KIND, exclude_reason=EXCLUDE_REASON)
-        self._log(done.report, _ids(before, done.report.shed), _ids(before, done.report.joined))
-        return done.report.changed
+        return self._run_sync(messages, ceiling=ceiling)
 
     def decision_state(self) -> AnchoredSnapshot:
         """Every decision made so far (an immutable value; see ``to_dict``)."""
-        return self._snapshot
+        return self._cell.value
 
     def restore_decisions(self, snapshot: AnchoredSnapshot | Mapping[str, object]) -> None:
         """Continue from a snapshot (a value or its ``to_dict()``).
@@ -152,60 +135,46 @@ class AnchoredCompactionStrategy(ConfiguredStrategy[AnchoredConfig]):
                 f"the snapshot was made with keep_head_groups={value.keep_head_groups}, this strategy has "
                 f"keep_head_groups={self._config.keep_head_groups}; positions would name other groups"
             )
-        self._snapshot = value
+        self._cell.value = value
 
-    def _record(self, report: Report) -> None:
-        self._overflowing = self.last_report is not None and self.last_report.overflow
+    def _observe(self, report: Report, before: History, messages: Sequence[Message], fresh: set[str]) -> None:
+        del before, messages, fresh
+        overflowing = self.last_report is not None and self.last_report.overflow
         self.passes += 1
         self.last_report = report
         if report.shed:
             self.shed_events += 1
         if report.overflow:
             self.overflows += 1
+        if report.declined:
+            self.declined_collapses += 1
+        log_anchored(report, overflowing=overflowing)
 
-    def _log(self, report: Report, shed_ids: list[str], joined_ids: list[str]) -> None:
-        if joined_ids:
-            logger.warning(
-                "Excluded %d message(s) to keep earlier sheds whole (a result that arrived for a shed call, "
-                "or the rest of a tool group found half-excluded); they stay in stored history: %s",
-                len(joined_ids),
-                ", ".join(joined_ids),
-            )
-        if shed_ids:
-            logger.warning(
-                "Shed %d message(s) to fit %d tokens (now %d); they stay in stored history, "
-                "excluded, with a note in their place: %s",
-                len(shed_ids),
-                report.ceiling,
-                report.tokens_after,
-                ", ".join(shed_ids),
-            )
-        if report.misplaced:
-            logger.warning(
-                "%d shed note(s) no longer sit at the group they replaced: the list lost messages. "
-                "Keep excluded messages in loaded history (InMemoryHistoryProvider(skip_excluded=False), "
-                "the default); until then this strategy only shortens.",
-                report.misplaced,
-            )
-        if report.overflow and not self._overflowing:
-            logger.warning(
-                "The prompt is %d tokens, over the %d-token ceiling: the anchored head, tail and "
-                "protected turns alone exceed it. Nothing more can be removed by position.",
-                report.tokens_after,
-                report.ceiling,
-            )
-        logger.debug(
-            "anchored pass: %d -> %d tokens (ceiling %d), %d result(s) shortened, changed=%s",
-            report.tokens_before,
+
+def log_anchored(report: Report, *, overflowing: bool) -> None:
+    """The anchored pass's own log lines (the loop names every excluded message)."""
+    if report.misplaced:
+        logger.warning(
+            "%d shed note(s) no longer sit at the group they replaced: the list lost messages. "
+            "Keep excluded messages in loaded history (InMemoryHistoryProvider(skip_excluded=False), "
+            "the default); until then this strategy only shortens.",
+            report.misplaced,
+        )
+    if report.overflow and not overflowing:
+        logger.warning(
+            "The prompt is %d tokens, over the %d-token ceiling: the anchored head, tail and "
+            "protected turns alone exceed it. Nothing more can be removed by position.",
             report.tokens_after,
             report.ceiling,
-            report.shortened,
-            report.changed,
         )
-
-
-def _ids(records: History, origins: tuple[int, ...]) -> list[str]:
-    return [records[i].message_id or f"#{i}" for i in origins]
+    logger.debug(
+        "anchored pass: %d -> %d tokens (ceiling %d), %d result(s) shortened, changed=%s",
+        report.tokens_before,
+        report.tokens_after,
+        report.ceiling,
+        report.shortened,
+        report.changed,
+    )
 
 
 class MinimumGainAnchoredCompactionStrategy(AnchoredCompactionStrategy):
@@ -218,43 +187,32 @@ class MinimumGainAnchoredCompactionStrategy(AnchoredCompactionStrategy):
     less is declined (counted in :attr:`declined_collapses`); once accepted it is never
     taken back. Over the ceiling the floor is skipped.
 
+    It takes the anchored strategy's parameters; only ``min_gain_fraction``'s default
+    differs.
+
     Args:
         min_gain_fraction: The floor, in [0, 1); 0 makes it the anchored strategy.
         **kwargs: As for :class:`AnchoredCompactionStrategy`.
     """
 
-    def __init__(
-        self,
-        *,
-        max_input_tokens: int,
-        tokenizer: Tokenizer,
-        keep_head_groups: int = core.DEFAULT_KEEP_HEAD_GROUPS,
-        keep_tail_groups: int = core.DEFAULT_KEEP_TAIL_GROUPS,
-        keep_tokens: int | None = None,
-        band_share: float = core.DEFAULT_BAND_SHARE,
-        collapse_assistant_text: bool = True,
-        low_water_fraction: float = core.DEFAULT_LOW_WATER_FRACTION,
-        min_gain_fraction: float = core.DEFAULT_MIN_GAIN_FRACTION,
-    ) -> None:
-        super().__init__(
-            max_input_tokens=max_input_tokens,
-            tokenizer=tokenizer,
-            keep_head_groups=keep_head_groups,
-            keep_tail_groups=keep_tail_groups,
-            keep_tokens=keep_tokens,
-            band_share=band_share,
-            collapse_assistant_text=collapse_assistant_text,
-            low_water_fraction=low_water_fraction,
-        )
+    def __init__(self, *, min_gain_fraction: float = core.DEFAULT_MIN_GAIN_FRACTION, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self._config = replace(self._config, min_gain_fraction=min_gain_fraction)
-        self.declined_collapses = 0
 
     @property
     def min_gain_fraction(self) -> float:
         """The break-even floor."""
         return self._config.min_gain_fraction
 
-    def _record(self, report: Report) -> None:
-        super()._record(report)
-        if report.declined:
-            self.declined_collapses += 1
+
+def _with_min_gain(signature: inspect.Signature) -> inspect.Signature:
+    """The anchored signature plus ``min_gain_fraction``, for ``help()`` and IDEs (derived, not copied)."""
+    extra = inspect.Parameter(
+        "min_gain_fraction", inspect.Parameter.KEYWORD_ONLY, default=core.DEFAULT_MIN_GAIN_FRACTION, annotation=float
+    )
+    return signature.replace(parameters=[*signature.parameters.values(), extra])
+
+
+MinimumGainAnchoredCompactionStrategy.__init__.__signature__ = _with_min_gain(  # type: ignore[attr-defined]
+    inspect.signature(AnchoredCompactionStrategy.__init__)
+)

@@ -14,7 +14,6 @@ forced request.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,13 +32,15 @@ from agent_framework import (
     tool,
 )
 
-from ..core.checks import require_fraction, require_int, require_optional_int
+from ..core import recall as machine
+from ..core.checks import require_bool, require_fraction, require_int, require_optional_int
 from ..core.grouping import Grouping
-from ..core.recall import PinRule, ignored_streak, pin_disabled, pin_due
-from ..core.records import RECALL_TOOL_NAME, RECORD_PREFIX, RecallStatus, recall_status
-from .anchored import NOTE_KIND as ANCHORED_NOTE_KIND
+from ..core.recall import PinKind, PinRule
+from ..core.records import RECALL_TOOL_NAME, RECORD_PREFIX, RecordState, on_recall, recall_status, reforce_due
 from .convert import RecordCache
 from .counting import Tokenizer, as_estimator
+from .loop import NOTE_KIND, StateCell
+from .records import Reforce
 
 logger = logging.getLogger("maf_compaction")
 
@@ -237,8 +238,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         require_optional_int("record_max_tokens", record_max_tokens, minimum=1)
         require_optional_int("max_groups_before_record", max_groups_before_record, minimum=1)
         require_int("min_groups_before_repeat", min_groups_before_repeat, minimum=1)
-        if not isinstance(repeat_records, bool):
-            raise ValueError(f"repeat_records must be True or False, got {repeat_records!r}")
+        require_bool("repeat_records", repeat_records)
         if not callable(arm):
             raise ValueError(f"arm must be a callable taking no arguments, got {arm!r}")
         for name, value in (("disarm", disarm), ("reforce", reforce)):
@@ -248,40 +248,34 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             raise ValueError("tokenizer must have a count_tokens(text) -> int method")
         self._max_input_tokens = max_input_tokens
         self._trigger_fraction = float(trigger_fraction)
-        self._trigger_tokens = int(max_input_tokens * trigger_fraction)
-        self._record_max_tokens = record_max_tokens
         self._rule = PinRule(
-            trigger_tokens=self._trigger_tokens,
+            trigger_tokens=int(max_input_tokens * trigger_fraction),
             max_groups_before_record=max_groups_before_record,
             repeat_records=repeat_records,
             min_groups_before_repeat=min_groups_before_repeat,
+            record_max_tokens=record_max_tokens,
         )
         self._arm = arm
         self._disarm = disarm
-        self._reforce = reforce
-        self._reforce_peek: Callable[[], object] | None = None
+        # The strategy's own take_reforce carries its state: share it (no callbacks). Any
+        # other callable is the host's: it is called once per decision, as documented.
+        self._reforce = None if isinstance(reforce, Reforce) else reforce
+        self._cell: StateCell[RecordState] = reforce.cell if isinstance(reforce, Reforce) else StateCell(RecordState())
         self._records = RecordCache(as_estimator(tokenizer).parts)
         self._grouping: Grouping | None = None  # the last status's grouping: a memo, never a decision
-        self._last_status: RecallStatus | None = None
         self._session_id: str | None = None
-        self._force_next = False
-        self._force_is_reforce = False
-        self._awaiting_record = False
-        self._ignored_streak = 0
-        self._pin_disabled = False
         self._forced_calls = 0
         self._reforced_calls = 0
         self._ignored_forced_calls = 0
         self._failed_forced_calls = 0
         self._records_truncated = 0
-        owner = getattr(reforce, "__self__", None) if inspect.ismethod(reforce) else None
-        if owner is not None:
-            peek = getattr(owner, "reforce_pending", None)
-            if callable(peek):
-                self._reforce_peek = peek
-            bind = getattr(owner, "bind_recall", None)
-            if callable(bind):
-                bind(self)
+
+    def share(self, cell: StateCell[RecordState]) -> None:
+        """Read and write ``cell`` (a record strategy's state) from now on; see ``bind_recall``."""
+        cell.value = RecordState(
+            decisions=cell.value.decisions, fallback=cell.value.fallback, recall=self._cell.value.recall
+        )
+        self._cell = cell
 
     # --- configuration and diagnostics --------------------------------------------------
 
@@ -323,12 +317,12 @@ class ToolResultRecallMiddleware(ChatMiddleware):
     @property
     def pin_disabled(self) -> bool:
         """Forcing stopped for this session: two ignored pins in a row, or a failed forced request."""
-        return self._pin_disabled
+        return self._cell.value.recall.pin_disabled
 
     @property
     def awaiting_record(self) -> bool:
         """The last completed call was forced; the record it asked for is not judged yet."""
-        return self._awaiting_record
+        return self._cell.value.recall.awaiting_record
 
     # --- public decisions ----------------------------------------------------------------
 
@@ -336,16 +330,12 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         """Whether the next request would be pinned, without consuming anything.
 
         Answers from the last history seen (``False`` before any call): a pin already
-        decided counts; a re-force is read through the strategy's ``reforce_pending``
-        peek, never by calling ``reforce``.
+        decided counts, and so does the record strategy's outstanding ask when this
+        middleware shares its state (a host's own ``reforce`` callable is never called
+        for a preview).
         """
-        if self._pin_disabled:
-            return False
-        if self._force_next:
-            return True
-        if self._last_status is None:
-            return False
-        return self._record_due(self._last_status, consume=False)
+        state = self._cell.value
+        return machine.record_due(self._rule, state.recall, reforce_pending=reforce_due(state.decisions))
 
     def forget_pending(self) -> None:
         """Drop queued work: the pending pin, the awaiting flag and the session binding.
@@ -353,11 +343,10 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         The provider-support verdict (``pin_disabled`` and the ignored streak) stays: it
         describes the provider, not the queued work. The gate is disarmed.
         """
-        self._force_next = False
-        self._force_is_reforce = False
-        self._awaiting_record = False
+        state = self._cell.value
+        recall = machine.RecallState(ignored_streak=state.recall.ignored_streak, pin_disabled=state.recall.pin_disabled)
+        self._cell.value = RecordState(decisions=state.decisions, fallback=state.fallback, recall=recall)
         self._session_id = None
-        self._last_status = None
         self._release()
 
     # --- the middleware --------------------------------------------------------------------
@@ -373,29 +362,26 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             RuntimeError: The call belongs to another session than the first one seen.
         """
         self._bind(context)
-        forced = self._force_next and not self._pin_disabled
-        reforced = forced and self._force_is_reforce
-        self._force_next = False
-        self._force_is_reforce = False
-        if not forced:
+        action = self._advance(machine.RequestStarting())
+        if not isinstance(action, machine.Pin):
             self._release()
             await call_next()
             self._decide(context.messages)
             return
-        await self._forced(context, call_next, reforced=reforced)
+        await self._forced(context, call_next, action)
 
-    async def _forced(self, context: ChatContext, call_next: Callable[[], Awaitable[None]], *, reforced: bool) -> None:
+    async def _forced(self, context: ChatContext, call_next: Callable[[], Awaitable[None]], pin: machine.Pin) -> None:
         caller_options = context.options
         caller_messages = list(context.messages)
         self._arm()
         self._forced_calls += 1
-        if reforced:
+        if pin.kind == "reforce":
             self._reforced_calls += 1
-        context.options = self._pinned_options(caller_options)
+        context.options = self._pinned_options(caller_options, pin)
         try:
             await call_next()
         except _ABORTS:
-            self._requeue(reforced)
+            self._advance(machine.ForcedAborted(pin.kind))
             raise
         except Exception as exc:
             self._fail(exc)
@@ -403,26 +389,19 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             self._decide(context.messages)
             return
         except BaseException:  # cancellation: the pin is not spent
-            self._requeue(reforced)
+            self._advance(machine.ForcedAborted(pin.kind))
             raise
         finally:
             if context.options is not caller_options:
                 context.options = caller_options
         result = context.result
         if isinstance(result, ResponseStream):
-            context.result = self._buffered(
-                result,
-                context,
-                call_next,
-                caller_options,
-                caller_messages,
-                reforced=reforced,
-            )
+            context.result = self._buffered(result, context, call_next, caller_options, caller_messages, pin=pin.kind)
         elif isinstance(result, ChatResponse):
             self._judge(result)
         # The record this call asks for reaches history only after the tool runs, so the
         # exit of a forced call decides nothing.
-        self._awaiting_record = True
+        self._advance(machine.ForcedReturned())
 
     def _buffered(
         self,
@@ -432,7 +411,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         caller_options: Mapping[str, Any] | None,
         caller_messages: list[Message],
         *,
-        reforced: bool,
+        pin: PinKind,
     ) -> ResponseStream[ChatResponseUpdate, ChatResponse]:
         """Hold a forced stream until it completes; on an ordinary failure, stream a retry instead.
 
@@ -455,7 +434,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
                     held.append(update)
                 response = await inner.get_final_response()
             except _ABORTS:
-                self._requeue(reforced)
+                self._advance(machine.ForcedAborted(pin))
                 raise
             except Exception as exc:
                 self._fail(exc)
@@ -470,7 +449,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
                         yield update
                 return
             except BaseException:
-                self._requeue(reforced)
+                self._advance(machine.ForcedAborted(pin))
                 raise
             self._judge(response)
             outcome.response = response
@@ -505,6 +484,12 @@ class ToolResultRecallMiddleware(ChatMiddleware):
 
     # --- bookkeeping -------------------------------------------------------------------------
 
+    def _advance(self, event: machine.Event) -> machine.Action:
+        """One transition of the recall protocol on the shared state."""
+        state, action = on_recall(self._rule, self._cell.value, event)
+        self._cell.value = state
+        return action
+
     def _bind(self, context: ChatContext) -> None:
         session = context.session
         if session is None:
@@ -522,24 +507,17 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         if self._disarm is not None:
             self._disarm()
 
-    def _pinned_options(self, caller: Mapping[str, Any] | None) -> dict[str, Any]:
+    def _pinned_options(self, caller: Mapping[str, Any] | None, pin: machine.Pin) -> dict[str, Any]:
         options = dict(caller) if caller is not None else {}
         options["tool_choice"] = {"mode": "required", "required_function_name": RECALL_TOOL_NAME}
-        if self._record_max_tokens is not None:
-            options["max_tokens"] = self._record_max_tokens
+        if pin.max_tokens is not None:
+            options["max_tokens"] = pin.max_tokens
         return options
-
-    def _requeue(self, reforced: bool) -> None:
-        """An aborted forced request did not spend its pin: the next request is pinned again."""
-        self._force_next = True
-        self._force_is_reforce = reforced
-        self._awaiting_record = False
 
     def _fail(self, exc: Exception) -> None:
         self._failed_forced_calls += 1
-        self._awaiting_record = False
+        self._advance(machine.ForcedFailed())
         self._release()
-        self._pin_disabled = True
         logger.warning(
             "A request forced to call %s failed (%s: %s); forcing recall is disabled for this session "
             "and the request is retried once with the caller's own options.",
@@ -553,39 +531,30 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         if response.finish_reason == "length":
             self._records_truncated += 1
         called = _calls_recall(response)
-        self._ignored_streak = ignored_streak(self._ignored_streak, called_recall=called)
-        if called:
-            return
-        self._ignored_forced_calls += 1
-        if pin_disabled(self._ignored_streak) and not self._pin_disabled:
-            self._pin_disabled = True
+        if not called:
+            self._ignored_forced_calls += 1
+        action = self._advance(machine.ForcedResponse(called_recall=called))
+        if isinstance(action, machine.Disable):
             logger.warning(
                 "%d consecutive responses forced to call %s did not call it; forcing recall is disabled for "
                 "this session. The provider route may not honour a named tool_choice.",
-                self._ignored_streak,
+                action.streak,
                 RECALL_TOOL_NAME,
             )
 
     def _decide(self, messages: Sequence[Message]) -> None:
-        history = self._records.history(messages, note_kind=ANCHORED_NOTE_KIND)
+        history = self._records.history(messages, note_kind=NOTE_KIND)
         status = recall_status(history, self._grouping)
         self._grouping = status.grouping
-        self._last_status = status
-        self._awaiting_record = False
-        self._force_is_reforce = False
-        self._force_next = self._record_due(status, consume=True)
-
-    def _record_due(self, status: RecallStatus, *, consume: bool) -> bool:
-        """The pin rule (see the class docstring); ``consume`` calls ``reforce``, else peeks."""
-        if self._pin_disabled:
-            return False
-        if consume:
-            if self._reforce is not None and self._reforce():
-                self._force_is_reforce = True
-                return True
-        elif self._reforce_peek is not None and bool(self._reforce_peek()):
-            return True
-        return pin_due(self._rule, status)
+        # A host's own reforce callable is asked once per decision, and never while
+        # forcing is disabled; the strategy's shared ask is read from the state.
+        reforce = self._reforce is not None and not self._cell.value.recall.pin_disabled and bool(self._reforce())
+        action = self._advance(machine.HistorySeen(status, reforce=reforce))
+        if isinstance(action, machine.TakeAsk) and self._reforce is None:
+            ask = self._cell.value.decisions.ask
+            logger.info(
+                "Asking again for a record of %d uncovered tool group(s)", len(ask.targets) if ask is not None else 0
+            )
 
 
 def _calls_recall(response: ChatResponse) -> bool:

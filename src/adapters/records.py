@@ -1,45 +1,69 @@
 """``ToolResultAnchoredSummarizationCompactionStrategy``: records replace tool results.
 
-A thin adapter over :mod:`maf_compaction.core.records`: convert the framework's list,
-run the pure pass, apply its answer in place (exclusions, holds, released table rows),
-then run the fallback the pass asks for. The decisions (the outstanding ask and the
-settled groups) live on the instance: direct wiring serves one conversation.
+A thin adapter over :mod:`maf_compaction.core.records` on the generic shell loop
+(:mod:`.loop`). The conversation's one state value (the record decisions, the default
+fallback's decisions and the recall protocol's state) lives in the strategy's
+:class:`~.loop.StateCell`, which the recall middleware wired to :attr:`take_reforce`
+shares: they read and write one value and never call into each other.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from agent_framework import CompactionStrategy, Message
 
 from ..core import records as core
-from ..core.grouping import Grouping
-from ..core.model import TOOL_CALL_KINDS, History
+from ..core.anchored import AnchoredConfig
+from ..core.protocol import Done, sent_tokens
 from ..core.record_decisions import RecordDecisions
-from ..core.records import Fallback, RecordConfig, RecordReport
-from .anchored import NOTE_KIND as ANCHORED_NOTE_KIND
-from .anchored import AnchoredCompactionStrategy
-from .base import ConfiguredStrategy
-from .convert import EXCLUDED_KEY, WRITTEN_RECORD_KEY, RecordCache, apply
-from .counting import MediaTokenEstimator, Tokenizer, as_estimator
+from ..core.records import Fallback, RecordConfig, RecordReport, RecordState
+from .anchored import AnchoredCompactionStrategy, log_anchored
+from .convert import RecordCache
+from .counting import MediaTokenEstimator, PartCounter, Tokenizer
+from .loop import NOTE_KIND, CompactionAdapter, StateCell
+
+if TYPE_CHECKING:
+    from .recall import ToolResultRecallMiddleware
 
 logger = logging.getLogger("maf_compaction")
 
 #: Why the messages of a covered tool group are excluded.
-EXCLUDE_REASON = "tool_summary_anchored"
+EXCLUDE_REASON = core.EXCLUDE_REASON
 
 
-class RecallPreview(Protocol):
-    """What the strategy reads from a bound recall middleware."""
+class Reforce:
+    """The strategy's ``take_reforce``: a callable that also carries the shared state.
 
-    def record_due(self) -> bool:
-        """Would the next request be pinned to the recall tool? (Consumes nothing.)"""
-        ...
+    Calling it takes the outstanding ask for uncovered groups (True once per ask), as a
+    plain ``reforce`` callable would. A recall middleware given this object as its
+    ``reforce`` shares the strategy's :class:`~.loop.StateCell` instead of calling it.
+    """
+
+    __slots__ = ("_strategy",)
+
+    def __init__(self, strategy: ToolResultAnchoredSummarizationCompactionStrategy) -> None:
+        self._strategy = strategy
+
+    @property
+    def cell(self) -> StateCell[RecordState]:
+        """The conversation's state, owned by the strategy."""
+        return self._strategy.state_cell
+
+    def __call__(self) -> bool:
+        """Take the outstanding ask for one pinned request: True once per ask."""
+        cell = self.cell
+        taken, decisions = core.take_reforce(cell.value.decisions)
+        if taken:
+            cell.value = RecordState(decisions=decisions, fallback=cell.value.fallback, recall=cell.value.recall)
+            targets = decisions.ask.targets if decisions.ask is not None else ()
+            logger.info("Asking again for a record of %d uncovered tool group(s)", len(targets))
+        return taken
 
 
-class ToolResultAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[RecordConfig]):
+class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[RecordConfig, RecordState, RecordReport]):
     """Let tool results leave the prompt once a record quotes their exact values.
 
     Past ``trigger_fraction`` of the budget the recall middleware asks the model for a
@@ -48,7 +72,7 @@ class ToolResultAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[Recor
     before the newest record leaves the prompt when the records quote at least
     ``coverage_share`` of its distinct distinctive values (words of four or more
     characters with a digit, compared with case). Uncovered groups are held, so nothing
-    unrecorded is lost, and asked for again once (:meth:`take_reforce`); a batch asked
+    unrecorded is lost, and asked for again once (:attr:`take_reforce`); a batch asked
     for without success is settled: held until a later record quotes it. A result larger
     than ``record_target_tokens`` may instead release the Markdown table rows a record
     quotes verbatim under the same headings. Records stay in the prompt.
@@ -76,8 +100,9 @@ class ToolResultAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[Recor
         record_target_tokens: Set it to the recall tool's ``target_tokens``. Larger groups
             may release quoted table rows; ``None`` disables that and the
             :attr:`groups_held_unreachable_coverage` estimate.
-        fallback: Any ``CompactionStrategy``; by default an
-            :class:`AnchoredCompactionStrategy` with the same budget, tokenizer, head and tail.
+        fallback: Any ``CompactionStrategy``, run on the list after the pass; by default
+            the anchored rules with the same budget, head and tail, run within the pass
+            on the same converted history (the held messages protected).
 
     Attributes:
         last_report: What the last pass did, or ``None`` before the first pass.
@@ -98,6 +123,8 @@ class ToolResultAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[Recor
         overflows: Passes that ended over the budget behind a record.
     """
 
+    core: ClassVar[object] = core
+
     def __init__(
         self,
         *,
@@ -111,7 +138,14 @@ class ToolResultAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[Recor
         record_target_tokens: int | None = core.DEFAULT_RECORD_TARGET_TOKENS,
         fallback: CompactionStrategy | None = None,
     ) -> None:
-        self._config = RecordConfig(
+        if fallback is not None and not callable(fallback):
+            raise ValueError(f"fallback must be a CompactionStrategy (an async callable), got {fallback!r}")
+        in_pass = None
+        if fallback is None:
+            in_pass = AnchoredConfig(
+                max_input_tokens=max_input_tokens, keep_head_groups=keep_head_groups, keep_tail_groups=keep_tail_groups
+            )
+        config = RecordConfig(
             max_input_tokens=max_input_tokens,
             keep_head_groups=keep_head_groups,
             keep_tail_groups=keep_tail_groups,
@@ -119,23 +153,14 @@ class ToolResultAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[Recor
             fallback_fraction=fallback_fraction,
             coverage_share=coverage_share,
             record_target_tokens=record_target_tokens,
+            fallback=in_pass,
         )
-        if fallback is not None and not callable(fallback):
-            raise ValueError(f"fallback must be a CompactionStrategy (an async callable), got {fallback!r}")
-        self._tokenizer = tokenizer
-        self._estimator: MediaTokenEstimator = as_estimator(tokenizer)
-        self._counter = self._estimator.parts
-        self._records = RecordCache(self._counter, holds=core.HOLD_REASONS)
-        self._grouping: Grouping | None = None
-        self._decisions = RecordDecisions()
-        self._recall: RecallPreview | None = None
-        self._fallback: CompactionStrategy = fallback or AnchoredCompactionStrategy(
-            max_input_tokens=max_input_tokens,
-            tokenizer=tokenizer,
-            keep_head_groups=keep_head_groups,
-            keep_tail_groups=keep_tail_groups,
-        )
+        self._setup(config, tokenizer, RecordState(), holds=core.HOLD_REASONS)
+        self._fallback = fallback
+        self._default_fallback: AnchoredCompactionStrategy | None = None
+        self._take_reforce = Reforce(self)
         self._overflowing = False
+        self._fallback_overflowing = False
         self.last_report: RecordReport | None = None
         self.passes = 0
         self.records_found = 0
@@ -175,83 +200,63 @@ class ToolResultAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[Recor
 
     @property
     def fallback(self) -> CompactionStrategy:
-        """The strategy that runs when no record can help."""
-        return self._fallback
+        """The fallback: the host's strategy, or the default anchored one.
+
+        The default's rules run within the record pass, on the same converted history
+        (so its own counters stay at zero); the host's runs on the list after the pass.
+        """
+        if self._fallback is not None:
+            return self._fallback
+        if self._default_fallback is None:
+            config = self._config.fallback
+            assert config is not None
+            self._default_fallback = AnchoredCompactionStrategy(
+                max_input_tokens=config.max_input_tokens,
+                tokenizer=self._tokenizer,
+                keep_head_groups=config.keep_head_groups,
+                keep_tail_groups=config.keep_tail_groups,
+            )
+        return self._default_fallback
+
+    @property
+    def state_cell(self) -> StateCell[RecordState]:
+        """The conversation's one state value, shared with the recall middleware."""
+        return self._cell
 
     # -- the recall middleware's seams -------------------------------------------------------
 
-    def take_reforce(self) -> bool:
-        """Take the outstanding ask for an uncovered batch: True once per ask.
+    @property
+    def take_reforce(self) -> Reforce:
+        """Wire it as the middleware's ``reforce``: the middleware then shares this strategy's state.
 
-        Wire it as the middleware's ``reforce``; the middleware then pins one request
-        to the recall tool for the batch.
+        Calling it takes the outstanding ask for an uncovered batch (True once per ask).
         """
-        taken, self._decisions = core.take_reforce(self._decisions)
-        if taken:
-            logger.info("Asking again for a record of %d uncovered tool group(s)", len(self._ask_targets()))
-        return taken
+        return self._take_reforce
 
     def reforce_pending(self) -> bool:
         """An ask is outstanding and not yet taken (a preview: nothing is consumed)."""
-        return core.reforce_due(self._decisions)
+        return core.reforce_due(self._cell.value.decisions)
 
-    def bind_recall(self, recall: RecallPreview) -> None:
-        """Share the recall middleware's non-consuming ``record_due`` preview.
+    def bind_recall(self, recall: ToolResultRecallMiddleware) -> None:
+        """Share this strategy's state with ``recall`` (when its ``reforce`` wraps :attr:`take_reforce`).
 
-        The middleware calls this itself when its ``reforce`` is this strategy's bound
-        :meth:`take_reforce`; call it explicitly if you wrap ``take_reforce``.
+        A middleware given :attr:`take_reforce` itself shares the state already.
         """
-        self._recall = recall
+        recall.share(self._cell)
 
     def record_due(self) -> bool:
         """Is a record outstanding or about to be asked for? (Consumes nothing.)
 
-        True while an ask is outstanding, or when the bound middleware would pin the
+        True while an ask is outstanding, or when the recall protocol decided to pin the
         next request. A composition waits on this before summarising user turns.
         """
-        if self._decisions.ask is not None:
-            return True
-        return self._recall.record_due() if self._recall is not None else False
+        return core.record_due(self._cell.value)
 
     # -- the pass ------------------------------------------------------------------------
 
-    async def __call__(self, messages: list[Message]) -> bool:
-        """Apply records to ``messages`` in place; True if anything changed."""
-        if not messages:
-            return False
-        before = self._records.history(messages, note_kind=ANCHORED_NOTE_KIND)
-        done = core.step(self._config, before, self._decisions, self._counter.measure, grouping=self._grouping)
-        self._decisions = done.decisions
-        self._grouping = done.grouping
-        report = done.report
-        changed = _differs(before, done.history)
-        if changed:
-            apply(messages, before, done.history, note_kind=ANCHORED_NOTE_KIND, exclude_reason=EXCLUDE_REASON)
-        self._record(report)
-        self._log(report, before)
-        if report.fallback is Fallback.PLAIN:
-            self.fallbacks_used += 1
-            logger.info(
-                "No record at %d of %d tokens: running the fallback %s",
-                report.tokens_before,
-                self._config.max_input_tokens,
-                type(self._fallback).__name__,
-            )
-            changed = bool(await self._fallback(messages)) or changed
-        elif report.fallback is Fallback.BEHIND_RECORD:
-            if report.held_unrecorded:
-                self.fallbacks_held_after_record += 1
-            if await self._fallback(messages):
-                self.fallbacks_after_record += 1
-                changed = True
-            self._check_budget(messages)
-        else:
-            self._overflowing = False
-        return changed
-
     def decision_state(self) -> RecordDecisions:
         """The decisions history cannot show (an immutable value; see ``to_dict``)."""
-        return self._decisions
+        return self._cell.value.decisions
 
     def restore_decisions(self, decisions: RecordDecisions | Mapping[str, Any]) -> None:
         """Continue from decisions (a value or its ``to_dict()``).
@@ -260,15 +265,27 @@ class ToolResultAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[Recor
             SnapshotVersionError: They were written by a newer schema.
             SnapshotError: They are malformed.
         """
-        self._decisions = decisions if isinstance(decisions, RecordDecisions) else RecordDecisions.from_dict(decisions)
+        value = decisions if isinstance(decisions, RecordDecisions) else RecordDecisions.from_dict(decisions)
+        current = self._cell.value
+        self._cell.value = RecordState(decisions=value, fallback=current.fallback, recall=current.recall)
+
+    async def _after(self, messages: list[Message], done: Done[RecordState, RecordReport], changed: bool) -> bool:
+        """Run the host's own fallback on the applied list, when the pass calls for it."""
+        report = done.report
+        if self._fallback is None or report.fallback is Fallback.NONE:
+            return changed
+        ran = bool(await self._fallback(messages))
+        if report.fallback is Fallback.BEHIND_RECORD:
+            if ran:
+                self.fallbacks_after_record += 1
+            tokens = sent_tokens(self._records.history(messages, note_kind=NOTE_KIND))
+            self._warn_overflow(tokens > self._config.max_input_tokens, tokens)
+        return ran or changed
 
     # -- bookkeeping -------------------------------------------------------------------------
 
-    def _ask_targets(self) -> tuple[int, ...]:
-        ask = self._decisions.ask
-        return ask.targets if ask is not None else ()
-
-    def _record(self, report: RecordReport) -> None:
+    def _observe(self, report: RecordReport, before: Any, messages: Sequence[Message], fresh: set[str]) -> None:
+        del before, messages, fresh
         self.passes += 1
         self.last_report = report
         if report.records:
@@ -280,10 +297,25 @@ class ToolResultAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[Recor
             self.groups_preserved_uncovered = len(report.settled)
             self.groups_held_unreachable_coverage = report.unreachable
             self.rows_released += report.rows_released
+        self._log(report)
+        fallback = report.fallback_report
+        if report.fallback is Fallback.PLAIN:
+            self.fallbacks_used += 1
+        elif report.fallback is Fallback.BEHIND_RECORD:
+            if report.held_unrecorded:
+                self.fallbacks_held_after_record += 1
+            if fallback is not None:
+                if fallback.changed:
+                    self.fallbacks_after_record += 1
+                self._warn_overflow(report.overflow, fallback.tokens_after)
+        else:
+            self._overflowing = False
+        if fallback is not None:
+            log_anchored(fallback, overflowing=self._fallback_overflowing)
+            self._fallback_overflowing = fallback.overflow
 
-    def _check_budget(self, messages: list[Message]) -> None:
-        tokens = core.sent_tokens(self._records.history(messages, note_kind=ANCHORED_NOTE_KIND))
-        if tokens <= self._config.max_input_tokens:
+    def _warn_overflow(self, over: bool, tokens: int) -> None:
+        if not over:
             self._overflowing = False
             return
         self.overflows += 1
@@ -297,22 +329,13 @@ class ToolResultAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[Recor
             )
         self._overflowing = True
 
-    def _log(self, report: RecordReport, before: History) -> None:
-        if report.dropped:
-            ids = [before[i].message_id or f"#{i}" for i in report.dropped]
+    def _log(self, report: RecordReport) -> None:
+        if report.fallback is Fallback.PLAIN:
             logger.info(
-                "Records cover %d tool group(s); %d message(s) left the prompt (kept in stored history, excluded): %s",
-                len(report.covered),
-                len(ids),
-                ", ".join(ids),
-            )
-        if report.joined:
-            ids = [before[i].message_id or f"#{i}" for i in report.joined]
-            logger.warning(
-                "Excluded %d message(s) no record quotes, to keep a tool group whole (a result that arrived "
-                "for a call a record already covered); they stay in stored history: %s",
-                len(ids),
-                ", ".join(ids),
+                "No record at %d of %d tokens: running the fallback %s",
+                report.tokens_before,
+                self._config.max_input_tokens,
+                type(self._fallback).__name__ if self._fallback is not None else "(anchored rules)",
             )
         if report.rows_released:
             logger.info("Released %d table row(s) that a record quotes verbatim", report.rows_released)
@@ -327,44 +350,30 @@ class ToolResultAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[Recor
             )
 
 
-def _differs(before: History, after: History) -> bool:
-    return any(
-        a is not b and (a.excluded != b.excluded or a.parts is not b.parts or a.held != b.held)
-        for a, b in zip(before, after, strict=True)
-    )
+class _NoTokens:
+    """A tokenizer for reading records: the record rule needs no counts."""
+
+    def count_tokens(self, text: str) -> int:
+        del text
+        return 0
+
+
+_READER = PartCounter(MediaTokenEstimator(_NoTokens()))
 
 
 def record_text(message: Message, messages: Sequence[Message] | None = None) -> str:
-    """The record text ``message`` carries, or "" when it carries none.
+    """The record text ``message`` carries, or "" when it carries none: the strategy's own rule.
 
     A written record (compaction's own) is its whole text. Otherwise the message must be
-    a tool message whose results start with the record prefix; pass the conversation as
-    ``messages`` to also require that each result answers a
-    ``recall_earlier_tool_results`` call in it (the strategy's own test). An excluded
-    message carries no record.
+    a tool message whose results carry the record marker and answer a
+    ``recall_earlier_tool_results`` call: pass the conversation as ``messages`` to check
+    the call there, as the strategy does; without it, the message's own call ids are
+    taken as recall calls. An excluded message carries no record.
     """
-    props = message.additional_properties
-    if props.get(EXCLUDED_KEY):
-        return ""
-    if props.get(WRITTEN_RECORD_KEY) is True:
-        text = message.text
-        has_call = any(c.type in TOOL_CALL_KINDS for c in message.contents)
-        return text if text.startswith(core.RECORD_PREFIX) and not has_call else ""
-    if message.role != "tool":
-        return ""
-    calls: set[str] | None = None
-    if messages is not None:
-        calls = {
-            c.call_id
-            for m in messages
-            for c in m.contents
-            if c.type == "function_call" and c.name == core.RECALL_TOOL_NAME and c.call_id
-        }
-    return "\n".join(
-        c.result
-        for c in message.contents
-        if c.type == "function_result"
-        and isinstance(c.result, str)
-        and c.result.startswith(core.RECORD_PREFIX)
-        and (calls is None or c.call_id in calls)
-    )
+    cache = RecordCache(_READER)
+    record = cache.history([message], note_kind=NOTE_KIND)[0]
+    if messages is None:
+        recall_ids = frozenset(p.call_id for p in record.parts if p.call_id)
+    else:
+        recall_ids = core.recall_call_ids(RecordCache(_READER).history(messages, note_kind=NOTE_KIND))
+    return core.record_text(record, recall_ids)

@@ -1,11 +1,11 @@
 """``UserTurnAnchoredSummarizationCompactionStrategy``: earlier user turns become a summary.
 
-A thin shell over :mod:`maf_compaction.core.user_summaries`. The core answers with
-effect requests (a summary, a media description); this adapter performs them (the
-summarizer client, the host's ``describe_media`` hook), absorbs each answer into the
-snapshot, and steps again until the core is done, then applies the answer in place.
-Because answers are kept by request identity, the stored-history pass, a restored
-session or another replica replays a summary instead of asking for it again.
+A thin adapter over :mod:`maf_compaction.core.user_summaries` on the generic shell loop
+(:mod:`.loop`). The core answers with effect requests (a summary, a media description);
+this adapter performs them (the summarizer client, the host's ``describe_media`` hook)
+and the loop absorbs each answer and steps again until the core is done. Because
+answers are kept by request identity, the stored-history pass, a restored session or
+another replica replays a summary instead of asking for it again.
 """
 
 from __future__ import annotations
@@ -14,34 +14,31 @@ import copy
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from agent_framework import Content, Message
-from agent_framework._compaction import EXCLUDE_REASON_KEY, EXCLUDED_KEY
 
 from ..core import user_summaries as core
 from ..core.effects import DescribeMedia, Request, Summarize
-from ..core.model import History, MessageRecord
+from ..core.model import History
 from ..core.user_snapshot import UserSummarySnapshot
-from ..core.user_summaries import Needs, Outcome, SummaryMode, UserReport, UserSummaryConfig
-from .anchored import NOTE_KIND as ANCHORED_NOTE_KIND
-from .base import ConfiguredStrategy
-from .convert import SUMMARIZED_BY_KEY, SUMMARY_KEY, SUMMARY_OF_KEY, RecordCache
-from .counting import MediaTokenEstimator, Tokenizer, as_estimator
+from ..core.user_summaries import Outcome, SummaryMode, UserReport, UserSummaryConfig
+from .counting import Tokenizer
+from .loop import CompactionAdapter
 
 logger = logging.getLogger("maf_compaction")
 
 #: Why a summarised user turn is excluded.
-EXCLUDE_REASON = "user_turn_summarized"
+EXCLUDE_REASON = core.EXCLUDE_REASON
 #: Why a folded summary is excluded.
-FOLD_EXCLUDE_REASON = "user_summaries_folded"
-#: The most effect rounds one pass may take: descriptions, then a summary.
-_MAX_ROUNDS = 4
+FOLD_EXCLUDE_REASON = core.FOLD_EXCLUDE_REASON
 
 DescribeMediaHook = Callable[[Content, Message], Awaitable[str | None]]
 
 
-class UserTurnAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[UserSummaryConfig]):
+class UserTurnAnchoredSummarizationCompactionStrategy(
+    CompactionAdapter[UserSummaryConfig, UserSummarySnapshot, UserReport]
+):
     """Replace earlier user turns with a summary that keeps every requirement and correction.
 
     Past ``trigger_fraction`` of the budget, the user turns between the first
@@ -124,7 +121,7 @@ class UserTurnAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[UserSum
             raise ValueError(f"client must be a chat client with get_response(), got {client!r}")
         if describe_media is not None and not callable(describe_media):
             raise ValueError(f"describe_media must be an async callable or None, got {describe_media!r}")
-        self._config = UserSummaryConfig(
+        config = UserSummaryConfig(
             max_input_tokens=max_input_tokens,
             keep_head_user_turns=keep_head_user_turns,
             keep_tail_user_turns=keep_tail_user_turns,
@@ -137,13 +134,9 @@ class UserTurnAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[UserSum
             max_summary_input_tokens=max_summary_input_tokens,
             describe_media=describe_media is not None,
         )
+        self._setup(config, tokenizer, UserSummarySnapshot())
         self._client = client
         self._describe = describe_media
-        self._tokenizer = tokenizer
-        self._estimator: MediaTokenEstimator = as_estimator(tokenizer)
-        self._counter = self._estimator.parts
-        self._records = RecordCache(self._counter)
-        self._snapshot = UserSummarySnapshot()
         self._nothing_fits = False  # the previous pass found nothing that fits (warned once per episode)
         self.last_report: UserReport | None = None
         self.passes = 0
@@ -177,29 +170,8 @@ class UserTurnAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[UserSum
         """The summarizer client."""
         return self._client
 
-    async def __call__(self, messages: list[Message]) -> bool:
-        """Summarise earlier user turns of ``messages`` in place; True if anything changed."""
-        if not messages:
-            return False
-        before = self._records.history(messages, note_kind=ANCHORED_NOTE_KIND)
-        fresh: set[str] = set()  # requests answered during this pass
-        result = core.step(self._config, before, self._snapshot, self._counter.measure)
-        rounds = 0
-        while isinstance(result, Needs):
-            rounds += 1
-            asked = {r.identity for r in result.requests}
-            if rounds > _MAX_ROUNDS or asked <= fresh:
-                raise RuntimeError("maf_compaction: the user-turn strategy asked for an answer it already has")
-            answers = [(request, await self._perform(request, messages)) for request in result.requests]
-            fresh |= asked
-            self._snapshot = core.absorb(self._config, self._snapshot, answers)
-            result = core.step(self._config, before, self._snapshot, self._counter.measure)
-        report = result.report
-        self._record(report, fresh=report.request in fresh)
-        if report.outcome in (Outcome.SUMMARIZED, Outcome.FOLDED):
-            _apply(messages, before, result.history, report, folded=report.outcome is Outcome.FOLDED)
-            return True
-        return False
+    core: ClassVar[object] = core
+    linked_reasons: ClassVar[frozenset[str]] = frozenset({core.EXCLUDE_REASON, core.FOLD_EXCLUDE_REASON})
 
     # -- effects ---------------------------------------------------------------------------
 
@@ -254,7 +226,7 @@ class UserTurnAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[UserSum
 
     def decision_state(self) -> UserSummarySnapshot:
         """Remembered answers, descriptions and id counts (an immutable value; see ``to_dict``)."""
-        return self._snapshot
+        return self._cell.value
 
     def restore_decisions(self, snapshot: UserSummarySnapshot | Mapping[str, Any]) -> None:
         """Continue from a snapshot (a value or its ``to_dict()``).
@@ -264,15 +236,13 @@ class UserTurnAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[UserSum
             SnapshotError: It is malformed.
         """
         value = snapshot if isinstance(snapshot, UserSummarySnapshot) else UserSummarySnapshot.from_dict(snapshot)
-        keep = self._config.remembered_requests
-        self._snapshot = UserSummarySnapshot(
-            answers=value.answers[-keep:],
-            descriptions=value.descriptions,
-            compactions=value.compactions,
-            folds=value.folds,
-        )
+        self._cell.value = core.trimmed(value, self._config.remembered_requests)
 
     # -- bookkeeping ---------------------------------------------------------------------------
+
+    def _observe(self, report: UserReport, before: History, messages: Sequence[Message], fresh: set[str]) -> None:
+        del before, messages
+        self._record(report, fresh=report.request in fresh)
 
     def _record(self, report: UserReport, *, fresh: bool) -> None:
         self._nothing_fits = self.last_report is not None and self.last_report.outcome is Outcome.NOTHING_FITS
@@ -311,6 +281,15 @@ class UserTurnAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[UserSum
                     report.tokens_before,
                     report.tokens_after,
                 )
+                if report.tokens_after > self._config.max_input_tokens:
+                    logger.warning(
+                        "After summary %s the prompt is still %d tokens, over the %d-token budget: the protected "
+                        "and anchored turns, assistant and tool messages stay. Pair this strategy with a record "
+                        "strategy or a fallback to make more room.",
+                        report.summary_id,
+                        report.tokens_after,
+                        self._config.max_input_tokens,
+                    )
         elif fresh:
             self.user_summary_failures += 1
             if outcome is Outcome.REFUSED:
@@ -320,42 +299,3 @@ class UserTurnAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[UserSum
                     report.summary_id,
                     report.band_tokens,
                 )
-
-
-def _apply(messages: list[Message], before: History, after: History, report: UserReport, *, folded: bool) -> None:
-    """Make ``messages`` match ``after``: exclude what the summary replaced, insert the summary."""
-    replaced = [messages[origin] for origin in report.replaced]
-    summary_id = report.summary_id or ""
-    reason = FOLD_EXCLUDE_REASON if folded else EXCLUDE_REASON
-    updated: list[Message] = []
-    for record in after:
-        if record.origin is None:
-            updated.append(_summary_message(record, replaced))
-            continue
-        message = messages[record.origin]
-        if record.excluded and not before[record.origin].excluded:
-            props = message.additional_properties
-            props[EXCLUDED_KEY] = True
-            props[EXCLUDE_REASON_KEY] = reason
-            props[SUMMARIZED_BY_KEY] = summary_id
-        updated.append(message)
-    messages[:] = updated
-
-
-def _summary_message(record: MessageRecord, replaced: Sequence[Message]) -> Message:
-    """The summary as a user message, linked both ways to the messages it replaces.
-
-    The links are our own keys, not the framework's ``_summary_of_message_ids`` in the
-    group annotation: the framework reconciles summaries that carry those with the
-    caller's messages after every model call, and under the harness (history loaded per
-    call) it rejects every one of ours with a WARNING and strips exclusions it cannot
-    root. Ours are not in-run summaries to reconcile; they are decisions the stored
-    history keeps.
-    """
-    ids = [m.message_id for m in replaced if m.message_id]
-    return Message(
-        "user",
-        [record.parts[0].text],
-        message_id=record.message_id,
-        additional_properties={SUMMARY_KEY: record.message_id, SUMMARY_OF_KEY: ids},
-    )

@@ -36,13 +36,14 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 from pyrsistent import pvector
-from returns.result import Result, Success
+from returns.result import Success
 
 from .checks import is_number, require_int
 from .counting import MESSAGE_OVERHEAD_TOKENS, Measure
-from .errors import CompactionBudgetExceeded
+from .effects import Request
 from .grouping import Grouping, regroup
 from .model import Group, History, MessageRecord, Part
+from .protocol import Done, StepResult, sent_tokens
 from .shorten import shorten
 from .snapshot import AnchoredSnapshot
 
@@ -58,6 +59,8 @@ DEFAULT_LOW_WATER_FRACTION: Final = 0.75
 #: R > B(p - c)/(p + T c) with p = 1, c = 0.1, T = 20 gives 0.29 of B.
 DEFAULT_MIN_GAIN_FRACTION: Final = 0.29
 
+#: Why a message the anchored strategy shed is excluded (written on the message).
+EXCLUDE_REASON: Final = "anchored_compaction"
 TOOL_NOTE_PREFIX: Final = "[compacted: an earlier tool call and its result"
 TEXT_NOTE: Final = "[compacted: an earlier assistant reply]"
 
@@ -143,18 +146,7 @@ class Report:
     misplaced: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Done:
-    """The pass's answer: the new history, the new snapshot and a report.
-
-    ``grouping`` is the conversation's grouping on this pass; handing it to the next
-    :func:`step` lets that pass regroup only what changed. It never changes an answer.
-    """
-
-    history: History
-    snapshot: AnchoredSnapshot
-    report: Report
-    grouping: Grouping | None = None
+AnchoredDone = Done[AnchoredSnapshot, Report]
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,20 +192,43 @@ class _Plan:
 
 def step(
     config: AnchoredConfig,
+    state: AnchoredSnapshot,
     history: History,
-    snapshot: AnchoredSnapshot,
     measure: Measure,
     *,
     ceiling: int | None = None,
-    grouping: Grouping | None = None,
-) -> Result[Done, CompactionBudgetExceeded]:
+    memo: object = None,
+) -> StepResult[AnchoredSnapshot, Report]:
     """One anchored pass over ``history``.
 
     ``ceiling`` (default ``max_input_tokens``) bounds only how far shedding goes;
-    shortening never reads it. ``grouping`` is the previous pass's ``Done.grouping``, a
-    memo that saves work and never changes the answer. The anchored strategy never
-    fails: when the anchors alone exceed the ceiling it answers with ``report.overflow``.
+    shortening never reads it. ``memo`` is the previous pass's ``Done.memo``, a grouping
+    that saves work and never changes the answer. The anchored strategy never fails and
+    never needs an effect: when the anchors alone exceed the ceiling it answers with
+    ``report.overflow`` (honest overflow).
     """
+    done = run(config, state, history, measure, ceiling=ceiling, memo=memo)
+    return Success(done)
+
+
+def absorb(state: AnchoredSnapshot, answers: Sequence[tuple[Request, str | None]]) -> AnchoredSnapshot:
+    """The anchored strategy asks for nothing, so there is nothing to absorb."""
+    del answers
+    return state
+
+
+def run(
+    config: AnchoredConfig,
+    state: AnchoredSnapshot,
+    history: History,
+    measure: Measure,
+    *,
+    ceiling: int | None = None,
+    memo: object = None,
+) -> AnchoredDone:
+    """:func:`step`'s answer, unwrapped: compositions call it directly."""
+    snapshot = state
+    grouping = memo if isinstance(memo, Grouping) else None
     limit = config.max_input_tokens if ceiling is None else ceiling
     records: list[MessageRecord] = []
     existing_notes: dict[str, MessageRecord] = {}
@@ -244,7 +259,7 @@ def step(
         _shed_to_low_water(config, plan, measure, limit)
 
     output = _with_notes(plan, measure)
-    tokens_after = _included_tokens(output)
+    tokens_after = sent_tokens(output)
     new_snapshot = AnchoredSnapshot(
         tools_shed=plan.tools.shed,
         texts_shed=plan.texts.shed,
@@ -255,7 +270,7 @@ def step(
         keep_head_groups=config.keep_head_groups,
     )
     report = Report(
-        tokens_before=_included_tokens(history),
+        tokens_before=sent_tokens(history),
         tokens_after=tokens_after,
         ceiling=limit,
         changed=_differs(history, output),
@@ -266,7 +281,7 @@ def step(
         overflow=tokens_after > limit,
         misplaced=misplaced,
     )
-    return Success(Done(history=pvector(output), snapshot=new_snapshot, report=report, grouping=grouping))
+    return Done(history=pvector(output), state=new_snapshot, report=report, memo=grouping)
 
 
 def _misplaced_notes(plan: _Plan, noted: set[tuple[str, int]]) -> int:
@@ -427,11 +442,16 @@ def _shorten_band(
         allowance = config.allowance(position)
         for index in group.members:
             record = records[index]
-            if record.longest_result_text <= allowance or record.excluded or record.preserved:
+            if record.longest_result_text <= allowance or record.preserved:
                 continue
             shortened = _shorten_record(record, allowance, measure)
-            if shortened is not record:
-                edits[index] = (position, shortened)
+            if shortened is record:
+                continue
+            # An excluded result is shortened too (the model never sees it either way), so
+            # the same state gives the same stored bytes on any copy of the conversation,
+            # whether a shed or the shortening reached it first. Only included ones count.
+            edits[index] = (position, shortened)
+            if not record.excluded:
                 saved_by_position[position] = saved_by_position.get(position, 0) + record.tokens - shortened.tokens
                 first_edit.setdefault(position, index)
     originals = {index: records[index] for index in edits}
@@ -456,7 +476,7 @@ def _shorten_band(
     applied = sum(
         _results_changed(shortened, originals[index])
         for index, (_, shortened) in edits.items()
-        if records[index] is shortened
+        if records[index] is shortened and not shortened.excluded
     )
     return applied, declined, committed if declined else max(committed, len(plan.tools.groups))
 
@@ -519,7 +539,7 @@ def _exclude(plan: _Plan, group: Group, *, into: list[int] | None) -> None:
         record = plan.records[index]
         if not record.excluded:
             plan.notes = None
-            plan.records[index] = replace(record, excluded=True)
+            plan.records[index] = replace(record, excluded=True, reason=EXCLUDE_REASON)
             if into is not None and record.origin is not None:
                 into.append(record.origin)
 
@@ -557,7 +577,7 @@ def _note(plan: _Plan, group: Group, tag: str, position: int, measure: Measure) 
 
 def _prompt_tokens(plan: _Plan, measure: Measure) -> int:
     """Included tokens of the plan's records plus the notes its sheds leave."""
-    return _included_tokens(plan.records) + sum(n.tokens for n in _notes(plan, measure).values())
+    return sent_tokens(plan.records) + sum(n.tokens for n in _notes(plan, measure).values())
 
 
 def _with_notes(plan: _Plan, measure: Measure) -> list[MessageRecord]:
@@ -581,10 +601,6 @@ def _note_text(members: Sequence[MessageRecord], kind: str) -> str:
     if not names:
         return TOOL_NOTE_PREFIX + "]"
     return f"{TOOL_NOTE_PREFIX} ({', '.join(names)})]"
-
-
-def _included_tokens(records: Sequence[MessageRecord]) -> int:
-    return sum(r.tokens for r in records if not r.excluded)
 
 
 def _differs(before: Sequence[MessageRecord], after: Sequence[MessageRecord]) -> bool:

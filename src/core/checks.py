@@ -30,3 +30,9 @@ def require_fraction(name: str, value: object, *, low_open: bool = True) -> None
     number = float(value)  # pyright: ignore[reportArgumentType]
     if (number <= 0 if low_open else number < 0) or number > 1:
         raise ValueError(f"{name} must be in {span}, got {value!r}")
+
+
+def require_bool(name: str, value: object) -> None:
+    """``value`` is ``True`` or ``False`` (not a truthy stand-in such as ``'false'``)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")

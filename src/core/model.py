@@ -101,6 +101,10 @@ class MessageRecord:
         origin: Index of the message this record stands for in the list the shell
             converted; ``None`` for a message the core created (a note). The core
             carries it through untouched so the shell can apply the answer in place.
+        reason: Why a strategy excluded this message (written on the message when the
+            shell applies the exclusion); ``None`` for a message it did not exclude.
+        replaces: On a summary the core created: the ids of the messages it replaces.
+        replaced_by: On a message a summary replaced: that summary's id.
     """
 
     role: str
@@ -115,6 +119,9 @@ class MessageRecord:
     written_record: bool = False
     summary: bool = False
     origin: int | None = None
+    reason: str | None = None
+    replaces: tuple[str, ...] = ()
+    replaced_by: str | None = None
     # Derived from role and parts once, when the record is made (grouping reads them on
     # every pass, and the shell reuses records across passes).
     is_reasoning_only: bool = field(init=False, compare=False, repr=False)

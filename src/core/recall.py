@@ -1,18 +1,41 @@
-"""The recall middleware's rules: when to pin a request to the recall tool, and when to stop.
+"""The recall protocol as a pure state machine: when to pin a request, and when to stop.
 
-The middleware performs (it rewrites one request's options, calls the model, retries);
-the decisions are here, as pure functions of what it saw.
+A compaction pass runs inside a model call, so it cannot ask the model for a record.
+The ask travels as a *pin*: on its way out of one call the middleware reports what it
+saw (:class:`HistorySeen`), and the machine decides whether the NEXT request is forced
+to call ``recall_earlier_tool_results``. The middleware performs (it rewrites one
+request's options, buffers a forced stream, retries); every decision is here, as
+:func:`advance` over a closed set of events returning one action:
+
+==================  ==========================================================  ==========
+event               what changes                                                action
+==================  ==========================================================  ==========
+HistorySeen         the next request's pin: an outstanding re-force ask first,  TakeAsk /
+                    else the pin rule; nothing once pinning is disabled         Nothing
+RequestStarting     the decided pin is spent on this request                    Pin /
+                                                                                Unpinned
+ForcedReturned      the forced call returned: its record is awaited             Nothing
+ForcedResponse      the streak of pinned responses without a recall call;       Disable /
+                    two in a row disable pinning                                Nothing
+ForcedFailed        pinning is disabled; the request is retried unpinned once   RetryUnpinned
+ForcedAborted       cancellation or a middleware abort: the pin is not spent    Nothing
+==================  ==========================================================  ==========
+
+The state is one small value per conversation, shared with the record strategy (the
+re-force ask lives in its decisions), and persisted with them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Final
+from dataclasses import dataclass, field, replace
+from typing import Final, Literal, TypeAlias
 
-from .records import RecallStatus
+from .grouping import Grouping
 
 #: Consecutive pinned responses without a recall call after which pinning stops.
 IGNORED_LIMIT: Final = 2
+
+PinKind: TypeAlias = Literal["size", "reforce"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,16 +49,204 @@ class PinRule:
             below the trigger; ``None`` turns the bound off.
         repeat_records: Ask for later records at all.
         min_groups_before_repeat: New tool groups a later size-triggered record waits for.
+        record_max_tokens: The response cap of a pinned request (``None``: the caller's).
     """
 
     trigger_tokens: int
     max_groups_before_record: int | None = None
     repeat_records: bool = True
     min_groups_before_repeat: int = 4
+    record_max_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RecallStatus:
+    """What the recall middleware needs to know about a prompt.
+
+    Attributes:
+        included_tokens: Tokens of the messages that are sent (not excluded).
+        records: Active records.
+        pending_groups: Tool groups (other than recall groups) after the newest record,
+            or in the whole conversation without one; excluded groups do not count.
+        grouping: The grouping, a memo for the next call (never changes an answer).
+    """
+
+    included_tokens: int
+    records: int
+    pending_groups: int
+    grouping: Grouping | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class RecallState:
+    """Everything the recall protocol remembers about one conversation.
+
+    Attributes:
+        next_pin: The pin decided for the next request (``"reforce"`` when it serves an
+            outstanding ask for uncovered groups), or ``None``.
+        awaiting_record: The last completed call was forced; its record is not judged yet.
+        ignored_streak: Consecutive pinned responses without a recall call.
+        pin_disabled: The provider ignored two pins in a row, or a forced request failed:
+            no more pins for this conversation (the verdict describes the provider).
+        seen: What the last :class:`HistorySeen` reported (for the ``record_due`` preview).
+    """
+
+    next_pin: PinKind | None = None
+    awaiting_record: bool = False
+    ignored_streak: int = 0
+    pin_disabled: bool = False
+    seen: RecallStatus | None = None
+
+
+# -- events -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HistorySeen:
+    """The loaded history on the way out of an unforced call (or after a retry).
+
+    Attributes:
+        status: Size, records and new tool material of that history.
+        reforce: An outstanding re-force ask can be taken for the next request.
+    """
+
+    status: RecallStatus
+    reforce: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RequestStarting:
+    """A request is about to be sent."""
+
+
+@dataclass(frozen=True, slots=True)
+class ForcedReturned:
+    """The forced request returned (a stream may still be consumed later)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ForcedResponse:
+    """A complete forced response.
+
+    Attributes:
+        called_recall: It holds a ``recall_earlier_tool_results`` call.
+    """
+
+    called_recall: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ForcedFailed:
+    """A forced request raised an ordinary exception (while sent, streamed or finalized)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ForcedAborted:
+    """A forced request was cancelled or aborted by a middleware signal.
+
+    Attributes:
+        pin: The pin it carried; it was not spent.
+    """
+
+    pin: PinKind
+
+
+Event: TypeAlias = HistorySeen | RequestStarting | ForcedReturned | ForcedResponse | ForcedFailed | ForcedAborted
+
+
+# -- actions ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Pin:
+    """Force this request to call the recall tool (and arm the gate for it).
+
+    Attributes:
+        max_tokens: The response cap for this request only, or ``None``.
+        kind: Why it is pinned.
+    """
+
+    max_tokens: int | None
+    kind: PinKind
+
+
+@dataclass(frozen=True, slots=True)
+class Unpinned:
+    """Send this request as the caller asked (and disarm the gate)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TakeAsk:
+    """The next request serves the outstanding re-force ask: mark the ask taken."""
+
+
+@dataclass(frozen=True, slots=True)
+class Disable:
+    """Pinning stops for this conversation: the provider ignored two pins in a row.
+
+    Attributes:
+        streak: The pinned responses in a row without a recall call.
+    """
+
+    streak: int
+
+
+@dataclass(frozen=True, slots=True)
+class RetryUnpinned:
+    """Pinning is disabled; retry this request once with the caller's own options."""
+
+
+@dataclass(frozen=True, slots=True)
+class Nothing:
+    """No action."""
+
+
+Action: TypeAlias = Pin | Unpinned | TakeAsk | Disable | RetryUnpinned | Nothing
+
+
+def advance(rule: PinRule, state: RecallState, event: Event) -> tuple[RecallState, Action]:
+    """The state after ``event`` and what the middleware must do (see the module table)."""
+    if isinstance(event, HistorySeen):
+        seen = replace(event.status, grouping=None)
+        if state.pin_disabled:
+            return replace(state, next_pin=None, awaiting_record=False, seen=seen), Nothing()
+        if event.reforce:
+            return replace(state, next_pin="reforce", awaiting_record=False, seen=seen), TakeAsk()
+        pin: PinKind | None = "size" if pin_due(rule, event.status) else None
+        return replace(state, next_pin=pin, awaiting_record=False, seen=seen), Nothing()
+    if isinstance(event, RequestStarting):
+        if state.next_pin is None or state.pin_disabled:
+            return replace(state, next_pin=None), Unpinned()
+        return replace(state, next_pin=None), Pin(rule.record_max_tokens, state.next_pin)
+    if isinstance(event, ForcedReturned):
+        return replace(state, awaiting_record=True), Nothing()
+    if isinstance(event, ForcedResponse):
+        streak = 0 if event.called_recall else state.ignored_streak + 1
+        if streak >= IGNORED_LIMIT and not state.pin_disabled:
+            return replace(state, ignored_streak=streak, pin_disabled=True), Disable(streak)
+        return replace(state, ignored_streak=streak), Nothing()
+    if isinstance(event, ForcedFailed):
+        return replace(state, awaiting_record=False, pin_disabled=True), RetryUnpinned()
+    return replace(state, next_pin=event.pin, awaiting_record=False), Nothing()
+
+
+def record_due(rule: PinRule, state: RecallState, *, reforce_pending: bool) -> bool:
+    """Would the next request be pinned? A preview: nothing is consumed.
+
+    A pin already decided counts; an outstanding, untaken re-force ask counts; otherwise
+    the pin rule on the last history seen.
+    """
+    if state.pin_disabled:
+        return False
+    if state.next_pin is not None:
+        return True
+    if state.seen is None:
+        return False
+    return reforce_pending or pin_due(rule, state.seen)
 
 
 def pin_due(rule: PinRule, status: RecallStatus) -> bool:
-    """Pin the next request? The rule after a re-force ask (the caller checks that first).
+    """The pin rule on one history (an outstanding re-force ask is checked first, elsewhere).
 
     The first size-triggered record is asked for at once; a later one waits for
     ``min_groups_before_repeat`` new tool groups, so the trigger re-arms on new tool
@@ -46,13 +257,3 @@ def pin_due(rule: PinRule, status: RecallStatus) -> bool:
     if status.records and (not rule.repeat_records or status.pending_groups < rule.min_groups_before_repeat):
         return False
     return status.included_tokens > rule.trigger_tokens
-
-
-def ignored_streak(streak: int, *, called_recall: bool) -> int:
-    """The streak of pinned responses without a recall call, after one more pinned response."""
-    return 0 if called_recall else streak + 1
-
-
-def pin_disabled(streak: int) -> bool:
-    """Has the provider shown it does not honour the pin?"""
-    return streak >= IGNORED_LIMIT

@@ -37,14 +37,21 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Final
+from typing import Final, cast
 
 from pyrsistent import pvector
+from returns.result import Success
 
+from . import anchored, recall
+from .anchored import AnchoredConfig
 from .checks import require_fraction, require_int
+from .effects import Request
 from .grouping import Grouping, regroup
 from .model import Group, History, MessageRecord, Part
+from .protocol import Done, StepResult, sent_tokens
+from .recall import RecallState, RecallStatus
 from .record_decisions import Ask, RecordDecisions
+from .snapshot import AnchoredSnapshot
 from .tables import RowKey, release_rows, repeated_rows, row_keys
 from .values import distinctive_values, name_mentions, word_set
 
@@ -64,6 +71,8 @@ HOLD_UNCOVERED: Final = "tool_summary_uncovered"
 HOLD_UNRECORDED: Final = "tool_summary_unrecorded"
 HOLD_RECORD: Final = "tool_summary_record"
 HOLD_REASONS: Final = frozenset({HOLD_UNCOVERED, HOLD_UNRECORDED, HOLD_RECORD})
+#: Why the messages of a covered tool group are excluded (written on the messages).
+EXCLUDE_REASON: Final = "tool_summary_anchored"
 
 DEFAULT_TRIGGER_FRACTION: Final = 0.6
 DEFAULT_FALLBACK_FRACTION: Final = 0.9
@@ -89,6 +98,9 @@ class RecordConfig:
         coverage_share: Share of a group's distinct values a record must quote.
         record_target_tokens: Groups above this size may release quoted table rows;
             ``None`` disables partial release and the unreachable-coverage estimate.
+        fallback: The anchored fallback run within the pass when no record can help;
+            ``None`` when the host supplied a fallback of its own, which the shell runs
+            after applying the pass (:attr:`RecordReport.fallback` says when).
     """
 
     max_input_tokens: int
@@ -98,6 +110,7 @@ class RecordConfig:
     fallback_fraction: float = DEFAULT_FALLBACK_FRACTION
     coverage_share: float = DEFAULT_COVERAGE_SHARE
     record_target_tokens: int | None = DEFAULT_RECORD_TARGET_TOKENS
+    fallback: AnchoredConfig | None = None
 
     def __post_init__(self) -> None:
         require_int("max_input_tokens", self.max_input_tokens, minimum=1)
@@ -172,24 +185,6 @@ def _is_recall_group(records: Sequence[MessageRecord], group: Group, recall_ids:
     return False
 
 
-@dataclass(frozen=True, slots=True)
-class RecallStatus:
-    """What the recall middleware needs to know about a prompt.
-
-    Attributes:
-        included_tokens: Tokens of the messages that are sent (not excluded).
-        records: Active records.
-        pending_groups: Tool groups (other than recall groups) after the newest record,
-            or in the whole conversation without one; excluded groups do not count.
-        grouping: The grouping, a memo for the next call (never changes an answer).
-    """
-
-    included_tokens: int
-    records: int
-    pending_groups: int
-    grouping: Grouping | None = field(default=None, compare=False, repr=False)
-
-
 def recall_status(history: Sequence[MessageRecord], grouping: Grouping | None = None) -> RecallStatus:
     """Size, records and new tool material of ``history`` (for the recall middleware)."""
     records = [r for r in history if not r.injected and not r.note]
@@ -206,7 +201,7 @@ def recall_status(history: Sequence[MessageRecord], grouping: Grouping | None = 
         and not _is_recall_group(records, g, recall_ids)
     )
     return RecallStatus(
-        included_tokens=sum(r.tokens for r in history if not r.excluded),
+        included_tokens=sent_tokens(history),
         records=len(found),
         pending_groups=pending,
         grouping=grouping,
@@ -248,7 +243,10 @@ class RecordReport:
         unreachable: Held groups whose cheapest sufficient value text exceeds
             ``record_target_tokens`` (a diagnostic estimate).
         held_unrecorded: Groups held so the fallback behind a record leaves them whole.
-        fallback: The fallback the shell must run.
+        fallback: The fallback the pass called for (run within it when configured).
+        fallback_report: What the in-pass anchored fallback did, when it ran.
+        overflow: Behind a record, the prompt is still over the budget after the in-pass
+            fallback: the head, the records and the held groups do not fit.
     """
 
     tokens_before: int
@@ -265,11 +263,28 @@ class RecordReport:
     unreachable: int = 0
     held_unrecorded: int = 0
     fallback: Fallback = Fallback.NONE
+    fallback_report: anchored.Report | None = None
+    overflow: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class RecordDone:
-    """The pass's answer: the new history, decisions and report (plus a grouping memo)."""
+class RecordState:
+    """The one state value of a conversation the record strategy serves.
+
+    Attributes:
+        decisions: What history cannot show: settled groups and the outstanding ask.
+        fallback: The in-pass anchored fallback's decisions.
+        recall: The recall protocol's state, shared with the recall middleware.
+    """
+
+    decisions: RecordDecisions = field(default_factory=RecordDecisions)
+    fallback: AnchoredSnapshot = field(default_factory=AnchoredSnapshot)
+    recall: RecallState = field(default_factory=RecallState)
+
+
+@dataclass(frozen=True, slots=True)
+class _Passed:
+    """The record rules' answer before any fallback."""
 
     history: History
     decisions: RecordDecisions
@@ -286,23 +301,65 @@ class _Candidate:
 
 
 def step(
+    config: RecordConfig, state: RecordState, history: History, measure: Measure, *, memo: object = None
+) -> StepResult[RecordState, RecordReport]:
+    """One record pass over ``history``, with the anchored fallback when it is called for.
+
+    The record rules run first (see the module docstring). When they call for the
+    fallback and it is configured (:attr:`RecordConfig.fallback`), it runs on their
+    answer with every held message protected, so it can shed only what no rule holds.
+    ``memo`` is the previous pass's ``Done.memo``; it never changes the answer.
+    """
+    record_memo, fallback_memo = cast("tuple[object, object]", memo) if isinstance(memo, tuple) else (None, None)
+    passed = _records(config, history, state.decisions, measure, grouping=_grouping(record_memo))
+    report, output, fallback_state = passed.report, passed.history, state.fallback
+    if report.fallback is not Fallback.NONE and config.fallback is not None:
+        view = pvector(r if r.held is None else replace(r, held=None, preserved=True) for r in output)
+        ran = anchored.run(config.fallback, state.fallback, view, measure, memo=fallback_memo)
+        holds = {r.origin: r.held for r in output if r.held is not None}
+        output = pvector(
+            replace(r, held=holds[r.origin], preserved=False) if r.origin in holds else r for r in ran.history
+        )
+        fallback_state, fallback_memo = ran.state, ran.memo
+        tokens = sent_tokens(output)
+        report = replace(
+            report,
+            fallback_report=ran.report,
+            overflow=report.fallback is Fallback.BEHIND_RECORD and tokens > config.max_input_tokens,
+        )
+    new_state = RecordState(decisions=passed.decisions, fallback=fallback_state, recall=state.recall)
+    return Success(Done(history=output, state=new_state, report=report, memo=(passed.grouping, fallback_memo)))
+
+
+def absorb(state: RecordState, answers: Sequence[tuple[Request, str | None]]) -> RecordState:
+    """The record strategy asks for no effect within a pass (records arrive through the
+    recall protocol), so there is nothing to absorb."""
+    del answers
+    return state
+
+
+def _grouping(memo: object) -> Grouping | None:
+    return memo if isinstance(memo, Grouping) else None
+
+
+def _records(
     config: RecordConfig,
     history: History,
     decisions: RecordDecisions,
     measure: Measure,
     *,
     grouping: Grouping | None = None,
-) -> RecordDone:
-    """One record pass over ``history`` (see the module docstring for the rules).
+) -> _Passed:
+    """The record rules alone (see the module docstring).
 
-    Injected context and notes are not conversation: they are neither grouped nor
-    counted against the fallback fraction, so the in-call copies and the stored history
-    decide alike. ``grouping`` is the previous pass's memo; it never changes the answer.
+    Notes are not conversation: they are neither grouped nor judged. Injected context is
+    neither grouped nor judged either, but it counts toward every size rule, because
+    the next request carries it.
     """
     conversation = [i for i, r in enumerate(history) if not r.injected and not r.note]
     records = [history[i] for i in conversation]
     released = [r if r.held is None else replace(r, held=None) for r in records]
-    tokens_before = _prompt_tokens(history)
+    tokens_before = sent_tokens(history)
     triggered = tokens_before > config.trigger_tokens
     recall_ids = recall_call_ids(records)
     found = [k for k, r in enumerate(records) if is_record(r, recall_ids)]
@@ -333,9 +390,8 @@ def step(
     tokens_after = tokens_before + _change(records, output)
     held_unrecorded = 0
     fallback = Fallback.NONE
-    # Over the budget counts what is sent, injected context included (invariant 6);
-    # holds are recomputed on every pass, so the two lists still agree on what stays.
-    if tokens_after + _injected_tokens(history) > config.max_input_tokens:
+    # Holds are recomputed on every pass, so the two lists still agree on what stays.
+    if tokens_after > config.max_input_tokens:
         fallback = Fallback.BEHIND_RECORD
         held_unrecorded = _hold_unrecorded(output, grouping, recall_ids)
     report = RecordReport(
@@ -357,20 +413,6 @@ def step(
     return _done(history, conversation, output, decisions=new_decisions, report=report, grouping=grouping)
 
 
-def _injected_tokens(history: Iterable[MessageRecord]) -> int:
-    return sum(r.tokens for r in history if r.injected and not r.excluded)
-
-
-def sent_tokens(history: Iterable[MessageRecord]) -> int:
-    """Tokens of everything the model is sent: included messages, injected context too."""
-    return sum(r.tokens for r in history if not r.excluded)
-
-
-def _prompt_tokens(history: Iterable[MessageRecord]) -> int:
-    """Tokens of the conversation as sent: included messages, notes too, injected context not."""
-    return sum(r.tokens for r in history if not r.excluded and not r.injected)
-
-
 def _exclude(output: list[MessageRecord], candidates: Sequence[_Candidate]) -> list[int]:
     """Exclude every member of ``candidates`` in ``output``; origins of the newly excluded."""
     origins: list[int] = []
@@ -378,7 +420,7 @@ def _exclude(output: list[MessageRecord], candidates: Sequence[_Candidate]) -> l
         for index in candidate.group.members:
             record = output[index]
             if not record.excluded:
-                output[index] = replace(record, excluded=True)
+                output[index] = replace(record, excluded=True, reason=EXCLUDE_REASON)
                 if record.origin is not None:
                     origins.append(record.origin)
     return origins
@@ -401,11 +443,11 @@ def _done(
     decisions: RecordDecisions,
     report: RecordReport,
     grouping: Grouping | None,
-) -> RecordDone:
+) -> _Passed:
     output = list(history)
     for index, record in zip(conversation, records, strict=True):
         output[index] = record
-    return RecordDone(history=pvector(output), decisions=decisions, report=report, grouping=grouping)
+    return _Passed(history=pvector(output), decisions=decisions, report=report, grouping=grouping)
 
 
 def _candidates(
@@ -576,6 +618,32 @@ def take_reforce(decisions: RecordDecisions) -> tuple[bool, RecordDecisions]:
 def reforce_due(decisions: RecordDecisions) -> bool:
     """An ask is outstanding and not yet taken (a preview; nothing is consumed)."""
     return decisions.ask is not None and not decisions.ask.taken
+
+
+def on_recall(rule: recall.PinRule, state: RecordState, event: recall.Event) -> tuple[RecordState, recall.Action]:
+    """The recall protocol's transition on the shared state (see :mod:`.recall`).
+
+    An outstanding, untaken ask for uncovered groups comes first: the history seen on the
+    way out of a call takes it for the next request, so one ask pins one request.
+    """
+    if isinstance(event, recall.HistorySeen) and not state.recall.pin_disabled and reforce_due(state.decisions):
+        event = replace(event, reforce=True)
+    recall_state, action = recall.advance(rule, state.recall, event)
+    decisions = state.decisions
+    if isinstance(action, recall.TakeAsk):
+        _, decisions = take_reforce(decisions)
+    return RecordState(decisions=decisions, fallback=state.fallback, recall=recall_state), action
+
+
+def record_due(state: RecordState) -> bool:
+    """Is a record outstanding or about to be asked for? (A composition waits on it.)
+
+    True while an ask for uncovered groups is outstanding, or when the recall protocol
+    has decided to pin the next request.
+    """
+    if state.decisions.ask is not None:
+        return True
+    return state.recall.next_pin is not None and not state.recall.pin_disabled
 
 
 def _hold_records(output: list[MessageRecord], grouping: Grouping, found: frozenset[int]) -> None:

@@ -43,11 +43,13 @@ from enum import Enum
 from typing import Final, Literal, TypeAlias
 
 from pyrsistent import pvector
+from returns.result import Success
 
 from .checks import is_number, require_int
 from .counting import MESSAGE_OVERHEAD_TOKENS
 from .effects import Answer, DescribeMedia, Request, Summarize, identity
 from .model import MEDIA_KINDS, History, MessageRecord, Part
+from .protocol import Done, Needs, StepResult, sent_tokens
 from .user_snapshot import UserSummarySnapshot
 
 Measure = Callable[[str], int]
@@ -84,6 +86,10 @@ DEFAULT_KEEP_TAIL_USER_TURNS: Final = 1
 DEFAULT_TRIGGER_FRACTION: Final = 0.8
 DEFAULT_MIN_BAND_SHARE: Final = 0.1
 DEFAULT_REMEMBERED_REQUESTS: Final = 1
+
+#: Why a summarised user turn is excluded, and why a folded summary is.
+EXCLUDE_REASON: Final = "user_turn_summarized"
+FOLD_EXCLUDE_REASON: Final = "user_summaries_folded"
 
 _TEXT_KINDS: Final = frozenset({"text"})
 _ID_SUFFIX: Final = re.compile(r"(\d+)$")
@@ -197,19 +203,8 @@ class UserReport:
     summary_tokens: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Needs:
-    """The pass cannot finish before these requests are answered (see :func:`absorb`)."""
-
-    requests: tuple[Request, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class UserDone:
-    """The pass's answer: the new history and a report (the snapshot is unchanged by a pass)."""
-
-    history: History
-    report: UserReport
+UserDone = Done[UserSummarySnapshot, UserReport]
+UserNeeds = Needs[UserSummarySnapshot]
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +227,7 @@ class _Pass:
     measure: Measure
     conversation: tuple[int, ...]  # history indices of the conversation (injected context and notes aside)
     records: tuple[MessageRecord, ...]  # the conversation's records
-    tokens: int  # what is sent: notes count, injected context does not
+    tokens: int  # what is sent (protocol.sent_tokens)
     standing: tuple[int, ...]  # conversation indices of our included summaries
     user_turns: int  # the user's own turns, excluded ones too: grows with the conversation
 
@@ -257,13 +252,24 @@ class _Pass:
             standing=len(self.standing),
             summary_tokens=sum(self.records[k].tokens for k in self.standing),
         )
-        return UserDone(history=self.history, report=report)
+        return Done(history=self.history, state=self.kept(), report=report)
+
+    def kept(self) -> UserSummarySnapshot:
+        """The snapshot with only the ``remembered_requests`` newest summary answers."""
+        return trimmed(self.snapshot, self.config.remembered_requests)
 
 
 def step(
-    config: UserSummaryConfig, history: History, snapshot: UserSummarySnapshot, measure: Measure
-) -> Needs | UserDone:
-    """One pass over ``history`` (see the module docstring for the rules)."""
+    config: UserSummaryConfig, state: UserSummarySnapshot, history: History, measure: Measure, *, memo: object = None
+) -> StepResult[UserSummarySnapshot, UserReport]:
+    """One pass over ``history`` (see the module docstring for the rules); ``memo`` is unused."""
+    del memo
+    return Success(_step(config, state, history, measure))
+
+
+def _step(
+    config: UserSummaryConfig, snapshot: UserSummarySnapshot, history: History, measure: Measure
+) -> UserNeeds | UserDone:
     conversation = tuple(i for i, r in enumerate(history) if not r.injected and not r.note)
     records = tuple(history[i] for i in conversation)
     p = _Pass(
@@ -273,7 +279,7 @@ def step(
         measure=measure,
         conversation=conversation,
         records=records,
-        tokens=sum(r.tokens for r in history if not r.excluded and not r.injected),
+        tokens=sent_tokens(history),
         standing=tuple(k for k, r in enumerate(records) if r.summary and not r.excluded and r.role == "user"),
         user_turns=sum(1 for r in records if r.role == "user" and not r.summary),
     )
@@ -306,7 +312,7 @@ def step(
     pending = _reachable_descriptions(config, items, waiting, measure)
     if pending:
         # Descriptions first: the transcript (and so the request) depends on them.
-        return Needs(pending)
+        return Needs(pending, snapshot)
     selected = _select(config.prompt, items, config.summary_input_limit, measure)
     # A request must hold a user turn: our own summaries alone under the user-turn prompt
     # would be a fold in disguise, refused for not being smaller on every later pass.
@@ -486,13 +492,13 @@ def _ask(
     *,
     band_tokens: int,
     protected: int,
-) -> Needs | UserDone:
+) -> UserNeeds | UserDone:
     """The request for ``selected``: asked for, or answered from the snapshot and applied."""
     prompt = p.config.fold_prompt if kind == "fold" else p.config.prompt
     request = replace(_request(kind, prompt, selected, summary_id), turns=p.user_turns)
     answer = _standing_answer(p.snapshot, request)
     if answer is None:
-        return Needs((request,))
+        return Needs((request,), p.snapshot)
     summary_id = answer.summary_id or request.summary_id
 
     def done(outcome: Outcome) -> UserDone:
@@ -516,12 +522,15 @@ def _ask(
         return done(Outcome.REFUSED)
     output = list(p.history)
     origins: list[int] = []
+    reason = FOLD_EXCLUDE_REASON if kind == "fold" else EXCLUDE_REASON
     for item in selected:
         position = p.conversation[item.index]
         original = output[position]
-        output[position] = replace(original, excluded=True)
+        output[position] = replace(original, excluded=True, reason=reason, replaced_by=summary_id)
         if original.origin is not None:
             origins.append(original.origin)
+    replaces = tuple(output[p.conversation[i.index]].message_id or "" for i in selected)
+    summary = replace(summary, replaces=tuple(i for i in replaces if i))
     output.insert(p.conversation[selected[0].index], summary)
     standing = [r for r in output if r.summary and not r.excluded and not r.injected]
     report = replace(
@@ -531,10 +540,10 @@ def _ask(
         standing=len(standing),
         summary_tokens=sum(r.tokens for r in standing),
     )
-    return UserDone(history=pvector(output), report=report)
+    return Done(history=pvector(output), state=p.kept(), report=report)
 
 
-def _fold(p: _Pass) -> Needs | UserDone:
+def _fold(p: _Pass) -> UserNeeds | UserDone:
     """Fold the oldest standing summaries that fit, if the saving pays for the break it causes."""
     config, records = p.config, p.records
     items = [_Item(k, _summary_body(records[k]), records[k].tokens) for k in p.standing]
@@ -551,14 +560,19 @@ def _fold(p: _Pass) -> Needs | UserDone:
     return _ask(p, "fold", selected, fold_id, band_tokens=sum(sizes), protected=0)
 
 
-def absorb(
-    config: UserSummaryConfig, snapshot: UserSummarySnapshot, answers: Sequence[tuple[Request, str | None]]
-) -> UserSummarySnapshot:
+def trimmed(snapshot: UserSummarySnapshot, keep: int) -> UserSummarySnapshot:
+    """``snapshot`` with only its ``keep`` newest summary answers (descriptions are kept)."""
+    if len(snapshot.answers) <= keep:
+        return snapshot
+    return replace(snapshot, answers=snapshot.answers[-keep:])
+
+
+def absorb(snapshot: UserSummarySnapshot, answers: Sequence[tuple[Request, str | None]]) -> UserSummarySnapshot:
     """The snapshot with the answers to ``answers``' requests recorded.
 
     ``None`` (or blank text) records a failure, so the other list replays it instead of
-    calling again. Summary answers beyond ``remembered_requests`` are forgotten, oldest
-    first; descriptions are kept.
+    calling again. The pass that asked trims summary answers beyond
+    ``remembered_requests`` when it is done, oldest first; descriptions are kept.
     """
     kept = list(snapshot.answers)
     descriptions = list(snapshot.descriptions)
@@ -586,7 +600,7 @@ def absorb(
             descriptions = [d for d in descriptions if d.identity != request.identity]
             descriptions.append(Answer(request.identity, clean, turns=None if clean is not None else request.turns))
     return UserSummarySnapshot(
-        answers=tuple(kept[-config.remembered_requests :]),
+        answers=tuple(kept),
         descriptions=tuple(descriptions),
         compactions=compactions,
         folds=folds,

@@ -1,0 +1,82 @@
+"""The core's answer applied back onto the framework's list, in place, once per pass.
+
+Every strategy's answer is a history of records carrying the ``origin`` of the message
+each stands for; records the core created (our notes, user-turn summaries) have none.
+Applying it writes exclusions (with the reason the core gave), rewritten results, holds
+and summary links onto the messages, inserts the created messages, and reorders the
+list to match. Nothing here decides anything.
+"""
+
+from __future__ import annotations
+
+from agent_framework import Message
+from agent_framework._compaction import EXCLUDE_REASON_KEY, EXCLUDED_KEY
+
+from ..core.model import History, MessageRecord
+from .convert import NOTE_KEY, SUMMARIZED_BY_KEY, SUMMARY_KEY, SUMMARY_OF_KEY, _rewrite_results, _set_hold
+
+#: The exclusion reason written when the core gave none.
+DEFAULT_EXCLUDE_REASON = "maf_compaction"
+
+
+def apply(messages: list[Message], before: History, after: History, *, note_kind: str) -> None:
+    """Make ``messages`` match ``after`` (which the core derived from ``before``), in place."""
+    notes: dict[str | None, Message] | None = None  # existing notes by id, looked up only for new ones
+    updated: list[Message] = []
+    for record in after:
+        if record.origin is None:
+            if record.summary:
+                updated.append(_summary_message(record))
+                continue
+            if notes is None:
+                notes = {
+                    messages[r.origin].message_id: messages[r.origin] for r in before if r.note and r.origin is not None
+                }
+            updated.append(_note_message(record, notes, note_kind))
+            continue
+        message = messages[record.origin]
+        source = before[record.origin]
+        if record.excluded and not source.excluded:
+            props = message.additional_properties
+            props[EXCLUDED_KEY] = True
+            props[EXCLUDE_REASON_KEY] = record.reason or DEFAULT_EXCLUDE_REASON
+            if record.replaced_by is not None:
+                props[SUMMARIZED_BY_KEY] = record.replaced_by
+        if record.parts is not source.parts:
+            _rewrite_results(message, source.parts, record.parts)
+        if record.held != source.held:
+            _set_hold(message, record.held)
+        updated.append(message)
+    messages[:] = updated
+
+
+def _note_message(record: MessageRecord, existing: dict[str | None, Message], note_kind: str) -> Message:
+    text = record.parts[0].text
+    found = existing.get(record.message_id)
+    if found is not None and found.text == text:
+        found.additional_properties[EXCLUDED_KEY] = False
+        return found
+    return Message(
+        "assistant",
+        [text],
+        message_id=record.message_id,
+        additional_properties={NOTE_KEY: note_kind, EXCLUDED_KEY: False},
+    )
+
+
+def _summary_message(record: MessageRecord) -> Message:
+    """A user-turn summary as a user message, linked both ways to the messages it replaces.
+
+    The links are our own keys, not the framework's ``_summary_of_message_ids`` in the
+    group annotation: the framework reconciles summaries that carry those with the
+    caller's messages after every model call, and under the harness (history loaded per
+    call) it rejects every one of ours with a WARNING and strips exclusions it cannot
+    root. Ours are not in-run summaries to reconcile; they are decisions the stored
+    history keeps.
+    """
+    return Message(
+        "user",
+        [record.parts[0].text],
+        message_id=record.message_id,
+        additional_properties={SUMMARY_KEY: record.message_id, SUMMARY_OF_KEY: list(record.replaces)},
+    )

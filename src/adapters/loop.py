@@ -1,0 +1,253 @@
+"""The one shell loop every strategy runs: convert once, step, perform, absorb, apply once, log.
+
+A strategy adapter supplies its config, its core (a module with ``step`` and ``absorb``,
+see :mod:`maf_compaction.core.protocol`), the effects it can perform and its public
+counters. Everything else is here, the same for every strategy:
+
+- The conversation's one state value lives in a :class:`StateCell` that the strategy
+  owns and its recall middleware shares (direct wiring: one conversation per instance).
+- The instance binds to the first conversation it sees and refuses another one loudly;
+  concurrent passes on one instance are serialized, never interleaved.
+- Every message a pass newly excludes is named once per distinct set: a WARNING for
+  removals, INFO where a marker the model sees links to what it replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar, Generic, TypeVar
+
+from agent_framework import Message
+from returns.result import Failure
+
+from ..core.effects import Request
+from ..core.model import History
+from ..core.protocol import CoreStrategy, Done, Needs
+from .apply import apply
+from .base import ConfigT, ConfiguredStrategy
+from .convert import NOTE_KEY, RecordCache, is_summary
+from .counting import MediaTokenEstimator, Tokenizer, as_estimator
+
+logger = logging.getLogger("maf_compaction")
+
+#: The note kind of every strategy's notes (they are ours, not conversation history).
+NOTE_KIND = "anchored"
+#: The most effect rounds one pass may take: descriptions, then a summary.
+_MAX_ROUNDS = 4
+#: Distinct excluded sets remembered for "named once" (both lists of one turn repeat one).
+_WARNED_SETS = 256
+
+S = TypeVar("S")
+R = TypeVar("R")
+
+
+class StateCell(Generic[S]):
+    """The one state value of the conversation an instance serves, and who serves it.
+
+    A strategy owns its cell; the recall middleware wired to it shares the same cell,
+    so they read and write one value and never call into each other. ``value`` is an
+    immutable core value; only the shell replaces it.
+    """
+
+    def __init__(self, value: S) -> None:
+        self.value = value
+        self.conversation: str | None = None
+        self._lock: asyncio.Lock | None = None
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Serializes passes on this conversation (created on first use, in the running loop)."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    def bind(self, messages: Sequence[Message], owner: str) -> None:
+        """Bind to the conversation ``messages`` belong to; refuse another one.
+
+        A conversation is known by its first message of history: its id, or a digest of
+        its role and text when it has none, so a copy of the same conversation (loaded
+        copies, stored history, a deep copy, a restore) is the same conversation.
+        """
+        key = conversation_key(messages)
+        if key is None:
+            return
+        if self.conversation is None:
+            self.conversation = key
+            return
+        if key != self.conversation and not any(message_key(m) == self.conversation for m in messages):
+            raise RuntimeError(
+                f"{owner} serves one conversation ({self.conversation[:24]}...) but was called with another "
+                f"({key[:24]}...): build one strategy (and middleware, gate) per conversation, or serve many "
+                "through the session registry."
+            )
+
+
+def message_key(message: Message) -> str:
+    """A message's identity for conversation binding: its id, or a digest of role and text."""
+    if message.message_id:
+        return f"id:{message.message_id}"
+    digest = hashlib.sha256(f"{message.role}\x00{message.text}".encode()).hexdigest()
+    return f"sha256:{digest}"
+
+
+def conversation_key(messages: Iterable[Message]) -> str | None:
+    """The key of the first message of history (context providers' and our own messages aside)."""
+    for message in messages:
+        props = message.additional_properties
+        if NOTE_KEY in props or "_attribution" in props or is_summary(message):
+            continue
+        return message_key(message)
+    return None
+
+
+def describe(before: History, messages: Sequence[Message], origin: int) -> str:
+    """Name a message in a log line: its id, or a description that stays true when notes move it."""
+    message = messages[origin]
+    if message.message_id:
+        return message.message_id
+    ordinal = sum(1 for r in before[:origin] if not r.note and not r.injected and not r.summary)
+    calls = [c.call_id for c in message.contents if c.call_id]
+    suffix = f", call {', '.join(calls)}" if calls else ""
+    return f"<{message.role} message {ordinal + 1} of the conversation{suffix}>"
+
+
+class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
+    """The framework's ``CompactionStrategy`` over one core strategy (the generic shell).
+
+    Subclasses set ``core`` and call :meth:`_setup`; they may override :meth:`_perform`
+    (effects), :meth:`_observe` (counters and strategy-specific logs) and :meth:`_after`
+    (work the framework list needs after applying, such as a host's own fallback).
+    """
+
+    core: ClassVar[Any]
+    #: Linked from a marker the model sees: exclusions with these reasons log at INFO.
+    linked_reasons: ClassVar[frozenset[str]] = frozenset()
+
+    def _setup(self, config: ConfigT, tokenizer: Tokenizer, state: S, *, holds: frozenset[str] = frozenset()) -> None:
+        if not callable(getattr(tokenizer, "count_tokens", None)):
+            raise ValueError(f"tokenizer must have a count_tokens(text) -> int method, got {tokenizer!r}")
+        self._config = config
+        self._tokenizer = tokenizer
+        self._estimator: MediaTokenEstimator = as_estimator(tokenizer)
+        self._counter = self._estimator.parts
+        self._records = RecordCache(self._counter, holds=holds)
+        self._cell: StateCell[S] = StateCell(state)
+        self._memo: object = None  # the last pass's memo: saves work, never decides
+        self._named: OrderedDict[tuple[str, frozenset[str]], None] = OrderedDict()
+
+    # -- the pass -----------------------------------------------------------------------------
+
+    async def __call__(self, messages: list[Message]) -> bool:
+        """Compact ``messages`` in place; True if anything changed."""
+        if not messages:
+            return False
+        self._cell.bind(messages, type(self).__name__)
+        async with self._cell.lock:
+            before = self._records.history(messages, note_kind=NOTE_KIND)
+            fresh: set[str] = set()
+            done = self._step(before)
+            rounds = 0
+            while isinstance(done, Needs):
+                rounds += 1
+                asked = {r.identity for r in done.requests}
+                if rounds > _MAX_ROUNDS or asked <= fresh:
+                    raise RuntimeError(f"maf_compaction: {type(self).__name__} asked for an answer it already has")
+                answers = [(request, await self._perform(request, messages)) for request in done.requests]
+                fresh |= asked
+                done = self._step(before, self.core.absorb(done.state, answers))
+            changed = self._finish(messages, before, done, fresh)
+            return await self._after(messages, done, changed)
+
+    def _run_sync(self, messages: list[Message], **options: object) -> bool:
+        """One pass of a strategy that needs no effects (no awaits, so nothing interleaves)."""
+        if not messages:
+            return False
+        self._cell.bind(messages, type(self).__name__)
+        before = self._records.history(messages, note_kind=NOTE_KIND)
+        done = self._step(before, options=options)
+        if isinstance(done, Needs):
+            raise RuntimeError(f"{type(self).__name__} needs effects; await it instead")
+        return self._finish(messages, before, done, set())
+
+    def _step(
+        self, before: History, state: S | None = None, *, options: Mapping[str, object] | None = None
+    ) -> Needs[S] | Done[S, R]:
+        core: CoreStrategy[ConfigT, S, R] = self.core
+        current = self._cell.value if state is None else state
+        result = core.step(self._config, current, before, self._counter.measure, memo=self._memo, **(options or {}))
+        if isinstance(result, Failure):
+            raise result.failure()
+        return result.unwrap()
+
+    def _finish(self, messages: list[Message], before: History, done: Done[S, R], fresh: set[str]) -> bool:
+        self._cell.value = done.state
+        self._memo = done.memo
+        changed = _differs(before, done.history)
+        self._observe(done.report, before, messages, fresh)
+        if changed:
+            self._name_exclusions(before, done.history, messages)  # named as the list was handed in
+            apply(messages, before, done.history, note_kind=NOTE_KIND)
+        return changed
+
+    # -- what subclasses supply -------------------------------------------------------------
+
+    async def _perform(self, request: Request, messages: Sequence[Message]) -> str | None:
+        """Perform one effect request; ``None`` records a failure."""
+        raise NotImplementedError(f"{type(self).__name__} performs no {type(request).__name__}")
+
+    def _observe(self, report: R, before: History, messages: Sequence[Message], fresh: set[str]) -> None:
+        """Update counters and log what the report says (exclusions are named by the loop)."""
+
+    async def _after(self, messages: list[Message], done: Done[S, R], changed: bool) -> bool:
+        """Work on the applied list after the pass; returns whether anything changed."""
+        del messages, done
+        return changed
+
+    # -- naming what left the prompt ---------------------------------------------------------------
+
+    def _name_exclusions(self, before: History, after: History, messages: Sequence[Message]) -> None:
+        by_reason: dict[str, list[int]] = {}
+        for record in after:
+            origin = record.origin
+            if origin is None or not record.excluded or before[origin].excluded:
+                continue
+            by_reason.setdefault(record.reason or "", []).append(origin)
+        for reason, origins in by_reason.items():
+            names = [describe(before, messages, origin) for origin in origins]
+            key = (reason, frozenset(names))
+            if key in self._named:
+                continue
+            self._named[key] = None
+            if len(self._named) > _WARNED_SETS:
+                self._named.popitem(last=False)
+            level = logging.INFO if reason in self.linked_reasons else logging.WARNING
+            logger.log(
+                level,
+                "%s excluded %d message(s) (%s); they stay in stored history, excluded: %s",
+                type(self).__name__,
+                len(names),
+                EXCLUSION_CAUSES.get(reason, reason or "no reason given"),
+                ", ".join(names),
+            )
+
+
+#: What each exclusion reason means, for the log line that names the messages.
+EXCLUSION_CAUSES: dict[str, str] = {
+    "anchored_compaction": "shed to fit the budget, or to keep earlier sheds whole, with a note in their place",
+    "tool_summary_anchored": "a record quotes their values",
+    "user_turn_summarized": "replaced by a user-turn summary that links to them",
+    "user_summaries_folded": "folded into a newer summary that links to them",
+}
+
+
+def _differs(before: History, after: History) -> bool:
+    if len(before) != len(after):
+        return True
+    return any(
+        a is not b and (a.note != b.note or a.excluded != b.excluded or a.held != b.held or a.parts != b.parts)
+        for a, b in zip(before, after, strict=True)
+    )

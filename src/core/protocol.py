@@ -1,0 +1,98 @@
+"""The one protocol every strategy's core speaks, in the shape of h11's sans-I/O core.
+
+A strategy's core is a pair of pure functions over one immutable *state* value per
+conversation:
+
+- ``step(config, state, history, measure) -> Result[Needs | Done, CompactionBudgetExceeded]``
+  reads the conversation and either answers (:class:`Done`: the new history, the new
+  state, a report) or asks for effects first (:class:`Needs`: summaries, media
+  descriptions), and
+- ``absorb(state, answers) -> state`` records what came back, keyed by each request's
+  identity, so the next ``step`` (on this list, the other list, a restored session or
+  another replica) finds the answer instead of asking again.
+
+The shell's loop is the same for every strategy: convert once, step, perform what is
+needed, absorb, step again, apply once, log (:mod:`maf_compaction.adapters.loop`).
+
+The only failure a step returns is :class:`~.errors.CompactionBudgetExceeded`: what must
+stay in the prompt does not fit. It is data, so a composition can choose its policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeAlias, TypeVar
+
+from returns.result import Result
+
+from .effects import Request
+from .errors import CompactionBudgetExceeded
+from .model import History, MessageRecord
+
+Measure: TypeAlias = Callable[[str], int]
+
+ConfigT_contra = TypeVar("ConfigT_contra", contravariant=True)
+StateT = TypeVar("StateT")
+ReportT = TypeVar("ReportT")
+
+
+@dataclass(frozen=True, slots=True)
+class Needs(Generic[StateT]):
+    """The pass cannot finish before these requests are answered.
+
+    Attributes:
+        requests: The effect requests, each with a stable identity.
+        state: The state to absorb the answers into (the step's input state, possibly
+            with bookkeeping the step already made).
+    """
+
+    requests: tuple[Request, ...]
+    state: StateT
+
+
+@dataclass(frozen=True, slots=True)
+class Done(Generic[StateT, ReportT]):
+    """The pass's answer.
+
+    Attributes:
+        history: The new history: exclusions, rewritten results, inserted notes, records
+            and summaries. Records keep their ``origin`` so the shell applies it in place.
+        state: The state after the pass: every decision made so far.
+        report: What the pass did, for the shell to log and count.
+        memo: Work the next step may reuse (a grouping); it never changes an answer, so
+            a shell may drop it at any time.
+    """
+
+    history: History
+    state: StateT
+    report: ReportT
+    memo: object = field(default=None, compare=False, repr=False)
+
+
+Answers: TypeAlias = Sequence[tuple[Request, str | None]]
+StepResult: TypeAlias = Result[Needs[StateT] | Done[StateT, ReportT], CompactionBudgetExceeded]
+
+
+class CoreStrategy(Protocol[ConfigT_contra, StateT, ReportT]):
+    """What a strategy's core module provides: one pure step and one pure absorb."""
+
+    def step(
+        self, config: ConfigT_contra, state: StateT, history: History, measure: Measure, *, memo: object = None
+    ) -> StepResult[StateT, ReportT]:  # pragma: no cover - a protocol
+        """One pass over ``history`` under ``state`` (``memo``: the last ``Done.memo``)."""
+        ...
+
+    def absorb(self, state: StateT, answers: Answers) -> StateT:  # pragma: no cover - a protocol
+        """``state`` with ``answers`` recorded."""
+        ...
+
+
+def sent_tokens(history: Iterable[MessageRecord]) -> int:
+    """The one definition of the prompt's size: everything the next request carries.
+
+    Included messages, our notes, records and summaries, and the context other
+    providers injected for this call. Every rule that compares against the budget (or a
+    share of it) counts this; nothing else.
+    """
+    return sum(record.tokens for record in history if not record.excluded)
