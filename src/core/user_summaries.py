@@ -567,13 +567,14 @@ def trimmed(snapshot: UserSummarySnapshot, keep: int) -> UserSummarySnapshot:
     return replace(snapshot, answers=snapshot.answers[-keep:])
 
 
-def absorb(snapshot: UserSummarySnapshot, answers: Sequence[tuple[Request, str | None]]) -> UserSummarySnapshot:
+def absorb(state: UserSummarySnapshot, answers: Sequence[tuple[Request, str | None]]) -> UserSummarySnapshot:
     """The snapshot with the answers to ``answers``' requests recorded.
 
     ``None`` (or blank text) records a failure, so the other list replays it instead of
     calling again. The pass that asked trims summary answers beyond
     ``remembered_requests`` when it is done, oldest first; descriptions are kept.
     """
+    snapshot = state
     kept = list(snapshot.answers)
     descriptions = list(snapshot.descriptions)
     compactions, folds = snapshot.compactions, snapshot.folds
