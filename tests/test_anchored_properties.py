@@ -437,6 +437,26 @@ def test_stored_history_compacted_in_place_agrees(chunks: Chunks, p: Params) -> 
         assert projection(again) == projection(stored)
 
 
+@given(conversation_chunks(min_chunks=2, max_chunks=5, min_turns=2, max_turns=10), params(), st.booleans())
+def test_same_state_any_copy_same_bytes(chunks: Chunks, p: Params, restored: bool) -> None:
+    """The same state on any copy of the same conversation gives the same bytes, excluded messages included."""
+    strategy = p.build()
+    stored: list[Message] = []
+    originals: list[Message] = []
+    for chunk in chunks:
+        stored.extend(deep_copy_messages(chunk))
+        originals.extend(chunk)
+        note(describe(stored))
+        run(strategy, stored)
+        replica = strategy
+        if restored:  # another replica, from the snapshot alone
+            replica = p.build()
+            replica.restore_decisions(strategy.decision_state().to_dict())
+        copies = deep_copy_messages(originals)
+        run(replica, copies)
+        assert [m.to_dict() for m in copies] == [m.to_dict() for m in stored]
+
+
 # ----------------------------------------------------------------------------- 6. budget
 
 

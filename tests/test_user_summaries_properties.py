@@ -267,6 +267,26 @@ def test_both_lists_and_a_restored_instance_show_the_same_bytes(chunks: Chunks, 
         assert shown(copies) == shown(done.stored)
 
 
+@given(requirement_chunks(), params(), st.booleans())
+def test_same_state_any_copy_same_bytes(chunks: Chunks, p: Params, restored: bool) -> None:
+    """The same state on any copy of the same conversation gives the same bytes (excluded messages too,
+    not only what the model is shown) with no second summarizer or describe_media call."""
+    client = ScriptedSummarizer()
+    budget = p.budget(chunks)
+    strategy = p.make(client, budget)
+    for done in _play(chunks, client, strategy):
+        note(describe(done.stored))
+        calls, hooks = client.calls, len(p.hook_keys)
+        replica = strategy
+        if restored:
+            replica = p.make(client, budget)
+            replica.restore_decisions(json.loads(json.dumps(strategy.decision_state().to_dict())))
+        copies = deep_copy_messages(done.before)
+        _run(replica, copies)
+        assert (client.calls, len(p.hook_keys)) == (calls, hooks)
+        assert [m.to_dict() for m in copies] == [m.to_dict() for m in done.stored]
+
+
 @given(requirement_chunks(), params(small_bound=True))
 def test_every_request_fits_max_summary_input_tokens(chunks: Chunks, p: Params) -> None:
     client = ScriptedSummarizer()
@@ -286,7 +306,8 @@ def test_the_core_is_pure(chunks: Chunks, p: Params, data: st.DataObject) -> Non
     history = to_history(messages, ESTIMATOR.parts, note_kind="anchored")
     snapshot = UserSummarySnapshot()
     measure = ESTIMATOR.parts.measure
-    for _ in range(4):
+    asked: set[str] = set()
+    for _ in range(64):  # each round must ask something new: media reachable in turn, then one summary
         kept_history, kept_snapshot = copy.deepcopy(history), copy.deepcopy(snapshot)
         first = step(config, snapshot, history, measure).unwrap()
         second = step(config, snapshot, history, measure).unwrap()
@@ -296,6 +317,9 @@ def test_the_core_is_pure(chunks: Chunks, p: Params, data: st.DataObject) -> Non
             return
         assert isinstance(first, Needs)
         assert first.requests
+        identities = {r.identity for r in first.requests}
+        assert not identities <= asked, "the core asked again for an answer it was given"
+        asked |= identities
         answers: list[tuple[Summarize | DescribeMedia, str | None]] = []
         for request in first.requests:
             fails = data.draw(st.integers(0, 4)) == 0

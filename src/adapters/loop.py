@@ -36,8 +36,6 @@ logger = logging.getLogger("maf_compaction")
 
 #: The note kind of every strategy's notes (they are ours, not conversation history).
 NOTE_KIND = "anchored"
-#: The most effect rounds one pass may take: descriptions, then a summary.
-_MAX_ROUNDS = 4
 #: Distinct excluded sets remembered for "named once" (both lists of one turn repeat one).
 _WARNED_SETS = 256
 
@@ -154,8 +152,14 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
             while isinstance(done, Needs):
                 rounds += 1
                 asked = {r.identity for r in done.requests}
-                if rounds > _MAX_ROUNDS or asked <= fresh:
-                    raise RuntimeError(f"maf_compaction: {type(self).__name__} asked for an answer it already has")
+                # Every round must ask something new (identities are finite: media parts, then
+                # one summary), so the loop ends; asking again for an answer it has is a bug.
+                if asked <= fresh:
+                    kinds = ", ".join(sorted({type(r).__name__ for r in done.requests}))
+                    raise RuntimeError(
+                        f"maf_compaction: {type(self).__name__} asked again for an answer it already has ({kinds}) "
+                        f"after {rounds - 1} round(s); this is a bug, please report it"
+                    )
                 answers = [(request, await self._perform(request, messages)) for request in done.requests]
                 fresh |= asked
                 done = self._step(before, self.core.absorb(done.state, answers))
