@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from agent_framework import CompactionStrategy, Message
 
 from ..core import records as core
+from ..core.checks import require_async_callable
 from ..core.grouping import Grouping
 from ..core.model import TOOL_CALL_KINDS, History
 from ..core.record_decisions import RecordDecisions
@@ -72,11 +73,11 @@ class ToolResultAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[Recor
             in (0, 1]; once a record exists it applies whatever the size.
         fallback_fraction: Without a record, the fallback runs from this share on; in
             (trigger_fraction, 1].
-        coverage_share: Share of a group's distinct values the records must quote, in [0, 1].
+        coverage_share: Share of a group's distinct values the records must quote, in (0, 1].
         record_target_tokens: Set it to the recall tool's ``target_tokens``. Larger groups
             may release quoted table rows; ``None`` disables that and the
             :attr:`groups_held_unreachable_coverage` estimate.
-        fallback: Any ``CompactionStrategy``; by default an
+        fallback: Any ``CompactionStrategy`` (an async callable); by default an
             :class:`AnchoredCompactionStrategy` with the same budget, tokenizer, head and tail.
 
     Attributes:
@@ -120,8 +121,8 @@ class ToolResultAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[Recor
             coverage_share=coverage_share,
             record_target_tokens=record_target_tokens,
         )
-        if fallback is not None and not callable(fallback):
-            raise ValueError(f"fallback must be a CompactionStrategy (an async callable), got {fallback!r}")
+        if fallback is not None:
+            require_async_callable("fallback", fallback, kind="a CompactionStrategy or None")
         self._tokenizer = tokenizer
         self._estimator: MediaTokenEstimator = as_estimator(tokenizer)
         self._counter = self._estimator.parts
