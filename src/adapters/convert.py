@@ -80,7 +80,7 @@ class RecordCache:
             if not isinstance(message, Message):
                 raise TypeError(f"messages[{index}] must be an agent_framework Message, got {describe(message)}")
             props = message.additional_properties
-            if not isinstance(props, dict):  # pyright: ignore[reportUnnecessaryIsInstance]
+            if not isinstance(props, dict):
                 raise TypeError(f"messages[{index}].additional_properties must be a dict, got {describe(props)}")
             contents = message.contents
             entry = previous[index] if index < known else None

@@ -152,7 +152,7 @@ def make_recall_tool(
         ValueError: ``gate`` is not a :class:`RecallGate` or ``None``, or ``target_tokens``
             is not a positive integer or ``None``.
     """
-    if gate is not None and not isinstance(gate, RecallGate):  # pyright: ignore[reportUnnecessaryIsInstance]
+    if gate is not None and not isinstance(gate, RecallGate):
         raise ValueError(f"gate must be a RecallGate or None, got {gate!r}")
     description = recall_description(target_tokens)
 
