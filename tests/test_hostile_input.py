@@ -42,8 +42,10 @@ from maf_compaction import (
     ToolResultAnchoredSummarizationCompactionStrategy,
     ToolResultRecallMiddleware,
     UserTurnAnchoredSummarizationCompactionStrategy,
+    find_nested_strategy,
     make_recall_tool,
     original_results,
+    record_text,
 )
 from maf_compaction.core.anchored import AnchoredConfig
 from maf_compaction.core.records import RecordConfig
@@ -290,6 +292,19 @@ def test_original_results_names_a_malformed_message() -> None:
     message = Message("tool", [Content.from_function_result("c", result="x")])
     message.additional_properties = None  # type: ignore[assignment]
     assert original_results(message) == {}
+
+
+def test_record_text_names_a_malformed_message() -> None:
+    with pytest.raises(TypeError, match="message must be an agent_framework Message, got None"):
+        record_text(None)  # type: ignore[arg-type]
+    assert record_text(Message("user", ["hi"])) == ""
+
+
+def test_find_nested_strategy_requires_a_class() -> None:
+    strategy = anchored(TOKENIZER)
+    with pytest.raises(ValueError, match="kind must be a class, got 'AnchoredCompactionStrategy'"):
+        find_nested_strategy(strategy, "AnchoredCompactionStrategy")  # type: ignore[arg-type]
+    assert find_nested_strategy(strategy, AnchoredCompactionStrategy) is strategy
 
 
 # --- tokenizer answers -----------------------------------------------------------------------

@@ -18,10 +18,11 @@ from typing import Final, TypeAlias, cast
 from agent_framework import Content, HistoryProvider, Message
 from agent_framework._compaction import EXCLUDE_REASON_KEY, EXCLUDED_KEY
 
+from ..core.checks import describe_value
 from ..core.counting import message_tokens, result_text
 from ..core.model import History, MessageRecord, Part, history
 from ..core.user_summaries import USER_SUMMARY_MARKER
-from .counting import PartCounter, describe
+from .counting import PartCounter
 
 PRESERVED_KEY = "_preserved"
 ATTRIBUTION_KEY = "_attribution"
@@ -78,10 +79,10 @@ class RecordCache:
         # contents are checked where they are converted (only when they changed).
         for index, message in enumerate(messages):
             if not isinstance(message, Message):
-                raise TypeError(f"messages[{index}] must be an agent_framework Message, got {describe(message)}")
+                raise TypeError(f"messages[{index}] must be an agent_framework Message, got {describe_value(message)}")
             props = message.additional_properties
             if not isinstance(props, dict):
-                raise TypeError(f"messages[{index}].additional_properties must be a dict, got {describe(props)}")
+                raise TypeError(f"messages[{index}].additional_properties must be a dict, got {describe_value(props)}")
             contents = message.contents
             entry = previous[index] if index < known else None
             if entry is None or entry.contents is not contents:
@@ -154,10 +155,10 @@ def _check_identity(message: Message, index: int) -> None:
     """The role and id a record copies are strings (the id may be absent)."""
     role: object = message.role
     if not isinstance(role, str) or not role:
-        raise TypeError(f"messages[{index}].role must be a non-empty string, got {describe(role)}")
+        raise TypeError(f"messages[{index}].role must be a non-empty string, got {describe_value(role)}")
     message_id: object = message.message_id
     if message_id is not None and not isinstance(message_id, str):
-        raise TypeError(f"messages[{index}].message_id must be a string or None, got {describe(message_id)}")
+        raise TypeError(f"messages[{index}].message_id must be a string or None, got {describe_value(message_id)}")
 
 
 def _with_originals(parts: tuple[Part, ...], originals: object) -> tuple[Part, ...]:
@@ -387,7 +388,7 @@ def original_results(message: Message) -> dict[str, JsonValue]:
         TypeError: ``message`` is not a ``Message``.
     """
     if not isinstance(message, Message):
-        raise TypeError(f"message must be an agent_framework Message, got {describe(message)}")
+        raise TypeError(f"message must be an agent_framework Message, got {describe_value(message)}")
     props: object = message.additional_properties
     stored = props.get(ORIGINALS_KEY) if isinstance(props, dict) else None
     if not isinstance(stored, dict):

@@ -17,7 +17,7 @@ from typing import Protocol, cast, runtime_checkable
 from agent_framework import Content, Message
 
 from ..core import counting as basis
-from ..core.checks import require_sync_callable, require_tokenizer
+from ..core.checks import describe_value, require_sync_callable, require_tokenizer
 from ..core.model import MEDIA_KINDS, TOOL_CALL_KINDS, Part
 
 DEFAULT_IMAGE_TOKENS = 1_024
@@ -132,7 +132,7 @@ class MediaTokenEstimator:
             TypeError: ``message`` is not a ``Message``, or its contents are malformed.
         """
         if not isinstance(message, Message):
-            raise TypeError(f"message must be an agent_framework Message, got {describe(message)}")
+            raise TypeError(f"message must be an agent_framework Message, got {describe_value(message)}")
         return basis.message_tokens(part.tokens for part in self._parts.parts(message))
 
 
@@ -153,16 +153,6 @@ def checked_count(tokenizer: object, value: object) -> int:
             f"tokenizer {tokenizer!r} returned {value!r} from count_tokens; it must return an integer >= 0"
         )
     return count
-
-
-def describe(value: object) -> str:
-    """A short description of a wrong value for an error message: ``None``, or its type and repr."""
-    if value is None:
-        return "None"
-    text = repr(value)
-    if len(text) > 80:
-        text = text[:77] + "..."
-    return f"{type(value).__name__} {text}"
 
 
 def as_estimator(tokenizer: Tokenizer) -> MediaTokenEstimator:
@@ -202,10 +192,10 @@ class PartCounter:
         """
         contents: object = message.contents
         if not isinstance(contents, list):
-            raise TypeError(f"{where}.contents must be a list of Content, got {describe(contents)}")
+            raise TypeError(f"{where}.contents must be a list of Content, got {describe_value(contents)}")
         for position, content in enumerate(cast("list[object]", contents)):
             if not isinstance(content, Content):
-                raise TypeError(f"{where}.contents[{position}] must be a Content, got {describe(content)}")
+                raise TypeError(f"{where}.contents[{position}] must be a Content, got {describe_value(content)}")
         return tuple(self.part(content) for content in message.contents)
 
     def part(self, content: Content) -> Part:

@@ -343,7 +343,12 @@ def record_text(message: Message, messages: Sequence[Message] | None = None) -> 
     ``messages`` to also require that each result answers a
     ``recall_earlier_tool_results`` call in it (the strategy's own test). An excluded
     message carries no record.
+
+    Raises:
+        TypeError: ``message`` is not a ``Message``.
     """
+    if not isinstance(message, Message):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise TypeError(f"message must be an agent_framework Message, got {message!r}")
     props = message.additional_properties
     if props.get(EXCLUDED_KEY):
         return ""

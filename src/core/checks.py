@@ -82,3 +82,13 @@ def require_tokenizer(name: str, value: object) -> None:
     count = getattr(value, "count_tokens", None)
     if not callable(count) or is_async_callable(count):
         raise ValueError(f"{name} must have a count_tokens(text) -> int method that is not async, got {value!r}")
+
+
+def describe_value(value: object) -> str:
+    """A wrong value, short, for an error message: ``None``, or its type and (cut) repr."""
+    if value is None:
+        return "None"
+    text = repr(value)
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return f"{type(value).__name__} {text}"
