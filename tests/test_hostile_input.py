@@ -31,6 +31,7 @@ from agent_framework import (
     ChatResponse,
     Content,
     Message,
+    SlidingWindowStrategy,
 )
 from agent_framework_openai import OpenAIChatClient, OpenAIChatCompletionClient
 
@@ -47,6 +48,7 @@ from maf_compaction import (
     original_results,
     record_text,
 )
+from maf_compaction.adapters.convert import RecordCache
 from maf_compaction.core.anchored import AnchoredConfig
 from maf_compaction.core.records import RecordConfig
 from maf_compaction.core.shorten import is_shortened
@@ -487,6 +489,7 @@ RIGHT_KIND: list[tuple[str, dict[str, Any]]] = [
     ("records", {"fallback": AsyncStrategy()}),
     ("records", {"fallback": functools.partial(sync_strategy)}),
     ("records", {"fallback": anchored(TOKENIZER)}),
+    ("records", {"fallback": SlidingWindowStrategy(keep_last_groups=4)}),  # the framework's own
     ("records", {"coverage_share": 1}),
     ("records", {"coverage_share": 0.01}),
     ("user_turns", {"describe_media": describe}),
@@ -669,3 +672,18 @@ async def test_string_results_are_kept_as_their_text_as_before() -> None:
     assert rewritten
     for message in rewritten:
         assert original_results(message) == {message.contents[0].call_id: "code=TL-3FA9C2\n" * 500}
+
+
+async def test_a_shortened_structured_result_still_reads_as_structured() -> None:
+    """Partial records never rewrite a structured result; shortening does not make it plain text.
+
+    The shortened text is no longer JSON, so the part is structured because its kept
+    original is a dict, and the original text the core reads is the JSON the model saw.
+    """
+    messages = structured_conversation(DICT_RESULT)
+    await AnchoredCompactionStrategy(max_input_tokens=100_000, tokenizer=TOKENIZER, keep_tokens=150)(messages)
+    target = shortened(messages)[0]
+    (part,) = RecordCache(MediaTokenEstimator(TOKENIZER).parts).history([target], note_kind="anchored")[0].parts
+    assert is_shortened(part.text)
+    assert part.structured
+    assert part.original == json.dumps(DICT_RESULT)

@@ -161,6 +161,10 @@ def _check_identity(message: Message, index: int) -> None:
         raise TypeError(f"messages[{index}].message_id must be a string or None, got {describe_value(message_id)}")
 
 
+#: Marks an absent key where ``None`` could be a stored value.
+_MISSING: Final = object()
+
+
 def _with_originals(parts: tuple[Part, ...], originals: object) -> tuple[Part, ...]:
     """Parts with the original text of each result an earlier pass rewrote (see ``original_results``).
 
@@ -187,9 +191,6 @@ def _with_originals(parts: tuple[Part, ...], originals: object) -> tuple[Part, .
         else:
             out.append(part)
     return tuple(out)
-
-
-_MISSING: Final = object()
 
 
 class _Entry:
