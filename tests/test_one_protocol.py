@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -148,7 +149,7 @@ def test_an_instance_refuses_a_second_conversation_running_at_the_same_time() ->
     b = [Message("user", ["Someone else."], message_id="b-task"), *tool_conversation(size=10)[1:]]
 
     async def both() -> list[object]:
-        return await asyncio.gather(strategy(a), strategy(b), return_exceptions=True)
+        return list(await asyncio.gather(strategy(a), strategy(b), return_exceptions=True))
 
     outcomes = asyncio.run(both())
     assert isinstance(outcomes[1], RuntimeError)
@@ -158,7 +159,7 @@ def test_an_instance_refuses_a_second_conversation_running_at_the_same_time() ->
 def test_concurrent_passes_on_copies_of_one_conversation_make_one_summarizer_call() -> None:
     """Finding: two copies at once made two summarizer calls for one request and left list and state apart."""
 
-    async def slow(messages: list[Message]) -> str:
+    async def slow(messages: Sequence[Message]) -> str:
         await asyncio.sleep(0.01)
         return "The user asked for an export of every deployment."
 

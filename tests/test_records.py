@@ -176,9 +176,11 @@ def test_defaults_follow_the_readme() -> None:
     assert s.fallback.config.keep_tail_groups == 4
 
 
-def test_coverage_share_zero_and_one_are_allowed() -> None:
-    assert strategy(coverage_share=0).coverage_share == 0
+def test_coverage_share_one_is_allowed_and_zero_is_refused() -> None:
     assert strategy(coverage_share=1).coverage_share == 1
+    assert strategy(coverage_share=0.01).coverage_share == 0.01
+    with pytest.raises(ValueError, match=r"coverage_share must be in \(0, 1\], got 0"):
+        strategy(coverage_share=0)  # every group would count as covered with nothing quoted
 
 
 # ----------------------------------------------------------------------------- values
@@ -323,10 +325,14 @@ def test_values_are_whole_words_not_substrings() -> None:
     assert not dropped(messages, "call_1")
 
 
-def test_coverage_share_zero_covers_any_group_with_values() -> None:
+def test_the_smallest_coverage_share_still_needs_one_quoted_value() -> None:
     messages = conversation(2)
     messages += recall("nothing useful")
-    run(strategy(coverage_share=0), messages)
+    run(strategy(coverage_share=0.01), messages)
+    assert not dropped(messages, "call_1")
+    messages = conversation(2)
+    messages += recall("code_1_5=TL-010005")  # one of lookup 1's values
+    run(strategy(coverage_share=0.01), messages)
     assert dropped(messages, "call_1")
 
 

@@ -10,13 +10,16 @@ shared one.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Final, TypeAlias, cast
 
 from agent_framework import Content, HistoryProvider, Message
 from agent_framework._compaction import EXCLUDE_REASON_KEY, EXCLUDED_KEY
 
-from ..core.counting import message_tokens
+from ..core.checks import describe_value
+from ..core.counting import message_tokens, result_text
 from ..core.model import History, MessageRecord, Part, history
 from ..core.user_summaries import USER_SUMMARY_MARKER
 from .counting import PartCounter
@@ -25,7 +28,7 @@ PRESERVED_KEY = "_preserved"
 ATTRIBUTION_KEY = "_attribution"
 #: Marks a message maf-compaction inserted; the value names the strategy.
 NOTE_KEY = "_maf_compaction_note"
-#: Keeps a shortened result's original text on the message, so nothing is lost.
+#: Keeps a shortened result's original (its text, or its JSON value) on the message, so nothing is lost.
 ORIGINALS_KEY = "_maf_compaction_original_results"
 #: Names why the record strategy holds a message (it also sets ``_preserved``).
 HOLD_KEY = "_maf_compaction_hold"
@@ -70,8 +73,16 @@ class RecordCache:
         current: list[_Entry] = []
         records: list[MessageRecord] = []
         injected_by_source: dict[str, bool] = {}
-        # This loop runs once per message per pass: it is written for speed.
+        # This loop runs once per message per pass: it is written for speed. Malformed
+        # input raises a TypeError naming the index and the field before anything is
+        # written: the type checks here are the cheap ones (one per message), the
+        # contents are checked where they are converted (only when they changed).
         for index, message in enumerate(messages):
+            if not isinstance(message, Message):
+                raise TypeError(f"messages[{index}] must be an agent_framework Message, got {describe_value(message)}")
+            props = message.additional_properties
+            if not isinstance(props, dict):
+                raise TypeError(f"messages[{index}].additional_properties must be a dict, got {describe_value(props)}")
             contents = message.contents
             entry = previous[index] if index < known else None
             if entry is None or entry.contents is not contents:
@@ -80,12 +91,11 @@ class RecordCache:
                 entry = by_contents.get(id(contents))
             if entry is None or entry.contents is not contents or entry.probe != contents:
                 # New, or its list now holds other contents (equal values count as the same).
-                parts = self._counter.parts(message)
-                originals = message.additional_properties.get(ORIGINALS_KEY)
+                parts = self._counter.parts(message, where=f"messages[{index}]")
+                originals = props.get(ORIGINALS_KEY)
                 if originals:
                     parts = _with_originals(parts, originals)
                 entry = _Entry(contents, parts, message_tokens(p.tokens for p in parts))
-            props = message.additional_properties
             injected = False
             attribution = props.get(ATTRIBUTION_KEY)
             if attribution is not None:
@@ -120,6 +130,7 @@ class RecordCache:
                 or record.message_id != message.message_id
                 or record.role != message.role
             ):
+                _check_identity(message, index)
                 record = entry.record = MessageRecord(
                     role=str(message.role),
                     parts=entry.parts,
@@ -140,17 +151,45 @@ class RecordCache:
         return history(records)
 
 
+def _check_identity(message: Message, index: int) -> None:
+    """The role and id a record copies are strings (the id may be absent)."""
+    role: object = message.role
+    if not isinstance(role, str) or not role:
+        raise TypeError(f"messages[{index}].role must be a non-empty string, got {describe_value(role)}")
+    message_id: object = message.message_id
+    if message_id is not None and not isinstance(message_id, str):
+        raise TypeError(f"messages[{index}].message_id must be a string or None, got {describe_value(message_id)}")
+
+
+#: Marks an absent key where ``None`` could be a stored value.
+_MISSING: Final = object()
+
+
 def _with_originals(parts: tuple[Part, ...], originals: object) -> tuple[Part, ...]:
-    """Parts with the original text of each result an earlier pass rewrote (see ``original_results``)."""
+    """Parts with the original text of each result an earlier pass rewrote (see ``original_results``).
+
+    A non-string original (a dict or list the tool returned) is read back as the text the
+    model saw for it, and its part stays ``structured``: the shortened text is not JSON,
+    but the result was, so partial records still leave it alone.
+    """
     if not isinstance(originals, dict):
         return parts
-    stored: dict[str, str] = {str(k): v for k, v in originals.items() if isinstance(v, str)}  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+    stored = cast("dict[object, object]", originals)
     ids = [p.call_id for p in parts]
     out: list[Part] = []
     for index, part in enumerate(parts):
+        if part.kind != "function_result":
+            out.append(part)
+            continue
         key = part.call_id if part.call_id and ids.count(part.call_id) == 1 else f"{part.call_id}#{index}"
-        text = stored.get(key) if part.kind == "function_result" else None
-        out.append(part if text is None else replace(part, original=text))
+        value = stored.get(key, _MISSING)
+        if isinstance(value, str):
+            out.append(replace(part, original=value))
+        elif value is not _MISSING and value is not None:
+            structured = part.structured or isinstance(value, (dict, list))
+            out.append(replace(part, original=result_text(value), structured=structured))
+        else:
+            out.append(part)
     return tuple(out)
 
 
@@ -272,7 +311,13 @@ def _note_message(record: MessageRecord, existing: dict[str | None, Message], no
 
 
 def _rewrite_results(message: Message, old: tuple[Part, ...], new: tuple[Part, ...]) -> None:
-    """Swap in shortened result contents; keep each original text on the message."""
+    """Swap in shortened result contents; keep each original result on the message.
+
+    The model sees the shortened text: clients send a string ``result`` as it is (the
+    Responses API) and a result's text ``items`` joined (Chat Completions), so both are
+    set to it. A string original is kept as its text; any other result (a dict, a list,
+    a ``Content``) is kept as its value, JSON-safe (see :func:`original_results`).
+    """
     contents = list(message.contents)
     originals = dict(message.additional_properties.get(ORIGINALS_KEY) or {})
     call_ids = [c.call_id for c in contents]
@@ -285,7 +330,9 @@ def _rewrite_results(message: Message, old: tuple[Part, ...], new: tuple[Part, .
             if content.call_id and call_ids.count(content.call_id) == 1
             else f"{content.call_id}#{index}"
         )
-        originals.setdefault(key, before.text)
+        if key not in originals:
+            result: object = content.result
+            originals[key] = before.text if isinstance(result, str) or result is None else json_value(result)
         contents[index] = _with_result(content, after.text)
     message.contents = contents
     message.additional_properties[ORIGINALS_KEY] = originals
@@ -301,11 +348,50 @@ def _with_result(content: Content, text: str) -> Content:
     return shortened
 
 
-def original_results(message: Message) -> dict[str, str]:
-    """The original texts of results maf-compaction shortened, keyed by call id.
+#: A JSON value: what :func:`original_results` returns for each shortened result.
+JsonValue: TypeAlias = "str | int | float | bool | list[JsonValue] | dict[str, JsonValue] | None"
+
+
+def json_value(value: object) -> JsonValue:
+    """``value`` as JSON data, so a session that stores the message can serialize it.
+
+    Dicts and lists stay dicts and lists (tuples become lists, keys strings, as JSON makes
+    them); a ``Content`` anywhere inside becomes its ``to_dict()``; anything else JSON
+    cannot hold becomes its ``str``, as the model's text does. A value JSON cannot encode
+    at all (a circular structure, a tuple key) is kept as the text the model saw.
+    """
+    try:
+        encoded = json.dumps(value, default=_json_default, allow_nan=True)
+    except (TypeError, ValueError):
+        return result_text(value)
+    return cast("JsonValue", json.loads(encoded))
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, Content):
+        return value.to_dict()
+    return str(value)
+
+
+def original_results(message: Message) -> dict[str, JsonValue]:
+    """The original results maf-compaction shortened, keyed by call id.
 
     A result whose call id is not unique within its message is keyed ``"<call id>#<index>"``
     by its position among the message's contents.
+
+    A string result comes back as its original text. Any other result comes back as its
+    original value in JSON form: a dict or list as itself (tuples as lists, keys as
+    strings), a ``Content`` as its ``to_dict()`` (``Content.from_dict`` rebuilds it), a
+    value JSON cannot hold as its ``str``. Each call returns fresh copies: changing
+    them does not change what the message keeps.
+
+    Raises:
+        TypeError: ``message`` is not a ``Message``.
     """
-    stored = message.additional_properties.get(ORIGINALS_KEY)
-    return dict(stored) if isinstance(stored, dict) else {}  # pyright: ignore[reportUnknownArgumentType]
+    if not isinstance(message, Message):
+        raise TypeError(f"message must be an agent_framework Message, got {describe_value(message)}")
+    props: object = message.additional_properties
+    stored = props.get(ORIGINALS_KEY) if isinstance(props, dict) else None
+    if not isinstance(stored, dict):
+        return {}
+    return {str(k): copy.deepcopy(v) for k, v in cast("dict[object, JsonValue]", stored).items()}

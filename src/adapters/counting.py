@@ -7,14 +7,17 @@ objects, asks the tokenizer, and remembers the answers.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import operator
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 from agent_framework import Content, Message
 
 from ..core import counting as basis
+from ..core.checks import describe_value, require_sync_callable, require_tokenizer
 from ..core.model import MEDIA_KINDS, TOOL_CALL_KINDS, Part
 
 DEFAULT_IMAGE_TOKENS = 1_024
@@ -26,7 +29,11 @@ _CACHE_SIZE = 65_536
 
 @runtime_checkable
 class Tokenizer(Protocol):
-    """Anything with ``count_tokens(text) -> int``, like the framework's tokenizers."""
+    """Anything with ``count_tokens(text) -> int``, like the framework's tokenizers.
+
+    ``count_tokens`` must be synchronous and return an integer >= 0; any other answer
+    raises when it is counted, naming the tokenizer and the value.
+    """
 
     def count_tokens(self, text: str) -> int:
         """Tokens in ``text``."""
@@ -45,10 +52,16 @@ class MediaTokenEstimator:
     Pass the same estimator to every strategy (and recall middleware) so they agree.
 
     Args:
-        tokenizer: The text tokenizer to wrap.
+        tokenizer: The text tokenizer to wrap: it must have a synchronous
+            ``count_tokens(text)`` that returns an integer >= 0.
         image_tokens: Estimate for an image part.
         other_media_tokens: Estimate for any other media part (audio, documents...).
-        estimate_media: Optional pure ``(content) -> int`` overriding both estimates.
+        estimate_media: Optional pure (not async) ``(content) -> int`` overriding both
+            estimates.
+
+    Raises:
+        ValueError: A parameter is of the wrong kind or outside its range (the message
+            names it).
     """
 
     def __init__(
@@ -59,12 +72,11 @@ class MediaTokenEstimator:
         other_media_tokens: int = DEFAULT_OTHER_MEDIA_TOKENS,
         estimate_media: Callable[[Content], int] | None = None,
     ) -> None:
-        if not callable(getattr(tokenizer, "count_tokens", None)):
-            raise ValueError("tokenizer must have a count_tokens(text) -> int method")
+        require_tokenizer("tokenizer", tokenizer)
         _require_positive("image_tokens", image_tokens)
         _require_positive("other_media_tokens", other_media_tokens)
-        if estimate_media is not None and not callable(estimate_media):
-            raise ValueError("estimate_media must be a callable (content) -> int or None")
+        if estimate_media is not None:
+            require_sync_callable("estimate_media", estimate_media, kind="a callable (content) -> int or None")
         self._tokenizer = tokenizer
         self._image_tokens = image_tokens
         self._other_media_tokens = other_media_tokens
@@ -92,8 +104,16 @@ class MediaTokenEstimator:
         return self._other_media_tokens
 
     def count_tokens(self, text: str) -> int:
-        """Tokens in ``text``, from the wrapped tokenizer."""
-        return self._tokenizer.count_tokens(text)
+        """Tokens in ``text``, from the wrapped tokenizer.
+
+        Raises:
+            TypeError: The tokenizer returned something other than an integer.
+            ValueError: It returned a negative integer.
+        """
+        value = self._tokenizer.count_tokens(text)
+        if type(value) is int and value >= 0:  # the usual answer: one check
+            return value
+        return checked_count(self._tokenizer, value)
 
     def estimate(self, content: Content) -> int:
         """The estimate for one media part; raises ``ValueError`` for a bad callback answer."""
@@ -106,8 +126,33 @@ class MediaTokenEstimator:
         return self._image_tokens if media_type.startswith("image/") else self._other_media_tokens
 
     def count_message_tokens(self, message: Message) -> int:
-        """Tokens of ``message`` on maf-compaction's counting basis."""
+        """Tokens of ``message`` on maf-compaction's counting basis.
+
+        Raises:
+            TypeError: ``message`` is not a ``Message``, or its contents are malformed.
+        """
+        if not isinstance(message, Message):
+            raise TypeError(f"message must be an agent_framework Message, got {describe_value(message)}")
         return basis.message_tokens(part.tokens for part in self._parts.parts(message))
+
+
+def checked_count(tokenizer: object, value: object) -> int:
+    """``value`` as a token count from ``tokenizer``, or a ``TypeError``/``ValueError`` naming both.
+
+    An integer-like value (``numpy.int64``, anything with ``__index__``) is accepted as
+    its int; a bool, a float (even ``12.0``), a string or ``None`` is not a count.
+    """
+    count: int | None = None
+    if not isinstance(value, bool):
+        with contextlib.suppress(TypeError):
+            count = operator.index(value)  # pyright: ignore[reportArgumentType]
+    if count is None:
+        raise TypeError(f"tokenizer {tokenizer!r} returned {value!r} from count_tokens; it must return an integer >= 0")
+    if count < 0:
+        raise ValueError(
+            f"tokenizer {tokenizer!r} returned {value!r} from count_tokens; it must return an integer >= 0"
+        )
+    return count
 
 
 def as_estimator(tokenizer: Tokenizer) -> MediaTokenEstimator:
@@ -134,8 +179,23 @@ class PartCounter:
         """Tokens of ``text`` (cached); the core's injected ``measure``."""
         return self._count(text)
 
-    def parts(self, message: Message) -> tuple[Part, ...]:
-        """The message's parts on the counting basis."""
+    def parts(self, message: Message, *, where: str = "message") -> tuple[Part, ...]:
+        """The message's parts on the counting basis.
+
+        Args:
+            message: The message to convert.
+            where: How an error names the message (``"messages[3]"``).
+
+        Raises:
+            TypeError: ``contents`` is not a list of ``Content``; the message names the
+                message (``where``), the field and the position.
+        """
+        contents: object = message.contents
+        if not isinstance(contents, list):
+            raise TypeError(f"{where}.contents must be a list of Content, got {describe_value(contents)}")
+        for position, content in enumerate(cast("list[object]", contents)):
+            if not isinstance(content, Content):
+                raise TypeError(f"{where}.contents[{position}] must be a Content, got {describe_value(content)}")
         return tuple(self.part(content) for content in message.contents)
 
     def part(self, content: Content) -> Part:

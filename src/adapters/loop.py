@@ -24,6 +24,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from agent_framework import Message
 from returns.result import Failure
 
+from ..core.checks import require_tokenizer
 from ..core.effects import Request
 from ..core.model import History
 from ..core.protocol import CoreStrategy, Done, Needs
@@ -126,8 +127,7 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
     linked_reasons: ClassVar[frozenset[str]] = frozenset()
 
     def _setup(self, config: ConfigT, tokenizer: Tokenizer, state: S, *, holds: frozenset[str] = frozenset()) -> None:
-        if not callable(getattr(tokenizer, "count_tokens", None)):
-            raise ValueError(f"tokenizer must have a count_tokens(text) -> int method, got {tokenizer!r}")
+        require_tokenizer("tokenizer", tokenizer)
         self._config = config
         self._tokenizer = tokenizer
         self._estimator: MediaTokenEstimator = as_estimator(tokenizer)

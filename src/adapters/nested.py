@@ -23,7 +23,13 @@ def find_nested_strategy(strategy: object, kind: type[T]) -> T | None:
 
     Returns:
         The first match, or ``None``.
+
+    Raises:
+        ValueError: ``kind`` is not a class.
     """
+    given: object = kind  # checked as given, without narrowing ``kind``
+    if not isinstance(given, type):
+        raise ValueError(f"kind must be a class, got {kind!r}")
     pending: list[object] = [strategy]
     seen: set[int] = set()
     while pending:

@@ -33,7 +33,14 @@ from agent_framework import (
 )
 
 from ..core import recall as machine
-from ..core.checks import require_bool, require_fraction, require_int, require_optional_int
+from ..core.checks import (
+    require_bool,
+    require_fraction,
+    require_int,
+    require_optional_int,
+    require_sync_callable,
+    require_tokenizer,
+)
 from ..core.grouping import Grouping
 from ..core.recall import PinKind, PinRule
 from ..core.records import RECALL_TOOL_NAME, RECORD_PREFIX, RecordState, on_recall, recall_status, reforce_due
@@ -143,8 +150,11 @@ def make_recall_tool(
         A framework ``FunctionTool`` with one string parameter, ``values``.
 
     Raises:
-        ValueError: ``target_tokens`` is not a positive integer or ``None``.
+        ValueError: ``gate`` is not a :class:`RecallGate` or ``None``, or ``target_tokens``
+            is not a positive integer or ``None``.
     """
+    if gate is not None and not isinstance(gate, RecallGate):
+        raise ValueError(f"gate must be a RecallGate or None, got {gate!r}")
     description = recall_description(target_tokens)
 
     def recall_earlier_tool_results(values: str) -> str:
@@ -239,13 +249,11 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         require_optional_int("max_groups_before_record", max_groups_before_record, minimum=1)
         require_int("min_groups_before_repeat", min_groups_before_repeat, minimum=1)
         require_bool("repeat_records", repeat_records)
-        if not callable(arm):
-            raise ValueError(f"arm must be a callable taking no arguments, got {arm!r}")
+        require_sync_callable("arm", arm, kind="a callable taking no arguments")
         for name, value in (("disarm", disarm), ("reforce", reforce)):
-            if value is not None and not callable(value):
-                raise ValueError(f"{name} must be a callable taking no arguments or None, got {value!r}")
-        if not callable(getattr(tokenizer, "count_tokens", None)):
-            raise ValueError("tokenizer must have a count_tokens(text) -> int method")
+            if value is not None:
+                require_sync_callable(name, value, kind="a callable taking no arguments or None")
+        require_tokenizer("tokenizer", tokenizer)
         self._max_input_tokens = max_input_tokens
         self._trigger_fraction = float(trigger_fraction)
         self._rule = PinRule(

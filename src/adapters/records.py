@@ -17,6 +17,7 @@ from agent_framework import CompactionStrategy, Message
 
 from ..core import records as core
 from ..core.anchored import AnchoredConfig
+from ..core.checks import require_async_callable
 from ..core.protocol import Done, sent_tokens
 from ..core.record_decisions import RecordDecisions
 from ..core.records import Fallback, RecordConfig, RecordReport, RecordState
@@ -96,13 +97,13 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
             in (0, 1]; once a record exists it applies whatever the size.
         fallback_fraction: Without a record, the fallback runs from this share on; in
             (trigger_fraction, 1].
-        coverage_share: Share of a group's distinct values the records must quote, in [0, 1].
+        coverage_share: Share of a group's distinct values the records must quote, in (0, 1].
         record_target_tokens: Set it to the recall tool's ``target_tokens``. Larger groups
             may release quoted table rows; ``None`` disables that and the
             :attr:`groups_held_unreachable_coverage` estimate.
-        fallback: Any ``CompactionStrategy``, run on the list after the pass; by default
-            the anchored rules with the same budget, head and tail, run within the pass
-            on the same converted history (the held messages protected).
+        fallback: Any ``CompactionStrategy`` (an async callable), run on the list after the
+            pass; by default the anchored rules with the same budget, head and tail, run
+            within the pass on the same converted history (the held messages protected).
 
     Attributes:
         last_report: What the last pass did, or ``None`` before the first pass.
@@ -138,8 +139,8 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         record_target_tokens: int | None = core.DEFAULT_RECORD_TARGET_TOKENS,
         fallback: CompactionStrategy | None = None,
     ) -> None:
-        if fallback is not None and not callable(fallback):
-            raise ValueError(f"fallback must be a CompactionStrategy (an async callable), got {fallback!r}")
+        if fallback is not None:
+            require_async_callable("fallback", fallback, kind="a CompactionStrategy or None")
         in_pass = None
         if fallback is None:
             in_pass = AnchoredConfig(
@@ -369,7 +370,12 @@ def record_text(message: Message, messages: Sequence[Message] | None = None) -> 
     ``recall_earlier_tool_results`` call: pass the conversation as ``messages`` to check
     the call there, as the strategy does; without it, the message's own call ids are
     taken as recall calls. An excluded message carries no record.
+
+    Raises:
+        TypeError: ``message`` is not a ``Message``.
     """
+    if not isinstance(message, Message):  # pyright: ignore[reportUnnecessaryIsInstance]
+        raise TypeError(f"message must be an agent_framework Message, got {message!r}")
     cache = RecordCache(_READER)
     record = cache.history([message], note_kind=NOTE_KIND)[0]
     if messages is None:

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from agent_framework import Content, Message
 
 from ..core import user_summaries as core
+from ..core.checks import require_async_callable
 from ..core.effects import DescribeMedia, Request, Summarize
 from ..core.model import History
 from ..core.user_snapshot import UserSummarySnapshot
@@ -119,8 +120,8 @@ class UserTurnAnchoredSummarizationCompactionStrategy(
     ) -> None:
         if client is None or not callable(getattr(client, "get_response", None)):
             raise ValueError(f"client must be a chat client with get_response(), got {client!r}")
-        if describe_media is not None and not callable(describe_media):
-            raise ValueError(f"describe_media must be an async callable or None, got {describe_media!r}")
+        if describe_media is not None:
+            require_async_callable("describe_media", describe_media, kind="an async callable or None")
         config = UserSummaryConfig(
             max_input_tokens=max_input_tokens,
             keep_head_user_turns=keep_head_user_turns,

@@ -38,7 +38,7 @@ from typing import Final
 from pyrsistent import pvector
 from returns.result import Success
 
-from .checks import is_number, require_int
+from .checks import is_number, require_bool, require_int
 from .counting import MESSAGE_OVERHEAD_TOKENS, Measure
 from .effects import Request
 from .grouping import Grouping, regroup
@@ -104,6 +104,7 @@ class AnchoredConfig:
             raise ValueError(f"band_share must be in (0, 1], got {self.band_share!r}")
         if not is_number(self.low_water_fraction) or not 0 < self.low_water_fraction <= 1:
             raise ValueError(f"low_water_fraction must be in (0, 1], got {self.low_water_fraction!r}")
+        require_bool("collapse_assistant_text", self.collapse_assistant_text)
         if not is_number(self.min_gain_fraction) or not 0 <= self.min_gain_fraction < 1:
             raise ValueError(f"min_gain_fraction must be in [0, 1), got {self.min_gain_fraction!r}")
 

@@ -148,10 +148,19 @@ def visible_text(
 
 
 def result_text(result: object) -> str:
-    """A tool result as clients send it: a string as is, anything else as JSON."""
+    """A tool result as clients send it: a string as is, anything else as JSON.
+
+    Like the framework's OpenAI clients, a value JSON cannot encode (a tuple key, a
+    circular structure) is sent as its ``str``.
+    """
     if result is None:
         return ""
-    return result if isinstance(result, str) else json.dumps(result, default=str)
+    if isinstance(result, str):
+        return result
+    try:
+        return json.dumps(result, default=str)
+    except (TypeError, ValueError):
+        return str(result)
 
 
 def other_text(payload: Mapping[str, object]) -> str:

@@ -95,7 +95,8 @@ class RecordConfig:
         trigger_fraction: The recall middleware asks for a record above this share of
             the budget; records apply whatever the size once they exist.
         fallback_fraction: Without a record, the fallback runs from this share on.
-        coverage_share: Share of a group's distinct values a record must quote.
+        coverage_share: Share of a group's distinct values a record must quote, in
+            (0, 1]: at 0 every group would count as covered with nothing quoted.
         record_target_tokens: Groups above this size may release quoted table rows;
             ``None`` disables partial release and the unreachable-coverage estimate.
         fallback: The anchored fallback run within the pass when no record can help;
@@ -123,7 +124,7 @@ class RecordConfig:
                 f"fallback_fraction must be greater than trigger_fraction ({self.trigger_fraction!r}), "
                 f"got {self.fallback_fraction!r}"
             )
-        require_fraction("coverage_share", self.coverage_share, low_open=False)
+        require_fraction("coverage_share", self.coverage_share, low_open=True)
         if self.record_target_tokens is not None:
             require_int("record_target_tokens", self.record_target_tokens, minimum=1)
 

@@ -45,7 +45,7 @@ from typing import Final, Literal, TypeAlias
 from pyrsistent import pvector
 from returns.result import Success
 
-from .checks import is_number, require_int
+from .checks import is_number, require_bool, require_int
 from .counting import MESSAGE_OVERHEAD_TOKENS
 from .effects import Answer, DescribeMedia, Request, Summarize, identity
 from .model import MEDIA_KINDS, History, MessageRecord, Part
@@ -144,6 +144,7 @@ class UserSummaryConfig:
         require_int("remembered_requests", self.remembered_requests, minimum=1)
         if self.max_summary_input_tokens is not None:
             require_int("max_summary_input_tokens", self.max_summary_input_tokens, minimum=1)
+        require_bool("describe_media", self.describe_media)
 
     @property
     def trigger_tokens(self) -> int:
