@@ -17,7 +17,6 @@ from returns.result import Failure
 
 from ..core import anchored as core
 from ..core.anchored import AnchoredConfig, Report
-from ..core.errors import SnapshotError
 from ..core.grouping import Grouping
 from ..core.model import History
 from ..core.snapshot import AnchoredSnapshot
@@ -146,13 +145,9 @@ class AnchoredCompactionStrategy(ConfiguredStrategy[AnchoredConfig]):
             SnapshotError: It is malformed, or was made under another ``keep_head_groups``
                 (its positions would name other groups).
         """
-        value = snapshot if isinstance(snapshot, AnchoredSnapshot) else AnchoredSnapshot.from_dict(snapshot)
-        if value.keep_head_groups is not None and value.keep_head_groups != self._config.keep_head_groups:
-            raise SnapshotError(
-                f"the snapshot was made with keep_head_groups={value.keep_head_groups}, this strategy has "
-                f"keep_head_groups={self._config.keep_head_groups}; positions would name other groups"
-            )
-        self._snapshot = value
+        # A value is read back through its dict, so it is checked exactly like a stored one.
+        data = snapshot.to_dict() if isinstance(snapshot, AnchoredSnapshot) else snapshot
+        self._snapshot = AnchoredSnapshot.from_dict(data, keep_head_groups=self._config.keep_head_groups)
 
     def _record(self, report: Report) -> None:
         self._overflowing = self.last_report is not None and self.last_report.overflow

@@ -258,9 +258,11 @@ class ToolResultAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[Recor
 
         Raises:
             SnapshotVersionError: They were written by a newer schema.
-            SnapshotError: They are malformed.
+            SnapshotError: They are malformed or inconsistent.
         """
-        self._decisions = decisions if isinstance(decisions, RecordDecisions) else RecordDecisions.from_dict(decisions)
+        # A value is read back through its dict, so it is checked exactly like a stored one.
+        data = decisions.to_dict() if isinstance(decisions, RecordDecisions) else decisions
+        self._decisions = RecordDecisions.from_dict(data)
 
     # -- bookkeeping -------------------------------------------------------------------------
 

@@ -261,9 +261,11 @@ class UserTurnAnchoredSummarizationCompactionStrategy(ConfiguredStrategy[UserSum
 
         Raises:
             SnapshotVersionError: It was written by a newer schema.
-            SnapshotError: It is malformed.
+            SnapshotError: It is malformed or inconsistent.
         """
-        value = snapshot if isinstance(snapshot, UserSummarySnapshot) else UserSummarySnapshot.from_dict(snapshot)
+        # A value is read back through its dict, so it is checked exactly like a stored one.
+        data = snapshot.to_dict() if isinstance(snapshot, UserSummarySnapshot) else snapshot
+        value = UserSummarySnapshot.from_dict(data)
         keep = self._config.remembered_requests
         self._snapshot = UserSummarySnapshot(
             answers=value.answers[-keep:],
