@@ -481,3 +481,33 @@ def test_every_reader_refuses_the_other_kinds(snapshot: Snapshot, kind: str) -> 
     else:
         with pytest.raises(SnapshotError, match=f"expected an? '{kind}' snapshot, got kind '{data['kind']}'"):
             READERS[kind](data)
+
+
+@given(anchored_snapshots().filter(lambda s: s.keep_head_groups is not None), st.data())
+def test_a_position_at_or_past_its_watermark_is_refused(snapshot: AnchoredSnapshot, data: st.DataObject) -> None:
+    """Moving one spared or sized position to its lane's watermark or beyond is refused, naming the field."""
+    lanes = [
+        ("spared_tools", snapshot.tools_shed),
+        ("spared_texts", snapshot.texts_shed),
+        ("shed_sizes", snapshot.tools_shed),
+    ]
+    field, watermark = data.draw(st.sampled_from([lane for lane in lanes if lane[1] < MAX_COUNT] or [lanes[0]]))
+    if watermark >= MAX_COUNT:
+        return
+    position = data.draw(st.integers(watermark, MAX_COUNT))
+    stored = snapshot.to_dict()
+    entries = cast("list[Any]", stored[field])
+    entries.append([position, 1] if field == "shed_sizes" else position)
+    with pytest.raises(SnapshotError, match=rf"'{field}': position {position} is not below"):
+        AnchoredSnapshot.from_dict(stored)
+
+
+@given(record_decisions().filter(lambda d: d.ask is not None and bool(d.settled)), st.data())
+def test_an_ask_for_a_settled_group_is_refused(decisions: RecordDecisions, data: st.DataObject) -> None:
+    """Adding any settled group to the outstanding ask is refused, naming the group."""
+    settled = data.draw(st.sampled_from(decisions.settled))
+    stored = decisions.to_dict()
+    ask_fields = cast("dict[str, Any]", stored["ask"])
+    ask_fields["targets"] = [*ask_fields["targets"], settled]
+    with pytest.raises(SnapshotError, match=rf"'ask\.targets': position {settled} is also settled"):
+        RecordDecisions.from_dict(stored)
