@@ -343,6 +343,20 @@ def test_an_older_layout_is_read_when_declared() -> None:
         envelope.read({"kind": "recall", "version": 3, "streak": 2, "disabled": True})
 
 
+def test_a_writer_cannot_drift_from_its_declared_fields() -> None:
+    envelope = Envelope("recall", 1, ("streak", "disabled"))
+    assert envelope.write({"streak": 1, "disabled": False}) == {
+        "kind": "recall",
+        "version": 1,
+        "streak": 1,
+        "disabled": False,
+    }
+    with pytest.raises(ValueError, match="writes streak, disabled, got streak"):
+        envelope.write({"streak": 1})
+    with pytest.raises(ValueError, match="got disabled, streak"):
+        envelope.write({"disabled": False, "streak": 1})
+
+
 def test_a_long_bad_value_is_shown_cut_short() -> None:
     with pytest.raises(SnapshotError) as raised:
         AnchoredSnapshot.from_dict(anchored(tools_shed="x" * 10_000))

@@ -90,7 +90,14 @@ class Envelope:
         return tuple(sorted({self.version, *(v for v, _ in self.older)}))
 
     def write(self, fields: Mapping[str, object]) -> dict[str, object]:
-        """The envelope around ``fields``: ``{"kind": ..., "version": ..., **fields}``."""
+        """The envelope around ``fields``: ``{"kind": ..., "version": ..., **fields}``.
+
+        Raises:
+            ValueError: ``fields`` are not exactly the declared ones, in order: a writer
+                that drifted from its declaration would write what its own reader refuses.
+        """
+        if tuple(fields) != self.fields:
+            raise ValueError(f"a {self.kind!r} snapshot writes {', '.join(self.fields)}, got {', '.join(fields)}")
         return {"kind": self.kind, "version": self.version, **fields}
 
     def read(self, data: object) -> Fields:
