@@ -62,6 +62,11 @@ def shown(value: object) -> str:
     return text if len(text) <= _SHOWN_LIMIT else f"{text[: _SHOWN_LIMIT - 3]}..."
 
 
+def _a(kind: str) -> str:
+    """``a 'records'``, ``an 'anchored'``."""
+    return f"{'an' if kind[:1] in 'aeiou' else 'a'} {kind!r}"
+
+
 def _listed(names: Sequence[object]) -> str:
     return ", ".join(repr(n) for n in names)
 
@@ -97,7 +102,7 @@ class Envelope:
                 that drifted from its declaration would write what its own reader refuses.
         """
         if tuple(fields) != self.fields:
-            raise ValueError(f"a {self.kind!r} snapshot writes {', '.join(self.fields)}, got {', '.join(fields)}")
+            raise ValueError(f"{_a(self.kind)} snapshot writes {', '.join(self.fields)}, got {', '.join(fields)}")
         return {"kind": self.kind, "version": self.version, **fields}
 
     def read(self, data: object) -> Fields:
@@ -109,16 +114,16 @@ class Envelope:
             SnapshotError: Anything else about the envelope is wrong.
         """
         if not isinstance(data, Mapping):
-            raise SnapshotError(f"a {self.kind!r} snapshot must be a mapping, got {type(data).__name__}")
+            raise SnapshotError(f"{_a(self.kind)} snapshot must be a mapping, got {type(data).__name__}")
         mapping = cast("Mapping[object, object]", data)
         if "version" not in mapping:
-            raise SnapshotError(f"snapshot field 'version' is missing (a {self.kind!r} snapshot names its version)")
+            raise SnapshotError(f"snapshot field 'version' is missing ({_a(self.kind)} snapshot names its version)")
         version = mapping["version"]
         if not is_int(version) or version not in self.supported:
             raise SnapshotVersionError(version, self.supported)
         if mapping.get("kind") != self.kind:
             got = "no kind" if "kind" not in mapping else f"kind {shown(mapping.get('kind'))}"
-            raise SnapshotError(f"expected a {self.kind!r} snapshot, got {got}")
+            raise SnapshotError(f"expected {_a(self.kind)} snapshot, got {got}")
         names = self.fields if version == self.version else dict(self.older)[version]
         return _open(mapping, names, path="", version=version, reserved=("kind", "version"))
 
