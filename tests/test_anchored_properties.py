@@ -52,6 +52,7 @@ from maf_compaction.core.anchored import TEXT_NOTE, TOOL_NOTE_PREFIX, AnchoredCo
 from maf_compaction.core.counting import MESSAGE_OVERHEAD_TOKENS
 from maf_compaction.core.grouping import group_records
 from maf_compaction.core.model import Group
+from snapshot_values import anchored_snapshots
 
 StrategyKind = Literal["anchored", "min_gain"]
 BOTH: tuple[StrategyKind, ...] = ("anchored", "min_gain")
@@ -664,15 +665,8 @@ def test_opaque_payloads_are_not_counted(messages: list[Message], p: Params, len
 # ----------------------------------------------------------------------------- 9. snapshots
 
 
-positions = st.lists(st.integers(0, 50), max_size=5).map(lambda xs: tuple(sorted(set(xs))))
-snapshots = st.builds(
-    AnchoredSnapshot,
-    tools_shed=st.integers(0, 10_000),
-    texts_shed=st.integers(0, 10_000),
-    shortened=st.integers(0, 10_000),
-    spared_tools=positions,
-    spared_texts=positions,
-)
+#: Snapshots ``step`` could write (spared and sized positions below their watermarks, a head named).
+snapshots = anchored_snapshots()
 
 
 @given(snapshots)

@@ -667,7 +667,13 @@ def test_shortened_result_keeps_its_media_estimate() -> None:
 
 def test_snapshot_round_trips_through_its_dict() -> None:
     snapshot = AnchoredSnapshot(
-        tools_shed=3, texts_shed=1, shortened=7, spared_tools=(0, 2), spared_texts=(0,), shed_sizes=((2, 2),)
+        tools_shed=3,
+        texts_shed=1,
+        shortened=7,
+        spared_tools=(0, 1),
+        spared_texts=(0,),
+        shed_sizes=((2, 2),),
+        keep_head_groups=3,
     )
 
     assert AnchoredSnapshot.from_dict(snapshot.to_dict()) == snapshot
@@ -687,10 +693,11 @@ def test_snapshot_dict_names_its_kind_and_version() -> None:
     }
 
 
-def test_snapshot_dict_without_spared_positions_reads_as_none_spared() -> None:
+def test_snapshot_dict_without_spared_positions_is_refused_naming_them() -> None:
     data = {"kind": "anchored", "version": 1, "tools_shed": 3, "texts_shed": 0, "shortened": 4}
 
-    assert AnchoredSnapshot.from_dict(data) == AnchoredSnapshot(tools_shed=3, shortened=4)
+    with pytest.raises(SnapshotError, match="'spared_tools', 'spared_texts', 'shed_sizes', 'keep_head_groups'"):
+        AnchoredSnapshot.from_dict(data)
 
 
 @pytest.mark.parametrize("value", ["0", [-1], [True], ["0"], None])
@@ -715,7 +722,7 @@ def test_snapshot_of_another_kind_is_refused() -> None:
 
 @pytest.mark.parametrize("value", [-1, "3", 1.5, None, True])
 def test_snapshot_with_a_bad_watermark_is_refused(value: object) -> None:
-    data = {"kind": "anchored", "version": 1, "tools_shed": value, "texts_shed": 0, "shortened": 0}
+    data = {**AnchoredSnapshot().to_dict(), "tools_shed": value}
 
     with pytest.raises(SnapshotError, match="tools_shed"):
         AnchoredSnapshot.from_dict(data)

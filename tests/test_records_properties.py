@@ -101,7 +101,7 @@ decisions = st.builds(
         responses_at_ask=st.integers(0, 40),
         taken=st.booleans(),
     ),
-)
+).filter(lambda d: d.ask is None or not set(d.ask.targets) & set(d.settled))  # a settled group is never asked for
 
 
 # ----------------------------------------------------------------------------- helpers

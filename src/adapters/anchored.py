@@ -18,7 +18,6 @@ from agent_framework import Message
 
 from ..core import anchored as core
 from ..core.anchored import AnchoredConfig, Report
-from ..core.errors import SnapshotError
 from ..core.model import History
 from ..core.snapshot import AnchoredSnapshot
 from .counting import Tokenizer
@@ -129,13 +128,9 @@ class AnchoredCompactionStrategy(CompactionAdapter[AnchoredConfig, AnchoredSnaps
             SnapshotError: It is malformed, or was made under another ``keep_head_groups``
                 (its positions would name other groups).
         """
-        value = snapshot if isinstance(snapshot, AnchoredSnapshot) else AnchoredSnapshot.from_dict(snapshot)
-        if value.keep_head_groups is not None and value.keep_head_groups != self._config.keep_head_groups:
-            raise SnapshotError(
-                f"the snapshot was made with keep_head_groups={value.keep_head_groups}, this strategy has "
-                f"keep_head_groups={self._config.keep_head_groups}; positions would name other groups"
-            )
-        self._cell.value = value
+        # A value is read back through its dict, so it is checked exactly like a stored one.
+        data = snapshot.to_dict() if isinstance(snapshot, AnchoredSnapshot) else snapshot
+        self._cell.value = AnchoredSnapshot.from_dict(data, keep_head_groups=self._config.keep_head_groups)
 
     def _observe(self, report: Report, before: History, messages: Sequence[Message], fresh: set[str]) -> None:
         del before, messages, fresh

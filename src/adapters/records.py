@@ -264,9 +264,11 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
 
         Raises:
             SnapshotVersionError: They were written by a newer schema.
-            SnapshotError: They are malformed.
+            SnapshotError: They are malformed or inconsistent.
         """
-        value = decisions if isinstance(decisions, RecordDecisions) else RecordDecisions.from_dict(decisions)
+        # A value is read back through its dict, so it is checked exactly like a stored one.
+        data = decisions.to_dict() if isinstance(decisions, RecordDecisions) else decisions
+        value = RecordDecisions.from_dict(data)
         current = self._cell.value
         self._cell.value = RecordState(decisions=value, fallback=current.fallback, recall=current.recall)
 

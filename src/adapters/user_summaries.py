@@ -234,10 +234,11 @@ class UserTurnAnchoredSummarizationCompactionStrategy(
 
         Raises:
             SnapshotVersionError: It was written by a newer schema.
-            SnapshotError: It is malformed.
+            SnapshotError: It is malformed or inconsistent.
         """
-        value = snapshot if isinstance(snapshot, UserSummarySnapshot) else UserSummarySnapshot.from_dict(snapshot)
-        self._cell.value = core.trimmed(value, self._config.remembered_requests)
+        # A value is read back through its dict, so it is checked exactly like a stored one.
+        data = snapshot.to_dict() if isinstance(snapshot, UserSummarySnapshot) else snapshot
+        self._cell.value = core.trimmed(UserSummarySnapshot.from_dict(data), self._config.remembered_requests)
 
     # -- bookkeeping ---------------------------------------------------------------------------
 

@@ -33,9 +33,12 @@ class SnapshotVersionError(SnapshotError):
     """
 
     def __init__(self, version: object, supported: tuple[int, ...]) -> None:
+        newer = isinstance(version, int) and not isinstance(version, bool) and version > max(supported, default=0)
+        # Upgrading helps only with a newer version; anything else is no version any build wrote.
+        advice = "upgrade maf-compaction to read it" if newer else "no build of maf-compaction writes it"
         super().__init__(
             f"snapshot version {version!r} is not supported by this build of maf-compaction "
-            f"(it reads versions {', '.join(map(str, supported))}); upgrade maf-compaction to read it"
+            f"(it reads versions {', '.join(map(str, supported))}); {advice}"
         )
         self.version = version
         self.supported = supported

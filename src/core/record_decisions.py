@@ -12,14 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final, cast
+from typing import Final
 
-from .errors import SnapshotError, SnapshotVersionError
-from .snapshot import count_field, positions_field
+from .envelope import Envelope, Fields
 
 DECISIONS_KIND: Final = "records"
 DECISIONS_VERSION: Final = 1
-SUPPORTED_DECISIONS_VERSIONS: Final = (1,)
+DECISIONS_ENVELOPE: Final = Envelope(DECISIONS_KIND, DECISIONS_VERSION, ("settled", "ask"))
+SUPPORTED_DECISIONS_VERSIONS: Final = DECISIONS_ENVELOPE.supported
+#: The fields of a stored ask, in the order they are written.
+ASK_FIELDS: Final = ("targets", "records_at_ask", "responses_at_ask", "taken")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,48 +59,58 @@ class RecordDecisions:
     ask: Ask | None = None
 
     def to_dict(self) -> dict[str, object]:
-        """A JSON-safe dict with an explicit kind and version."""
+        """A JSON-safe dict in the one snapshot envelope (``kind``, ``version``, then the fields)."""
         ask = self.ask
-        return {
-            "kind": DECISIONS_KIND,
-            "version": DECISIONS_VERSION,
-            "settled": list(self.settled),
-            "ask": None
-            if ask is None
-            else {
-                "targets": list(ask.targets),
-                "records_at_ask": ask.records_at_ask,
-                "responses_at_ask": ask.responses_at_ask,
-                "taken": ask.taken,
-            },
-        }
+        return DECISIONS_ENVELOPE.write(
+            {
+                "settled": list(self.settled),
+                "ask": None
+                if ask is None
+                else {
+                    "targets": list(ask.targets),
+                    "records_at_ask": ask.records_at_ask,
+                    "responses_at_ask": ask.responses_at_ask,
+                    "taken": ask.taken,
+                },
+            }
+        )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> RecordDecisions:
-        """Read decisions written by :meth:`to_dict`; refuses newer or malformed ones."""
-        if not isinstance(data, Mapping):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise SnapshotError(f"record decisions must be a mapping, got {type(data).__name__}")
-        version = data.get("version")
-        if not isinstance(version, int) or isinstance(version, bool) or version not in SUPPORTED_DECISIONS_VERSIONS:
-            raise SnapshotVersionError(version, SUPPORTED_DECISIONS_VERSIONS)
-        if data.get("kind") != DECISIONS_KIND:
-            raise SnapshotError(f"expected a {DECISIONS_KIND!r} snapshot, got kind {data.get('kind')!r}")
-        raw_ask = data.get("ask")
-        ask: Ask | None = None
-        if raw_ask is not None:
-            if not isinstance(raw_ask, Mapping):
-                raise SnapshotError(f"snapshot field 'ask' must be a mapping or null, got {raw_ask!r}")
-            fields = cast("Mapping[str, object]", raw_ask)
-            taken = fields.get("taken", False)
-            if not isinstance(taken, bool):
-                raise SnapshotError(f"snapshot field 'ask.taken' must be a boolean, got {taken!r}")
-            targets = positions_field(fields, "targets")
-            if not targets:
-                raise SnapshotError("snapshot field 'ask.targets' must name at least one group")
-            ask = Ask(
-                targets=targets,
-                records_at_ask=count_field(fields, "records_at_ask"),
-                responses_at_ask=count_field(fields, "responses_at_ask"),
-                taken=taken,
-            )
-        return cls(settled=positions_field(data, "settled"), ask=ask)
+        """Read decisions written by :meth:`to_dict`, strictly (every field present, typed, consistent).
+
+        No configuration is checked, because none changes what the decisions mean: a
+        group is named by its ordinal among *all* the conversation's tool groups, the
+        head included, so ``keep_head_groups`` does not shift it (a settled group that a
+        larger head now covers is simply never judged), and the counts at the ask are
+        counts of the conversation, not of a parameter.
+
+        Raises:
+            SnapshotVersionError: They were written by a newer or unknown schema version.
+            SnapshotError: They are malformed or inconsistent.
+        """
+        fields = DECISIONS_ENVELOPE.read(data)
+        settled = fields.positions("settled")
+        ask = None if fields.value("ask") is None else _ask(fields.mapping("ask", ASK_FIELDS), settled)
+        return cls(settled=settled, ask=ask)
+
+
+def _ask(fields: Fields, settled: tuple[int, ...]) -> Ask:
+    """A stored ask, checked against the invariants the ask chain keeps.
+
+    An ask is made for the uncovered groups that are not settled, and continued for
+    the rest of its own batch only, so it names at least one group and none that is
+    settled (a settled group is never asked for again).
+    """
+    targets = fields.positions("targets")
+    if not targets:
+        raise fields.error("targets", "must name at least one group")
+    overlap = sorted(set(targets) & set(settled))
+    if overlap:
+        raise fields.error("targets", f"position {overlap[0]} is also settled (a settled group is never asked for)")
+    return Ask(
+        targets=targets,
+        records_at_ask=fields.count("records_at_ask"),
+        responses_at_ask=fields.count("responses_at_ask"),
+        taken=fields.flag("taken"),
+    )

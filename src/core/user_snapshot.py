@@ -9,17 +9,22 @@ description the host's hook gave, and the counts that allocate summary ids.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final, cast
+from functools import partial
+from typing import Final
 
 from .effects import Answer
-from .errors import SnapshotError, SnapshotVersionError
-from .snapshot import count_field
+from .envelope import Envelope, Fields
 
 USER_SNAPSHOT_KIND: Final = "user_summaries"
 USER_SNAPSHOT_VERSION: Final = 1
-SUPPORTED_USER_SNAPSHOT_VERSIONS: Final = (1,)
+USER_SNAPSHOT_ENVELOPE: Final = Envelope(
+    USER_SNAPSHOT_KIND, USER_SNAPSHOT_VERSION, ("answers", "descriptions", "compactions", "folds")
+)
+SUPPORTED_USER_SNAPSHOT_VERSIONS: Final = USER_SNAPSHOT_ENVELOPE.supported
+#: The fields of a stored answer (summary or description), in the order they are written.
+ANSWER_FIELDS: Final = ("identity", "text", "summary_id", "sources", "turns")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,31 +59,38 @@ class UserSummarySnapshot:
         return None
 
     def to_dict(self) -> dict[str, object]:
-        """A JSON-safe dict with an explicit kind and version."""
-        return {
-            "kind": USER_SNAPSHOT_KIND,
-            "version": USER_SNAPSHOT_VERSION,
-            "answers": [_answer_dict(a) for a in self.answers],
-            "descriptions": [_answer_dict(a) for a in self.descriptions],
-            "compactions": self.compactions,
-            "folds": self.folds,
-        }
+        """A JSON-safe dict in the one snapshot envelope (``kind``, ``version``, then the fields)."""
+        return USER_SNAPSHOT_ENVELOPE.write(
+            {
+                "answers": [_answer_dict(a) for a in self.answers],
+                "descriptions": [_answer_dict(a) for a in self.descriptions],
+                "compactions": self.compactions,
+                "folds": self.folds,
+            }
+        )
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> UserSummarySnapshot:
-        """Read a snapshot written by :meth:`to_dict`; refuses newer or malformed ones."""
-        if not isinstance(data, Mapping):  # pyright: ignore[reportUnnecessaryIsInstance]
-            raise SnapshotError(f"a user-summary snapshot must be a mapping, got {type(data).__name__}")
-        version = data.get("version")
-        if not isinstance(version, int) or isinstance(version, bool) or version not in SUPPORTED_USER_SNAPSHOT_VERSIONS:
-            raise SnapshotVersionError(version, SUPPORTED_USER_SNAPSHOT_VERSIONS)
-        if data.get("kind") != USER_SNAPSHOT_KIND:
-            raise SnapshotError(f"expected a {USER_SNAPSHOT_KIND!r} snapshot, got kind {data.get('kind')!r}")
+        """Read a snapshot written by :meth:`to_dict`, strictly (every field present, typed, consistent).
+
+        No configuration is checked, because an answer cannot be misapplied under
+        another one: it is found only by its request's identity, a digest of everything
+        that determines the answer (the instructions, the numbered transcript, the item
+        count; for media the message id, content and surrounding text). An answer made
+        under another prompt or mode simply matches no request. ``remembered_requests``
+        is a capacity, not a meaning: a restore keeps the newest that many, as
+        :func:`~maf_compaction.core.user_summaries.absorb` itself would.
+
+        Raises:
+            SnapshotVersionError: It was written by a newer or unknown schema version.
+            SnapshotError: It is malformed or inconsistent.
+        """
+        fields = USER_SNAPSHOT_ENVELOPE.read(data)
         return cls(
-            answers=_answers(data, "answers"),
-            descriptions=_answers(data, "descriptions"),
-            compactions=count_field(data, "compactions"),
-            folds=count_field(data, "folds"),
+            answers=_answers(fields, "answers", descriptions=False),
+            descriptions=_answers(fields, "descriptions", descriptions=True),
+            compactions=fields.count("compactions"),
+            folds=fields.count("folds"),
         )
 
 
@@ -92,31 +104,31 @@ def _answer_dict(answer: Answer) -> dict[str, object]:
     }
 
 
-def _answers(data: Mapping[str, object], name: str) -> tuple[Answer, ...]:
-    value = data.get(name, [])
-    if not isinstance(value, (list, tuple)):
-        raise SnapshotError(f"snapshot field {name!r} must be a list, got {value!r}")
+def _answers(fields: Fields, name: str, *, descriptions: bool) -> tuple[Answer, ...]:
+    """Stored answers, checked against what :func:`~maf_compaction.core.user_summaries.absorb` writes.
+
+    - One answer per identity: absorbing an answer replaces the one it supersedes, so a
+      second would shadow the first depending on lookup order.
+    - A text is never blank: a blank answer is recorded as a failure (``None``).
+    - ``turns`` marks a failure's conversation state, so an answer with text has none.
+    - A description is not a summary: it carries no ``summary_id`` and no ``sources``.
+    """
     found: list[Answer] = []
-    for item in cast("Sequence[object]", value):
-        if not isinstance(item, Mapping):
-            raise SnapshotError(f"snapshot field {name!r} must hold mappings, got {item!r}")
-        entry = cast("Mapping[str, object]", item)
-        identity, text, summary_id, sources, turns = (
-            entry.get("identity"),
-            entry.get("text"),
-            entry.get("summary_id"),
-            entry.get("sources"),
-            entry.get("turns"),
+    for entry in fields.entries(name, ANSWER_FIELDS):
+        text = entry.optional("text", entry.text)
+        turns = entry.optional("turns", entry.count)
+        if text is not None and turns is not None:
+            raise entry.error("turns", f"an answer with text carries no turns, got {turns}")
+        answer = Answer(
+            identity=entry.text("identity"),
+            text=text,
+            summary_id=entry.optional("summary_id", entry.text),
+            sources=entry.optional("sources", partial(entry.count, minimum=1)),
+            turns=turns,
         )
-        if not isinstance(identity, str) or not identity:
-            raise SnapshotError(f"snapshot field {name!r}: an entry has no identity: {item!r}")
-        if text is not None and not isinstance(text, str):
-            raise SnapshotError(f"snapshot field {name!r}: 'text' must be a string or null, got {text!r}")
-        if summary_id is not None and not isinstance(summary_id, str):
-            raise SnapshotError(f"snapshot field {name!r}: 'summary_id' must be a string or null, got {summary_id!r}")
-        if sources is not None and (not isinstance(sources, int) or isinstance(sources, bool) or sources < 1):
-            raise SnapshotError(f"snapshot field {name!r}: 'sources' must be a positive integer or null")
-        if turns is not None and (not isinstance(turns, int) or isinstance(turns, bool) or turns < 0):
-            raise SnapshotError(f"snapshot field {name!r}: 'turns' must be a non-negative integer or null")
-        found.append(Answer(identity=identity, text=text, summary_id=summary_id, sources=sources, turns=turns))
+        if descriptions and (answer.summary_id is not None or answer.sources is not None):
+            field = "summary_id" if answer.summary_id is not None else "sources"
+            raise entry.error(field, "a media description carries no summary_id or sources")
+        found.append(answer)
+    fields.distinct(name, [a.identity for a in found], what="identity")
     return tuple(found)

@@ -1,0 +1,527 @@
+"""The one snapshot envelope: strict reading, config checks, lossless round trips.
+
+Each finding of issue 10 (item 3) is reproduced first, then the properties: every valid
+snapshot of every kind survives a JSON round trip unchanged, and every single-field
+corruption of a valid dict is refused with a ``SnapshotError`` (never another exception,
+never silently accepted).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, cast
+
+import pytest
+from agent_framework import CharacterEstimatorTokenizer
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.strategies import SearchStrategy
+
+from maf_compaction import (
+    AnchoredCompactionStrategy,
+    AnchoredSnapshot,
+    Ask,
+    RecordDecisions,
+    SnapshotError,
+    SnapshotVersionError,
+    ToolResultAnchoredSummarizationCompactionStrategy,
+    UserSummarySnapshot,
+)
+from maf_compaction.core.effects import Answer
+from maf_compaction.core.envelope import MAX_COUNT, Envelope
+from snapshot_values import anchored_snapshots, record_decisions, user_snapshots
+
+Snapshot = AnchoredSnapshot | RecordDecisions | UserSummarySnapshot
+Reader = Callable[[Mapping[str, object]], Snapshot]
+
+READERS: dict[str, Reader] = {
+    "anchored": AnchoredSnapshot.from_dict,
+    "records": RecordDecisions.from_dict,
+    "user_summaries": UserSummarySnapshot.from_dict,
+}
+any_snapshot: SearchStrategy[Snapshot] = anchored_snapshots() | record_decisions() | user_snapshots
+
+
+def read(data: Mapping[str, Any]) -> Snapshot:
+    """Read ``data`` with the reader of the kind it claims (the anchored one when it claims none)."""
+    kind = data.get("kind") if isinstance(data, Mapping) else None
+    return READERS.get(kind if isinstance(kind, str) else "anchored", AnchoredSnapshot.from_dict)(data)
+
+
+def anchored(**fields: object) -> dict[str, object]:
+    """A valid anchored dict (made under the default head) with ``fields`` replaced."""
+    return {**AnchoredSnapshot(keep_head_groups=3).to_dict(), **fields}
+
+
+def records(**fields: object) -> dict[str, object]:
+    return {**RecordDecisions().to_dict(), **fields}
+
+
+def ask(**fields: object) -> dict[str, object]:
+    return {"targets": [1], "records_at_ask": 1, "responses_at_ask": 2, "taken": False, **fields}
+
+
+def user(**fields: object) -> dict[str, object]:
+    return {**UserSummarySnapshot().to_dict(), **fields}
+
+
+def answer(**fields: object) -> dict[str, object]:
+    return {
+        "identity": "a" * 32,
+        "text": "the user asked for X",
+        "summary_id": None,
+        "sources": 1,
+        "turns": None,
+        **fields,
+    }
+
+
+# ----------------------------------------------------------------------------- the findings
+
+
+def test_a_truncated_record_snapshot_is_refused_naming_the_missing_fields() -> None:
+    # Regression: {"kind": "records", "version": 1} alone once read as empty decisions.
+    with pytest.raises(SnapshotError, match=r"'settled', 'ask' are missing"):
+        RecordDecisions.from_dict({"kind": "records", "version": 1})
+    with pytest.raises(SnapshotError, match=r"snapshot field 'ask' is missing"):
+        RecordDecisions.from_dict({"kind": "records", "version": 1, "settled": []})
+
+
+@pytest.mark.parametrize("field", ["targets", "records_at_ask", "responses_at_ask", "taken"])
+def test_a_truncated_ask_is_refused_naming_the_field_path(field: str) -> None:
+    stored = ask()
+    del stored[field]
+    with pytest.raises(SnapshotError, match=rf"snapshot field 'ask\.{field}' is missing"):
+        RecordDecisions.from_dict(records(ask=stored))
+
+
+@pytest.mark.parametrize(
+    "field", ["tools_shed", "texts_shed", "shortened", "spared_tools", "spared_texts", "shed_sizes", "keep_head_groups"]
+)
+def test_every_anchored_field_is_required(field: str) -> None:
+    data = anchored(tools_shed=2)
+    del data[field]
+    with pytest.raises(SnapshotError, match=rf"snapshot field '{field}' is missing"):
+        AnchoredSnapshot.from_dict(data)
+
+
+@pytest.mark.parametrize("field", ["answers", "descriptions", "compactions", "folds"])
+def test_every_user_summary_field_is_required(field: str) -> None:
+    data = user()
+    del data[field]
+    with pytest.raises(SnapshotError, match=rf"snapshot field '{field}' is missing"):
+        UserSummarySnapshot.from_dict(data)
+
+
+@pytest.mark.parametrize("field", ["identity", "text", "summary_id", "sources", "turns"])
+def test_every_answer_field_is_required(field: str) -> None:
+    entry = answer()
+    del entry[field]
+    with pytest.raises(SnapshotError, match=rf"snapshot field 'answers\[0\]\.{field}' is missing"):
+        UserSummarySnapshot.from_dict(user(answers=[entry]))
+
+
+@pytest.mark.parametrize("count", [10**18, MAX_COUNT + 1, 2**63])
+def test_an_absurd_count_is_refused(count: int) -> None:
+    with pytest.raises(SnapshotError, match=r"snapshot field 'tools_shed': must be an integer in \[0, 2147483647\]"):
+        AnchoredSnapshot.from_dict(anchored(tools_shed=count))
+    with pytest.raises(SnapshotError, match=r"'ask\.records_at_ask'"):
+        RecordDecisions.from_dict(records(ask=ask(records_at_ask=count)))
+    with pytest.raises(SnapshotError, match=r"'spared_texts\[0\]'"):
+        AnchoredSnapshot.from_dict(anchored(texts_shed=MAX_COUNT, spared_texts=[count]))
+
+
+def test_the_largest_count_is_accepted() -> None:
+    data = anchored(tools_shed=MAX_COUNT, spared_tools=[MAX_COUNT - 1])
+    assert AnchoredSnapshot.from_dict(data).tools_shed == MAX_COUNT
+
+
+def test_a_snapshot_without_its_head_is_refused() -> None:
+    # Regression: dropping keep_head_groups once skipped the head check on restore.
+    data = anchored(tools_shed=2)
+    del data["keep_head_groups"]
+    strategy = AnchoredCompactionStrategy(max_input_tokens=1_000, tokenizer=CharacterEstimatorTokenizer())
+    with pytest.raises(SnapshotError, match="'keep_head_groups' is missing"):
+        strategy.restore_decisions(data)
+    assert strategy.decision_state() == AnchoredSnapshot()
+
+
+@pytest.mark.parametrize("field", ["tools_shed", "texts_shed", "shortened"])
+def test_decisions_under_a_null_head_are_refused(field: str) -> None:
+    with pytest.raises(
+        SnapshotError, match="snapshot field 'keep_head_groups': null, but the snapshot holds decisions"
+    ):
+        AnchoredSnapshot.from_dict(anchored(keep_head_groups=None, **{field: 1}))
+
+
+def test_an_empty_snapshot_needs_no_head() -> None:
+    assert AnchoredSnapshot.from_dict(AnchoredSnapshot().to_dict(), keep_head_groups=7) == AnchoredSnapshot()
+
+
+def test_a_snapshot_made_under_another_head_is_refused_naming_both_values() -> None:
+    data = anchored(tools_shed=2, keep_head_groups=5)
+    with pytest.raises(SnapshotError, match=r"'keep_head_groups'.*keep_head_groups=5.*keep_head_groups=3"):
+        AnchoredSnapshot.from_dict(data, keep_head_groups=3)
+    assert AnchoredSnapshot.from_dict(data, keep_head_groups=5).keep_head_groups == 5
+    assert AnchoredSnapshot.from_dict(data).keep_head_groups == 5  # no config given: not checked
+    error = AnchoredSnapshot(tools_shed=2, keep_head_groups=5).config_error(keep_head_groups=3)
+    assert isinstance(error, SnapshotError)
+    assert AnchoredSnapshot(tools_shed=2, keep_head_groups=5).config_error(keep_head_groups=5) is None
+
+
+def test_restoring_a_value_checks_it_like_a_dict() -> None:
+    strategy = AnchoredCompactionStrategy(max_input_tokens=1_000, tokenizer=CharacterEstimatorTokenizer())
+    with pytest.raises(SnapshotError, match="spared_tools"):
+        strategy.restore_decisions(AnchoredSnapshot(tools_shed=1, spared_tools=(4,), keep_head_groups=3))
+    with pytest.raises(SnapshotError, match="keep_head_groups"):
+        strategy.restore_decisions(AnchoredSnapshot(tools_shed=1))
+    records_strategy = ToolResultAnchoredSummarizationCompactionStrategy(
+        max_input_tokens=1_000, tokenizer=CharacterEstimatorTokenizer()
+    )
+    with pytest.raises(SnapshotError, match=r"ask\.targets"):
+        records_strategy.restore_decisions(RecordDecisions(settled=(2,), ask=Ask((2,), 1, 1)))
+
+
+def test_duplicate_shed_sizes_are_refused() -> None:
+    # Regression: duplicate positions once merged silently (the last one won).
+    data = anchored(tools_shed=4, shed_sizes=[[1, 2], [1, 3]])
+    with pytest.raises(SnapshotError, match=r"snapshot field 'shed_sizes': duplicate position 1"):
+        AnchoredSnapshot.from_dict(data)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (anchored(tools_shed=9, spared_tools=[3, 3]), r"'spared_tools': duplicate position 3"),
+        (anchored(texts_shed=9, spared_texts=[0, 5, 0]), r"'spared_texts': duplicate position 0"),
+        (records(settled=[4, 4]), r"'settled': duplicate position 4"),
+        (records(ask=ask(targets=[3, 1, 3])), r"'ask\.targets': duplicate position 3"),
+        (user(answers=[answer(), answer(text=None)]), r"'answers': duplicate identity 'a{32}'"),
+        (
+            user(descriptions=[answer(sources=None), answer(sources=None, text="other")]),
+            r"'descriptions': duplicate identity",
+        ),
+    ],
+)
+def test_duplicates_are_refused_naming_field_and_value(data: dict[str, object], message: str) -> None:
+    with pytest.raises(SnapshotError, match=message):
+        read(data)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({**anchored(), "shed_count": 1}, r"unknown snapshot field\(s\) 'shed_count'"),
+        ({**records(), "pinned": True, "asks": []}, r"'pinned', 'asks'"),
+        (records(ask=ask(extra=1)), r"'ask\.extra'"),
+        (user(answers=[answer(kind="summary")]), r"'answers\[0\]\.kind'"),
+    ],
+)
+def test_unknown_fields_are_refused_naming_them(data: dict[str, object], message: str) -> None:
+    with pytest.raises(SnapshotError, match=message):
+        read(data)
+
+
+@pytest.mark.parametrize("kind", list(READERS))
+@pytest.mark.parametrize("version", [2, 99, 0, -1])
+def test_an_unknown_version_is_refused_naming_it(kind: str, version: int) -> None:
+    data = {"kind": kind, "version": version}
+    with pytest.raises(SnapshotVersionError, match=rf"version {version} is not supported.*reads versions 1") as raised:
+        READERS[kind](data)
+    assert (raised.value.version, raised.value.supported) == (version, (1,))
+    advice = "upgrade maf-compaction" if version > 1 else "no build of maf-compaction writes it"
+    assert advice in str(raised.value)
+
+
+@pytest.mark.parametrize("version", ["1", 1.0, True, None, [1]])
+def test_a_version_that_is_not_an_integer_is_refused(version: object) -> None:
+    with pytest.raises(SnapshotVersionError):
+        RecordDecisions.from_dict({**records(), "version": version})
+
+
+def test_a_missing_version_is_refused() -> None:
+    data = records()
+    del data["version"]
+    with pytest.raises(SnapshotError, match="'version' is missing"):
+        RecordDecisions.from_dict(data)
+
+
+@pytest.mark.parametrize("expected", list(READERS))
+@pytest.mark.parametrize("got", [*READERS, "summary"])
+def test_a_snapshot_of_another_kind_is_refused_naming_both(expected: str, got: str) -> None:
+    if expected == got:
+        return
+    data = {**(anchored() if got == "anchored" else records() if got == "records" else user()), "kind": got}
+    with pytest.raises(SnapshotError, match=rf"expected an? '{expected}' snapshot, got kind '{got}'"):
+        READERS[expected](data)
+
+
+def test_a_snapshot_without_a_kind_is_refused() -> None:
+    data = anchored()
+    del data["kind"]
+    with pytest.raises(SnapshotError, match="got no kind"):
+        AnchoredSnapshot.from_dict(data)
+
+
+@pytest.mark.parametrize("kind", list(READERS))
+@pytest.mark.parametrize("data", [None, [], "anchored", 3, b"{}"])
+def test_a_non_mapping_is_refused(kind: str, data: object) -> None:
+    with pytest.raises(SnapshotError, match="must be a mapping"):
+        READERS[kind](cast("Any", data))
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (anchored(tools_shed=True), r"'tools_shed': must be an integer"),
+        (anchored(tools_shed=-1), r"'tools_shed': must be an integer in \[0, "),
+        (anchored(keep_head_groups=False), r"'keep_head_groups'"),
+        (anchored(tools_shed=3, shed_sizes=[[1, True]]), r"'shed_sizes\[0\]'"),
+        (anchored(tools_shed=3, shed_sizes=[[1, 2, 3]]), r"'shed_sizes\[0\]': must be a \[position, count\] pair"),
+        (records(ask=ask(taken=1)), r"'ask\.taken': must be true or false"),
+        (records(ask=[1]), r"'ask': must be an object"),
+        (user(answers=[answer(sources=0)]), r"'answers\[0\]\.sources': must be an integer in \[1, "),
+        (user(answers=[answer(text="  ")]), r"'answers\[0\]\.text': must be a non-empty string"),
+        (user(answers=[answer(identity="")]), r"'answers\[0\]\.identity'"),
+        (user(answers=[3]), r"'answers\[0\]': must be an object"),
+        (user(compactions=1.0), r"'compactions'"),
+    ],
+)
+def test_wrong_types_and_ranges_are_refused_naming_the_path(data: dict[str, object], message: str) -> None:
+    with pytest.raises(SnapshotError, match=message):
+        read(data)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (anchored(tools_shed=3, spared_tools=[3]), r"'spared_tools': position 3 is not below tools_shed=3"),
+        (anchored(texts_shed=0, spared_texts=[0]), r"'spared_texts': position 0 is not below texts_shed=0"),
+        (anchored(tools_shed=2, shed_sizes=[[2, 1]]), r"'shed_sizes': position 2 is not below tools_shed=2"),
+        (anchored(tools_shed=4, spared_tools=[1], shed_sizes=[[1, 2]]), r"'shed_sizes': position 1 is spared"),
+        (records(settled=[2, 5], ask=ask(targets=[1, 5])), r"'ask\.targets': position 5 is also settled"),
+        (records(ask=ask(targets=[])), r"'ask\.targets': must name at least one group"),
+        (user(answers=[answer(turns=3)]), r"'answers\[0\]\.turns': an answer with text carries no turns"),
+        (user(descriptions=[answer(summary_id="user_summary_1", sources=None)]), r"'descriptions\[0\]\.summary_id'"),
+        (user(descriptions=[answer()]), r"'descriptions\[0\]\.sources'"),
+    ],
+)
+def test_inconsistent_snapshots_are_refused(data: dict[str, object], message: str) -> None:
+    with pytest.raises(SnapshotError, match=message):
+        read(data)
+
+
+def test_todays_dicts_are_byte_compatible() -> None:
+    """The envelope keeps the layout, order and version every snapshot had: stored ones still read."""
+    assert json.dumps(AnchoredSnapshot(tools_shed=3, spared_tools=(1,), keep_head_groups=3).to_dict()) == (
+        '{"kind": "anchored", "version": 1, "tools_shed": 3, "texts_shed": 0, "shortened": 0, "spared_tools": [1], '
+        '"spared_texts": [], "shed_sizes": [], "keep_head_groups": 3}'
+    )
+    assert json.dumps(RecordDecisions((0,), Ask((2,), 1, 3, taken=True)).to_dict()) == (
+        '{"kind": "records", "version": 1, "settled": [0], "ask": {"targets": [2], "records_at_ask": 1, '
+        '"responses_at_ask": 3, "taken": true}}'
+    )
+    assert json.dumps(UserSummarySnapshot((Answer("i", None, "user_summary_0", 2, turns=4),), (), 1, 0).to_dict()) == (
+        '{"kind": "user_summaries", "version": 1, "answers": [{"identity": "i", "text": null, "summary_id": '
+        '"user_summary_0", "sources": 2, "turns": 4}], "descriptions": [], "compactions": 1, "folds": 0}'
+    )
+
+
+def test_an_older_layout_is_read_when_declared() -> None:
+    """The envelope reads an older version's fields when a kind declares it (the hook new kinds migrate by)."""
+    envelope = Envelope("recall", 2, ("streak", "disabled"), older=((1, ("streak",)),))
+    assert envelope.supported == (1, 2)
+    old = envelope.read({"kind": "recall", "version": 1, "streak": 2})
+    assert (old.version, old.count("streak")) == (1, 2)
+    with pytest.raises(SnapshotError, match="'disabled' is missing"):
+        envelope.read({"kind": "recall", "version": 2, "streak": 2})
+    with pytest.raises(SnapshotError, match="unknown snapshot field"):
+        envelope.read({"kind": "recall", "version": 1, "streak": 2, "disabled": True})
+    with pytest.raises(SnapshotVersionError):
+        envelope.read({"kind": "recall", "version": 3, "streak": 2, "disabled": True})
+
+
+def test_a_writer_cannot_drift_from_its_declared_fields() -> None:
+    envelope = Envelope("recall", 1, ("streak", "disabled"))
+    assert envelope.write({"streak": 1, "disabled": False}) == {
+        "kind": "recall",
+        "version": 1,
+        "streak": 1,
+        "disabled": False,
+    }
+    with pytest.raises(ValueError, match="writes streak, disabled, got streak"):
+        envelope.write({"streak": 1})
+    with pytest.raises(ValueError, match="got disabled, streak"):
+        envelope.write({"disabled": False, "streak": 1})
+
+
+def test_a_long_bad_value_is_shown_cut_short() -> None:
+    with pytest.raises(SnapshotError) as raised:
+        AnchoredSnapshot.from_dict(anchored(tools_shed="x" * 10_000))
+    assert len(str(raised.value)) < 200
+
+
+# ----------------------------------------------------------------------------- properties
+
+
+@given(any_snapshot)
+def test_the_strict_round_trip_is_lossless(snapshot: Snapshot) -> None:
+    """Every valid snapshot reads back from its JSON equal to itself, and writes the same dict again."""
+    data = json.loads(json.dumps(snapshot.to_dict()))
+    restored = read(data)
+    assert restored == snapshot
+    assert restored.to_dict() == data
+
+
+@given(anchored_snapshots(), st.integers(0, 12))
+def test_an_anchored_snapshot_restores_only_under_its_own_head(snapshot: AnchoredSnapshot, head: int) -> None:
+    """A snapshot reads under the head it was made with (or any head when it names none), and no other."""
+    data = snapshot.to_dict()
+    if snapshot.keep_head_groups in (None, head):
+        assert AnchoredSnapshot.from_dict(data, keep_head_groups=head) == snapshot
+    else:
+        with pytest.raises(SnapshotError, match=f"keep_head_groups={snapshot.keep_head_groups}.*={head}"):
+            AnchoredSnapshot.from_dict(data, keep_head_groups=head)
+
+
+Path = tuple[str | int, ...]
+
+
+def _nodes(value: object, path: Path = ()) -> list[tuple[Path, object]]:
+    """Every value in a JSON tree with its path (the root first)."""
+    found: list[tuple[Path, object]] = [(path, value)]
+    if isinstance(value, dict):
+        for key, item in cast("dict[str, object]", value).items():
+            found.extend(_nodes(item, (*path, key)))
+    elif isinstance(value, list):
+        for index, item in enumerate(cast("list[object]", value)):
+            found.extend(_nodes(item, (*path, index)))
+    return found
+
+
+def _at(tree: object, path: Path) -> Any:
+    node: Any = tree
+    for step in path:
+        node = node[step]
+    return node
+
+
+def _wrong_types(value: object) -> list[object]:
+    """Values of another JSON type that no field holding ``value`` accepts.
+
+    ``None`` is never offered for a non-null value: several fields are nullable. No
+    field is a float, so a float is wrong everywhere.
+    """
+    if isinstance(value, bool):
+        return [1, "true", 1.5]
+    if isinstance(value, int):
+        return [True, str(value), 1.5, [value]]
+    if isinstance(value, str):
+        return [5, 1.5, [value]]
+    if isinstance(value, list):
+        return [{}, "[]", 5, 1.5]
+    if isinstance(value, dict):
+        return [[], "{}", 5, 1.5]
+    return [1.5, [1.5]]  # None
+
+
+def corruptions(data: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every single-field corruption of a valid snapshot dict, each on a fresh copy, with how it was made.
+
+    Delete any field; add an unknown field to any object; give any value a type no
+    field holding it accepts; put any integer out of range; repeat any list element.
+    """
+    for path, value in _nodes(data):
+        if path and isinstance(path[-1], str):
+            yield _changed(data, f"delete {list(path)}", lambda tree, p=path: _delete(tree, p))
+        if isinstance(value, dict):
+            yield _changed(
+                data, f"unknown field in {list(path)}", lambda tree, p=path: _set(tree, (*p, "unexpected"), 0)
+            )
+        if isinstance(value, list) and value:
+            for index in range(len(cast("list[object]", value))):
+                yield _changed(data, f"repeat {list(path)}[{index}]", lambda tree, p=path, i=index: _repeat(tree, p, i))
+        if not path:
+            continue
+        for wrong in _wrong_types(value):
+            yield _changed(data, f"{wrong!r} at {list(path)}", lambda tree, p=path, w=wrong: _set(tree, p, w))
+        if isinstance(value, int) and not isinstance(value, bool):
+            for wrong in (-1, MAX_COUNT + 1, 10**18):
+                yield _changed(data, f"{wrong} at {list(path)}", lambda tree, p=path, w=wrong: _set(tree, p, w))
+
+
+def _changed(data: dict[str, Any], how: str, change: Callable[[Any], None]) -> tuple[str, dict[str, Any]]:
+    tree = copy.deepcopy(data)
+    change(tree)
+    return how, tree
+
+
+def _delete(tree: Any, path: Path) -> None:
+    del _at(tree, path[:-1])[path[-1]]
+
+
+def _set(tree: Any, path: Path, value: object) -> None:
+    _at(tree, path[:-1])[path[-1]] = value
+
+
+def _repeat(tree: Any, path: Path, index: int) -> None:
+    items = _at(tree, path)
+    items.append(copy.deepcopy(items[index]))
+
+
+@given(any_snapshot)
+def test_any_single_field_corruption_is_refused(snapshot: Snapshot) -> None:
+    """Deleting, retyping, overflowing or repeating any one field of a valid dict, or adding one, is refused."""
+    data = json.loads(json.dumps(snapshot.to_dict()))
+    tried = 0
+    for how, corrupt in corruptions(data):
+        tried += 1
+        try:
+            read(corrupt)
+        except SnapshotError:
+            continue
+        raise AssertionError(f"accepted after {how}: {json.dumps(corrupt)}")
+    assert tried >= len(data) * 2  # every top-level field was at least deleted and retyped
+
+
+@given(any_snapshot, st.sampled_from(list(READERS)))
+def test_every_reader_refuses_the_other_kinds(snapshot: Snapshot, kind: str) -> None:
+    """A valid snapshot of one kind is never read as another kind."""
+    data = snapshot.to_dict()
+    if data["kind"] == kind:
+        assert READERS[kind](data) == snapshot
+    else:
+        with pytest.raises(SnapshotError, match=f"expected an? '{kind}' snapshot, got kind '{data['kind']}'"):
+            READERS[kind](data)
+
+
+@given(anchored_snapshots().filter(lambda s: s.keep_head_groups is not None), st.data())
+def test_a_position_at_or_past_its_watermark_is_refused(snapshot: AnchoredSnapshot, data: st.DataObject) -> None:
+    """Moving one spared or sized position to its lane's watermark or beyond is refused, naming the field."""
+    lanes = [
+        ("spared_tools", snapshot.tools_shed),
+        ("spared_texts", snapshot.texts_shed),
+        ("shed_sizes", snapshot.tools_shed),
+    ]
+    field, watermark = data.draw(st.sampled_from([lane for lane in lanes if lane[1] < MAX_COUNT] or [lanes[0]]))
+    if watermark >= MAX_COUNT:
+        return
+    position = data.draw(st.integers(watermark, MAX_COUNT))
+    stored = snapshot.to_dict()
+    entries = cast("list[Any]", stored[field])
+    entries.append([position, 1] if field == "shed_sizes" else position)
+    with pytest.raises(SnapshotError, match=rf"'{field}': position {position} is not below"):
+        AnchoredSnapshot.from_dict(stored)
+
+
+@given(record_decisions().filter(lambda d: d.ask is not None and bool(d.settled)), st.data())
+def test_an_ask_for_a_settled_group_is_refused(decisions: RecordDecisions, data: st.DataObject) -> None:
+    """Adding any settled group to the outstanding ask is refused, naming the group."""
+    settled = data.draw(st.sampled_from(decisions.settled))
+    stored = decisions.to_dict()
+    ask_fields = cast("dict[str, Any]", stored["ask"])
+    ask_fields["targets"] = [*ask_fields["targets"], settled]
+    with pytest.raises(SnapshotError, match=rf"'ask\.targets': position {settled} is also settled"):
+        RecordDecisions.from_dict(stored)
