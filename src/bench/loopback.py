@@ -339,31 +339,19 @@ def _text_of(value: object) -> str:
     return "\n".join(c.text or "" for c in _parts(value) if c.type == "text")
 
 
-def _responses_tool_choice(value: object) -> object:
-    if value is None or isinstance(value, str):
-        return value
+def _tool_choice(value: object) -> object:
+    """Either API's ``tool_choice`` in the framework form (Chat nests names under ``function``)."""
     data = _as_mapping(value)
-    kind = data.get("type")
-    if kind == "function" and isinstance(data.get("name"), str):
-        return {"mode": "required", "required_function_name": data["name"]}
-    if kind == "allowed_tools":
-        names = [t.get("name") for t in map(_as_mapping, _as_list(data.get("tools")))]
-        return {"mode": data.get("mode", "auto"), "allowed_tools": [n for n in names if isinstance(n, str)]}
-    return value
 
+    def name_of(tool: object) -> object:
+        found = _as_mapping(tool)
+        return found.get("name", _as_mapping(found.get("function")).get("name"))
 
-def _chat_tool_choice(value: object) -> object:
-    if value is None or isinstance(value, str):
-        return value
-    data = _as_mapping(value)
-    kind = data.get("type")
-    if kind == "function":
-        name = _as_mapping(data.get("function")).get("name")
-        if isinstance(name, str):
-            return {"mode": "required", "required_function_name": name}
-    if kind == "allowed_tools":
-        allowed = _as_mapping(data.get("allowed_tools"))
-        names = [_as_mapping(t.get("function")).get("name") for t in map(_as_mapping, _as_list(allowed.get("tools")))]
+    if data.get("type") == "function" and isinstance(name := name_of(data), str):
+        return {"mode": "required", "required_function_name": name}
+    if data.get("type") == "allowed_tools":
+        allowed = _as_mapping(data.get("allowed_tools")) or data
+        names = [name_of(tool) for tool in _as_list(allowed.get("tools"))]
         return {"mode": allowed.get("mode", "auto"), "allowed_tools": [n for n in names if isinstance(n, str)]}
     return value
 
@@ -431,7 +419,7 @@ def parse_responses_request(body: Mapping[str, Any]) -> ParsedRequest:
                 messages.append(message)
     return ParsedRequest(
         messages=messages,
-        tool_choice=_responses_tool_choice(body.get("tool_choice")),
+        tool_choice=_tool_choice(body.get("tool_choice")),
         max_tokens=_int_or_none(body.get("max_output_tokens")),
         stream=bool(body.get("stream")),
     )
@@ -467,7 +455,7 @@ def parse_chat_request(body: Mapping[str, Any]) -> ParsedRequest:
         max_tokens = _int_or_none(body.get("max_tokens"))
     return ParsedRequest(
         messages=messages,
-        tool_choice=_chat_tool_choice(body.get("tool_choice")),
+        tool_choice=_tool_choice(body.get("tool_choice")),
         max_tokens=max_tokens,
         stream=bool(body.get("stream")),
     )

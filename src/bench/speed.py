@@ -263,24 +263,29 @@ class _NoOp:
         return False
 
 
-class _Stopwatch:
-    """Wraps a strategy to time its own share of an ``apply_compaction`` call.
+class _OwnShare:
+    """Wraps a strategy to time (and optionally profile) its own share of an ``apply_compaction`` call.
 
     It exposes the wrapped strategy's ``tokenizer`` (the framework reads it) and adds
     one ``await`` and two clock reads, a few microseconds.
     """
 
-    def __init__(self, strategy: CompactionStrategy) -> None:
+    def __init__(self, strategy: CompactionStrategy, profiler: cProfile.Profile | None = None) -> None:
         self.strategy = strategy
+        self.profiler = profiler
         self.tokenizer: object = getattr(strategy, "tokenizer", None)
         self.last_ms = 0.0
 
     async def __call__(self, messages: list[Message]) -> bool:
+        if self.profiler is not None:
+            self.profiler.enable()
         start = time.perf_counter()
         try:
             return await self.strategy(messages)
         finally:
             self.last_ms = (time.perf_counter() - start) * 1_000
+            if self.profiler is not None:
+                self.profiler.disable()
 
 
 def make_strategy(name: str, budget: int, tokenizer: TokenizerProtocol) -> CompactionStrategy:
@@ -311,7 +316,7 @@ async def _timed(
     messages: list[Message], strategy: CompactionStrategy, tokenizer: TokenizerProtocol, into: Measurement
 ) -> None:
     """Time one whole ``apply_compaction`` call (and the strategy's share) into ``into``."""
-    watch = _Stopwatch(strategy)
+    watch = _OwnShare(strategy)
     gc.collect()
     start = time.perf_counter()
     projected = await apply_compaction(messages, strategy=watch, tokenizer=tokenizer)
@@ -587,22 +592,6 @@ def render(
 # ----------------------------------------------------------------------------------------
 
 
-class _Profiled:
-    """Wraps a strategy so a profiler sees only the strategy's own share of the call."""
-
-    def __init__(self, strategy: CompactionStrategy, profiler: cProfile.Profile) -> None:
-        self.strategy = strategy
-        self.profiler = profiler
-        self.tokenizer: object = getattr(strategy, "tokenizer", None)
-
-    async def __call__(self, messages: list[Message]) -> bool:
-        self.profiler.enable()
-        try:
-            return await self.strategy(messages)
-        finally:
-            self.profiler.disable()
-
-
 async def profile_warm(work: Workload, tokenizer: TokenizerProtocol, repeats: int, top: int) -> str:
     """cProfile of our warm passes at ``work.size``: the whole call, then the strategy's own share.
 
@@ -622,7 +611,7 @@ async def profile_warm(work: Workload, tokenizer: TokenizerProtocol, repeats: in
                 await apply_compaction(messages, strategy=strategy, tokenizer=tokenizer)
                 profiler.disable()
             else:
-                await apply_compaction(messages, strategy=_Profiled(strategy, profiler), tokenizer=tokenizer)
+                await apply_compaction(messages, strategy=_OwnShare(strategy, profiler), tokenizer=tokenizer)
     state.restore()
     out = io.StringIO()
     for profiler, what in ((whole, "the whole apply_compaction call"), (own, "the strategy's own share")):
