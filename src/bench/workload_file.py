@@ -7,7 +7,10 @@ generator produces:
   see ``docs/workload-format.md``) and validates every field. Typos do not pass
   silently: unknown keys, missing fields, wrong types and inconsistent turns each raise
   :class:`WorkloadError` with the file, the JSON path (``turns[3].calls[0].result``) and
-  what is wrong.
+  what is wrong. The format's objects are ``msgspec`` structs, which check keys, types
+  and string patterns; what msgspec reports is reworded here, and the checks across
+  fields (unique names, declared tools, probe turns, media) and against repeated keys
+  (which JSON parsers accept) are made after it.
 - :func:`load_session` reads an ``AgentSession.to_dict()`` export (``--session
   FILE.json``) and turns the messages a history provider stored in it into turns to
   replay: one turn per user message, its tool calls matched to their results by call id,
