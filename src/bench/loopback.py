@@ -15,9 +15,11 @@ Per request the server
    :func:`parse_chat_request`) and asks the :class:`~.model.ScriptedModel` for the reply;
 2. renders the *wire* request canonically (:func:`render_responses_request`,
    :func:`render_chat_request`) and accounts it with the :class:`~.provider.SimulatedProvider`;
-3. answers in the shape the ``openai`` SDK parses, usage included: Responses
-   ``usage.input_tokens``, ``input_tokens_details.cached_tokens``, ``output_tokens``,
-   ``output_tokens_details.reasoning_tokens``; Chat ``usage.prompt_tokens``,
+3. answers with the ``openai`` SDK's own types (``Response`` and its output items, every SSE
+   event validated as a ``ResponseStreamEvent``, ``ChatCompletion``, ``ChatCompletionChunk``),
+   sent as the fields they were given (``model_dump(mode="json", exclude_unset=True)``),
+   usage included: Responses ``usage.input_tokens``, ``input_tokens_details.cached_tokens``,
+   ``output_tokens``, ``output_tokens_details.reasoning_tokens``; Chat ``usage.prompt_tokens``,
    ``prompt_tokens_details.cached_tokens``, ``completion_tokens``.
 
 Rendering (what the simulated cache sees). A request becomes a
@@ -183,7 +185,7 @@ _DELTA_CHARS: Final = 48
 _ISSUED_PREFIXES: Final = ("resp", "rs", "fc", "msg", "chatcmpl")
 #: Validates (and builds) the SDK's stream event of a payload, by its ``type``.
 _STREAM_EVENT: Final[TypeAdapter[ResponseStreamEvent]] = TypeAdapter(ResponseStreamEvent)
-ChunkFinishReason: TypeAlias = Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
+_FinishReason: TypeAlias = Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -734,7 +736,7 @@ def chat_chunks(completion: ChatCompletion | Mapping[str, Any], *, include_usage
     base = {"id": done.id, "created": done.created, "model": done.model, "system_fingerprint": done.system_fingerprint}
     choice = done.choices[0]
 
-    def chunk(delta: ChoiceDelta, finish_reason: ChunkFinishReason | None = None) -> dict[str, Any]:
+    def chunk(delta: ChoiceDelta, finish_reason: _FinishReason | None = None) -> dict[str, Any]:
         picked = ChunkChoice(index=0, delta=delta, finish_reason=finish_reason, logprobs=None)
         return _wire(ChatCompletionChunk(**base, object="chat.completion.chunk", choices=[picked]))
 
