@@ -49,5 +49,5 @@ def test_history_is_deterministic_and_realistic() -> None:
     result = first[2].contents[0].result
     assert isinstance(result, str)
     assert len(result) >= 300
-    assert "code_0=TL-" in result
+    assert "code_1_1=TL-" in result  # a code the scenario generator planted in lookup 1
     assert any(c.type == "text_reasoning" and c.protected_data for c in first[5].contents)

@@ -315,6 +315,15 @@ INVALID: dict[str, tuple[Callable[[JsonDict], None], str, tuple[str, ...]]] = {
         ("MIME type",),
     ),
     "media uri empty": (_set(("turns", 0, "media", 0, "uri"), ""), "turns[0].media[0].uri", ("empty",)),
+    "media uri null": (_set(("turns", 0, "media", 0, "uri"), None), "turns[0].media[0].uri", ("got null",)),
+    "name null": (_set(("name",), None), "name", ("expected a string, got null",)),
+    "facts null": (_set(("facts",), None), "facts", ("expected a list, got null",)),
+    "blank probe value": (
+        _set(("turns", 2, "probe", "expected"), ["A", " \t"]),
+        "turns[2].probe.expected[1]",
+        ("empty",),
+    ),
+    "arguments null": (_set(("turns", 1, "calls", 0, "arguments"), None), "turns[1].calls[0].arguments", ("got null",)),
 }
 
 

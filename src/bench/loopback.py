@@ -15,9 +15,11 @@ Per request the server
    :func:`parse_chat_request`) and asks the :class:`~.model.ScriptedModel` for the reply;
 2. renders the *wire* request canonically (:func:`render_responses_request`,
    :func:`render_chat_request`) and accounts it with the :class:`~.provider.SimulatedProvider`;
-3. answers in the shape the ``openai`` SDK parses, usage included: Responses
-   ``usage.input_tokens``, ``input_tokens_details.cached_tokens``, ``output_tokens``,
-   ``output_tokens_details.reasoning_tokens``; Chat ``usage.prompt_tokens``,
+3. answers with the ``openai`` SDK's own types (``Response`` and its output items, every SSE
+   event validated as a ``ResponseStreamEvent``, ``ChatCompletion``, ``ChatCompletionChunk``),
+   sent as the fields they were given (``model_dump(mode="json", exclude_unset=True)``),
+   usage included: Responses ``usage.input_tokens``, ``input_tokens_details.cached_tokens``,
+   ``output_tokens``, ``output_tokens_details.reasoning_tokens``; Chat ``usage.prompt_tokens``,
    ``prompt_tokens_details.cached_tokens``, ``completion_tokens``.
 
 Rendering (what the simulated cache sees). A request becomes a
@@ -82,6 +84,26 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 from agent_framework import Content, Message
 from aiohttp import web
+from openai import BaseModel
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
+from openai.types.chat.chat_completion import Choice
+from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
+from openai.types.chat.chat_completion_chunk import ChoiceDelta, ChoiceDeltaToolCall, ChoiceDeltaToolCallFunction
+from openai.types.chat.chat_completion_message_function_tool_call import ChatCompletionMessageFunctionToolCall, Function
+from openai.types.completion_usage import CompletionTokensDetails, CompletionUsage, PromptTokensDetails
+from openai.types.responses import (
+    Response,
+    ResponseFunctionToolCall,
+    ResponseOutputItem,
+    ResponseOutputMessage,
+    ResponseOutputText,
+    ResponseReasoningItem,
+    ResponseStreamEvent,
+    ResponseUsage,
+)
+from openai.types.responses.response_reasoning_item import Summary
+from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
+from pydantic import TypeAdapter
 
 from .model import ScriptedModel
 from .provider import CallKind, CallRecord, SimulatedProvider
@@ -161,6 +183,9 @@ REASONING_SUMMARY: Final = "Choosing the next step from the conversation so far.
 _EPOCH: Final = 1_767_225_600
 _DELTA_CHARS: Final = 48
 _ISSUED_PREFIXES: Final = ("resp", "rs", "fc", "msg", "chatcmpl")
+#: Validates (and builds) the SDK's stream event of a payload, by its ``type``.
+_STREAM_EVENT: Final[TypeAdapter[ResponseStreamEvent]] = TypeAdapter(ResponseStreamEvent)
+_FinishReason: TypeAlias = Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -316,31 +341,19 @@ def _text_of(value: object) -> str:
     return "\n".join(c.text or "" for c in _parts(value) if c.type == "text")
 
 
-def _responses_tool_choice(value: object) -> object:
-    if value is None or isinstance(value, str):
-        return value
+def _tool_choice(value: object) -> object:
+    """Either API's ``tool_choice`` in the framework form (Chat nests names under ``function``)."""
     data = _as_mapping(value)
-    kind = data.get("type")
-    if kind == "function" and isinstance(data.get("name"), str):
-        return {"mode": "required", "required_function_name": data["name"]}
-    if kind == "allowed_tools":
-        names = [t.get("name") for t in map(_as_mapping, _as_list(data.get("tools")))]
-        return {"mode": data.get("mode", "auto"), "allowed_tools": [n for n in names if isinstance(n, str)]}
-    return value
 
+    def name_of(tool: object) -> object:
+        found = _as_mapping(tool)
+        return found.get("name", _as_mapping(found.get("function")).get("name"))
 
-def _chat_tool_choice(value: object) -> object:
-    if value is None or isinstance(value, str):
-        return value
-    data = _as_mapping(value)
-    kind = data.get("type")
-    if kind == "function":
-        name = _as_mapping(data.get("function")).get("name")
-        if isinstance(name, str):
-            return {"mode": "required", "required_function_name": name}
-    if kind == "allowed_tools":
-        allowed = _as_mapping(data.get("allowed_tools"))
-        names = [_as_mapping(t.get("function")).get("name") for t in map(_as_mapping, _as_list(allowed.get("tools")))]
+    if data.get("type") == "function" and isinstance(name := name_of(data), str):
+        return {"mode": "required", "required_function_name": name}
+    if data.get("type") == "allowed_tools":
+        allowed = _as_mapping(data.get("allowed_tools")) or data
+        names = [name_of(tool) for tool in _as_list(allowed.get("tools"))]
         return {"mode": allowed.get("mode", "auto"), "allowed_tools": [n for n in names if isinstance(n, str)]}
     return value
 
@@ -408,7 +421,7 @@ def parse_responses_request(body: Mapping[str, Any]) -> ParsedRequest:
                 messages.append(message)
     return ParsedRequest(
         messages=messages,
-        tool_choice=_responses_tool_choice(body.get("tool_choice")),
+        tool_choice=_tool_choice(body.get("tool_choice")),
         max_tokens=_int_or_none(body.get("max_output_tokens")),
         stream=bool(body.get("stream")),
     )
@@ -444,7 +457,7 @@ def parse_chat_request(body: Mapping[str, Any]) -> ParsedRequest:
         max_tokens = _int_or_none(body.get("max_tokens"))
     return ParsedRequest(
         messages=messages,
-        tool_choice=_chat_tool_choice(body.get("tool_choice")),
+        tool_choice=_tool_choice(body.get("tool_choice")),
         max_tokens=max_tokens,
         stream=bool(body.get("stream")),
     )
@@ -538,6 +551,11 @@ def _arguments_json(content: Content) -> str:
     return json.dumps(dict(arguments or {}), ensure_ascii=False)
 
 
+def _wire(model: BaseModel) -> dict[str, Any]:
+    """An SDK object as the JSON the server sends: the fields it was given, nulls included."""
+    return model.model_dump(mode="json", exclude_unset=True, by_alias=True)
+
+
 @dataclass(frozen=True, slots=True)
 class _Answer:
     """One answered call: the reply, its accounting, and the ids it was given."""
@@ -548,224 +566,194 @@ class _Answer:
     number: int
 
 
-def _responses_usage(answer: _Answer) -> dict[str, Any]:
-    record = answer.record
-    return {
-        "input_tokens": record.input_tokens,
-        "input_tokens_details": {"cached_tokens": record.cached_tokens, "cache_write_tokens": record.written_tokens},
-        "output_tokens": record.output_tokens,
-        "output_tokens_details": {"reasoning_tokens": answer.reasoning_tokens},
-        "total_tokens": record.input_tokens + record.output_tokens,
-    }
-
-
-def _chat_usage(answer: _Answer) -> dict[str, Any]:
-    record = answer.record
-    return {
-        "prompt_tokens": record.input_tokens,
-        "prompt_tokens_details": {
-            "cached_tokens": record.cached_tokens,
-            "cache_write_tokens": record.written_tokens,
-            "audio_tokens": 0,
-        },
-        "completion_tokens": record.output_tokens,
-        "completion_tokens_details": {"reasoning_tokens": answer.reasoning_tokens, "audio_tokens": 0},
-        "total_tokens": record.input_tokens + record.output_tokens,
-    }
-
-
-def _responses_output(answer: _Answer, ids: IssuedIds) -> list[dict[str, Any]]:
-    output: list[dict[str, Any]] = [
-        {
-            "type": "reasoning",
-            "id": ids.new("rs"),
-            "summary": [{"type": "summary_text", "text": REASONING_SUMMARY}],
-            "encrypted_content": _encrypted_content(ids.seed, answer.number, REASONING_SUMMARY),
-        }
+def _responses_output(answer: _Answer, ids: IssuedIds) -> list[ResponseOutputItem]:
+    output: list[ResponseOutputItem] = [
+        ResponseReasoningItem(
+            type="reasoning",
+            id=ids.new("rs"),
+            summary=[Summary(type="summary_text", text=REASONING_SUMMARY)],
+            encrypted_content=_encrypted_content(ids.seed, answer.number, REASONING_SUMMARY),
+        )
     ]
-    text: list[str] = []
-    for content in answer.reply.contents:
-        if content.type == "function_call":
-            output.append(
-                {
-                    "type": "function_call",
-                    "id": ids.new("fc"),
-                    "call_id": content.call_id or "",
-                    "name": content.name or "",
-                    "arguments": _arguments_json(content),
-                    "status": "completed",
-                }
-            )
-        elif content.type == "text":
-            text.append(content.text or "")
-    if text or len(output) == 1:
+    for call in (c for c in answer.reply.contents if c.type == "function_call"):
+        arguments = _arguments_json(call)
         output.append(
-            {
-                "type": "message",
-                "id": ids.new("msg"),
-                "role": "assistant",
-                "status": "completed",
-                "content": [{"type": "output_text", "text": "".join(text), "annotations": [], "logprobs": []}],
-            }
+            ResponseFunctionToolCall(
+                type="function_call",
+                id=ids.new("fc"),
+                call_id=call.call_id or "",
+                name=call.name or "",
+                arguments=arguments,
+                status="completed",
+            )
+        )
+    texts = [c.text or "" for c in answer.reply.contents if c.type == "text"]
+    if texts or len(output) == 1:
+        text = ResponseOutputText(type="output_text", text="".join(texts), annotations=[], logprobs=[])
+        output.append(
+            ResponseOutputMessage(
+                type="message", id=ids.new("msg"), role="assistant", status="completed", content=[text]
+            )
         )
     return output
 
 
-def _response_object(
-    body: Mapping[str, Any],
-    response_id: str,
-    created_at: int,
-    *,
-    status: str,
-    output: list[dict[str, Any]],
-    usage: dict[str, Any] | None,
-) -> dict[str, Any]:
-    return {
-        "id": response_id,
-        "object": "response",
-        "created_at": created_at,
-        "status": status,
-        "error": None,
-        "incomplete_details": None,
-        "instructions": body.get("instructions"),
-        "max_output_tokens": body.get("max_output_tokens"),
-        "model": body.get("model") or "scripted",
-        "output": output,
-        "parallel_tool_calls": body.get("parallel_tool_calls", True),
-        "previous_response_id": None,
-        "reasoning": {"effort": None, "summary": None},
-        "store": body.get("store", True),
-        "temperature": body.get("temperature"),
-        "text": {"format": {"type": "text"}},
-        "tool_choice": body.get("tool_choice", "auto"),
-        "tools": body.get("tools", []),
-        "top_p": body.get("top_p"),
-        "truncation": "disabled",
-        "usage": usage,
-        "metadata": {},
-    }
+def _response(body: Mapping[str, Any], answer: _Answer, ids: IssuedIds) -> Response:
+    record = answer.record
+    usage = ResponseUsage(
+        input_tokens=record.input_tokens,
+        input_tokens_details=InputTokensDetails(
+            cached_tokens=record.cached_tokens, cache_write_tokens=record.written_tokens
+        ),
+        output_tokens=record.output_tokens,
+        output_tokens_details=OutputTokensDetails(reasoning_tokens=answer.reasoning_tokens),
+        total_tokens=record.input_tokens + record.output_tokens,
+    )
+    return Response.model_validate(
+        {
+            "id": ids.new("resp"),
+            "object": "response",
+            "created_at": _EPOCH + answer.number,
+            "status": "completed",
+            "error": None,
+            "incomplete_details": None,
+            "instructions": body.get("instructions"),
+            "max_output_tokens": body.get("max_output_tokens"),
+            "model": body.get("model") or "scripted",
+            "output": _responses_output(answer, ids),
+            "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "previous_response_id": None,
+            "reasoning": {"effort": None, "summary": None},
+            "store": body.get("store", True),
+            "temperature": body.get("temperature"),
+            "text": {"format": {"type": "text"}},
+            "tool_choice": body.get("tool_choice", "auto"),
+            "tools": body.get("tools", []),
+            "top_p": body.get("top_p"),
+            "truncation": "disabled",
+            "usage": usage,
+            "metadata": {},
+        }
+    )
 
 
-def responses_events(response: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The Responses API event stream for a finished ``response`` object: ``(event type, payload)`` pairs.
+def responses_events(response: Response | Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The Responses API event stream for a finished ``response``: ``(event type, payload)`` pairs.
 
     ``response.created``, ``response.in_progress``, then per output item ``output_item.added``,
     its deltas (reasoning summary text, function call arguments, output text) and
-    ``output_item.done``, then ``response.completed`` with the usage.
+    ``output_item.done``, then ``response.completed`` with the usage. Every event is
+    validated as the SDK's ``ResponseStreamEvent``.
     """
-    sequence = 0
+    done = response if isinstance(response, Response) else Response.model_validate(response)
+    events: list[dict[str, Any]] = []
 
-    def event(kind: str, **payload: Any) -> tuple[str, dict[str, Any]]:
-        nonlocal sequence
-        sequence += 1
-        return kind, {"type": kind, "sequence_number": sequence - 1, **payload}
+    def event(kind: str, **payload: Any) -> None:
+        events.append({"type": kind, "sequence_number": len(events), **payload})
 
-    pending = {**response, "status": "in_progress", "output": [], "usage": None}
-    yield event("response.created", response=pending)
-    yield event("response.in_progress", response=pending)
-    for index, item in enumerate(_as_list(response.get("output"))):
-        done: dict[str, Any] = dict(item)
-        item_id = done["id"]
-        kind = done["type"]
-        if kind == "reasoning":
-            yield event("response.output_item.added", output_index=index, item={**done, "summary": []})
-            for number, part in enumerate(_as_list(done.get("summary"))):
-                text = str(_as_mapping(part).get("text") or "")
-                where = {"item_id": item_id, "output_index": index, "summary_index": number}
-                yield event("response.reasoning_summary_part.added", **where, part={"type": "summary_text", "text": ""})
-                for delta in _chunks(text):
-                    yield event("response.reasoning_summary_text.delta", **where, delta=delta)
-                yield event("response.reasoning_summary_text.done", **where, text=text)
-                yield event(
-                    "response.reasoning_summary_part.done", **where, part={"type": "summary_text", "text": text}
-                )
-        elif kind == "function_call":
-            yield event(
-                "response.output_item.added",
-                output_index=index,
-                item={**done, "arguments": "", "status": "in_progress"},
-            )
-            for delta in _chunks(done["arguments"]):
-                yield event("response.function_call_arguments.delta", item_id=item_id, output_index=index, delta=delta)
-            yield event(
-                "response.function_call_arguments.done",
-                item_id=item_id,
-                output_index=index,
-                name=done["name"],
-                arguments=done["arguments"],
-            )
-        else:
-            yield event(
-                "response.output_item.added",
-                output_index=index,
-                item={**done, "status": "in_progress", "content": []},
-            )
-            for number, part in enumerate(_as_list(done.get("content"))):
-                text = str(_as_mapping(part).get("text") or "")
-                where = {"item_id": item_id, "output_index": index, "content_index": number}
+    pending = done.model_copy(update={"status": "in_progress", "output": [], "usage": None})
+    event("response.created", response=pending)
+    event("response.in_progress", response=pending)
+    for index, item in enumerate(done.output):
+        at = {"item_id": item.id, "output_index": index}
+        if isinstance(item, ResponseReasoningItem):
+            event("response.output_item.added", output_index=index, item=item.model_copy(update={"summary": []}))
+            for number, part in enumerate(item.summary):
+                where = {**at, "summary_index": number}
+                event("response.reasoning_summary_part.added", **where, part={"type": "summary_text", "text": ""})
+                for delta in _chunks(part.text):
+                    event("response.reasoning_summary_text.delta", **where, delta=delta)
+                event("response.reasoning_summary_text.done", **where, text=part.text)
+                event("response.reasoning_summary_part.done", **where, part={"type": "summary_text", "text": part.text})
+        elif isinstance(item, ResponseFunctionToolCall):
+            opened = item.model_copy(update={"arguments": "", "status": "in_progress"})
+            event("response.output_item.added", output_index=index, item=opened)
+            for delta in _chunks(item.arguments):
+                event("response.function_call_arguments.delta", **at, delta=delta)
+            event("response.function_call_arguments.done", **at, name=item.name, arguments=item.arguments)
+        elif isinstance(item, ResponseOutputMessage):
+            opened = item.model_copy(update={"status": "in_progress", "content": []})
+            event("response.output_item.added", output_index=index, item=opened)
+            for number, part in enumerate(item.content):
+                text = part.text if isinstance(part, ResponseOutputText) else part.refusal
+                where = {**at, "content_index": number}
                 empty = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-                yield event("response.content_part.added", **where, part=empty)
+                event("response.content_part.added", **where, part=empty)
                 for delta in _chunks(text):
-                    yield event("response.output_text.delta", **where, delta=delta, logprobs=[])
-                yield event("response.output_text.done", **where, text=text, logprobs=[])
-                yield event("response.content_part.done", **where, part=dict(_as_mapping(part)))
-        yield event("response.output_item.done", output_index=index, item=done)
-    yield event("response.completed", response=dict(response))
+                    event("response.output_text.delta", **where, delta=delta, logprobs=[])
+                event("response.output_text.done", **where, text=text, logprobs=[])
+                event("response.content_part.done", **where, part=part)
+        else:
+            raise ValueError(f"no event stream for an output item of type {item.type!r}")
+        event("response.output_item.done", output_index=index, item=item)
+    event("response.completed", response=done)
+    for payload in events:
+        validated = _STREAM_EVENT.validate_python(payload)
+        yield validated.type, _wire(validated)
 
 
-def _chat_message_out(reply: Message) -> tuple[dict[str, Any], str]:
-    calls = [c for c in reply.contents if c.type == "function_call"]
-    text = "".join(c.text or "" for c in reply.contents if c.type == "text")
-    message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None, "refusal": None}
+def _completion(body: Mapping[str, Any], answer: _Answer, ids: IssuedIds) -> ChatCompletion:
+    calls = [c for c in answer.reply.contents if c.type == "function_call"]
+    text = "".join(c.text or "" for c in answer.reply.contents if c.type == "text")
+    message = ChatCompletionMessage(role="assistant", content=text if text or not calls else None, refusal=None)
     if calls:
-        message["tool_calls"] = [
-            {
-                "id": c.call_id or "",
-                "type": "function",
-                "function": {"name": c.name or "", "arguments": _arguments_json(c)},
-            }
+        message.tool_calls = [
+            ChatCompletionMessageFunctionToolCall(
+                id=c.call_id or "", type="function", function=Function(name=c.name or "", arguments=_arguments_json(c))
+            )
             for c in calls
         ]
-    return message, "tool_calls" if calls else "stop"
+    record = answer.record
+    usage = CompletionUsage(
+        prompt_tokens=record.input_tokens,
+        prompt_tokens_details=PromptTokensDetails(
+            cached_tokens=record.cached_tokens, cache_write_tokens=record.written_tokens, audio_tokens=0
+        ),
+        completion_tokens=record.output_tokens,
+        completion_tokens_details=CompletionTokensDetails(reasoning_tokens=answer.reasoning_tokens, audio_tokens=0),
+        total_tokens=record.input_tokens + record.output_tokens,
+    )
+    finish_reason: Literal["tool_calls", "stop"] = "tool_calls" if calls else "stop"
+    return ChatCompletion(
+        id=ids.new("chatcmpl"),
+        object="chat.completion",
+        created=_EPOCH + answer.number,
+        model=body.get("model") or "scripted",
+        system_fingerprint="fp_loopback",
+        choices=[Choice(index=0, message=message, finish_reason=finish_reason, logprobs=None)],
+        usage=usage,
+    )
 
 
-def chat_chunks(completion: Mapping[str, Any], *, include_usage: bool) -> Iterator[dict[str, Any]]:
+def chat_chunks(completion: ChatCompletion | Mapping[str, Any], *, include_usage: bool) -> Iterator[dict[str, Any]]:
     """The Chat Completions chunk stream for a finished ``completion`` (``[DONE]`` is not included).
 
     A role chunk, content deltas or tool-call deltas (id and name first, then the
     arguments), a chunk with the ``finish_reason``, and with ``include_usage`` a last chunk
-    with empty ``choices`` and the usage.
+    with empty ``choices`` and the usage. Every chunk is an SDK ``ChatCompletionChunk``.
     """
-    base = {k: completion[k] for k in ("id", "created", "model", "system_fingerprint")}
-    base["object"] = "chat.completion.chunk"
-    choice = _as_mapping(_as_list(completion.get("choices"))[0])
-    message = _as_mapping(choice.get("message"))
+    done = completion if isinstance(completion, ChatCompletion) else ChatCompletion.model_validate(completion)
+    base = {"id": done.id, "created": done.created, "model": done.model, "system_fingerprint": done.system_fingerprint}
+    choice = done.choices[0]
 
-    def chunk(delta: Mapping[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-        return {
-            **base,
-            "choices": [{"index": 0, "delta": dict(delta), "finish_reason": finish_reason, "logprobs": None}],
-        }
+    def chunk(delta: ChoiceDelta, finish_reason: _FinishReason | None = None) -> dict[str, Any]:
+        picked = ChunkChoice(index=0, delta=delta, finish_reason=finish_reason, logprobs=None)
+        return _wire(ChatCompletionChunk(**base, object="chat.completion.chunk", choices=[picked]))
 
-    yield chunk({"role": "assistant", "content": "", "refusal": None})
-    text = message.get("content")
-    if isinstance(text, str) and text:
-        for delta in _chunks(text):
-            yield chunk({"content": delta})
-    for index, call in enumerate(map(_as_mapping, _as_list(message.get("tool_calls")))):
-        function = _as_mapping(call.get("function"))
-        opening = {
-            "index": index,
-            "id": call["id"],
-            "type": "function",
-            "function": {"name": function["name"], "arguments": ""},
-        }
-        yield chunk({"tool_calls": [opening]})
-        for delta in _chunks(str(function.get("arguments") or "")):
-            yield chunk({"tool_calls": [{"index": index, "function": {"arguments": delta}}]})
-    yield chunk({}, str(choice.get("finish_reason")))
+    yield chunk(ChoiceDelta(role="assistant", content="", refusal=None))
+    for delta in _chunks(choice.message.content) if choice.message.content else ():
+        yield chunk(ChoiceDelta(content=delta))
+    for index, call in enumerate(c for c in choice.message.tool_calls or () if c.type == "function"):
+        opening = ChoiceDeltaToolCallFunction(name=call.function.name, arguments="")
+        yield chunk(
+            ChoiceDelta(tool_calls=[ChoiceDeltaToolCall(index=index, id=call.id, type="function", function=opening)])
+        )
+        for delta in _chunks(call.function.arguments):
+            argument = ChoiceDeltaToolCallFunction(arguments=delta)
+            yield chunk(ChoiceDelta(tool_calls=[ChoiceDeltaToolCall(index=index, function=argument)]))
+    yield chunk(ChoiceDelta(), choice.finish_reason)
     if include_usage:
-        yield {**base, "choices": [], "usage": completion.get("usage")}
+        yield _wire(ChatCompletionChunk(**base, object="chat.completion.chunk", choices=[], usage=done.usage))
 
 
 # ---------------------------------------------------------------------------------------
@@ -902,34 +890,16 @@ class LoopbackProvider:
 
     async def _responses(self, request: web.Request, body: dict[str, Any], kind: CallKind) -> web.StreamResponse:
         parsed = parse_responses_request(body)
-        answer = self._answer(body, kind, "responses", parsed)
-        response = _response_object(
-            body,
-            self.ids.new("resp"),
-            _EPOCH + answer.number,
-            status="completed",
-            output=_responses_output(answer, self.ids),
-            usage=_responses_usage(answer),
-        )
+        response = _response(body, self._answer(body, kind, "responses", parsed), self.ids)
         if not parsed.stream:
-            return web.json_response(response)
+            return web.json_response(_wire(response))
         return await self._stream(request, (sse_frame(data, event) for event, data in responses_events(response)))
 
     async def _chat(self, request: web.Request, body: dict[str, Any], kind: CallKind) -> web.StreamResponse:
         parsed = parse_chat_request(body)
-        answer = self._answer(body, kind, "chat", parsed)
-        message, finish_reason = _chat_message_out(answer.reply)
-        completion = {
-            "id": self.ids.new("chatcmpl"),
-            "object": "chat.completion",
-            "created": _EPOCH + answer.number,
-            "model": body.get("model") or "scripted",
-            "system_fingerprint": "fp_loopback",
-            "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
-            "usage": _chat_usage(answer),
-        }
+        completion = _completion(body, self._answer(body, kind, "chat", parsed), self.ids)
         if not parsed.stream:
-            return web.json_response(completion)
+            return web.json_response(_wire(completion))
         include_usage = bool(_as_mapping(body.get("stream_options")).get("include_usage"))
         frames = [sse_frame(c) for c in chat_chunks(completion, include_usage=include_usage)]
         return await self._stream(request, [*frames, sse_frame("[DONE]")])

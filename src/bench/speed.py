@@ -9,6 +9,11 @@ own driver costs), each driven exactly as the framework drives a strategy: the w
 call, which annotates groups and token counts, awaits the strategy, re-annotates if it
 changed anything and projects the included messages.
 
+The histories are the lookup turns of the bench's own scenario generator
+(:func:`~maf_compaction.bench.scenario.generate`), four stored messages each: the user's
+ask, the function call (every third with encrypted reasoning), the tool result (a lookup
+log of about 640 tokens with two planted codes) and the answer.
+
 Three kinds of pass are timed:
 
 - ``cold``: a fresh strategy on a fresh deep copy of the history (first pass ever, every
@@ -37,6 +42,7 @@ import asyncio
 import base64
 import copy
 import cProfile
+import functools
 import gc
 import io
 import itertools
@@ -66,6 +72,7 @@ from ..adapters.counting import MediaTokenEstimator
 from ..adapters.tiktoken import TiktokenTokenizer
 from .args import positive_int
 from .quiet import quiet_logs
+from .scenario import GeneratorOptions, Turn, generate
 
 DEFAULT_SIZES: Final = (400, 1_600, 3_200)
 DEFAULT_WARM_REPEATS: Final = 15
@@ -77,6 +84,12 @@ BUDGET_SHARE: Final = 1 / 3
 #: Output reservation given to the framework's strategy (its window is budget + this).
 OUTPUT_TOKENS: Final = 4_096
 MESSAGES_PER_TURN: Final = 4
+#: o200k_base tokens of each tool result of the history (the generator's lookup logs).
+RESULT_TOKENS: Final = 640
+#: Planted codes per tool result.
+MARKERS_PER_RESULT: Final = 2
+#: The generator's seed for every history.
+HISTORY_SEED: Final = 1
 
 #: The issue's targets.
 TARGET_SIZE: Final = 1_600
@@ -103,126 +116,54 @@ HISTORY_ATTRIBUTION: Final = {"source_id": "in_memory", "source_type": "InMemory
 
 
 # ----------------------------------------------------------------------------------------
-# A realistic tool-using conversation, built deterministically.
+# The history: the generated scenario's lookup turns, as stored messages.
 # ----------------------------------------------------------------------------------------
 
-_WORDS: Final = (
-    "request",
-    "handler",
-    "cache",
-    "token",
-    "session",
-    "retry",
-    "timeout",
-    "payload",
-    "index",
-    "buffer",
-    "worker",
-    "queue",
-    "config",
-    "schema",
-    "client",
-    "latency",
-    "commit",
-    "branch",
-    "module",
-    "parser",
-    "invoice",
-    "ledger",
-    "account",
-    "region",
-    "shard",
-    "replica",
-    "backoff",
-    "deadline",
-    "snapshot",
-    "migration",
-)
-_VERBS: Final = ("inspect", "check", "compare", "summarize", "trace", "verify", "review", "audit")
-_TOOLS: Final = ("read_file", "search_code", "run_tests", "query_logs", "list_directory")
 
+@functools.cache
+def _lookup_turns(count: int) -> tuple[Turn, ...]:
+    """The ``count`` lookup turns of a generated scenario whose results are ``RESULT_TOKENS`` long.
 
-def _word(rng: random.Random) -> str:
-    return rng.choice(_WORDS)
-
-
-def _result_line(tool: str, rng: random.Random, line: int) -> str:
-    """One line of a tool's output, in that tool's usual shape."""
-    a, b, c, d = _word(rng), _word(rng), _word(rng), _word(rng)
-    if tool == "read_file":
-        return f"{line:4d}  def {a}_{b}(self, {c}): return self.{d}.get({c!r}, {rng.randint(0, 999)})"
-    if tool == "search_code":
-        return f"src/{a}/{b}.py:{rng.randint(1, 900)}: {c} = {d}_{a}({b}, retries={rng.randint(1, 9)})"
-    if tool == "run_tests":
-        outcome = "PASSED" if rng.random() < 0.9 else "FAILED"
-        return f"tests/test_{a}.py::test_{b}_{c} {outcome} [{rng.randint(1, 100):3d}%]"
-    if tool == "query_logs":
-        stamp = f"2025-03-{rng.randint(1, 28):02d}T{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:00Z"
-        return f"{stamp} INFO {a}.{b}: {c} {d} completed in {rng.randint(1, 5_000)} ms"
-    return f"{a}_{b}_{c}.py    {rng.randint(100, 90_000):6d} bytes    {d}"
-
-
-def _code(rng: random.Random) -> str:
-    return "TL-" + "".join(rng.choice("0123456789ABCDEF") for _ in range(6))
-
-
-def _result_text(tool: str, turn: int, rng: random.Random) -> tuple[str, list[str]]:
-    """A result of a few hundred to a few thousand characters with planted code lines."""
-    target = rng.randint(300, 4_000)
-    lines: list[str] = []
-    size = 0
-    while size < target:
-        lines.append(_result_line(tool, rng, len(lines) + 1))
-        size += len(lines[-1]) + 1
-    planted: list[str] = []
-    for j in range(1 + (turn % 2)):
-        planted.append(f"code_{2 * turn + j}={_code(rng)}")
-        lines.insert(rng.randrange(len(lines) + 1), planted[-1])
-    return "\n".join(lines), planted
+    The window is ``count * 2 * RESULT_TOKENS`` (at least 4,096, a power of two, so the
+    generator's sizing is exact) and half of it goes to tool results: every result has
+    the same size whatever ``count`` is, so lookup N is the same turn in every pool.
+    """
+    total = count * 2 * RESULT_TOKENS
+    window = max(4_096, total)
+    options = GeneratorOptions(
+        context_window=window,
+        fill=total / window,
+        tool_share=0.5,
+        tool_turns=count,
+        markers_per_tool=MARKERS_PER_RESULT,
+        seed=HISTORY_SEED,
+    )
+    return tuple(turn for turn in generate(options).turns if turn.calls)
 
 
 def build_turn(turn: int) -> list[Message]:
-    """The four fresh messages of turn ``turn``: user, function call, tool result, answer.
+    """The four messages of lookup ``turn + 1``: user, function call, tool result, answer.
 
     Every third turn's call message also carries reasoning: a short clear-text summary
     and an opaque base64 ``protected_data`` payload, as a Responses model returns it.
     """
-    rng = random.Random(1_000_003 * turn + 17)
-    tool = _TOOLS[turn % len(_TOOLS)]
-    verb = rng.choice(_VERBS)
-    target = f"{_word(rng)}/{_word(rng)}.py"
-    if turn == 0:
-        ask = (
-            "You are helping me audit the billing service. Work step by step, use the tools, "
-            "and keep every code_N=TL-XXXXXX value you find: I will ask for them at the end. "
-            f"First, {verb} {target}."
-        )
-    else:
-        ask = (
-            f"Step {turn}: please {verb} the {_word(rng)} {_word(rng)} in {target} and report any {_word(rng)} issues."
-        )
+    script = _lookup_turns(2 ** max(6, turn.bit_length()))[turn]  # pools of 64, 128, 256... turns
+    (call,) = script.calls
     call_id = f"call_{turn:05d}"
-    arguments = json.dumps({"path": target, "query": f"{_word(rng)} {_word(rng)}", "limit": rng.randint(10, 200)})
     call_contents: list[Content] = []
     if turn % 3 == 1:
+        opaque = random.Random(turn).randbytes(600 + 300 * (turn % 7))
+        summary = f"The user wants lookup {turn + 1}; {call.name} is the right tool."
         call_contents.append(
-            Content.from_text_reasoning(
-                text=f"The user wants me to {verb} {target}; {tool} is the right tool.",
-                protected_data=base64.b64encode(rng.randbytes(rng.randint(600, 2_400))).decode("ascii"),
-            )
+            Content.from_text_reasoning(text=summary, protected_data=base64.b64encode(opaque).decode("ascii"))
         )
-    call_contents.append(Content.from_function_call(call_id, tool, arguments=arguments))
-    result, planted = _result_text(tool, turn, rng)
-    answer = (
-        f"Done with step {turn}: {tool} returned {result.count(chr(10)) + 1} lines. "
-        f"Found {', '.join(planted)}. Next I will {rng.choice(_VERBS)} the {_word(rng)} {_word(rng)}."
-    )
+    call_contents.append(Content.from_function_call(call_id, call.name, arguments=json.dumps(dict(call.arguments))))
     prefix = f"m{turn:05d}"
     return [
-        Message("user", [ask], message_id=f"{prefix}_user"),
+        Message("user", [script.user], message_id=f"{prefix}_user"),
         Message("assistant", call_contents, message_id=f"{prefix}_call"),
-        Message("tool", [Content.from_function_result(call_id, result=result)], message_id=f"{prefix}_result"),
-        Message("assistant", [answer], message_id=f"{prefix}_answer"),
+        Message("tool", [Content.from_function_result(call_id, result=call.result)], message_id=f"{prefix}_result"),
+        Message("assistant", [script.reply], message_id=f"{prefix}_answer"),
     ]
 
 
@@ -230,10 +171,7 @@ def build_history(size: int) -> list[Message]:
     """A conversation of exactly ``size`` messages (a positive multiple of four)."""
     if size <= 0 or size % MESSAGES_PER_TURN:
         raise ValueError(f"size must be a positive multiple of {MESSAGES_PER_TURN}, got {size}")
-    messages: list[Message] = []
-    for turn in range(size // MESSAGES_PER_TURN):
-        messages.extend(build_turn(turn))
-    return messages
+    return [message for turn in range(size // MESSAGES_PER_TURN) for message in build_turn(turn)]
 
 
 def harness_copy(message: Message) -> Message:
@@ -325,24 +263,29 @@ class _NoOp:
         return False
 
 
-class _Stopwatch:
-    """Wraps a strategy to time its own share of an ``apply_compaction`` call.
+class _OwnShare:
+    """Wraps a strategy to time (and optionally profile) its own share of an ``apply_compaction`` call.
 
     It exposes the wrapped strategy's ``tokenizer`` (the framework reads it) and adds
     one ``await`` and two clock reads, a few microseconds.
     """
 
-    def __init__(self, strategy: CompactionStrategy) -> None:
+    def __init__(self, strategy: CompactionStrategy, profiler: cProfile.Profile | None = None) -> None:
         self.strategy = strategy
+        self.profiler = profiler
         self.tokenizer: object = getattr(strategy, "tokenizer", None)
         self.last_ms = 0.0
 
     async def __call__(self, messages: list[Message]) -> bool:
+        if self.profiler is not None:
+            self.profiler.enable()
         start = time.perf_counter()
         try:
             return await self.strategy(messages)
         finally:
             self.last_ms = (time.perf_counter() - start) * 1_000
+            if self.profiler is not None:
+                self.profiler.disable()
 
 
 def make_strategy(name: str, budget: int, tokenizer: TokenizerProtocol) -> CompactionStrategy:
@@ -373,7 +316,7 @@ async def _timed(
     messages: list[Message], strategy: CompactionStrategy, tokenizer: TokenizerProtocol, into: Measurement
 ) -> None:
     """Time one whole ``apply_compaction`` call (and the strategy's share) into ``into``."""
-    watch = _Stopwatch(strategy)
+    watch = _OwnShare(strategy)
     gc.collect()
     start = time.perf_counter()
     projected = await apply_compaction(messages, strategy=watch, tokenizer=tokenizer)
@@ -649,22 +592,6 @@ def render(
 # ----------------------------------------------------------------------------------------
 
 
-class _Profiled:
-    """Wraps a strategy so a profiler sees only the strategy's own share of the call."""
-
-    def __init__(self, strategy: CompactionStrategy, profiler: cProfile.Profile) -> None:
-        self.strategy = strategy
-        self.profiler = profiler
-        self.tokenizer: object = getattr(strategy, "tokenizer", None)
-
-    async def __call__(self, messages: list[Message]) -> bool:
-        self.profiler.enable()
-        try:
-            return await self.strategy(messages)
-        finally:
-            self.profiler.disable()
-
-
 async def profile_warm(work: Workload, tokenizer: TokenizerProtocol, repeats: int, top: int) -> str:
     """cProfile of our warm passes at ``work.size``: the whole call, then the strategy's own share.
 
@@ -684,7 +611,7 @@ async def profile_warm(work: Workload, tokenizer: TokenizerProtocol, repeats: in
                 await apply_compaction(messages, strategy=strategy, tokenizer=tokenizer)
                 profiler.disable()
             else:
-                await apply_compaction(messages, strategy=_Profiled(strategy, profiler), tokenizer=tokenizer)
+                await apply_compaction(messages, strategy=_OwnShare(strategy, profiler), tokenizer=tokenizer)
     state.restore()
     out = io.StringIO()
     for profiler, what in ((whole, "the whole apply_compaction call"), (own, "the strategy's own share")):

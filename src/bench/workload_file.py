@@ -7,7 +7,10 @@ generator produces:
   see ``docs/workload-format.md``) and validates every field. Typos do not pass
   silently: unknown keys, missing fields, wrong types and inconsistent turns each raise
   :class:`WorkloadError` with the file, the JSON path (``turns[3].calls[0].result``) and
-  what is wrong.
+  what is wrong. The format's objects are ``msgspec`` structs, which check keys, types
+  and string patterns; what msgspec reports is reworded here, and the checks across
+  fields (unique names, declared tools, probe turns, media) and against repeated keys
+  (which JSON parsers accept) are made after it.
 - :func:`load_session` reads an ``AgentSession.to_dict()`` export (``--session
   FILE.json``) and turns the messages a history provider stored in it into turns to
   replay: one turn per user message, its tool calls matched to their results by call id,
@@ -28,13 +31,15 @@ import logging
 import os
 import re
 import urllib.parse
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Final, NoReturn, cast
+from typing import Annotated, Any, Final, NoReturn, TypeAlias, TypeVar, cast
 
+import msgspec
 from agent_framework import AgentSession, Content, InMemoryHistoryProvider, Message
 from agent_framework._compaction import EXCLUDED_KEY, GROUP_ANNOTATION_KEY, SUMMARY_OF_MESSAGE_IDS_KEY
+from msgspec import UNSET, UnsetType
 
 from ..adapters.convert import NOTE_KEY, ORIGINALS_KEY
 from .scenario import RECALL_TOOL, Fact, Media, Probe, Scenario, ToolCall, ToolSpec, Turn
@@ -52,6 +57,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger("maf_compaction")
+_T = TypeVar("_T")
 
 #: The workload format version this module reads (and the only one so far).
 SUPPORTED_VERSION: Final = 1
@@ -64,19 +70,7 @@ PLANTED_VALUE: Final = re.compile(r"\b[A-Z]{2}-[0-9A-F]{6}\b")
 #: The media type given to a ``uri`` part that declares none.
 UNKNOWN_MEDIA_TYPE: Final = "application/octet-stream"
 
-_TOP_REQUIRED: Final = ("version", "turns")
-_TOP_OPTIONAL: Final = ("name", "system", "tools", "facts")
-_TOOL_REQUIRED: Final = ("name",)
-_TOOL_OPTIONAL: Final = ("description", "parameters")
-_FACT_REQUIRED: Final = ("label", "value", "scope")
-_TURN_REQUIRED: Final = ("user",)
-_TURN_OPTIONAL: Final = ("media", "calls", "reply", "probe")
-_CALL_REQUIRED: Final = ("name", "result")
-_CALL_OPTIONAL: Final = ("arguments", "media")
-_PROBE_REQUIRED: Final = ("scope", "expected")
-_MEDIA_REQUIRED: Final = ("media_type",)
-_MEDIA_OPTIONAL: Final = ("uri", "data")
-_MIME: Final = re.compile(r"^[\w.+-]+/[\w.+-]+(\s*;\s*[\w.+-]+=[^;]+)*$")
+_MIME_PATTERN: Final = r"^[\w.+-]+/[\w.+-]+(\s*;\s*[\w.+-]+=[^;]+)*$"
 _SHOWN_CHARS: Final = 40
 
 
@@ -104,46 +98,67 @@ class WorkloadError(ValueError):
 # ----------------------------------------------------------------------------------------
 
 
-class _JsonObject(dict[str, Any]):
-    """A JSON object that remembers the keys it repeated (``json`` keeps the last silently)."""
+@dataclass(frozen=True, slots=True)
+class _Fail:
+    """Raises the :class:`WorkloadError` of one file."""
 
-    __slots__ = ("duplicates",)
+    file: str
 
-    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+    def __call__(self, where: str, problem: str) -> NoReturn:
+        raise WorkloadError(self.file, where, problem)
+
+
+class _Repeated(dict[str, Any]):
+    """A JSON object that gave ``key`` twice (``json`` would keep the last one silently)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, pairs: list[tuple[str, Any]], key: str) -> None:
         super().__init__(pairs)
-        seen: set[str] = set()
-        repeated: list[str] = []
-        for key, _ in pairs:
-            if key in seen and key not in repeated:
-                repeated.append(key)
-            seen.add(key)
-        self.duplicates: tuple[str, ...] = tuple(repeated)
+        self.key = key
 
 
-class _NotJson(ValueError):
-    """Raised for the ``NaN``/``Infinity`` constants Python's parser accepts and JSON does not."""
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            return _Repeated(pairs, key)
+        seen.add(key)
+    return dict(pairs)
 
 
 def _reject_constant(name: str) -> NoReturn:
-    raise _NotJson(name)
+    raise ValueError(f"invalid JSON: {name} is not a JSON value")
+
+
+def _repeated_key(value: object, where: str) -> str | None:
+    """The JSON path of the first key given twice in one object, if any."""
+    if isinstance(value, _Repeated):
+        return _join(where, value.key)
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in cast(Iterable[tuple[str | int, object]], items):
+        if (found := _repeated_key(item, _join(where, key))) is not None:
+            return found
+    return None
 
 
 def _read_json(file: str) -> object:
-    """The parsed content of ``file``; every failure is a :class:`WorkloadError`."""
+    """The parsed content of ``file`` as plain dicts and lists; every failure is a :class:`WorkloadError`."""
+    fail = _Fail(file)
     try:
-        raw = Path(file).read_bytes()
+        text = Path(file).read_bytes().decode("utf-8-sig")
+        data = json.loads(text, object_pairs_hook=_object, parse_constant=_reject_constant)
     except OSError as exc:
-        raise WorkloadError(file, "", f"cannot read the file: {exc.strerror or exc}") from exc
-    try:
-        text = raw.decode("utf-8-sig")
+        fail("", f"cannot read the file: {exc.strerror or exc}")
     except UnicodeDecodeError as exc:
-        raise WorkloadError(file, "", f"not UTF-8 text (invalid byte at offset {exc.start})") from exc
-    try:
-        return json.loads(text, object_pairs_hook=_JsonObject, parse_constant=_reject_constant)
+        fail("", f"not UTF-8 text (invalid byte at offset {exc.start})")
     except json.JSONDecodeError as exc:
-        raise WorkloadError(file, "", f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from exc
-    except _NotJson as exc:
-        raise WorkloadError(file, "", f"invalid JSON: {exc} is not a JSON value") from exc
+        fail("", f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}")
+    except ValueError as exc:  # a NaN or Infinity constant
+        fail("", str(exc))
+    if (repeated := _repeated_key(data, "")) is not None:
+        fail(repeated, "key given twice in the same object")
+    return data
 
 
 def _shown(value: object) -> str:
@@ -164,66 +179,110 @@ def _join(where: str, key: str | int) -> str:
     return f"{where}[{json.dumps(key, ensure_ascii=False)}]"
 
 
-class _Checker:
-    """Type and shape checks that fail with the file and the JSON path."""
-
-    def __init__(self, file: str) -> None:
-        self.file = file
-
-    def fail(self, where: str, problem: str) -> NoReturn:
-        raise WorkloadError(self.file, where, problem)
-
-    def object(self, value: object, where: str) -> Mapping[str, object]:
-        if not isinstance(value, dict):
-            self.fail(where, f"expected an object, got {_shown(value)}")
-        mapping = cast(dict[str, object], value)
-        repeated = getattr(mapping, "duplicates", ())
-        if repeated:
-            self.fail(_join(where, repeated[0]), "key given twice in the same object")
-        return mapping
-
-    def fields(
-        self, value: object, where: str, required: Sequence[str], optional: Sequence[str] = ()
-    ) -> Mapping[str, object]:
-        """The object at ``where``, with no unknown keys and every required key present."""
-        mapping = self.object(value, where)
-        allowed = (*required, *optional)
-        for key in mapping:
-            if key not in allowed:
-                close = difflib.get_close_matches(key, allowed, n=1)
-                hint = f' (did you mean "{close[0]}"?)' if close else ""
-                kind = "unknown key" if where else "unknown top-level key"
-                self.fail(_join(where, key), f"{kind}{hint}; allowed keys: {', '.join(allowed)}")
-        for key in required:
-            if key not in mapping:
-                self.fail(_join(where, key), "required field is missing")
-        return mapping
-
-    def string(self, value: object, where: str, *, nonempty: bool = False) -> str:
-        if not isinstance(value, str):
-            self.fail(where, f"expected a string, got {_shown(value)}")
-        if nonempty and not value.strip():
-            self.fail(where, "must not be empty")
-        return value
-
-    def array(self, value: object, where: str) -> list[object]:
-        if not isinstance(value, list):
-            self.fail(where, f"expected a list, got {_shown(value)}")
-        return cast(list[object], value)
-
-    def plain(self, value: object, where: str) -> Any:
-        """Free-form JSON as plain dicts and lists, refusing repeated keys at any depth."""
-        if isinstance(value, dict):
-            mapping = self.object(value, where)
-            return {key: self.plain(item, _join(where, key)) for key, item in mapping.items()}
-        if isinstance(value, list):
-            return [self.plain(item, _join(where, index)) for index, item in enumerate(cast(list[object], value))]
-        return value
-
-
 # ----------------------------------------------------------------------------------------
-# The workload format
+# The workload format, as msgspec structs (field order: required first, as documented)
 # ----------------------------------------------------------------------------------------
+
+#: A string with a non-blank character.
+_NonEmpty: TypeAlias = Annotated[str, msgspec.Meta(pattern=r"\S")]
+
+
+class _Object(msgspec.Struct, forbid_unknown_fields=True):
+    """An object of the format: an unknown key is refused, and no field accepts ``null``."""
+
+
+class _Media(_Object):
+    media_type: Annotated[str, msgspec.Meta(pattern=_MIME_PATTERN)]
+    uri: _NonEmpty | UnsetType = UNSET
+    data: _NonEmpty | UnsetType = UNSET
+
+
+class _Call(_Object):
+    name: _NonEmpty
+    result: str
+    arguments: dict[str, Any] = {}
+    media: list[_Media] = []
+
+
+class _Probe(_Object):
+    scope: _NonEmpty
+    expected: list[_NonEmpty]
+
+
+class _Turn(_Object):
+    user: _NonEmpty
+    media: list[_Media] = []
+    calls: list[_Call] = []
+    reply: str = ""
+    probe: _Probe | UnsetType = UNSET
+
+
+class _Tool(_Object):
+    name: _NonEmpty
+    description: str = ""
+    parameters: dict[str, Any] | UnsetType = UNSET
+
+
+class _Fact(_Object):
+    label: _NonEmpty
+    value: _NonEmpty
+    scope: str
+
+
+class _Workload(_Object):
+    version: int
+    turns: list[_Turn]
+    name: _NonEmpty | UnsetType = UNSET
+    system: str = ""
+    tools: list[_Tool] = []
+    facts: list[_Fact] | UnsetType = UNSET
+
+
+#: The struct a path ending in this key holds (for the keys an "unknown key" error lists).
+_STRUCT_UNDER: Final[Mapping[str, type[_Object]]] = {
+    "turns": _Turn,
+    "calls": _Call,
+    "media": _Media,
+    "probe": _Probe,
+    "tools": _Tool,
+    "facts": _Fact,
+}
+_TYPE_NAMES: Final = {"str": "a string", "int": "an integer", "array": "a list", "object": "an object"}
+_VALIDATION: Final = re.compile(r"(?P<text>.*?)(?: - at `\$(?P<path>[^`]*)`)?", re.DOTALL)
+_SEGMENT: Final = re.compile(r"([A-Za-z_]\w*)|\[(\d+)\]")
+
+
+def _value_at(data: object, path: str) -> object:
+    for name, index in _SEGMENT.findall(path):
+        data = cast(Any, data)[name] if name else cast(Any, data)[int(index)]
+    return data
+
+
+def _convert(file: str, data: object, kind: type[_T], root: type[_Object]) -> _T:
+    """``data`` as ``kind``; a validation error becomes a :class:`WorkloadError` worded for the format."""
+    try:
+        return msgspec.convert(data, kind)
+    except msgspec.ValidationError as error:
+        match = _VALIDATION.fullmatch(str(error))
+        text, path = (match["text"], (match["path"] or "").removeprefix(".")) if match else (str(error), "")
+    fail = _Fail(file)
+    if found := re.fullmatch(r"Object missing required field `(.+)`", text):
+        fail(_join(path, found[1]), "required field is missing")
+    if found := re.fullmatch(r"Object contains unknown field `(.+)`", text):
+        names = re.findall(r"[A-Za-z_]\w*", path)
+        allowed = (_STRUCT_UNDER[names[-1]] if names else root).__struct_fields__
+        close = difflib.get_close_matches(found[1], allowed, n=1)
+        hint = f' (did you mean "{close[0]}"?)' if close else ""
+        kind_of_key = "unknown key" if path else "unknown top-level key"
+        fail(_join(path, found[1]), f"{kind_of_key}{hint}; allowed keys: {', '.join(allowed)}")
+    value = _value_at(data, path)
+    if found := re.fullmatch(r"Expected `(\w+)`, got `\w+`", text):
+        fail(path, f"expected {_TYPE_NAMES.get(found[1], found[1])}, got {_shown(value)}")
+    if "matching regex" in text:
+        if path.endswith("media_type") and str(value).strip():
+            fail(path, f"expected a MIME type like image/png, got {_shown(value)}")
+        fail(path, "must not be empty")
+    raise WorkloadError(file, path, text)  # any other finding of the validator, in its own words
 
 
 def load_workload(path: str | os.PathLike[str]) -> Scenario:
@@ -242,40 +301,36 @@ def load_workload(path: str | os.PathLike[str]) -> Scenario:
             message names the file, the JSON path and the problem.
     """
     file = os.fspath(path)
-    check = _Checker(file)
+    fail = _Fail(file)
     data = _read_json(file)
-    top = check.object(data, "")
-    if "session_id" in top and "state" in top and "turns" not in top:
-        check.fail("", "this is an AgentSession export, not a workload file; load it with --session (load_session)")
-    version = _version(check, top)
-    top = check.fields(top, "", _TOP_REQUIRED, _TOP_OPTIONAL)
-    name = check.string(top["name"], "name", nonempty=True) if "name" in top else Path(file).stem
-    system = check.string(top["system"], "system") if "system" in top else ""
-    tools = _tools(check, top.get("tools", []))
+    if isinstance(data, dict):
+        top = cast(dict[str, object], data)
+        if "session_id" in top and "state" in top and "turns" not in top:
+            fail("", "this is an AgentSession export, not a workload file; load it with --session (load_session)")
+        _check_version(fail, top)
+    spec = _convert(file, data, _Workload, _Workload)
+    tools = _tools(fail, spec.tools)
     declared = [t.name for t in tools]
-    turns_raw = check.array(top["turns"], "turns")
-    if not turns_raw:
-        check.fail("turns", "must list at least one turn")
+    if not spec.turns:
+        fail("turns", "must list at least one turn")
     turns: list[Turn] = []
     first_seen: dict[str, int] = {}
-    for index, raw in enumerate(turns_raw):
-        turn = _turn(check, raw, f"turns[{index}]", declared)
+    for index, turn in enumerate(spec.turns):
+        where = f"turns[{index}]"
         if turn.user in first_seen:
-            check.fail(
-                f"turns[{index}].user",
-                f"repeats the text of turns[{first_seen[turn.user]}].user; user texts must be unique",
-            )
+            problem = f"repeats the text of turns[{first_seen[turn.user]}].user; user texts must be unique"
+            fail(f"{where}.user", problem)
         first_seen[turn.user] = index
-        turns.append(turn)
-    facts = _facts(check, top["facts"], "facts") if "facts" in top else _facts_of_probes(turns)
+        turns.append(_turn(fail, turn, where, declared))
+    facts = _facts_of_probes(turns) if isinstance(spec.facts, UnsetType) else _facts(fail, spec.facts, "facts")
     try:
         return Scenario(
-            name=name,
-            system=system,
+            name=Path(file).stem if isinstance(spec.name, UnsetType) else spec.name,
+            system=spec.system,
             tools=tuple(tools),
             turns=tuple(turns),
             facts=tuple(facts),
-            meta={"source": "workload", "file": file, "version": version},
+            meta={"source": "workload", "file": file, "version": spec.version},
         )
     except ValueError as exc:  # the checks above should have caught it first
         raise WorkloadError(file, "", str(exc)) from exc
@@ -288,63 +343,53 @@ def load_facts(path: str | os.PathLike[str]) -> tuple[Fact, ...]:
         WorkloadError: As for :func:`load_workload`, with paths like ``[2].value``.
     """
     file = os.fspath(path)
-    return tuple(_facts(_Checker(file), _read_json(file), ""))
+    return tuple(_facts(_Fail(file), _convert(file, _read_json(file), list[_Fact], _Fact), ""))
 
 
-def _version(check: _Checker, top: Mapping[str, object]) -> int:
+def _check_version(fail: _Fail, top: Mapping[str, object]) -> None:
     supported = f"this loader reads version {SUPPORTED_VERSION}"
     if "version" not in top:
-        check.fail("version", f"required field is missing ({supported})")
+        fail("version", f"required field is missing ({supported})")
     version = top["version"]
     if not isinstance(version, int) or isinstance(version, bool):
-        check.fail("version", f"expected an integer, got {_shown(version)} ({supported})")
+        fail("version", f"expected an integer, got {_shown(version)} ({supported})")
     if version > SUPPORTED_VERSION:
-        check.fail("version", f"{version} is newer than this loader supports; {supported}")
+        fail("version", f"{version} is newer than this loader supports; {supported}")
     if version < SUPPORTED_VERSION:
-        check.fail("version", f"{version} is not a version of the format; {supported}")
-    return version
+        fail("version", f"{version} is not a version of the format; {supported}")
 
 
-def _tools(check: _Checker, value: object) -> list[ToolSpec]:
+def _tools(fail: _Fail, specs: Sequence[_Tool]) -> list[ToolSpec]:
     tools: list[ToolSpec] = []
     seen: dict[str, int] = {}
-    for index, raw in enumerate(check.array(value, "tools")):
+    for index, spec in enumerate(specs):
         where = f"tools[{index}]"
-        spec = check.fields(raw, where, _TOOL_REQUIRED, _TOOL_OPTIONAL)
-        name = check.string(spec["name"], f"{where}.name", nonempty=True)
-        if name in seen:
-            check.fail(f"{where}.name", f"repeats tools[{seen[name]}].name {_shown(name)}; tool names must be unique")
-        if name == RECALL_TOOL:
-            check.fail(f"{where}.name", f"{_shown(name)} is reserved for the harness's record tool")
-        seen[name] = index
-        description = check.string(spec["description"], f"{where}.description") if "description" in spec else ""
-        if "parameters" in spec:
-            parameters = check.plain(check.object(spec["parameters"], f"{where}.parameters"), f"{where}.parameters")
-            kind = parameters.get("type", "object")
-            if kind != "object":
-                check.fail(
-                    f"{where}.parameters.type", f'the parameters schema must have "type": "object", got {_shown(kind)}'
-                )
-            tools.append(ToolSpec(name, description, parameters))
-        else:
-            tools.append(ToolSpec(name, description))
+        if spec.name in seen:
+            fail(
+                f"{where}.name", f"repeats tools[{seen[spec.name]}].name {_shown(spec.name)}; tool names must be unique"
+            )
+        if spec.name == RECALL_TOOL:
+            fail(f"{where}.name", f"{_shown(spec.name)} is reserved for the harness's record tool")
+        seen[spec.name] = index
+        if isinstance(spec.parameters, UnsetType):
+            tools.append(ToolSpec(spec.name, spec.description))
+            continue
+        kind = spec.parameters.get("type", "object")
+        if kind != "object":
+            problem = f'the parameters schema must have "type": "object", got {_shown(kind)}'
+            fail(f"{where}.parameters.type", problem)
+        tools.append(ToolSpec(spec.name, spec.description, spec.parameters))
     return tools
 
 
-def _facts(check: _Checker, value: object, where: str) -> list[Fact]:
-    facts: list[Fact] = []
+def _facts(fail: _Fail, specs: Sequence[_Fact], where: str) -> list[Fact]:
     seen: dict[str, int] = {}
-    for index, raw in enumerate(check.array(value, where)):
-        at = _join(where, index)
-        spec = check.fields(raw, at, _FACT_REQUIRED)
-        label = check.string(spec["label"], _join(at, "label"), nonempty=True)
-        if label in seen:
-            check.fail(_join(at, "label"), f"repeats {_join(where, seen[label])}.label; fact labels must be unique")
-        seen[label] = index
-        fact_value = check.string(spec["value"], _join(at, "value"), nonempty=True)
-        scope = check.string(spec["scope"], _join(at, "scope"))
-        facts.append(Fact(label, fact_value, scope))
-    return facts
+    for index, spec in enumerate(specs):
+        if spec.label in seen:
+            problem = f"repeats {_join(where, seen[spec.label])}.label; fact labels must be unique"
+            fail(_join(_join(where, index), "label"), problem)
+        seen[spec.label] = index
+    return [Fact(spec.label, spec.value, spec.scope) for spec in specs]
 
 
 def _facts_of_probes(turns: Sequence[Turn]) -> list[Fact]:
@@ -357,72 +402,49 @@ def _facts_of_probes(turns: Sequence[Turn]) -> list[Fact]:
     return list(facts.values())
 
 
-def _turn(check: _Checker, value: object, where: str, declared: Sequence[str]) -> Turn:
-    spec = check.fields(value, where, _TURN_REQUIRED, _TURN_OPTIONAL)
-    user = check.string(spec["user"], f"{where}.user", nonempty=True)
-    media = _media_list(check, spec.get("media", []), f"{where}.media")
+def _turn(fail: _Fail, spec: _Turn, where: str, declared: Sequence[str]) -> Turn:
     calls: list[ToolCall] = []
-    for number, raw in enumerate(check.array(spec.get("calls", []), f"{where}.calls")):
-        calls.append(_call(check, raw, f"{where}.calls[{number}]", declared))
-    reply = check.string(spec["reply"], f"{where}.reply") if "reply" in spec else ""
-    probe = _probe(check, spec["probe"], f"{where}.probe") if "probe" in spec else None
-    if probe is not None and reply:
-        check.fail(
-            f"{where}.reply",
-            "a probe turn has no scripted reply (the model answers it from its context); remove reply or probe",
-        )
-    return Turn(user=user, calls=tuple(calls), reply=reply, probe=probe, media=media)
+    for number, call in enumerate(spec.calls):
+        if call.name not in declared:
+            known = ", ".join(declared) if declared else "none"
+            fail(
+                f"{where}.calls[{number}].name", f"{_shown(call.name)} is not a declared tool (declared tools: {known})"
+            )
+        media = _media(fail, call.media, f"{where}.calls[{number}].media")
+        calls.append(ToolCall(name=call.name, arguments=call.arguments, result=call.result, media=media))
+    probe: Probe | None = None
+    if not isinstance(spec.probe, UnsetType):
+        if not spec.probe.expected:
+            fail(f"{where}.probe.expected", "must list at least one value a correct answer quotes")
+        for index, value in enumerate(spec.probe.expected):
+            if value in spec.probe.expected[:index]:
+                fail(f"{where}.probe.expected[{index}]", f"lists {_shown(value)} twice")
+        if spec.reply:
+            problem = (
+                "a probe turn has no scripted reply (the model answers it from its context); remove reply or probe"
+            )
+            fail(f"{where}.reply", problem)
+        probe = Probe(scope=spec.probe.scope, expected=tuple(spec.probe.expected))
+    media = _media(fail, spec.media, f"{where}.media")
+    return Turn(user=spec.user, calls=tuple(calls), reply=spec.reply, probe=probe, media=media)
 
 
-def _call(check: _Checker, value: object, where: str, declared: Sequence[str]) -> ToolCall:
-    spec = check.fields(value, where, _CALL_REQUIRED, _CALL_OPTIONAL)
-    name = check.string(spec["name"], f"{where}.name", nonempty=True)
-    if name not in declared:
-        known = ", ".join(declared) if declared else "none"
-        check.fail(f"{where}.name", f"{_shown(name)} is not a declared tool (declared tools: {known})")
-    arguments: dict[str, Any] = {}
-    if "arguments" in spec:
-        arguments = check.plain(check.object(spec["arguments"], f"{where}.arguments"), f"{where}.arguments")
-    result = check.string(spec["result"], f"{where}.result")
-    media = _media_list(check, spec.get("media", []), f"{where}.media")
-    return ToolCall(name=name, arguments=arguments, result=result, media=media)
-
-
-def _probe(check: _Checker, value: object, where: str) -> Probe:
-    spec = check.fields(value, where, _PROBE_REQUIRED)
-    scope = check.string(spec["scope"], f"{where}.scope", nonempty=True)
-    expected_raw = check.array(spec["expected"], f"{where}.expected")
-    if not expected_raw:
-        check.fail(f"{where}.expected", "must list at least one value a correct answer quotes")
-    expected: list[str] = []
-    for index, raw in enumerate(expected_raw):
-        item = check.string(raw, f"{where}.expected[{index}]", nonempty=True)
-        if item in expected:
-            check.fail(f"{where}.expected[{index}]", f"lists {_shown(item)} twice")
-        expected.append(item)
-    return Probe(scope=scope, expected=tuple(expected))
-
-
-def _media_list(check: _Checker, value: object, where: str) -> tuple[Media, ...]:
-    return tuple(_media(check, raw, f"{where}[{index}]") for index, raw in enumerate(check.array(value, where)))
-
-
-def _media(check: _Checker, value: object, where: str) -> Media:
-    spec = check.fields(value, where, _MEDIA_REQUIRED, _MEDIA_OPTIONAL)
-    media_type = check.string(spec["media_type"], f"{where}.media_type", nonempty=True)
-    if not _MIME.match(media_type):
-        check.fail(f"{where}.media_type", f"expected a MIME type like image/png, got {_shown(media_type)}")
-    has_uri, has_data = "uri" in spec, "data" in spec
-    if has_uri == has_data:
-        check.fail(where, 'give exactly one of "uri" and "data"' + (", not both" if has_uri else ""))
-    if has_uri:
-        return Media(media_type, uri=check.string(spec["uri"], f"{where}.uri", nonempty=True))
-    data = "".join(check.string(spec["data"], f"{where}.data", nonempty=True).split())
-    try:
-        base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        check.fail(f"{where}.data", f"not valid base64 ({exc})")
-    return Media(media_type, data=data)
+def _media(fail: _Fail, specs: Sequence[_Media], where: str) -> tuple[Media, ...]:
+    media: list[Media] = []
+    for index, spec in enumerate(specs):
+        at = f"{where}[{index}]"
+        if isinstance(spec.uri, UnsetType) == isinstance(spec.data, UnsetType):
+            fail(at, 'give exactly one of "uri" and "data"' + ("" if isinstance(spec.uri, UnsetType) else ", not both"))
+        if not isinstance(spec.uri, UnsetType):
+            media.append(Media(spec.media_type, uri=spec.uri))
+            continue
+        data = "".join(cast(str, spec.data).split())
+        try:
+            base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            fail(f"{at}.data", f"not valid base64 ({exc})")
+        media.append(Media(spec.media_type, data=data))
+    return tuple(media)
 
 
 # ----------------------------------------------------------------------------------------
@@ -526,14 +548,14 @@ def load_session(
             messages, or a bad facts file; the message names the file.
     """
     file = os.fspath(path)
-    check = _Checker(file)
-    session = _session(check, _read_json(file))
-    source, messages = _history(check, session, source_id)
+    fail = _Fail(file)
+    session = _session(fail, _read_json(file))
+    source, messages = _history(fail, session, source_id)
     tally = _Tally()
     system: list[str] = []
     drafts = _drafts(messages, tally, system)
     if not drafts:
-        check.fail(f"state.{source}.messages", "no user message found: nothing to replay")
+        fail(f"state.{source}.messages", "no user message found: nothing to replay")
     tools: dict[str, ToolSpec] = {}
     turns: list[Turn] = []
     for draft, user in zip(drafts, _unique_texts([d.user for d in drafts], tally), strict=True):
@@ -572,24 +594,24 @@ def load_session(
         raise WorkloadError(file, "", str(exc)) from exc
 
 
-def _session(check: _Checker, data: object) -> AgentSession:
+def _session(fail: _Fail, data: object) -> AgentSession:
     """The session in an export, restored by the framework."""
     not_export = (
         'not an AgentSession export (expected an object with "type": "session", "session_id" and "state", '
         "as json.dumps(session.to_dict()) writes)"
     )
     if not isinstance(data, dict):
-        check.fail("", f"{not_export}; got {_shown(data)}")
+        fail("", f"{not_export}; got {_shown(data)}")
     top = cast(dict[str, object], data)
     if "turns" in top and "state" not in top:
-        check.fail("", "this is a workload file, not a session export; load it with --workload (load_workload)")
+        fail("", "this is a workload file, not a session export; load it with --workload (load_workload)")
     if top.get("type", "session") != "session" or not isinstance(top.get("session_id"), str):
-        check.fail("", not_export)
+        fail("", not_export)
     if not isinstance(top.get("state"), dict):
-        check.fail("state", f"expected an object, got {_shown(top.get('state'))}")
+        fail("state", f"expected an object, got {_shown(top.get('state'))}")
     version = top.get("version")
     if version is not None and version != SESSION_SNAPSHOT_VERSION:
-        check.fail(
+        fail(
             "version",
             f"unknown session schema version {_shown(version)}; this loader reads AgentSession.to_dict() exports "
             f'and FileSessionStore snapshots of version "{SESSION_SNAPSHOT_VERSION}"',
@@ -597,10 +619,10 @@ def _session(check: _Checker, data: object) -> AgentSession:
     try:
         return AgentSession.from_dict(dict(top))
     except Exception as exc:  # a damaged export: whatever the framework's decoders raise
-        check.fail("", f"the framework cannot restore this session export: {exc}")
+        fail("", f"the framework cannot restore this session export: {exc}")
 
 
-def _history(check: _Checker, session: AgentSession, source_id: str | None) -> tuple[str, list[Message]]:
+def _history(fail: _Fail, session: AgentSession, source_id: str | None) -> tuple[str, list[Message]]:
     """The source id and the stored messages of the history provider to replay."""
     found = {
         key: cast(list[object], value["messages"])
@@ -610,10 +632,10 @@ def _history(check: _Checker, session: AgentSession, source_id: str | None) -> t
     if source_id is not None:
         if source_id not in found:
             others = ", ".join(found) or "none"
-            check.fail(f"state.{source_id}", f"no stored messages for this source id (histories found: {others})")
+            fail(f"state.{source_id}", f"no stored messages for this source id (histories found: {others})")
         chosen = source_id
     elif not found:
-        check.fail(
+        fail(
             "state",
             "no stored messages found: no history provider kept a messages list in this session "
             "(service-side sessions and FileHistoryProvider keep messages outside the export)",
@@ -623,7 +645,7 @@ def _history(check: _Checker, session: AgentSession, source_id: str | None) -> t
     elif InMemoryHistoryProvider.DEFAULT_SOURCE_ID in found:
         chosen = InMemoryHistoryProvider.DEFAULT_SOURCE_ID
     else:
-        check.fail("state", f"several histories hold messages ({', '.join(found)}); choose one with source_id")
+        fail("state", f"several histories hold messages ({', '.join(found)}); choose one with source_id")
     messages: list[Message] = []
     for index, item in enumerate(found[chosen]):
         where = f"state.{chosen}.messages[{index}]"
@@ -631,13 +653,13 @@ def _history(check: _Checker, session: AgentSession, source_id: str | None) -> t
             messages.append(item)
             continue
         if not isinstance(item, dict):
-            check.fail(where, f"expected a message object, got {_shown(item)}")
+            fail(where, f"expected a message object, got {_shown(item)}")
         try:
             messages.append(Message.from_dict(cast(dict[str, Any], item)))
         except Exception as exc:  # the framework's own decoder decides what a message is
-            check.fail(where, f"not a message the framework can read: {exc}")
+            fail(where, f"not a message the framework can read: {exc}")
     if not messages:
-        check.fail(f"state.{chosen}.messages", "no messages found: the list is empty")
+        fail(f"state.{chosen}.messages", "no messages found: the list is empty")
     return chosen, messages
 
 
