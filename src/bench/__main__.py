@@ -24,6 +24,7 @@ _PACKAGE: Final = "maf_compaction.bench"
 COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "bench": ("grid", "replay a conversation through every strategy against the simulated provider (the default)"),
     "speed": ("speed", "time one compaction pass: ours against the framework's"),
+    "docs": ("docs", "regenerate (--write) or check the bench tables in README.md and docs/bench.md"),
 }
 
 

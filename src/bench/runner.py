@@ -408,20 +408,34 @@ def run_grid(
     progress: Callable[[int, int, CellResult], None] | None = None,
 ) -> list[CellResult]:
     """Run every cell (in ``jobs`` worker processes when > 1); results in cell order."""
-    results: dict[Cell, CellResult] = {}
+    return run_batches([(cells, settings)], jobs=jobs, progress=progress)[0]
+
+
+def run_batches(
+    batches: Sequence[tuple[Sequence[Cell], Settings]],
+    *,
+    jobs: int = 1,
+    progress: Callable[[int, int, CellResult], None] | None = None,
+) -> list[list[CellResult]]:
+    """Run several grids, each with its own settings, in one pool (so no grid waits for another's tail).
+
+    Returns each batch's results in its cell order.
+    """
+    work = [(index, cell, settings) for index, (cells, settings) in enumerate(batches) for cell in cells]
+    results: dict[tuple[int, Cell], CellResult] = {}
     if jobs <= 1:
-        for cell in cells:
-            results[cell] = _run_in_worker(cell, settings)
+        for index, cell, settings in work:
+            results[(index, cell)] = _run_in_worker(cell, settings)
             if progress is not None:
-                progress(len(results), len(cells), results[cell])
+                progress(len(results), len(work), results[(index, cell)])
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(_run_in_worker, cell, settings): cell for cell in cells}
+            futures = {pool.submit(_run_in_worker, cell, settings): (index, cell) for index, cell, settings in work}
             for future in as_completed(futures):
                 results[futures[future]] = future.result()
                 if progress is not None:
-                    progress(len(results), len(cells), results[futures[future]])
-    return [results[cell] for cell in cells]
+                    progress(len(results), len(work), results[futures[future]])
+    return [[results[(index, cell)] for cell in cells] for index, (cells, _) in enumerate(batches)]
 
 
 @dataclass(frozen=True, slots=True)
