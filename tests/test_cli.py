@@ -353,7 +353,7 @@ def test_help_shows_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     shown = " ".join(capsys.readouterr().out.split())
     for text in (
         "tokens (default: 32000)",
-        "comma-separated (default: 0.9,1.5,3)",
+        "comma-separated (default: 0.9,1.5,3.0)",
         "seeds 1..N per cell (default: 3)",
         "share of tokens in tool results (default: 0.6)",
         "lookups (default: 6)",

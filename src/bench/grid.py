@@ -102,7 +102,7 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
         "--fill",
         "--fills",
         type=_fills,
-        default=",".join(f"{fill:g}" for fill in DEFAULT_FILLS),
+        default=",".join(str(fill) for fill in DEFAULT_FILLS),
         help="conversation size / window, comma-separated",
     )
     work.add_argument("--seeds", type=positive_int, default=DEFAULT_SEEDS, help="seeds 1..N per cell")
@@ -144,7 +144,7 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     sim.add_argument("--stream", action="store_true", help="streaming model calls")
     rows_group = cli.add_argument_group("rows")
     rows_group.add_argument(
-        "--rows", help="comma-separated rows, or 'none' alone (default: all built-in rows and every --strategy)"
+        "--rows", help="comma-separated rows (default: every built-in row, then every --strategy row)"
     )
     rows_group.add_argument(
         "--strategy",
