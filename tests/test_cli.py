@@ -126,6 +126,21 @@ def test_a_missing_optional_dependency_is_one_line_before_any_work(
     assert f"pip install 'maf-compaction[{extra}]'" in err
 
 
+@pytest.mark.usefixtures("no_work")
+def test_every_missing_package_is_named_in_the_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real = importlib.util.find_spec
+    absent = {"tiktoken", "matplotlib"}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in absent else real(name, *a))
+    status, _, err = run(["bench", *ONE_CELL, "--plot", "out.png"], capsys)
+    assert status == 2
+    assert err.strip().endswith(
+        "error: the bench needs tiktoken; --plot needs matplotlib, which are not installed: "
+        "pip install 'maf-compaction[bench,plot]' (from a checkout: pip install '.[bench,plot]')"
+    )
+
+
 def test_a_missing_package_in_a_fresh_interpreter_is_one_line(tmp_path: Path) -> None:
     """The finding: tiktoken absent gave a worker traceback per cell; now one line and exit 2."""
     code = (

@@ -25,10 +25,10 @@ def program_name() -> str:
     return "maf-compaction" if name.startswith("maf-compaction") else "python -m maf_compaction.bench"
 
 
-def install_hint(module: str) -> str:
-    """How to install the extra that brings ``module`` (``bench`` unless it is a plot dependency)."""
-    extra = EXTRAS.get(module.split(".", maxsplit=1)[0], "bench")
-    return f"pip install 'maf-compaction[{extra}]' (from a checkout: pip install '.[{extra}]')"
+def install_hint(*modules: str) -> str:
+    """How to install the extras that bring ``modules`` (``bench``, or ``plot`` for matplotlib)."""
+    extras = ",".join(sorted({EXTRAS.get(module.split(".", maxsplit=1)[0], "bench") for module in modules}))
+    return f"pip install 'maf-compaction[{extras}]' (from a checkout: pip install '.[{extras}]')"
 
 
 def positive_int(text: str) -> int:

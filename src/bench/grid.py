@@ -232,9 +232,11 @@ def check_environment(args: argparse.Namespace, settings: Settings) -> None:
         ]
     if args.plot:
         needed.append(("matplotlib", "--plot"))
-    for module, who in needed:
-        if importlib.util.find_spec(module) is None:
-            raise UsageError(f"{who} needs {module}, which is not installed: {install_hint(module)}")
+    missing = [(module, who) for module, who in needed if importlib.util.find_spec(module) is None]
+    if missing:
+        what = "; ".join(f"{who} needs {module}" for module, who in missing)
+        verb = "is" if len(missing) == 1 else "are"
+        raise UsageError(f"{what}, which {verb} not installed: {install_hint(*(m for m, _ in missing))}")
     from ..adapters.tiktoken import TokenizerUnavailableError  # noqa: PLC0415 - after tiktoken is known present
     from .runner import _tokenizer  # noqa: PLC0415  # pyright: ignore[reportPrivateUsage]
 
