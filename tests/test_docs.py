@@ -41,11 +41,14 @@ def test_the_committed_docs_are_what_make_docs_writes() -> None:
 
 def test_every_generated_region_is_used_and_marked() -> None:
     """README carries the short table; docs/bench.md the full default grid and the user-heavy workload."""
-    readme = regions_in((ROOT / "README.md").read_text(encoding="utf-8"), "README.md")
-    bench = regions_in((ROOT / "docs/bench.md").read_text(encoding="utf-8"), "docs/bench.md")
-    assert readme == ["readme"]
-    assert bench == ["demo", "user-heavy"]
-    assert set(readme + bench) == set(REGIONS)
+    found = {name: regions_in((ROOT / name).read_text(encoding="utf-8"), name) for name in docs.DOCUMENTS}
+    assert found == {
+        "README.md": ["readme"],
+        "docs/bench.md": ["demo", "user-heavy"],
+        "docs/records.md": ["records"],
+        "docs/user-summaries.md": ["user-modes"],
+    }
+    assert {name for names in found.values() for name in names} == set(REGIONS)
 
 
 def test_the_pinned_demo_run_is_make_demos_grid_at_seed_1() -> None:
@@ -71,7 +74,8 @@ def tiny(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def checkout(tmp_path: Path, bench_text: str) -> Path:
     (tmp_path / "docs").mkdir()
-    (tmp_path / "README.md").write_text("# readme\n\nno regions here\n", encoding="utf-8")
+    for name in docs.DOCUMENTS:
+        (tmp_path / name).write_text("# a document\n\nno regions here\n", encoding="utf-8")
     (tmp_path / "docs" / "bench.md").write_text(bench_text, encoding="utf-8")
     return tmp_path
 
@@ -126,4 +130,6 @@ def test_markers_are_checked() -> None:
 
 def test_not_a_checkout_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert docs.main(["--root", str(tmp_path)]) == 2
-    assert "is not a checkout: no README.md, docs/bench.md" in capsys.readouterr().err
+    assert "is not a checkout: no README.md, docs/bench.md, docs/records.md, docs/user-summaries.md" in (
+        capsys.readouterr().err
+    )

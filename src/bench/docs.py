@@ -35,7 +35,7 @@ from .rows import ROWS
 from .runner import Cell, RowSummary, Settings, run_batches, summarize
 
 #: The documents whose regions the command maintains, relative to the repository root.
-DOCUMENTS: Final = ("README.md", "docs/bench.md")
+DOCUMENTS: Final = ("README.md", "docs/bench.md", "docs/records.md", "docs/user-summaries.md")
 _REGION = re.compile(
     r"(<!-- bench:(?P<name>[A-Za-z0-9_-]+)(?P<note>[^>]*?)-->\n)(?P<body>.*?)(<!-- /bench -->)", re.DOTALL
 )
@@ -174,10 +174,66 @@ def render_user_heavy(run: Run, summaries: Sequence[RowSummary]) -> str:
     return "\n".join([_source_line(run), "", *_markdown(header, rows), ""])
 
 
+def _dq(summary: RowSummary) -> str:
+    return "0" if not summary.dq else f"{summary.dq} in {summary.dq_seeds}/{summary.seeds} seed(s)"
+
+
+def render_records(run: Run, summaries: Sequence[RowSummary]) -> str:
+    """The record row (``tool_summary_anchored``) of the default grid, one line per fill."""
+    table = _by_fill(summaries)
+    header = ["fill", "cost vs none", "hit%", "breaks", "max/window", "DQ", "facts kept", "records", "model calls"]
+    rows: list[list[str]] = []
+    for fill, by_row in table.items():
+        s, control = by_row["tool_summary_anchored"], by_row["none"]
+        rows.append(
+            [
+                f"{fill:.1f}",
+                "-" if s.vs_none is None else f"{s.vs_none:.2f}x",
+                f"{s.hit * 100:.1f}%",
+                f"{s.breaks:g}",
+                f"{s.max_prompt_share:.2f}",
+                _dq(s),
+                f"{s.facts_kept:g}/{s.facts_total}",
+                f"{s.counters.get('records', 0):g}",
+                f"{s.model_calls:g} (none: {control.model_calls:g})",
+            ]
+        )
+    return "\n".join([_source_line(run, "Row `tool_summary_anchored` of "), "", *_markdown(header, rows), ""])
+
+
+_MODES: Final = {
+    "user_summary_anchored": "`recompact`",
+    "user_summary_anchored_boundary": "`boundary`",
+    "user_summary_anchored_fold": "`fold`",
+}
+
+
+def render_user_modes(run: Run, summaries: Sequence[RowSummary]) -> str:
+    """The user-turn strategy's three modes on the user-heavy workload, past the window."""
+    table = _by_fill(summaries)
+    fills = [fill for fill in table if fill > 1]
+    header = ["mode"]
+    for fill in fills:
+        header += [f"fill {fill:.1f}: vs none, hit%, DQ, facts", "summarizer calls, standing, replays"]
+    rows: list[list[str]] = []
+    for row, label in _MODES.items():
+        cells = [label]
+        for fill in fills:
+            s = table[fill][row]
+            vs = "-" if s.vs_none is None else f"{s.vs_none:.2f}x"
+            cells.append(f"{vs}, {s.hit * 100:.1f}%, {s.dq}, {s.facts_kept:g}/{s.facts_total}")
+            standing, replays = s.counters.get("standing", 0), s.counters.get("replayed", 0)
+            cells.append(f"{s.summarizer_calls:g}, {standing:g}, {replays:g}")
+        rows.append(cells)
+    return "\n".join([_source_line(run, "The user-turn rows of "), "", *_markdown(header, rows), ""])
+
+
 REGIONS: Final[Mapping[str, Region]] = {
     "demo": Region("demo", render_demo, "docs/bench.md: the default grid, every column but the timings"),
     "readme": Region("demo", render_readme, "README.md: four rows of the default grid"),
     "user-heavy": Region("user-heavy", render_user_heavy, "docs/bench.md: the user-heavy workload"),
+    "records": Region("demo", render_records, "docs/records.md: the record row of the default grid"),
+    "user-modes": Region("user-heavy", render_user_modes, "docs/user-summaries.md: the three modes, user-heavy"),
 }
 
 
@@ -224,7 +280,7 @@ def parser() -> argparse.ArgumentParser:
     """The command line."""
     cli = argparse.ArgumentParser(
         prog=f"{program_name()} docs",
-        description="Regenerate the bench tables in README.md and docs/bench.md from pinned bench runs "
+        description="Regenerate the bench tables in README.md and docs/ from pinned bench runs "
         "(check them without --write).",
         epilog="regions:\n" + "\n".join(f"  {name:<11} {region.doc}" for name, region in REGIONS.items()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
