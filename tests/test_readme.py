@@ -253,3 +253,11 @@ def test_the_install_section_never_sends_users_to_the_other_pypi_project() -> No
         assert f"| `{extra}` |" in install
     assert "git+https://<git-host>/" in install  # a placeholder, no real host
     assert "MAF_COMPACTION_TIKTOKEN_FILE" in install
+    wheels = re.findall(r"maf_compaction-[^ \"\[]+\.whl", install)
+    assert wheels == [f"maf_compaction-{maf_compaction_version()}-py3-none-any.whl"]  # the name pip wheel builds
+
+
+def maf_compaction_version() -> str:
+    import maf_compaction
+
+    return maf_compaction.__version__
