@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from .. import __version__
+from ..adapters.tiktoken import TokenizerUnavailableError
 from .args import install_hint, positive_int, program_name
 from .provider import CACHE_KINDS
 from .report import plot, render_table, to_json
@@ -28,6 +29,7 @@ from .runner import (
     CellError,
     CellResult,
     Settings,
+    bench_tokenizer,
     check_factory,
     load_scenario,
     run_grid,
@@ -237,11 +239,8 @@ def check_environment(args: argparse.Namespace, settings: Settings) -> None:
         what = "; ".join(f"{who} needs {module}" for module, who in missing)
         verb = "is" if len(missing) == 1 else "are"
         raise UsageError(f"{what}, which {verb} not installed: {install_hint(*(m for m, _ in missing))}")
-    from ..adapters.tiktoken import TokenizerUnavailableError  # noqa: PLC0415 - after tiktoken is known present
-    from .runner import _tokenizer  # noqa: PLC0415  # pyright: ignore[reportPrivateUsage]
-
     try:
-        _tokenizer()  # loaded once here, inherited by the workers
+        bench_tokenizer()  # loaded once here, inherited by the workers
     except TokenizerUnavailableError as error:
         raise UsageError(f"the bench's o200k_base tokenizer is unavailable: {error}") from None
     for flag, path in (("--json", args.json), ("--plot", args.plot)):
