@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo bench test test-long lint typecheck pytest bench-speed clean
+.PHONY: demo bench docs test test-long lint typecheck pytest bench-speed clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ bench: $(STAMP)
 		--json bench-results/openai.json --plot bench-results/openai.png
 	$(BIN)/python -W "ignore:maf-compaction is experimental" -m maf_compaction.bench --seeds 5 --cache anthropic \
 		--json bench-results/anthropic.json --plot bench-results/anthropic.png
+
+# The bench tables in README.md and docs/bench.md, regenerated from pinned runs (tests/test_docs.py checks them).
+docs: $(STAMP)
+	$(BIN)/python -W "ignore:maf-compaction is experimental" -m maf_compaction.bench docs --write
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests

@@ -13,6 +13,7 @@ from .adapters.anchored import AnchoredCompactionStrategy, MinimumGainAnchoredCo
 from .adapters.convert import original_results
 from .adapters.counting import MediaTokenEstimator
 from .adapters.nested import find_nested_strategy
+from .adapters.overhead import AgentOverhead, measure_agent_overhead
 from .adapters.recall import RecallGate, ToolResultRecallMiddleware, make_recall_tool
 from .adapters.records import ToolResultAnchoredSummarizationCompactionStrategy, record_text
 from .adapters.tiktoken import TiktokenTokenizer, TokenizerUnavailableError
@@ -30,6 +31,7 @@ from .errors import (
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "AgentOverhead",
     "AnchoredCompactionStrategy",
     "AnchoredSnapshot",
     "Ask",
@@ -50,6 +52,7 @@ __all__ = [
     "__version__",
     "find_nested_strategy",
     "make_recall_tool",
+    "measure_agent_overhead",
     "original_results",
     "record_text",
 ]

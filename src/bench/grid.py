@@ -9,23 +9,50 @@ rules and each metric.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
-from .args import positive_int
+from .. import __version__
+from ..adapters.tiktoken import TokenizerUnavailableError
+from .args import install_hint, positive_int, program_name
 from .provider import CACHE_KINDS
 from .report import plot, render_table, to_json
-from .rows import ROW_DESCRIPTIONS, ROWS, parse_strategy_option, resolve_rows
-from .runner import CLIENT_MODES, Cell, CellResult, Settings, load_scenario, run_grid, summarize
-from .scenario import DEFAULT_MARKERS_PER_TOOL, DEFAULT_TOOL_SHARE, DEFAULT_TOOL_TURNS, DEFAULT_WINDOW
+from .rows import ROW_DESCRIPTIONS, ROWS, RowFactoryError, load_factory, parse_strategy_options, resolve_rows
+from .runner import (
+    CLIENT_MODES,
+    Cell,
+    CellError,
+    CellResult,
+    Settings,
+    bench_tokenizer,
+    check_factory,
+    load_scenario,
+    run_grid,
+    summarize,
+)
+from .scenario import DEFAULT_MARKERS_PER_TOOL, DEFAULT_TOOL_SHARE, DEFAULT_TOOL_TURNS, DEFAULT_WINDOW, Scenario
 from .simulator import PROFILES
 
 DEFAULT_FILLS: Final = (0.9, 1.5, 3.0)
 DEFAULT_SEEDS: Final = 3
+#: Generator options a file workload (``--workload``, ``--session``) does not use: it is replayed once, as written.
+GENERATOR_ONLY: Final = {
+    "fill": "--fill",
+    "seeds": "--seeds",
+    "tool_share": "--tool-share",
+    "tool_turns": "--tool-turns",
+    "markers_per_tool": "--markers-per-tool",
+    "dense_values": "--dense-values",
+}
+
+
+class UsageError(ValueError):
+    """A problem with the command line or the environment, found before any cell runs (one line, exit 2)."""
 
 
 def _fills(text: str) -> list[float]:
@@ -48,29 +75,43 @@ def _share(text: str) -> float:
     return value
 
 
-def parser() -> argparse.ArgumentParser:
-    """The command line."""
-    rows = "\n".join(f"  {name:<18} {text}" for name, text in ROW_DESCRIPTIONS.items())
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the epilog's layout and shows each option's default (when it has a meaningful one)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default: object = action.default
+        if "%(default)" in text or not action.option_strings or default in (None, False, argparse.SUPPRESS):
+            return text
+        if isinstance(default, list | tuple) and not default:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The command line (``prog`` defaults to how the program was started, plus ``bench``)."""
+    rows = "\n".join(f"  {name:<30} {text}" for name, text in ROW_DESCRIPTIONS.items())
     cli = argparse.ArgumentParser(
-        prog="maf-compaction bench",
+        prog=prog or f"{program_name()} bench",
         description="Replay a long agent conversation through compaction strategies against a simulated provider.",
         epilog=f"rows:\n{rows}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
+    cli.add_argument("--version", action="version", version=f"maf-compaction {__version__}")
     work = cli.add_argument_group("workload")
-    work.add_argument("--context-window", type=positive_int, default=DEFAULT_WINDOW, help="tokens (default: 32000)")
+    work.add_argument("--context-window", type=positive_int, default=DEFAULT_WINDOW, help="tokens")
     work.add_argument(
         "--fill",
         "--fills",
         type=_fills,
-        default=list(DEFAULT_FILLS),
-        help="conversation size / window, comma-separated (default: 0.9,1.5,3.0)",
+        default=",".join(str(fill) for fill in DEFAULT_FILLS),
+        help="conversation size / window, comma-separated",
     )
-    work.add_argument("--seeds", type=positive_int, default=DEFAULT_SEEDS, help="seeds 1..N per cell (default: 3)")
+    work.add_argument("--seeds", type=positive_int, default=DEFAULT_SEEDS, help="seeds 1..N per cell")
     work.add_argument("--tool-share", type=_share, default=DEFAULT_TOOL_SHARE, help="share of tokens in tool results")
-    work.add_argument("--tool-turns", type=positive_int, default=DEFAULT_TOOL_TURNS, help="lookups (default: 6)")
+    work.add_argument("--tool-turns", type=positive_int, default=DEFAULT_TOOL_TURNS, help="lookups")
     work.add_argument(
-        "--markers-per-tool", type=positive_int, default=DEFAULT_MARKERS_PER_TOOL, help="codes per lookup (default: 8)"
+        "--markers-per-tool", type=positive_int, default=DEFAULT_MARKERS_PER_TOOL, help="codes per lookup"
     )
     work.add_argument(
         "--dense-values",
@@ -78,40 +119,64 @@ def parser() -> argparse.ArgumentParser:
         help="number-dense log lines in lookup results (hundreds of distinctive values per result)",
     )
     source = work.add_mutually_exclusive_group()
-    source.add_argument("--workload", metavar="FILE.json", help="replay a workload file (docs/workload-format.md)")
-    source.add_argument("--session", metavar="FILE.json", help="replay an AgentSession.to_dict() export")
+    source.add_argument(
+        "--workload",
+        metavar="FILE.json",
+        help="replay a workload file once (docs/workload-format.md); the generator's options do not apply",
+    )
+    source.add_argument(
+        "--session", metavar="FILE.json", help="replay an AgentSession.to_dict() export once (as --workload)"
+    )
     work.add_argument(
         "--facts", metavar="FILE.json", help="with --session: the values to track, a JSON list of {label, value, scope}"
     )
     sim = cli.add_argument_group("provider and model")
-    sim.add_argument("--max-output-tokens", type=positive_int, default=2_048, help="output reservation (default: 2048)")
-    sim.add_argument("--cache", choices=CACHE_KINDS, default="openai", help="prompt cache rules (default: openai)")
-    sim.add_argument("--prices", choices=sorted(PROFILES), default="default", help="price profile (default: default)")
+    sim.add_argument("--max-output-tokens", type=positive_int, default=2_048, help="output reservation")
+    sim.add_argument("--cache", choices=CACHE_KINDS, default="openai", help="prompt cache rules")
+    sim.add_argument("--prices", choices=sorted(PROFILES), default="default", help="price profile")
     sim.add_argument("--record-quality", type=_share, default=1.0, help="share of values a record keeps")
     sim.add_argument("--summary-quality", type=_share, default=1.0, help="share of values a summary keeps")
     sim.add_argument("--ignore-pin", action="store_true", help="the model ignores a pinned record request")
-    sim.add_argument("--client", choices=CLIENT_MODES, default="inprocess", help="in process or a real client")
+    sim.add_argument(
+        "--client",
+        choices=CLIENT_MODES,
+        default="inprocess",
+        help="in process, or a real agent-framework-openai client against a loopback server",
+    )
     sim.add_argument("--stream", action="store_true", help="streaming model calls")
     rows_group = cli.add_argument_group("rows")
-    rows_group.add_argument("--rows", help=f"comma-separated rows (default: all built-in: {', '.join(ROWS)})")
+    rows_group.add_argument(
+        "--rows", help="comma-separated rows (default: every built-in row, then every --strategy row)"
+    )
     rows_group.add_argument(
         "--strategy",
         action="append",
         default=[],
         metavar="NAME=module:factory",
-        help="add a row: factory(RowContext) returns a CompactionStrategy or a RowSetup (repeatable)",
+        help="add a row: factory(RowContext) returns a CompactionStrategy or a RowSetup (repeatable; the "
+        "module is imported from the current directory too)",
     )
     out = cli.add_argument_group("output")
     out.add_argument("--json", metavar="FILE", help="write every figure as JSON")
-    out.add_argument("--plot", metavar="FILE.png", help="plot prompt size, cached share and window per call")
+    out.add_argument(
+        "--plot", metavar="FILE.png", help="plot prompt size, cached share and window per call (the plot extra)"
+    )
     out.add_argument("--jobs", type=positive_int, default=min(os.cpu_count() or 1, 8), help="worker processes")
-    out.add_argument("--quiet", action="store_true", help="no progress bar")
+    out.add_argument("--quiet", action="store_true", help="no progress bar (it is shown only on a terminal anyway)")
     return cli
+
+
+def given_options(argv: Sequence[str] | None) -> set[str]:
+    """The destinations of the options the command line actually gives (not their defaults)."""
+    bare = parser(prog="bench")
+    for action in bare._actions:  # pyright: ignore[reportPrivateUsage]
+        action.default = argparse.SUPPRESS
+    return set(vars(bare.parse_args(argv)))
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
     """:class:`Settings` from parsed arguments (validates ``--strategy`` and the window)."""
-    extra = dict(parse_strategy_option(text) for text in args.strategy)
+    extra = parse_strategy_options(args.strategy)
     if args.facts is not None and args.session is None:
         raise ValueError("--facts goes with --session (a workload file lists its facts itself)")
     if args.max_output_tokens >= args.context_window:
@@ -139,9 +204,16 @@ def settings_from(args: argparse.Namespace) -> Settings:
     )
 
 
+def row_names(args: argparse.Namespace, settings: Settings) -> list[str]:
+    """The rows to run: ``--rows`` as given, else every built-in row and every ``--strategy``."""
+    if args.rows:
+        return [n.strip() for n in args.rows.split(",") if n.strip()]
+    return [*ROWS, *settings.strategies]
+
+
 def cells_for(args: argparse.Namespace, settings: Settings) -> list[Cell]:
     """The grid: fills x rows x seeds (one fill and one seed for a file workload)."""
-    names = [n.strip() for n in args.rows.split(",") if n.strip()] if args.rows else [*ROWS, *settings.strategies]
+    names = row_names(args, settings)
     resolve_rows(names, settings.strategies)  # fail early, with the row's name
     from_file = settings.workload is not None or settings.session is not None
     fills = [1.0] if from_file else args.fill
@@ -149,9 +221,101 @@ def cells_for(args: argparse.Namespace, settings: Settings) -> list[Cell]:
     return [Cell(row, fill, seed) for fill in fills for seed in seeds for row in names]
 
 
+def check_environment(args: argparse.Namespace, settings: Settings) -> None:
+    """Every optional dependency this run needs, and the tokenizer, before any work.
+
+    Raises:
+        UsageError: One line naming what is missing and the extra that installs it.
+    """
+    needed = [("tiktoken", "the bench")]
+    if settings.client != "inprocess":
+        needed += [
+            (module, f"--client {settings.client}") for module in ("agent_framework_openai", "openai", "aiohttp")
+        ]
+    if args.plot:
+        needed.append(("matplotlib", "--plot"))
+    missing = [(module, who) for module, who in needed if importlib.util.find_spec(module) is None]
+    if missing:
+        what = "; ".join(f"{who} needs {module}" for module, who in missing)
+        verb = "is" if len(missing) == 1 else "are"
+        raise UsageError(f"{what}, which {verb} not installed: {install_hint(*(m for m, _ in missing))}")
+    try:
+        bench_tokenizer()  # loaded once here, inherited by the workers
+    except TokenizerUnavailableError as error:
+        raise UsageError(f"the bench's o200k_base tokenizer is unavailable: {error}") from None
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:
+            _check_writable(flag, Path(path))
+
+
+def _check_writable(flag: str, path: Path) -> None:
+    if path.is_dir():
+        raise UsageError(f"{flag} {path}: is a directory; give a file name")
+    parent = path.parent
+    existing = parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"{flag} {path}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"{flag} {path}: not writable")
+
+
+def check_rows(args: argparse.Namespace, settings: Settings, names: Sequence[str]) -> list[str]:
+    """Import every ``--strategy`` and call each factory once; returns warnings.
+
+    Raises:
+        UsageError: A module does not import or a factory fails (the message names the row).
+    """
+    notes: list[str] = []
+    for name, target in settings.strategies.items():
+        try:
+            factory = load_factory(target)
+            if name in names:
+                check_factory(name, factory, settings)
+        except ValueError as error:
+            raise UsageError(f"row {name!r}: {error}") from None
+        except RowFactoryError as error:
+            raise UsageError(f"{error} (--strategy {name}={target})") from None
+        if name not in names:
+            notes.append(f"--strategy {name} is not in --rows, so it does not run (add it: --rows {args.rows},{name})")
+    return notes
+
+
+def ignored_options(given: set[str], settings: Settings) -> list[str]:
+    """Warnings for generator options a file workload ignores."""
+    if settings.workload is None and settings.session is None:
+        return []
+    ignored = [flag for dest, flag in GENERATOR_ONLY.items() if dest in given]
+    if not ignored:
+        return []
+    source = "--workload" if settings.workload is not None else "--session"
+    return [f"{source} replays its file once, as written: {', '.join(ignored)} ignored"]
+
+
+def missing_facts(scenario: Scenario) -> list[str]:
+    """A warning for the facts whose value never occurs in the conversation (they cannot be kept)."""
+    parts = [scenario.system]
+    for turn in scenario.turns:
+        parts += [turn.user, turn.reply]
+        for call in turn.calls:
+            parts += [call.result, *(str(v) for v in call.arguments.values())]
+    text = "\n".join(parts)
+    absent = [fact for fact in scenario.facts if fact.value not in text]
+    if not absent:
+        return []
+    shown = ", ".join(f"{fact.label}={fact.value!r}" for fact in absent[:5]) + (", ..." if len(absent) > 5 else "")
+    return [
+        f"{len(absent)} of {len(scenario.facts)} fact(s) never occur in the conversation, so no row can keep them: "
+        f"{shown}"
+    ]
+
+
 class _Progress:
+    """A progress bar on stderr, drawn only when both stdout and stderr are terminals (never into a log file)."""
+
     def __init__(self, quiet: bool) -> None:
-        self.quiet = quiet
+        self.quiet = quiet or not (_is_terminal(sys.stdout) and _is_terminal(sys.stderr))
         self.started = time.perf_counter()
 
     def __call__(self, done: int, total: int, result: CellResult) -> None:
@@ -167,30 +331,50 @@ class _Progress:
         sys.stderr.flush()
 
 
+def _is_terminal(stream: Any) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty()) if callable(isatty) else False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the grid and print the table; returns the exit status."""
-    args = parser().parse_args(argv)
+    cli = parser()
+    args = cli.parse_args(argv)
+    prog = cli.prog
+    scenario: Scenario | None = None
     try:
         settings = settings_from(args)
+        check_environment(args, settings)
+        names = row_names(args, settings)
+        notes = check_rows(args, settings, names)
         cells = cells_for(args, settings)
+        notes += ignored_options(given_options(argv), settings)
         if settings.workload is not None or settings.session is not None:
-            load_scenario(settings, 1.0, 1)  # validate the file before starting workers
-    except ValueError as error:
-        print(f"maf-compaction bench: error: {error}", file=sys.stderr)
+            scenario = load_scenario(settings, 1.0, 1)  # validate the file before starting workers
+            notes += missing_facts(scenario)
+    except ValueError as error:  # UsageError, WorkloadError, a bad --rows...
+        print(f"{prog}: error: {error}", file=sys.stderr)
         return 2
+    for note in notes:
+        print(f"{prog}: warning: {note}", file=sys.stderr)
     started = time.perf_counter()
-    results = run_grid(cells, settings, jobs=args.jobs, progress=_Progress(args.quiet))
+    try:
+        results = run_grid(cells, settings, jobs=args.jobs, progress=_Progress(args.quiet))
+    except CellError as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 1
     seconds = time.perf_counter() - started
     summaries = summarize(results)
 
-    print(render_table(summaries, settings))
+    workload = None if scenario is None else scenario.name
+    print(render_table(summaries, settings, workload=workload))
     print(f"\n{len(cells)} cells in {seconds:.1f} s ({args.jobs} worker(s)).")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(to_json(results, summaries, settings, seconds))
+        Path(args.json).write_text(to_json(results, summaries, settings, seconds, workload=workload))
         print(f"wrote {args.json}")
     if args.plot:
         Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
-        plot(results, args.plot, settings)
+        plot(results, args.plot, settings, workload=workload)
         print(f"wrote {args.plot}")
     return 0

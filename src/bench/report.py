@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,15 +47,23 @@ def _cells(summary: RowSummary) -> dict[str, str]:
     }
 
 
-def render_table(summaries: Sequence[RowSummary], settings: Settings) -> str:
-    """One table per fill, rows in grid order, averaged over seeds."""
+def describe_workload(settings: Settings, workload: str | None, fill: float) -> str:
+    """``workload 'name' (file) at a`` for a file workload, ``fill F x`` for the generated one."""
+    source = settings.workload or settings.session
+    if not source:
+        return f"fill {fill:g} x"
+    kind = "workload" if settings.workload else "session"
+    return f"{kind} {workload!r} ({source}) at a" if workload else f"{kind} {source} at a"
+
+
+def render_table(summaries: Sequence[RowSummary], settings: Settings, *, workload: str | None = None) -> str:
+    """One table per fill, rows in grid order, averaged over seeds; ``workload`` is a file workload's name."""
     lines: list[str] = []
     fills = sorted({s.fill for s in summaries})
     for fill in fills:
         rows = [s for s in summaries if s.fill == fill]
         seeds = max(s.seeds for s in rows)
-        source = settings.workload or settings.session
-        what = f"{source} at a" if source else f"fill {fill:g} x"
+        what = describe_workload(settings, workload, fill)
         lines.append(
             f"{what} {settings.context_window:,}-token window, {seeds} seed(s), "
             f"{settings.cache} cache, '{settings.profile}' prices, budget {settings.budget:,}"
@@ -86,9 +95,22 @@ def render_table(summaries: Sequence[RowSummary], settings: Settings) -> str:
     return "\n".join(lines)
 
 
-def to_json(results: Sequence[CellResult], summaries: Sequence[RowSummary], settings: Settings, seconds: float) -> str:
-    """Every figure: the settings, the per-(fill, row) summaries and every cell."""
+def to_json(
+    results: Sequence[CellResult],
+    summaries: Sequence[RowSummary],
+    settings: Settings,
+    seconds: float,
+    *,
+    workload: str | None = None,
+) -> str:
+    """Every figure: the workload, the settings, the per-(fill, row) summaries and every cell."""
+    source = settings.workload or settings.session
     payload: dict[str, Any] = {
+        "workload": {
+            "name": workload if workload is not None else ("generated" if source is None else None),
+            "kind": "workload" if settings.workload else "session" if settings.session else "generated",
+            "file": source,
+        },
         "settings": _settings_dict(settings),
         "seconds": seconds,
         "summaries": [s.to_dict() for s in summaries],
@@ -106,26 +128,46 @@ def _settings_dict(settings: Settings) -> dict[str, Any]:
     return out
 
 
-def plot(results: Sequence[CellResult], path: str | Path, settings: Settings) -> None:
-    """Prompt size, cached share and the window per model call, one panel per (fill, row).
+def plot(results: Sequence[CellResult], path: str | Path, settings: Settings, *, workload: str | None = None) -> None:
+    """Prompt size, cached tokens and the window per model call, one panel per (fill, row).
 
-    Uses the first seed of each (fill, row). Needs matplotlib (``pip install 'maf-compaction[plot]'``).
+    Every panel shares one y axis (so rows compare at a glance) and shows the first seed
+    of its (fill, row), which the title names with the settings. Needs matplotlib
+    (``pip install 'maf-compaction[plot]'``).
     """
     try:
         import matplotlib  # noqa: PLC0415 - an optional extra
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # noqa: PLC0415
-    except ImportError as error:  # pragma: no cover - depends on the optional extra
-        raise RuntimeError("--plot needs matplotlib: pip install 'maf-compaction[plot]'") from error
+        from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - depends on the optional extra; the command checks first
+        raise RuntimeError("--plot needs matplotlib: pip install 'maf-compaction[plot]'") from None
     firsts: dict[tuple[float, str], CellResult] = {}
     for result in results:
-        firsts.setdefault((result.fill, result.row), result)
+        key = (result.fill, result.row)
+        if key not in firsts or result.seed < firsts[key].seed:
+            firsts[key] = result
     fills = sorted({fill for fill, _ in firsts})
     rows = list(dict.fromkeys(row for _, row in firsts))
-    figure, axes = plt.subplots(
-        len(rows), len(fills), figsize=(4.2 * len(fills), 2.0 * len(rows)), sharex="col", squeeze=False
+    seeds = sorted({r.seed for r in firsts.values()})
+    top = max([settings.context_window, *(p for r in firsts.values() for p in r.prompts)]) * 1.05
+    source = settings.workload or settings.session
+    what = f"{workload or source}" if source else "generated workload"
+    run = sorted({r.seed for r in results})
+    seed_text = f"seed {', '.join(map(str, seeds))}" + (f" (the first of {len(run)} seeds run)" if len(run) > 1 else "")
+    about = (
+        f"{what}, {settings.context_window:,}-token window, budget {settings.budget:,}, {settings.cache} cache, "
+        f"'{settings.profile}' prices, {seed_text}"
     )
+    width = max(8.0, 5.0 * len(fills))
+    about_lines = textwrap.wrap(about, width=int(width * 12))
+    header = 0.5 + 0.22 * len(about_lines) + 0.4  # inches: the title, the settings, the legend
+    height = 1.9 * len(rows) + 0.7 + header
+    figure, axes = plt.subplots(
+        len(rows), len(fills), figsize=(width, height), sharex="col", sharey=True, squeeze=False
+    )
+    thousands = FuncFormatter(lambda value, _: f"{value / 1000:g}K")
     for column, fill in enumerate(fills):
         for line, row in enumerate(rows):
             axis = axes[line][column]
@@ -136,14 +178,29 @@ def plot(results: Sequence[CellResult], path: str | Path, settings: Settings) ->
             calls = range(1, len(result.prompts) + 1)
             axis.fill_between(calls, result.prompts, step="mid", alpha=0.35, label="prompt tokens")
             axis.fill_between(calls, result.cached, step="mid", alpha=0.6, label="cached tokens")
-            axis.axhline(settings.context_window, color="red", linewidth=0.8, label="window")
-            axis.set_title(f"{row}, fill {fill:g}", fontsize=8)
-            axis.tick_params(labelsize=6)
-            top = max([settings.context_window, *result.prompts]) * 1.05
+            axis.axhline(settings.context_window, color="red", linewidth=1.0, label="window")
+            dq = f", {result.dq} DQ" if result.dq else ""
+            axis.set_title(f"{row}: fill {fill:g}, {result.hit * 100:.0f}% cached{dq}", fontsize=10)
+            axis.tick_params(labelsize=8)
+            axis.yaxis.set_major_formatter(thousands)
             axis.set_ylim(0, math.ceil(top))
-    axes[0][0].legend(fontsize=6, loc="upper left")
-    figure.supxlabel("model call")
-    figure.supylabel("tokens")
-    figure.tight_layout()
+            axis.grid(axis="y", linewidth=0.3, alpha=0.5)
+    figure.text(
+        0.01, 1 - 0.12 / height, "Prompt and cached tokens per model call", fontsize=13, weight="bold", va="top"
+    )
+    figure.text(0.01, 1 - 0.48 / height, "\n".join(about_lines), fontsize=10, va="top", linespacing=1.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    figure.legend(
+        handles,
+        labels,
+        loc="upper left",
+        bbox_to_anchor=(0.005, 1 - (0.5 + 0.22 * len(about_lines) + 0.02) / height),
+        fontsize=10,
+        ncol=3,
+        frameon=False,
+    )
+    figure.supxlabel("model call", fontsize=10)
+    figure.supylabel("tokens", fontsize=10)
+    figure.tight_layout(rect=(0, 0, 1, 1 - header / height))
     figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -19,6 +19,8 @@ strategy that is not built yet is absent, never faked.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -276,13 +278,40 @@ def parse_strategy_option(text: str) -> tuple[str, str]:
     return name.strip(), target
 
 
+def parse_strategy_options(texts: Sequence[str]) -> dict[str, str]:
+    """Every ``--strategy NAME=module:factory``, by name; a built-in row's name or a repeated name is refused."""
+    extra: dict[str, str] = {}
+    for text in texts:
+        name, target = parse_strategy_option(text)
+        if name in ROWS:
+            raise ValueError(
+                f"--strategy {text}: {name!r} is a built-in row; give your row another name (it would replace it)"
+            )
+        if name in extra:
+            raise ValueError(f"--strategy {text}: the row {name!r} is already given as {extra[name]!r}")
+        extra[name] = target
+    return extra
+
+
 def load_factory(target: str) -> RowFactory:
-    """Import ``module:factory`` (a callable taking a :class:`RowContext`)."""
+    """Import ``module:factory`` (a callable taking a :class:`RowContext`).
+
+    The current directory is searched as ``python -m`` would search it: the
+    ``maf-compaction`` console script does not put it on ``sys.path`` itself, and a
+    row module next to the user's workload is the common case.
+    """
     module_name, _, attribute = target.partition(":")
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.append(here)
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise ValueError(f"--strategy: cannot import module {module_name!r}: {error}") from error
+        raise ValueError(f"--strategy: cannot import module {module_name!r}: {error}") from None
+    except Exception as error:  # the module itself fails on import
+        raise ValueError(
+            f"--strategy: importing module {module_name!r} failed: {type(error).__name__}: {error}"
+        ) from None
     factory: object = module
     for part in attribute.split("."):
         factory = getattr(factory, part, None)
@@ -307,11 +336,25 @@ def resolve_rows(names: Sequence[str], extra: Mapping[str, str]) -> dict[str, Ro
     return rows
 
 
-def setup_of(factory: RowFactory, context: RowContext) -> RowSetup:
-    """Call a row factory and normalize its answer to a :class:`RowSetup`."""
-    made = factory(context)
+class RowFactoryError(RuntimeError):
+    """A row's factory raised, or returned something that is not a strategy; the message names the row."""
+
+
+def setup_of(factory: RowFactory, context: RowContext, *, row: str = "?") -> RowSetup:
+    """Call a row factory and normalize its answer to a :class:`RowSetup`.
+
+    Raises:
+        RowFactoryError: The factory raised or returned neither a ``CompactionStrategy``
+            nor a :class:`RowSetup`; the one-line message names ``row``.
+    """
+    try:
+        made = factory(context)
+    except Exception as error:
+        raise RowFactoryError(f"row {row!r}: its factory raised {type(error).__name__}: {error}") from None
     if isinstance(made, RowSetup):
         return made
     if callable(made):
         return _both(made)
-    raise TypeError(f"a row factory must return a CompactionStrategy or a RowSetup, got {type(made).__name__}")
+    raise RowFactoryError(
+        f"row {row!r}: a row factory must return a CompactionStrategy or a RowSetup, got {type(made).__name__}"
+    )

@@ -29,7 +29,7 @@ from .client import SimulatedChatClient, media_contents, scenario_tools
 from .model import ModelOptions, ScriptedModel, context_text
 from .provider import CacheKind, CallRecord, SimulatedProvider
 from .quiet import quiet_logs
-from .rows import RowContext, RowFactory, resolve_rows, setup_of
+from .rows import RowContext, RowFactory, RowFactoryError, resolve_rows, setup_of
 from .scenario import GeneratorOptions, Scenario, generate
 from .simulator import get_profile
 
@@ -152,6 +152,11 @@ def _tokenizer() -> TiktokenTokenizer:
     return TiktokenTokenizer()
 
 
+def bench_tokenizer() -> TiktokenTokenizer:
+    """The o200k_base tokenizer the bench counts with (loaded once per process)."""
+    return _tokenizer()
+
+
 class TimedStrategy:
     """Wraps a strategy to time each pass; exposes the wrapped ``tokenizer`` (the framework reads it)."""
 
@@ -240,7 +245,7 @@ async def run_cell(
             tokenizer=tokenizer,
             summarizer=summarizer,
         )
-        setup = setup_of(factory, context)
+        setup = setup_of(factory, context, row=cell.row)
         timed: dict[int, TimedStrategy] = {}
 
         def wrap(strategy: CompactionStrategy | None) -> CompactionStrategy | None:
@@ -363,11 +368,41 @@ class _clients:
 # ----------------------------------------------------------------------------------------
 
 
+class CellError(RuntimeError):
+    """A cell could not run (its row's factory failed, say); the one-line message names the cell."""
+
+
+def check_factory(row: str, factory: RowFactory, settings: Settings) -> None:
+    """Call ``factory`` once, as a cell would, so a broken row fails before any cell runs.
+
+    Raises:
+        RowFactoryError: The factory raised or returned something that is not a strategy.
+    """
+    scenario = Scenario("factory check", "", (), ())
+    provider = SimulatedProvider(encoder=_tokenizer(), window=settings.context_window, profile=get_profile("default"))
+    context = RowContext(
+        budget=settings.budget,
+        window=settings.context_window,
+        output_tokens=settings.max_output_tokens,
+        tokenizer=_tokenizer(),
+        summarizer=SimulatedChatClient(model=ScriptedModel(scenario), provider=provider, kind="summarizer"),
+    )
+    with warnings.catch_warnings(), quiet_logs():
+        warnings.simplefilter("ignore")
+        setup_of(factory, context, row=row)
+
+
 def _run_in_worker(cell: Cell, settings: Settings) -> CellResult:
     # The table reports what the strategies did; their WARNINGs would only bury it.
     with warnings.catch_warnings(), quiet_logs():
         warnings.simplefilter("ignore")
-        return asyncio.run(run_cell(cell, settings))
+        try:
+            return asyncio.run(run_cell(cell, settings))
+        except RowFactoryError as error:
+            raise CellError(str(error)) from None
+        except Exception as error:  # one line naming the cell, not a worker traceback
+            where = f"row {cell.row!r}, fill {cell.fill:g}, seed {cell.seed}"
+            raise CellError(f"{where}: {type(error).__name__}: {error}") from None
 
 
 def run_grid(
@@ -378,20 +413,34 @@ def run_grid(
     progress: Callable[[int, int, CellResult], None] | None = None,
 ) -> list[CellResult]:
     """Run every cell (in ``jobs`` worker processes when > 1); results in cell order."""
-    results: dict[Cell, CellResult] = {}
+    return run_batches([(cells, settings)], jobs=jobs, progress=progress)[0]
+
+
+def run_batches(
+    batches: Sequence[tuple[Sequence[Cell], Settings]],
+    *,
+    jobs: int = 1,
+    progress: Callable[[int, int, CellResult], None] | None = None,
+) -> list[list[CellResult]]:
+    """Run several grids, each with its own settings, in one pool (so no grid waits for another's tail).
+
+    Returns each batch's results in its cell order.
+    """
+    work = [(index, cell, settings) for index, (cells, settings) in enumerate(batches) for cell in cells]
+    results: dict[tuple[int, Cell], CellResult] = {}
     if jobs <= 1:
-        for cell in cells:
-            results[cell] = _run_in_worker(cell, settings)
+        for index, cell, settings in work:
+            results[(index, cell)] = _run_in_worker(cell, settings)
             if progress is not None:
-                progress(len(results), len(cells), results[cell])
+                progress(len(results), len(work), results[(index, cell)])
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(_run_in_worker, cell, settings): cell for cell in cells}
+            futures = {pool.submit(_run_in_worker, cell, settings): (index, cell) for index, cell, settings in work}
             for future in as_completed(futures):
                 results[futures[future]] = future.result()
                 if progress is not None:
-                    progress(len(results), len(cells), results[futures[future]])
-    return [results[cell] for cell in cells]
+                    progress(len(results), len(work), results[futures[future]])
+    return [[results[(index, cell)] for cell in cells] for index, (cells, _) in enumerate(batches)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,135 @@
+"""The bench tables in README.md and docs/bench.md are generated, and the committed ones are current.
+
+``make docs`` (``python -m maf_compaction.bench docs --write``) rewrites every region marked
+``<!-- bench:NAME -->...<!-- /bench -->`` from pinned bench runs. The first test makes those
+runs with the current code and fails when a committed document differs from what the
+command would write, so a change to a strategy that moves a figure also moves the docs.
+It regenerates; it never compares against numbers written here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from maf_compaction.bench import docs
+from maf_compaction.bench.docs import REGIONS, RUNS, DocsError, Region, Run, regions_in, render_documents, rewrite
+from maf_compaction.bench.report import render_table
+from maf_compaction.bench.runner import Settings, run_grid, summarize
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = Run(
+    Settings(context_window=8_192, max_output_tokens=1_024, tool_turns=3, markers_per_tool=4),
+    ("none", "anchored"),
+    fills=(0.9, 1.5),
+    command="python -m maf_compaction.bench --context-window 8192 ...",
+)
+
+
+def test_the_committed_docs_are_what_make_docs_writes() -> None:
+    wanted = render_documents(ROOT, jobs=min(os.cpu_count() or 1, 8))
+    assert set(wanted) == {ROOT / name for name in docs.DOCUMENTS}
+    for path, text in wanted.items():
+        committed = path.read_text(encoding="utf-8")
+        diff = "".join(difflib.unified_diff(committed.splitlines(True), text.splitlines(True), str(path), "generated"))
+        assert committed == text, f"{path.name} is stale: run `make docs`\n{diff[:4000]}"
+
+
+def test_every_generated_region_is_used_and_marked() -> None:
+    """README carries the short table; docs/bench.md the full default grid and the user-heavy workload."""
+    found = {name: regions_in((ROOT / name).read_text(encoding="utf-8"), name) for name in docs.DOCUMENTS}
+    assert found == {
+        "README.md": ["readme"],
+        "docs/bench.md": ["demo", "user-heavy"],
+        "docs/records.md": ["records"],
+        "docs/user-summaries.md": ["user-modes"],
+    }
+    assert {name for names in found.values() for name in names} == set(REGIONS)
+
+
+def test_the_pinned_demo_run_is_make_demos_grid_at_seed_1() -> None:
+    """The docs' default grid is what ``make demo`` runs (every row, fills 0.9, 1.5, 3.0), at one seed."""
+    from maf_compaction.bench import grid
+    from maf_compaction.bench.rows import ROWS
+
+    demo = RUNS["demo"]
+    args = grid.parser().parse_args([])
+    assert demo.settings == grid.settings_from(args)
+    assert list(demo.fills) == args.fill
+    assert demo.rows == tuple(ROWS)
+    assert demo.seeds == (1,)
+    assert demo.cells() == grid.cells_for(grid.parser().parse_args(["--seeds", "1"]), demo.settings)
+
+
+@pytest.fixture
+def tiny(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The generator reads a tiny pinned run (a few cells at an 8K window) instead of the real ones."""
+    monkeypatch.setattr(docs, "RUNS", {"demo": TINY})
+    monkeypatch.setattr(docs, "REGIONS", {"demo": Region("demo", docs.render_demo)})
+
+
+def checkout(tmp_path: Path, bench_text: str) -> Path:
+    (tmp_path / "docs").mkdir()
+    for name in docs.DOCUMENTS:
+        (tmp_path / name).write_text("# a document\n\nno regions here\n", encoding="utf-8")
+    (tmp_path / "docs" / "bench.md").write_text(bench_text, encoding="utf-8")
+    return tmp_path
+
+
+STALE = "# bench\n\nBefore.\n\n<!-- bench:demo -->\n| old | table |\n<!-- /bench -->\n\nAfter, by hand.\n"
+
+
+@pytest.mark.usefixtures("tiny")
+def test_check_fails_on_stale_docs_and_write_fixes_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = checkout(tmp_path, STALE)
+    assert docs.main(["--root", str(root), "--jobs", "1"]) == 1
+    captured = capsys.readouterr()
+    assert "-| old | table |" in captured.out  # the diff
+    assert "1 document(s) differ from the bench: run `make docs`" in captured.err
+    assert docs.main(["--root", str(root), "--jobs", "1", "--write"]) == 0
+    written = (root / "docs" / "bench.md").read_text(encoding="utf-8")
+    assert written.startswith("# bench\n\nBefore.\n\n<!-- bench:demo -->\n")
+    assert written.endswith("<!-- /bench -->\n\nAfter, by hand.\n")  # text outside the markers is kept
+    assert "| old | table |" not in written
+    assert docs.main(["--root", str(root), "--jobs", "1"]) == 0
+    assert "the documents match the bench" in capsys.readouterr().out
+
+
+@pytest.mark.usefixtures("tiny")
+def test_the_demo_region_shows_the_terminal_tables_figures(tmp_path: Path) -> None:
+    """Each generated row carries the same strings ``maf-compaction bench`` prints (timings aside)."""
+    root = checkout(tmp_path, STALE)
+    written = render_documents(root)[root / "docs" / "bench.md"]
+    terminal = render_table(summarize(run_grid(TINY.cells(), TINY.settings)), TINY.settings)
+    shown = 0
+    for line in terminal.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        if cells[0] in TINY.rows:
+            assert "| " + " | ".join(cells[:-1]) + " |" in written  # every column but pass ms
+            shown += 1
+    assert shown == len(TINY.rows) * len(TINY.fills)
+    assert "4 cells (generated by `make docs`" in written
+
+
+def test_markers_are_checked() -> None:
+    with pytest.raises(DocsError, match="unknown region 'nope'"):
+        regions_in("<!-- bench:nope -->\nx\n<!-- /bench -->\n", "f.md")
+    with pytest.raises(DocsError, match="has no '<!-- /bench -->' after it"):
+        regions_in("<!-- bench:demo -->\nx\n", "f.md")
+    text = "a\n<!-- bench:demo note -->\nold\n<!-- /bench -->\nb\n<!-- bench:demo -->\n<!-- /bench -->\n"
+    assert regions_in(text, "f.md") == ["demo", "demo"]
+    assert (
+        rewrite(text, {"demo": "new\n"})
+        == "a\n<!-- bench:demo note -->\nnew\n<!-- /bench -->\nb\n<!-- bench:demo -->\nnew\n<!-- /bench -->\n"
+    )
+
+
+def test_not_a_checkout_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert docs.main(["--root", str(tmp_path)]) == 2
+    assert "is not a checkout: no README.md, docs/bench.md, docs/records.md, docs/user-summaries.md" in (
+        capsys.readouterr().err
+    )
