@@ -7,6 +7,8 @@ Experimental: releases before 1.0 may change or remove APIs. Importing the packa
 from __future__ import annotations
 
 import contextlib as _contextlib
+import os as _os
+import sys as _sys
 import warnings as _warnings
 
 from .adapters.anchored import AnchoredCompactionStrategy, MinimumGainAnchoredCompactionStrategy
@@ -59,6 +61,10 @@ __all__ = [
 
 
 def _warn_experimental() -> None:
+    # The warning is for code that imports the library; the package's own command line
+    # (the ``maf-compaction`` console script) is not such code and stays quiet.
+    if _os.path.basename(_sys.argv[0] if _sys.argv else "").startswith("maf-compaction"):
+        return
     # Under ``python -W error`` a warning becomes an exception; the import must still succeed.
     with _contextlib.suppress(MafCompactionExperimentalWarning):
         _warnings.warn(

@@ -411,11 +411,6 @@ def test_python_m_calls_itself_python_m(tmp_path: Path) -> None:
     assert done.stdout.startswith("usage: python -m maf_compaction.bench bench [-h]")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Needs the lead's src/__init__.py (off limits here): the experimental warning fires while the console "
-    "script imports the package, before any bench code runs, and prints the script's source line",
-)
 def test_the_console_script_prints_no_experimental_warning(tmp_path: Path) -> None:
     done = subprocess.run(
         [str(SCRIPT), "--version"], cwd=tmp_path, capture_output=True, text=True, env=subprocess_env(), check=False
