@@ -30,13 +30,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from agent_framework import CharacterEstimatorTokenizer, Content, Message
+from agent_framework._compaction import EXCLUDE_REASON_KEY
 from hypothesis import given, note
 from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn
 
 from histories import conversation_chunks, deep_copy_messages, describe, is_injected_todo, with_injected_context
 from maf_compaction import ToolResultAnchoredSummarizationCompactionStrategy
-from maf_compaction.adapters.convert import EXCLUDE_REASON_KEY, to_history
+from maf_compaction.adapters.convert import to_history
 from maf_compaction.adapters.counting import as_estimator
 from maf_compaction.core.grouping import group_records
 from maf_compaction.core.record_decisions import Ask, RecordDecisions

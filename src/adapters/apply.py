@@ -13,7 +13,7 @@ from agent_framework import Message
 from agent_framework._compaction import EXCLUDE_REASON_KEY, EXCLUDED_KEY
 
 from ..core.model import History, MessageRecord
-from .convert import NOTE_KEY, SUMMARIZED_BY_KEY, SUMMARY_KEY, SUMMARY_OF_KEY, _rewrite_results, _set_hold
+from .convert import NOTE_KEY, SUMMARIZED_BY_KEY, SUMMARY_KEY, SUMMARY_OF_KEY, rewrite_results, set_hold
 
 #: The exclusion reason written when the core gave none.
 DEFAULT_EXCLUDE_REASON = "maf_compaction"
@@ -43,9 +43,9 @@ def apply(messages: list[Message], before: History, after: History, *, note_kind
             if record.replaced_by is not None:
                 props[SUMMARIZED_BY_KEY] = record.replaced_by
         if record.parts is not source.parts:
-            _rewrite_results(message, source.parts, record.parts)
+            rewrite_results(message, source.parts, record.parts)
         if record.held != source.held:
-            _set_hold(message, record.held)
+            set_hold(message, record.held)
         updated.append(message)
     messages[:] = updated
 

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Final, TypeAlias, cast
 
 from agent_framework import Content, HistoryProvider, Message
-from agent_framework._compaction import EXCLUDE_REASON_KEY, EXCLUDED_KEY
+from agent_framework._compaction import EXCLUDED_KEY
 
 from ..core.checks import describe_value
 from ..core.counting import message_tokens, result_text
@@ -254,39 +254,7 @@ def _all_subclasses(cls: type) -> list[type]:
     return found
 
 
-def apply(
-    messages: list[Message],
-    before: History,
-    after: History,
-    *,
-    note_kind: str,
-    exclude_reason: str,
-) -> None:
-    """Make ``messages`` match ``after`` (which the core derived from ``before``), in place."""
-    notes: dict[str | None, Message] | None = None  # existing notes by id, looked up only for new ones
-    updated: list[Message] = []
-    for record in after:
-        if record.origin is None:
-            if notes is None:
-                notes = {
-                    messages[r.origin].message_id: messages[r.origin] for r in before if r.note and r.origin is not None
-                }
-            updated.append(_note_message(record, notes, note_kind))
-            continue
-        message = messages[record.origin]
-        source = before[record.origin]
-        if record.excluded and not source.excluded:
-            message.additional_properties[EXCLUDED_KEY] = True
-            message.additional_properties[EXCLUDE_REASON_KEY] = exclude_reason
-        if record.parts is not source.parts:
-            _rewrite_results(message, source.parts, record.parts)
-        if record.held != source.held:
-            _set_hold(message, record.held)
-        updated.append(message)
-    messages[:] = updated
-
-
-def _set_hold(message: Message, reason: str | None) -> None:
+def set_hold(message: Message, reason: str | None) -> None:
     props = message.additional_properties
     if reason is None:
         if props.pop(HOLD_KEY, None) is not None:
@@ -296,21 +264,7 @@ def _set_hold(message: Message, reason: str | None) -> None:
     props[PRESERVED_KEY] = True
 
 
-def _note_message(record: MessageRecord, existing: dict[str | None, Message], note_kind: str) -> Message:
-    text = record.parts[0].text
-    found = existing.get(record.message_id)
-    if found is not None and found.text == text:
-        found.additional_properties[EXCLUDED_KEY] = False
-        return found
-    return Message(
-        "assistant",
-        [text],
-        message_id=record.message_id,
-        additional_properties={NOTE_KEY: note_kind, EXCLUDED_KEY: False},
-    )
-
-
-def _rewrite_results(message: Message, old: tuple[Part, ...], new: tuple[Part, ...]) -> None:
+def rewrite_results(message: Message, old: tuple[Part, ...], new: tuple[Part, ...]) -> None:
     """Swap in shortened result contents; keep each original result on the message.
 
     The model sees the shortened text: clients send a string ``result`` as it is (the
