@@ -23,6 +23,7 @@ from maf_compaction import (
     AnchoredCompactionStrategy,
     AnchoredSnapshot,
     MinimumGainAnchoredCompactionStrategy,
+    SnapshotError,
     UserTurnAnchoredSummarizationCompactionStrategy,
     record_text,
 )
@@ -228,3 +229,41 @@ def test_record_text_reads_a_record_whose_marker_is_mid_text() -> None:
 def test_a_restored_snapshot_is_the_anchored_state_value() -> None:
     strategy = AnchoredCompactionStrategy(max_input_tokens=4_000, tokenizer=TOKENIZER)
     assert strategy.decision_state() == AnchoredSnapshot()
+
+
+@pytest.mark.parametrize("field", ["tools_shed", "shortened", "texts_shed"])
+def test_a_restored_count_past_what_the_history_holds_is_refused_before_anything_is_touched(field: str) -> None:
+    """Finding: ``tools_shed=10**9`` restored into a fresh strategy excluded 12 messages, nothing logged."""
+    strategy = AnchoredCompactionStrategy(max_input_tokens=100_000, tokenizer=TOKENIZER)
+    data = AnchoredSnapshot(keep_head_groups=3).to_dict()
+    data[field] = 10**9
+    strategy.restore_decisions(data)
+    messages = tool_conversation()
+    before = dump(messages)
+    with pytest.raises(SnapshotError, match=field):
+        asyncio.run(strategy(messages))
+    assert dump(messages) == before
+
+
+def test_restored_record_decisions_naming_groups_the_conversation_lacks_are_refused() -> None:
+    from maf_compaction import RecordDecisions, ToolResultAnchoredSummarizationCompactionStrategy
+
+    strategy = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=100_000, tokenizer=TOKENIZER)
+    strategy.restore_decisions(RecordDecisions(settled=(0, 40)).to_dict())
+    messages = tool_conversation()
+    before = dump(messages)
+    with pytest.raises(SnapshotError, match="settled"):
+        asyncio.run(strategy(messages))
+    assert dump(messages) == before
+
+
+def test_a_restored_state_that_fits_is_used() -> None:
+    first = AnchoredCompactionStrategy(max_input_tokens=1_500, tokenizer=TOKENIZER, keep_tail_groups=2)
+    source = tool_conversation()
+    stored = copy.deepcopy(source)
+    asyncio.run(first(stored))
+    second = AnchoredCompactionStrategy(max_input_tokens=1_500, tokenizer=TOKENIZER, keep_tail_groups=2)
+    second.restore_decisions(first.decision_state().to_dict())
+    replay = copy.deepcopy(source)
+    asyncio.run(second(replay))
+    assert dump(replay) == dump(stored)

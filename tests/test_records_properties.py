@@ -29,6 +29,7 @@ import string
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
 from agent_framework import CharacterEstimatorTokenizer, Content, Message
 from agent_framework._compaction import EXCLUDE_REASON_KEY
 from hypothesis import given, note
@@ -36,7 +37,7 @@ from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn
 
 from histories import conversation_chunks, deep_copy_messages, describe, is_injected_todo, with_injected_context
-from maf_compaction import ToolResultAnchoredSummarizationCompactionStrategy
+from maf_compaction import SnapshotError, ToolResultAnchoredSummarizationCompactionStrategy
 from maf_compaction.adapters.convert import to_history
 from maf_compaction.adapters.counting import as_estimator
 from maf_compaction.core.grouping import group_records
@@ -172,6 +173,16 @@ def test_coverage_is_a_function_of_history_and_records(
     other.restore_decisions(restored)
     first, second = deep_copy_messages(history), deep_copy_messages(history)
     _run(fresh, first)
+    groups = sum(
+        1
+        for g in group_records(to_history(history, as_estimator(TOKENIZER).parts, note_kind="anchored"))
+        if g.kind == "tool_call"
+    )
+    named = [*restored.settled, *(restored.ask.targets if restored.ask is not None else ())]
+    if any(ordinal >= groups for ordinal in named):  # decisions about groups this conversation never had
+        with pytest.raises(SnapshotError):
+            _run(other, second)
+        return
     _run(other, second)
     assert fresh.last_report is not None
     assert other.last_report is not None

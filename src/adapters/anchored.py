@@ -130,7 +130,7 @@ class AnchoredCompactionStrategy(CompactionAdapter[AnchoredConfig, AnchoredSnaps
         """
         # A value is read back through its dict, so it is checked exactly like a stored one.
         data = snapshot.to_dict() if isinstance(snapshot, AnchoredSnapshot) else snapshot
-        self._cell.value = AnchoredSnapshot.from_dict(data, keep_head_groups=self._config.keep_head_groups)
+        self.restore_state(AnchoredSnapshot.from_dict(data, keep_head_groups=self._config.keep_head_groups))
 
     def _observe(self, report: Report, before: History, messages: Sequence[Message], fresh: set[str]) -> None:
         del before, messages, fresh

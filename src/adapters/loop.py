@@ -26,6 +26,7 @@ from returns.result import Failure
 
 from ..core.checks import require_tokenizer
 from ..core.effects import Request
+from ..core.errors import SnapshotError
 from ..core.model import History
 from ..core.protocol import CoreStrategy, Done, Needs
 from .apply import apply
@@ -135,6 +136,7 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
         self._records = RecordCache(self._counter, holds=holds)
         self._cell: StateCell[S] = StateCell(state)
         self._memo: object = None  # the last pass's memo: saves work, never decides
+        self._restored = False  # the state came from outside: check it against the first history it meets
         self._named: OrderedDict[tuple[str, frozenset[str]], None] = OrderedDict()
 
     # -- the pass -----------------------------------------------------------------------------
@@ -177,11 +179,24 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
             raise RuntimeError(f"{type(self).__name__} needs effects; await it instead")
         return self._finish(messages, before, done, set())
 
+    def restore_state(self, state: S) -> None:
+        """Continue from ``state`` (already read strictly); the first pass checks it against its history."""
+        self._cell.value = state
+        self._memo = None
+        self._restored = True
+
     def _step(
         self, before: History, state: S | None = None, *, options: Mapping[str, object] | None = None
     ) -> Needs[S] | Done[S, R]:
         core: CoreStrategy[ConfigT, S, R] = self.core
         current = self._cell.value if state is None else state
+        if self._restored:
+            problem = core.check(self._config, current, before)
+            if problem is not None:
+                raise SnapshotError(
+                    f"{type(self).__name__}: the restored state does not fit this conversation: {problem}"
+                )
+            self._restored = False
         result = core.step(self._config, current, before, self._counter.measure, memo=self._memo, **(options or {}))
         if isinstance(result, Failure):
             raise result.failure()

@@ -270,7 +270,7 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         data = decisions.to_dict() if isinstance(decisions, RecordDecisions) else decisions
         value = RecordDecisions.from_dict(data)
         current = self._cell.value
-        self._cell.value = RecordState(decisions=value, fallback=current.fallback, recall=current.recall)
+        self.restore_state(RecordState(decisions=value, fallback=current.fallback, recall=current.recall))
 
     async def _after(self, messages: list[Message], done: Done[RecordState, RecordReport], changed: bool) -> bool:
         """Run the host's own fallback on the applied list, when the pass calls for it."""

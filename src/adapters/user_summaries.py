@@ -238,7 +238,7 @@ class UserTurnAnchoredSummarizationCompactionStrategy(
         """
         # A value is read back through its dict, so it is checked exactly like a stored one.
         data = snapshot.to_dict() if isinstance(snapshot, UserSummarySnapshot) else snapshot
-        self._cell.value = core.trimmed(UserSummarySnapshot.from_dict(data), self._config.remembered_requests)
+        self.restore_state(core.trimmed(UserSummarySnapshot.from_dict(data), self._config.remembered_requests))
 
     # -- bookkeeping ---------------------------------------------------------------------------
 

@@ -340,6 +340,28 @@ def _lane(
     return _Lane(groups, tag, evidence, set(spared) | inferred, {**recovered, **sizes})
 
 
+def check(config: AnchoredConfig, state: AnchoredSnapshot, history: History) -> str | None:
+    """Why ``state`` cannot be this conversation's, or ``None``: its counts must fit what the history holds.
+
+    Watermarks only ever reach band positions that existed when they were set, and the
+    band only grows as the conversation does, so a watermark past the band's groups
+    names groups this conversation never had (a forged or foreign snapshot). When the
+    history shows notes of earlier sheds, positions are judged by them instead (a list
+    that lost messages; see ``Report.misplaced``).
+    """
+    if any(r.note for r in history):
+        return None
+    band, _ = _band(config, [r for r in history if not r.note], None)
+    for name, count, limit in (
+        ("tools_shed", state.tools_shed, len(band.tools)),
+        ("shortened", state.shortened, len(band.tools)),
+        ("texts_shed", state.texts_shed, len(band.texts)),
+    ):
+        if count > limit:
+            return f"snapshot field {name!r} is {count}, but this conversation's band holds {limit} such group(s)"
+    return None
+
+
 def band_groups(config: AnchoredConfig, history: Sequence[MessageRecord]) -> tuple[Group, ...]:
     """The band's groups, with member indices into ``history``, for tests and diagnostics."""
     kept = [i for i, r in enumerate(history) if not r.note]

@@ -87,6 +87,10 @@ class CoreStrategy(Protocol[ConfigT_contra, StateT, ReportT]):
         """``state`` with ``answers`` recorded."""
         ...
 
+    def check(self, config: ConfigT_contra, state: StateT, history: History) -> str | None:  # pragma: no cover
+        """Why a restored ``state`` cannot belong to ``history`` (a count past what it holds), or ``None``."""
+        ...
+
 
 def sent_tokens(history: Iterable[MessageRecord]) -> int:
     """The one definition of the prompt's size: everything the next request carries.

@@ -339,6 +339,22 @@ def absorb(state: RecordState, answers: Sequence[tuple[Request, str | None]]) ->
     return state
 
 
+def check(config: RecordConfig, state: RecordState, history: History) -> str | None:
+    """Why ``state`` cannot be this conversation's, or ``None``: ordinals must name its tool groups."""
+    records = [r for r in history if not r.injected and not r.note]
+    groups = sum(1 for g in regroup(records).all if g.kind == "tool_call")
+    decisions = state.decisions
+    named = [("settled", o) for o in decisions.settled]
+    if decisions.ask is not None:
+        named += [("ask.targets", o) for o in decisions.ask.targets]
+    for name, ordinal in named:
+        if ordinal >= groups:
+            return f"snapshot field {name!r} names tool group {ordinal}, but this conversation has {groups}"
+    if config.fallback is not None:
+        return anchored.check(config.fallback, state.fallback, history)
+    return None
+
+
 def _grouping(memo: object) -> Grouping | None:
     return memo if isinstance(memo, Grouping) else None
 

@@ -561,6 +561,12 @@ def _fold(p: _Pass) -> UserNeeds | UserDone:
     return _ask(p, "fold", selected, fold_id, band_tokens=sum(sizes), protected=0)
 
 
+def check(config: UserSummaryConfig, state: UserSummarySnapshot, history: History) -> str | None:
+    """Any remembered answer may belong to this conversation: answers are found by request identity only."""
+    del config, state, history
+    return None
+
+
 def trimmed(snapshot: UserSummarySnapshot, keep: int) -> UserSummarySnapshot:
     """``snapshot`` with only its ``keep`` newest summary answers (descriptions are kept)."""
     if len(snapshot.answers) <= keep:
