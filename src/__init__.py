@@ -12,6 +12,7 @@ import sys as _sys
 import warnings as _warnings
 
 from .adapters.anchored import AnchoredCompactionStrategy, MinimumGainAnchoredCompactionStrategy
+from .adapters.composition import ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
 from .adapters.convert import original_results
 from .adapters.counting import MediaTokenEstimator
 from .adapters.nested import find_nested_strategy
@@ -48,6 +49,7 @@ __all__ = [
     "TiktokenTokenizer",
     "TokenizerUnavailableError",
     "ToolResultAnchoredSummarizationCompactionStrategy",
+    "ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy",
     "ToolResultRecallMiddleware",
     "UserSummarySnapshot",
     "UserTurnAnchoredSummarizationCompactionStrategy",

@@ -284,8 +284,8 @@ class RecordState:
 
 
 @dataclass(frozen=True, slots=True)
-class _Passed:
-    """The record rules' answer before any fallback."""
+class Passed:
+    """The record rules' answer before any fallback (see :func:`rules`)."""
 
     history: History
     decisions: RecordDecisions
@@ -312,7 +312,7 @@ def step(
     ``memo`` is the previous pass's ``Done.memo``; it never changes the answer.
     """
     record_memo, fallback_memo = cast("tuple[object, object]", memo) if isinstance(memo, tuple) else (None, None)
-    passed = _records(config, history, state.decisions, measure, grouping=_grouping(record_memo))
+    passed = rules(config, history, state.decisions, measure, grouping=_grouping(record_memo))
     report, output, fallback_state = passed.report, passed.history, state.fallback
     if report.fallback is not Fallback.NONE and config.fallback is not None:
         view = pvector(r if r.held is None else replace(r, held=None, preserved=True) for r in output)
@@ -359,14 +359,14 @@ def _grouping(memo: object) -> Grouping | None:
     return memo if isinstance(memo, Grouping) else None
 
 
-def _records(
+def rules(
     config: RecordConfig,
     history: History,
     decisions: RecordDecisions,
     measure: Measure,
     *,
     grouping: Grouping | None = None,
-) -> _Passed:
+) -> Passed:
     """The record rules alone (see the module docstring).
 
     Notes are not conversation: they are neither grouped nor judged. Injected context is
@@ -460,11 +460,11 @@ def _done(
     decisions: RecordDecisions,
     report: RecordReport,
     grouping: Grouping | None,
-) -> _Passed:
+) -> Passed:
     output = list(history)
     for index, record in zip(conversation, records, strict=True):
         output[index] = record
-    return _Passed(history=pvector(output), decisions=decisions, report=report, grouping=grouping)
+    return Passed(history=pvector(output), decisions=decisions, report=report, grouping=grouping)
 
 
 def _candidates(
@@ -687,6 +687,23 @@ def _hold_unrecorded(output: list[MessageRecord], grouping: Grouping, recall_ids
             output[index] = replace(output[index], held=HOLD_UNRECORDED)
         held += 1
     return held
+
+
+def hold_unrecorded(history: History) -> History:
+    """``history`` with every tool group that is not held, preserved, recorded or excluded held too.
+
+    What a fallback behind a record does first, so it can shed only narration.
+    """
+    conversation = [i for i, r in enumerate(history) if not r.injected and not r.note]
+    records = [history[i] for i in conversation]
+    grouping = regroup(records)
+    held = list(records)
+    if not _hold_unrecorded(held, grouping, recall_call_ids(records)):
+        return history
+    output = list(history)
+    for index, record in zip(conversation, held, strict=True):
+        output[index] = record
+    return pvector(output)
 
 
 def _unreachable(config: RecordConfig, uncovered: Sequence[_Candidate], measure: Measure) -> int:

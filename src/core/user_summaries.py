@@ -265,12 +265,13 @@ def step(
 ) -> StepResult[UserSummarySnapshot, UserReport]:
     """One pass over ``history`` (see the module docstring for the rules); ``memo`` is unused."""
     del memo
-    return Success(_step(config, state, history, measure))
+    return Success(pass_(config, state, history, measure))
 
 
-def _step(
+def pass_(
     config: UserSummaryConfig, snapshot: UserSummarySnapshot, history: History, measure: Measure
 ) -> UserNeeds | UserDone:
+    """:func:`step`'s answer, unwrapped: a composition calls it directly."""
     conversation = tuple(i for i, r in enumerate(history) if not r.injected and not r.note)
     records = tuple(history[i] for i in conversation)
     p = _Pass(

@@ -1,0 +1,207 @@
+"""``ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy``: both halves and a last-resort chain.
+
+A thin adapter over :mod:`maf_compaction.core.composition` on the generic shell loop.
+The record half's state stays in the record half's :class:`~.loop.StateCell` (the
+recall middleware wired to its ``take_reforce`` shares it); the composition's cell
+reads and writes that value together with the user half's answers and the chain's own
+decisions, so one value describes the conversation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import ClassVar
+
+from agent_framework import Message
+
+from ..core import composition as core
+from ..core import user_summaries
+from ..core.composition import CompositionConfig, CompositionReport, CompositionState, OverflowPolicy
+from ..core.effects import Request
+from ..core.errors import CompactionBudgetExceeded
+from ..core.model import History
+from ..core.records import RecordState
+from .anchored import log_anchored
+from .counting import Tokenizer
+from .loop import CompactionAdapter, StateCell
+from .records import ToolResultAnchoredSummarizationCompactionStrategy
+from .user_summaries import UserTurnAnchoredSummarizationCompactionStrategy
+
+logger = logging.getLogger("maf_compaction")
+
+
+class _ComposedCell(StateCell[CompositionState]):
+    """The composition's state: the record half's cell plus the user half's and the chain's values."""
+
+    def __init__(self, records: StateCell[RecordState]) -> None:
+        self._records = records
+        self._own = CompositionState(records=records.value)
+        super().__init__(self._own)
+
+    @property
+    def value(self) -> CompositionState:  # pyright: ignore[reportIncompatibleVariableOverride]
+        return replace(self._own, records=self._records.value)
+
+    @value.setter
+    def value(self, state: CompositionState) -> None:
+        self._records.value = state.records
+        self._own = state
+
+
+class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
+    CompactionAdapter[CompositionConfig, CompositionState, CompositionReport]
+):
+    """Records for tool results and summaries for user turns, in one pass, with a chain that can still make room.
+
+    Each pass runs the record half (records replace the tool results they quote), then
+    the user half (summaries replace earlier user turns) unless it is waiting for a
+    record that is due (at most two model responses). Only while the prompt is over the
+    budget it then holds every uncovered tool group and lets the anchored rules shed
+    narration, and then applies ``overflow_policy``: ``"shed"`` removes whole
+    unrecorded tool groups, oldest first, each leaving a removal note the model sees and
+    named in a WARNING; ``"raise"`` keeps uncovered results. When what must stay does not
+    fit, the pass raises :class:`CompactionBudgetExceeded` and leaves the list untouched:
+    the host reduces protected context or chooses a larger budget.
+
+    Wire the recall middleware to the record half (``reforce=tool_results.take_reforce``,
+    or find it with :func:`find_nested_strategy`). Pass the same instance as the
+    harness's before and after strategy.
+
+    Args:
+        tokenizer: The tokenizer (the same as both halves').
+        tool_results: The record half, with its default fallback.
+        user_turns: The user half; ``remembered_requests >= 2`` unless it recompacts.
+        user_trigger_fraction: The user half's trigger; ``None`` uses the record half's.
+        harder_attempts: Harder record rewrites the chain may ask for, at least 0.
+            Record merges and rewrites are not part of this release's chain yet: the
+            parameter is validated and kept for them.
+        merge_prompt: The instructions for record merges (see ``harder_attempts``).
+        chain_gain_fraction: The chain's break-even share, in [0, 1).
+        overflow_policy: ``"shed"`` (default) or ``"raise"``.
+
+    Attributes:
+        passes: Passes run, over both lists.
+        user_passes_waited: Passes whose user half waited for a due record.
+        fallbacks_after_record: Passes whose fallback with holds changed something.
+        shed_events: Passes whose overflow policy shed something new.
+        budget_failures: Passes that raised ``CompactionBudgetExceeded``.
+        last_report: What the last pass did, or ``None``.
+    """
+
+    core: ClassVar[object] = core
+    linked_reasons: ClassVar[frozenset[str]] = frozenset(
+        {user_summaries.EXCLUDE_REASON, user_summaries.FOLD_EXCLUDE_REASON}
+    )
+
+    def __init__(
+        self,
+        *,
+        tokenizer: Tokenizer,
+        tool_results: ToolResultAnchoredSummarizationCompactionStrategy,
+        user_turns: UserTurnAnchoredSummarizationCompactionStrategy,
+        user_trigger_fraction: float | None = None,
+        harder_attempts: int = 2,
+        merge_prompt: str | None = None,
+        chain_gain_fraction: float = 0.29,
+        overflow_policy: OverflowPolicy = "shed",
+    ) -> None:
+        if not isinstance(tool_results, ToolResultAnchoredSummarizationCompactionStrategy):
+            raise ValueError(
+                f"tool_results must be a ToolResultAnchoredSummarizationCompactionStrategy, got {tool_results!r}"
+            )
+        if not isinstance(user_turns, UserTurnAnchoredSummarizationCompactionStrategy):
+            raise ValueError(
+                f"user_turns must be a UserTurnAnchoredSummarizationCompactionStrategy, got {user_turns!r}"
+            )
+        if tool_results.config.fallback is None:
+            raise ValueError(
+                "tool_results must use its default fallback: the composition runs the anchored rules itself, "
+                "with the record half's holds"
+            )
+        users = user_turns.config
+        if users.summary_mode != "recompact" and users.remembered_requests < 2:
+            raise ValueError(
+                "user_turns must keep remembered_requests >= 2 in the boundary and fold modes (a composed pass "
+                f"asks for a summary on one list and replays it on the other), got {users.remembered_requests}"
+            )
+        core.validate(harder_attempts=harder_attempts, chain_gain_fraction=chain_gain_fraction)
+        if merge_prompt is not None and (not isinstance(merge_prompt, str) or not merge_prompt.strip()):
+            raise ValueError(f"merge_prompt must be a non-empty string or None, got {merge_prompt!r}")
+        trigger = tool_results.trigger_fraction if user_trigger_fraction is None else user_trigger_fraction
+        config = CompositionConfig(
+            records=tool_results.config,
+            users=replace(users, trigger_fraction=trigger),
+            overflow_policy=overflow_policy,
+        )
+        self._setup(config, tokenizer, CompositionState())
+        self._cell = _ComposedCell(tool_results.state_cell)
+        self._tool_results = tool_results
+        self._user_turns = user_turns
+        self.harder_attempts = harder_attempts
+        self.merge_prompt = merge_prompt
+        self.chain_gain_fraction = float(chain_gain_fraction)
+        self.overflow_policy: OverflowPolicy = overflow_policy
+        self.passes = 0
+        self.user_passes_waited = 0
+        self.fallbacks_after_record = 0
+        self.shed_events = 0
+        self.budget_failures = 0
+        self.last_report: CompositionReport | None = None
+
+    @property
+    def strategies(self) -> tuple[object, object]:
+        """The two halves, for :func:`find_nested_strategy`."""
+        return (self._tool_results, self._user_turns)
+
+    @property
+    def tool_results(self) -> ToolResultAnchoredSummarizationCompactionStrategy:
+        """The record half."""
+        return self._tool_results
+
+    @property
+    def user_turns(self) -> UserTurnAnchoredSummarizationCompactionStrategy:
+        """The user half."""
+        return self._user_turns
+
+    @property
+    def groups_held_unreachable_coverage(self) -> int:
+        """The record half's estimate (see the record strategy)."""
+        return self._tool_results.groups_held_unreachable_coverage
+
+    def decision_state(self) -> CompositionState:
+        """Every decision made so far (an immutable value)."""
+        return self._cell.value
+
+    async def __call__(self, messages: list[Message]) -> bool:
+        """Compact ``messages`` in place; True if anything changed.
+
+        Raises:
+            CompactionBudgetExceeded: What must stay does not fit the budget (the list is untouched).
+        """
+        try:
+            return await super().__call__(messages)
+        except CompactionBudgetExceeded:
+            self.budget_failures += 1
+            raise
+
+    async def _perform(self, request: Request, messages: Sequence[Message]) -> str | None:
+        return await self._user_turns._perform(request, messages)  # pyright: ignore[reportPrivateUsage]
+
+    def _observe(
+        self, report: CompositionReport, before: History, messages: Sequence[Message], fresh: set[str]
+    ) -> None:
+        self.passes += 1
+        self.last_report = report
+        self._tool_results._observe(report.records, before, messages, fresh)  # pyright: ignore[reportPrivateUsage]
+        if report.users is not None:
+            self._user_turns._observe(report.users, before, messages, fresh)  # pyright: ignore[reportPrivateUsage]
+        if report.waited:
+            self.user_passes_waited += 1
+        if report.fallback is not None:
+            if report.fallback.changed:
+                self.fallbacks_after_record += 1
+            log_anchored(report.fallback, overflowing=True)
+        if report.shed is not None and report.shed.shed:
+            self.shed_events += 1
