@@ -13,7 +13,17 @@ from agent_framework import Message
 from agent_framework._compaction import EXCLUDE_REASON_KEY, EXCLUDED_KEY
 
 from ..core.model import History, MessageRecord
-from .convert import NOTE_KEY, SUMMARIZED_BY_KEY, SUMMARY_KEY, SUMMARY_OF_KEY, rewrite_results, set_hold
+from .convert import (
+    HOLD_KEY,
+    NOTE_KEY,
+    PRESERVED_KEY,
+    SUMMARIZED_BY_KEY,
+    SUMMARY_KEY,
+    SUMMARY_OF_KEY,
+    WRITTEN_RECORD_KEY,
+    rewrite_results,
+    set_hold,
+)
 
 #: The exclusion reason written when the core gave none.
 DEFAULT_EXCLUDE_REASON = "maf_compaction"
@@ -27,6 +37,9 @@ def apply(messages: list[Message], before: History, after: History, *, note_kind
         if record.origin is None:
             if record.summary:
                 updated.append(_summary_message(record))
+                continue
+            if record.written_record:
+                updated.append(_written_record_message(record))
                 continue
             if notes is None:
                 notes = {
@@ -80,3 +93,16 @@ def _summary_message(record: MessageRecord) -> Message:
         message_id=record.message_id,
         additional_properties={SUMMARY_KEY: record.message_id, SUMMARY_OF_KEY: list(record.replaces)},
     )
+
+
+#: On a written record the composition made: the ids of the records (and their calls) it replaces.
+RECORD_OF_KEY = "_maf_compaction_record_of"
+
+
+def _written_record_message(record: MessageRecord) -> Message:
+    """A record the composition wrote (a kept merge or rewrite), held so no fallback sheds it."""
+    props: dict[str, object] = {WRITTEN_RECORD_KEY: True, RECORD_OF_KEY: list(record.replaces)}
+    if record.held is not None:
+        props[HOLD_KEY] = record.held
+        props[PRESERVED_KEY] = True
+    return Message("assistant", [record.parts[0].text], message_id=record.message_id, additional_properties=props)

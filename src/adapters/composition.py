@@ -74,10 +74,9 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         tool_results: The record half, with its default fallback.
         user_turns: The user half; ``remembered_requests >= 2`` unless it recompacts.
         user_trigger_fraction: The user half's trigger; ``None`` uses the record half's.
-        harder_attempts: Harder record rewrites the chain may ask for, at least 0.
-            Record merges and rewrites are not part of this release's chain yet: the
-            parameter is validated and kept for them.
-        merge_prompt: The instructions for record merges (see ``harder_attempts``).
+        harder_attempts: Harder rewrites of the merged record the chain may ask for after
+            each merge (about 60%, then 36% of the length), at least 0.
+        merge_prompt: The instructions for record merges (a default is provided).
         chain_gain_fraction: The chain's break-even share, in [0, 1).
         overflow_policy: ``"shed"`` (default) or ``"raise"``.
 
@@ -86,13 +85,16 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         user_passes_waited: Passes whose user half waited for a due record.
         fallbacks_after_record: Passes whose fallback with holds changed something.
         shed_events: Passes whose overflow policy shed something new.
+        records_replaced: Passes that applied a kept record merge or rewrite (fresh or replayed).
+        replacements_refused: Distinct replacements refused: not smaller, a value of what they
+            replace missing, or the request failed (each is never asked for again).
         budget_failures: Passes that raised ``CompactionBudgetExceeded``.
         last_report: What the last pass did, or ``None``.
     """
 
     core: ClassVar[object] = core
     linked_reasons: ClassVar[frozenset[str]] = frozenset(
-        {user_summaries.EXCLUDE_REASON, user_summaries.FOLD_EXCLUDE_REASON}
+        {user_summaries.EXCLUDE_REASON, user_summaries.FOLD_EXCLUDE_REASON, core.MERGED_REASON}
     )
 
     def __init__(
@@ -134,6 +136,8 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             records=tool_results.config,
             users=replace(users, trigger_fraction=trigger),
             overflow_policy=overflow_policy,
+            merge_prompt=core.DEFAULT_MERGE_PROMPT if merge_prompt is None else merge_prompt,
+            harder_attempts=harder_attempts,
         )
         self._setup(config, tokenizer, CompositionState())
         self._cell = _ComposedCell(tool_results.state_cell)
@@ -147,6 +151,9 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         self.user_passes_waited = 0
         self.fallbacks_after_record = 0
         self.shed_events = 0
+        self.records_replaced = 0
+        self._refused: set[str] = set()
+        self.replacements_refused = 0
         self.budget_failures = 0
         self.last_report: CompositionReport | None = None
 
@@ -205,3 +212,14 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             log_anchored(report.fallback, overflowing=True)
         if report.shed is not None and report.shed.shed:
             self.shed_events += 1
+        if report.replaced:
+            self.records_replaced += 1
+        fresh_refusals = set(report.refused) - self._refused
+        if fresh_refusals:
+            self._refused |= fresh_refusals
+            self.replacements_refused = len(self._refused)
+            logger.warning(
+                "Refused %d record replacement(s): not smaller than the records they would replace, a value of "
+                "theirs missing, or the summarizer failed; the records stay as they are",
+                len(fresh_refusals),
+            )

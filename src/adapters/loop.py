@@ -260,6 +260,7 @@ EXCLUSION_CAUSES: dict[str, str] = {
     "tool_summary_anchored": "a record quotes their values",
     "user_turn_summarized": "replaced by a user-turn summary that links to them",
     "user_summaries_folded": "folded into a newer summary that links to them",
+    "record_replaced": "replaced by a written record that quotes every value and links to them",
 }
 
 

@@ -10,9 +10,15 @@ then, only while the prompt is over the budget, a last-resort chain:
    due: a record about to be written would change what the summary must carry. The
    wait lasts at most two model responses, never starts again behind the same record,
    and is dropped when the conversation's clock goes back (a restore).
-3. **Fallback with holds**: every tool group not yet covered is held, and the anchored
+3. **Record replacements**: the records are merged into one written record, then
+   rewritten harder (about 60%, then 36% of the length), each through the user half's
+   summarizer and bounded by its ``max_summary_input_tokens``. A replacement is kept only
+   when it is smaller than what it replaces AND quotes every distinctive value of it;
+   otherwise it is refused (and never asked for again). Kept replacements are state:
+   they replay on both lists and after a restore, whatever the prompt's size.
+4. **Fallback with holds**: every tool group not yet covered is held, and the anchored
    rules shed narration only.
-4. **Overflow policy**: ``"shed"`` removes whole unrecorded tool groups, oldest band
+5. **Overflow policy**: ``"shed"`` removes whole unrecorded tool groups, oldest band
    position first, each leaving a removal note the model sees (the shell names every
    lost message in a WARNING); the sheds are watermarks in the state, so they replay on
    both lists and after a restore. ``"raise"`` keeps uncovered results.
@@ -33,14 +39,17 @@ from returns.result import Failure, Success
 from . import anchored, records, user_summaries
 from .anchored import AnchoredConfig, Report
 from .checks import is_number, require_int
-from .effects import Request
+from .counting import MESSAGE_OVERHEAD_TOKENS
+from .effects import Request, Summarize, identity
 from .errors import CompactionBudgetExceeded
-from .model import History, MessageRecord
+from .grouping import regroup
+from .model import History, MessageRecord, Part
 from .protocol import Done, Needs, StepResult, sent_tokens
-from .records import HOLD_RECORD, RecordConfig, RecordReport, RecordState
+from .records import HOLD_RECORD, RECORD_PREFIX, RecordConfig, RecordReport, RecordState
 from .snapshot import AnchoredSnapshot
 from .user_snapshot import UserSummarySnapshot
 from .user_summaries import UserReport, UserSummaryConfig
+from .values import distinctive_values, word_set
 
 OverflowPolicy: TypeAlias = Literal["shed", "raise"]
 OVERFLOW_POLICIES: Final = ("shed", "raise")
@@ -48,6 +57,27 @@ OVERFLOW_POLICIES: Final = ("shed", "raise")
 RECORD_WAIT_RESPONSES: Final = 2
 #: A shed result keeps nothing: sheds remove whole groups, they never shorten.
 _NO_SHORTENING: Final = 2**31 - 1
+#: Why the records a kept replacement stands for are excluded.
+MERGED_REASON: Final = "record_replaced"
+REPLACEMENT_ID_PREFIX: Final = "record_replacement_"
+
+DEFAULT_MERGE_PROMPT: Final = (
+    "The numbered texts below are compaction records: each lists values from earlier tool results that are no "
+    "longer in the conversation. Write one record that replaces all of them. Copy every identifier, code, number, "
+    "date, name and exact value verbatim from every record; never paraphrase, round, abbreviate or drop one. Cut "
+    "repetition and wording, not values. Reply with the record only."
+)
+
+
+def harder_prompt(attempt: int) -> str:
+    """The instructions of harder rewrite ``attempt`` (1, 2, ...): about 60%, then 36% of the length."""
+    share = round(100 * 0.6**attempt)
+    return (
+        "The numbered text below is a compaction record: it lists values from earlier tool results that are no "
+        f"longer in the conversation. Rewrite it as one record of at most about {share}% of its current length. "
+        "Copy every identifier, code, number, date, name and exact value verbatim; never paraphrase, round, "
+        "abbreviate or drop one. Cut repetition and wording, not values. Reply with the record only."
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,11 +88,15 @@ class CompositionConfig:
         records: The record half's parameters, with its anchored fallback.
         users: The user half's parameters (its trigger is the composition's user trigger).
         overflow_policy: ``"shed"`` or ``"raise"`` (see the module docstring).
+        merge_prompt: The instructions for merging records.
+        harder_attempts: Harder rewrites of the merged record the chain may ask for.
     """
 
     records: RecordConfig
     users: UserSummaryConfig
     overflow_policy: OverflowPolicy = "shed"
+    merge_prompt: str = DEFAULT_MERGE_PROMPT
+    harder_attempts: int = 2
 
     def __post_init__(self) -> None:
         if self.records.max_input_tokens != self.users.max_input_tokens:
@@ -74,6 +108,7 @@ class CompositionConfig:
             raise ValueError("the record half's fallback must be the anchored rules within the pass")
         if self.overflow_policy not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow_policy must be 'shed' or 'raise', got {self.overflow_policy!r}")
+        require_int("harder_attempts", self.harder_attempts, minimum=0)
 
     @property
     def max_input_tokens(self) -> int:
@@ -89,6 +124,25 @@ class CompositionConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class Replacement:
+    """A record replacement the chain asked for and judged.
+
+    Attributes:
+        identity: The request's identity (prompt and numbered transcript, digested).
+        sources: How many records it replaces.
+        text: The replacement's text when kept; ``None`` when refused (never asked again).
+        replacement_id: The id of the written record that stands for them.
+        kind: ``"merge"`` or ``"rewrite"`` (a harder rewrite).
+    """
+
+    identity: str
+    sources: int
+    text: str | None
+    replacement_id: str
+    kind: Literal["merge", "rewrite"] = "merge"
+
+
+@dataclass(frozen=True, slots=True)
 class ChainDecisions:
     """The composition's own decisions that history cannot show.
 
@@ -97,11 +151,20 @@ class ChainDecisions:
             record, or ``None``.
         declined_behind: The record count a wait ended behind: no new wait behind it.
         shed: The shed policy's decisions (watermarks over band tool groups).
+        replacements: Record replacements judged so far, kept and refused, in order.
     """
 
     wait_since: int | None = None
     declined_behind: int | None = None
     shed: AnchoredSnapshot = field(default_factory=AnchoredSnapshot)
+    replacements: tuple[Replacement, ...] = ()
+
+    def judged(self, request_identity: str) -> Replacement | None:
+        """The judged replacement for ``request_identity``, if any."""
+        for replacement in self.replacements:
+            if replacement.identity == request_identity:
+                return replacement
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +188,9 @@ class CompositionReport:
         waited: The user half waited for a due record.
         fallback: The fallback-with-holds step's report, when it ran.
         shed: The shed policy's report, when it ran.
+        replaced: Kept replacements applied on this pass (fresh or replayed).
+        refused: Identities of the replacements this pass found refused (not smaller, or
+            a value of what they replace missing, or the request failed).
     """
 
     tokens_before: int
@@ -134,6 +200,8 @@ class CompositionReport:
     waited: bool = False
     fallback: Report | None = None
     shed: Report | None = None
+    replaced: int = 0
+    refused: tuple[str, ...] = ()
 
 
 def step(
@@ -162,6 +230,14 @@ def step(
             # The state to absorb into is the input state: the next step recomputes the rest.
             return Success(Needs(answer.requests, replace(state, users=answer.state)))
         output, users, user_report = answer.history, answer.state, answer.report
+    replaced = _Replaced(output, chain)
+    _replay(config, replaced, measure)
+    if sent_tokens(replaced.output) > budget:
+        request = _next_replacement(config, replaced, measure)
+        if request is not None:
+            # The next step recomputes everything from the input state and the absorbed answer.
+            return Success(Needs((request,), state))
+    output, chain = replaced.output, replaced.chain
     fallback_report = shed_report = None
     fallback_state, shed_state = state.records.fallback, chain.shed
     if sent_tokens(output) > budget:
@@ -197,13 +273,25 @@ def step(
         waited=waiting,
         fallback=fallback_report,
         shed=shed_report,
+        replaced=replaced.applied,
+        refused=tuple(sorted(replaced.refused)),
     )
     return Success(Done(history=output, state=new_state, report=report))
 
 
 def absorb(state: CompositionState, answers: Sequence[tuple[Request, str | None]]) -> CompositionState:
-    """Answers are the user half's (summaries, media descriptions)."""
-    return replace(state, users=user_summaries.absorb(state.users, answers))
+    """Record replacements go to the chain (judged on the next step); the rest to the user half."""
+    mine = [(r, a) for r, a in answers if isinstance(r, Summarize) and r.kind in ("merge", "rewrite")]
+    others = [(r, a) for r, a in answers if (r, a) not in mine]
+    chain = state.chain
+    for request, text in mine:
+        assert isinstance(request, Summarize)
+        clean = text.strip() if isinstance(text, str) and text.strip() else None
+        kind: Literal["merge", "rewrite"] = "merge" if request.kind == "merge" else "rewrite"
+        judged = Replacement(request.identity, request.sources, clean, request.summary_id, kind)
+        kept = tuple(r for r in chain.replacements if r.identity != request.identity)
+        chain = replace(chain, replacements=(*kept, judged))
+    return replace(state, users=user_summaries.absorb(state.users, others) if others else state.users, chain=chain)
 
 
 def check(config: CompositionConfig, state: CompositionState, history: History) -> str | None:
@@ -211,6 +299,175 @@ def check(config: CompositionConfig, state: CompositionState, history: History) 
     return records.check(config.records, state.records, history) or anchored.check(
         config.shed, state.chain.shed, history
     )
+
+
+@dataclass(slots=True)
+class _Replaced:
+    """Working state of the record-replacement step (local to :func:`step`)."""
+
+    output: History
+    chain: ChainDecisions
+    applied: int = 0
+    refused: set[str] = field(default_factory=set[str])
+
+
+@dataclass(frozen=True, slots=True)
+class _Record:
+    index: int  # into the history
+    body: str  # the record's values, without the record prefix
+    tokens: int  # as a written record message
+
+
+def _active_records(output: History, measure: anchored.Measure) -> list[_Record]:
+    """The conversation's active records, oldest first."""
+    conversation = [r for r in output if not r.injected and not r.note]
+    recall_ids = records.recall_call_ids(conversation)
+    found: list[_Record] = []
+    for index, record in enumerate(output):
+        if record.injected or record.note:
+            continue
+        text = records.record_text(record, recall_ids)
+        if not text:
+            continue
+        body = text.split(records.RECORD_MARKER, 1)[-1].removeprefix(" " + records.RECORD_PREAMBLE).strip()
+        found.append(_Record(index, body, _written_tokens(body, measure)))
+    return found
+
+
+def _written_text(body: str) -> str:
+    return f"{RECORD_PREFIX}\n{body.strip()}"
+
+
+def _written_tokens(body: str, measure: anchored.Measure) -> int:
+    return MESSAGE_OVERHEAD_TOKENS + measure(_written_text(body))
+
+
+def _prompts(config: CompositionConfig) -> list[tuple[Literal["merge", "rewrite"], str]]:
+    """(kind, prompt) of every replacement the chain may ask for: the merge, then each harder rewrite."""
+    prompts: list[tuple[Literal["merge", "rewrite"], str]] = [("merge", config.merge_prompt)]
+    for attempt in range(1, config.harder_attempts + 1):
+        prompts.append(("rewrite", harder_prompt(attempt)))
+    return prompts
+
+
+def _request(
+    kind: Literal["merge", "rewrite"], prompt: str, items: Sequence[_Record], replacement_id: str
+) -> Summarize:
+    transcript = "\n".join(f"{n}. {item.body}" for n, item in enumerate(items, start=1))
+    return Summarize(
+        identity=identity("record_replacement", prompt, len(items), transcript),
+        prompt=prompt,
+        transcript=transcript,
+        sources=len(items),
+        summary_id=replacement_id,
+        kind=kind,
+    )
+
+
+def _acceptable(text: str | None, items: Sequence[_Record], measure: anchored.Measure) -> bool:
+    """Kept only when smaller than what it replaces (like for like) AND every distinctive value survives."""
+    if not text:
+        return False
+    if _written_tokens(text, measure) >= sum(i.tokens for i in items):
+        return False
+    quoted = word_set(text)
+    return all(value in quoted for i in items for value in distinctive_values(i.body))
+
+
+def _replay(config: CompositionConfig, work: _Replaced, measure: anchored.Measure) -> None:
+    """Apply every kept replacement whose records are in the conversation, in the order they were kept."""
+    for judged in work.chain.replacements:
+        items = _active_records(work.output, measure)[: judged.sources]
+        if len(items) < judged.sources:
+            continue
+        if not any(
+            _request(kind, prompt, items, judged.replacement_id).identity == judged.identity
+            for kind, prompt in _prompts(config)
+        ):
+            continue
+        if _acceptable(judged.text, items, measure):
+            work.output = _apply_replacement(work.output, items, judged, measure)
+            work.applied += 1
+        else:
+            work.refused.add(judged.identity)
+
+
+def _next_replacement(config: CompositionConfig, work: _Replaced, measure: anchored.Measure) -> Summarize | None:
+    """The next replacement to ask for while over the budget, or ``None``; judges fresh answers first.
+
+    A fresh answer (absorbed, not yet applied) is judged here: kept and applied, or
+    counted as refused. Then the merge of the oldest records that fit the request
+    bound (two at least), then the harder rewrites; an identity once judged is never
+    asked for again.
+    """
+    items = _active_records(work.output, measure)
+    limit = config.users.summary_input_limit
+    number = sum(1 for r in work.chain.replacements if r.text is not None)
+    rewrites = 0  # harder rewrites kept since the last merge: at most harder_attempts
+    for judged in reversed(work.chain.replacements):
+        if judged.kind == "merge" and judged.text is not None:
+            break
+        rewrites += judged.kind == "rewrite" and judged.text is not None
+    for kind, prompt in _prompts(config):
+        if kind == "rewrite" and rewrites >= config.harder_attempts:
+            break
+        selected = _fit(prompt, items, limit, measure, minimum=2 if kind == "merge" else 1)
+        if not selected:
+            continue
+        request = _request(kind, prompt, selected, f"{REPLACEMENT_ID_PREFIX}{number}")
+        judged = work.chain.judged(request.identity)
+        if judged is None:
+            return request
+        if not _acceptable(judged.text, selected, measure):
+            work.refused.add(judged.identity)  # refused (or failed) once: never asked for again
+    return None
+
+
+def _fit(
+    prompt: str, items: Sequence[_Record], limit: int, measure: anchored.Measure, *, minimum: int
+) -> list[_Record]:
+    """The oldest items whose request fits ``limit`` (instructions, transcript, two messages' overhead)."""
+    selected: list[_Record] = []
+    used = measure(prompt) + 2 * MESSAGE_OVERHEAD_TOKENS
+    for item in items:
+        used += measure(f"{len(selected) + 1}. {item.body}") + 1
+        if used > limit:
+            break
+        selected.append(item)
+    return selected if len(selected) >= minimum else []
+
+
+def _apply_replacement(
+    output: History, items: Sequence[_Record], judged: Replacement, measure: anchored.Measure
+) -> History:
+    """Exclude the replaced records with their groups; insert the written record where the first stood."""
+    assert judged.text is not None
+    conversation = [i for i, r in enumerate(output) if not r.injected and not r.note]
+    position = {index: k for k, index in enumerate(conversation)}
+    grouping = regroup([output[i] for i in conversation])
+    targets = {position[i.index] for i in items}
+    members = sorted(conversation[m] for g in grouping.all if targets & set(g.members) for m in g.members)
+    rebuilt = list(output)
+    replaced_ids: list[str] = []
+    for index in members:
+        record = rebuilt[index]
+        if not record.excluded:
+            rebuilt[index] = replace(record, excluded=True, reason=MERGED_REASON, replaced_by=judged.replacement_id)
+            if record.message_id:
+                replaced_ids.append(record.message_id)
+    text = _written_text(judged.text)
+    text_tokens = measure(text)
+    written = MessageRecord(
+        role="assistant",
+        parts=(Part(kind="text", text=text, tokens=text_tokens),),
+        tokens=MESSAGE_OVERHEAD_TOKENS + text_tokens,
+        message_id=judged.replacement_id,
+        written_record=True,
+        held=HOLD_RECORD,
+        replaces=tuple(replaced_ids),
+    )
+    rebuilt.insert(members[0], written)
+    return pvector(rebuilt)
 
 
 def _anchored(

@@ -36,7 +36,8 @@ class Summarize:
         sources: How many items the transcript holds.
         summary_id: The id the summary will carry if accepted (allocated with the
             request, so both lists use the same one).
-        kind: ``"summary"`` for user turns, ``"fold"`` for earlier summaries.
+        kind: ``"summary"`` for user turns, ``"fold"`` for earlier summaries, ``"merge"``
+            and ``"rewrite"`` for the composition's record replacements.
         turns: User turns in the conversation when the request was made: a failed
             answer is replayed (not retried) until the conversation has more.
     """
@@ -46,7 +47,7 @@ class Summarize:
     transcript: str
     sources: int
     summary_id: str
-    kind: Literal["summary", "fold"] = "summary"
+    kind: Literal["summary", "fold", "merge", "rewrite"] = "summary"
     turns: int = 0
 
 
