@@ -26,7 +26,7 @@ from returns.result import Failure
 
 from ..core.checks import require_tokenizer
 from ..core.effects import Request
-from ..core.errors import SnapshotError
+from ..core.errors import CompactionBudgetExceeded, SnapshotError
 from ..core.model import History
 from ..core.protocol import CoreStrategy, Done, Needs
 from .apply import apply
@@ -164,7 +164,13 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
                     )
                 answers = [(request, await self._perform(request, messages)) for request in done.requests]
                 fresh |= asked
-                done = self._step(before, self.core.absorb(done.state, answers))
+                absorbed = self.core.absorb(done.state, answers)
+                try:
+                    done = self._step(before, absorbed)
+                except CompactionBudgetExceeded:
+                    # Answers are facts whatever the pass decides: keep them, so no request is sent twice.
+                    self._cell.value = absorbed
+                    raise
             changed = self._finish(messages, before, done, fresh)
             return await self._after(messages, done, changed)
 

@@ -1,0 +1,154 @@
+"""The composition's record replacements, step by step, through the public strategy.
+
+Two records from the recall tool stand in a conversation whose budget they (with the
+anchors) exceed; the chain asks the user half's summarizer to merge them. A merge that
+quotes every value and is smaller is kept as a written record, linked to what it
+replaces; one that drops a value, or is not smaller, is refused, counted and never asked
+for again. Kept merges replay on a deep copy and after a restore without a call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+from agent_framework import CharacterEstimatorTokenizer, Content, Message
+from agent_framework._compaction import EXCLUDED_KEY
+
+from maf_compaction import (
+    CompactionBudgetExceeded,
+    ToolResultAnchoredSummarizationCompactionStrategy,
+    ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy,
+    UserTurnAnchoredSummarizationCompactionStrategy,
+    record_text,
+)
+from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_PREFIX
+from test_user_summaries import ScriptedSummarizer
+
+TOKENIZER = CharacterEstimatorTokenizer()
+CODE = re.compile(r"code_\d+=[A-Z]{2}-[0-9A-F]{6}")
+
+
+def record_pair(n: int, codes: Sequence[str]) -> list[Message]:
+    """A recall call and its result: a record quoting ``codes`` with some padding words."""
+    call = Content.from_function_call(call_id=f"r{n}", name=RECALL_TOOL_NAME, arguments={"values": "..."})
+    body = "lookup: " + ", ".join(codes) + ". " + "These values were recorded from earlier lookups. " * 6
+    result = Content.from_function_result(call_id=f"r{n}", result=f"{RECORD_PREFIX}\n{body}")
+    return [Message("assistant", [call], message_id=f"rc{n}"), Message("tool", [result], message_id=f"rt{n}")]
+
+
+def conversation() -> list[Message]:
+    messages = [Message("user", ["Audit the deployments and quote every code."], message_id="task")]
+    codes = [f"code_{k}=TL-{k:06X}" for k in range(8)]
+    for n in range(2):
+        call = Content.from_function_call(call_id=f"c{n}", name="lookup", arguments={"n": n})
+        result = Content.from_function_result(call_id=f"c{n}", result=" ".join(codes[4 * n : 4 * n + 4]))
+        messages += [Message("assistant", [call], message_id=f"a{n}"), Message("tool", [result], message_id=f"t{n}")]
+        messages += record_pair(n, codes[4 * n : 4 * n + 4])
+        messages.append(Message("assistant", [f"Recorded batch {n}."], message_id=f"ok{n}"))
+    messages.append(Message("user", ["Now list every code."], message_id="last"))
+    return messages
+
+
+def merged(messages: Sequence[Message]) -> str:
+    """A faithful merge: every code of the transcript, once."""
+    return "lookup: " + ", ".join(dict.fromkeys(CODE.findall(messages[-1].text)))
+
+
+def lossy(messages: Sequence[Message]) -> str:
+    """A merge that drops all but two codes: smaller, but not faithful."""
+    return "lookup: " + ", ".join(list(dict.fromkeys(CODE.findall(messages[-1].text)))[:2])
+
+
+def build(script: Callable[[Sequence[Message]], str], budget: int, **kwargs: Any) -> tuple[Any, ScriptedSummarizer]:
+    client = ScriptedSummarizer(script)
+    records = ToolResultAnchoredSummarizationCompactionStrategy(
+        max_input_tokens=budget, tokenizer=TOKENIZER, keep_head_groups=1, keep_tail_groups=1
+    )
+    users = UserTurnAnchoredSummarizationCompactionStrategy(
+        max_input_tokens=budget,
+        tokenizer=TOKENIZER,
+        client=client,
+        summary_mode="boundary",
+        remembered_requests=2,
+        max_summary_input_tokens=1_000,
+    )
+    strategy = ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
+        tokenizer=TOKENIZER, tool_results=records, user_turns=users, **kwargs
+    )
+    return strategy, client
+
+
+def size(messages: Sequence[Message]) -> int:
+    from maf_compaction import MediaTokenEstimator
+
+    estimator = MediaTokenEstimator(TOKENIZER)
+    return sum(estimator.count_message_tokens(m) for m in messages if not m.additional_properties.get(EXCLUDED_KEY))
+
+
+def budget_for(messages: list[Message]) -> int:
+    """Over the budget with both records, within it once they are merged."""
+    return size(messages) - 60
+
+
+def test_a_faithful_smaller_merge_is_kept_as_a_written_record() -> None:
+    messages = conversation()
+    strategy, client = build(merged, budget_for(messages))
+    asyncio.run(strategy(messages))
+    assert client.calls == 1
+    assert "compaction records" in client.requests[0][0].text
+    written = [m for m in messages if record_text(m) and not m.additional_properties.get(EXCLUDED_KEY)]
+    assert len(written) == 1
+    assert all(code in written[0].text for code in CODE.findall(" ".join(m.text for m in conversation())))
+    for message_id in ("rc0", "rt0", "rc1", "rt1"):
+        assert next(m for m in messages if m.message_id == message_id).additional_properties.get(EXCLUDED_KEY)
+    assert strategy.records_replaced == 1
+
+
+def test_a_kept_merge_replays_on_a_deep_copy_and_after_a_restore_without_a_call() -> None:
+    source = conversation()
+    strategy, client = build(merged, budget_for(source))
+    stored = copy.deepcopy(source)
+    asyncio.run(strategy(stored))
+    calls = client.calls
+    replay = copy.deepcopy(source)
+    asyncio.run(strategy(replay))
+    assert client.calls == calls
+    assert [m.to_dict() for m in replay] == [m.to_dict() for m in stored]
+
+
+@pytest.mark.parametrize("policy", ["shed", "raise"])
+def test_a_merge_that_drops_a_value_is_refused_counted_and_not_asked_again(policy: str) -> None:
+    messages = conversation()
+    before = [m.to_dict() for m in messages]
+    strategy, client = build(lossy, budget_for(messages), overflow_policy=policy)
+    # The records alone do not fit and the merge is refused: both policies raise, the list untouched.
+    with pytest.raises(CompactionBudgetExceeded) as raised:
+        asyncio.run(strategy(messages))
+    assert (raised.value.needed > raised.value.budget, [m.to_dict() for m in messages]) == (True, before)
+    assert strategy.budget_failures == 1
+    calls = client.calls
+    with pytest.raises(CompactionBudgetExceeded):
+        asyncio.run(strategy(messages))
+    assert client.calls == calls  # never asked again for the same records
+
+
+def test_a_refused_merge_is_counted_and_the_shed_policy_still_makes_room(caplog: pytest.LogCaptureFixture) -> None:
+    messages = conversation()
+    call = Content.from_function_call(call_id="late", name="lookup", arguments={"n": 9})
+    extra = Content.from_function_result(call_id="late", result="status: fine " + "pad " * 120)
+    messages[-1:-1] = [Message("assistant", [call], message_id="a9"), Message("tool", [extra], message_id="t9")]
+    strategy, _ = build(lossy, size(messages) - 100, overflow_policy="shed")
+    with caplog.at_level("WARNING", logger="maf_compaction"):
+        asyncio.run(strategy(messages))
+    assert strategy.replacements_refused == 3  # the merge, then both harder rewrites: each drops values
+    shed = [m.message_id for m in messages if m.additional_properties.get(EXCLUDED_KEY)]
+    assert {"a9", "t9"} <= set(shed)
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "a9" in warned
+    assert "t9" in warned
+    assert "Refused 3 record replacement" in warned
