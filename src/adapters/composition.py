@@ -134,7 +134,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         trigger = tool_results.trigger_fraction if user_trigger_fraction is None else user_trigger_fraction
         config = CompositionConfig(
             records=tool_results.config,
-            users=replace(users, trigger_fraction=trigger),
+            users=replace(users, trigger_fraction=trigger, min_gain_fraction=float(chain_gain_fraction)),
             overflow_policy=overflow_policy,
             merge_prompt=core.DEFAULT_MERGE_PROMPT if merge_prompt is None else merge_prompt,
             harder_attempts=harder_attempts,

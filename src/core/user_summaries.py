@@ -113,6 +113,10 @@ class UserSummaryConfig:
             ``None`` means half the budget, at least 1.
         describe_media: The host gave a ``describe_media`` hook, so media turns can be
             summarised once every description came back usable.
+        min_gain_fraction: The break-even share a composition sets: while the prompt
+            fits the budget, a summary whose turns are fewer tokens than this share of
+            everything behind the first of them is not asked for (its prefix break would
+            cost more than it saves); 0 never declines.
     """
 
     max_input_tokens: int
@@ -126,6 +130,7 @@ class UserSummaryConfig:
     remembered_requests: int = DEFAULT_REMEMBERED_REQUESTS
     max_summary_input_tokens: int | None = None
     describe_media: bool = False
+    min_gain_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         require_int("max_input_tokens", self.max_input_tokens, minimum=1)
@@ -497,6 +502,8 @@ def _ask(
 ) -> UserNeeds | UserDone:
     """The request for ``selected``: asked for, or answered from the snapshot and applied."""
     prompt = p.config.fold_prompt if kind == "fold" else p.config.prompt
+    if _below_break_even(p, selected):
+        return p.done(Outcome.DECLINED, band_tokens=band_tokens, protected=protected)
     request = replace(_request(kind, prompt, selected, summary_id), turns=p.user_turns)
     answer = _standing_answer(p.snapshot, request)
     if answer is None:
@@ -543,6 +550,20 @@ def _ask(
         summary_tokens=sum(r.tokens for r in standing),
     )
     return Done(history=pvector(output), state=p.kept(), report=report)
+
+
+def _below_break_even(p: _Pass, selected: Sequence[_Item]) -> bool:
+    """While the prompt fits, would the summary save less than ``min_gain_fraction`` of what lies behind it?
+
+    Its turns' tokens bound what it can save; everything from the first of them on is
+    re-billed by the break. Over the budget the gate is off: room matters more.
+    """
+    gain = p.config.min_gain_fraction
+    if gain <= 0 or p.tokens > p.config.max_input_tokens:
+        return False
+    start = p.conversation[selected[0].index]
+    behind = sum(r.tokens for r in p.history[start:] if not r.excluded)
+    return sum(i.tokens for i in selected) < math.ceil(behind * gain - 1e-9)
 
 
 def _fold(p: _Pass) -> UserNeeds | UserDone:
