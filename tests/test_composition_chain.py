@@ -152,3 +152,39 @@ def test_a_refused_merge_is_counted_and_the_shed_policy_still_makes_room(caplog:
     assert "a9" in warned
     assert "t9" in warned
     assert "Refused 3 record replacement" in warned
+
+
+def test_the_user_half_declines_a_summary_whose_break_costs_more_than_it_saves() -> None:
+    """chain_gain_fraction gates the user half while the prompt fits; over the budget room matters more."""
+    from maf_compaction.adapters.convert import to_history
+    from maf_compaction.core import user_summaries
+    from maf_compaction.core.protocol import Done, Needs
+    from test_user_summaries import conversation as user_conversation
+    from test_user_summaries import over_budget
+
+    messages = user_conversation(12, tools=True)
+    history = to_history(messages, strategy_counter(), note_kind="anchored")
+    budget = over_budget(messages)  # the trigger is passed, the budget is not
+    config = user_summaries.UserSummaryConfig(
+        max_input_tokens=budget, max_summary_input_tokens=10_000, trigger_fraction=0.5
+    )
+    asks = user_summaries.step(config, user_summaries.UserSummarySnapshot(), history, TOKENIZER.count_tokens)
+    assert isinstance(asks.unwrap(), Needs)
+    gated = user_summaries.UserSummaryConfig(
+        max_input_tokens=budget, max_summary_input_tokens=10_000, trigger_fraction=0.5, min_gain_fraction=0.99
+    )
+    declined = user_summaries.step(gated, user_summaries.UserSummarySnapshot(), history, TOKENIZER.count_tokens)
+    answer = declined.unwrap()
+    assert isinstance(answer, Done)
+    assert answer.report.outcome is user_summaries.Outcome.DECLINED
+    tight = user_summaries.UserSummaryConfig(
+        max_input_tokens=budget // 2, max_summary_input_tokens=10_000, trigger_fraction=0.5, min_gain_fraction=0.99
+    )
+    over = user_summaries.step(tight, user_summaries.UserSummarySnapshot(), history, TOKENIZER.count_tokens)
+    assert isinstance(over.unwrap(), Needs)  # over the budget the gate is off
+
+
+def strategy_counter() -> Any:
+    from maf_compaction import MediaTokenEstimator
+
+    return MediaTokenEstimator(TOKENIZER).parts
