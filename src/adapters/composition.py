@@ -10,13 +10,14 @@ decisions, so one value describes the conversation.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import ClassVar
 
 from agent_framework import Message
 
 from ..core import composition as core
+from ..core import records as records_core
 from ..core import user_summaries
 from ..core.composition import CompositionConfig, CompositionReport, CompositionState, OverflowPolicy
 from ..core.effects import Request
@@ -46,7 +47,10 @@ class _ComposedCell(StateCell[CompositionState]):
 
     @value.setter
     def value(self, state: CompositionState) -> None:
-        self._records.value = state.records
+        # The recall protocol's state is the middleware's: a pass never changes it, and the
+        # middleware may have moved it while the pass awaited the summarizer.
+        current = self._records.value
+        self._records.value = replace(state.records, recall=current.recall)
         self._own = state
 
 
@@ -139,7 +143,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             merge_prompt=core.DEFAULT_MERGE_PROMPT if merge_prompt is None else merge_prompt,
             harder_attempts=harder_attempts,
         )
-        self._setup(config, tokenizer, CompositionState())
+        self._setup(config, tokenizer, CompositionState(), holds=records_core.HOLD_REASONS)
         self._cell = _ComposedCell(tool_results.state_cell)
         self._tool_results = tool_results
         self._user_turns = user_turns
@@ -178,8 +182,19 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         return self._tool_results.groups_held_unreachable_coverage
 
     def decision_state(self) -> CompositionState:
-        """Every decision made so far (an immutable value)."""
+        """Every decision made so far (an immutable value; see ``to_dict``)."""
         return self._cell.value
+
+    def restore_decisions(self, state: CompositionState | Mapping[str, object]) -> None:
+        """Continue from a state (a value or its ``to_dict()``); the first pass checks it against its history.
+
+        Raises:
+            SnapshotVersionError: It was written by a newer schema.
+            SnapshotError: It is malformed, or was made under another ``keep_head_groups``.
+        """
+        data = state.to_dict() if isinstance(state, CompositionState) else state
+        head = self._config.records.keep_head_groups
+        self.restore_state(CompositionState.from_dict(data, keep_head_groups=head))
 
     async def __call__(self, messages: list[Message]) -> bool:
         """Compact ``messages`` in place; True if anything changed.
@@ -206,6 +221,13 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             self._user_turns._observe(report.users, before, messages, fresh)  # pyright: ignore[reportPrivateUsage]
         if report.waited:
             self.user_passes_waited += 1
+        if report.over_budget:
+            logger.warning(
+                "The prompt is still %d tokens, over the %d-token budget, after this pass; a summary or record "
+                "replacement made progress, so the next pass continues from it",
+                report.tokens_after,
+                self._config.max_input_tokens,
+            )
         if report.fallback is not None:
             if report.fallback.changed:
                 self.fallbacks_after_record += 1

@@ -373,7 +373,10 @@ def _band(
     config: AnchoredConfig, records: Sequence[MessageRecord], previous: Grouping | None
 ) -> tuple[_Band, Grouping]:
     """Band groups by kind, positions oldest first; indices refer to ``records``."""
-    conversation = [i for i, r in enumerate(records) if not r.injected]
+    # Our own inserts (user-turn summaries, written records) are not groups either: an
+    # inserted summary must not move the band's positions, or saved sheds would replay
+    # onto other groups.
+    conversation = [i for i, r in enumerate(records) if not r.injected and not r.summary and not r.written_record]
     everything = len(conversation) == len(records)
     grouping = regroup(records if everything else [records[i] for i in conversation], previous)
     band = grouping.groups(skip_head=config.keep_head_groups, skip_tail=config.keep_tail_groups)

@@ -29,9 +29,9 @@ uncovered results) does not fit, the pass answers ``Failure(CompactionBudgetExce
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Final, Literal, TypeAlias
+from typing import Final, Literal, TypeAlias, cast
 
 from pyrsistent import pvector
 from returns.result import Failure, Success
@@ -41,10 +41,13 @@ from .anchored import AnchoredConfig, Report
 from .checks import is_number, require_int
 from .counting import MESSAGE_OVERHEAD_TOKENS
 from .effects import Request, Summarize, identity
+from .envelope import Envelope
 from .errors import CompactionBudgetExceeded
 from .grouping import regroup
 from .model import History, MessageRecord, Part
 from .protocol import Done, Needs, StepResult, sent_tokens
+from .recall import recall_from_dict, recall_to_dict
+from .record_decisions import RecordDecisions
 from .records import HOLD_RECORD, RECORD_PREFIX, RecordConfig, RecordReport, RecordState
 from .snapshot import AnchoredSnapshot
 from .user_snapshot import UserSummarySnapshot
@@ -175,6 +178,104 @@ class CompositionState:
     users: UserSummarySnapshot = field(default_factory=UserSummarySnapshot)
     chain: ChainDecisions = field(default_factory=ChainDecisions)
 
+    def to_dict(self) -> dict[str, object]:
+        """The whole state as one JSON-safe, kind-tagged, versioned dict (see :func:`state_to_dict`)."""
+        return state_to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: object, *, keep_head_groups: int | None = None) -> CompositionState:
+        """Read :meth:`to_dict`'s output strictly (see :func:`state_from_dict`)."""
+        return state_from_dict(data, keep_head_groups=keep_head_groups)
+
+
+CHAIN_ENVELOPE: Final = Envelope("chain", 1, ("wait_since", "declined_behind", "shed", "replacements"))
+COMPOSITION_ENVELOPE: Final = Envelope("composition", 1, ("records", "fallback", "recall", "users", "chain"))
+_REPLACEMENT_FIELDS: Final = ("identity", "sources", "text", "replacement_id", "kind")
+
+
+def chain_to_dict(chain: ChainDecisions) -> dict[str, object]:
+    """The chain's decisions as a JSON-safe, kind-tagged, versioned dict."""
+    return CHAIN_ENVELOPE.write(
+        {
+            "wait_since": chain.wait_since,
+            "declined_behind": chain.declined_behind,
+            "shed": chain.shed.to_dict(),
+            "replacements": [
+                {
+                    "identity": r.identity,
+                    "sources": r.sources,
+                    "text": r.text,
+                    "replacement_id": r.replacement_id,
+                    "kind": r.kind,
+                }
+                for r in chain.replacements
+            ],
+        }
+    )
+
+
+def chain_from_dict(data: object, *, keep_head_groups: int | None = None) -> ChainDecisions:
+    """Read :func:`chain_to_dict`'s output strictly (``SnapshotError`` naming the field)."""
+    fields = CHAIN_ENVELOPE.read(data)
+    replacements: list[Replacement] = []
+    for entry in fields.entries("replacements", _REPLACEMENT_FIELDS):
+        kind = entry.value("kind")
+        if kind not in ("merge", "rewrite"):
+            raise entry.error("kind", f"must be 'merge' or 'rewrite', got {kind!r}")
+        replacements.append(
+            Replacement(
+                identity=entry.text("identity"),
+                sources=entry.count("sources", minimum=1),
+                text=entry.optional("text", entry.text),
+                replacement_id=entry.text("replacement_id"),
+                kind="merge" if kind == "merge" else "rewrite",
+            )
+        )
+    fields.distinct("replacements", [r.identity for r in replacements], what="identity")
+    shed = fields.value("shed")
+    if not isinstance(shed, Mapping):
+        raise fields.error("shed", "must be an anchored snapshot object")
+    return ChainDecisions(
+        wait_since=fields.optional("wait_since", fields.count),
+        declined_behind=fields.optional("declined_behind", fields.count),
+        shed=AnchoredSnapshot.from_dict(cast("Mapping[str, object]", shed), keep_head_groups=keep_head_groups),
+        replacements=tuple(replacements),
+    )
+
+
+def state_to_dict(state: CompositionState) -> dict[str, object]:
+    """The composition's whole state (both halves, the recall protocol, the chain) as one JSON-safe dict."""
+    return COMPOSITION_ENVELOPE.write(
+        {
+            "records": state.records.decisions.to_dict(),
+            "fallback": state.records.fallback.to_dict(),
+            "recall": recall_to_dict(state.records.recall),
+            "users": state.users.to_dict(),
+            "chain": chain_to_dict(state.chain),
+        }
+    )
+
+
+def state_from_dict(data: object, *, keep_head_groups: int | None = None) -> CompositionState:
+    """Read :func:`state_to_dict`'s output strictly; ``keep_head_groups`` checks the anchored positions."""
+    fields = COMPOSITION_ENVELOPE.read(data)
+
+    def inner(name: str) -> Mapping[str, object]:
+        value = fields.value(name)
+        if not isinstance(value, Mapping):
+            raise fields.error(name, "must be an object")
+        return cast("Mapping[str, object]", value)
+
+    return CompositionState(
+        records=RecordState(
+            decisions=RecordDecisions.from_dict(inner("records")),
+            fallback=AnchoredSnapshot.from_dict(inner("fallback"), keep_head_groups=keep_head_groups),
+            recall=recall_from_dict(inner("recall")),
+        ),
+        users=UserSummarySnapshot.from_dict(inner("users")),
+        chain=chain_from_dict(inner("chain"), keep_head_groups=keep_head_groups),
+    )
+
 
 @dataclass(frozen=True, slots=True)
 class CompositionReport:
@@ -188,6 +289,8 @@ class CompositionReport:
         waited: The user half waited for a due record.
         fallback: The fallback-with-holds step's report, when it ran.
         shed: The shed policy's report, when it ran.
+        over_budget: The pass ends over the budget while still making progress (a summary or
+            a replacement applied): the next pass continues from it instead of failing.
         replaced: Kept replacements applied on this pass (fresh or replayed).
         refused: Identities of the replacements this pass found refused (not smaller, or
             a value of what they replace missing, or the request failed).
@@ -196,6 +299,7 @@ class CompositionReport:
     tokens_before: int
     tokens_after: int
     records: RecordReport
+    over_budget: bool = False
     users: UserReport | None = None
     waited: bool = False
     fallback: Report | None = None
@@ -240,15 +344,18 @@ def step(
     output, chain = replaced.output, replaced.chain
     fallback_report = shed_report = None
     fallback_state, shed_state = state.records.fallback, chain.shed
-    if sent_tokens(output) > budget:
+    # Decisions already made replay on every pass, whatever the size (so both lists and a
+    # copy agree); new ones are made only over the budget.
+    if sent_tokens(output) > budget or _decided(fallback_state):
         fallback_config = config.records.fallback
         assert fallback_config is not None
         output = records.hold_unrecorded(output)
         output, fallback_state, fallback_report = _anchored(fallback_config, fallback_state, output, measure, set())
-    if config.overflow_policy == "shed" and sent_tokens(output) > budget:
+    if config.overflow_policy == "shed" and (sent_tokens(output) > budget or _decided(shed_state)):
         output, shed_state, shed_report = _anchored(config.shed, shed_state, output, measure, {HOLD_RECORD})
     tokens_after = sent_tokens(output)
-    if tokens_after > budget:
+    progressed = (user_report is not None and user_report.replaced) or replaced.applied > 0
+    if tokens_after > budget and not progressed:
         kept = "anchors, records and protected messages"
         if config.overflow_policy == "raise":
             kept += " and the uncovered results overflow_policy='raise' keeps"
@@ -268,6 +375,7 @@ def step(
     report = CompositionReport(
         tokens_before=tokens_before,
         tokens_after=tokens_after,
+        over_budget=tokens_after > budget,
         records=passed.report,
         users=user_report,
         waited=waiting,
@@ -319,12 +427,27 @@ class _Record:
 
 
 def _active_records(output: History, measure: anchored.Measure) -> list[_Record]:
-    """The conversation's active records, oldest first."""
-    conversation = [r for r in output if not r.injected and not r.note]
+    """The conversation's active records that a replacement may stand for, oldest first.
+
+    Only records whose group holds nothing else (a recall call and its result, or a
+    written record): a replacement excludes the whole group, and a tool call made beside
+    the recall call has a result no replacement quotes.
+    """
+    indices = [i for i, r in enumerate(output) if not r.injected and not r.note]
+    conversation = [output[i] for i in indices]
     recall_ids = records.recall_call_ids(conversation)
+    mixed: set[int] = set()
+    for group in regroup(conversation).all:
+        for member in group.members:
+            record = conversation[member]
+            calls_other = any(name != records.RECALL_TOOL_NAME for name in record.call_names)
+            answers_other = any(p.kind == "function_result" and p.call_id not in recall_ids for p in record.parts)
+            if calls_other or answers_other:
+                mixed.update(indices[m] for m in group.members)
+                break
     found: list[_Record] = []
     for index, record in enumerate(output):
-        if record.injected or record.note:
+        if record.injected or record.note or index in mixed:
             continue
         text = records.record_text(record, recall_ids)
         if not text:
@@ -402,7 +525,9 @@ def _next_replacement(config: CompositionConfig, work: _Replaced, measure: ancho
     """
     items = _active_records(work.output, measure)
     limit = config.users.summary_input_limit
-    number = sum(1 for r in work.chain.replacements if r.text is not None)
+    used = [r.message_id for r in work.output if r.message_id and r.message_id.startswith(REPLACEMENT_ID_PREFIX)]
+    suffixes = [int(i[len(REPLACEMENT_ID_PREFIX) :]) for i in used if i[len(REPLACEMENT_ID_PREFIX) :].isdigit()]
+    number = max([sum(1 for r in work.chain.replacements if r.text is not None), *(n + 1 for n in suffixes)])
     rewrites = 0  # harder rewrites kept since the last merge: at most harder_attempts
     for judged in reversed(work.chain.replacements):
         if judged.kind == "merge" and judged.text is not None:
@@ -468,6 +593,11 @@ def _apply_replacement(
     )
     rebuilt.insert(members[0], written)
     return pvector(rebuilt)
+
+
+def _decided(state: AnchoredSnapshot) -> bool:
+    """The anchored rules have shed or committed something that must replay."""
+    return bool(state.tools_shed or state.texts_shed or state.shortened)
 
 
 def _anchored(

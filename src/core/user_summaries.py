@@ -147,6 +147,8 @@ class UserSummaryConfig:
             if not isinstance(value, str) or not value.strip():
                 raise ValueError(f"{name} must be a non-empty string, got {value!r}")
         require_int("remembered_requests", self.remembered_requests, minimum=1)
+        if not is_number(self.min_gain_fraction) or not 0 <= self.min_gain_fraction < 1:
+            raise ValueError(f"chain_gain_fraction must be in [0, 1), got {self.min_gain_fraction!r}")
         if self.max_summary_input_tokens is not None:
             require_int("max_summary_input_tokens", self.max_summary_input_tokens, minimum=1)
         require_bool("describe_media", self.describe_media)
