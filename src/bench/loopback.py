@@ -668,25 +668,12 @@ _ROUTES: Final[tuple[tuple[str, CallKind, WireApi], ...]] = (
 class LoopbackProvider:
     """An OpenAI-compatible HTTP server on ``127.0.0.1`` answering with the scripted model.
 
-    Use it as an async context manager::
-
-        async with LoopbackProvider(model, provider) as server:
-            client = make_client("openai-responses", server.base_url("model"))
-
-    Args:
-        model: Answers each request from what the wire request carries.
-        provider: Counts, caches and bills each request (on its canonical wire rendering).
-        id_policy: How item ids are rendered (see the module docstring): ``"issued"``
-            canonicalizes the ids this server issued, ``"drop"`` also removes every input
-            item's ``id``.
-        id_seed: Seeds the ids the server issues.
-
-    Attributes:
-        requests: The raw JSON bodies received, in order.
-        apis: For each request, which API it used.
-        kinds: For each request, ``"model"`` or ``"summarizer"``.
-        rendered: For each request, what the provider was given.
-        ids: The ids this server issued.
+    Use it as an async context manager (``async with LoopbackProvider(model, provider) as server``,
+    then ``make_client(kind, server.base_url("model"))``). ``id_policy`` is how item ids are
+    rendered (``docs/bench.md``, "The loopback server"); ``id_seed`` seeds the ids it issues.
+    ``requests``, ``apis``, ``kinds`` and ``rendered`` record, per request, the raw JSON body,
+    its API, ``"model"`` or ``"summarizer"``, and what the provider was given; ``ids`` the ids
+    issued.
     """
 
     def __init__(

