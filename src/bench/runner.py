@@ -25,7 +25,7 @@ from . import workload_file
 from .client import SimulatedChatClient, media_contents, scenario_tools
 from .model import ModelOptions, ScriptedModel, context_text
 from .provider import CacheKind, CallRecord, SimulatedProvider
-from .quiet import quiet_logs
+from .quiet import TimedStrategy, quiet_logs
 from .rows import RowContext, RowFactory, RowFactoryError, resolve_rows, setup_of
 from .scenario import GeneratorOptions, Scenario, generate
 from .simulator import get_profile
@@ -152,22 +152,6 @@ def _tokenizer() -> TiktokenTokenizer:
 def bench_tokenizer() -> TiktokenTokenizer:
     """The o200k_base tokenizer the bench counts with (loaded once per process)."""
     return _tokenizer()
-
-
-class TimedStrategy:
-    """Wraps a strategy to time each pass; exposes the wrapped ``tokenizer`` (the framework reads it)."""
-
-    def __init__(self, strategy: CompactionStrategy, into: list[float]) -> None:
-        self.strategy = strategy
-        self.tokenizer: object = getattr(strategy, "tokenizer", None)
-        self._into = into
-
-    async def __call__(self, messages: list[Message]) -> bool:
-        start = time.perf_counter()
-        try:
-            return await self.strategy(messages)
-        finally:
-            self._into.append((time.perf_counter() - start) * 1_000)
 
 
 def load_scenario(settings: Settings, fill: float, seed: int) -> Scenario:
