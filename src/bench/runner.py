@@ -8,15 +8,16 @@ stored history and the probe answers, never from a strategy's own counts.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from agent_framework import AgentSession, CompactionStrategy, Content, Message, create_harness_agent
 
@@ -217,8 +218,7 @@ async def run_cell(
     result = CellResult(row=cell.row, fill=cell.fill, seed=cell.seed, window=settings.context_window)
     if factory is None:
         factory = resolve_rows([cell.row], settings.strategies)[cell.row]
-    clients = _clients(settings, model, provider)
-    async with clients as (client, summarizer):
+    async with _clients(settings, model, provider) as (client, summarizer, agent_options):
         context = RowContext(
             budget=settings.budget,
             window=settings.context_window,
@@ -236,7 +236,7 @@ async def run_cell(
                 timed[id(strategy)] = TimedStrategy(strategy, result.pass_ms)
             return timed[id(strategy)]
 
-        options: dict[str, Any] = {"default_options": clients.agent_options()}
+        options: dict[str, Any] = {"default_options": agent_options}
         if setup.disable_compaction:
             options["disable_compaction"] = True
             options["default_options"]["max_tokens"] = settings.max_output_tokens
@@ -309,39 +309,24 @@ def _fill_figures(
     result.asked += sum(len(t.probe.expected) for t in unanswered if t.probe is not None)
 
 
-class _clients:
-    """The model client and the summarizer client of a cell, in process or over loopback."""
+@contextlib.asynccontextmanager
+async def _clients(
+    settings: Settings, model: ScriptedModel, provider: SimulatedProvider
+) -> AsyncIterator[tuple[Any, Any, dict[str, Any]]]:
+    """The model client, the summarizer client and the agent's default options, in process or over loopback."""
+    if settings.client == "inprocess":
+        summarizer = SimulatedChatClient(model=model, provider=provider, kind="summarizer")
+        yield SimulatedChatClient(model=model, provider=provider), summarizer, {}
+        return
+    from .loopback import LoopbackProvider, agent_options, make_client  # noqa: PLC0415 - needs the openai extras
 
-    def __init__(self, settings: Settings, model: ScriptedModel, provider: SimulatedProvider) -> None:
-        self._settings = settings
-        self._model = model
-        self._provider = provider
-        self._server: Any = None
-
-    async def __aenter__(self) -> tuple[Any, Any]:
-        if self._settings.client == "inprocess":
-            return (
-                SimulatedChatClient(model=self._model, provider=self._provider),
-                SimulatedChatClient(model=self._model, provider=self._provider, kind="summarizer"),
-            )
-        from .loopback import LoopbackProvider, make_client  # noqa: PLC0415 - needs the openai extras
-
-        self._server = LoopbackProvider(self._model, self._provider)
-        server = await self._server.__aenter__()
-        kind = self._settings.client
-        return make_client(kind, server.base_url("model")), make_client(kind, server.base_url("summarizer"))
-
-    def agent_options(self) -> dict[str, Any]:
-        """Default chat options the agent needs for this client (``store=False`` for the Responses API)."""
-        if self._settings.client == "inprocess":
-            return {}
-        from .loopback import agent_options  # noqa: PLC0415 - needs the openai extras
-
-        return agent_options(self._settings.client)
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._server is not None:
-            await self._server.__aexit__(*exc)
+    async with LoopbackProvider(model, provider) as server:
+        kind = settings.client
+        yield (
+            make_client(kind, server.base_url("model")),
+            make_client(kind, server.base_url("summarizer")),
+            agent_options(kind),
+        )
 
 
 # ----------------------------------------------------------------------------------------
@@ -453,6 +438,10 @@ class RowSummary:
         return asdict(self)
 
 
+#: The figures a summary averages over seeds, cell by cell.
+_MEANS: Final = ("cost", "hit", "breaks", "facts_kept", "accuracy", "model_calls", "summarizer_calls")
+
+
 def _mean_counters(cells: Sequence[CellResult]) -> dict[str, float]:
     return {name: statistics.fmean(c.counters.get(name, 0.0) for c in cells) for name in cells[0].counters}
 
@@ -467,27 +456,22 @@ def summarize(results: Sequence[CellResult]) -> list[RowSummary]:
     for (fill, row), cells in groups.items():
         ratios = [c.cost / none_cost[(fill, c.seed)] for c in cells if none_cost.get((fill, c.seed))]
         passes = [ms for c in cells for ms in c.pass_ms]
+        means = {name: statistics.fmean(getattr(c, name) for c in cells) for name in _MEANS}
         summaries.append(
             RowSummary(
                 row=row,
                 fill=fill,
                 seeds=len(cells),
-                cost=statistics.fmean(c.cost for c in cells),
                 vs_none=statistics.fmean(ratios) if ratios else None,
-                hit=statistics.fmean(c.hit for c in cells),
-                breaks=statistics.fmean(c.breaks for c in cells),
                 max_prompt_share=max(c.max_prompt / c.window for c in cells),
                 dq=sum(c.dq for c in cells),
                 dq_seeds=sum(1 for c in cells if c.dq),
-                facts_kept=statistics.fmean(c.facts_kept for c in cells),
                 facts_total=max(c.facts_total for c in cells),
-                accuracy=statistics.fmean(c.accuracy for c in cells),
-                model_calls=statistics.fmean(c.model_calls for c in cells),
-                summarizer_calls=statistics.fmean(c.summarizer_calls for c in cells),
                 pass_ms_median=statistics.median(passes) if passes else None,
                 pass_ms_max=max(passes) if passes else None,
                 errors=tuple(c.error for c in cells if c.error),
                 counters=_mean_counters(cells),
+                **means,
             )
         )
     return summaries

@@ -13,20 +13,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-__all__ = [
-    "ANTHROPIC_MAX_BREAKPOINTS",
-    "ANTHROPIC_MIN_CACHEABLE_TOKENS",
-    "OPENAI_HIT_INCREMENT",
-    "OPENAI_MIN_CACHED_TOKENS",
-    "PROFILES",
-    "AnthropicCache",
-    "CacheResult",
-    "OpenAICache",
-    "PriceProfile",
-    "bill",
-    "get_profile",
-]
-
 OPENAI_MIN_CACHED_TOKENS = 1024
 """OpenAI caches nothing below 1,024 tokens (reference §3: "≥ 1,024 tokens")."""
 

@@ -28,18 +28,6 @@ from msgspec import UNSET, UnsetType
 from ..adapters.convert import NOTE_KEY, ORIGINALS_KEY
 from .scenario import RECALL_TOOL, Fact, Media, Probe, Scenario, ToolCall, ToolSpec, Turn
 
-__all__ = [
-    "PLANTED_VALUE",
-    "SESSION_SNAPSHOT_VERSION",
-    "SUMMARY_ID_PREFIXES",
-    "SUPPORTED_VERSION",
-    "UNKNOWN_MEDIA_TYPE",
-    "WorkloadError",
-    "load_facts",
-    "load_session",
-    "load_workload",
-]
-
 logger = logging.getLogger("maf_compaction")
 _T = TypeVar("_T")
 
@@ -458,10 +446,10 @@ class _DraftTurn:
 class _Tally:
     """What the session reader skipped, kept or changed; it ends up in ``Scenario.meta``."""
 
-    notes: int = 0
-    summaries: int = 0
-    before_first_user: int = 0
-    recall_calls: int = 0
+    skipped_notes: int = 0
+    skipped_summaries: int = 0
+    skipped_before_first_user: int = 0
+    skipped_recall_calls: int = 0
     excluded_replayed: int = 0
     restored_results: int = 0
     orphan_results: int = 0
@@ -469,22 +457,11 @@ class _Tally:
     dropped_contents: int = 0
     renamed_turns: int = 0
 
-    def figures(self) -> dict[str, int]:
-        """The counts under their ``meta`` names (``skipped_notes``, ``orphan_results``...)."""
-        return {f"skipped_{k}" if k in _SKIPPED else k: v for k, v in asdict(self).items()}
-
-
-_SKIPPED: Final = ("notes", "summaries", "before_first_user", "recall_calls")
-#: Figures worth a line at INFO when any is non-zero.
-_WORTH_A_LOG: Final = (
-    "skipped_notes",
-    "skipped_summaries",
-    "skipped_before_first_user",
-    "skipped_recall_calls",
-    "orphan_results",
-    "unanswered_calls",
-    "renamed_turns",
-)
+    def worth_a_log(self) -> bool:
+        """Whether anything was skipped, left unmatched or renamed (reported at INFO)."""
+        return any(
+            v for k, v in asdict(self).items() if k not in ("excluded_replayed", "restored_results", "dropped_contents")
+        )
 
 
 def load_session(
@@ -540,10 +517,11 @@ def load_session(
         "messages": len(messages),
         "facts_source": facts_source,
     }
-    figures = tally.figures()
-    meta |= figures
-    if any(figures[k] for k in _WORTH_A_LOG):
-        logger.info("Session %s: %d turns; %s", file, len(turns), ", ".join(f"{k}={v}" for k, v in figures.items()))
+    meta |= asdict(tally)
+    if tally.worth_a_log():
+        logger.info(
+            "Session %s: %d turns; %s", file, len(turns), ", ".join(f"{k}={v}" for k, v in asdict(tally).items())
+        )
     try:
         return Scenario(
             name=Path(file).stem,
@@ -643,10 +621,10 @@ def _drafts(messages: Sequence[Message], tally: _Tally, system: list[str]) -> li
     for message in messages:
         props = message.additional_properties
         if props.get(NOTE_KEY):
-            tally.notes += 1
+            tally.skipped_notes += 1
             continue
         if _is_summary(message):
-            tally.summaries += 1
+            tally.skipped_summaries += 1
             continue
         tally.excluded_replayed += bool(props.get(EXCLUDED_KEY))
         if message.role == "system":
@@ -659,7 +637,7 @@ def _drafts(messages: Sequence[Message], tally: _Tally, system: list[str]) -> li
             tally.dropped_contents += sum(c.type not in ("text", "data", "uri") for c in message.contents)
             continue
         if not drafts:
-            tally.before_first_user += 1
+            tally.skipped_before_first_user += 1
             continue
         _add_to_turn(drafts[-1], message, tally, recall_ids)
     return drafts
@@ -669,7 +647,7 @@ def _add_to_turn(turn: _DraftTurn, message: Message, tally: _Tally, recall_ids: 
     for index, content in enumerate(message.contents):
         if content.type == "function_call":
             if content.name == RECALL_TOOL:
-                tally.recall_calls += 1
+                tally.skipped_recall_calls += 1
                 recall_ids.add(content.call_id or "")
                 continue
             if not content.name:
