@@ -145,14 +145,9 @@ class CellResult:
 
 
 @functools.cache
-def _tokenizer() -> TiktokenTokenizer:
-    """One o200k_base tokenizer per process (loading the vocabulary takes a while)."""
-    return TiktokenTokenizer()
-
-
 def bench_tokenizer() -> TiktokenTokenizer:
-    """The o200k_base tokenizer the bench counts with (loaded once per process)."""
-    return _tokenizer()
+    """The o200k_base tokenizer the bench counts with (loaded once per process: the vocabulary takes a while)."""
+    return TiktokenTokenizer()
 
 
 def load_scenario(settings: Settings, fill: float, seed: int) -> Scenario:
@@ -202,7 +197,7 @@ async def run_cell(
     """Run one cell in process and measure it."""
     started = time.perf_counter()
     scenario = scenario or load_scenario(settings, cell.fill, cell.seed)
-    tokenizer = _tokenizer()
+    tokenizer = bench_tokenizer()
     provider = SimulatedProvider(
         encoder=tokenizer, window=settings.context_window, profile=get_profile(settings.profile), cache=settings.cache
     )
@@ -345,12 +340,14 @@ def check_factory(row: str, factory: RowFactory, settings: Settings) -> None:
         RowFactoryError: The factory raised or returned something that is not a strategy.
     """
     scenario = Scenario("factory check", "", (), ())
-    provider = SimulatedProvider(encoder=_tokenizer(), window=settings.context_window, profile=get_profile("default"))
+    provider = SimulatedProvider(
+        encoder=bench_tokenizer(), window=settings.context_window, profile=get_profile("default")
+    )
     context = RowContext(
         budget=settings.budget,
         window=settings.context_window,
         output_tokens=settings.max_output_tokens,
-        tokenizer=_tokenizer(),
+        tokenizer=bench_tokenizer(),
         summarizer=SimulatedChatClient(model=ScriptedModel(scenario), provider=provider, kind="summarizer"),
     )
     with warnings.catch_warnings(), quiet_logs():

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
 #: The tool the generated scenario's lookups call.
@@ -437,23 +437,5 @@ def generate(options: GeneratorOptions | None = None) -> Scenario:
         tools=tools,
         turns=tuple(turns),
         facts=tuple(facts),
-        meta={
-            "context_window": opts.context_window,
-            "fill": opts.fill,
-            "tool_share": opts.tool_share,
-            "tool_turns": opts.tool_turns,
-            "markers_per_tool": opts.markers_per_tool,
-            "dense_values": opts.dense_values,
-            "seed": seed,
-            "result_tokens": result_tokens,
-            "filler_turns": filler_count,
-        },
+        meta={**asdict(opts), "result_tokens": result_tokens, "filler_turns": filler_count},
     )
-
-
-ScenarioSource = Callable[[], Scenario]
-
-
-def facts_in(text: str, facts: Sequence[Fact]) -> list[Fact]:
-    """The facts whose value appears verbatim in ``text``."""
-    return [f for f in facts if f.value in text]
