@@ -145,9 +145,14 @@ class CellResult:
 
 
 @functools.cache
-def bench_tokenizer() -> TiktokenTokenizer:
-    """The o200k_base tokenizer the bench counts with (loaded once per process: the vocabulary takes a while)."""
+def _tokenizer() -> TiktokenTokenizer:
+    """One o200k_base tokenizer per process (loading the vocabulary takes a while)."""
     return TiktokenTokenizer()
+
+
+def bench_tokenizer() -> TiktokenTokenizer:
+    """The o200k_base tokenizer the bench counts with (loaded once per process; tests replace ``_tokenizer``)."""
+    return _tokenizer()
 
 
 def load_scenario(settings: Settings, fill: float, seed: int) -> Scenario:
@@ -197,7 +202,7 @@ async def run_cell(
     """Run one cell in process and measure it."""
     started = time.perf_counter()
     scenario = scenario or load_scenario(settings, cell.fill, cell.seed)
-    tokenizer = bench_tokenizer()
+    tokenizer = _tokenizer()
     provider = SimulatedProvider(
         encoder=tokenizer, window=settings.context_window, profile=get_profile(settings.profile), cache=settings.cache
     )
@@ -340,14 +345,12 @@ def check_factory(row: str, factory: RowFactory, settings: Settings) -> None:
         RowFactoryError: The factory raised or returned something that is not a strategy.
     """
     scenario = Scenario("factory check", "", (), ())
-    provider = SimulatedProvider(
-        encoder=bench_tokenizer(), window=settings.context_window, profile=get_profile("default")
-    )
+    provider = SimulatedProvider(encoder=_tokenizer(), window=settings.context_window, profile=get_profile("default"))
     context = RowContext(
         budget=settings.budget,
         window=settings.context_window,
         output_tokens=settings.max_output_tokens,
-        tokenizer=bench_tokenizer(),
+        tokenizer=_tokenizer(),
         summarizer=SimulatedChatClient(model=ScriptedModel(scenario), provider=provider, kind="summarizer"),
     )
     with warnings.catch_warnings(), quiet_logs():
@@ -429,10 +432,6 @@ class RowSummary:
     pass_ms_max: float | None
     errors: tuple[str, ...]
     counters: dict[str, float] = field(default_factory=dict[str, float])
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe."""
-        return asdict(self)
 
 
 #: The figures a summary averages over seeds, cell by cell.
