@@ -145,10 +145,6 @@ class IssuedIds:
     def __contains__(self, value: object) -> bool:
         return value in self._canonical
 
-    def canonical(self, value: str) -> str:
-        """The canonical name of an issued id; any other string unchanged."""
-        return self._canonical.get(value, value)
-
     def rewrite(self, value: Any) -> Any:
         """A copy of the JSON ``value`` with every issued id (a whole string) replaced by its canonical name."""
         if isinstance(value, str):
@@ -194,6 +190,13 @@ class ParsedRequest:
     tool_choice: object
     max_tokens: int | None
     stream: bool
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any], messages: list[Message], *max_keys: str) -> ParsedRequest:
+        """``messages`` with the body's ``tool_choice``, ``stream`` and first integer of ``max_keys``."""
+        limits = [_int_or_none(body.get(key)) for key in max_keys]
+        max_tokens = next((limit for limit in limits if limit is not None), None)
+        return cls(messages, _tool_choice(body.get("tool_choice")), max_tokens, bool(body.get("stream")))
 
 
 def _as_mapping(value: object) -> Mapping[str, Any]:
@@ -333,12 +336,7 @@ def parse_responses_request(body: Mapping[str, Any]) -> ParsedRequest:
             message = _responses_item_message(item)
             if message is not None:
                 messages.append(message)
-    return ParsedRequest(
-        messages=messages,
-        tool_choice=_tool_choice(body.get("tool_choice")),
-        max_tokens=_int_or_none(body.get("max_output_tokens")),
-        stream=bool(body.get("stream")),
-    )
+    return ParsedRequest.of(body, messages, "max_output_tokens")
 
 
 def _chat_message(data: Mapping[str, Any]) -> Message:
@@ -366,15 +364,7 @@ def _chat_message(data: Mapping[str, Any]) -> Message:
 def parse_chat_request(body: Mapping[str, Any]) -> ParsedRequest:
     """A Chat Completions request body as the scripted model reads it (one message per wire message)."""
     messages = [_chat_message(m) for m in map(_as_mapping, _as_list(body.get("messages")))]
-    max_tokens = _int_or_none(body.get("max_completion_tokens"))
-    if max_tokens is None:
-        max_tokens = _int_or_none(body.get("max_tokens"))
-    return ParsedRequest(
-        messages=messages,
-        tool_choice=_tool_choice(body.get("tool_choice")),
-        max_tokens=max_tokens,
-        stream=bool(body.get("stream")),
-    )
+    return ParsedRequest.of(body, messages, "max_completion_tokens", "max_tokens")
 
 
 # ---------------------------------------------------------------------------------------
