@@ -157,21 +157,21 @@ def bench_tokenizer() -> TiktokenTokenizer:
 
 def load_scenario(settings: Settings, fill: float, seed: int) -> Scenario:
     """The cell's scenario: generated, or from ``--workload`` / ``--session``."""
-    if settings.workload is not None or settings.session is not None:
-        if settings.workload is not None:
-            return workload_file.load_workload(settings.workload)
-        assert settings.session is not None
+    if settings.workload is not None:
+        return workload_file.load_workload(settings.workload)
+    if settings.session is not None:
         return workload_file.load_session(settings.session, settings.facts)
-    return generate(
-        GeneratorOptions(
-            context_window=settings.context_window,
-            fill=fill,
-            tool_share=settings.tool_share,
-            tool_turns=settings.tool_turns,
-            markers_per_tool=settings.markers_per_tool,
-            dense_values=settings.dense_values,
-            seed=seed,
-        )
+    shared = ("context_window", "tool_share", "tool_turns", "markers_per_tool", "dense_values")
+    return generate(GeneratorOptions(fill=fill, seed=seed, **{name: getattr(settings, name) for name in shared}))
+
+
+def _row_context(settings: Settings, summarizer: Any) -> RowContext:
+    return RowContext(
+        budget=settings.budget,
+        window=settings.context_window,
+        output_tokens=settings.max_output_tokens,
+        tokenizer=_tokenizer(),
+        summarizer=summarizer,
     )
 
 
@@ -206,26 +206,13 @@ async def run_cell(
     provider = SimulatedProvider(
         encoder=tokenizer, window=settings.context_window, profile=get_profile(settings.profile), cache=settings.cache
     )
-    model = ScriptedModel(
-        scenario,
-        ModelOptions(
-            record_quality=settings.record_quality,
-            summary_quality=settings.summary_quality,
-            ignore_pin=settings.ignore_pin,
-            seed=cell.seed,
-        ),
-    )
+    qualities = {name: getattr(settings, name) for name in ("record_quality", "summary_quality", "ignore_pin")}
+    model = ScriptedModel(scenario, ModelOptions(seed=cell.seed, **qualities))
     result = CellResult(row=cell.row, fill=cell.fill, seed=cell.seed, window=settings.context_window)
     if factory is None:
         factory = resolve_rows([cell.row], settings.strategies)[cell.row]
     async with _clients(settings, model, provider) as (client, summarizer, agent_options):
-        context = RowContext(
-            budget=settings.budget,
-            window=settings.context_window,
-            output_tokens=settings.max_output_tokens,
-            tokenizer=tokenizer,
-            summarizer=summarizer,
-        )
+        context = _row_context(settings, summarizer)
         setup = setup_of(factory, context, row=cell.row)
         timed: dict[int, TimedStrategy] = {}
 
@@ -346,13 +333,8 @@ def check_factory(row: str, factory: RowFactory, settings: Settings) -> None:
     """
     scenario = Scenario("factory check", "", (), ())
     provider = SimulatedProvider(encoder=_tokenizer(), window=settings.context_window, profile=get_profile("default"))
-    context = RowContext(
-        budget=settings.budget,
-        window=settings.context_window,
-        output_tokens=settings.max_output_tokens,
-        tokenizer=_tokenizer(),
-        summarizer=SimulatedChatClient(model=ScriptedModel(scenario), provider=provider, kind="summarizer"),
-    )
+    summarizer = SimulatedChatClient(model=ScriptedModel(scenario), provider=provider, kind="summarizer")
+    context = _row_context(settings, summarizer)
     with warnings.catch_warnings(), quiet_logs():
         warnings.simplefilter("ignore")
         setup_of(factory, context, row=row)
