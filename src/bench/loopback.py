@@ -401,20 +401,6 @@ def render_wire_request(
     )
 
 
-def render_responses_request(
-    body: Mapping[str, Any], ids: IssuedIds | None = None, policy: IdPolicy = "issued"
-) -> RenderedRequest:
-    """A Responses API request body, rendered canonically."""
-    return render_wire_request("responses", body, ids, policy)
-
-
-def render_chat_request(
-    body: Mapping[str, Any], ids: IssuedIds | None = None, policy: IdPolicy = "issued"
-) -> RenderedRequest:
-    """A Chat Completions request body, rendered canonically."""
-    return render_wire_request("chat", body, ids, policy)
-
-
 # ---------------------------------------------------------------------------------------
 # Answers: JSON bodies and SSE frames
 # ---------------------------------------------------------------------------------------
