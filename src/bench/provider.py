@@ -54,11 +54,6 @@ class CallRecord:
 
 
 @dataclass(slots=True)
-class _Stream:
-    previous: tuple[str, ...] | None = None
-
-
-@dataclass(slots=True)
 class SimulatedProvider:
     """One conversation's provider: a cache, a price profile and a window.
 
@@ -78,7 +73,7 @@ class SimulatedProvider:
     _tokens: dict[str, tuple[int, ...]] = field(default_factory=dict[str, tuple[int, ...]])
     _openai: OpenAICache = field(default_factory=OpenAICache)
     _anthropic: AnthropicCache = field(default_factory=AnthropicCache)
-    _streams: dict[str, _Stream] = field(default_factory=dict[str, _Stream])
+    _previous: dict[CallKind, tuple[str, ...]] = field(default_factory=dict[CallKind, tuple[str, ...]])
 
     def __post_init__(self) -> None:
         if self.cache not in CACHE_KINDS:
@@ -109,10 +104,9 @@ class SimulatedProvider:
         else:
             result = self._anthropic.lookup_and_store(sequence, _breakpoints(boundaries, len(request.preamble)))
         output_tokens = self.count(output)
-        stream = self._streams.setdefault(kind, _Stream())
-        entries = request.entries
-        broke = stream.previous is not None and common_prefix(stream.previous, entries) < len(stream.previous)
-        stream.previous = entries
+        previous, entries = self._previous.get(kind), request.entries
+        broke = previous is not None and common_prefix(previous, entries) < len(previous)
+        self._previous[kind] = entries
         record = CallRecord(
             kind=kind,
             turn=self.turn,
