@@ -42,8 +42,6 @@ from maf_compaction.bench.loopback import (
     make_client,
     parse_chat_request,
     parse_responses_request,
-    render_chat_request,
-    render_responses_request,
     render_wire_request,
     responses_events,
     sse_frame,
@@ -444,12 +442,12 @@ def test_requests_differing_only_in_server_assigned_ids_render_identically() -> 
     first, second = IssuedIds(seed=1), IssuedIds(seed=2)
     body_1, body_2 = responses_body_with(first), responses_body_with(second)
     assert body_1 != body_2
-    rendered_1 = render_responses_request(body_1, first)
-    assert rendered_1 == render_responses_request(body_2, second)
+    rendered_1 = render_wire_request("responses", body_1, first)
+    assert rendered_1 == render_wire_request("responses", body_2, second)
     assert '"id":"rs_issued"' in rendered_1.messages[1]
     assert '"id":"fc_issued"' in rendered_1.messages[2]
     # Without knowing the server's ids, the same bodies differ.
-    assert render_responses_request(body_1) != render_responses_request(body_2)
+    assert render_wire_request("responses", body_1) != render_wire_request("responses", body_2)
 
 
 def test_client_made_ids_are_kept_unless_dropped() -> None:
@@ -457,12 +455,17 @@ def test_client_made_ids_are_kept_unless_dropped() -> None:
     issued = responses_body_with(ids)
     rebuilt = json.loads(json.dumps(issued))
     rebuilt["input"][2]["id"] = "fc_call_1_0"  # what the client sends when it replays history
-    assert render_responses_request(issued, ids).messages[2] != render_responses_request(rebuilt, ids).messages[2]
-    assert render_responses_request(issued, ids, "drop") == render_responses_request(rebuilt, ids, "drop")
+    assert (
+        render_wire_request("responses", issued, ids).messages[2]
+        != render_wire_request("responses", rebuilt, ids).messages[2]
+    )
+    assert render_wire_request("responses", issued, ids, "drop") == render_wire_request(
+        "responses", rebuilt, ids, "drop"
+    )
 
 
 def test_rendering_layout_and_transport_keys() -> None:
-    rendered = render_responses_request(RESPONSES_BODY)
+    rendered = render_wire_request("responses", RESPONSES_BODY)
     assert rendered.instructions == '{"instructions":"You are a terse test agent.","tool_choice":"auto"}'
     assert rendered.tools is not None
     assert rendered.tools.startswith('[{"description":"Return the weather')
@@ -472,18 +475,20 @@ def test_rendering_layout_and_transport_keys() -> None:
         rendered.messages[0]
         == '{"content":[{"text":"Weather in Paris?","type":"input_text"}],"role":"user","type":"message"}'
     )
-    chat = render_chat_request(CHAT_BODY)
+    chat = render_wire_request("chat", CHAT_BODY)
     assert chat.instructions == '{"tool_choice":{"function":{"name":"get_weather"},"type":"function"}}'
     assert chat.messages[0] == '{"content":"You are a terse test agent.","role":"system"}'
     assert '"name":"UnnamedAgent"' in chat.messages[2]
-    assert '"name"' not in render_chat_request(CHAT_BODY, policy="drop").messages[2].replace('"name":"get_weather"', "")
+    assert '"name"' not in render_wire_request("chat", CHAT_BODY, policy="drop").messages[2].replace(
+        '"name":"get_weather"', ""
+    )
 
 
 def test_encrypted_content_is_opaque_identity_not_billed_text() -> None:
     ids = IssuedIds()
-    small = render_responses_request(responses_body_with(ids, encrypted="A" * 40), ids)
+    small = render_wire_request("responses", responses_body_with(ids, encrypted="A" * 40), ids)
     ids_2 = IssuedIds()
-    large = render_responses_request(responses_body_with(ids_2, encrypted="B" * 4_000), ids_2)
+    large = render_wire_request("responses", responses_body_with(ids_2, encrypted="B" * 4_000), ids_2)
     assert "B" * 100 not in large.messages[1]
     assert "<opaque sha256:" in large.messages[1]
     assert small.messages[1] != large.messages[1]  # different state, different bytes

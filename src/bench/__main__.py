@@ -1,12 +1,7 @@
 """``python -m maf_compaction.bench [COMMAND] [options]``: the bench's command line.
 
-Without a command (or when the first argument is an option) it runs ``bench``, the
-evaluation grid, so ``maf-compaction bench --fill 1.5`` and ``python -m
-maf_compaction.bench --fill 1.5`` are the same run.
-
-Each command lives in its own module with a ``main(argv) -> int``; the module is
-imported only when its command runs, so a command's dependencies never load for
-another one.
+Without a command (or with an option first) it runs ``bench``. Each command's module is
+imported only when it runs, so one command's dependencies never load for another.
 """
 
 from __future__ import annotations

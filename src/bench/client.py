@@ -1,14 +1,8 @@
-"""The in-process chat client of the benchmark: the scripted model behind the simulated provider.
+"""The in-process chat client: the scripted model behind the simulated provider.
 
-:class:`SimulatedChatClient` composes the framework's own client layers (function
-invocation, chat middleware, telemetry over ``BaseChatClient``), like the framework's
-OpenAI client, so an ``Agent`` drives it exactly as it drives a real provider. Only the
-provider call is simulated: the request the client receives (after compaction) is
-answered by the :class:`~.model.ScriptedModel` and accounted by the
-:class:`~.provider.SimulatedProvider` (tokens, cache, bill, window).
-
-:func:`scenario_tools` turns the scenario's tools into framework ``FunctionTool``s that
-return the scripted results.
+:class:`SimulatedChatClient` composes the framework's own client layers over ``BaseChatClient``,
+so an ``Agent`` drives it as it drives a real provider; :func:`scenario_tools` gives the
+scenario's tools as ``FunctionTool``s returning the scripted results.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
-"""``maf-compaction docs``: the results tables of the README and docs/, regenerated from bench runs.
+"""``maf-compaction docs``: the bench tables of the README and docs/, regenerated from pinned runs.
 
-Every figure the documentation quotes from the bench sits in a marked region::
-
-    <!-- bench:NAME -->
-    ...generated text...
-    <!-- /bench -->
-
-``NAME`` picks a renderer in :data:`REGIONS`; each renderer reads one of the pinned runs
-in :data:`RUNS` (a grid at fixed settings), and every run is made once however many
-regions read it. ``--write`` rewrites the regions in place (``make docs``); without it
-the command checks them and exits 1 naming each region that differs, which is what
-``tests/test_docs.py`` asserts, so the committed documents cannot drift from the code.
-
-The runs use seed 1 only, to keep that check fast; ``make demo`` averages seeds 1-3,
-whose figures differ from seed 1's in the fourth digit of a cost and in the DQ totals.
-Timings are left out: they are not reproducible.
+Each ``<!-- bench:NAME -->`` ... ``<!-- /bench -->`` region is rendered by :data:`REGIONS` from
+one of the :data:`RUNS` (seed 1, no timings); ``--write`` rewrites them, without it the command
+checks them and exits 1 naming what differs (``tests/test_docs.py``).
 """
 
 from __future__ import annotations

@@ -183,25 +183,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         raise ValueError(
             f"--max-output-tokens ({args.max_output_tokens}) must be below --context-window ({args.context_window})"
         )
-    return Settings(
-        context_window=args.context_window,
-        max_output_tokens=args.max_output_tokens,
-        cache=args.cache,
-        profile=args.prices,
-        tool_share=args.tool_share,
-        tool_turns=args.tool_turns,
-        markers_per_tool=args.markers_per_tool,
-        dense_values=args.dense_values,
-        record_quality=args.record_quality,
-        summary_quality=args.summary_quality,
-        ignore_pin=args.ignore_pin,
-        client=args.client,
-        stream=args.stream,
-        workload=args.workload,
-        session=args.session,
-        facts=args.facts,
-        strategies=extra,
-    )
+    names = set(Settings.__dataclass_fields__) - {"profile", "strategies"}
+    return Settings(profile=args.prices, strategies=extra, **{name: getattr(args, name) for name in names})
 
 
 def row_names(args: argparse.Namespace, settings: Settings) -> list[str]:

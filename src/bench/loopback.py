@@ -1,73 +1,9 @@
 """Real client mode: the framework's OpenAI clients against a loopback server hosting the simulator.
 
-:class:`LoopbackProvider` is an aiohttp server on ``127.0.0.1`` (ephemeral port) that speaks
-the two OpenAI wire APIs the ``agent-framework-openai`` clients use:
-
-- ``POST /v1/responses`` (the Responses API, ``OpenAIChatClient``), JSON or SSE;
-- ``POST /v1/chat/completions`` (Chat Completions, ``OpenAIChatCompletionClient``), JSON or SSE.
-
-The same routes under ``/summarizer/v1/...`` serve a strategy's summarizer client; their
-calls are answered with ``summarizer=True`` and accounted with ``kind="summarizer"``.
-
-Per request the server
-
-1. parses the wire JSON into framework ``Message`` objects (:func:`parse_responses_request`,
-   :func:`parse_chat_request`) and asks the :class:`~.model.ScriptedModel` for the reply;
-2. renders the *wire* request canonically (:func:`render_responses_request`,
-   :func:`render_chat_request`) and accounts it with the :class:`~.provider.SimulatedProvider`;
-3. answers with the ``openai`` SDK's own types (``Response`` and its output items, every SSE
-   event validated as a ``ResponseStreamEvent``, ``ChatCompletion``, ``ChatCompletionChunk``),
-   sent as the fields they were given (``model_dump(mode="json", exclude_unset=True)``),
-   usage included: Responses ``usage.input_tokens``, ``input_tokens_details.cached_tokens``,
-   ``output_tokens``, ``output_tokens_details.reasoning_tokens``; Chat ``usage.prompt_tokens``,
-   ``prompt_tokens_details.cached_tokens``, ``completion_tokens``.
-
-Rendering (what the simulated cache sees). A request becomes a
-:class:`~.rendering.RenderedRequest`:
-
-- ``instructions``: canonical JSON of the request's top-level fields other than ``input`` /
-  ``messages`` / ``tools`` and the transport or sampling fields in :data:`TRANSPORT_KEYS`
-  (``model``, ``stream``, ``store``, ``include``, ``max_output_tokens``, ``temperature``...).
-  For the Responses API that is ``instructions`` and ``tool_choice`` (plus ``reasoning``,
-  ``text``, ``parallel_tool_calls`` when sent); for Chat Completions, where the instructions
-  travel as the first ``system`` message, usually just ``tool_choice``. Unknown fields are
-  rendered here too, so a new model-facing field cannot be silently ignored.
-- ``tools``: canonical JSON of the ``tools`` list, in the order sent.
-- ``messages``: one canonical JSON string per input item (Responses) or message (Chat).
-
-Canonical JSON is ``json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False)``:
-key order is not prompt content. Two rewrites are applied, both documented here:
-
-- **Server-assigned ids.** Every id this server issued (``resp_…``, ``rs_…``, ``fc_…``,
-  ``msg_…``, ``chatcmpl-…``), wherever it appears as a whole JSON string in the request, is
-  replaced by ``"<prefix>_issued"`` (``"rs_issued"``...): the ids are unique per answer, so two
-  requests that differ only in server-assigned ids render identically. Ids the *client* made up are
-  kept verbatim under the default policy ``"issued"`` (the agent-framework client rebuilds a
-  function call's item id as ``fc_<call_id>`` when it replays history, so that difference
-  shows up as a cache break, which is a finding about the client's bytes). Policy ``"drop"``
-  additionally removes the fields the in-process rendering (:mod:`.rendering`) never carries
-  either: the ``id`` of every Responses input item, and the participant ``name`` of a Chat
-  message (the client adds ``"name": <agent name>`` to assistant messages it replays from
-  history, but not to the ones it sends within the tool loop). ``"drop"`` is the view that is
-  comparable with the in-process run; it is not a claim that a provider ignores those fields
-  (OpenAI documents ``name`` as visible to the model).
-- **Encrypted reasoning.** A reasoning item's ``encrypted_content`` is opaque provider
-  state, not visible prompt text: its base64 length says nothing about what a provider
-  bills for it, but it is part of the request's bytes. It is rendered as
-  ``"<opaque sha256:XXXXXXXXXXXXXXXX>"`` (first 16 hex digits of the sha256 of the value): the
-  count sees a marker of about a dozen tokens whatever the blob's size, while a changed blob
-  still changes the bytes, so prefix identity is kept. The item's ``summary`` (visible text)
-  and ``id`` are rendered like any other field.
-
-Answers. Every Responses answer carries a ``reasoning`` item (id ``rs_…``, a short summary
-and a deterministic base64 ``encrypted_content`` of :data:`ENCRYPTED_BYTES` bytes), then
-either ``function_call`` items or one assistant ``message``. Chat answers carry no reasoning
-(OpenAI's Chat Completions never return it). The reply the provider bills is the same
-rendering the in-process client bills (:func:`~.rendering.render_content` of each content), plus
-the reasoning summary for the Responses API (reported as ``reasoning_tokens``).
-
-Use :func:`make_client` for the real client and :func:`agent_options` for the options an
-``Agent`` needs (``store=False`` for the Responses API, so history is replayed client-side).
+:class:`LoopbackProvider` serves the Responses and Chat Completions APIs (JSON or SSE) on
+``127.0.0.1``; :func:`make_client` builds the real client and :func:`agent_options` the options
+an ``Agent`` needs. How requests are parsed, rendered for the cache and answered:
+``docs/bench.md``, "The loopback server".
 """
 
 from __future__ import annotations
@@ -112,28 +48,6 @@ from .rendering import RenderedRequest, render_content
 if TYPE_CHECKING:
     from agent_framework_openai import OpenAIChatClient, OpenAIChatCompletionClient
 
-__all__ = [
-    "ENCRYPTED_BYTES",
-    "REASONING_SUMMARY",
-    "TRANSPORT_KEYS",
-    "ClientKind",
-    "IdPolicy",
-    "IssuedIds",
-    "LoopbackProvider",
-    "ParsedRequest",
-    "WireApi",
-    "agent_options",
-    "canonical_json",
-    "chat_chunks",
-    "make_client",
-    "parse_chat_request",
-    "parse_responses_request",
-    "render_chat_request",
-    "render_responses_request",
-    "render_wire_request",
-    "responses_events",
-    "sse_frame",
-]
 
 logger = logging.getLogger("maf_compaction")
 
@@ -231,10 +145,6 @@ class IssuedIds:
     def __contains__(self, value: object) -> bool:
         return value in self._canonical
 
-    def canonical(self, value: str) -> str:
-        """The canonical name of an issued id; any other string unchanged."""
-        return self._canonical.get(value, value)
-
     def rewrite(self, value: Any) -> Any:
         """A copy of the JSON ``value`` with every issued id (a whole string) replaced by its canonical name."""
         if isinstance(value, str):
@@ -280,6 +190,13 @@ class ParsedRequest:
     tool_choice: object
     max_tokens: int | None
     stream: bool
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any], messages: list[Message], *max_keys: str) -> ParsedRequest:
+        """``messages`` with the body's ``tool_choice``, ``stream`` and first integer of ``max_keys``."""
+        limits = [_int_or_none(body.get(key)) for key in max_keys]
+        max_tokens = next((limit for limit in limits if limit is not None), None)
+        return cls(messages, _tool_choice(body.get("tool_choice")), max_tokens, bool(body.get("stream")))
 
 
 def _as_mapping(value: object) -> Mapping[str, Any]:
@@ -419,12 +336,7 @@ def parse_responses_request(body: Mapping[str, Any]) -> ParsedRequest:
             message = _responses_item_message(item)
             if message is not None:
                 messages.append(message)
-    return ParsedRequest(
-        messages=messages,
-        tool_choice=_tool_choice(body.get("tool_choice")),
-        max_tokens=_int_or_none(body.get("max_output_tokens")),
-        stream=bool(body.get("stream")),
-    )
+    return ParsedRequest.of(body, messages, "max_output_tokens")
 
 
 def _chat_message(data: Mapping[str, Any]) -> Message:
@@ -452,15 +364,7 @@ def _chat_message(data: Mapping[str, Any]) -> Message:
 def parse_chat_request(body: Mapping[str, Any]) -> ParsedRequest:
     """A Chat Completions request body as the scripted model reads it (one message per wire message)."""
     messages = [_chat_message(m) for m in map(_as_mapping, _as_list(body.get("messages")))]
-    max_tokens = _int_or_none(body.get("max_completion_tokens"))
-    if max_tokens is None:
-        max_tokens = _int_or_none(body.get("max_tokens"))
-    return ParsedRequest(
-        messages=messages,
-        tool_choice=_tool_choice(body.get("tool_choice")),
-        max_tokens=max_tokens,
-        stream=bool(body.get("stream")),
-    )
+    return ParsedRequest.of(body, messages, "max_completion_tokens", "max_tokens")
 
 
 # ---------------------------------------------------------------------------------------
@@ -468,64 +372,33 @@ def parse_chat_request(body: Mapping[str, Any]) -> ParsedRequest:
 # ---------------------------------------------------------------------------------------
 
 
-def _render_head(body: Mapping[str, Any], ids: IssuedIds, payload_key: str) -> str | None:
-    head = {k: v for k, v in body.items() if k not in TRANSPORT_KEYS and k not in (payload_key, "tools")}
-    return canonical_json(ids.rewrite(head)) if head else None
-
-
-def _render_tools(body: Mapping[str, Any], ids: IssuedIds) -> str | None:
-    tools = body.get("tools")
-    return canonical_json(ids.rewrite(tools)) if tools else None
-
-
 def _render_item(item: object, ids: IssuedIds, policy: IdPolicy, api: WireApi) -> str:
-    rewritten = ids.rewrite(item)
-    if isinstance(rewritten, dict):
-        entry: dict[str, Any] = rewritten  # pyright: ignore[reportUnknownVariableType]
-        if policy == "drop":
-            entry.pop("id", None)
-            if api == "chat":
-                entry.pop("name", None)
-        encrypted = entry.get("encrypted_content")
-        if isinstance(encrypted, str):
-            entry["encrypted_content"] = _opaque_marker(encrypted)
-        return canonical_json(entry)
-    return canonical_json(rewritten)
-
-
-def render_responses_request(
-    body: Mapping[str, Any], ids: IssuedIds | None = None, policy: IdPolicy = "issued"
-) -> RenderedRequest:
-    """A Responses API request body, rendered canonically (see the module docstring)."""
-    ids = ids if ids is not None else IssuedIds()
-    raw_input = body.get("input")
-    items: list[Any] = [{"role": "user", "content": raw_input}] if isinstance(raw_input, str) else _as_list(raw_input)
-    return RenderedRequest(
-        instructions=_render_head(body, ids, "input"),
-        tools=_render_tools(body, ids),
-        messages=tuple(_render_item(item, ids, policy, "responses") for item in items),
-    )
-
-
-def render_chat_request(
-    body: Mapping[str, Any], ids: IssuedIds | None = None, policy: IdPolicy = "issued"
-) -> RenderedRequest:
-    """A Chat Completions request body, rendered canonically (see the module docstring)."""
-    ids = ids if ids is not None else IssuedIds()
-    return RenderedRequest(
-        instructions=_render_head(body, ids, "messages"),
-        tools=_render_tools(body, ids),
-        messages=tuple(_render_item(m, ids, policy, "chat") for m in _as_list(body.get("messages"))),
-    )
+    entry = ids.rewrite(item)
+    if isinstance(entry, dict):
+        fields: dict[str, Any] = entry  # pyright: ignore[reportUnknownVariableType]
+        for key in ("id", "name") if policy == "drop" else ():
+            if key == "id" or api == "chat":
+                fields.pop(key, None)
+        if isinstance(encrypted := fields.get("encrypted_content"), str):
+            fields["encrypted_content"] = _opaque_marker(encrypted)
+    return canonical_json(entry)
 
 
 def render_wire_request(
     api: WireApi, body: Mapping[str, Any], ids: IssuedIds | None = None, policy: IdPolicy = "issued"
 ) -> RenderedRequest:
-    """Render a request body of either API (``server.requests`` can be re-measured with another policy)."""
-    if api == "responses":
-        return render_responses_request(body, ids, policy)
-    return render_chat_request(body, ids, policy)
+    """A request body of either API, rendered canonically (``docs/bench.md``, "The loopback server")."""
+    ids = ids if ids is not None else IssuedIds()
+    key = "input" if api == "responses" else "messages"
+    raw = body.get(key)
+    wrap = api == "responses" and isinstance(raw, str)
+    items: list[Any] = [{"role": "user", "content": raw}] if wrap else _as_list(raw)
+    head = {k: v for k, v in body.items() if k not in TRANSPORT_KEYS and k not in (key, "tools")}
+    return RenderedRequest(
+        instructions=canonical_json(ids.rewrite(head)) if head else None,
+        tools=canonical_json(ids.rewrite(body["tools"])) if body.get("tools") else None,
+        messages=tuple(_render_item(item, ids, policy, api) for item in items),
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -771,25 +644,12 @@ _ROUTES: Final[tuple[tuple[str, CallKind, WireApi], ...]] = (
 class LoopbackProvider:
     """An OpenAI-compatible HTTP server on ``127.0.0.1`` answering with the scripted model.
 
-    Use it as an async context manager::
-
-        async with LoopbackProvider(model, provider) as server:
-            client = make_client("openai-responses", server.base_url("model"))
-
-    Args:
-        model: Answers each request from what the wire request carries.
-        provider: Counts, caches and bills each request (on its canonical wire rendering).
-        id_policy: How item ids are rendered (see the module docstring): ``"issued"``
-            canonicalizes the ids this server issued, ``"drop"`` also removes every input
-            item's ``id``.
-        id_seed: Seeds the ids the server issues.
-
-    Attributes:
-        requests: The raw JSON bodies received, in order.
-        apis: For each request, which API it used.
-        kinds: For each request, ``"model"`` or ``"summarizer"``.
-        rendered: For each request, what the provider was given.
-        ids: The ids this server issued.
+    Use it as an async context manager (``async with LoopbackProvider(model, provider) as server``,
+    then ``make_client(kind, server.base_url("model"))``). ``id_policy`` is how item ids are
+    rendered (``docs/bench.md``, "The loopback server"); ``id_seed`` seeds the ids it issues.
+    ``requests``, ``apis``, ``kinds`` and ``rendered`` record, per request, the raw JSON body,
+    its API, ``"model"`` or ``"summarizer"``, and what the provider was given; ``ids`` the ids
+    issued.
     """
 
     def __init__(
@@ -856,9 +716,7 @@ class LoopbackProvider:
                 if not isinstance(body, dict):
                     raise ValueError("the request body is not a JSON object")
                 payload: dict[str, Any] = body  # pyright: ignore[reportUnknownVariableType]
-                if api == "responses":
-                    return await self._responses(request, payload, kind)
-                return await self._chat(request, payload, kind)
+                return await self._reply(request, payload, kind, api)
             except Exception as error:
                 logger.exception("loopback: %s %s failed", request.method, request.path)
                 return web.json_response(
@@ -888,20 +746,18 @@ class LoopbackProvider:
         record = self.provider.call(rendered, output=output, kind=kind)
         return _Answer(reply=reply, record=record, reasoning_tokens=reasoning_tokens, number=len(self.requests))
 
-    async def _responses(self, request: web.Request, body: dict[str, Any], kind: CallKind) -> web.StreamResponse:
-        parsed = parse_responses_request(body)
-        response = _response(body, self._answer(body, kind, "responses", parsed), self.ids)
+    async def _reply(
+        self, request: web.Request, body: dict[str, Any], kind: CallKind, api: WireApi
+    ) -> web.StreamResponse:
+        parsed = (parse_responses_request if api == "responses" else parse_chat_request)(body)
+        answer = self._answer(body, kind, api, parsed)
+        done = _response(body, answer, self.ids) if api == "responses" else _completion(body, answer, self.ids)
         if not parsed.stream:
-            return web.json_response(_wire(response))
-        return await self._stream(request, (sse_frame(data, event) for event, data in responses_events(response)))
-
-    async def _chat(self, request: web.Request, body: dict[str, Any], kind: CallKind) -> web.StreamResponse:
-        parsed = parse_chat_request(body)
-        completion = _completion(body, self._answer(body, kind, "chat", parsed), self.ids)
-        if not parsed.stream:
-            return web.json_response(_wire(completion))
+            return web.json_response(_wire(done))
+        if isinstance(done, Response):
+            return await self._stream(request, (sse_frame(data, event) for event, data in responses_events(done)))
         include_usage = bool(_as_mapping(body.get("stream_options")).get("include_usage"))
-        frames = [sse_frame(c) for c in chat_chunks(completion, include_usage=include_usage)]
+        frames = [sse_frame(c) for c in chat_chunks(done, include_usage=include_usage)]
         return await self._stream(request, [*frames, sse_frame("[DONE]")])
 
     @staticmethod

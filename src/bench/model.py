@@ -1,25 +1,8 @@
 """The scripted model: deterministic, and it sees only the context it is sent.
 
-:class:`ScriptedModel` answers one request from the request alone (its messages and
-options) plus the :class:`~maf_compaction.bench.scenario.Scenario` it plays. It never
-remembers earlier calls, so whatever a compaction removed from the prompt is gone for it:
-
-- **Summarizer requests** (a request the harness marks as one): an extractive summary of
-  the transcript it was sent: the lines that carry a planted value (or a requirement or
-  correction marker), in order, within the requested size. ``summary_quality`` drops a
-  seeded share of those lines.
-- **Pinned to** ``recall_earlier_tool_results`` (``tool_choice`` requires that function):
-  a call of that tool whose ``values`` argument quotes, grouped by tool, every line of
-  the tool results in its context that carries a planted value; a Markdown table row is
-  quoted under its table's heading and separator rows. ``record_quality`` drops a
-  seeded share of the lines and rows; ``ignore_pin`` models a route that ignores the pin.
-- **A scenario turn:** the turn is found by the newest user message whose text is one of
-  the scenario's turns. The model makes the turn's scripted calls in order, one per model
-  call (it counts the turn's results it can see), then gives the turn's reply.
-- **A probe turn:** it quotes each expected value that is visible anywhere in its
-  context (records and summaries included) and says which ones it cannot see.
-
-Call ids are ``call_<turn>_<n>`` so every row of a benchmark makes the same calls.
+:class:`ScriptedModel` answers one request from the request alone plus the scenario it
+plays (turns, probes, summarizer requests, pinned record calls): ``docs/bench.md``,
+"The scripted model".
 """
 
 from __future__ import annotations

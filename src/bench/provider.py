@@ -1,18 +1,7 @@
-"""The simulated provider: renders each request, counts it, caches it, bills it.
+"""The simulated provider: renders each request, counts it (o200k_base), caches it, bills it.
 
-:class:`SimulatedProvider` is what a provider account would see over one conversation.
-Every request is rendered canonically (:class:`~maf_compaction.bench.rendering.RenderedRequest`:
-instructions, tool declarations, then one entry per message), each entry is tokenized
-with tiktoken ``o200k_base`` (independently of the tokenizer the strategy under test
-uses), and the token ids go through the prompt cache of :mod:`.simulator`:
-
-- ``openai``: the longest prefix seen before, in 128-token steps, nothing below 1,024;
-- ``anthropic``: breakpoints at the end of the preamble and of the last message, hits
-  up to the newest breakpoint, writes billed at the profile's write price.
-
-A request longer than the context window is a disqualification (counted, the call is
-still answered so the run's other figures stay comparable; a row with any DQ is
-flagged). The prices come from a :class:`~.simulator.PriceProfile`.
+A request over the window is a disqualification, counted while the call is still answered;
+the rules: ``docs/bench.md``, "The simulated provider".
 """
 
 from __future__ import annotations
@@ -65,11 +54,6 @@ class CallRecord:
 
 
 @dataclass(slots=True)
-class _Stream:
-    previous: tuple[str, ...] | None = None
-
-
-@dataclass(slots=True)
 class SimulatedProvider:
     """One conversation's provider: a cache, a price profile and a window.
 
@@ -89,7 +73,7 @@ class SimulatedProvider:
     _tokens: dict[str, tuple[int, ...]] = field(default_factory=dict[str, tuple[int, ...]])
     _openai: OpenAICache = field(default_factory=OpenAICache)
     _anthropic: AnthropicCache = field(default_factory=AnthropicCache)
-    _streams: dict[str, _Stream] = field(default_factory=dict[str, _Stream])
+    _previous: dict[CallKind, tuple[str, ...]] = field(default_factory=dict[CallKind, tuple[str, ...]])
 
     def __post_init__(self) -> None:
         if self.cache not in CACHE_KINDS:
@@ -120,10 +104,9 @@ class SimulatedProvider:
         else:
             result = self._anthropic.lookup_and_store(sequence, _breakpoints(boundaries, len(request.preamble)))
         output_tokens = self.count(output)
-        stream = self._streams.setdefault(kind, _Stream())
-        entries = request.entries
-        broke = stream.previous is not None and common_prefix(stream.previous, entries) < len(stream.previous)
-        stream.previous = entries
+        previous, entries = self._previous.get(kind), request.entries
+        broke = previous is not None and common_prefix(previous, entries) < len(previous)
+        self._previous[kind] = entries
         record = CallRecord(
             kind=kind,
             turn=self.turn,

@@ -1,13 +1,8 @@
 """What a provider receives: each request rendered canonically, entry by entry.
 
-A request is rendered as the instructions (a leading system entry), the tool
-declarations (one entry), then one entry per message holding its role and the
-model-facing fields of its contents (text, a call's name and arguments, a result's
-text, a media reference). Message ids and ``additional_properties`` never reach a
-provider, so they are not rendered. The simulated provider
-(:mod:`maf_compaction.bench.provider`) tokenizes these entries for its prompt cache, and
-a request that does not start with every entry of the previous one breaks the cached
-prefix (:func:`common_prefix`).
+Instructions, tool declarations, then one entry per message (role and the model-facing
+fields of its contents; ids and ``additional_properties`` never reach a provider). A request
+that does not start with every entry of the previous one breaks the cached prefix.
 """
 
 from __future__ import annotations

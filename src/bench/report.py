@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import math
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -111,21 +112,12 @@ def to_json(
             "kind": "workload" if settings.workload else "session" if settings.session else "generated",
             "file": source,
         },
-        "settings": _settings_dict(settings),
+        "settings": {**asdict(settings), "budget": settings.budget},
         "seconds": seconds,
-        "summaries": [s.to_dict() for s in summaries],
+        "summaries": [asdict(s) for s in summaries],
         "cells": [r.to_dict() for r in results],
     }
     return json.dumps(payload, indent=2, sort_keys=True)
-
-
-def _settings_dict(settings: Settings) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name in settings.__dataclass_fields__:
-        value = getattr(settings, name)
-        out[name] = dict(value) if isinstance(value, Mapping) else value
-    out["budget"] = settings.budget
-    return out
 
 
 def plot(results: Sequence[CellResult], path: str | Path, settings: Settings, *, workload: str | None = None) -> None:

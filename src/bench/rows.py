@@ -1,19 +1,8 @@
 """The rows of the benchmark: which strategy each one runs, wired as a user would wire it.
 
-A row is a factory: given a :class:`RowContext` (the input budget, the window, the
-tokenizer, a client for summarizer calls) it returns a :class:`RowSetup`: the strategy
-for the harness's per-call (``before``) phase and for its after-run (``after``) phase,
-plus any middleware and tools the strategy brings. Every built-in row passes one
-instance to both phases, which is what ``create_harness_agent`` does with its default.
-
-Built in: ``none`` (the control), the framework's own strategies (``context_window``, its
-default, ``truncation``, ``sliding_window``, ``tool_result``, ``summarization``,
-``token_budget``) and ours that exist (``anchored``, ``anchored_min_gain``,
-``tool_summary_anchored``). A row for a
-strategy that is not built yet is absent, never faked.
-
-``--strategy NAME=module:factory`` adds any strategy: ``factory(context)`` returns a
-``CompactionStrategy`` (used for both phases) or a :class:`RowSetup`.
+A row is a factory: given a :class:`RowContext` it returns a :class:`RowSetup` (or a
+``CompactionStrategy`` for both phases); ``--strategy NAME=module:factory`` adds one
+(``docs/bench.md``, "Rows").
 """
 
 from __future__ import annotations
@@ -91,63 +80,6 @@ def _both(strategy: CompactionStrategy) -> RowSetup:
     return RowSetup(before=strategy, after=strategy)
 
 
-def _none(context: RowContext) -> RowSetup:
-    return RowSetup(disable_compaction=True)
-
-
-def _context_window(context: RowContext) -> RowSetup:
-    # Exactly what create_harness_agent builds when given the window and the output size.
-    return _both(
-        ContextWindowCompactionStrategy(
-            max_context_window_tokens=context.window,
-            max_output_tokens=context.output_tokens,
-            tokenizer=context.tokenizer,
-        )
-    )
-
-
-def _truncation(context: RowContext) -> RowSetup:
-    return _both(
-        TruncationStrategy(
-            max_n=int(context.budget * 0.8), compact_to=int(context.budget * 0.5), tokenizer=context.tokenizer
-        )
-    )
-
-
-def _sliding_window(context: RowContext) -> RowSetup:
-    return _both(SlidingWindowStrategy(keep_last_groups=6))
-
-
-def _tool_result(context: RowContext) -> RowSetup:
-    return _both(ToolResultCompactionStrategy(keep_last_tool_call_groups=1))
-
-
-def _summarization(context: RowContext) -> RowSetup:
-    return _both(
-        SummarizationStrategy(
-            client=context.summarizer, max_summary_input_tokens=context.budget, tokenizer=context.tokenizer
-        )
-    )
-
-
-def _token_budget(context: RowContext) -> RowSetup:
-    return _both(
-        TokenBudgetComposedStrategy(
-            token_budget=context.budget,
-            tokenizer=context.tokenizer,
-            strategies=[ToolResultCompactionStrategy(keep_last_tool_call_groups=4)],
-        )
-    )
-
-
-def _anchored(context: RowContext) -> RowSetup:
-    return _both(AnchoredCompactionStrategy(max_input_tokens=context.budget, tokenizer=context.tokenizer))
-
-
-def _anchored_min_gain(context: RowContext) -> RowSetup:
-    return _both(MinimumGainAnchoredCompactionStrategy(max_input_tokens=context.budget, tokenizer=context.tokenizer))
-
-
 def record_row(context: RowContext, *, min_groups_before_repeat: int = 2, **strategy_options: Any) -> RowSetup:
     """The record strategy wired as the README wires it: strategy, gate, recall tool, middleware.
 
@@ -198,10 +130,6 @@ def record_row(context: RowContext, *, min_groups_before_repeat: int = 2, **stra
     )
 
 
-def _tool_summary_anchored(context: RowContext) -> RowSetup:
-    return record_row(context)
-
-
 def user_summary_row(context: RowContext, **strategy_options: Any) -> RowSetup:
     """The user-turn strategy with the row's summarizer client; ``strategy_options`` go to it."""
     strategy = UserTurnAnchoredSummarizationCompactionStrategy(
@@ -222,51 +150,70 @@ def user_summary_row(context: RowContext, **strategy_options: Any) -> RowSetup:
     return RowSetup(before=strategy, after=strategy, counters=counters)
 
 
-def _user_summary_anchored(context: RowContext) -> RowSetup:
-    return user_summary_row(context)
-
-
-def _user_summary_anchored_boundary(context: RowContext) -> RowSetup:
-    return user_summary_row(context, summary_mode="boundary")
-
-
-def _user_summary_anchored_fold(context: RowContext) -> RowSetup:
-    return user_summary_row(context, summary_mode="fold")
-
-
-#: Built-in rows, in table order; what each one runs is in :data:`ROW_DESCRIPTIONS`.
-ROWS: Final[Mapping[str, RowFactory]] = {
-    "none": _none,
-    "context_window": _context_window,
-    "truncation": _truncation,
-    "sliding_window": _sliding_window,
-    "tool_result": _tool_result,
-    "summarization": _summarization,
-    "token_budget": _token_budget,
-    "anchored": _anchored,
-    "anchored_min_gain": _anchored_min_gain,
-    "tool_summary_anchored": _tool_summary_anchored,
-    "user_summary_anchored": _user_summary_anchored,
-    "user_summary_anchored_boundary": _user_summary_anchored_boundary,
-    "user_summary_anchored_fold": _user_summary_anchored_fold,
+#: Built-in rows, in table order: name -> (factory, what it runs). A factory that returns a
+#: strategy runs it in both phases, as a ``--strategy`` row's does.
+_BUILT_IN: Final[Mapping[str, tuple[RowFactory, str]]] = {
+    "none": (lambda _: RowSetup(disable_compaction=True), "no compaction (the control)"),
+    "context_window": (  # exactly what create_harness_agent builds when given the window and the output size
+        lambda c: ContextWindowCompactionStrategy(
+            max_context_window_tokens=c.window, max_output_tokens=c.output_tokens, tokenizer=c.tokenizer
+        ),
+        "ContextWindowCompactionStrategy(window, output): the harness default",
+    ),
+    "truncation": (
+        lambda c: TruncationStrategy(max_n=int(c.budget * 0.8), compact_to=int(c.budget * 0.5), tokenizer=c.tokenizer),
+        "TruncationStrategy(max_n=0.8 budget, compact_to=0.5 budget)",
+    ),
+    "sliding_window": (
+        lambda _: SlidingWindowStrategy(keep_last_groups=6),
+        "SlidingWindowStrategy(keep_last_groups=6)",
+    ),
+    "tool_result": (
+        lambda _: ToolResultCompactionStrategy(keep_last_tool_call_groups=1),
+        "ToolResultCompactionStrategy(keep_last_tool_call_groups=1)",
+    ),
+    "summarization": (
+        lambda c: SummarizationStrategy(client=c.summarizer, max_summary_input_tokens=c.budget, tokenizer=c.tokenizer),
+        "SummarizationStrategy(client, max_summary_input_tokens=budget): framework defaults otherwise",
+    ),
+    "token_budget": (
+        lambda c: TokenBudgetComposedStrategy(
+            token_budget=c.budget,
+            tokenizer=c.tokenizer,
+            strategies=[ToolResultCompactionStrategy(keep_last_tool_call_groups=4)],
+        ),
+        "TokenBudgetComposedStrategy(budget, [ToolResultCompactionStrategy(keep 4)]) + its fallbacks",
+    ),
+    "anchored": (
+        lambda c: AnchoredCompactionStrategy(max_input_tokens=c.budget, tokenizer=c.tokenizer),
+        "AnchoredCompactionStrategy(budget): defaults",
+    ),
+    "anchored_min_gain": (
+        lambda c: MinimumGainAnchoredCompactionStrategy(max_input_tokens=c.budget, tokenizer=c.tokenizer),
+        "MinimumGainAnchoredCompactionStrategy(budget): defaults",
+    ),
+    "tool_summary_anchored": (
+        record_row,
+        "ToolResultAnchoredSummarizationCompactionStrategy(budget) + RecallGate, "
+        "make_recall_tool, ToolResultRecallMiddleware(min_groups_before_repeat=2): the README's wiring",
+    ),
+    "user_summary_anchored": (
+        user_summary_row,
+        "UserTurnAnchoredSummarizationCompactionStrategy(budget, summarizer): recompact mode",
+    ),
+    "user_summary_anchored_boundary": (
+        lambda c: user_summary_row(c, summary_mode="boundary"),
+        "UserTurnAnchoredSummarizationCompactionStrategy(..., summary_mode='boundary')",
+    ),
+    "user_summary_anchored_fold": (
+        lambda c: user_summary_row(c, summary_mode="fold"),
+        "UserTurnAnchoredSummarizationCompactionStrategy(..., summary_mode='fold')",
+    ),
 }
-
-ROW_DESCRIPTIONS: Final[Mapping[str, str]] = {
-    "none": "no compaction (the control)",
-    "context_window": "ContextWindowCompactionStrategy(window, output): the harness default",
-    "truncation": "TruncationStrategy(max_n=0.8 budget, compact_to=0.5 budget)",
-    "sliding_window": "SlidingWindowStrategy(keep_last_groups=6)",
-    "tool_result": "ToolResultCompactionStrategy(keep_last_tool_call_groups=1)",
-    "summarization": "SummarizationStrategy(client, max_summary_input_tokens=budget): framework defaults otherwise",
-    "token_budget": "TokenBudgetComposedStrategy(budget, [ToolResultCompactionStrategy(keep 4)]) + its fallbacks",
-    "anchored": "AnchoredCompactionStrategy(budget): defaults",
-    "anchored_min_gain": "MinimumGainAnchoredCompactionStrategy(budget): defaults",
-    "tool_summary_anchored": "ToolResultAnchoredSummarizationCompactionStrategy(budget) + RecallGate, "
-    "make_recall_tool, ToolResultRecallMiddleware(min_groups_before_repeat=2): the README's wiring",
-    "user_summary_anchored": "UserTurnAnchoredSummarizationCompactionStrategy(budget, summarizer): recompact mode",
-    "user_summary_anchored_boundary": "UserTurnAnchoredSummarizationCompactionStrategy(..., summary_mode='boundary')",
-    "user_summary_anchored_fold": "UserTurnAnchoredSummarizationCompactionStrategy(..., summary_mode='fold')",
-}
+#: Built-in rows, in table order.
+ROWS: Final[Mapping[str, RowFactory]] = {name: factory for name, (factory, _) in _BUILT_IN.items()}
+#: What each built-in row runs (the ``--help`` epilog).
+ROW_DESCRIPTIONS: Final[Mapping[str, str]] = {name: text for name, (_, text) in _BUILT_IN.items()}
 
 
 def parse_strategy_option(text: str) -> tuple[str, str]:

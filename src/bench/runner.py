@@ -1,25 +1,23 @@
 """Run a scenario through one row and measure it; run a grid of cells in parallel.
 
-A *cell* is one (row, fill, seed): the scenario is generated (or loaded), an agent is
-built the way a user builds one (``create_harness_agent`` with the row's strategies,
-todo/mode/file memory/web search off so only compaction moves the prompt), and every
-user turn is sent in one session. The simulated provider accounts every request the
-client receives; the row's figures come from those records, from the final stored
-history and from the probe answers. Nothing here trusts a strategy's own counts.
+A *cell* is one (row, fill, seed), run the way a user builds an agent (``docs/bench.md``,
+"How one cell runs"); every figure comes from the simulated provider's records, the final
+stored history and the probe answers, never from a strategy's own counts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from agent_framework import AgentSession, CompactionStrategy, Content, Message, create_harness_agent
 
@@ -28,7 +26,7 @@ from . import workload_file
 from .client import SimulatedChatClient, media_contents, scenario_tools
 from .model import ModelOptions, ScriptedModel, context_text
 from .provider import CacheKind, CallRecord, SimulatedProvider
-from .quiet import quiet_logs
+from .quiet import TimedStrategy, quiet_logs
 from .rows import RowContext, RowFactory, RowFactoryError, resolve_rows, setup_of
 from .scenario import GeneratorOptions, Scenario, generate
 from .simulator import get_profile
@@ -153,43 +151,27 @@ def _tokenizer() -> TiktokenTokenizer:
 
 
 def bench_tokenizer() -> TiktokenTokenizer:
-    """The o200k_base tokenizer the bench counts with (loaded once per process)."""
+    """The o200k_base tokenizer the bench counts with (loaded once per process; tests replace ``_tokenizer``)."""
     return _tokenizer()
-
-
-class TimedStrategy:
-    """Wraps a strategy to time each pass; exposes the wrapped ``tokenizer`` (the framework reads it)."""
-
-    def __init__(self, strategy: CompactionStrategy, into: list[float]) -> None:
-        self.strategy = strategy
-        self.tokenizer: object = getattr(strategy, "tokenizer", None)
-        self._into = into
-
-    async def __call__(self, messages: list[Message]) -> bool:
-        start = time.perf_counter()
-        try:
-            return await self.strategy(messages)
-        finally:
-            self._into.append((time.perf_counter() - start) * 1_000)
 
 
 def load_scenario(settings: Settings, fill: float, seed: int) -> Scenario:
     """The cell's scenario: generated, or from ``--workload`` / ``--session``."""
-    if settings.workload is not None or settings.session is not None:
-        if settings.workload is not None:
-            return workload_file.load_workload(settings.workload)
-        assert settings.session is not None
+    if settings.workload is not None:
+        return workload_file.load_workload(settings.workload)
+    if settings.session is not None:
         return workload_file.load_session(settings.session, settings.facts)
-    return generate(
-        GeneratorOptions(
-            context_window=settings.context_window,
-            fill=fill,
-            tool_share=settings.tool_share,
-            tool_turns=settings.tool_turns,
-            markers_per_tool=settings.markers_per_tool,
-            dense_values=settings.dense_values,
-            seed=seed,
-        )
+    shared = ("context_window", "tool_share", "tool_turns", "markers_per_tool", "dense_values")
+    return generate(GeneratorOptions(fill=fill, seed=seed, **{name: getattr(settings, name) for name in shared}))
+
+
+def _row_context(settings: Settings, summarizer: Any) -> RowContext:
+    return RowContext(
+        budget=settings.budget,
+        window=settings.context_window,
+        output_tokens=settings.max_output_tokens,
+        tokenizer=_tokenizer(),
+        summarizer=summarizer,
     )
 
 
@@ -224,27 +206,13 @@ async def run_cell(
     provider = SimulatedProvider(
         encoder=tokenizer, window=settings.context_window, profile=get_profile(settings.profile), cache=settings.cache
     )
-    model = ScriptedModel(
-        scenario,
-        ModelOptions(
-            record_quality=settings.record_quality,
-            summary_quality=settings.summary_quality,
-            ignore_pin=settings.ignore_pin,
-            seed=cell.seed,
-        ),
-    )
+    qualities = {name: getattr(settings, name) for name in ("record_quality", "summary_quality", "ignore_pin")}
+    model = ScriptedModel(scenario, ModelOptions(seed=cell.seed, **qualities))
     result = CellResult(row=cell.row, fill=cell.fill, seed=cell.seed, window=settings.context_window)
     if factory is None:
         factory = resolve_rows([cell.row], settings.strategies)[cell.row]
-    clients = _clients(settings, model, provider)
-    async with clients as (client, summarizer):
-        context = RowContext(
-            budget=settings.budget,
-            window=settings.context_window,
-            output_tokens=settings.max_output_tokens,
-            tokenizer=tokenizer,
-            summarizer=summarizer,
-        )
+    async with _clients(settings, model, provider) as (client, summarizer, agent_options):
+        context = _row_context(settings, summarizer)
         setup = setup_of(factory, context, row=cell.row)
         timed: dict[int, TimedStrategy] = {}
 
@@ -255,7 +223,7 @@ async def run_cell(
                 timed[id(strategy)] = TimedStrategy(strategy, result.pass_ms)
             return timed[id(strategy)]
 
-        options: dict[str, Any] = {"default_options": clients.agent_options()}
+        options: dict[str, Any] = {"default_options": agent_options}
         if setup.disable_compaction:
             options["disable_compaction"] = True
             options["default_options"]["max_tokens"] = settings.max_output_tokens
@@ -328,39 +296,24 @@ def _fill_figures(
     result.asked += sum(len(t.probe.expected) for t in unanswered if t.probe is not None)
 
 
-class _clients:
-    """The model client and the summarizer client of a cell, in process or over loopback."""
+@contextlib.asynccontextmanager
+async def _clients(
+    settings: Settings, model: ScriptedModel, provider: SimulatedProvider
+) -> AsyncIterator[tuple[Any, Any, dict[str, Any]]]:
+    """The model client, the summarizer client and the agent's default options, in process or over loopback."""
+    if settings.client == "inprocess":
+        summarizer = SimulatedChatClient(model=model, provider=provider, kind="summarizer")
+        yield SimulatedChatClient(model=model, provider=provider), summarizer, {}
+        return
+    from .loopback import LoopbackProvider, agent_options, make_client  # noqa: PLC0415 - needs the openai extras
 
-    def __init__(self, settings: Settings, model: ScriptedModel, provider: SimulatedProvider) -> None:
-        self._settings = settings
-        self._model = model
-        self._provider = provider
-        self._server: Any = None
-
-    async def __aenter__(self) -> tuple[Any, Any]:
-        if self._settings.client == "inprocess":
-            return (
-                SimulatedChatClient(model=self._model, provider=self._provider),
-                SimulatedChatClient(model=self._model, provider=self._provider, kind="summarizer"),
-            )
-        from .loopback import LoopbackProvider, make_client  # noqa: PLC0415 - needs the openai extras
-
-        self._server = LoopbackProvider(self._model, self._provider)
-        server = await self._server.__aenter__()
-        kind = self._settings.client
-        return make_client(kind, server.base_url("model")), make_client(kind, server.base_url("summarizer"))
-
-    def agent_options(self) -> dict[str, Any]:
-        """Default chat options the agent needs for this client (``store=False`` for the Responses API)."""
-        if self._settings.client == "inprocess":
-            return {}
-        from .loopback import agent_options  # noqa: PLC0415 - needs the openai extras
-
-        return agent_options(self._settings.client)
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._server is not None:
-            await self._server.__aexit__(*exc)
+    async with LoopbackProvider(model, provider) as server:
+        kind = settings.client
+        yield (
+            make_client(kind, server.base_url("model")),
+            make_client(kind, server.base_url("summarizer")),
+            agent_options(kind),
+        )
 
 
 # ----------------------------------------------------------------------------------------
@@ -380,13 +333,8 @@ def check_factory(row: str, factory: RowFactory, settings: Settings) -> None:
     """
     scenario = Scenario("factory check", "", (), ())
     provider = SimulatedProvider(encoder=_tokenizer(), window=settings.context_window, profile=get_profile("default"))
-    context = RowContext(
-        budget=settings.budget,
-        window=settings.context_window,
-        output_tokens=settings.max_output_tokens,
-        tokenizer=_tokenizer(),
-        summarizer=SimulatedChatClient(model=ScriptedModel(scenario), provider=provider, kind="summarizer"),
-    )
+    summarizer = SimulatedChatClient(model=ScriptedModel(scenario), provider=provider, kind="summarizer")
+    context = _row_context(settings, summarizer)
     with warnings.catch_warnings(), quiet_logs():
         warnings.simplefilter("ignore")
         setup_of(factory, context, row=row)
@@ -467,9 +415,9 @@ class RowSummary:
     errors: tuple[str, ...]
     counters: dict[str, float] = field(default_factory=dict[str, float])
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe."""
-        return asdict(self)
+
+#: The figures a summary averages over seeds, cell by cell.
+_MEANS: Final = ("cost", "hit", "breaks", "facts_kept", "accuracy", "model_calls", "summarizer_calls")
 
 
 def _mean_counters(cells: Sequence[CellResult]) -> dict[str, float]:
@@ -486,27 +434,22 @@ def summarize(results: Sequence[CellResult]) -> list[RowSummary]:
     for (fill, row), cells in groups.items():
         ratios = [c.cost / none_cost[(fill, c.seed)] for c in cells if none_cost.get((fill, c.seed))]
         passes = [ms for c in cells for ms in c.pass_ms]
+        means = {name: statistics.fmean(getattr(c, name) for c in cells) for name in _MEANS}
         summaries.append(
             RowSummary(
                 row=row,
                 fill=fill,
                 seeds=len(cells),
-                cost=statistics.fmean(c.cost for c in cells),
                 vs_none=statistics.fmean(ratios) if ratios else None,
-                hit=statistics.fmean(c.hit for c in cells),
-                breaks=statistics.fmean(c.breaks for c in cells),
                 max_prompt_share=max(c.max_prompt / c.window for c in cells),
                 dq=sum(c.dq for c in cells),
                 dq_seeds=sum(1 for c in cells if c.dq),
-                facts_kept=statistics.fmean(c.facts_kept for c in cells),
                 facts_total=max(c.facts_total for c in cells),
-                accuracy=statistics.fmean(c.accuracy for c in cells),
-                model_calls=statistics.fmean(c.model_calls for c in cells),
-                summarizer_calls=statistics.fmean(c.summarizer_calls for c in cells),
                 pass_ms_median=statistics.median(passes) if passes else None,
                 pass_ms_max=max(passes) if passes else None,
                 errors=tuple(c.error for c in cells if c.error),
                 counters=_mean_counters(cells),
+                **means,
             )
         )
     return summaries

@@ -1,28 +1,15 @@
 """What the benchmark replays: a scripted conversation with planted facts, as a value.
 
-A :class:`Scenario` is the whole script of one conversation: the system text, the tools,
-and the user turns in order. Each turn says which tool calls the scripted model makes
-(with the exact result each returns), the reply it gives, and, for probe turns, the
-planted values a correct answer quotes. Three sources produce the same value:
-
-- :func:`generate`: the default, a long tool-heavy session (requirements, a correction,
-  lookups whose results carry planted codes, filler turns, closing probes), sized to a
-  multiple of the context window and fully determined by its seed;
-- ``--workload FILE.json`` (:mod:`maf_compaction.bench.workload_file`);
-- ``--session FILE.json``, an ``AgentSession.to_dict()`` export (same module).
-
-Facts: every planted value is a :class:`Fact` with a unique label and the scope it
-belongs to. The generator's values look like ``TL-3FA9C2`` (tool codes), ``RQ-…``
-(requirements) and ``FB-…`` (the correction), each the first six hex digits of
-``sha256(f"{seed}:{label}")``, uppercase.
+A :class:`Scenario` comes from :func:`generate` (the default, fully determined by its seed;
+``docs/bench.md``, "The workload") or from a file (:mod:`maf_compaction.bench.workload_file`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
 #: The tool the generated scenario's lookups call.
@@ -450,23 +437,5 @@ def generate(options: GeneratorOptions | None = None) -> Scenario:
         tools=tools,
         turns=tuple(turns),
         facts=tuple(facts),
-        meta={
-            "context_window": opts.context_window,
-            "fill": opts.fill,
-            "tool_share": opts.tool_share,
-            "tool_turns": opts.tool_turns,
-            "markers_per_tool": opts.markers_per_tool,
-            "dense_values": opts.dense_values,
-            "seed": seed,
-            "result_tokens": result_tokens,
-            "filler_turns": filler_count,
-        },
+        meta={**asdict(opts), "result_tokens": result_tokens, "filler_turns": filler_count},
     )
-
-
-ScenarioSource = Callable[[], Scenario]
-
-
-def facts_in(text: str, facts: Sequence[Fact]) -> list[Fact]:
-    """The facts whose value appears verbatim in ``text``."""
-    return [f for f in facts if f.value in text]

@@ -1,34 +1,7 @@
-"""A simulated provider prompt cache and its billing, on token sequences.
+"""A simulated provider prompt cache and its billing, on token sequences (no agent_framework here).
 
-The benchmark cannot reach a provider, so it prices each call the way the providers publish
-that they do. This module is the pure part of that: it sees a request only as the token ids
-of its canonical rendering (counted by the harness with tiktoken o200k_base, independently
-of the strategy under test, see ``EVALUATION.md`` "Simulated provider") and decides how many
-of them a provider's prompt cache would serve, how many it would write, and what the call
-costs. It knows nothing of agent_framework.
-
-Every figure below comes from ``reference/caching-and-peers.md`` section 3 ("Prompt caching
-facts per provider"), which cites the providers' own pages:
-
-- OpenAI (developers.openai.com/api/docs/guides/prompt-caching): caching is "automatic,
-  exact prefix", "≥ 1,024 tokens; hits in 128-token increments"; cache writes: "none before
-  GPT-5.6" (Azure: "GPT-5.6+ may charge cache writes").
-- Anthropic (platform.claude.com/docs/en/build-with-claude/prompt-caching): "explicit
-  ``cache_control`` (≤ 4 breakpoints)", "~20-block lookback", minimum 1,024 tokens (Sonnet
-  4.5/4/3.7, Opus 4.1/4), 2,048 (Sonnet 4.6, Haiku 3.5/3) or 4,096 (Opus 4.5/4.6, Haiku
-  4.5); cached input at "0.1× base input"; writes at "1.25× (5 min), 2× (1 h)".
-
-Usage::
-
-    cache = OpenAICache()
-    result = cache.lookup_and_store(tokens)
-    dollars = bill(PROFILES["default"], result, output_tokens=150)
-
-Deliberately not simulated (nothing in the reference fixes them for one conversation): cache
-expiry (the runs are short and deterministic, so every entry is assumed retained), OpenAI's
-routing hash on the first ~256 tokens (one conversation always routes alike), Anthropic's
-rule that a longer TTL must precede a shorter one, and the exact ~20-block bound of
-Anthropic's lookback (a token sequence has no block boundaries; see :class:`AnthropicCache`).
+The rules and their sources (``reference/caching-and-peers.md`` section 3, the providers'
+own pages) and what is deliberately not simulated: ``docs/bench.md``, "The simulated provider".
 """
 
 from __future__ import annotations
@@ -39,20 +12,6 @@ from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-
-__all__ = [
-    "ANTHROPIC_MAX_BREAKPOINTS",
-    "ANTHROPIC_MIN_CACHEABLE_TOKENS",
-    "OPENAI_HIT_INCREMENT",
-    "OPENAI_MIN_CACHED_TOKENS",
-    "PROFILES",
-    "AnthropicCache",
-    "CacheResult",
-    "OpenAICache",
-    "PriceProfile",
-    "bill",
-    "get_profile",
-]
 
 OPENAI_MIN_CACHED_TOKENS = 1024
 """OpenAI caches nothing below 1,024 tokens (reference §3: "≥ 1,024 tokens")."""
@@ -146,23 +105,12 @@ class _PrefixHasher:
 class OpenAICache:
     """OpenAI's automatic prompt cache for one simulated conversation.
 
-    Rule implemented (reference §3, OpenAI row, from OpenAI's prompt-caching guide):
-    ``cached_tokens`` is the length of the longest common prefix between this request and
-    any request stored before it, rounded down to a multiple of 128 ("hits in 128-token
-    increments"), and 0 if that is below 1,024 ("≥ 1,024 tokens"). So a request shorter than
-    1,024 tokens never hits, a hit of exactly 1,024 tokens counts, and a repeated request of
-    1,500 tokens gets 1,408. Every request is then stored ("automatic"; no expiry simulated).
-
-    Implementation: for every stored request, the digest of each prefix ending on a 128-token
-    boundary is kept in a set. Matching prefixes are closed under shortening, so the hit is
-    the largest boundary of this request whose prefix digest is in the set: one pass over
-    the request, O(len(tokens) / 128) set probes, independent of the number of requests.
-
-    Cache writes: the reference says OpenAI bills none "before GPT-5.6" and that on GPT-5.6+
-    (Azure) it "may charge cache writes" without saying which tokens. By default
-    ``written_tokens`` is 0; with ``count_writes=True`` the tokens beyond the hit of a
-    request of at least ``min_tokens`` tokens (the tail it adds to the cache) are reported as
-    written, so a profile with a write price (e.g. ``gpt-6-luna``) bills them at it.
+    ``cached_tokens`` is the longest common prefix with any earlier request, rounded down to a
+    multiple of ``increment`` (128), and 0 below ``min_tokens`` (1,024); every request is then
+    stored. Each stored request keeps the digests of its prefixes ending on a 128-token
+    boundary, so a lookup is one pass over the request whatever the number of requests. With
+    ``count_writes=True`` the tail beyond the hit of a request of at least ``min_tokens`` tokens
+    is reported as written (for profiles with a write price such as ``gpt-6-luna``).
     """
 
     def __init__(
@@ -203,28 +151,14 @@ class OpenAICache:
 class AnthropicCache:
     """Anthropic's explicit (``cache_control``) prompt cache for one simulated conversation.
 
-    A request comes as its token ids plus ``breakpoints``: the token offsets where the blocks
-    it marks with ``cache_control`` end (the cached prefix is ``tokens[:b]``). Rules
-    implemented (reference §3, Anthropic row, from Anthropic's prompt-caching docs):
-
-    - At most 4 breakpoints ("≤ 4 breakpoints"); more are refused with ``ValueError`` (the
-      API rejects such a request, it does not silently drop some). Offsets must be strictly
-      increasing and within ``[1, len(tokens)]``.
-    - No breakpoint, no caching: the request neither reads nor writes ("explicit").
-    - Writes: each breakpoint ``b >= min_tokens`` writes the prefix ``tokens[:b]``; shorter
-      prefixes cannot be cached (minimum cacheable length, 1,024 by default, 2,048 or 4,096
-      on some models). The billed ``written_tokens`` are the tokens from the hit up to the
-      newest (last) breakpoint, billed at the write premium (1.25x for 5 minutes, 2x for 1
-      hour: pick the profile).
-    - Reads: the hit is the longest prefix written by an earlier request (at one of its
-      breakpoints) that is a prefix of this request and ends at or before this request's
-      newest breakpoint ("prefix hits up to the newest cache breakpoint the request marks",
-      ``EVALUATION.md``). With ``lookback=True`` (default) that earlier breakpoint need not
-      be marked again in this request: Anthropic looks back (~20 blocks) from a breakpoint
-      for earlier cache entries, which is what makes the usual pattern (one breakpoint
-      on the last message, moving every turn) hit at all. The ~20-block bound is not
-      enforced, as token sequences carry no block boundaries. With ``lookback=False`` only
-      this request's own breakpoints can hit (a strict reading).
+    A request comes as its token ids plus ``breakpoints``, the strictly increasing offsets where
+    its marked blocks end (at most ``max_breakpoints``, 4; more raise ``ValueError``, as the API
+    refuses them). No breakpoint, no caching. Each breakpoint ``b >= min_tokens`` writes
+    ``tokens[:b]``; the written tokens billed are those from the hit to the newest breakpoint.
+    The hit is the longest prefix an earlier request wrote that ends at or before this request's
+    newest breakpoint; with ``lookback=True`` (default) that earlier breakpoint need not be
+    marked again (Anthropic's ~20-block lookback, whose bound is not enforced), with
+    ``lookback=False`` only this request's own breakpoints can hit.
     """
 
     def __init__(

