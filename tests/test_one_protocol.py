@@ -267,3 +267,26 @@ def test_a_restored_state_that_fits_is_used() -> None:
     replay = copy.deepcopy(source)
     asyncio.run(second(replay))
     assert dump(replay) == dump(stored)
+
+
+def test_two_conversations_sharing_a_system_prompt_are_told_apart() -> None:
+    """Review finding: a shared system message made every conversation look like the bound one."""
+    system = Message("system", ["You are the deployment auditor."])
+    strategy = AnchoredCompactionStrategy(max_input_tokens=1_500, tokenizer=TOKENIZER, keep_tail_groups=2)
+    asyncio.run(strategy([copy.deepcopy(system), *tool_conversation()]))
+    other = [
+        copy.deepcopy(system),
+        Message("user", ["A different user's question."]),
+        Message("assistant", ["A different answer."]),
+    ]
+    before = dump(other)
+    with pytest.raises(RuntimeError, match="serves one conversation"):
+        asyncio.run(strategy(other))
+    assert dump(other) == before
+
+
+def test_the_same_conversation_growing_from_one_message_stays_bound() -> None:
+    strategy = AnchoredCompactionStrategy(max_input_tokens=1_500, tokenizer=TOKENIZER, keep_tail_groups=2)
+    source = tool_conversation()
+    for cut in range(1, len(source) + 1, 2):
+        asyncio.run(strategy(copy.deepcopy(source[:cut])))

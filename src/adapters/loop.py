@@ -31,7 +31,7 @@ from ..core.model import History
 from ..core.protocol import CoreStrategy, Done, Needs
 from .apply import apply
 from .base import ConfigT, ConfiguredStrategy
-from .convert import NOTE_KEY, RecordCache, is_summary
+from .convert import NOTE_KEY, WRITTEN_RECORD_KEY, RecordCache, is_injected, is_summary
 from .counting import MediaTokenEstimator, Tokenizer, as_estimator
 
 logger = logging.getLogger("maf_compaction")
@@ -55,7 +55,7 @@ class StateCell(Generic[S]):
 
     def __init__(self, value: S) -> None:
         self.value = value
-        self.conversation: str | None = None
+        self.conversation: tuple[str, ...] | None = None
         self._lock: asyncio.Lock | None = None
 
     @property
@@ -68,22 +68,36 @@ class StateCell(Generic[S]):
     def bind(self, messages: Sequence[Message], owner: str) -> None:
         """Bind to the conversation ``messages`` belong to; refuse another one.
 
-        A conversation is known by its first message of history: its id, or a digest of
-        its role and text when it has none, so a copy of the same conversation (loaded
-        copies, stored history, a deep copy, a restore) is the same conversation.
+        A conversation is known by its first few messages of history (each by its id, or a
+        digest of role and text when it has none), so a copy of the same conversation
+        (loaded copies, stored history, a deep copy, a restore) is the same conversation,
+        and two conversations that only share a system prompt or a templated first turn
+        are not. The known prefix grows with the conversation up to :data:`_KEY_MESSAGES`.
         """
-        key = conversation_key(messages)
-        if key is None:
+        prefix = conversation_key(messages)
+        if not prefix:
             return
-        if self.conversation is None:
-            self.conversation = key
+        bound = self.conversation
+        if bound is None:
+            self.conversation = prefix
             return
-        if key != self.conversation and not any(message_key(m) == self.conversation for m in messages):
-            raise RuntimeError(
-                f"{owner} serves one conversation ({self.conversation[:24]}...) but was called with another "
-                f"({key[:24]}...): build one strategy (and middleware, gate) per conversation, or serve many "
-                "through the session registry."
-            )
+        shared = min(len(bound), len(prefix))
+        if prefix[:shared] == bound[:shared]:
+            if len(prefix) > len(bound):
+                self.conversation = prefix
+            return
+        present = {message_key(m) for m in messages}
+        if all(key in present for key in bound):  # our own inserts moved, nothing was lost
+            return
+        raise RuntimeError(
+            f"{owner} serves one conversation (starting {bound[0][:24]}...) but was called with another "
+            f"(starting {prefix[0][:24]}...): build one strategy (and middleware, gate) per conversation, or "
+            "serve many through the session registry."
+        )
+
+
+#: How many first messages of history identify a conversation.
+_KEY_MESSAGES = 3
 
 
 def message_key(message: Message) -> str:
@@ -94,14 +108,17 @@ def message_key(message: Message) -> str:
     return f"sha256:{digest}"
 
 
-def conversation_key(messages: Iterable[Message]) -> str | None:
-    """The key of the first message of history (context providers' and our own messages aside)."""
+def conversation_key(messages: Iterable[Message]) -> tuple[str, ...]:
+    """The keys of the first messages of history (injected context and our own messages aside)."""
+    keys: list[str] = []
     for message in messages:
         props = message.additional_properties
-        if NOTE_KEY in props or "_attribution" in props or is_summary(message):
+        if NOTE_KEY in props or WRITTEN_RECORD_KEY in props or is_summary(message) or is_injected(message):
             continue
-        return message_key(message)
-    return None
+        keys.append(message_key(message))
+        if len(keys) == _KEY_MESSAGES:
+            break
+    return tuple(keys)
 
 
 def describe(before: History, messages: Sequence[Message], origin: int) -> str:
