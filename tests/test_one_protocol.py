@@ -290,3 +290,15 @@ def test_the_same_conversation_growing_from_one_message_stays_bound() -> None:
     source = tool_conversation()
     for cut in range(1, len(source) + 1, 2):
         asyncio.run(strategy(copy.deepcopy(source[:cut])))
+
+
+def test_a_restored_ask_counting_more_responses_than_the_conversation_has_is_refused() -> None:
+    """Review finding: a forged ``responses_at_ask`` kept an ask outstanding for ever."""
+    from maf_compaction import RecordDecisions, ToolResultAnchoredSummarizationCompactionStrategy
+    from maf_compaction.core.record_decisions import Ask
+
+    strategy = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=100_000, tokenizer=TOKENIZER)
+    forged = RecordDecisions(ask=Ask(targets=(1,), records_at_ask=1, responses_at_ask=2**31 - 1))
+    strategy.restore_decisions(forged.to_dict())
+    with pytest.raises(SnapshotError, match="responses_at_ask"):
+        asyncio.run(strategy(tool_conversation()))

@@ -350,6 +350,13 @@ def check(config: RecordConfig, state: RecordState, history: History) -> str | N
     for name, ordinal in named:
         if ordinal >= groups:
             return f"snapshot field {name!r} names tool group {ordinal}, but this conversation has {groups}"
+    if decisions.ask is not None:
+        responses = _responses(records)
+        if decisions.ask.responses_at_ask > responses:
+            return (
+                f"snapshot field 'ask.responses_at_ask' is {decisions.ask.responses_at_ask}, but this conversation "
+                f"has {responses} assistant responses (they only grow)"
+            )
     if config.fallback is not None:
         return anchored.check(config.fallback, state.fallback, history)
     return None
