@@ -39,7 +39,7 @@ IGNORED_LIMIT: Final = 2
 PinKind: TypeAlias = Literal["size", "reforce"]
 PIN_KINDS: Final = ("size", "reforce")
 RECALL_ENVELOPE: Final = Envelope(
-    "recall", 1, ("next_pin", "awaiting_record", "ignored_streak", "pin_disabled", "seen")
+    "recall", 1, ("next_pin", "in_flight", "awaiting_record", "ignored_streak", "pin_disabled", "seen")
 )
 _SEEN_FIELDS: Final = ("included_tokens", "records", "pending_groups")
 
@@ -90,6 +90,8 @@ class RecallState:
     Attributes:
         next_pin: The pin decided for the next request (``"reforce"`` when it serves an
             outstanding ask for uncovered groups), or ``None``.
+        in_flight: A pinned request is being sent (compaction passes inside it run before
+            the record it asks for exists).
         awaiting_record: The last completed call was forced; its record is not judged yet.
         ignored_streak: Consecutive pinned responses without a recall call.
         pin_disabled: The provider ignored two pins in a row, or a forced request failed:
@@ -98,6 +100,7 @@ class RecallState:
     """
 
     next_pin: PinKind | None = None
+    in_flight: bool = False
     awaiting_record: bool = False
     ignored_streak: int = 0
     pin_disabled: bool = False
@@ -110,6 +113,7 @@ def recall_to_dict(state: RecallState) -> dict[str, object]:
     return RECALL_ENVELOPE.write(
         {
             "next_pin": state.next_pin,
+            "in_flight": state.in_flight,
             "awaiting_record": state.awaiting_record,
             "ignored_streak": state.ignored_streak,
             "pin_disabled": state.pin_disabled,
@@ -137,6 +141,7 @@ def recall_from_dict(data: object) -> RecallState:
 
     return RecallState(
         next_pin="size" if pin == "size" else "reforce" if pin == "reforce" else None,
+        in_flight=fields.flag("in_flight"),
         awaiting_record=fields.flag("awaiting_record"),
         ignored_streak=fields.count("ignored_streak"),
         pin_disabled=fields.flag("pin_disabled"),
@@ -263,17 +268,17 @@ def advance(rule: PinRule, state: RecallState, event: Event) -> tuple[RecallStat
     if isinstance(event, RequestStarting):
         if state.next_pin is None or state.pin_disabled:
             return replace(state, next_pin=None), Unpinned()
-        return replace(state, next_pin=None), Pin(rule.record_max_tokens, state.next_pin)
+        return replace(state, next_pin=None, in_flight=True), Pin(rule.record_max_tokens, state.next_pin)
     if isinstance(event, ForcedReturned):
-        return replace(state, awaiting_record=True), Nothing()
+        return replace(state, in_flight=False, awaiting_record=True), Nothing()
     if isinstance(event, ForcedResponse):
         streak = 0 if event.called_recall else state.ignored_streak + 1
         if streak >= IGNORED_LIMIT and not state.pin_disabled:
             return replace(state, ignored_streak=streak, pin_disabled=True), Disable(streak)
         return replace(state, ignored_streak=streak), Nothing()
     if isinstance(event, ForcedFailed):
-        return replace(state, awaiting_record=False, pin_disabled=True), RetryUnpinned()
-    return replace(state, next_pin=event.pin, awaiting_record=False), Nothing()
+        return replace(state, in_flight=False, awaiting_record=False, pin_disabled=True), RetryUnpinned()
+    return replace(state, next_pin=event.pin, in_flight=False, awaiting_record=False), Nothing()
 
 
 def record_due(rule: PinRule, state: RecallState, *, reforce_pending: bool) -> bool:

@@ -662,12 +662,15 @@ def on_recall(rule: recall.PinRule, state: RecordState, event: recall.Event) -> 
 def record_due(state: RecordState) -> bool:
     """Is a record outstanding or about to be asked for? (A composition waits on it.)
 
-    True while an ask for uncovered groups is outstanding, or when the recall protocol
-    has decided to pin the next request.
+    True while an ask for uncovered groups is outstanding, while a pinned request is in
+    flight (a pass inside it runs before its record exists), or when the recall protocol
+    has decided to pin the next request; never once pinning is disabled (no record will
+    be forced, so nothing is worth waiting for).
     """
-    if state.decisions.ask is not None:
-        return True
-    return state.recall.next_pin is not None and not state.recall.pin_disabled
+    recall = state.recall
+    if recall.pin_disabled:
+        return False
+    return state.decisions.ask is not None or recall.next_pin is not None or recall.in_flight
 
 
 def _hold_records(output: list[MessageRecord], grouping: Grouping, found: frozenset[int]) -> None:
