@@ -299,6 +299,27 @@ def test_record_text_reads_the_record_the_model_wrote() -> None:
     assert record_text(by_id(messages, "r0"), messages) == ""
 
 
+def test_the_record_halfs_take_reforce_shares_the_compositions_one_state_value() -> None:
+    strategy = build(100_000)
+    messages = conversation(6, covers=(0, 1, 2))
+    run(strategy, messages)
+    ask = strategy.decision_state().records.decisions.ask
+    assert ask is not None
+    assert ask.targets == (3, 4, 5)
+    assert not ask.taken
+    assert strategy.tool_results.decision_state().ask == ask
+    take = strategy.tool_results.take_reforce
+    assert take() is True
+    assert take() is False, "one ask pins one request"
+    taken = strategy.decision_state().records.decisions.ask
+    assert taken is not None
+    assert taken.taken, "the composition sees what the middleware took"
+    run(strategy, messages)
+    again = strategy.decision_state().records.decisions.ask
+    assert again is not None
+    assert again.taken, "a pass keeps the taken ask"
+
+
 # ----------------------------------------------------------------------------- the record half
 
 
