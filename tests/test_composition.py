@@ -485,6 +485,19 @@ def test_shed_removes_whole_unrecorded_groups_oldest_first_named_in_a_warning_wi
     assert size(messages) <= budget
 
 
+def test_shed_never_removes_a_record_or_a_user_turn() -> None:
+    budget, messages = _over_by_groups(2)
+    strategy = build(budget)
+    run(strategy, messages)
+    report = strategy.last_report
+    assert report is not None
+    assert report.shed is not None
+    assert report.shed.shed
+    assert not excluded(by_id(messages, "rc1"))
+    assert not excluded(by_id(messages, "rr1"))
+    assert not [m.message_id for m in messages if m.role == "user" and excluded(m)]
+
+
 def test_a_shed_replays_on_the_other_list_and_after_a_restore() -> None:
     budget, messages = _over_by_groups(1)
     strategy = build(budget)

@@ -238,6 +238,23 @@ def test_no_summarizer_request_is_sent_twice_for_one_state(case: Case) -> None:
 
 
 @given(cases())
+def test_a_call_and_its_result_stay_or_leave_together(case: Case) -> None:
+    messages = deep_copy_messages(case.history)
+    if run(build(case, ScriptedSummarizer(extractive)), messages) is not None:
+        return
+    state: dict[str, set[bool]] = {}
+    calls: dict[str, int] = {}
+    for message in messages:
+        for content in message.contents:
+            if content.type in ("function_call", "function_result") and content.call_id:
+                state.setdefault(content.call_id, set()).add(bool(message.additional_properties.get(EXCLUDED_KEY)))
+                calls[content.call_id] = calls.get(content.call_id, 0) + (content.type == "function_call")
+    # A call id the generator reuses for several calls names no single pair: only unique ids are judged.
+    split = sorted(call_id for call_id, flags in state.items() if len(flags) > 1 and calls[call_id] == 1)
+    assert not split, f"calls split from their results: {split}\n{describe(case.history)}"
+
+
+@given(cases())
 def test_a_pass_meets_the_budget_or_raises_and_leaves_the_list_untouched(case: Case) -> None:
     messages = deep_copy_messages(case.history)
     before = dump(messages)
