@@ -32,6 +32,7 @@ from agent_framework import ChatResponse, ChatResponseUpdate, Message, ResponseS
 from agent_framework._compaction import EXCLUDE_REASON_KEY
 
 from maf_compaction import (
+    CompactionBudgetExceeded,
     RecallGate,
     ToolResultAnchoredSummarizationCompactionStrategy,
     ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy,
@@ -47,6 +48,7 @@ from maf_compaction.bench.runner import Settings, load_scenario, stored_messages
 from maf_compaction.bench.scenario import Scenario
 from maf_compaction.bench.simulator import get_profile
 from maf_compaction.core.anchored import TOOL_NOTE_PREFIX
+from maf_compaction.core.composition import OverflowPolicy
 from offline_tokenizers import offline_tiktoken
 
 SETTINGS: Final = Settings()  # a 32,000-token window, 2,048 output tokens
@@ -124,7 +126,7 @@ class Run:
 
 
 def readme_wiring(
-    summarizer: Any, *, min_groups_before_repeat: int
+    summarizer: Any, *, min_groups_before_repeat: int, overflow_policy: OverflowPolicy = "shed"
 ) -> tuple[ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy, ToolResultRecallMiddleware, Any]:
     """The README's composition: both halves, the gate, the recall tool and its middleware."""
     records = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=BUDGET, tokenizer=TOKENIZER)
@@ -136,7 +138,7 @@ def readme_wiring(
         remembered_requests=2,
     )
     strategy = ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
-        tokenizer=TOKENIZER, tool_results=records, user_turns=users
+        tokenizer=TOKENIZER, tool_results=records, user_turns=users, overflow_policy=overflow_policy
     )
     gate = RecallGate()
     recall = ToolResultRecallMiddleware(
@@ -152,14 +154,16 @@ def readme_wiring(
     return strategy, recall, make_recall_tool(gate, target_tokens=2_000)
 
 
-async def _play(scenario: Scenario, harness: Mapping[str, Any], *, stream: bool, repeat: int) -> Run:
+async def _play(
+    scenario: Scenario, harness: Mapping[str, Any], *, stream: bool, repeat: int, policy: OverflowPolicy = "shed"
+) -> Run:
     provider = SimulatedProvider(
         encoder=TOKENIZER, window=WINDOW, profile=get_profile(SETTINGS.profile), cache=SETTINGS.cache
     )
     model = ScriptedModel(scenario, ModelOptions(seed=SEED))
     client = ModelClient(model=model, provider=provider)
     summarizer = SimulatedChatClient(model=model, provider=provider, kind="summarizer")
-    strategy, recall, recall_tool = readme_wiring(summarizer, min_groups_before_repeat=repeat)
+    strategy, recall, recall_tool = readme_wiring(summarizer, min_groups_before_repeat=repeat, overflow_policy=policy)
     agent = create_harness_agent(
         client,
         agent_instructions=scenario.system,
@@ -280,3 +284,15 @@ async def test_whatever_left_the_prompt_unrecorded_and_unsummarized_is_named_in_
     if result.strategy.shed_events:
         notes = [m for m in result.stored if m.text.startswith(TOOL_NOTE_PREFIX)]
         assert notes or any(TOOL_NOTE_PREFIX in s for s in result.client.sent), "a shed left no note the model sees"
+
+
+async def test_raise_reaches_the_host_through_the_harness_where_shed_would_shed() -> None:
+    """README wiring, fill 3.0: where ``"shed"`` sheds (the xfail above), ``"raise"`` ends the run with the error."""
+    with tempfile.TemporaryDirectory(prefix="maf-e2e-composition-") as directory, contextlib.chdir(directory):
+        with pytest.raises(CompactionBudgetExceeded) as raised:
+            await _play(SCENARIOS[3.0], HARNESSES["no-todo-no-mode"], stream=False, repeat=4, policy="raise")
+        fits = await _play(SCENARIOS[1.5], HARNESSES["no-todo-no-mode"], stream=False, repeat=4, policy="raise")
+    assert raised.value.budget == BUDGET
+    assert raised.value.needed > BUDGET
+    assert fits.strategy.budget_failures == 0
+    assert len(fits.replies) == len(SCENARIOS[1.5].turns)
