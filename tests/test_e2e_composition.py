@@ -221,6 +221,8 @@ async def test_both_halves_work_in_the_run(
     assert strategy.tool_results.groups_covered > 0, "no record covered a tool group"
     assert result.recall.forced_calls > 0
     assert strategy.budget_failures == 0
+    if fill > 2:
+        assert strategy.user_turns.user_compactions > 0, "past twice the window the user half must summarise"
 
 
 @MATRIX
