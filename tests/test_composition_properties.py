@@ -1,0 +1,296 @@
+"""Property-based tests of the composition over generated histories.
+
+Each history comes from ``histories.py`` (user turns, some pasted or with media, tool
+rounds with reasoning, parallel calls, late results, tables and planted codes), with a
+record appended now and then (``records_for`` from the record properties: it quotes all,
+some or none of each earlier result). The budget is drawn as a share of the history's
+own size, so passes land below the trigger, between the trigger and the budget, and far
+over it; the overflow policy and whether the recall protocol has a pin pending (a record
+is due, so the user half may wait) are drawn too. The summarizer is the extractive
+``ScriptedSummarizer`` (a framework chat client whose model is a script).
+
+Properties, one sentence each:
+
+- nothing leaves the prompt unless a record covers it, a summary links to it, or a
+  WARNING names it;
+- the same state gives the same bytes on the in-call copies (with injected context), on
+  the stored history and on a deep copy (the in-call copies may raise where the stored
+  history fits: the injected context counts toward the budget);
+- no summarizer request is sent twice for one state;
+- a pass meets the budget (by the package's one definition of the sent size, recomputed
+  from the list) or raises ``CompactionBudgetExceeded`` and leaves the list untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+from agent_framework import CharacterEstimatorTokenizer, Message
+from agent_framework._compaction import EXCLUDE_REASON_KEY
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.strategies import DrawFn
+
+from histories import conversations, deep_copy_messages, describe, is_injected_todo, with_injected_context
+from maf_compaction import (
+    CompactionBudgetExceeded,
+    ToolResultAnchoredSummarizationCompactionStrategy,
+    ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy,
+    UserTurnAnchoredSummarizationCompactionStrategy,
+)
+from maf_compaction.adapters.convert import EXCLUDED_KEY, SUMMARIZED_BY_KEY, SUMMARY_KEY, to_history
+from maf_compaction.adapters.counting import as_estimator
+from maf_compaction.core.protocol import sent_tokens
+from maf_compaction.core.recall import RecallState
+from test_records_properties import records_for
+from test_user_summaries import ScriptedSummarizer, extractive
+
+TOKENIZER = CharacterEstimatorTokenizer()
+Composition = ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
+LINKED = frozenset({"user_turn_summarized", "user_summaries_folded"})
+RECORDED = "tool_summary_anchored"
+_PAD = "keep the export layout readable for the finance team"
+_NAMES = re.compile(r"excluded: (.*)$")
+
+
+@dataclass(frozen=True)
+class Case:
+    """A history and how the composition is configured for it."""
+
+    history: list[Message]
+    share: float
+    policy: str
+    pinned: bool
+    mode: str
+
+    def budget(self) -> int:
+        return max(1, int(size(self.history) * self.share))
+
+
+@st.composite
+def cases(draw: DrawFn) -> Case:
+    history = deep_copy_messages(draw(conversations(min_turns=3, max_turns=9)))
+    if draw(st.booleans()):  # chatty users: long turns, so the user half has a band worth a summary
+        for n, message in enumerate(history):
+            if message.role == "user" and all(c.type == "text" for c in message.contents):
+                message.contents[0].text = f"{message.text}\nRequirement RQ-{n:06X}: " + " ".join([_PAD] * 12)
+    if draw(st.booleans()):
+        history = [*history, *draw(records_for(history))]
+        history.append(Message("user", ["Go on."], message_id="after_record"))
+    return Case(
+        history=history,
+        share=draw(st.sampled_from([0.25, 0.5, 0.7, 0.9, 1.5])),
+        policy=draw(st.sampled_from(["shed", "raise"])),
+        pinned=draw(st.booleans()),
+        mode=draw(st.sampled_from(["boundary", "recompact", "fold"])),
+    )
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def size(messages: Sequence[Message]) -> int:
+    """The sent size of ``messages`` by the package's one definition, recomputed from the list."""
+    return sent_tokens(to_history(messages, as_estimator(TOKENIZER).parts, note_kind="anchored"))
+
+
+def build(case: Case, summarizer: ScriptedSummarizer) -> Composition:
+    budget = case.budget()
+    records = ToolResultAnchoredSummarizationCompactionStrategy(
+        max_input_tokens=budget, tokenizer=TOKENIZER, record_target_tokens=150
+    )
+    users = UserTurnAnchoredSummarizationCompactionStrategy(
+        max_input_tokens=budget,
+        tokenizer=TOKENIZER,
+        client=summarizer,
+        summary_mode=case.mode,  # type: ignore[arg-type]
+        remembered_requests=2,
+    )
+    strategy = Composition(
+        tokenizer=TOKENIZER,
+        tool_results=records,
+        user_turns=users,
+        overflow_policy=case.policy,  # type: ignore[arg-type]
+    )
+    if case.pinned:
+        cell = records.state_cell
+        cell.value = replace(cell.value, recall=RecallState(next_pin="size"))
+    return strategy
+
+
+def run(strategy: Composition, messages: list[Message]) -> CompactionBudgetExceeded | None:
+    try:
+        asyncio.run(strategy(messages))
+    except CompactionBudgetExceeded as error:
+        return error
+    return None
+
+
+def shown(messages: Sequence[Message]) -> list[str]:
+    """What the model is sent, message by message, as canonical JSON (injected context aside)."""
+    return [
+        json.dumps([m.role, m.to_dict(exclude_none=True).get("contents")], sort_keys=True, default=str)
+        for m in messages
+        if not m.additional_properties.get(EXCLUDED_KEY) and not is_injected_todo(m)
+    ]
+
+
+def dump(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    return [m.to_dict() for m in messages]
+
+
+@contextmanager
+def captured() -> Iterator[list[logging.LogRecord]]:
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("maf_compaction")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def named_in_warnings(records: Sequence[logging.LogRecord]) -> list[str]:
+    names: list[str] = []
+    for record in records:
+        if record.levelno >= logging.WARNING and (found := _NAMES.search(record.getMessage())):
+            names += [n.strip() for n in found.group(1).split(", ")]
+    return names
+
+
+def transcripts(summarizer: ScriptedSummarizer) -> list[str]:
+    return ["\n".join(m.text for m in request) for request in summarizer.requests]
+
+
+# ----------------------------------------------------------------------------- properties
+
+
+@given(cases())
+def test_nothing_leaves_the_prompt_unless_recorded_summarized_or_named_in_a_warning(case: Case) -> None:
+    messages = deep_copy_messages(case.history)
+    strategy = build(case, ScriptedSummarizer(extractive))
+    with captured() as logs:
+        failure = run(strategy, messages)
+    if failure is not None:
+        return  # the list is untouched (see the budget property)
+    names = named_in_warnings(logs)
+    summaries = {
+        m.message_id
+        for m in messages
+        if SUMMARY_KEY in m.additional_properties and not m.additional_properties.get(EXCLUDED_KEY)
+    }
+    before = {id(m) for m in case.history}
+    assert not before & {id(m) for m in messages}
+    for index, message in enumerate(messages):
+        props = message.additional_properties
+        if not props.get(EXCLUDED_KEY) or SUMMARY_KEY in props:
+            continue
+        reason = props.get(EXCLUDE_REASON_KEY)
+        if reason in LINKED:
+            assert props.get(SUMMARIZED_BY_KEY) in summaries, f"message {index} linked to no standing summary"
+            continue
+        label = message.message_id or f"<{message.role} message"
+        assert reason == RECORDED or any(n == label or n.startswith(label) for n in names), (
+            f"message {index} ({message.message_id}, reason {reason!r}) left without a WARNING naming it; "
+            f"named: {names}\n{describe(case.history)}"
+        )
+        if reason == RECORDED:
+            assert message.message_id is None or message.message_id in names
+
+
+@given(cases())
+def test_the_same_state_gives_the_same_bytes_on_both_lists_and_a_deep_copy(case: Case) -> None:
+    summarizer = ScriptedSummarizer(extractive)
+    strategy = build(case, summarizer)
+    copies = with_injected_context(case.history)
+    stored = deep_copy_messages(case.history)
+    first = run(strategy, copies)
+    second = run(strategy, stored)
+    if first is None:
+        assert second is None, "the stored history carries less than the in-call copies"
+    if second is not None:
+        return
+    if first is None:
+        assert shown(copies) == shown(stored)
+    again = deep_copy_messages(case.history)
+    assert run(strategy, again) is None
+    assert dump(again) == dump(stored)
+
+
+@given(cases())
+def test_no_summarizer_request_is_sent_twice_for_one_state(case: Case) -> None:
+    summarizer = ScriptedSummarizer(extractive)
+    strategy = build(case, summarizer)
+    failed = [run(strategy, lst) for lst in (with_injected_context(case.history), deep_copy_messages(case.history))]
+    if any(f is not None for f in failed):
+        return  # a failed pass keeps no answer: see test_composition's strict xfail for the repeat it causes
+    run(strategy, deep_copy_messages(case.history))
+    sent = transcripts(summarizer)
+    assert len(sent) == len(set(sent)), f"{len(sent)} requests, {len(set(sent))} distinct"
+
+
+@given(cases())
+def test_a_call_and_its_result_stay_or_leave_together(case: Case) -> None:
+    messages = deep_copy_messages(case.history)
+    if run(build(case, ScriptedSummarizer(extractive)), messages) is not None:
+        return
+    state: dict[str, set[bool]] = {}
+    calls: dict[str, int] = {}
+    for message in messages:
+        for content in message.contents:
+            if content.type in ("function_call", "function_result") and content.call_id:
+                state.setdefault(content.call_id, set()).add(bool(message.additional_properties.get(EXCLUDED_KEY)))
+                calls[content.call_id] = calls.get(content.call_id, 0) + (content.type == "function_call")
+    # A call id the generator reuses for several calls names no single pair: only unique ids are judged.
+    split = sorted(call_id for call_id, flags in state.items() if len(flags) > 1 and calls[call_id] == 1)
+    assert not split, f"calls split from their results: {split}\n{describe(case.history)}"
+
+
+@given(cases())
+def test_a_pass_meets_the_budget_or_raises_and_leaves_the_list_untouched(case: Case) -> None:
+    messages = deep_copy_messages(case.history)
+    before = dump(messages)
+    strategy = build(case, ScriptedSummarizer(extractive))
+    failure = run(strategy, messages)
+    budget = case.budget()
+    if failure is None:
+        assert size(messages) <= budget
+    else:
+        assert dump(messages) == before
+        assert failure.budget == budget
+        assert failure.needed > budget
+
+
+def test_the_generator_reaches_every_outcome() -> None:
+    """The properties are not vacuous: over the sample, passes fit, shed, summarise, wait and raise."""
+    seen: dict[str, int] = {"fit": 0, "raised": 0, "shed": 0, "summarized": 0, "waited": 0, "recorded": 0}
+
+    @given(cases())
+    def sample(case: Case) -> None:
+        strategy = build(case, ScriptedSummarizer(extractive))
+        messages = deep_copy_messages(case.history)
+        if run(strategy, messages) is not None:
+            seen["raised"] += 1
+            return
+        seen["fit"] += 1
+        report = strategy.last_report
+        assert report is not None
+        seen["shed"] += bool(report.shed is not None and report.shed.shed)
+        seen["summarized"] += report.users is not None and report.users.summary_id is not None
+        seen["waited"] += report.waited
+        seen["recorded"] += bool(report.records.covered)
+
+    sample()
+    assert all(seen.values()), seen
