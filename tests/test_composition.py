@@ -597,15 +597,6 @@ def test_a_due_record_never_makes_a_pass_fail_that_the_user_half_fits() -> None:
     assert strategy.last_report.tokens_after <= budget
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=(
-        "defect: a pass that asks the summarizer and then answers CompactionBudgetExceeded drops the answer "
-        "(the loop raises before the absorbed state is stored), so the next pass on the same list and the same "
-        "state sends the identical summarizer request again"
-    ),
-)
 def test_a_pass_that_raises_never_repeats_its_summarizer_request() -> None:
     summarizer = ScriptedSummarizer(extractive)
     messages = chat(12)
@@ -613,25 +604,18 @@ def test_a_pass_that_raises_never_repeats_its_summarizer_request() -> None:
     messages[-1].additional_properties[PRESERVED_KEY] = True
     budget = measured(messages)[0] // 3
     strategy = build(budget, summarizer=summarizer, overflow_policy="raise")
-    for _ in range(2):
-        with pytest.raises(CompactionBudgetExceeded):
+    raised = 0
+    for _ in range(6):  # a pass that summarised ends over the budget (the next continues); then it raises
+        try:
             run(strategy, messages)
+        except CompactionBudgetExceeded:
+            raised += 1
+    assert raised >= 1
     assert summarizer.calls >= 1
     transcripts = [summarizer.transcript(i) for i in range(summarizer.calls)]
     assert len(set(transcripts)) == len(transcripts), f"{summarizer.calls} calls for {len(set(transcripts))} request(s)"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=(
-        "defect: once the recall middleware has disabled forcing (pin_disabled, after two ignored pins or a failed "
-        "forced request) the README says the composition stops waiting for a new record; but core.records."
-        "record_due answers True for any outstanding ask regardless of pin_disabled, so a pass whose record half "
-        "asks for uncovered groups still makes the user half wait (up to two responses) for a record nobody will "
-        "force"
-    ),
-)
 def test_no_wait_once_forcing_is_disabled() -> None:
     summarizer = ScriptedSummarizer(extractive)
     messages = conversation(6, covers=(0, 1, 2))

@@ -266,7 +266,10 @@ def test_a_pass_meets_the_budget_or_raises_and_leaves_the_list_untouched(case: C
     failure = run(strategy, messages)
     budget = case.budget()
     if failure is None:
-        assert size(messages) <= budget
+        report = strategy.last_report
+        assert report is not None
+        # Over the budget only when the user half made progress (the next pass continues from it).
+        assert size(messages) <= budget or (report.over_budget and report.users is not None and report.users.replaced)
     else:
         assert dump(messages) == before
         assert failure.budget == budget

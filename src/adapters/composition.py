@@ -45,6 +45,11 @@ class _ComposedCell(StateCell[CompositionState]):
     def value(self) -> CompositionState:  # pyright: ignore[reportIncompatibleVariableOverride]
         return replace(self._own, records=self._records.value)
 
+    def restore(self, state: CompositionState) -> None:
+        """Replace the whole state, the recall protocol's included (a restore)."""
+        self._records.value = state.records
+        self._own = state
+
     @value.setter
     def value(self, state: CompositionState) -> None:
         # The recall protocol's state is the middleware's: a pass never changes it, and the
@@ -195,6 +200,13 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         data = state.to_dict() if isinstance(state, CompositionState) else state
         head = self._config.records.keep_head_groups
         self.restore_state(CompositionState.from_dict(data, keep_head_groups=head))
+
+    def restore_state(self, state: CompositionState) -> None:
+        """Continue from ``state`` (already read strictly), recall state included."""
+        super().restore_state(state)
+        cell = self._cell
+        assert isinstance(cell, _ComposedCell)
+        cell.restore(state)
 
     async def __call__(self, messages: list[Message]) -> bool:
         """Compact ``messages`` in place; True if anything changed.

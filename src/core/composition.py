@@ -334,6 +334,14 @@ def step(
             # The state to absorb into is the input state: the next step recomputes the rest.
             return Success(Needs(answer.requests, replace(state, users=answer.state)))
         output, users, user_report = answer.history, answer.state, answer.report
+    # Near the budget, ask for a record of what no record holds yet, before anything
+    # unrecorded has to be shed (the recall middleware pins the next request for it).
+    if (
+        sent_tokens(output) > config.records.fallback_tokens
+        and not record_state.recall.pin_disabled
+        and config.overflow_policy == "shed"
+    ):
+        record_state = replace(record_state, decisions=records.ask_for_pending(output, record_state.decisions))
     replaced = _Replaced(output, chain)
     _replay(config, replaced, measure)
     if sent_tokens(replaced.output) > budget:
@@ -354,8 +362,10 @@ def step(
     if config.overflow_policy == "shed" and (sent_tokens(output) > budget or _decided(shed_state)):
         output, shed_state, shed_report = _anchored(config.shed, shed_state, output, measure, {HOLD_RECORD})
     tokens_after = sent_tokens(output)
-    progressed = (user_report is not None and user_report.replaced) or replaced.applied > 0
-    if tokens_after > budget and not progressed:
+    # The user half makes one bounded request per pass: when it made progress the next pass
+    # continues from it (failing now would keep its summary off the list for ever).
+    progressed = user_report is not None and bool(user_report.replaced)
+    if tokens_after > budget and (not progressed or _protected_tokens(output) > budget):
         kept = "anchors, records and protected messages"
         if config.overflow_policy == "raise":
             kept += " and the uncovered results overflow_policy='raise' keeps"
@@ -593,6 +603,11 @@ def _apply_replacement(
     )
     rebuilt.insert(members[0], written)
     return pvector(rebuilt)
+
+
+def _protected_tokens(output: History) -> int:
+    """What no step may remove: records, host-preserved messages and injected context."""
+    return sum(r.tokens for r in output if not r.excluded and (r.held == HOLD_RECORD or r.preserved or r.injected))
 
 
 def _decided(state: AnchoredSnapshot) -> bool:

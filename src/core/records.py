@@ -209,6 +209,37 @@ def recall_status(history: Sequence[MessageRecord], grouping: Grouping | None = 
     )
 
 
+def ask_for_pending(history: History, decisions: RecordDecisions) -> RecordDecisions:
+    """``decisions`` with an ask for the tool groups after the newest record (none outstanding yet).
+
+    A composition near its budget asks for a record of what no record holds yet rather
+    than shed it unrecorded; the recall middleware pins the next request for the ask.
+    Unchanged when an ask is outstanding or nothing is pending.
+    """
+    if decisions.ask is not None:
+        return decisions
+    records = [r for r in history if not r.injected and not r.note]
+    recall_ids = recall_call_ids(records)
+    found = [k for k, r in enumerate(records) if is_record(r, recall_ids)]
+    newest = found[-1] if found else -1
+    ordinals: list[int] = []
+    ordinal = -1
+    for group in regroup(records).all:
+        if group.kind != "tool_call":
+            continue
+        ordinal += 1
+        if group.start <= newest or all(records[i].excluded for i in group.members):
+            continue
+        if _is_recall_group(records, group, recall_ids) or any(records[i].preserved for i in group.members):
+            continue
+        if ordinal not in decisions.settled:
+            ordinals.append(ordinal)
+    if not ordinals:
+        return decisions
+    ask = Ask(targets=tuple(ordinals), records_at_ask=len(found), responses_at_ask=_responses(records))
+    return replace(decisions, ask=ask)
+
+
 # ----------------------------------------------------------------------------------------
 # The pass
 # ----------------------------------------------------------------------------------------
