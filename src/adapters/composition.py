@@ -86,7 +86,9 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         harder_attempts: Harder rewrites of the merged record the chain may ask for after
             each merge (about 60%, then 36% of the length), at least 0.
         merge_prompt: The instructions for record merges (a default is provided).
-        chain_gain_fraction: The chain's break-even share, in [0, 1).
+        chain_gain_fraction: The break-even share, in [0, 1): while the prompt fits, the user
+            half is not asked for a summary whose turns are fewer tokens than this share of
+            everything behind them (its prefix break would cost more than it saves).
         overflow_policy: ``"shed"`` (default) or ``"raise"``.
 
     Attributes:

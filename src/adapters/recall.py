@@ -57,8 +57,6 @@ DEFAULT_TARGET_TOKENS: Final = 2_000
 DEFAULT_RECORD_MAX_TOKENS: Final = 4_000
 DEFAULT_TRIGGER_FRACTION: Final = 0.6
 DEFAULT_MIN_GROUPS_BEFORE_REPEAT: Final = 4
-#: Consecutive forced responses without a recall call after which forcing stops.
-#: The note kind of the anchored fallback's notes (they are not conversation history).
 #: Exceptions that stop a run on purpose: they are never retried and never judged.
 _ABORTS: Final = (MiddlewareTermination, MiddlewareFailure)
 
@@ -220,10 +218,11 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             trigger; ``None`` turns the bound off.
         repeat_records: Ask for further size-triggered records after the first.
         min_groups_before_repeat: New tool groups a further size-triggered record waits for.
-        reforce: Returns True, once per request, when the record strategy wants a record
-            again (its bound ``take_reforce``). If it is a bound method of an object with
-            ``bind_recall``, that is called with this middleware; an object with
-            ``reforce_pending`` provides the non-consuming peek :meth:`record_due` uses.
+        reforce: The record strategy's ``take_reforce``: the middleware then shares the
+            strategy's state (its outstanding ask for uncovered groups, read without a
+            call). Any other callable returning True once per wanted record is called once
+            per decision (never for the :meth:`record_due` preview); a host that wraps
+            ``take_reforce`` calls ``strategy.bind_recall(middleware)`` to share the state.
 
     Raises:
         ValueError: A parameter is outside its range (the message names it).

@@ -526,12 +526,12 @@ def _replay(config: CompositionConfig, work: _Replaced, measure: anchored.Measur
 
 
 def _next_replacement(config: CompositionConfig, work: _Replaced, measure: anchored.Measure) -> Summarize | None:
-    """The next replacement to ask for while over the budget, or ``None``; judges fresh answers first.
+    """The next replacement to ask for while over the budget, or ``None``.
 
-    A fresh answer (absorbed, not yet applied) is judged here: kept and applied, or
-    counted as refused. Then the merge of the oldest records that fit the request
-    bound (two at least), then the harder rewrites; an identity once judged is never
-    asked for again.
+    The merge of the oldest records that fit the request bound (two at least), then the
+    harder rewrites (at most ``harder_attempts`` since the last kept merge); an identity
+    once judged (kept, refused or failed) is never asked for again. Kept ones were
+    applied by :func:`_replay`; refused ones are counted in ``work.refused``.
     """
     items = _active_records(work.output, measure)
     limit = config.users.summary_input_limit

@@ -5,8 +5,8 @@ outgrows it. Requirements, constraints and corrections live there, so a summary 
 keep them, cost a model call as rarely as possible, and give identical bytes on both
 lists and after a restore. The rules, all pure:
 
-- Nothing happens at or below ``trigger_fraction`` of the budget (injected context
-  does not count).
+- Nothing happens at or below ``trigger_fraction`` of the budget (the prompt's size is
+  :func:`~.protocol.sent_tokens`: what the next request carries, injected context too).
 - The **anchors** are the first ``keep_head_user_turns`` and the last
   ``keep_tail_user_turns`` user turns (summaries count as turns). The **band** is what
   lies between: in ``recompact`` mode, or before any summary stands, every user turn
@@ -187,7 +187,7 @@ class UserReport:
     """What a pass did.
 
     Attributes:
-        tokens_before: Prompt tokens before the pass (injected context aside).
+        tokens_before: Prompt tokens before the pass (:func:`~.protocol.sent_tokens`).
         tokens_after: Prompt tokens after it.
         outcome: See :class:`Outcome`.
         summary_id: The summary (or fold) applied, refused or failed on this pass.
