@@ -120,11 +120,12 @@ _README_ROWS: Final = {
     "context_window": "framework default (`context_window`)",
     "anchored": "`AnchoredCompactionStrategy`",
     "tool_summary_anchored": "`ToolResultAnchoredSummarizationCompactionStrategy`",
+    "tool_and_user_summary_anchored": "`ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy` (preview)",
 }
 
 
 def render_readme(run: Run, summaries: Sequence[RowSummary]) -> str:
-    """The README's short table: four rows, cost against the control, hit share, facts, disqualifications."""
+    """The README's short table: five rows, cost against the control, hit share, facts, disqualifications."""
     table = _by_fill(summaries)
     fills = list(table)
     header = [

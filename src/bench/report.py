@@ -16,6 +16,7 @@ COLUMNS = (
     ("row", "row"),
     ("cost", "cost $"),
     ("vs", "vs none"),
+    ("gap", "gap closed"),
     ("hit", "hit%"),
     ("breaks", "breaks"),
     ("max", "max/window"),
@@ -36,6 +37,7 @@ def _cells(summary: RowSummary) -> dict[str, str]:
         "row": summary.row + (" (error)" if summary.errors else ""),
         "cost": f"{summary.cost:.4f}",
         "vs": "-" if summary.vs_none is None else f"{summary.vs_none:.2f}x",
+        "gap": "-" if summary.gap_closed is None or summary.row == "none" else f"{summary.gap_closed * 100:.0f}%",
         "hit": f"{summary.hit * 100:.1f}",
         "breaks": f"{summary.breaks:.1f}",
         "max": f"{summary.max_prompt_share:.2f}",
@@ -79,6 +81,12 @@ def render_table(summaries: Sequence[RowSummary], settings: Settings, *, workloa
             lines.append("  " + "  ".join(cells))
             if index == 0:
                 lines.append("  " + "  ".join("-" * w for w in widths))
+        floors = [s.floor for s in rows if s.row == "none" and s.floor is not None]
+        if floors:
+            lines.append(
+                f"  {'floor'.ljust(widths[0])}  {floors[0]:.4f}  (each call's new input and its output alone: "
+                "no strategy costs less)"
+            )
         for summary in rows:
             if summary.counters:
                 shown = ", ".join(f"{name.replace('_', ' ')} {value:g}" for name, value in summary.counters.items())
@@ -86,6 +94,7 @@ def render_table(summaries: Sequence[RowSummary], settings: Settings, *, workloa
         lines.append("")
     lines += [
         "cost: dollars over every call (summarizer calls included); vs none: per-seed ratio to the control;",
+        "gap closed: share of the distance from the control to the floor a row closes, (none - row) / (none - floor);",
         "hit%: cached / input tokens; breaks: model calls that do not extend the previous prompt;",
         "max/window: largest prompt over the window; DQ: calls over the window (row leaves the ranking);",
         "facts kept: planted values in the final stored history's included messages; acc: probe values quoted.",

@@ -25,6 +25,7 @@ from agent_framework import (
 )
 
 from ..adapters.anchored import AnchoredCompactionStrategy, MinimumGainAnchoredCompactionStrategy
+from ..adapters.composition import ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
 from ..adapters.recall import RecallGate, ToolResultRecallMiddleware, make_recall_tool
 from ..adapters.records import ToolResultAnchoredSummarizationCompactionStrategy
 from ..adapters.tiktoken import TiktokenTokenizer
@@ -150,6 +151,61 @@ def user_summary_row(context: RowContext, **strategy_options: Any) -> RowSetup:
     return RowSetup(before=strategy, after=strategy, counters=counters)
 
 
+def composed_row(context: RowContext, *, summary_mode: str = "boundary", overflow_policy: str = "shed") -> RowSetup:
+    """The composition wired as the README wires it: both halves, the gate, the recall tool and its middleware.
+
+    ``min_groups_before_repeat`` is 2 for the reason :func:`record_row` gives.
+    """
+    records = ToolResultAnchoredSummarizationCompactionStrategy(
+        max_input_tokens=context.budget, tokenizer=context.tokenizer
+    )
+    users = UserTurnAnchoredSummarizationCompactionStrategy(
+        max_input_tokens=context.budget,
+        tokenizer=context.tokenizer,
+        client=context.summarizer,
+        summary_mode=summary_mode,  # type: ignore[arg-type]
+        remembered_requests=2,
+    )
+    strategy = ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
+        tokenizer=context.tokenizer,
+        tool_results=records,
+        user_turns=users,
+        overflow_policy=overflow_policy,  # type: ignore[arg-type]
+    )
+    gate = RecallGate()
+    recall = ToolResultRecallMiddleware(
+        max_input_tokens=context.budget,
+        tokenizer=context.tokenizer,
+        arm=gate.arm,
+        disarm=gate.disarm,
+        trigger_fraction=records.trigger_fraction,
+        record_max_tokens=4_000,
+        min_groups_before_repeat=2,
+        reforce=records.take_reforce,
+    )
+
+    def counters() -> dict[str, float]:
+        return {
+            "records": records.records_in_conversation,
+            "groups_covered": records.groups_covered,
+            "summaries": users.user_compactions,
+            "user_passes_waited": strategy.user_passes_waited,
+            "records_replaced": strategy.records_replaced,
+            "replacements_refused": strategy.replacements_refused,
+            "shed_events": strategy.shed_events,
+            "budget_failures": strategy.budget_failures,
+            "summarizer_calls": users.summarizer_calls,
+        }
+
+    return RowSetup(
+        before=strategy,
+        after=strategy,
+        middleware=[recall],
+        tools=[make_recall_tool(gate, target_tokens=2_000)],
+        counters=counters,
+    )
+
+
 #: Built-in rows, in table order: name -> (factory, what it runs). A factory that returns a
 #: strategy runs it in both phases, as a ``--strategy`` row's does.
 _BUILT_IN: Final[Mapping[str, tuple[RowFactory, str]]] = {
@@ -208,6 +264,15 @@ _BUILT_IN: Final[Mapping[str, tuple[RowFactory, str]]] = {
     "user_summary_anchored_fold": (
         lambda c: user_summary_row(c, summary_mode="fold"),
         "UserTurnAnchoredSummarizationCompactionStrategy(..., summary_mode='fold')",
+    ),
+    "tool_and_user_summary_anchored": (
+        composed_row,
+        "ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(records, users in boundary mode) + the "
+        "recall wiring: the README's composition",
+    ),
+    "tool_and_user_summary_anchored_recompact": (
+        lambda c: composed_row(c, summary_mode="recompact"),
+        "ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(..., users in recompact mode)",
     ),
 }
 #: Built-in rows, in table order.

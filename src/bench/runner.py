@@ -29,7 +29,7 @@ from .provider import CacheKind, CallRecord, SimulatedProvider
 from .quiet import TimedStrategy, quiet_logs
 from .rows import RowContext, RowFactory, RowFactoryError, resolve_rows, setup_of
 from .scenario import GeneratorOptions, Scenario, generate
-from .simulator import get_profile
+from .simulator import PriceProfile, get_profile
 
 logger = logging.getLogger("maf_compaction")
 
@@ -103,6 +103,7 @@ class CellResult:
         counters: The row's own counters after the run (records, forced calls...).
         error: A failure that ended the run early, or ``None``.
         seconds: Wall time of the cell.
+        floor: Dollars of each model call's new input and its output alone (see ``_floor``).
     """
 
     row: str
@@ -128,6 +129,7 @@ class CellResult:
     counters: dict[str, float] = field(default_factory=dict[str, float])
     error: str | None = None
     seconds: float = 0.0
+    floor: float = 0.0
 
     @property
     def hit(self) -> float:
@@ -263,8 +265,26 @@ async def run_cell(
         if setup.counters is not None:
             result.counters = {name: float(value) for name, value in setup.counters().items()}
     _fill_figures(result, scenario, provider.calls, replies, stored_messages(session))
+    result.floor = _floor(provider.profile, provider.calls)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _floor(profile: PriceProfile, calls: Sequence[CallRecord]) -> float:
+    """Each model call's new input tokens and its output alone, in dollars: no strategy can cost less.
+
+    Exact for the control row (its prompts only grow); a compacting row's own prompts would
+    understate what each call brings, so the table takes the control's figure.
+    """
+    previous = 0
+    new = output = 0
+    for call in calls:
+        if call.kind != "model":
+            continue
+        new += max(call.input_tokens - previous, 0)
+        output += call.output_tokens
+        previous = call.input_tokens
+    return (new * profile.input + output * profile.output) / 1_000_000
 
 
 def _fill_figures(
@@ -414,6 +434,8 @@ class RowSummary:
     pass_ms_max: float | None
     errors: tuple[str, ...]
     counters: dict[str, float] = field(default_factory=dict[str, float])
+    floor: float | None = None
+    gap_closed: float | None = None
 
 
 #: The figures a summary averages over seeds, cell by cell.
@@ -430,9 +452,16 @@ def summarize(results: Sequence[CellResult]) -> list[RowSummary]:
     for result in results:
         groups.setdefault((result.fill, result.row), []).append(result)
     none_cost = {(r.fill, r.seed): r.cost for r in results if r.row == "none"}
+    floor = {(r.fill, r.seed): r.floor for r in results if r.row == "none"}
     summaries: list[RowSummary] = []
     for (fill, row), cells in groups.items():
         ratios = [c.cost / none_cost[(fill, c.seed)] for c in cells if none_cost.get((fill, c.seed))]
+        floors = [floor[(fill, c.seed)] for c in cells if (fill, c.seed) in floor]
+        gaps = [
+            (none_cost[(fill, c.seed)] - c.cost) / (none_cost[(fill, c.seed)] - floor[(fill, c.seed)])
+            for c in cells
+            if (fill, c.seed) in floor and none_cost[(fill, c.seed)] > floor[(fill, c.seed)]
+        ]
         passes = [ms for c in cells for ms in c.pass_ms]
         means = {name: statistics.fmean(getattr(c, name) for c in cells) for name in _MEANS}
         summaries.append(
@@ -449,6 +478,8 @@ def summarize(results: Sequence[CellResult]) -> list[RowSummary]:
                 pass_ms_max=max(passes) if passes else None,
                 errors=tuple(c.error for c in cells if c.error),
                 counters=_mean_counters(cells),
+                floor=statistics.fmean(floors) if floors else None,
+                gap_closed=statistics.fmean(gaps) if gaps else None,
                 **means,
             )
         )
