@@ -81,6 +81,24 @@ def _both(strategy: CompactionStrategy) -> RowSetup:
     return RowSetup(before=strategy, after=strategy)
 
 
+def _recall_wiring(
+    context: RowContext, records: ToolResultAnchoredSummarizationCompactionStrategy, *, min_groups_before_repeat: int
+) -> tuple[ToolResultRecallMiddleware, Any]:
+    """The README's recall wiring for a record half: a gate, its middleware and the recall tool."""
+    gate = RecallGate()
+    recall = ToolResultRecallMiddleware(
+        max_input_tokens=context.budget,
+        tokenizer=context.tokenizer,
+        arm=gate.arm,
+        disarm=gate.disarm,
+        trigger_fraction=records.trigger_fraction,
+        record_max_tokens=4_000,
+        min_groups_before_repeat=min_groups_before_repeat,
+        reforce=records.take_reforce,
+    )
+    return recall, make_recall_tool(gate, target_tokens=2_000)
+
+
 def record_row(context: RowContext, *, min_groups_before_repeat: int = 2, **strategy_options: Any) -> RowSetup:
     """The record strategy wired as the README wires it: strategy, gate, recall tool, middleware.
 
@@ -92,17 +110,7 @@ def record_row(context: RowContext, *, min_groups_before_repeat: int = 2, **stra
     strategy = ToolResultAnchoredSummarizationCompactionStrategy(
         max_input_tokens=context.budget, tokenizer=context.tokenizer, **strategy_options
     )
-    gate = RecallGate()
-    recall = ToolResultRecallMiddleware(
-        max_input_tokens=context.budget,
-        tokenizer=context.tokenizer,
-        arm=gate.arm,
-        disarm=gate.disarm,
-        trigger_fraction=strategy.trigger_fraction,
-        record_max_tokens=4_000,
-        min_groups_before_repeat=min_groups_before_repeat,
-        reforce=strategy.take_reforce,
-    )
+    recall, recall_tool = _recall_wiring(context, strategy, min_groups_before_repeat=min_groups_before_repeat)
 
     def counters() -> dict[str, float]:
         return {
@@ -122,13 +130,7 @@ def record_row(context: RowContext, *, min_groups_before_repeat: int = 2, **stra
             "pin_disabled": int(recall.pin_disabled),
         }
 
-    return RowSetup(
-        before=strategy,
-        after=strategy,
-        middleware=[recall],
-        tools=[make_recall_tool(gate, target_tokens=2_000)],
-        counters=counters,
-    )
+    return RowSetup(before=strategy, after=strategy, middleware=[recall], tools=[recall_tool], counters=counters)
 
 
 def user_summary_row(context: RowContext, **strategy_options: Any) -> RowSetup:
@@ -172,17 +174,7 @@ def composed_row(context: RowContext, *, summary_mode: str = "boundary", overflo
         user_turns=users,
         overflow_policy=overflow_policy,  # type: ignore[arg-type]
     )
-    gate = RecallGate()
-    recall = ToolResultRecallMiddleware(
-        max_input_tokens=context.budget,
-        tokenizer=context.tokenizer,
-        arm=gate.arm,
-        disarm=gate.disarm,
-        trigger_fraction=records.trigger_fraction,
-        record_max_tokens=4_000,
-        min_groups_before_repeat=2,
-        reforce=records.take_reforce,
-    )
+    recall, recall_tool = _recall_wiring(context, records, min_groups_before_repeat=2)
 
     def counters() -> dict[str, float]:
         return {
@@ -197,13 +189,7 @@ def composed_row(context: RowContext, *, summary_mode: str = "boundary", overflo
             "summarizer_calls": users.summarizer_calls,
         }
 
-    return RowSetup(
-        before=strategy,
-        after=strategy,
-        middleware=[recall],
-        tools=[make_recall_tool(gate, target_tokens=2_000)],
-        counters=counters,
-    )
+    return RowSetup(before=strategy, after=strategy, middleware=[recall], tools=[recall_tool], counters=counters)
 
 
 #: Built-in rows, in table order: name -> (factory, what it runs). A factory that returns a
