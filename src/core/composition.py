@@ -60,6 +60,8 @@ OVERFLOW_POLICIES: Final = ("shed", "raise")
 RECORD_WAIT_RESPONSES: Final = 2
 #: A shed result keeps nothing: sheds remove whole groups, they never shorten.
 _NO_SHORTENING: Final = 2**31 - 1
+#: The holds the shed policy may release: every hold but a record's own.
+_SHEDDABLE: Final = records.HOLD_REASONS - {HOLD_RECORD}
 #: Why the records a kept replacement stands for are excluded.
 MERGED_REASON: Final = "record_replaced"
 REPLACEMENT_ID_PREFIX: Final = "record_replacement_"
@@ -358,9 +360,11 @@ def step(
         fallback_config = config.records.fallback
         assert fallback_config is not None
         output = records.hold_unrecorded(output)
-        output, fallback_state, fallback_report = _anchored(fallback_config, fallback_state, output, measure, set())
+        output, fallback_state, fallback_report = _anchored(
+            fallback_config, fallback_state, output, measure, frozenset()
+        )
     if config.overflow_policy == "shed" and (sent_tokens(output) > budget or _decided(shed_state)):
-        output, shed_state, shed_report = _anchored(config.shed, shed_state, output, measure, {HOLD_RECORD})
+        output, shed_state, shed_report = _anchored(config.shed, shed_state, output, measure, _SHEDDABLE)
     tokens_after = sent_tokens(output)
     # The user half makes one bounded request per pass: when it made progress the next pass
     # continues from it (failing now would keep its summary off the list for ever).
@@ -432,8 +436,9 @@ class _Replaced:
 @dataclass(frozen=True, slots=True)
 class _Record:
     index: int  # into the history
-    body: str  # the record's values, without the record prefix
+    text: str  # the record's values, without the record prefix
     tokens: int  # as a written record message
+    run: int = 0  # records form one run: any prefix of them may be replaced together
 
 
 def _active_records(output: History, measure: anchored.Measure) -> list[_Record]:
@@ -486,7 +491,7 @@ def _prompts(config: CompositionConfig) -> list[tuple[Literal["merge", "rewrite"
 def _request(
     kind: Literal["merge", "rewrite"], prompt: str, items: Sequence[_Record], replacement_id: str
 ) -> Summarize:
-    transcript = "\n".join(f"{n}. {item.body}" for n, item in enumerate(items, start=1))
+    transcript = user_summaries.numbered(items)
     return Summarize(
         identity=identity("record_replacement", prompt, len(items), transcript),
         prompt=prompt,
@@ -504,7 +509,7 @@ def _acceptable(text: str | None, items: Sequence[_Record], measure: anchored.Me
     if _written_tokens(text, measure) >= sum(i.tokens for i in items):
         return False
     quoted = word_set(text)
-    return all(value in quoted for i in items for value in distinctive_values(i.body))
+    return all(value in quoted for i in items for value in distinctive_values(i.text))
 
 
 def _replay(config: CompositionConfig, work: _Replaced, measure: anchored.Measure) -> None:
@@ -546,7 +551,7 @@ def _next_replacement(config: CompositionConfig, work: _Replaced, measure: ancho
     for kind, prompt in _prompts(config):
         if kind == "rewrite" and rewrites >= config.harder_attempts:
             break
-        selected = _fit(prompt, items, limit, measure, minimum=2 if kind == "merge" else 1)
+        selected = user_summaries.select(prompt, items, limit, measure, minimum=2 if kind == "merge" else 1)
         if not selected:
             continue
         request = _request(kind, prompt, selected, f"{REPLACEMENT_ID_PREFIX}{number}")
@@ -556,20 +561,6 @@ def _next_replacement(config: CompositionConfig, work: _Replaced, measure: ancho
         if not _acceptable(judged.text, selected, measure):
             work.refused.add(judged.identity)  # refused (or failed) once: never asked for again
     return None
-
-
-def _fit(
-    prompt: str, items: Sequence[_Record], limit: int, measure: anchored.Measure, *, minimum: int
-) -> list[_Record]:
-    """The oldest items whose request fits ``limit`` (instructions, transcript, two messages' overhead)."""
-    selected: list[_Record] = []
-    used = measure(prompt) + 2 * MESSAGE_OVERHEAD_TOKENS
-    for item in items:
-        used += measure(f"{len(selected) + 1}. {item.body}") + 1
-        if used > limit:
-            break
-        selected.append(item)
-    return selected if len(selected) >= minimum else []
 
 
 def _apply_replacement(
@@ -620,26 +611,10 @@ def _anchored(
     state: AnchoredSnapshot,
     output: History,
     measure: anchored.Measure,
-    shed_holds: set[str],
+    releasable: frozenset[str],
 ) -> tuple[History, AnchoredSnapshot, Report]:
-    """Run the anchored rules with every held message protected, except holds in ``shed_holds``' complement.
-
-    ``shed_holds`` empty: every hold protects (the fallback with holds). Otherwise only
-    the named holds protect, so the rules may shed the other held groups whole.
-    """
-    keep = {r.origin: r.held for r in output if r.held is not None}
-
-    def protect(record: MessageRecord) -> MessageRecord:
-        if record.held is None or (shed_holds and record.held not in shed_holds):
-            return record if record.held is None else replace(record, held=None)
-        return replace(record, held=None, preserved=True)
-
-    ran = anchored.run(config, state, pvector(protect(r) for r in output), measure)
-    restored = pvector(
-        replace(r, held=keep[r.origin], preserved=False) if r.origin in keep and not r.excluded else r
-        for r in ran.history
-    )
-    return restored, ran.state, ran.report
+    ran = records.run_with_holds(config, state, output, measure, releasable=releasable)
+    return ran.history, ran.state, ran.report
 
 
 def _clock(history: History) -> int:

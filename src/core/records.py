@@ -346,13 +346,8 @@ def step(
     passed = rules(config, history, state.decisions, measure, grouping=_grouping(record_memo))
     report, output, fallback_state = passed.report, passed.history, state.fallback
     if report.fallback is not Fallback.NONE and config.fallback is not None:
-        view = pvector(r if r.held is None else replace(r, held=None, preserved=True) for r in output)
-        ran = anchored.run(config.fallback, state.fallback, view, measure, memo=fallback_memo)
-        holds = {r.origin: r.held for r in output if r.held is not None}
-        output = pvector(
-            replace(r, held=holds[r.origin], preserved=False) if r.origin in holds else r for r in ran.history
-        )
-        fallback_state, fallback_memo = ran.state, ran.memo
+        ran = run_with_holds(config.fallback, state.fallback, output, measure, memo=fallback_memo)
+        output, fallback_state, fallback_memo = ran.history, ran.state, ran.memo
         tokens = sent_tokens(output)
         report = replace(
             report,
@@ -361,6 +356,38 @@ def step(
         )
     new_state = RecordState(decisions=passed.decisions, fallback=fallback_state, recall=state.recall)
     return Success(Done(history=output, state=new_state, report=report, memo=(passed.grouping, fallback_memo)))
+
+
+def run_with_holds(
+    config: AnchoredConfig,
+    state: AnchoredSnapshot,
+    history: History,
+    measure: Measure,
+    *,
+    releasable: frozenset[str] = frozenset(),
+    memo: object = None,
+) -> anchored.AnchoredDone:
+    """The anchored rules on ``history`` with every held message protected, except holds in ``releasable``.
+
+    A hold is ours, not the host's preserve: the anchored rules see a held message as
+    preserved, and the hold comes back on every message still included afterwards. Holds
+    named in ``releasable`` do not protect, so the rules may shed those groups whole.
+    """
+    keep = {r.origin: r.held for r in history if r.held is not None}
+
+    def view(record: MessageRecord) -> MessageRecord:
+        if record.held is None:
+            return record
+        if record.held in releasable:
+            return replace(record, held=None)
+        return replace(record, held=None, preserved=True)
+
+    ran = anchored.run(config, state, pvector(view(r) for r in history), measure, memo=memo)
+    restored = pvector(
+        replace(r, held=keep[r.origin], preserved=False) if r.origin in keep and not r.excluded else r
+        for r in ran.history
+    )
+    return replace(ran, history=restored)
 
 
 def absorb(state: RecordState, answers: Sequence[tuple[Request, str | None]]) -> RecordState:

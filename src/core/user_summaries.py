@@ -40,7 +40,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Final, Literal, TypeAlias
+from typing import Final, Literal, Protocol, TypeAlias, TypeVar
 
 from pyrsistent import pvector
 from returns.result import Success
@@ -322,14 +322,14 @@ def pass_(
     if pending:
         # Descriptions first: the transcript (and so the request) depends on them.
         return Needs(pending, snapshot)
-    selected = _select(config.prompt, items, config.summary_input_limit, measure)
+    selected = select(config.prompt, items, config.summary_input_limit, measure)
     # A request must hold a user turn: our own summaries alone under the user-turn prompt
     # would be a fold in disguise, refused for not being smaller on every later pass.
     # Leading summaries that leave no room for a turn stay standing; the turns after them
     # are summarised instead, so a long history still progresses within the bound.
     while selected and all(records[i.index].summary for i in selected):
         items = items[1:]
-        selected = _select(config.prompt, items, config.summary_input_limit, measure)
+        selected = select(config.prompt, items, config.summary_input_limit, measure)
     if not selected:
         return p.done(Outcome.NOTHING_FITS, band_tokens=eligible_tokens, protected=protected)
     summary_id = _next_id(SUMMARY_ID_PREFIX, snapshot.compactions, records, exclude_prefix=FOLD_ID_PREFIX)
@@ -427,11 +427,25 @@ def _summary_body(record: MessageRecord) -> str:
     return text[len(USER_SUMMARY_MARKER) :].lstrip("\n") if text.startswith(USER_SUMMARY_MARKER) else text
 
 
-def _numbered(items: Sequence[_Item]) -> str:
+class Selectable(Protocol):
+    """An item a bounded request may carry: its text, and the run it belongs to."""
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def run(self) -> int: ...
+
+
+ItemT = TypeVar("ItemT", bound=Selectable)
+
+
+def numbered(items: Sequence[Selectable]) -> str:
+    """The request's transcript: the items' texts, numbered from 1."""
     return "\n".join(f"{number}. {item.text}" for number, item in enumerate(items, start=1))
 
 
-def _select(prompt: str, items: Sequence[_Item], limit: int, measure: Measure, *, minimum: int = 1) -> list[_Item]:
+def select(prompt: str, items: Sequence[ItemT], limit: int, measure: Measure, *, minimum: int = 1) -> list[ItemT]:
     """The oldest whole items whose request (instructions plus transcript) fits ``limit``.
 
     Items are added while the sum of their standalone counts fits and they belong to the
@@ -442,7 +456,7 @@ def _select(prompt: str, items: Sequence[_Item], limit: int, measure: Measure, *
     """
     framing = 2 * MESSAGE_OVERHEAD_TOKENS
     budget = limit - measure(prompt) - framing
-    chosen: list[_Item] = []
+    chosen: list[ItemT] = []
     used = 0
     for number, item in enumerate(items, start=1):
         cost = measure(f"{number}. {item.text}")
@@ -450,13 +464,13 @@ def _select(prompt: str, items: Sequence[_Item], limit: int, measure: Measure, *
             break
         chosen.append(item)
         used += cost
-    while len(chosen) >= minimum and measure(prompt) + measure(_numbered(chosen)) + framing > limit:
+    while len(chosen) >= minimum and measure(prompt) + measure(numbered(chosen)) + framing > limit:
         chosen.pop()
     return chosen if len(chosen) >= minimum else []
 
 
 def _request(kind: Literal["summary", "fold"], prompt: str, items: Sequence[_Item], summary_id: str) -> Summarize:
-    transcript = _numbered(items)
+    transcript = numbered(items)
     return Summarize(
         identity=identity(kind, prompt, transcript, len(items)),
         prompt=prompt,
@@ -572,7 +586,7 @@ def _fold(p: _Pass) -> UserNeeds | UserDone:
     """Fold the oldest standing summaries that fit, if the saving pays for the break it causes."""
     config, records = p.config, p.records
     items = [_Item(k, _summary_body(records[k]), records[k].tokens) for k in p.standing]
-    selected = _select(config.fold_prompt, items, config.summary_input_limit, p.measure, minimum=2)
+    selected = select(config.fold_prompt, items, config.summary_input_limit, p.measure, minimum=2)
     if not selected:
         return p.done(Outcome.NOTHING_FITS)
     sizes = [i.tokens for i in selected]
