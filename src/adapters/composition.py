@@ -139,13 +139,12 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
                 "user_turns must keep remembered_requests >= 2 in the boundary and fold modes (a composed pass "
                 f"asks for a summary on one list and replays it on the other), got {users.remembered_requests}"
             )
-        core.validate(harder_attempts=harder_attempts, chain_gain_fraction=chain_gain_fraction)
         if merge_prompt is not None and (not isinstance(merge_prompt, str) or not merge_prompt.strip()):
             raise ValueError(f"merge_prompt must be a non-empty string or None, got {merge_prompt!r}")
         trigger = tool_results.trigger_fraction if user_trigger_fraction is None else user_trigger_fraction
         config = CompositionConfig(
             records=tool_results.config,
-            users=replace(users, trigger_fraction=trigger, min_gain_fraction=float(chain_gain_fraction)),
+            users=replace(users, trigger_fraction=trigger, min_gain_fraction=chain_gain_fraction),
             overflow_policy=overflow_policy,
             merge_prompt=core.DEFAULT_MERGE_PROMPT if merge_prompt is None else merge_prompt,
             harder_attempts=harder_attempts,

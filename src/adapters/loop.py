@@ -28,7 +28,7 @@ from ..core.checks import require_tokenizer
 from ..core.effects import Request
 from ..core.errors import CompactionBudgetExceeded, SnapshotError
 from ..core.model import History
-from ..core.protocol import CoreStrategy, Done, Needs
+from ..core.protocol import CoreStrategy, Done, Needs, differs
 from .apply import apply
 from .base import ConfigT, ConfiguredStrategy
 from .convert import NOTE_KEY, WRITTEN_RECORD_KEY, RecordCache, is_injected, is_summary
@@ -228,7 +228,7 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
     def _finish(self, messages: list[Message], before: History, done: Done[S, R], fresh: set[str]) -> bool:
         self._cell.value = done.state
         self._memo = done.memo
-        changed = _differs(before, done.history)
+        changed = differs(before, done.history)
         self._observe(done.report, before, messages, fresh)
         if changed:
             self._name_exclusions(before, done.history, messages)  # named as the list was handed in
@@ -285,12 +285,3 @@ EXCLUSION_CAUSES: dict[str, str] = {
     "user_summaries_folded": "folded into a newer summary that links to them",
     "record_replaced": "replaced by a written record that quotes every value and links to them",
 }
-
-
-def _differs(before: History, after: History) -> bool:
-    if len(before) != len(after):
-        return True
-    return any(
-        a is not b and (a.note != b.note or a.excluded != b.excluded or a.held != b.held or a.parts != b.parts)
-        for a, b in zip(before, after, strict=True)
-    )

@@ -43,7 +43,7 @@ from .counting import MESSAGE_OVERHEAD_TOKENS, Measure
 from .effects import Request
 from .grouping import Grouping, regroup
 from .model import Group, History, MessageRecord, Part
-from .protocol import Done, StepResult, sent_tokens
+from .protocol import Done, StepResult, differs, sent_tokens
 from .shorten import shorten
 from .snapshot import AnchoredSnapshot
 
@@ -274,7 +274,7 @@ def run(
         tokens_before=sent_tokens(history),
         tokens_after=tokens_after,
         ceiling=limit,
-        changed=_differs(history, output),
+        changed=differs(history, output),
         shed=tuple(plan.newly_shed),
         joined=tuple(plan.newly_joined),
         shortened=shortened,
@@ -627,12 +627,3 @@ def _note_text(members: Sequence[MessageRecord], kind: str) -> str:
     if not names:
         return TOOL_NOTE_PREFIX + "]"
     return f"{TOOL_NOTE_PREFIX} ({', '.join(names)})]"
-
-
-def _differs(before: Sequence[MessageRecord], after: Sequence[MessageRecord]) -> bool:
-    if len(before) != len(after):
-        return True
-    return any(
-        a is not b and (a.note != b.note or a.excluded != b.excluded or a.parts != b.parts)
-        for a, b in zip(before, after, strict=True)
-    )

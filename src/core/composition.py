@@ -38,7 +38,7 @@ from returns.result import Failure, Success
 
 from . import anchored, records, user_summaries
 from .anchored import AnchoredConfig, Report
-from .checks import is_number, require_int
+from .checks import require_int
 from .counting import MESSAGE_OVERHEAD_TOKENS
 from .effects import Request, Summarize, identity
 from .envelope import Envelope
@@ -633,10 +633,3 @@ def _wait(chain: ChainDecisions, clock: int, *, due: bool, count: int) -> tuple[
     if clock - chain.wait_since >= RECORD_WAIT_RESPONSES:
         return replace(chain, wait_since=None, declined_behind=count), False
     return chain, True
-
-
-def validate(*, harder_attempts: object, chain_gain_fraction: object) -> None:
-    """The chain parameters' ranges (``ValueError`` naming the parameter)."""
-    require_int("harder_attempts", harder_attempts, minimum=0)
-    if not is_number(chain_gain_fraction) or not 0 <= float(chain_gain_fraction) < 1:  # pyright: ignore[reportArgumentType]
-        raise ValueError(f"chain_gain_fraction must be in [0, 1), got {chain_gain_fraction!r}")

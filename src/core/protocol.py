@@ -100,3 +100,14 @@ def sent_tokens(history: Iterable[MessageRecord]) -> int:
     share of it) counts this; nothing else.
     """
     return sum(record.tokens for record in history if not record.excluded)
+
+
+def differs(before: Sequence[MessageRecord], after: Sequence[MessageRecord]) -> bool:
+    """Whether ``after`` changes what ``before`` holds: a message added or removed, or one's
+    inclusion, hold or parts (records the core left alone are the same objects)."""
+    if len(before) != len(after):
+        return True
+    return any(
+        a is not b and (a.note != b.note or a.excluded != b.excluded or a.held != b.held or a.parts != b.parts)
+        for a, b in zip(before, after, strict=True)
+    )
