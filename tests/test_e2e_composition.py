@@ -44,7 +44,7 @@ from maf_compaction.adapters.convert import EXCLUDED_KEY
 from maf_compaction.bench.client import SimulatedChatClient, scenario_tools
 from maf_compaction.bench.model import ModelOptions, ScriptedModel, context_text
 from maf_compaction.bench.provider import CallRecord, SimulatedProvider
-from maf_compaction.bench.runner import Settings, load_scenario, stored_messages
+from maf_compaction.bench.runner import Settings, load_scenario, run_turn, stored_messages
 from maf_compaction.bench.scenario import Scenario
 from maf_compaction.bench.simulator import get_profile
 from maf_compaction.core.anchored import TOOL_NOTE_PREFIX
@@ -208,13 +208,7 @@ async def _play(
     replies: list[str] = []
     for number, turn in enumerate(scenario.turns, start=1):
         provider.turn = number
-        if stream:
-            updates = agent.run(turn.user, session=session, stream=True)
-            async for _ in updates:
-                pass
-            response = await updates.get_final_response()
-        else:
-            response = await agent.run(turn.user, session=session)
+        response = await run_turn(agent, turn.user, session=session, stream=stream)
         replies.append(response.text)
     assert all(s is stream for s in client.streamed)
     return Run(scenario, client, strategy, recall, stored_messages(session), replies)

@@ -47,7 +47,7 @@ from maf_compaction.bench.client import SimulatedChatClient, scenario_tools
 from maf_compaction.bench.model import ModelOptions, ScriptedModel, context_text
 from maf_compaction.bench.provider import CallRecord, SimulatedProvider
 from maf_compaction.bench.rows import ROWS, RowContext, RowSetup, setup_of
-from maf_compaction.bench.runner import Settings, load_scenario, stored_messages
+from maf_compaction.bench.runner import Settings, load_scenario, run_turn, stored_messages
 from maf_compaction.bench.scenario import LOOKUP_TOOL, ToolCall
 from maf_compaction.bench.simulator import get_profile
 from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_PREFIX
@@ -244,13 +244,7 @@ async def _run(harness: Mapping[str, Any], *, stream: bool, ignore_pin: bool) ->
     replies: list[str] = []
     for number, turn in enumerate(SCENARIO.turns, start=1):
         provider.turn = number
-        if stream:
-            updates = agent.run(turn.user, session=session, stream=True)
-            async for _ in updates:
-                pass
-            response = await updates.get_final_response()
-        else:
-            response = await agent.run(turn.user, session=session)
+        response = await run_turn(agent, turn.user, session=session, stream=stream)
         replies.append(response.text)
     assert all(s.stream is stream for s in client.sent)
     assert len(client.sent) == len(provider.calls)

@@ -68,7 +68,7 @@ from maf_compaction.bench.client import SimulatedChatClient, scenario_tools
 from maf_compaction.bench.model import ModelOptions, ScriptedModel, context_text
 from maf_compaction.bench.provider import CallRecord, SimulatedProvider
 from maf_compaction.bench.rendering import render_instructions, render_message
-from maf_compaction.bench.runner import Settings, load_scenario, stored_messages
+from maf_compaction.bench.runner import Settings, load_scenario, run_turn, stored_messages
 from maf_compaction.bench.scenario import LOOKUP_TOOL, Scenario
 from maf_compaction.bench.simulator import get_profile
 from maf_compaction.core.user_summaries import USER_SUMMARY_MARKER, SummaryMode
@@ -444,13 +444,7 @@ async def play(
         for number in range(first, len(scenario.turns) + 1):
             provider.turn = number
             text = scenario.turns[number - 1].user
-            if stream:
-                updates = agent.run(text, session=session, stream=True)
-                async for _ in updates:
-                    pass
-                response = await updates.get_final_response()
-            else:
-                response = await agent.run(text, session=session)
+            response = await run_turn(agent, text, session=session, stream=stream)
             replies[number] = response.text
             turn_end[number] = Counters.of(strategy)
     return Run(

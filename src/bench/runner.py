@@ -250,13 +250,9 @@ async def run_cell(
         for number, turn in enumerate(scenario.turns, start=1):
             provider.turn = number
             try:
-                if settings.stream:
-                    updates = agent.run(_user_message(turn.user, scenario), session=session, stream=True)
-                    async for _ in updates:
-                        pass
-                    response = await updates.get_final_response()
-                else:
-                    response = await agent.run(_user_message(turn.user, scenario), session=session)
+                response = await run_turn(
+                    agent, _user_message(turn.user, scenario), session=session, stream=settings.stream
+                )
             except Exception as error:  # a strategy or tool failure ends the row, reported
                 result.error = f"turn {number}: {type(error).__name__}: {error}"
                 logger.warning("row %s stopped at %s", cell.row, result.error)
@@ -268,6 +264,16 @@ async def run_cell(
     result.floor = _floor(provider.profile, provider.calls)
     result.seconds = time.perf_counter() - started
     return result
+
+
+async def run_turn(agent: Any, message: Any, *, session: Any, stream: bool) -> Any:
+    """One user turn through ``agent``, streamed to its end or not; the final response."""
+    if stream:
+        updates = agent.run(message, session=session, stream=True)
+        async for _ in updates:
+            pass
+        return await updates.get_final_response()
+    return await agent.run(message, session=session)
 
 
 def _floor(profile: PriceProfile, calls: Sequence[CallRecord]) -> float:
