@@ -37,6 +37,7 @@ from maf_compaction.adapters.convert import EXCLUDED_KEY, NOTE_KEY, PRESERVED_KE
 from maf_compaction.core.anchored import TOOL_NOTE_PREFIX
 from maf_compaction.core.recall import RecallState
 from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_PREFIX
+from maf_compaction.core.user_summaries import Outcome
 from maf_compaction.core.values import distinctive_values
 from test_user_summaries import ScriptedSummarizer, extractive
 
@@ -189,6 +190,15 @@ def measured(messages: Sequence[Message]) -> tuple[int, int]:
     report = probe.last_report
     assert report is not None
     return report.tokens_before, report.records.tokens_after
+
+
+def needs_room(messages: Sequence[Message]) -> int:
+    """A budget the prompt fits, but not beside another turn like its largest (95%: a turn is about 8%).
+
+    While the next such step would still fit, the composition's user half does not ask
+    for a summary of its own (a break whose saving later calls repay slowly).
+    """
+    return int(measured(messages)[0] / 0.95)
 
 
 def dump(messages: Sequence[Message]) -> list[dict[str, Any]]:
@@ -381,13 +391,51 @@ def test_the_user_half_summarises_user_turns_and_leaves_tool_groups() -> None:
     assert not report.waited
 
 
+def test_alone_the_user_half_asks_only_when_the_next_step_would_not_fit() -> None:
+    messages = chat(12)
+    roomy = ScriptedSummarizer(extractive)
+    strategy = build(int(measured(messages)[0] / 0.8), summarizer=roomy)
+    run(strategy, [Message.from_dict(m.to_dict()) for m in messages])
+    assert roomy.calls == 0, "20% of the budget is free and a turn is about 8%: no break for a summary yet"
+    assert strategy.last_report is not None
+    assert strategy.last_report.users is not None
+    assert strategy.last_report.users.outcome is Outcome.DECLINED
+    tight = ScriptedSummarizer(extractive)
+    strategy = build(needs_room(messages), summarizer=tight)
+    run(strategy, messages)
+    assert tight.calls == 1, "5% free: the next turn like the largest would not fit"
+    assert any(SUMMARY_KEY in m.additional_properties for m in messages)
+
+
+def test_a_summary_rides_on_a_records_break_below_the_user_trigger() -> None:
+    def rounds(covers: Sequence[int]) -> list[Message]:
+        messages = conversation(4, covers=covers, pad=30)
+        messages[-1:-1] = [*lookup_round(4, pad=30), *lookup_round(5, pad=30)]
+        return messages
+
+    messages = rounds((0, 1, 2, 3))
+    budget = int(measured(messages)[0] / 0.3)  # the prompt is 30% of the budget: below every trigger
+    summarizer = ScriptedSummarizer(extractive)
+    strategy = build(budget, summarizer=summarizer)
+    run(strategy, messages)
+    assert summarizer.calls == 1, "the record breaks the prefix after the head: the summary costs no break of its own"
+    assert any(SUMMARY_KEY in m.additional_properties for m in messages)
+    assert {"c0", "r0"} <= set(excluded_ids(messages))
+    # Without a record there is no break to ride on, and nothing else asks at 30% of the budget.
+    alone = ScriptedSummarizer(extractive)
+    unrecorded = rounds(())
+    run(build(budget, summarizer=alone), unrecorded)
+    assert alone.calls == 0
+    assert not any(excluded(m) for m in unrecorded)
+
+
 # ----------------------------------------------------------------------------- the wait
 
 
 def test_the_user_half_waits_for_a_due_record_at_most_two_responses() -> None:
     summarizer = ScriptedSummarizer(extractive)
     messages = chat(12)
-    strategy = build(int(measured(messages)[0] / 0.8), summarizer=summarizer)
+    strategy = build(needs_room(messages), summarizer=summarizer)
     pin_next_request(strategy)
     assert strategy.tool_results.record_due()
     waited: list[bool] = []
@@ -429,17 +477,16 @@ def test_a_wait_is_dropped_when_the_clock_goes_back_after_a_restore() -> None:
     long = chat(12)
     for n in range(6):
         respond(long, n)
-    budget = int(measured(long)[0] / 0.8)
-    strategy = build(budget)
+    strategy = build(int(measured(long)[0] / 0.8))
     pin_next_request(strategy)
     run(strategy, long)
     saved = strategy.decision_state()
     assert saved.chain.wait_since is not None
     # The same conversation restored at an earlier point: its clock is six responses behind the wait.
     summarizer = ScriptedSummarizer(extractive)
-    restored = build(budget, summarizer=summarizer)
-    restored.restore_state(saved)
     short = chat(12)
+    restored = build(needs_room(short), summarizer=summarizer)
+    restored.restore_state(saved)
     waited: list[bool] = []
     for n in range(3):
         if n:

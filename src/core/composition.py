@@ -62,6 +62,8 @@ RECORD_WAIT_RESPONSES: Final = 2
 _NO_SHORTENING: Final = 2**31 - 1
 #: The holds the shed policy may release: every hold but a record's own.
 _SHEDDABLE: Final = records.HOLD_REASONS - {HOLD_RECORD}
+#: A trigger share every non-empty prompt passes.
+_ANY_SIZE: Final = 1e-9
 #: Why the records a kept replacement stands for are excluded.
 MERGED_REASON: Final = "record_replaced"
 REPLACEMENT_ID_PREFIX: Final = "record_replacement_"
@@ -119,6 +121,11 @@ class CompositionConfig:
     def max_input_tokens(self) -> int:
         """The budget both halves share."""
         return self.records.max_input_tokens
+
+    @property
+    def coalesced_users(self) -> UserSummaryConfig:
+        """The user half without its size trigger and break-even gate (see :func:`_user_pass`)."""
+        return replace(self.users, trigger_fraction=_ANY_SIZE, min_gain_fraction=0.0)
 
     @property
     def shed(self) -> AnchoredConfig:
@@ -331,7 +338,7 @@ def step(
     user_report: UserReport | None = None
     users = state.users
     if not waiting:
-        answer = user_summaries.pass_(config.users, state.users, output, measure)
+        answer = _user_pass(config, state.users, output, measure, breaking=bool(passed.report.dropped))
         if isinstance(answer, Needs):
             # The state to absorb into is the input state: the next step recomputes the rest.
             return Success(Needs(answer.requests, replace(state, users=answer.state)))
@@ -399,6 +406,67 @@ def step(
         refused=tuple(sorted(replaced.refused)),
     )
     return Success(Done(history=output, state=new_state, report=report))
+
+
+_APPLIED: Final = frozenset({user_summaries.Outcome.SUMMARIZED, user_summaries.Outcome.FOLDED})
+
+
+def _user_pass(
+    config: CompositionConfig, users: UserSummarySnapshot, output: History, measure: anchored.Measure, *, breaking: bool
+) -> user_summaries.UserNeeds | user_summaries.UserDone:
+    """The user half's pass within the composition: when it may ask, and what it replays.
+
+    - **Replays** of answers the state remembers apply on every pass, whatever the size,
+      so both lists and a restored copy agree.
+    - **Riding on a record's break**: when the record half newly excludes groups on this
+      pass (``breaking``), the cached prefix breaks right after the head anyway, so a
+      summary asked for on the same pass costs no break of its own: the user half's size
+      trigger and break-even gate do not apply to it (its band must still be worth a call).
+    - **Alone**, while the prompt fits, a summary breaks the prefix for itself, and each
+      later call pays about a tenth of what it saves, so it is asked for only when the
+      room is needed: when the largest group the conversation has seen (a lookup, a long
+      turn) would no longer fit beside the prompt: the next step like it would overflow. Over the
+      budget the user half asks as it would alone.
+    """
+    if not breaking and _roomy(config, output):
+        return _replayed(config, users, output, measure) or _declined(users, output)
+    answer = user_summaries.pass_(config.users, users, output, measure)
+    if isinstance(answer, Needs) or answer.report.outcome in _APPLIED:
+        return answer
+    if breaking:
+        free = user_summaries.pass_(config.coalesced_users, users, output, measure)
+        if isinstance(free, Needs) or free.report.outcome in _APPLIED:
+            return free
+    return _replayed(config, users, output, measure) or answer
+
+
+def _replayed(
+    config: CompositionConfig, users: UserSummarySnapshot, output: History, measure: anchored.Measure
+) -> user_summaries.UserDone | None:
+    """A remembered summary this list does not show yet, applied whatever the gates; else ``None``."""
+    if not _unreplayed(users, output):
+        return None
+    free = user_summaries.pass_(config.coalesced_users, users, output, measure)
+    return free if isinstance(free, Done) and free.report.outcome in _APPLIED else None
+
+
+def _unreplayed(users: UserSummarySnapshot, output: History) -> bool:
+    """A remembered summary is not in ``output`` yet (this list has not replayed it)."""
+    present = {r.message_id for r in output if r.summary}
+    return any(a.text is not None and a.summary_id not in present for a in users.answers)
+
+
+def _declined(users: UserSummarySnapshot, output: History) -> user_summaries.UserDone:
+    tokens = sent_tokens(output)
+    report = UserReport(tokens_before=tokens, tokens_after=tokens, outcome=user_summaries.Outcome.DECLINED)
+    return Done(history=output, state=users, report=report)
+
+
+def _roomy(config: CompositionConfig, output: History) -> bool:
+    """The largest step the conversation has taken (its largest group, excluded ones too) still fits."""
+    conversation = [r for r in output if not r.injected and not r.note]
+    largest = max((sum(conversation[i].tokens for i in g.members) for g in regroup(conversation).all), default=0)
+    return sent_tokens(output) + largest <= config.max_input_tokens
 
 
 def absorb(state: CompositionState, answers: Sequence[tuple[Request, str | None]]) -> CompositionState:
