@@ -332,6 +332,11 @@ def step(
     passed = records.rules(config.records, history, state.records.decisions, measure)
     output = passed.history
     record_state = replace(state.records, decisions=passed.decisions)
+    # When the room is needed (the conversation's largest step would no longer fit beside
+    # the prompt), ask for a record of what no record holds yet, before a summary of its own
+    # or a shed: the recall middleware pins the next request for it, and the user half waits.
+    if not _roomy(config, output) and not record_state.recall.pin_disabled and config.overflow_policy == "shed":
+        record_state = replace(record_state, decisions=records.ask_for_pending(output, record_state.decisions))
     chain, waiting = _wait(
         state.chain, _clock(output), due=records.record_due(record_state), count=passed.report.records
     )
@@ -343,14 +348,6 @@ def step(
             # The state to absorb into is the input state: the next step recomputes the rest.
             return Success(Needs(answer.requests, replace(state, users=answer.state)))
         output, users, user_report = answer.history, answer.state, answer.report
-    # Near the budget, ask for a record of what no record holds yet, before anything
-    # unrecorded has to be shed (the recall middleware pins the next request for it).
-    if (
-        sent_tokens(output) > config.records.fallback_tokens
-        and not record_state.recall.pin_disabled
-        and config.overflow_policy == "shed"
-    ):
-        record_state = replace(record_state, decisions=records.ask_for_pending(output, record_state.decisions))
     replaced = _Replaced(output, chain)
     _replay(config, replaced, measure)
     if sent_tokens(replaced.output) > budget:
