@@ -66,7 +66,11 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
 
     Each pass runs the record half (records replace the tool results they quote), then
     the user half (summaries replace earlier user turns) unless it is waiting for a
-    record that is due (at most two model responses). Only while the prompt is over the
+    record that is due (at most two model responses). A summary is asked for where its
+    prefix break costs least: on the pass a record newly excludes tool groups (that
+    break is paid anyway), or, while the prompt fits, only when the conversation's
+    largest step would no longer fit beside it; then a record of the unrecorded tool
+    groups is asked for first and the summary rides on its break. Only while the prompt is over the
     budget it then holds every uncovered tool group and lets the anchored rules shed
     narration, and then applies ``overflow_policy``: ``"shed"`` removes whole
     unrecorded tool groups, oldest first, each leaving a removal note the model sees and
@@ -87,8 +91,9 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             each merge (about 60%, then 36% of the length), at least 0.
         merge_prompt: The instructions for record merges (a default is provided).
         chain_gain_fraction: The break-even share, in [0, 1): while the prompt fits, the user
-            half is not asked for a summary whose turns are fewer tokens than this share of
-            everything behind them (its prefix break would cost more than it saves).
+            half alone is not asked for a summary whose turns are fewer tokens than this share
+            of everything behind them (its prefix break would cost more than it saves). A
+            summary that rides on a record's break is not gated.
         overflow_policy: ``"shed"`` (default) or ``"raise"``.
 
     Attributes:

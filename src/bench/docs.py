@@ -23,7 +23,7 @@ from .rows import ROWS
 from .runner import Cell, RowSummary, Settings, run_batches, summarize
 
 #: The documents whose regions the command maintains, relative to the repository root.
-DOCUMENTS: Final = ("README.md", "docs/bench.md", "docs/records.md", "docs/user-summaries.md")
+DOCUMENTS: Final = ("README.md", "docs/bench.md", "docs/records.md", "docs/user-summaries.md", "docs/composition.md")
 _REGION = re.compile(
     r"(<!-- bench:(?P<name>[A-Za-z0-9_-]+)(?P<note>[^>]*?)-->\n)(?P<body>.*?)(<!-- /bench -->)", re.DOTALL
 )
@@ -38,6 +38,19 @@ USER_HEAVY_ROWS: Final = (
     "user_summary_anchored",
     "user_summary_anchored_boundary",
     "user_summary_anchored_fold",
+    "tool_and_user_summary_anchored",
+    "tool_and_user_summary_anchored_recompact",
+)
+
+
+#: The rows the composition's page compares: the control, the framework's default, both halves alone and composed.
+COMPOSITION_ROWS: Final = (
+    "none",
+    "context_window",
+    "tool_summary_anchored",
+    "user_summary_anchored_boundary",
+    "tool_and_user_summary_anchored",
+    "tool_and_user_summary_anchored_recompact",
 )
 
 
@@ -62,6 +75,13 @@ RUNS: Final[Mapping[str, Run]] = {
         Settings(tool_share=0.2),
         USER_HEAVY_ROWS,
         command=f"python -m maf_compaction.bench --seeds 1 --tool-share 0.2 --rows {','.join(USER_HEAVY_ROWS)}",
+    ),
+    "anthropic": Run(
+        Settings(cache="anthropic"),
+        COMPOSITION_ROWS,
+        fills=(1.5, 3.0),
+        command="python -m maf_compaction.bench --seeds 1 --cache anthropic --fill 1.5,3.0 "
+        f"--rows {','.join(COMPOSITION_ROWS)}",
     ),
 }
 
@@ -120,7 +140,7 @@ _README_ROWS: Final = {
     "context_window": "framework default (`context_window`)",
     "anchored": "`AnchoredCompactionStrategy`",
     "tool_summary_anchored": "`ToolResultAnchoredSummarizationCompactionStrategy`",
-    "tool_and_user_summary_anchored": "`ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy` (preview)",
+    "tool_and_user_summary_anchored": "`ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy`",
 }
 
 
@@ -217,12 +237,49 @@ def render_user_modes(run: Run, summaries: Sequence[RowSummary]) -> str:
     return "\n".join([_source_line(run, "The user-turn rows of "), "", *_markdown(header, rows), ""])
 
 
+def render_composition(run: Run, summaries: Sequence[RowSummary]) -> str:
+    """The composition against the control, the framework's default and each half alone, per fill, with the floor."""
+    table = _by_fill(summaries)
+    header = ["fill", "row", "cost vs none", "gap closed", "hit%", "breaks", "max/window", "DQ", "facts kept"]
+    header += ["model calls", "summarizer calls"]
+    rows: list[list[str]] = []
+    for fill, by_row in table.items():
+        for row in COMPOSITION_ROWS:
+            s = by_row.get(row)
+            if s is None:
+                continue
+            rows.append(
+                [
+                    f"{fill:.1f}",
+                    f"`{row}`",
+                    "-" if s.vs_none is None else f"{s.vs_none:.2f}x",
+                    "-" if s.gap_closed is None or row == "none" else f"{s.gap_closed * 100:.0f}%",
+                    f"{s.hit * 100:.1f}%",
+                    f"{s.breaks:g}",
+                    f"{s.max_prompt_share:.2f}",
+                    _dq(s),
+                    f"{s.facts_kept:g}/{s.facts_total}",
+                    f"{s.model_calls:g}",
+                    f"{s.summarizer_calls:g}",
+                ]
+            )
+        floor = by_row["none"].floor
+        if floor is not None:
+            control = by_row["none"].cost
+            rows.append([f"{fill:.1f}", "floor", f"{floor / control:.2f}x", "100%", *[""] * 7])
+    return "\n".join([_source_line(run, f"{run.settings.cache} cache rules, "), "", *_markdown(header, rows), ""])
+
+
 REGIONS: Final[Mapping[str, Region]] = {
     "demo": Region("demo", render_demo, "docs/bench.md: the default grid, every column but the timings"),
     "readme": Region("demo", render_readme, "README.md: four rows of the default grid"),
     "user-heavy": Region("user-heavy", render_user_heavy, "docs/bench.md: the user-heavy workload"),
     "records": Region("demo", render_records, "docs/records.md: the record row of the default grid"),
     "user-modes": Region("user-heavy", render_user_modes, "docs/user-summaries.md: the three modes, user-heavy"),
+    "composition": Region("demo", render_composition, "docs/composition.md: the composition on the default grid"),
+    "composition-anthropic": Region(
+        "anthropic", render_composition, "docs/composition.md: the composition under Anthropic's cache rules"
+    ),
 }
 
 

@@ -9,7 +9,14 @@ then, only while the prompt is over the budget, a last-resort chain:
 2. **User half** (:mod:`.user_summaries`), unless it is waiting for a record that is
    due: a record about to be written would change what the summary must carry. The
    wait lasts at most two model responses, never starts again behind the same record,
-   and is dropped when the conversation's clock goes back (a restore).
+   and is dropped when the conversation's clock goes back (a restore). Every break of
+   the cached prefix is paid again by the next request, so the user half asks where a
+   break costs least (:func:`_user_pass`): on the pass where a record newly excludes
+   tool groups (its break is paid anyway, so the user half's trigger and break-even
+   gate do not apply), and alone only when the room is needed, that is when the
+   conversation's largest step (its largest group) would no longer fit beside the
+   prompt. At that point the composition first asks for a record of the tool groups no
+   record holds yet, so the user half waits for it and rides on its break.
 3. **Record replacements**: the records are merged into one written record, then
    rewritten harder (about 60%, then 36% of the length), each through the user half's
    summarizer and bounded by its ``max_summary_input_tokens``. A replacement is kept only
