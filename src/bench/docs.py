@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Final
 
 from .args import positive_int, program_name
-from .report import COLUMNS, _cells  # pyright: ignore[reportPrivateUsage]
+from .report import COLUMNS, _cells, row_figures  # pyright: ignore[reportPrivateUsage]
 from .rows import ROWS
 from .runner import Cell, RowSummary, Settings, run_batches, summarize
 
@@ -125,12 +125,10 @@ def render_demo(run: Run, summaries: Sequence[RowSummary]) -> str:
         lines.append("")
         table = [[_cells(s)[key] for key, _ in keys] for s in rows.values()]
         lines += _markdown([title for _, title in keys], table)
-        counters = [s for s in rows.values() if s.counters]
-        if counters:
+        figures = [(s.row, row_figures(s)) for s in rows.values()]
+        if any(shown for _, shown in figures):
             lines.append("")
-        for summary in counters:
-            shown = ", ".join(f"{name.replace('_', ' ')} {value:g}" for name, value in summary.counters.items())
-            lines.append(f"- `{summary.row}`: {shown}")
+        lines += [f"- `{row}`: {shown}" for row, shown in figures if shown]
         lines.append("")
     return "\n".join(lines)
 

@@ -34,7 +34,7 @@ def _cells(summary: RowSummary) -> dict[str, str]:
     worst = "-" if summary.pass_ms_max is None else f"{summary.pass_ms_max:.1f}"
     dq = "0" if not summary.dq else f"{summary.dq} ({summary.dq_seeds}/{summary.seeds} seeds)"
     return {
-        "row": summary.row + (" (error)" if summary.errors else ""),
+        "row": summary.row + (" (stopped)" if summary.errors else ""),
         "cost": f"{summary.cost:.4f}",
         "vs": "-" if summary.vs_none is None else f"{summary.vs_none:.2f}x",
         "gap": "-" if summary.gap_closed is None or summary.row == "none" else f"{summary.gap_closed * 100:.0f}%",
@@ -48,6 +48,18 @@ def _cells(summary: RowSummary) -> dict[str, str]:
         "summ": f"{summary.summarizer_calls:.1f}",
         "pass": f"{median}/{worst}",
     }
+
+
+def row_figures(summary: RowSummary) -> str:
+    """The line under the table for a row: its own counters, then what it lost ("" when neither applies).
+
+    ``facts lost`` and ``lost unnamed`` (see :class:`~.runner.CellResult`) follow the
+    counters of every row that has counters or lost a value.
+    """
+    shown = [f"{name.replace('_', ' ')} {value:g}" for name, value in summary.counters.items()]
+    if summary.counters or summary.facts_lost:
+        shown += [f"facts lost {summary.facts_lost:g}", f"lost unnamed {summary.lost_unnamed:g}"]
+    return ", ".join(shown)
 
 
 def describe_workload(settings: Settings, workload: str | None, fill: float) -> str:
@@ -88,8 +100,8 @@ def render_table(summaries: Sequence[RowSummary], settings: Settings, *, workloa
                 "no strategy costs less)"
             )
         for summary in rows:
-            if summary.counters:
-                shown = ", ".join(f"{name.replace('_', ' ')} {value:g}" for name, value in summary.counters.items())
+            shown = row_figures(summary)
+            if shown:
                 lines.append(f"  {summary.row} (mean per seed): {shown}")
         lines.append("")
     lines += [
@@ -97,11 +109,14 @@ def render_table(summaries: Sequence[RowSummary], settings: Settings, *, workloa
         "gap closed: share of the distance from the control to the floor a row closes, (none - row) / (none - floor);",
         "hit%: cached / input tokens; breaks: model calls that do not extend the previous prompt;",
         "max/window: largest prompt over the window; DQ: calls over the window (row leaves the ranking);",
-        "facts kept: planted values in the final stored history's included messages; acc: probe values quoted.",
+        "facts kept: planted values in the final stored history's included messages; acc: probe values quoted;",
+        "facts lost: values the conversation gave that the final prompt lacks; lost unnamed: of those, values no",
+        "maf_compaction WARNING named a carrying message of (by id): lost silently, must be 0;",
+        "(stopped): a cell ended early (below); its figures cover the turns before the stop.",
     ]
-    errors = [f"  {s.row} (fill {s.fill:g}): {e}" for s in summaries for e in s.errors]
+    errors = [f"  {s.row} (fill {s.fill:g}) {e}" for s in summaries for e in s.errors]
     if errors:
-        lines += ["", "Errors:", *errors]
+        lines += ["", "Stopped early:", *errors]
     return "\n".join(lines)
 
 

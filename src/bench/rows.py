@@ -260,6 +260,11 @@ _BUILT_IN: Final[Mapping[str, tuple[RowFactory, str]]] = {
         lambda c: composed_row(c, summary_mode="recompact"),
         "ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(..., users in recompact mode)",
     ),
+    "tool_and_user_summary_anchored_raise": (
+        lambda c: composed_row(c, overflow_policy="raise"),
+        "ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(..., overflow_policy='raise'): keeps "
+        "uncovered results; a run it cannot fit stops with CompactionBudgetExceeded",
+    ),
 }
 #: Built-in rows, in table order.
 ROWS: Final[Mapping[str, RowFactory]] = {name: factory for name, (factory, _) in _BUILT_IN.items()}

@@ -24,6 +24,7 @@ from agent_framework import AgentSession, CompactionStrategy, Content, Message, 
 from ..adapters.tiktoken import TiktokenTokenizer
 from . import workload_file
 from .client import SimulatedChatClient, media_contents, scenario_tools
+from .lost import LostFact, collect_warnings, lost_facts
 from .model import ModelOptions, ScriptedModel, context_text
 from .provider import CacheKind, CallRecord, SimulatedProvider
 from .quiet import TimedStrategy, quiet_logs
@@ -96,6 +97,11 @@ class CellResult:
         dq: Calls whose request exceeded the window.
         facts_kept, facts_total: Planted values present in the final stored history's
             included messages (records and summaries count; excluded originals do not).
+        facts_lost: Planted values the conversation gave that the final prompt lacks
+            (see :func:`~.lost.lost_facts`; a value of a turn never finished is not lost).
+        lost_unnamed: Of those, values no ``maf_compaction`` WARNING named a carrying
+            message of, by id: lost silently (0 for a strategy that keeps its promise).
+        lost: Each lost value, its carrying messages and whether one was named.
         correct, asked: Expected probe values quoted, and asked for.
         model_calls, summarizer_calls: Calls by kind.
         pass_ms: Every compaction pass, in milliseconds (both phases).
@@ -119,6 +125,9 @@ class CellResult:
     dq: int = 0
     facts_kept: int = 0
     facts_total: int = 0
+    facts_lost: int = 0
+    lost_unnamed: int = 0
+    lost: list[LostFact] = field(default_factory=list[LostFact])
     correct: int = 0
     asked: int = 0
     model_calls: int = 0
@@ -247,20 +256,22 @@ async def run_cell(
         )
         session = agent.create_session()
         replies: list[str] = []
-        for number, turn in enumerate(scenario.turns, start=1):
-            provider.turn = number
-            try:
-                response = await run_turn(
-                    agent, _user_message(turn.user, scenario), session=session, stream=settings.stream
-                )
-            except Exception as error:  # a strategy or tool failure ends the row, reported
-                result.error = f"turn {number}: {type(error).__name__}: {error}"
-                logger.warning("row %s stopped at %s", cell.row, result.error)
-                break
-            replies.append(response.text)
+        with collect_warnings() as warned:
+            for number, turn in enumerate(scenario.turns, start=1):
+                provider.turn = number
+                try:
+                    response = await run_turn(
+                        agent, _user_message(turn.user, scenario), session=session, stream=settings.stream
+                    )
+                except Exception as error:  # a strategy or tool failure ends the row, reported
+                    result.error = f"turn {number}: {type(error).__name__}: {error}"
+                    break
+                replies.append(response.text)
+        if result.error is not None:  # after collecting: the bench's own line names no message
+            logger.warning("row %s stopped at %s", cell.row, result.error)
         if setup.counters is not None:
             result.counters = {name: float(value) for name, value in setup.counters().items()}
-    _fill_figures(result, scenario, provider.calls, replies, stored_messages(session))
+    _fill_figures(result, scenario, provider.calls, replies, stored_messages(session), warned=warned)
     result.floor = _floor(provider.profile, provider.calls)
     result.seconds = time.perf_counter() - started
     return result
@@ -294,7 +305,13 @@ def _floor(profile: PriceProfile, calls: Sequence[CallRecord]) -> float:
 
 
 def _fill_figures(
-    result: CellResult, scenario: Scenario, calls: Sequence[CallRecord], replies: Sequence[str], stored: list[Message]
+    result: CellResult,
+    scenario: Scenario,
+    calls: Sequence[CallRecord],
+    replies: Sequence[str],
+    stored: list[Message],
+    *,
+    warned: Sequence[str],
 ) -> None:
     for call in calls:
         result.cost += call.cost
@@ -314,6 +331,9 @@ def _fill_figures(
     values = {f.value for f in scenario.facts}
     result.facts_total = len(values)
     result.facts_kept = sum(1 for v in values if v in text)
+    result.lost = lost_facts(scenario, stored, text, answered=len(replies), warnings=warned)
+    result.facts_lost = len(result.lost)
+    result.lost_unnamed = sum(1 for fact in result.lost if not fact.named)
     for turn, reply in zip(scenario.turns, replies, strict=False):
         if turn.probe is not None:
             result.asked += len(turn.probe.expected)
@@ -419,7 +439,11 @@ def run_batches(
 
 @dataclass(frozen=True, slots=True)
 class RowSummary:
-    """A row at one fill, averaged over seeds."""
+    """A row at one fill, averaged over seeds.
+
+    ``facts_lost`` and ``lost_unnamed`` are means per seed (see :class:`CellResult`);
+    ``errors`` holds ``"seed N: turn M: Exception: message"`` for each cell that stopped early.
+    """
 
     row: str
     fill: float
@@ -433,6 +457,8 @@ class RowSummary:
     dq_seeds: int
     facts_kept: float
     facts_total: int
+    facts_lost: float
+    lost_unnamed: float
     accuracy: float
     model_calls: float
     summarizer_calls: float
@@ -445,7 +471,17 @@ class RowSummary:
 
 
 #: The figures a summary averages over seeds, cell by cell.
-_MEANS: Final = ("cost", "hit", "breaks", "facts_kept", "accuracy", "model_calls", "summarizer_calls")
+_MEANS: Final = (
+    "cost",
+    "hit",
+    "breaks",
+    "facts_kept",
+    "facts_lost",
+    "lost_unnamed",
+    "accuracy",
+    "model_calls",
+    "summarizer_calls",
+)
 
 
 def _mean_counters(cells: Sequence[CellResult]) -> dict[str, float]:
@@ -482,7 +518,7 @@ def summarize(results: Sequence[CellResult]) -> list[RowSummary]:
                 facts_total=max(c.facts_total for c in cells),
                 pass_ms_median=statistics.median(passes) if passes else None,
                 pass_ms_max=max(passes) if passes else None,
-                errors=tuple(c.error for c in cells if c.error),
+                errors=tuple(f"seed {c.seed}: {c.error}" for c in cells if c.error),
                 counters=_mean_counters(cells),
                 floor=statistics.fmean(floors) if floors else None,
                 gap_closed=statistics.fmean(gaps) if gaps else None,
