@@ -2,7 +2,7 @@
 
 Issue 12's targets at ``--record-quality 0.7`` and fill 3.0: with ``overflow_policy="shed"``
 no call over the window and every lost value named in a WARNING; with ``"raise"`` the run
-stops with ``CompactionBudgetExceeded``, reported, and nothing shed. These run the real
+stops with ``CompactionBudgetExceeded``, reported, and nothing lost. These run the real
 cell runner on a 16K window (about 2 s a cell), which still sheds and still raises.
 """
 
@@ -30,7 +30,6 @@ SHED_ROW = "tool_and_user_summary_anchored"
 RAISE_ROW = "tool_and_user_summary_anchored_raise"
 QUALITY_07 = Settings(context_window=16_000, record_quality=0.7)
 EXCLUDED = "_excluded"
-COVERAGE_CAUSE = EXCLUSION_CAUSES["tool_summary_anchored"]
 SHED_CAUSE = EXCLUSION_CAUSES["anchored_compaction"]
 
 _CELLS: dict[tuple[str, int], CellResult] = {}
@@ -74,10 +73,10 @@ async def test_the_raise_row_stops_with_compaction_budget_exceeded_and_sheds_not
     assert result.counters["shed_events"] == 0
     assert result.model_calls < 60, "the run stopped early"
     assert stopped_at > 1
-    # Nothing is shed: the only values that leave are those of groups the records cover at
-    # coverage_share (0.8 by default) of their values, each named in that WARNING.
-    assert result.lost_unnamed == 0, [fact for fact in result.lost if not fact.named]
-    assert all(COVERAGE_CAUSE in (fact.warning or "") for fact in result.lost), result.lost
+    # Nothing is lost: under "raise" a group leaves only when the records quote every one of
+    # its values (a record of quality 0.7 covers a group in part, and the group stays).
+    assert not result.lost, result.lost
+    assert result.lost_unnamed == 0
 
 
 async def test_a_stopped_row_is_reported_in_the_table_and_the_json() -> None:

@@ -368,6 +368,31 @@ def test_the_record_half_covers_the_groups_a_record_quotes_and_leaves_user_turns
     assert strategy.tool_results.groups_covered == 3
 
 
+@pytest.mark.parametrize(("policy", "leaves"), [("shed", True), ("raise", False)])
+def test_under_raise_a_group_leaves_only_when_every_value_is_quoted(policy: str, leaves: bool) -> None:
+    messages = conversation(3)
+    wide = lookup_text(0, lines=50)  # five planted codes
+    by_id(messages, "r0").contents[0] = Content.from_function_result(call_id="call_0", result=wide)
+    quoted = [line for line in wide.split("\n") if distinctive_values(line)]
+    assert len(quoted) == 5
+    body = "\n".join([*quoted[:4], quote(1), quote(2)])  # four of lookup 0's five codes: 80%
+    messages[-1:-1] = [
+        Message(
+            "assistant",
+            [Content.from_function_call(call_id="recall_1", name=RECALL_TOOL_NAME, arguments={"values": body})],
+            message_id="rc1",
+        ),
+        Message(
+            "tool",
+            [Content.from_function_result(call_id="recall_1", result=f"{RECORD_PREFIX}\n{body}")],
+            message_id="rr1",
+        ),
+    ]
+    run(build(100_000, overflow_policy=policy), messages)
+    assert {"c1", "r1", "c2", "r2"} <= set(excluded_ids(messages)), "fully quoted groups leave under both"
+    assert ("r0" in excluded_ids(messages)) is leaves
+
+
 # ----------------------------------------------------------------------------- the user half
 
 

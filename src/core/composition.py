@@ -28,7 +28,9 @@ then, only while the prompt is over the budget, a last-resort chain:
 5. **Overflow policy**: ``"shed"`` removes whole unrecorded tool groups, oldest band
    position first, each leaving a removal note the model sees (the shell names every
    lost message in a WARNING); the sheds are watermarks in the state, so they replay on
-   both lists and after a restore. ``"raise"`` keeps uncovered results.
+   both lists and after a restore. ``"raise"`` keeps uncovered results, and under it a group
+   counts as covered only when the records quote every one of its values: nothing leaves
+   the prompt unquoted.
 
 When what must stay (anchors, records, protected messages, and under ``"raise"`` the
 uncovered results) does not fit, the pass answers ``Failure(CompactionBudgetExceeded)``.
@@ -101,7 +103,8 @@ class CompositionConfig:
     Attributes:
         records: The record half's parameters, with its anchored fallback.
         users: The user half's parameters (its trigger is the composition's user trigger).
-        overflow_policy: ``"shed"`` or ``"raise"`` (see the module docstring).
+        overflow_policy: ``"shed"`` or ``"raise"`` (see the module docstring); under
+            ``"raise"`` records must quote every value of a group (:attr:`record_rules`).
         merge_prompt: The instructions for merging records.
         harder_attempts: Harder rewrites of the merged record the chain may ask for.
     """
@@ -128,6 +131,18 @@ class CompositionConfig:
     def max_input_tokens(self) -> int:
         """The budget both halves share."""
         return self.records.max_input_tokens
+
+    @property
+    def record_rules(self) -> RecordConfig:
+        """The record half's rules as the composition runs them.
+
+        Under ``"raise"`` nothing may leave the prompt unquoted, so a tool group leaves only
+        when the records quote every one of its distinct values (``coverage_share`` 1.0);
+        a group quoted in part stays, and the recall protocol asks again for the rest.
+        """
+        if self.overflow_policy == "raise":
+            return replace(self.records, coverage_share=1.0)
+        return self.records
 
     @property
     def coalesced_users(self) -> UserSummaryConfig:
@@ -336,7 +351,7 @@ def step(
     del memo
     budget = config.max_input_tokens
     tokens_before = sent_tokens(history)
-    passed = records.rules(config.records, history, state.records.decisions, measure)
+    passed = records.rules(config.record_rules, history, state.records.decisions, measure)
     output = passed.history
     record_state = replace(state.records, decisions=passed.decisions)
     # When the room is needed (the conversation's largest step would no longer fit beside
