@@ -241,18 +241,28 @@ def test_an_invalid_parameter_raises_naming_it(kwargs: dict[str, Any], name: str
         build(1_000, **kwargs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=(
-        "defect (minor): an invalid user_trigger_fraction is refused by the user half's config, whose message "
-        "names 'trigger_fraction' (the record half's parameter of the same name), not 'user_trigger_fraction'"
-    ),
-)
-@pytest.mark.parametrize("value", [0, 1.5, float("nan"), "0.5"])
+@pytest.mark.parametrize("value", [0, 1.5, -0.1, float("nan"), float("inf"), "0.5", True])
 def test_an_invalid_user_trigger_fraction_is_refused_naming_it(value: object) -> None:
-    with pytest.raises(ValueError, match="user_trigger_fraction"):
+    with pytest.raises(ValueError, match=r"^user_trigger_fraction must be (a number )?in \(0, 1\], got "):
         build(1_000, user_trigger_fraction=value)
+
+
+@pytest.mark.parametrize("half", ["tool_results", "user_turns"])
+def test_a_tokenizer_other_than_the_halves_is_refused_naming_it(half: str) -> None:
+    other = CharacterEstimatorTokenizer()
+    record_half = ToolResultAnchoredSummarizationCompactionStrategy(
+        max_input_tokens=1_000, tokenizer=other if half == "tool_results" else TOKENIZER
+    )
+    user_half = UserTurnAnchoredSummarizationCompactionStrategy(
+        max_input_tokens=1_000,
+        tokenizer=other if half == "user_turns" else TOKENIZER,
+        client=ScriptedSummarizer(),
+        remembered_requests=2,
+    )
+    with pytest.raises(ValueError, match=rf"^tokenizer must be the same tokenizer as {half}'s"):
+        Composition(tokenizer=TOKENIZER, tool_results=record_half, user_turns=user_half)
+    # The same tokenizer everywhere is accepted (the README's wiring).
+    assert build(1_000).tokenizer is TOKENIZER
 
 
 def test_user_trigger_fraction_sets_the_user_halfs_trigger() -> None:

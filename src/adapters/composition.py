@@ -19,6 +19,7 @@ from agent_framework import Message
 from ..core import composition as core
 from ..core import records as records_core
 from ..core import user_summaries
+from ..core.checks import require_fraction
 from ..core.composition import CompositionConfig, CompositionReport, CompositionState, OverflowPolicy
 from ..core.effects import Request
 from ..core.errors import CompactionBudgetExceeded
@@ -79,10 +80,10 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
     harness's before and after strategy.
 
     Args:
-        tokenizer: The tokenizer (the same as both halves').
+        tokenizer: The tokenizer; the same as both halves' (another one raises ``ValueError``).
         tool_results: The record half, with its default fallback.
         user_turns: The user half; ``remembered_requests >= 2`` unless it recompacts.
-        user_trigger_fraction: The user half's trigger; ``None`` uses the record half's.
+        user_trigger_fraction: The user half's trigger, in (0, 1]; ``None`` uses the record half's.
         harder_attempts: Harder rewrites of the merged record the chain may ask for after
             each merge (about 60%, then 36% of the length), at least 0.
         merge_prompt: The instructions for record merges (a default is provided).
@@ -141,6 +142,14 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             )
         if merge_prompt is not None and (not isinstance(merge_prompt, str) or not merge_prompt.strip()):
             raise ValueError(f"merge_prompt must be a non-empty string or None, got {merge_prompt!r}")
+        for name, half in (("tool_results", tool_results), ("user_turns", user_turns)):
+            if not (half.tokenizer is tokenizer or half.tokenizer == tokenizer):
+                raise ValueError(
+                    f"tokenizer must be the same tokenizer as {name}'s (every size rule compares counts of one "
+                    f"tokenizer), got {tokenizer!r} and {name}.tokenizer {half.tokenizer!r}"
+                )
+        if user_trigger_fraction is not None:
+            require_fraction("user_trigger_fraction", user_trigger_fraction)
         trigger = tool_results.trigger_fraction if user_trigger_fraction is None else user_trigger_fraction
         config = CompositionConfig(
             records=tool_results.config,
