@@ -67,7 +67,8 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
 
     Each pass runs the record half (records replace the tool results they quote), then
     the user half (summaries replace earlier user turns) unless it is waiting for a
-    record that is due (at most two model responses). Only while the prompt is over the
+    record that is due (at most two model responses; only a pass that fits the budget
+    waits). Only while the prompt is over the
     budget it then holds every uncovered tool group and lets the anchored rules shed
     narration, and then applies ``overflow_policy``: ``"shed"`` removes whole
     unrecorded tool groups, oldest first, each leaving a removal note the model sees and

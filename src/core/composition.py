@@ -7,9 +7,10 @@ then, only while the prompt is over the budget, a last-resort chain:
 1. **Record half**: the record rules (coverage, holds, asks; :mod:`.records`), without
    their own fallback.
 2. **User half** (:mod:`.user_summaries`), unless it is waiting for a record that is
-   due: a record about to be written would change what the summary must carry. The
-   wait lasts at most two model responses, never starts again behind the same record,
-   and is dropped when the conversation's clock goes back (a restore).
+   due: a record about to be written would change what the summary must carry. Only a
+   pass that fits the budget waits (over it the user half makes room now). The wait
+   lasts at most two model responses, never starts again behind the same record, and
+   is dropped when the conversation's clock goes back (a restore).
 3. **Record replacements**: the records are merged into one written record, then
    rewritten harder (about 60%, then 36% of the length), each through the user half's
    summarizer and bounded by its ``max_summary_input_tokens``. A replacement is kept only
@@ -328,6 +329,8 @@ def step(
     chain, waiting = _wait(
         state.chain, _clock(output), due=records.record_due(record_state), count=passed.report.records
     )
+    # Waiting is only for passes that fit: over the budget the user half makes room now.
+    waiting = waiting and sent_tokens(output) <= budget
     user_report: UserReport | None = None
     users = state.users
     if not waiting:
