@@ -76,7 +76,8 @@ def answers(draw: DrawFn, *, description: bool) -> Answer:
     turns = None if text is not None else draw(st.none() | counts)
     if description:
         return Answer(draw(texts), text, turns=turns)
-    summary_id = draw(st.none() | st.integers(0, 99).map(lambda n: f"user_summary_{n}") | texts)
+    ids = st.integers(0, MAX_COUNT).map(lambda n: f"user_summary_{n}")
+    summary_id = draw(st.none() | ids | st.integers(0, 99).map(lambda n: f"user_summary_fold_{n}"))
     sources = draw(st.none() | st.integers(1, 12) | st.integers(1, MAX_COUNT))
     return Answer(draw(texts), text, summary_id=summary_id, sources=sources, turns=turns)
 

@@ -35,8 +35,12 @@ from maf_compaction import (
 )
 from maf_compaction.adapters.convert import EXCLUDED_KEY, NOTE_KEY, PRESERVED_KEY, SUMMARY_KEY
 from maf_compaction.core.anchored import TOOL_NOTE_PREFIX
+from maf_compaction.core.composition import CompositionState
+from maf_compaction.core.effects import Answer
+from maf_compaction.core.errors import SnapshotError
 from maf_compaction.core.recall import RecallState
 from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_PREFIX
+from maf_compaction.core.user_snapshot import UserSummarySnapshot
 from maf_compaction.core.values import distinctive_values
 from test_user_summaries import ScriptedSummarizer, extractive
 
@@ -609,6 +613,37 @@ def test_a_due_record_never_makes_a_pass_fail_that_the_user_half_fits() -> None:
     assert report.users is not None and report.users.replaced
     assert report.tokens_after <= budget
     assert report.shed is None or not report.shed.shed, "the wait made the pass shed instead"
+
+
+def _restored_with_summary_id(summary_id: str) -> dict[str, Any]:
+    """A composition state whose user half remembers one accepted summary under ``summary_id``."""
+    answer = Answer("a" * 32, "The user asked for RQ-000001.", summary_id=summary_id, sources=2)
+    return CompositionState(users=UserSummarySnapshot(answers=(answer,), compactions=1)).to_dict()
+
+
+@pytest.mark.parametrize("bad", ["q3", "user_summary_", "user_summary_07", "record_replacement_0", "user_summary_1x"])
+def test_a_restored_malformed_summary_id_is_refused_naming_the_field(bad: str) -> None:
+    with pytest.raises(SnapshotError, match=r"'answers\[0\]\.summary_id': must be 'user_summary_<n>'"):
+        build(1_000).restore_decisions(_restored_with_summary_id(bad))
+
+
+def test_a_restored_summary_id_of_another_message_in_history_is_refused_naming_the_field() -> None:
+    messages = chat(4)
+    messages[3].message_id = "user_summary_0"  # a host message that happens to carry the id
+    strategy = build(100_000)
+    strategy.restore_decisions(_restored_with_summary_id("user_summary_0"))
+    before = dump(messages)
+    with pytest.raises(SnapshotError, match=r"'users\.answers\[0\]\.summary_id' is 'user_summary_0', the id of"):
+        run(strategy, messages)
+    assert dump(messages) == before
+    # The same state over a history without that id is this conversation's; so is the user half's own.
+    fine = build(100_000)
+    fine.restore_decisions(_restored_with_summary_id("user_summary_0"))
+    run(fine, chat(4))
+    alone = build(100_000).user_turns
+    alone.restore_decisions(_restored_with_summary_id("user_summary_0")["users"])
+    with pytest.raises(SnapshotError, match=r"'answers\[0\]\.summary_id' is 'user_summary_0'"):
+        asyncio.run(alone(messages))
 
 
 def test_a_pass_that_raises_never_repeats_its_summarizer_request() -> None:

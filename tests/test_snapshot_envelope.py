@@ -306,6 +306,10 @@ def test_wrong_types_and_ranges_are_refused_naming_the_path(data: dict[str, obje
         (user(answers=[answer(turns=3)]), r"'answers\[0\]\.turns': an answer with text carries no turns"),
         (user(descriptions=[answer(summary_id="user_summary_1", sources=None)]), r"'descriptions\[0\]\.summary_id'"),
         (user(descriptions=[answer()]), r"'descriptions\[0\]\.sources'"),
+        *(
+            (user(answers=[answer(summary_id=bad)]), r"'answers\[0\]\.summary_id': must be 'user_summary_<n>' or")
+            for bad in ("q3", "user_summary_", "user_summary_01", "user_summary_fold_x", "user_summary_1 ", "record_1")
+        ),
     ],
 )
 def test_inconsistent_snapshots_are_refused(data: dict[str, object], message: str) -> None:

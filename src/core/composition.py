@@ -421,8 +421,10 @@ def absorb(state: CompositionState, answers: Sequence[tuple[Request, str | None]
 
 def check(config: CompositionConfig, state: CompositionState, history: History) -> str | None:
     """Why a restored ``state`` cannot belong to ``history``, or ``None``."""
-    return records.check(config.records, state.records, history) or anchored.check(
-        config.shed, state.chain.shed, history
+    return (
+        records.check(config.records, state.records, history)
+        or anchored.check(config.shed, state.chain.shed, history)
+        or user_summaries.colliding_summary_id(state.users, history, field="users.answers")
     )
 
 

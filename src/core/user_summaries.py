@@ -600,8 +600,30 @@ def _fold(p: _Pass) -> UserNeeds | UserDone:
 
 
 def check(config: UserSummaryConfig, state: UserSummarySnapshot, history: History) -> str | None:
-    """Any remembered answer may belong to this conversation: answers are found by request identity only."""
-    del config, state, history
+    """Why ``state`` cannot be this conversation's, or ``None``.
+
+    Answers are found by request identity only, so any of them may belong to this
+    conversation; but an accepted summary's id becomes a message id, so it must not be
+    the id of a message in the history that is not that summary (a forged or foreign
+    snapshot would otherwise give two messages one id, and links would name the wrong one).
+    """
+    del config
+    return colliding_summary_id(state, history)
+
+
+def colliding_summary_id(state: UserSummarySnapshot, history: History, *, field: str = "answers") -> str | None:
+    """The first accepted answer whose ``summary_id`` names a message of ``history`` that is no summary of ours.
+
+    ``field`` is where the answers sit in the snapshot, for the message (a composition
+    nests them under ``users``).
+    """
+    others = {r.message_id for r in history if r.message_id and not r.summary}
+    for number, answer in enumerate(state.answers):
+        if answer.text is not None and answer.summary_id in others:
+            return (
+                f"snapshot field '{field}[{number}].summary_id' is {answer.summary_id!r}, the id of another "
+                "message in this conversation"
+            )
     return None
 
 
