@@ -13,6 +13,7 @@ import asyncio
 import copy
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -188,3 +189,42 @@ def strategy_counter() -> Any:
     from maf_compaction import MediaTokenEstimator
 
     return MediaTokenEstimator(TOKENIZER).parts
+
+
+def test_a_kept_merge_is_neither_a_response_nor_fewer_records_so_no_new_wait_starts_behind_it() -> None:
+    """Asks and waits read one clock and one record count that only grow; a kept merge moves neither.
+
+    The user half waits for a due record, the wait ends after two responses behind the two
+    records, then the prompt outgrows the budget and the chain merges them into one
+    written record: the records behind which the wait ended are the same records, so no
+    new wait starts (the count of active records fell to one, and the written record
+    would have counted as a response).
+    """
+    from maf_compaction.adapters.convert import to_history
+    from maf_compaction.core import records as records_core
+    from maf_compaction.core.recall import RecallState
+
+    messages = conversation()
+    source = [Message.from_dict(m.to_dict()) for m in messages]
+    strategy, client = build(merged, size(messages) + 30)
+    cell = strategy.tool_results.state_cell
+    cell.value = replace(cell.value, recall=RecallState(next_pin="size"))  # a record is due, as the middleware says
+    waited: list[bool] = []
+    for n in range(6):  # the prompt outgrows the budget on the fifth pass: the chain merges
+        if n:
+            messages += [
+                Message("assistant", [f"Working on step {n} of the audit now."], message_id=f"w{n}"),
+                Message("user", [f"Continue with step {n}, please."], message_id=f"k{n}"),
+            ]
+        asyncio.run(strategy(messages))
+        waited.append(strategy.last_report.waited)
+    assert strategy.records_replaced >= 1, "the chain kept a merge"
+    assert client.calls == 1
+    assert waited == [True, True, False, False, False, False], waited
+    counter = strategy_counter()
+    before = to_history(source, counter, note_kind="anchored")
+    grown = {f"{kind}{n}" for kind in "wk" for n in range(6)}
+    after = to_history([m for m in messages if m.message_id not in grown], counter, note_kind="anchored")
+    assert any(r.written_record for r in after), "the merged record is in the list"
+    assert records_core.records_written(after) == records_core.records_written(before) == 2
+    assert records_core.responses(after) == records_core.responses(before)

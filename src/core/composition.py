@@ -327,7 +327,7 @@ def step(
     output = passed.history
     record_state = replace(state.records, decisions=passed.decisions)
     chain, waiting = _wait(
-        state.chain, _clock(output), due=records.record_due(record_state), count=passed.report.records
+        state.chain, _clock(output), due=records.record_due(record_state), count=records.records_written(output)
     )
     # Waiting is only for passes that fit: over the budget the user half makes room now.
     waiting = waiting and sent_tokens(output) <= budget
@@ -623,8 +623,8 @@ def _anchored(
 
 
 def _clock(history: History) -> int:
-    """Assistant responses in the conversation (our notes and written records aside): it only grows."""
-    return sum(1 for r in history if r.role == "assistant" and not r.note and not r.written_record and not r.injected)
+    """The conversation's clock: the record half's one definition of a model response (it only grows)."""
+    return records.responses(history)
 
 
 def _wait(chain: ChainDecisions, clock: int, *, due: bool, count: int) -> tuple[ChainDecisions, bool]:
