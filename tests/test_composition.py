@@ -610,7 +610,8 @@ def test_a_due_record_never_makes_a_pass_fail_that_the_user_half_fits() -> None:
     report = strategy.last_report
     assert report is not None
     assert not report.waited
-    assert report.users is not None and report.users.replaced
+    assert report.users is not None
+    assert report.users.replaced
     assert report.tokens_after <= budget
     assert report.shed is None or not report.shed.shed, "the wait made the pass shed instead"
 

@@ -72,29 +72,6 @@ WIRINGS: Final[Mapping[str, int]] = {"readme": 4, "bench": 2}
 CELLS: Final = [(w, h, f, s) for w in WIRINGS for h in HARNESSES for f in FILLS for s in (False, True)]
 IDS: Final = [f"{w}-{h}-{f}-{'stream' if s else 'blocking'}" for w, h, f, s in CELLS]
 MATRIX = pytest.mark.parametrize(("wiring", "harness", "fill", "stream"), CELLS, ids=IDS)
-SHED_UNRECORDED: Final = (
-    "defect (issue 12, open): with the budget set as the README says (window - output - the harness's measured "
-    "instructions and tool schemas), a lookup arrives after the newest record and pushes the prompt over the "
-    "budget in one step, before the record the composition asks for near the budget can be written; the "
-    "overflow policy then sheds it whole, unrecorded (named in a WARNING, with a note), and its planted codes "
-    "cannot be answered. The composition must ask for (and wait for) a record of a group before shedding it"
-)
-#: The cells that lose planted codes today (README wiring: min_groups_before_repeat=4; bench: 2).
-LOSSY: Final = {
-    ("readme", "harness-defaults", 1.5),
-    ("bench", "harness-defaults", 3.0),
-    ("bench", "no-todo-no-mode", 3.0),
-}
-ANSWERED: Final = [
-    pytest.param(
-        *cell,
-        id=name,
-        marks=[pytest.mark.xfail(strict=True, raises=AssertionError, reason=SHED_UNRECORDED)]
-        if cell[:3] in LOSSY
-        else [],
-    )
-    for cell, name in zip(CELLS, IDS, strict=True)
-]
 
 
 class ModelClient(SimulatedChatClient):
@@ -257,7 +234,7 @@ async def test_every_request_fits_the_window(
     assert max(c.input_tokens for c in result.calls) <= WINDOW
 
 
-@pytest.mark.parametrize(("wiring", "harness", "fill", "stream"), ANSWERED)
+@MATRIX
 async def test_every_planted_code_is_answered(
     wiring: str, harness: str, fill: float, stream: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -311,7 +288,7 @@ async def test_whatever_left_the_prompt_unrecorded_and_unsummarized_is_named_in_
 
 
 async def test_raise_reaches_the_host_through_the_harness_where_shed_would_shed() -> None:
-    """README wiring, fill 3.0: where ``"shed"`` sheds (the xfails above), ``"raise"`` ends the run with the error."""
+    """README wiring, fill 3.0: where ``"shed"`` would shed an uncovered group, ``"raise"`` ends the run."""
     with tempfile.TemporaryDirectory(prefix="maf-e2e-composition-") as directory, contextlib.chdir(directory):
         with pytest.raises(CompactionBudgetExceeded) as raised:
             await _play(SCENARIOS[3.0], HARNESSES["no-todo-no-mode"], stream=False, repeat=4, policy="raise")
