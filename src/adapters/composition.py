@@ -21,7 +21,7 @@ from ..core import records as records_core
 from ..core import user_summaries
 from ..core.checks import require_fraction
 from ..core.composition import CompositionConfig, CompositionReport, CompositionState, OverflowPolicy
-from ..core.effects import Request
+from ..core.effects import Request, Summarize
 from ..core.errors import CompactionBudgetExceeded
 from ..core.model import History
 from ..core.records import RecordState
@@ -99,8 +99,11 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         fallbacks_after_record: Passes whose fallback with holds changed something.
         shed_events: Passes whose overflow policy shed something new.
         records_replaced: Passes that applied a kept record merge or rewrite (fresh or replayed).
-        replacements_refused: Distinct replacements refused: not smaller, a value of what they
-            replace missing, or the request failed (each is never asked for again).
+        replacements_refused: Distinct replacements refused: not smaller, or a value of what
+            they replace missing (each is never asked for again).
+        replacements_failed: Replacement requests that failed (the summarizer raised or
+            answered nothing); a failure stands until the next user turn, then the request is
+            asked again.
         budget_failures: Passes that raised ``CompactionBudgetExceeded``.
         last_report: What the last pass did, or ``None``.
     """
@@ -174,6 +177,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         self.records_replaced = 0
         self._refused: set[str] = set()
         self.replacements_refused = 0
+        self.replacements_failed = 0
         self.budget_failures = 0
         self.last_report: CompositionReport | None = None
 
@@ -232,7 +236,15 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             raise
 
     async def _perform(self, request: Request, messages: Sequence[Message]) -> str | None:
-        return await self._user_turns._perform(request, messages)  # pyright: ignore[reportPrivateUsage]
+        answer = await self._user_turns._perform(request, messages)  # pyright: ignore[reportPrivateUsage]
+        if isinstance(request, Summarize) and request.kind in ("merge", "rewrite") and answer is None:
+            self.replacements_failed += 1
+            logger.warning(
+                "The record %s request failed; the records stay as they are, and it is asked again after the next "
+                "user turn",
+                request.kind,
+            )
+        return answer
 
     def _observe(
         self, report: CompositionReport, before: History, messages: Sequence[Message], fresh: set[str]
@@ -264,7 +276,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             self._refused |= fresh_refusals
             self.replacements_refused = len(self._refused)
             logger.warning(
-                "Refused %d record replacement(s): not smaller than the records they would replace, a value of "
-                "theirs missing, or the summarizer failed; the records stay as they are",
+                "Refused %d record replacement(s): not smaller than the records they would replace, or a value of "
+                "theirs missing; the records stay as they are",
                 len(fresh_refusals),
             )

@@ -290,7 +290,7 @@ def pass_(
         records=records,
         tokens=sent_tokens(history),
         standing=tuple(k for k, r in enumerate(records) if r.summary and not r.excluded and r.role == "user"),
-        user_turns=sum(1 for r in records if r.role == "user" and not r.summary),
+        user_turns=user_turns(records),
     )
     if p.tokens <= config.trigger_tokens:
         return p.done(Outcome.BELOW_TRIGGER)
@@ -334,6 +334,14 @@ def pass_(
         return p.done(Outcome.NOTHING_FITS, band_tokens=eligible_tokens, protected=protected)
     summary_id = _next_id(SUMMARY_ID_PREFIX, snapshot.compactions, records, exclude_prefix=FOLD_ID_PREFIX)
     return _ask(p, "summary", selected, summary_id, band_tokens=eligible_tokens, protected=protected)
+
+
+def user_turns(history: Iterable[MessageRecord]) -> int:
+    """The user's own turns in the conversation, excluded ones too (not our summaries, notes or injected context).
+
+    It only grows, so it dates a failure: a failed request stands until it grows.
+    """
+    return sum(1 for r in history if r.role == "user" and not r.summary and not r.note and not r.injected)
 
 
 def _reachable_descriptions(
