@@ -6,10 +6,13 @@ thing everywhere: what ``step``/``absorb`` can write.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn, SearchStrategy
 
 from maf_compaction import AnchoredSnapshot, Ask, RecordDecisions, UserSummarySnapshot
+from maf_compaction.core.composition import ChainDecisions, Replacement
 from maf_compaction.core.effects import Answer
 from maf_compaction.core.envelope import MAX_COUNT
 
@@ -76,7 +79,8 @@ def answers(draw: DrawFn, *, description: bool) -> Answer:
     turns = None if text is not None else draw(st.none() | counts)
     if description:
         return Answer(draw(texts), text, turns=turns)
-    summary_id = draw(st.none() | st.integers(0, 99).map(lambda n: f"user_summary_{n}") | texts)
+    ids = st.integers(0, MAX_COUNT).map(lambda n: f"user_summary_{n}")
+    summary_id = draw(st.none() | ids | st.integers(0, 99).map(lambda n: f"user_summary_fold_{n}"))
     sources = draw(st.none() | st.integers(1, 12) | st.integers(1, MAX_COUNT))
     return Answer(draw(texts), text, summary_id=summary_id, sources=sources, turns=turns)
 
@@ -91,4 +95,23 @@ user_snapshots = st.builds(
     descriptions=_answer_lists(description=True),
     compactions=counts,
     folds=counts,
+)
+
+
+@st.composite
+def replacements(draw: DrawFn) -> Replacement:
+    """A judged record replacement ``absorb`` could write: ``turns`` only on a failure."""
+    text = draw(st.none() | texts)
+    turns = None if text is not None else draw(st.none() | counts)
+    kind: Literal["merge", "rewrite"] = "merge" if draw(st.booleans()) else "rewrite"
+    replacement_id = draw(st.integers(0, MAX_COUNT).map(lambda n: f"record_replacement_{n}"))
+    return Replacement(draw(texts), draw(st.integers(1, MAX_COUNT)), text, replacement_id, kind, turns)
+
+
+chain_decisions = st.builds(
+    ChainDecisions,
+    wait_since=st.none() | counts,
+    declined_behind=st.none() | counts,
+    shed=anchored_snapshots(),
+    replacements=st.lists(replacements(), max_size=4, unique_by=lambda r: r.identity).map(tuple),
 )

@@ -35,8 +35,12 @@ from maf_compaction import (
 )
 from maf_compaction.adapters.convert import EXCLUDED_KEY, NOTE_KEY, PRESERVED_KEY, SUMMARY_KEY
 from maf_compaction.core.anchored import TOOL_NOTE_PREFIX
+from maf_compaction.core.composition import CompositionState
+from maf_compaction.core.effects import Answer
+from maf_compaction.core.errors import SnapshotError
 from maf_compaction.core.recall import RecallState
 from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_PREFIX
+from maf_compaction.core.user_snapshot import UserSummarySnapshot
 from maf_compaction.core.user_summaries import Outcome
 from maf_compaction.core.values import distinctive_values
 from test_user_summaries import ScriptedSummarizer, extractive
@@ -251,18 +255,28 @@ def test_an_invalid_parameter_raises_naming_it(kwargs: dict[str, Any], name: str
         build(1_000, **kwargs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=(
-        "defect (minor): an invalid user_trigger_fraction is refused by the user half's config, whose message "
-        "names 'trigger_fraction' (the record half's parameter of the same name), not 'user_trigger_fraction'"
-    ),
-)
-@pytest.mark.parametrize("value", [0, 1.5, float("nan"), "0.5"])
+@pytest.mark.parametrize("value", [0, 1.5, -0.1, float("nan"), float("inf"), "0.5", True])
 def test_an_invalid_user_trigger_fraction_is_refused_naming_it(value: object) -> None:
-    with pytest.raises(ValueError, match="user_trigger_fraction"):
+    with pytest.raises(ValueError, match=r"^user_trigger_fraction must be (a number )?in \(0, 1\], got "):
         build(1_000, user_trigger_fraction=value)
+
+
+@pytest.mark.parametrize("half", ["tool_results", "user_turns"])
+def test_a_tokenizer_other_than_the_halves_is_refused_naming_it(half: str) -> None:
+    other = CharacterEstimatorTokenizer()
+    record_half = ToolResultAnchoredSummarizationCompactionStrategy(
+        max_input_tokens=1_000, tokenizer=other if half == "tool_results" else TOKENIZER
+    )
+    user_half = UserTurnAnchoredSummarizationCompactionStrategy(
+        max_input_tokens=1_000,
+        tokenizer=other if half == "user_turns" else TOKENIZER,
+        client=ScriptedSummarizer(),
+        remembered_requests=2,
+    )
+    with pytest.raises(ValueError, match=rf"^tokenizer must be the same tokenizer as {half}'s"):
+        Composition(tokenizer=TOKENIZER, tool_results=record_half, user_turns=user_half)
+    # The same tokenizer everywhere is accepted (the README's wiring).
+    assert build(1_000).tokenizer is TOKENIZER
 
 
 def test_user_trigger_fraction_sets_the_user_halfs_trigger() -> None:
@@ -557,11 +571,20 @@ def _over_by_groups(groups: int) -> tuple[int, list[Message]]:
     return after_records - uncovered * groups + uncovered // 2, messages
 
 
+def build_without_user_band(budget: int, **kwargs: Any) -> Composition:
+    """Every user turn in the user half's tail: only the record half and the chain can make room.
+
+    Over the budget the user half runs even while a record is due, so without this it
+    would summarise the requirements and the overflow policy would not be reached.
+    """
+    return build(budget, users={"keep_tail_user_turns": 1_000}, **kwargs)
+
+
 def test_shed_removes_whole_unrecorded_groups_oldest_first_named_in_a_warning_with_a_note(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     budget, messages = _over_by_groups(1)
-    strategy = build(budget)
+    strategy = build_without_user_band(budget)
     with caplog.at_level(logging.WARNING, logger="maf_compaction"):
         run(strategy, messages)
     shed = [i for i in excluded_ids(messages) if i not in {"c0", "r0", "c1", "r1", "c2", "r2"}]
@@ -580,7 +603,7 @@ def test_shed_removes_whole_unrecorded_groups_oldest_first_named_in_a_warning_wi
 
 def test_shed_never_removes_a_record_or_a_user_turn() -> None:
     budget, messages = _over_by_groups(2)
-    strategy = build(budget)
+    strategy = build_without_user_band(budget)
     run(strategy, messages)
     report = strategy.last_report
     assert report is not None
@@ -593,12 +616,12 @@ def test_shed_never_removes_a_record_or_a_user_turn() -> None:
 
 def test_a_shed_replays_on_the_other_list_and_after_a_restore() -> None:
     budget, messages = _over_by_groups(1)
-    strategy = build(budget)
+    strategy = build_without_user_band(budget)
     run(strategy, messages)
     other = conversation(6, covers=(0, 1, 2))
     run(strategy, other)
     assert dump(other) == dump(messages)
-    restored = build(budget)
+    restored = build_without_user_band(budget)
     restored.restore_state(strategy.decision_state())
     third = conversation(6, covers=(0, 1, 2))
     run(restored, third)
@@ -607,7 +630,7 @@ def test_a_shed_replays_on_the_other_list_and_after_a_restore() -> None:
 
 def test_raise_keeps_uncovered_results_and_leaves_the_list_untouched() -> None:
     budget, messages = _over_by_groups(1)
-    strategy = build(budget, overflow_policy="raise")
+    strategy = build_without_user_band(budget, overflow_policy="raise")
     before = dump(messages)
     with pytest.raises(CompactionBudgetExceeded) as raised:
         run(strategy, messages)
@@ -644,18 +667,8 @@ def test_both_policies_raise_when_the_records_alone_cannot_fit(policy: str) -> N
 # ----------------------------------------------------------------------------- defects found
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=CompactionBudgetExceeded,
-    reason=(
-        "defect: while the user half waits for a due record, the chain never runs it, so a pass that the user "
-        "half alone would fit (the same list without the pending pin ends at a fraction of the budget) raises "
-        "CompactionBudgetExceeded, naming 'anchors, records and protected messages' although no message is "
-        "protected; under 'shed' the same wait sheds unrecorded tool groups instead (core/composition.step: "
-        "`if not waiting:` gates the user half even when the prompt is over the budget)"
-    ),
-)
 def test_a_due_record_never_makes_a_pass_fail_that_the_user_half_fits() -> None:
+    """Waiting is only for passes that fit: over the budget the user half runs though a record is due."""
     messages = chat(12)
     budget = measured(messages)[0] // 2
     free = build(budget)
@@ -664,9 +677,46 @@ def test_a_due_record_never_makes_a_pass_fail_that_the_user_half_fits() -> None:
     assert free.last_report.tokens_after <= budget, "without a pending pin the user half fits the budget"
     strategy = build(budget)
     pin_next_request(strategy)
-    run(strategy, messages)  # raises CompactionBudgetExceeded
-    assert strategy.last_report is not None
-    assert strategy.last_report.tokens_after <= budget
+    assert strategy.tool_results.record_due()
+    run(strategy, messages)  # raised CompactionBudgetExceeded while the wait gated the user half
+    report = strategy.last_report
+    assert report is not None
+    assert not report.waited
+    assert report.users is not None
+    assert report.users.replaced
+    assert report.tokens_after <= budget
+    assert report.shed is None or not report.shed.shed, "the wait made the pass shed instead"
+
+
+def _restored_with_summary_id(summary_id: str) -> dict[str, Any]:
+    """A composition state whose user half remembers one accepted summary under ``summary_id``."""
+    answer = Answer("a" * 32, "The user asked for RQ-000001.", summary_id=summary_id, sources=2)
+    return CompositionState(users=UserSummarySnapshot(answers=(answer,), compactions=1)).to_dict()
+
+
+@pytest.mark.parametrize("bad", ["q3", "user_summary_", "user_summary_07", "record_replacement_0", "user_summary_1x"])
+def test_a_restored_malformed_summary_id_is_refused_naming_the_field(bad: str) -> None:
+    with pytest.raises(SnapshotError, match=r"'answers\[0\]\.summary_id': must be 'user_summary_<n>'"):
+        build(1_000).restore_decisions(_restored_with_summary_id(bad))
+
+
+def test_a_restored_summary_id_of_another_message_in_history_is_refused_naming_the_field() -> None:
+    messages = chat(4)
+    messages[3].message_id = "user_summary_0"  # a host message that happens to carry the id
+    strategy = build(100_000)
+    strategy.restore_decisions(_restored_with_summary_id("user_summary_0"))
+    before = dump(messages)
+    with pytest.raises(SnapshotError, match=r"'users\.answers\[0\]\.summary_id' is 'user_summary_0', the id of"):
+        run(strategy, messages)
+    assert dump(messages) == before
+    # The same state over a history without that id is this conversation's; so is the user half's own.
+    fine = build(100_000)
+    fine.restore_decisions(_restored_with_summary_id("user_summary_0"))
+    run(fine, chat(4))
+    alone = build(100_000).user_turns
+    alone.restore_decisions(_restored_with_summary_id("user_summary_0")["users"])
+    with pytest.raises(SnapshotError, match=r"'answers\[0\]\.summary_id' is 'user_summary_0'"):
+        asyncio.run(alone(messages))
 
 
 def test_a_pass_that_raises_never_repeats_its_summarizer_request() -> None:

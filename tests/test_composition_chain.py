@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -188,3 +190,99 @@ def strategy_counter() -> Any:
     from maf_compaction import MediaTokenEstimator
 
     return MediaTokenEstimator(TOKENIZER).parts
+
+
+def test_a_kept_merge_is_neither_a_response_nor_fewer_records_so_no_new_wait_starts_behind_it() -> None:
+    """Asks and waits read one clock and one record count that only grow; a kept merge moves neither.
+
+    The user half waits for a due record, the wait ends after two responses behind the two
+    records, then the prompt outgrows the budget and the chain merges them into one
+    written record: the records behind which the wait ended are the same records, so no
+    new wait starts (the count of active records fell to one, and the written record
+    would have counted as a response).
+    """
+    from maf_compaction.adapters.convert import to_history
+    from maf_compaction.core import records as records_core
+    from maf_compaction.core.recall import RecallState
+
+    messages = conversation()
+    source = [Message.from_dict(m.to_dict()) for m in messages]
+    strategy, client = build(merged, size(messages) + 30)
+    cell = strategy.tool_results.state_cell
+    cell.value = replace(cell.value, recall=RecallState(next_pin="size"))  # a record is due, as the middleware says
+    waited: list[bool] = []
+    for n in range(6):  # the prompt outgrows the budget on the fifth pass: the chain merges
+        if n:
+            messages += [
+                Message("assistant", [f"Working on step {n} of the audit now."], message_id=f"w{n}"),
+                Message("user", [f"Continue with step {n}, please."], message_id=f"k{n}"),
+            ]
+        asyncio.run(strategy(messages))
+        waited.append(strategy.last_report.waited)
+    assert strategy.records_replaced >= 1, "the chain kept a merge"
+    assert client.calls == 1
+    assert waited == [True, True, False, False, False, False], waited
+    counter = strategy_counter()
+    before = to_history(source, counter, note_kind="anchored")
+    grown = {f"{kind}{n}" for kind in "wk" for n in range(6)}
+    after = to_history([m for m in messages if m.message_id not in grown], counter, note_kind="anchored")
+    assert any(r.written_record for r in after), "the merged record is in the list"
+    assert records_core.records_written(after) == records_core.records_written(before) == 2
+    assert records_core.responses(after) == records_core.responses(before)
+
+
+def flaky(failure: str) -> Callable[[Sequence[Message]], str]:
+    """A summarizer whose first answer fails (it raises, or answers nothing), then merges faithfully."""
+    calls: list[int] = []
+
+    def script(messages: Sequence[Message]) -> str:
+        calls.append(1)
+        if len(calls) > 1:
+            return merged(messages)
+        if failure == "raises":
+            raise RuntimeError("the summarizer is down")
+        return "  "
+
+    return script
+
+
+@pytest.mark.parametrize("failure", ["raises", "blank"])
+def test_a_failed_merge_stands_until_the_next_user_turn_then_is_asked_again(failure: str) -> None:
+    messages = conversation()
+    strategy, client = build(flaky(failure), budget_for(messages), overflow_policy="raise")
+    with pytest.raises(CompactionBudgetExceeded):
+        asyncio.run(strategy(messages))
+    assert client.calls == 1, "a failure stops the chain's asks on its pass: no rewrite is asked behind it"
+    assert (strategy.replacements_failed, strategy.replacements_refused) == (1, 0)
+    # The same conversation state, on this instance and after a round trip through the envelope: no second call.
+    saved = json.loads(json.dumps(strategy.decision_state().to_dict()))
+    with pytest.raises(CompactionBudgetExceeded):
+        asyncio.run(strategy(copy.deepcopy(messages)))
+    restored, restored_client = build(flaky("raises"), budget_for(messages), overflow_policy="raise")
+    restored.restore_decisions(saved)
+    with pytest.raises(CompactionBudgetExceeded):
+        asyncio.run(restored(copy.deepcopy(messages)))
+    assert (client.calls, restored_client.calls) == (1, 0)
+    # A new user turn is a new state: the same request is asked once more, and this time it is kept.
+    messages.append(Message("user", ["And the totals?"], message_id="more"))
+    asyncio.run(strategy(messages))
+    assert client.calls == 2
+    assert client.transcript(1) == client.transcript(0), "the same request, asked again"
+    assert strategy.records_replaced == 1
+    assert strategy.replacements_refused == 0
+    asyncio.run(strategy(copy.deepcopy(messages)))
+    assert client.calls == 2, "a kept merge replays without a call"
+
+
+def test_a_refused_merge_stays_refused_after_new_user_turns() -> None:
+    messages = conversation()
+    strategy, client = build(lossy, budget_for(messages), overflow_policy="raise")
+    with pytest.raises(CompactionBudgetExceeded):
+        asyncio.run(strategy(messages))
+    calls = client.calls
+    for n in range(2):
+        messages.append(Message("user", [f"Still there? ({n})"], message_id=f"more{n}"))
+        with pytest.raises(CompactionBudgetExceeded):
+            asyncio.run(strategy(messages))
+    assert client.calls == calls, "an answer judged lossy is never asked for again"
+    assert strategy.replacements_failed == 0

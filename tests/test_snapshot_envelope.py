@@ -29,9 +29,16 @@ from maf_compaction import (
     ToolResultAnchoredSummarizationCompactionStrategy,
     UserSummarySnapshot,
 )
+from maf_compaction.core.composition import (
+    ChainDecisions,
+    CompositionState,
+    Replacement,
+    chain_from_dict,
+    chain_to_dict,
+)
 from maf_compaction.core.effects import Answer
 from maf_compaction.core.envelope import MAX_COUNT, Envelope
-from snapshot_values import anchored_snapshots, record_decisions, user_snapshots
+from snapshot_values import anchored_snapshots, chain_decisions, record_decisions, user_snapshots
 
 Snapshot = AnchoredSnapshot | RecordDecisions | UserSummarySnapshot
 Reader = Callable[[Mapping[str, object]], Snapshot]
@@ -306,6 +313,10 @@ def test_wrong_types_and_ranges_are_refused_naming_the_path(data: dict[str, obje
         (user(answers=[answer(turns=3)]), r"'answers\[0\]\.turns': an answer with text carries no turns"),
         (user(descriptions=[answer(summary_id="user_summary_1", sources=None)]), r"'descriptions\[0\]\.summary_id'"),
         (user(descriptions=[answer()]), r"'descriptions\[0\]\.sources'"),
+        *(
+            (user(answers=[answer(summary_id=bad)]), r"'answers\[0\]\.summary_id': must be 'user_summary_<n>' or")
+            for bad in ("q3", "user_summary_", "user_summary_01", "user_summary_fold_x", "user_summary_1 ", "record_1")
+        ),
     ],
 )
 def test_inconsistent_snapshots_are_refused(data: dict[str, object], message: str) -> None:
@@ -525,3 +536,51 @@ def test_an_ask_for_a_settled_group_is_refused(decisions: RecordDecisions, data:
     ask_fields["targets"] = [*ask_fields["targets"], settled]
     with pytest.raises(SnapshotError, match=rf"'ask\.targets': position {settled} is also settled"):
         RecordDecisions.from_dict(stored)
+
+
+# ----------------------------------------------------------------------------- the composition's chain
+
+
+@given(chain_decisions)
+def test_the_chains_decisions_round_trip_through_the_envelope_and_json(chain: ChainDecisions) -> None:
+    data = json.loads(json.dumps(chain_to_dict(chain)))
+    assert chain_from_dict(data) == chain
+    state = CompositionState(chain=chain)
+    assert CompositionState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+
+
+def test_a_failed_replacement_is_dated_and_a_version_1_failure_still_stands_for_ever() -> None:
+    failed = Replacement("i" * 32, 2, None, "record_replacement_0", "merge", turns=5)
+    data = chain_to_dict(ChainDecisions(replacements=(failed,)))
+    assert data["version"] == 2
+    assert cast("list[dict[str, object]]", data["replacements"])[0]["turns"] == 5
+    restored = chain_from_dict(data).replacements[0]
+    assert (restored.stands(5), restored.stands(6)) == (True, False), "a failure stands until the next user turn"
+    # Version 1 had no date: its failures were never asked again, and read so they still are not.
+    old = {
+        **data,
+        "version": 1,
+        "replacements": [
+            {k: v for k, v in entry.items() if k != "turns"}
+            for entry in cast("list[dict[str, object]]", data["replacements"])
+        ],
+    }
+    legacy = chain_from_dict(old).replacements[0]
+    assert (legacy.turns, legacy.stands(10**6)) == (None, True)
+    with pytest.raises(SnapshotError, match=r"unknown snapshot field\(s\) 'replacements\[0\]\.turns'"):
+        chain_from_dict({**data, "version": 1})
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"text": "merged", "turns": 3}, r"'replacements\[0\]\.turns': an answer with text carries no turns"),
+        ({"text": None, "turns": -1}, r"'replacements\[0\]\.turns': must be an integer"),
+        ({"text": None, "turns": True}, r"'replacements\[0\]\.turns': must be an integer"),
+    ],
+)
+def test_an_inconsistent_replacement_is_refused_naming_the_field(entry: dict[str, object], message: str) -> None:
+    data = chain_to_dict(ChainDecisions(replacements=(Replacement("i" * 32, 2, None, "record_replacement_0"),)))
+    data["replacements"] = [{**cast("list[dict[str, object]]", data["replacements"])[0], **entry}]
+    with pytest.raises(SnapshotError, match=message):
+        chain_from_dict(data)

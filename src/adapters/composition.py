@@ -19,8 +19,9 @@ from agent_framework import Message
 from ..core import composition as core
 from ..core import records as records_core
 from ..core import user_summaries
+from ..core.checks import require_fraction
 from ..core.composition import CompositionConfig, CompositionReport, CompositionState, OverflowPolicy
-from ..core.effects import Request
+from ..core.effects import Request, Summarize
 from ..core.errors import CompactionBudgetExceeded
 from ..core.model import History
 from ..core.records import RecordState
@@ -66,11 +67,12 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
 
     Each pass runs the record half (records replace the tool results they quote), then
     the user half (summaries replace earlier user turns) unless it is waiting for a
-    record that is due (at most two model responses). A summary is asked for where its
-    prefix break costs least: on the pass a record newly excludes tool groups (that
-    break is paid anyway), or, while the prompt fits, only when the conversation's
-    largest step would no longer fit beside it; then a record of the unrecorded tool
-    groups is asked for first and the summary rides on its break. Only while the prompt is over the
+    record that is due (at most two model responses; only a pass that fits the budget
+    waits). A summary is asked for where its prefix break costs least: on the pass a
+    record newly excludes tool groups (that break is paid anyway), or, while the prompt
+    fits, only when the conversation's largest step would no longer fit beside it; then a
+    record of the unrecorded tool groups is asked for first and the summary rides on its
+    break. Only while the prompt is over the
     budget it then holds every uncovered tool group and lets the anchored rules shed
     narration, and then applies ``overflow_policy``: ``"shed"`` removes whole
     unrecorded tool groups, oldest first, each leaving a removal note the model sees and
@@ -83,10 +85,10 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
     harness's before and after strategy.
 
     Args:
-        tokenizer: The tokenizer (the same as both halves').
+        tokenizer: The tokenizer; the same as both halves' (another one raises ``ValueError``).
         tool_results: The record half, with its default fallback.
         user_turns: The user half; ``remembered_requests >= 2`` unless it recompacts.
-        user_trigger_fraction: The user half's trigger; ``None`` uses the record half's.
+        user_trigger_fraction: The user half's trigger, in (0, 1]; ``None`` uses the record half's.
         harder_attempts: Harder rewrites of the merged record the chain may ask for after
             each merge (about 60%, then 36% of the length), at least 0.
         merge_prompt: The instructions for record merges (a default is provided).
@@ -102,8 +104,11 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         fallbacks_after_record: Passes whose fallback with holds changed something.
         shed_events: Passes whose overflow policy shed something new.
         records_replaced: Passes that applied a kept record merge or rewrite (fresh or replayed).
-        replacements_refused: Distinct replacements refused: not smaller, a value of what they
-            replace missing, or the request failed (each is never asked for again).
+        replacements_refused: Distinct replacements refused: not smaller, or a value of what
+            they replace missing (each is never asked for again).
+        replacements_failed: Replacement requests that failed (the summarizer raised or
+            answered nothing); a failure stands until the next user turn, then the request is
+            asked again.
         budget_failures: Passes that raised ``CompactionBudgetExceeded``.
         last_report: What the last pass did, or ``None``.
     """
@@ -146,6 +151,14 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             )
         if merge_prompt is not None and (not isinstance(merge_prompt, str) or not merge_prompt.strip()):
             raise ValueError(f"merge_prompt must be a non-empty string or None, got {merge_prompt!r}")
+        for name, half in (("tool_results", tool_results), ("user_turns", user_turns)):
+            if not (half.tokenizer is tokenizer or half.tokenizer == tokenizer):
+                raise ValueError(
+                    f"tokenizer must be the same tokenizer as {name}'s (every size rule compares counts of one "
+                    f"tokenizer), got {tokenizer!r} and {name}.tokenizer {half.tokenizer!r}"
+                )
+        if user_trigger_fraction is not None:
+            require_fraction("user_trigger_fraction", user_trigger_fraction)
         trigger = tool_results.trigger_fraction if user_trigger_fraction is None else user_trigger_fraction
         config = CompositionConfig(
             records=tool_results.config,
@@ -169,6 +182,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         self.records_replaced = 0
         self._refused: set[str] = set()
         self.replacements_refused = 0
+        self.replacements_failed = 0
         self.budget_failures = 0
         self.last_report: CompositionReport | None = None
 
@@ -227,7 +241,15 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             raise
 
     async def _perform(self, request: Request, messages: Sequence[Message]) -> str | None:
-        return await self._user_turns._perform(request, messages)  # pyright: ignore[reportPrivateUsage]
+        answer = await self._user_turns._perform(request, messages)  # pyright: ignore[reportPrivateUsage]
+        if isinstance(request, Summarize) and request.kind in ("merge", "rewrite") and answer is None:
+            self.replacements_failed += 1
+            logger.warning(
+                "The record %s request failed; the records stay as they are, and it is asked again after the next "
+                "user turn",
+                request.kind,
+            )
+        return answer
 
     def _observe(
         self, report: CompositionReport, before: History, messages: Sequence[Message], fresh: set[str]
@@ -259,7 +281,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             self._refused |= fresh_refusals
             self.replacements_refused = len(self._refused)
             logger.warning(
-                "Refused %d record replacement(s): not smaller than the records they would replace, a value of "
-                "theirs missing, or the summarizer failed; the records stay as they are",
+                "Refused %d record replacement(s): not smaller than the records they would replace, or a value of "
+                "theirs missing; the records stay as they are",
                 len(fresh_refusals),
             )

@@ -7,22 +7,26 @@ then, only while the prompt is over the budget, a last-resort chain:
 1. **Record half**: the record rules (coverage, holds, asks; :mod:`.records`), without
    their own fallback.
 2. **User half** (:mod:`.user_summaries`), unless it is waiting for a record that is
-   due: a record about to be written would change what the summary must carry. The
-   wait lasts at most two model responses, never starts again behind the same record,
-   and is dropped when the conversation's clock goes back (a restore). Every break of
-   the cached prefix is paid again by the next request, so the user half asks where a
-   break costs least (:func:`_user_pass`): on the pass where a record newly excludes
-   tool groups (its break is paid anyway, so the user half's trigger and break-even
-   gate do not apply), and alone only when the room is needed, that is when the
-   conversation's largest step (its largest group) would no longer fit beside the
-   prompt. At that point the composition first asks for a record of the tool groups no
-   record holds yet, so the user half waits for it and rides on its break.
+   due: a record about to be written would change what the summary must carry. Only a
+   pass that fits the budget waits (over it the user half makes room now). The wait
+   lasts at most two model responses, never starts again behind the same record, and
+   is dropped when the conversation's clock goes back (a restore). Every break of the
+   cached prefix is paid again by the next request, so the user half asks where a break
+   costs least (:func:`_user_pass`): on the pass where a record newly excludes tool
+   groups (its break is paid anyway, so the user half's trigger and break-even gate do
+   not apply), and alone only when the room is needed, that is when the conversation's
+   largest step (its largest group) would no longer fit beside the prompt. At that
+   point the composition first asks for a record of the tool groups no record holds
+   yet, so the user half waits for it and rides on its break.
 3. **Record replacements**: the records are merged into one written record, then
    rewritten harder (about 60%, then 36% of the length), each through the user half's
    summarizer and bounded by its ``max_summary_input_tokens``. A replacement is kept only
    when it is smaller than what it replaces AND quotes every distinctive value of it;
-   otherwise it is refused (and never asked for again). Kept replacements are state:
-   they replay on both lists and after a restore, whatever the prompt's size.
+   otherwise it is refused (and never asked for again). A request that failed (the
+   summarizer raised or answered nothing) is not a refusal: like the user half's, the
+   failure stands until the next user turn, when it is asked once more; while it stands
+   the chain asks for nothing else. Kept replacements are state: they replay on both
+   lists and after a restore, whatever the prompt's size.
 4. **Fallback with holds**: every tool group not yet covered is held, and the anchored
    rules shed narration only.
 5. **Overflow policy**: ``"shed"`` removes whole unrecorded tool groups, oldest band
@@ -164,9 +168,12 @@ class Replacement:
     Attributes:
         identity: The request's identity (prompt and numbered transcript, digested).
         sources: How many records it replaces.
-        text: The replacement's text when kept; ``None`` when refused (never asked again).
+        text: The summarizer's answer, judged on every pass (kept, or refused for good);
+            ``None`` when the request failed.
         replacement_id: The id of the written record that stands for them.
         kind: ``"merge"`` or ``"rewrite"`` (a harder rewrite).
+        turns: For a failure, the user turns the conversation had when it failed: it
+            stands for that conversation state only, and a later one asks again.
     """
 
     identity: str
@@ -174,6 +181,11 @@ class Replacement:
     text: str | None
     replacement_id: str
     kind: Literal["merge", "rewrite"] = "merge"
+    turns: int | None = None
+
+    def stands(self, turns: int) -> bool:
+        """This judgement applies to a conversation with ``turns`` user turns (a failure only to its own)."""
+        return self.text is not None or self.turns is None or self.turns >= turns
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,9 +231,12 @@ class CompositionState:
         return state_from_dict(data, keep_head_groups=keep_head_groups)
 
 
-CHAIN_ENVELOPE: Final = Envelope("chain", 1, ("wait_since", "declined_behind", "shed", "replacements"))
+_CHAIN_FIELDS: Final = ("wait_since", "declined_behind", "shed", "replacements")
+#: Version 2 dates failures (``turns``); a version-1 failure has none, so it stands for ever, as it did.
+CHAIN_ENVELOPE: Final = Envelope("chain", 2, _CHAIN_FIELDS, older=((1, _CHAIN_FIELDS),))
 COMPOSITION_ENVELOPE: Final = Envelope("composition", 1, ("records", "fallback", "recall", "users", "chain"))
-_REPLACEMENT_FIELDS: Final = ("identity", "sources", "text", "replacement_id", "kind")
+_REPLACEMENT_FIELDS: Final = ("identity", "sources", "text", "replacement_id", "kind", "turns")
+_REPLACEMENT_FIELDS_V1: Final = _REPLACEMENT_FIELDS[:-1]
 
 
 def chain_to_dict(chain: ChainDecisions) -> dict[str, object]:
@@ -238,6 +253,7 @@ def chain_to_dict(chain: ChainDecisions) -> dict[str, object]:
                     "text": r.text,
                     "replacement_id": r.replacement_id,
                     "kind": r.kind,
+                    "turns": r.turns,
                 }
                 for r in chain.replacements
             ],
@@ -249,17 +265,23 @@ def chain_from_dict(data: object, *, keep_head_groups: int | None = None) -> Cha
     """Read :func:`chain_to_dict`'s output strictly (``SnapshotError`` naming the field)."""
     fields = CHAIN_ENVELOPE.read(data)
     replacements: list[Replacement] = []
-    for entry in fields.entries("replacements", _REPLACEMENT_FIELDS):
+    names = _REPLACEMENT_FIELDS if fields.version == CHAIN_ENVELOPE.version else _REPLACEMENT_FIELDS_V1
+    for entry in fields.entries("replacements", names):
         kind = entry.value("kind")
         if kind not in ("merge", "rewrite"):
             raise entry.error("kind", f"must be 'merge' or 'rewrite', got {kind!r}")
+        text = entry.optional("text", entry.text)
+        turns = entry.optional("turns", entry.count) if "turns" in names else None
+        if text is not None and turns is not None:
+            raise entry.error("turns", f"an answer with text carries no turns, got {turns}")
         replacements.append(
             Replacement(
                 identity=entry.text("identity"),
                 sources=entry.count("sources", minimum=1),
-                text=entry.optional("text", entry.text),
+                text=text,
                 replacement_id=entry.text("replacement_id"),
                 kind="merge" if kind == "merge" else "rewrite",
+                turns=turns,
             )
         )
     fields.distinct("replacements", [r.identity for r in replacements], what="identity")
@@ -324,7 +346,9 @@ class CompositionReport:
             a replacement applied): the next pass continues from it instead of failing.
         replaced: Kept replacements applied on this pass (fresh or replayed).
         refused: Identities of the replacements this pass found refused (not smaller, or
-            a value of what they replace missing, or the request failed).
+            a value of what they replace missing): never asked for again.
+        failed: Identities of replacement requests whose failure stands on this pass
+            (asked again after the next user turn).
     """
 
     tokens_before: int
@@ -337,6 +361,7 @@ class CompositionReport:
     shed: Report | None = None
     replaced: int = 0
     refused: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
 
 
 def step(
@@ -360,8 +385,10 @@ def step(
     if not _roomy(config, output) and not record_state.recall.pin_disabled and config.overflow_policy == "shed":
         record_state = replace(record_state, decisions=records.ask_for_pending(output, record_state.decisions))
     chain, waiting = _wait(
-        state.chain, _clock(output), due=records.record_due(record_state), count=passed.report.records
+        state.chain, _clock(output), due=records.record_due(record_state), count=records.records_written(output)
     )
+    # Waiting is only for passes that fit: over the budget the user half makes room now.
+    waiting = waiting and sent_tokens(output) <= budget
     user_report: UserReport | None = None
     users = state.users
     if not waiting:
@@ -423,6 +450,7 @@ def step(
         shed=shed_report,
         replaced=replaced.applied,
         refused=tuple(sorted(replaced.refused)),
+        failed=tuple(sorted(replaced.failed)),
     )
     return Success(Done(history=output, state=new_state, report=report))
 
@@ -497,7 +525,8 @@ def absorb(state: CompositionState, answers: Sequence[tuple[Request, str | None]
         assert isinstance(request, Summarize)
         clean = text.strip() if isinstance(text, str) and text.strip() else None
         kind: Literal["merge", "rewrite"] = "merge" if request.kind == "merge" else "rewrite"
-        judged = Replacement(request.identity, request.sources, clean, request.summary_id, kind)
+        turns = None if clean is not None else request.turns  # a failure stands for this conversation state
+        judged = Replacement(request.identity, request.sources, clean, request.summary_id, kind, turns)
         kept = tuple(r for r in chain.replacements if r.identity != request.identity)
         chain = replace(chain, replacements=(*kept, judged))
     return replace(state, users=user_summaries.absorb(state.users, others) if others else state.users, chain=chain)
@@ -505,8 +534,10 @@ def absorb(state: CompositionState, answers: Sequence[tuple[Request, str | None]
 
 def check(config: CompositionConfig, state: CompositionState, history: History) -> str | None:
     """Why a restored ``state`` cannot belong to ``history``, or ``None``."""
-    return records.check(config.records, state.records, history) or anchored.check(
-        config.shed, state.chain.shed, history
+    return (
+        records.check(config.records, state.records, history)
+        or anchored.check(config.shed, state.chain.shed, history)
+        or user_summaries.colliding_summary_id(state.users, history, field="users.answers")
     )
 
 
@@ -518,6 +549,7 @@ class _Replaced:
     chain: ChainDecisions
     applied: int = 0
     refused: set[str] = field(default_factory=set[str])
+    failed: set[str] = field(default_factory=set[str])
 
 
 @dataclass(frozen=True, slots=True)
@@ -576,7 +608,7 @@ def _prompts(config: CompositionConfig) -> list[tuple[Literal["merge", "rewrite"
 
 
 def _request(
-    kind: Literal["merge", "rewrite"], prompt: str, items: Sequence[_Record], replacement_id: str
+    kind: Literal["merge", "rewrite"], prompt: str, items: Sequence[_Record], replacement_id: str, turns: int = 0
 ) -> Summarize:
     transcript = user_summaries.numbered(items)
     return Summarize(
@@ -586,6 +618,7 @@ def _request(
         sources=len(items),
         summary_id=replacement_id,
         kind=kind,
+        turns=turns,
     )
 
 
@@ -602,6 +635,8 @@ def _acceptable(text: str | None, items: Sequence[_Record], measure: anchored.Me
 def _replay(config: CompositionConfig, work: _Replaced, measure: anchored.Measure) -> None:
     """Apply every kept replacement whose records are in the conversation, in the order they were kept."""
     for judged in work.chain.replacements:
+        if judged.text is None:
+            continue  # a failure, not a refusal: :func:`_next_replacement` decides when to ask again
         items = _active_records(work.output, measure)[: judged.sources]
         if len(items) < judged.sources:
             continue
@@ -622,11 +657,14 @@ def _next_replacement(config: CompositionConfig, work: _Replaced, measure: ancho
 
     The merge of the oldest records that fit the request bound (two at least), then the
     harder rewrites (at most ``harder_attempts`` since the last kept merge); an identity
-    once judged (kept, refused or failed) is never asked for again. Kept ones were
-    applied by :func:`_replay`; refused ones are counted in ``work.refused``.
+    once judged (kept or refused) is never asked for again. Kept ones were applied by
+    :func:`_replay`; refused ones are counted in ``work.refused``. A failure stands until
+    the next user turn, and while it stands nothing more is asked on this pass (the
+    summarizer just failed: no retry storm); after it, the same request is asked again.
     """
     items = _active_records(work.output, measure)
     limit = config.users.summary_input_limit
+    turns = user_summaries.user_turns(work.output)
     used = [r.message_id for r in work.output if r.message_id and r.message_id.startswith(REPLACEMENT_ID_PREFIX)]
     suffixes = [int(i[len(REPLACEMENT_ID_PREFIX) :]) for i in used if i[len(REPLACEMENT_ID_PREFIX) :].isdigit()]
     number = max([sum(1 for r in work.chain.replacements if r.text is not None), *(n + 1 for n in suffixes)])
@@ -641,12 +679,15 @@ def _next_replacement(config: CompositionConfig, work: _Replaced, measure: ancho
         selected = user_summaries.select(prompt, items, limit, measure, minimum=2 if kind == "merge" else 1)
         if not selected:
             continue
-        request = _request(kind, prompt, selected, f"{REPLACEMENT_ID_PREFIX}{number}")
+        request = _request(kind, prompt, selected, f"{REPLACEMENT_ID_PREFIX}{number}", turns)
         judged = work.chain.judged(request.identity)
-        if judged is None:
+        if judged is None or not judged.stands(turns):
             return request
+        if judged.text is None:
+            work.failed.add(judged.identity)
+            return None
         if not _acceptable(judged.text, selected, measure):
-            work.refused.add(judged.identity)  # refused (or failed) once: never asked for again
+            work.refused.add(judged.identity)  # refused once: never asked for again
     return None
 
 
@@ -705,8 +746,8 @@ def _anchored(
 
 
 def _clock(history: History) -> int:
-    """Assistant responses in the conversation (our notes and written records aside): it only grows."""
-    return sum(1 for r in history if r.role == "assistant" and not r.note and not r.written_record and not r.injected)
+    """The conversation's clock: the record half's one definition of a model response (it only grows)."""
+    return records.responses(history)
 
 
 def _wait(chain: ChainDecisions, clock: int, *, due: bool, count: int) -> tuple[ChainDecisions, bool]:

@@ -31,9 +31,10 @@ class Ask:
     Attributes:
         targets: Ordinals of the tool groups the ask is for: the batch that was
             uncovered when it was made. Groups that arrive later wait for the next ask.
-        records_at_ask: Records in the conversation when the ask was made; a higher
-            count later means the asked-for record arrived.
-        responses_at_ask: Assistant responses in the conversation when the ask was made;
+        records_at_ask: Records the model had written when the ask was made
+            (:func:`~.records.records_written`: replaced ones count); a higher count
+            later means the asked-for record arrived.
+        responses_at_ask: Model responses when the ask was made (:func:`~.records.responses`);
             two more without a new record mean the ask failed.
         taken: The recall middleware has taken the ask (``take_reforce``): each ask pins
             one request at most.

@@ -236,7 +236,7 @@ def ask_for_pending(history: History, decisions: RecordDecisions) -> RecordDecis
             ordinals.append(ordinal)
     if not ordinals:
         return decisions
-    ask = Ask(targets=tuple(ordinals), records_at_ask=len(found), responses_at_ask=_responses(records))
+    ask = Ask(targets=tuple(ordinals), records_at_ask=records_written(records), responses_at_ask=responses(records))
     return replace(decisions, ask=ask)
 
 
@@ -409,11 +409,11 @@ def check(config: RecordConfig, state: RecordState, history: History) -> str | N
         if ordinal >= groups:
             return f"snapshot field {name!r} names tool group {ordinal}, but this conversation has {groups}"
     if decisions.ask is not None:
-        responses = _responses(records)
-        if decisions.ask.responses_at_ask > responses:
+        answered = responses(records)
+        if decisions.ask.responses_at_ask > answered:
             return (
                 f"snapshot field 'ask.responses_at_ask' is {decisions.ask.responses_at_ask}, but this conversation "
-                f"has {responses} assistant responses (they only grow)"
+                f"has {answered} assistant responses (they only grow)"
             )
     if config.fallback is not None:
         return anchored.check(config.fallback, state.fallback, history)
@@ -467,7 +467,9 @@ def rules(
             output[index] = replace(output[index], held=HOLD_UNCOVERED)
     _hold_records(output, grouping, frozenset(found))
 
-    new_decisions, asked = _chain(decisions, {c.ordinal for c in uncovered}, len(found), _responses(records))
+    new_decisions, asked = _chain(
+        decisions, {c.ordinal for c in uncovered}, records_written(records), responses(records)
+    )
     settled = tuple(c.ordinal for c in uncovered if c.ordinal in new_decisions.settled)
     tokens_after = tokens_before + _change(records, output)
     held_unrecorded = 0
@@ -652,9 +654,35 @@ def _released_parts(
     return tuple(out), released
 
 
-def _responses(records: Sequence[MessageRecord]) -> int:
-    """Assistant responses in the conversation (reasoning-only messages do not count)."""
-    return sum(1 for r in records if r.role == "assistant" and not r.is_reasoning_only)
+def responses(history: Iterable[MessageRecord]) -> int:
+    """Model responses in the conversation: the one clock that asks and waits read; it only grows.
+
+    Assistant messages count; reasoning-only ones do not (they belong to the response
+    that follows), nor do the records compaction writes (a merge is not a response), our
+    notes or injected context.
+    """
+    return sum(
+        1
+        for r in history
+        if r.role == "assistant" and not r.is_reasoning_only and not r.written_record and not r.note and not r.injected
+    )
+
+
+def records_written(history: Iterable[MessageRecord]) -> int:
+    """Records the model has written in the conversation, those a replacement now stands for included.
+
+    The count asks and waits compare: it only grows, so a kept merge (which excludes the
+    records it replaces and writes one of its own, never counted) is not read as fewer
+    records, and a record that arrives after it is still a new one.
+    """
+    conversation = [r for r in history if not r.injected and not r.note]
+    recall_ids = recall_call_ids(conversation)
+    return sum(
+        1
+        for r in conversation
+        if r.role == "tool"
+        and any(p.kind == "function_result" and p.call_id in recall_ids and RECORD_MARKER in p.text for p in r.parts)
+    )
 
 
 def _chain(

@@ -9,13 +9,14 @@ description the host's hook gave, and the counts that allocate summary ids.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Final
 
 from .effects import Answer
-from .envelope import Envelope, Fields
+from .envelope import Envelope, Fields, shown
 
 USER_SNAPSHOT_KIND: Final = "user_summaries"
 USER_SNAPSHOT_VERSION: Final = 1
@@ -25,6 +26,8 @@ USER_SNAPSHOT_ENVELOPE: Final = Envelope(
 SUPPORTED_USER_SNAPSHOT_VERSIONS: Final = USER_SNAPSHOT_ENVELOPE.supported
 #: The fields of a stored answer (summary or description), in the order they are written.
 ANSWER_FIELDS: Final = ("identity", "text", "summary_id", "sources", "turns")
+#: The ids the user half allocates: ``user_summary_<n>`` and ``user_summary_fold_<n>``.
+SUMMARY_ID_FORMAT: Final = re.compile(r"user_summary_(fold_)?(0|[1-9][0-9]*)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +115,8 @@ def _answers(fields: Fields, name: str, *, descriptions: bool) -> tuple[Answer, 
     - A text is never blank: a blank answer is recorded as a failure (``None``).
     - ``turns`` marks a failure's conversation state, so an answer with text has none.
     - A description is not a summary: it carries no ``summary_id`` and no ``sources``.
+    - A summary's id is one the user half allocates (:data:`SUMMARY_ID_FORMAT`): any
+      other would be written onto the conversation as a message id nobody chose.
     """
     found: list[Answer] = []
     for entry in fields.entries(name, ANSWER_FIELDS):
@@ -119,10 +124,15 @@ def _answers(fields: Fields, name: str, *, descriptions: bool) -> tuple[Answer, 
         turns = entry.optional("turns", entry.count)
         if text is not None and turns is not None:
             raise entry.error("turns", f"an answer with text carries no turns, got {turns}")
+        summary_id = entry.optional("summary_id", entry.text)
+        if summary_id is not None and not descriptions and SUMMARY_ID_FORMAT.fullmatch(summary_id) is None:
+            raise entry.error(
+                "summary_id", f"must be 'user_summary_<n>' or 'user_summary_fold_<n>', got {shown(summary_id)}"
+            )
         answer = Answer(
             identity=entry.text("identity"),
             text=text,
-            summary_id=entry.optional("summary_id", entry.text),
+            summary_id=summary_id,
             sources=entry.optional("sources", partial(entry.count, minimum=1)),
             turns=turns,
         )

@@ -290,7 +290,7 @@ def pass_(
         records=records,
         tokens=sent_tokens(history),
         standing=tuple(k for k, r in enumerate(records) if r.summary and not r.excluded and r.role == "user"),
-        user_turns=sum(1 for r in records if r.role == "user" and not r.summary),
+        user_turns=user_turns(records),
     )
     if p.tokens <= config.trigger_tokens:
         return p.done(Outcome.BELOW_TRIGGER)
@@ -334,6 +334,14 @@ def pass_(
         return p.done(Outcome.NOTHING_FITS, band_tokens=eligible_tokens, protected=protected)
     summary_id = _next_id(SUMMARY_ID_PREFIX, snapshot.compactions, records, exclude_prefix=FOLD_ID_PREFIX)
     return _ask(p, "summary", selected, summary_id, band_tokens=eligible_tokens, protected=protected)
+
+
+def user_turns(history: Iterable[MessageRecord]) -> int:
+    """The user's own turns in the conversation, excluded ones too (not our summaries, notes or injected context).
+
+    It only grows, so it dates a failure: a failed request stands until it grows.
+    """
+    return sum(1 for r in history if r.role == "user" and not r.summary and not r.note and not r.injected)
 
 
 def _reachable_descriptions(
@@ -600,8 +608,30 @@ def _fold(p: _Pass) -> UserNeeds | UserDone:
 
 
 def check(config: UserSummaryConfig, state: UserSummarySnapshot, history: History) -> str | None:
-    """Any remembered answer may belong to this conversation: answers are found by request identity only."""
-    del config, state, history
+    """Why ``state`` cannot be this conversation's, or ``None``.
+
+    Answers are found by request identity only, so any of them may belong to this
+    conversation; but an accepted summary's id becomes a message id, so it must not be
+    the id of a message in the history that is not that summary (a forged or foreign
+    snapshot would otherwise give two messages one id, and links would name the wrong one).
+    """
+    del config
+    return colliding_summary_id(state, history)
+
+
+def colliding_summary_id(state: UserSummarySnapshot, history: History, *, field: str = "answers") -> str | None:
+    """The first accepted answer whose ``summary_id`` names a message of ``history`` that is no summary of ours.
+
+    ``field`` is where the answers sit in the snapshot, for the message (a composition
+    nests them under ``users``).
+    """
+    others = {r.message_id for r in history if r.message_id and not r.summary}
+    for number, answer in enumerate(state.answers):
+        if answer.text is not None and answer.summary_id in others:
+            return (
+                f"snapshot field '{field}[{number}].summary_id' is {answer.summary_id!r}, the id of another "
+                "message in this conversation"
+            )
     return None
 
 
