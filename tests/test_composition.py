@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from agent_framework import CharacterEstimatorTokenizer, Content, Message
 
+from histories import deep_copy_messages, with_injected_context
 from maf_compaction import (
     AnchoredCompactionStrategy,
     CompactionBudgetExceeded,
@@ -43,6 +44,7 @@ from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_PREFIX
 from maf_compaction.core.user_snapshot import UserSummarySnapshot
 from maf_compaction.core.user_summaries import Outcome
 from maf_compaction.core.values import distinctive_values
+from test_composition_properties import shown
 from test_user_summaries import ScriptedSummarizer, extractive
 
 TOKENIZER = CharacterEstimatorTokenizer()
@@ -487,6 +489,28 @@ def test_the_user_half_waits_for_a_due_record_at_most_two_responses() -> None:
     assert waited == [True, True, False]
     assert strategy.user_passes_waited == 2
     assert summarizer.calls == 1, "the user half runs once the wait is over"
+
+
+def test_a_summary_made_on_one_list_replays_on_the_other_while_that_one_waits() -> None:
+    """The in-call copies carry injected context and are over the budget (no wait); the stored history fits (a wait)."""
+    base = chat(14)
+    budget = measured(base)[0]  # the stored history fits exactly; the copies are over by the todo list
+    assert measured(with_injected_context(base))[0] > budget
+    summarizer = ScriptedSummarizer(extractive)
+    strategy = build(budget, summarizer=summarizer)
+    pin_next_request(strategy)
+    copies, stored = with_injected_context(base), deep_copy_messages(base)
+    run(strategy, copies)
+    assert strategy.last_report is not None
+    assert not strategy.last_report.waited
+    run(strategy, stored)
+    assert strategy.last_report is not None
+    assert strategy.last_report.waited, "the stored history fits, so its pass waits for the due record"
+    assert shown(copies) == shown(stored), "the wait holds back new requests, not the summary the copies made"
+    assert summarizer.calls == 1
+    respond(stored, 1)
+    run(strategy, with_injected_context(stored))  # the next call's copies, loaded from the stored history
+    assert summarizer.calls == 1, "no second request for turns already summarised"
 
 
 def test_no_new_wait_starts_behind_the_same_record_but_one_does_behind_a_new_record() -> None:

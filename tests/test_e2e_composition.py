@@ -147,12 +147,18 @@ async def _overhead(agent: Any) -> Any:
 
 
 async def _play(
-    scenario: Scenario, harness: Mapping[str, Any], *, stream: bool, repeat: int, policy: OverflowPolicy = "shed"
+    scenario: Scenario,
+    harness: Mapping[str, Any],
+    *,
+    stream: bool,
+    repeat: int,
+    policy: OverflowPolicy = "shed",
+    record_quality: float = 1.0,
 ) -> Run:
     provider = SimulatedProvider(
         encoder=TOKENIZER, window=WINDOW, profile=get_profile(SETTINGS.profile), cache=SETTINGS.cache
     )
-    model = ScriptedModel(scenario, ModelOptions(seed=SEED))
+    model = ScriptedModel(scenario, ModelOptions(seed=SEED, record_quality=record_quality))
     client = ModelClient(model=model, provider=provider)
     summarizer = SimulatedChatClient(model=model, provider=provider, kind="summarizer")
     # As the README says: the budget counts messages only, so measure what the harness sends beside them.
@@ -288,11 +294,14 @@ async def test_whatever_left_the_prompt_unrecorded_and_unsummarized_is_named_in_
 
 
 async def test_raise_reaches_the_host_through_the_harness_where_shed_would_shed() -> None:
-    """README wiring with every lookup repeated: ``"raise"`` ends the run with the error at fill 3.0; 1.5 completes."""
+    """README wiring, fill 3.0, records that quote 70% of the values: ``"raise"`` keeps the partly quoted lookups
+    until they no longer fit and ends the run with the error; with faithful records fill 3.0 completes."""
     with tempfile.TemporaryDirectory(prefix="maf-e2e-composition-") as directory, contextlib.chdir(directory):
         with pytest.raises(CompactionBudgetExceeded) as raised:
-            await _play(SCENARIOS[3.0], HARNESSES["no-todo-no-mode"], stream=False, repeat=4, policy="raise")
-        fits = await _play(SCENARIOS[1.5], HARNESSES["no-todo-no-mode"], stream=False, repeat=4, policy="raise")
+            await _play(
+                SCENARIOS[3.0], HARNESSES["no-todo-no-mode"], stream=False, repeat=4, policy="raise", record_quality=0.7
+            )
+        fits = await _play(SCENARIOS[3.0], HARNESSES["no-todo-no-mode"], stream=False, repeat=4, policy="raise")
     assert raised.value.needed > raised.value.budget
     assert fits.strategy.budget_failures == 0
-    assert len(fits.replies) == len(SCENARIOS[1.5].turns)
+    assert len(fits.replies) == len(SCENARIOS[3.0].turns)

@@ -243,12 +243,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
     async def _perform(self, request: Request, messages: Sequence[Message]) -> str | None:
         answer = await self._user_turns._perform(request, messages)  # pyright: ignore[reportPrivateUsage]
         if isinstance(request, Summarize) and request.kind in ("merge", "rewrite") and answer is None:
-            self.replacements_failed += 1
-            logger.warning(
-                "The record %s request failed; the records stay as they are, and it is asked again after the next "
-                "user turn",
-                request.kind,
-            )
+            self.replacements_failed += 1  # the user half's WARNING says why; it is asked again after a new turn
         return answer
 
     def _observe(

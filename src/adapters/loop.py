@@ -280,7 +280,7 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
 #: What each exclusion reason means, for the log line that names the messages.
 EXCLUSION_CAUSES: dict[str, str] = {
     "anchored_compaction": "shed to fit the budget, or to keep earlier sheds whole, with a note in their place",
-    # Coverage is a share (coverage_share, 0.8 by default): a value no record quotes leaves with its group.
+    # Coverage is a share (coverage_share, 0.8 by default; a composition under "raise" asks for every value).
     "tool_summary_anchored": "records quote at least coverage_share of each group's distinct values; a value "
     "they do not quote leaves the prompt with it",
     "user_turn_summarized": "replaced by a user-turn summary that links to them",

@@ -189,14 +189,15 @@ class UserTurnAnchoredSummarizationCompactionStrategy(
             )
         except Exception as error:  # the summarizer is outside our control; cancellation propagates
             logger.warning(
-                "The summarizer failed (%s: %s); user turns stay as they are",
+                "The summarizer failed (%s: %s); %s stay as they are",
                 type(error).__name__,
                 error,
+                _what_stays(request),
             )
             return None
         text = getattr(response, "text", None)
         if not isinstance(text, str) or not text.strip():
-            logger.warning("The summarizer returned no text; user turns stay as they are")
+            logger.warning("The summarizer returned no text; %s stay as they are", _what_stays(request))
             return None
         return text
 
@@ -301,3 +302,8 @@ class UserTurnAnchoredSummarizationCompactionStrategy(
                     report.summary_id,
                     report.band_tokens,
                 )
+
+
+def _what_stays(request: Summarize) -> str:
+    """What a failed request leaves as it is: the records a composition's merge or rewrite would replace, or turns."""
+    return "the records" if request.kind in ("merge", "rewrite") else "user turns"

@@ -184,6 +184,7 @@ def composed_row(context: RowContext, *, summary_mode: str = "boundary", overflo
             "user_passes_waited": strategy.user_passes_waited,
             "records_replaced": strategy.records_replaced,
             "replacements_refused": strategy.replacements_refused,
+            "replacements_failed": strategy.replacements_failed,
             "shed_events": strategy.shed_events,
             "budget_failures": strategy.budget_failures,
             "summarizer_calls": users.summarizer_calls,

@@ -24,7 +24,7 @@ then, only while the prompt is over the budget, a last-resort chain:
    when it is smaller than what it replaces AND quotes every distinctive value of it;
    otherwise it is refused (and never asked for again). A request that failed (the
    summarizer raised or answered nothing) is not a refusal: like the user half's, the
-   failure stands until the next user turn, when it is asked once more; while it stands
+   failure stands until the next user turn, when it is asked again; while it stands
    the chain asks for nothing else. Kept replacements are state: they replay on both
    lists and after a restore, whatever the prompt's size.
 4. **Fallback with holds**: every tool group not yet covered is held, and the anchored
@@ -42,6 +42,7 @@ uncovered results) does not fit, the pass answers ``Failure(CompactionBudgetExce
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal, TypeAlias, cast
@@ -80,6 +81,7 @@ _ANY_SIZE: Final = 1e-9
 #: Why the records a kept replacement stands for are excluded.
 MERGED_REASON: Final = "record_replaced"
 REPLACEMENT_ID_PREFIX: Final = "record_replacement_"
+_REPLACEMENT_ID: Final = re.compile(rf"{REPLACEMENT_ID_PREFIX}(0|[1-9][0-9]*)")
 
 DEFAULT_MERGE_PROMPT: Final = (
     "The numbered texts below are compaction records: each lists values from earlier tool results that are no "
@@ -142,7 +144,7 @@ class CompositionConfig:
 
         Under ``"raise"`` nothing may leave the prompt unquoted, so a tool group leaves only
         when the records quote every one of its distinct values (``coverage_share`` 1.0);
-        a group quoted in part stays, and the recall protocol asks again for the rest.
+        a group quoted in part stays and is asked for once more, then settled and held.
         """
         if self.overflow_policy == "raise":
             return replace(self.records, coverage_share=1.0)
@@ -274,12 +276,15 @@ def chain_from_dict(data: object, *, keep_head_groups: int | None = None) -> Cha
         turns = entry.optional("turns", entry.count) if "turns" in names else None
         if text is not None and turns is not None:
             raise entry.error("turns", f"an answer with text carries no turns, got {turns}")
+        replacement_id = entry.text("replacement_id")
+        if _REPLACEMENT_ID.fullmatch(replacement_id) is None:
+            raise entry.error("replacement_id", f"must be {REPLACEMENT_ID_PREFIX}<n>, got {replacement_id!r}")
         replacements.append(
             Replacement(
                 identity=entry.text("identity"),
                 sources=entry.count("sources", minimum=1),
                 text=text,
-                replacement_id=entry.text("replacement_id"),
+                replacement_id=replacement_id,
                 kind="merge" if kind == "merge" else "rewrite",
                 turns=turns,
             )
@@ -382,21 +387,28 @@ def step(
     # When the room is needed (the conversation's largest step would no longer fit beside
     # the prompt), ask for a record of what no record holds yet, before a summary of its own
     # or a shed: the recall middleware pins the next request for it, and the user half waits.
-    if not _roomy(config, output) and not record_state.recall.pin_disabled and config.overflow_policy == "shed":
+    roomy = _roomy(config, output)
+    if not roomy and not record_state.recall.pin_disabled:
         record_state = replace(record_state, decisions=records.ask_for_pending(output, record_state.decisions))
     chain, waiting = _wait(
-        state.chain, _clock(output), due=records.record_due(record_state), count=records.records_written(output)
+        state.chain,
+        records.responses(output),
+        due=records.record_due(record_state),
+        count=records.records_written(output),
     )
     # Waiting is only for passes that fit: over the budget the user half makes room now.
     waiting = waiting and sent_tokens(output) <= budget
     user_report: UserReport | None = None
     users = state.users
     if not waiting:
-        answer = _user_pass(config, state.users, output, measure, breaking=bool(passed.report.dropped))
+        answer = _user_pass(config, state.users, output, measure, breaking=bool(passed.report.dropped), roomy=roomy)
         if isinstance(answer, Needs):
             # The state to absorb into is the input state: the next step recomputes the rest.
             return Success(Needs(answer.requests, replace(state, users=answer.state)))
         output, users, user_report = answer.history, answer.state, answer.report
+    elif (replayed := _replayed(config, state.users, output, measure)) is not None:
+        # A wait holds back new requests only: a summary the other list made replays here too.
+        output, users, user_report = replayed.history, replayed.state, replayed.report
     replaced = _Replaced(output, chain)
     _replay(config, replaced, measure)
     if sent_tokens(replaced.output) > budget:
@@ -459,7 +471,13 @@ _APPLIED: Final = frozenset({user_summaries.Outcome.SUMMARIZED, user_summaries.O
 
 
 def _user_pass(
-    config: CompositionConfig, users: UserSummarySnapshot, output: History, measure: anchored.Measure, *, breaking: bool
+    config: CompositionConfig,
+    users: UserSummarySnapshot,
+    output: History,
+    measure: anchored.Measure,
+    *,
+    breaking: bool,
+    roomy: bool,
 ) -> user_summaries.UserNeeds | user_summaries.UserDone:
     """The user half's pass within the composition: when it may ask, and what it replays.
 
@@ -475,7 +493,7 @@ def _user_pass(
       turn) would no longer fit beside the prompt: the next step like it would overflow. Over the
       budget the user half asks as it would alone.
     """
-    if not breaking and _roomy(config, output):
+    if not breaking and roomy:
         return _replayed(config, users, output, measure) or _declined(users, output)
     answer = user_summaries.pass_(config.users, users, output, measure)
     if isinstance(answer, Needs) or answer.report.outcome in _APPLIED:
@@ -743,11 +761,6 @@ def _anchored(
 ) -> tuple[History, AnchoredSnapshot, Report]:
     ran = records.run_with_holds(config, state, output, measure, releasable=releasable)
     return ran.history, ran.state, ran.report
-
-
-def _clock(history: History) -> int:
-    """The conversation's clock: the record half's one definition of a model response (it only grows)."""
-    return records.responses(history)
 
 
 def _wait(chain: ChainDecisions, clock: int, *, due: bool, count: int) -> tuple[ChainDecisions, bool]:
