@@ -318,11 +318,11 @@ def step(
     *,
     memo: object = None,
 ) -> StepResult[CompositionState, CompositionReport]:
-    """One composed pass (see the module docstring)."""
-    del memo
+    """One composed pass (see the module docstring); ``memo`` is the last ``Done.memo`` (the record rules')."""
     budget = config.max_input_tokens
     tokens_before = sent_tokens(history)
-    passed = records.rules(config.records, history, state.records.decisions, measure)
+    record_memo = memo if isinstance(memo, records.RecordMemo) else None
+    passed = records.rules(config.records, history, state.records.decisions, measure, memo=record_memo)
     output = passed.history
     record_state = replace(state.records, decisions=passed.decisions)
     chain, waiting = _wait(
@@ -398,7 +398,7 @@ def step(
         replaced=replaced.applied,
         refused=tuple(sorted(replaced.refused)),
     )
-    return Success(Done(history=output, state=new_state, report=report))
+    return Success(Done(history=output, state=new_state, report=report, memo=passed.memo))
 
 
 def absorb(state: CompositionState, answers: Sequence[tuple[Request, str | None]]) -> CompositionState:
