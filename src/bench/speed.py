@@ -589,13 +589,15 @@ def targets(results: Sequence[Measurement], growth_rows: Sequence[dict[str, Any]
         versus(COMPOSED),
         row(
             "issue",
-            f"{STRATEGY_LABELS[OURS]}, warm growth no worse than linear (min ratio <= size ratio x {LINEAR_TOLERANCE:g})",
+            f"{STRATEGY_LABELS[OURS]}, warm growth no worse than linear "
+            f"(min ratio <= size ratio x {LINEAR_TOLERANCE:g})",
             growth_text or None,
             all(g["no_worse_than_linear"] for g in ours_growth) if ours_growth else None,
         ),
         row(
             "context",
-            f"{STRATEGY_LABELS[OURS]}, the strategy's own share of the warm pass at {TARGET_SIZE:,} <= {TARGET_WARM_MS:g} ms",
+            f"{STRATEGY_LABELS[OURS]}, the strategy's own share of the warm pass at {TARGET_SIZE:,} "
+            f"<= {TARGET_WARM_MS:g} ms",
             None if ours is None else f"{ours.strategy_median_ms:.2f} ms",
             None if ours is None else ours.strategy_median_ms <= TARGET_WARM_MS,
         ),
