@@ -14,7 +14,8 @@ sentence each:
 - between record events an append-only extension keeps the earlier prompt as a prefix;
 - the in-call copies (with injected context) and the stored history agree;
 - a partial release keeps a result's set of values, so coverage reads the same;
-- decisions survive a JSON round trip unchanged.
+- decisions survive a JSON round trip unchanged;
+- the memo a pass hands the next (of this history or any other) never changes an answer.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from maf_compaction.adapters.convert import to_history
 from maf_compaction.adapters.counting import as_estimator
 from maf_compaction.core.grouping import group_records
 from maf_compaction.core.record_decisions import Ask, RecordDecisions
-from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_PREFIX, Fallback
+from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_PREFIX, Fallback, RecordConfig, rules
 from maf_compaction.core.values import distinctive_values
 
 TOKENIZER = CharacterEstimatorTokenizer()
@@ -276,6 +277,26 @@ def test_a_partial_release_keeps_the_values_of_a_result(case: tuple[list[Message
         for before, after in zip(original.contents, compacted.contents, strict=True):
             if before.type == "function_result" and before.result != after.result:
                 assert set(distinctive_values(after.result or "")) == set(distinctive_values(before.result or ""))
+
+
+@given(recorded(), recorded(), decisions, st.sampled_from([1_000_000, 2_000, 600]))
+def test_a_memo_never_changes_the_answer(
+    case: tuple[list[Message], list[Message]],
+    other: tuple[list[Message], list[Message]],
+    state: RecordDecisions,
+    budget: int,
+) -> None:
+    counter = as_estimator(TOKENIZER).parts
+    config = RecordConfig(max_input_tokens=budget, record_target_tokens=150)
+    history = to_history(case[0], counter, note_kind="anchored")
+    fresh = rules(config, history, state, counter.measure)
+    for source in (case[0], other[0], [*other[0], *case[0]]):
+        earlier = rules(config, to_history(source, counter, note_kind="anchored"), state, counter.measure)
+        again = rules(config, history, state, counter.measure, memo=earlier.memo)
+        assert (again.history, again.decisions, again.report) == (fresh.history, fresh.decisions, fresh.report)
+    # The memo of this very history, handed back, gives the same answer too.
+    repeat = rules(config, history, state, counter.measure, memo=fresh.memo)
+    assert (repeat.history, repeat.decisions, repeat.report) == (fresh.history, fresh.decisions, fresh.report)
 
 
 @given(decisions)

@@ -1,7 +1,9 @@
 """Speed benchmark of one compaction pass: ours against the framework's (``... bench speed --help``).
 
 It times whole ``apply_compaction`` calls in three kinds of pass (``cold``, ``warm``,
-``warm-same``) over the scenario generator's lookup turns; what each measures:
+``warm-same``) over the scenario generator's lookup turns, every eighth turn a record the
+model wrote, for the anchored strategy, the record strategy, the composition, the
+framework's ``ContextWindowCompactionStrategy`` and a no-op; what each measures:
 ``docs/anchored.md``, "Speed of one pass".
 """
 
@@ -38,11 +40,21 @@ from agent_framework._compaction import (  # pyright: ignore[reportPrivateUsage]
 )
 
 from ..adapters.anchored import AnchoredCompactionStrategy
+from ..adapters.composition import ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
 from ..adapters.counting import MediaTokenEstimator
+from ..adapters.loop import CompactionAdapter
+from ..adapters.records import ToolResultAnchoredSummarizationCompactionStrategy
 from ..adapters.tiktoken import TiktokenTokenizer
+from ..adapters.user_summaries import UserTurnAnchoredSummarizationCompactionStrategy
+from ..core.records import RECALL_TOOL_NAME, RECORD_PREFIX
+from ..core.values import distinctive_values
 from .args import positive_int
+from .client import SimulatedChatClient
+from .model import ScriptedModel
+from .provider import SimulatedProvider
 from .quiet import TimedStrategy, quiet_logs
-from .scenario import GeneratorOptions, Turn, generate
+from .scenario import GeneratorOptions, Scenario, Turn, generate
+from .simulator import get_profile
 
 DEFAULT_SIZES: Final = (400, 1_600, 3_200)
 DEFAULT_WARM_REPEATS: Final = 15
@@ -60,6 +72,10 @@ RESULT_TOKENS: Final = 640
 MARKERS_PER_RESULT: Final = 2
 #: The generator's seed for every history.
 HISTORY_SEED: Final = 1
+#: Every this many turns of the history, one is a record the model wrote of the lookups since the previous one.
+RECORD_EVERY: Final = 8
+#: The lookup at this position of each batch is left out of its record (held uncovered, asked for again).
+UNRECORDED_IN_BATCH: Final = 3
 
 #: The issue's targets.
 TARGET_SIZE: Final = 1_600
@@ -68,13 +84,28 @@ TARGET_WARM_MS: Final = 5.0
 LINEAR_TOLERANCE: Final = 1.25
 
 OURS: Final = "anchored"
+RECORDS: Final = "records"
+COMPOSED: Final = "composed"
 FRAMEWORK: Final = "context_window"
 BASELINE: Final = "noop"
-STRATEGIES: Final = (OURS, FRAMEWORK, BASELINE)
+STRATEGIES: Final = (OURS, RECORDS, COMPOSED, FRAMEWORK, BASELINE)
+#: Our strategies whose warm pass must be no slower than the framework's.
+RACED: Final = (OURS, RECORDS, COMPOSED)
 STRATEGY_LABELS: Final = {
-    OURS: "ours: AnchoredCompactionStrategy",
-    FRAMEWORK: "framework: ContextWindowCompactionStrategy",
-    BASELINE: "driver only: no-op strategy",
+    OURS: "ours: anchored",
+    RECORDS: "ours: records",
+    COMPOSED: "ours: composition",
+    FRAMEWORK: "framework: context_window",
+    BASELINE: "driver only: no-op",
+}
+#: What each row runs (printed above the table).
+STRATEGY_WIRING: Final = {
+    OURS: "AnchoredCompactionStrategy(max_input_tokens=budget)",
+    RECORDS: "ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=budget), as the README wires it",
+    COMPOSED: "ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(records, users in boundary mode with "
+    "remembered_requests=2), as the README wires it; the user half's client is the bench's scripted summarizer",
+    FRAMEWORK: "ContextWindowCompactionStrategy(max_context_window_tokens=budget + output, max_output_tokens=output)",
+    BASELINE: "a strategy that changes nothing: the framework's driver alone",
 }
 COLD: Final = "cold"
 WARM: Final = "warm"
@@ -137,11 +168,60 @@ def build_turn(turn: int) -> list[Message]:
     ]
 
 
+def is_record_turn(turn: int) -> bool:
+    """Turn ``turn`` of a history is a record (every :data:`RECORD_EVERY`-th turn)."""
+    return turn % RECORD_EVERY == RECORD_EVERY - 1
+
+
+def build_record_turn(turn: int) -> list[Message]:
+    """The four messages of record turn ``turn + 1``: user, recall call, record, answer.
+
+    The model's record (a ``recall_earlier_tool_results`` call, its result as the recall
+    tool returns it) quotes every distinctive value of the lookups since the previous
+    record, except the lookup at :data:`UNRECORDED_IN_BATCH` of the batch: the record
+    strategy drops the quoted groups and holds the other one, as on a real run.
+    """
+    first = turn - (RECORD_EVERY - 1)
+    lines = [
+        f"{call.name} (lookup {lookup + 1}): {', '.join(distinctive_values(str(call.result)))}"
+        for lookup in range(first, turn)
+        if lookup - first != UNRECORDED_IN_BATCH
+        for call in _lookup_turns(2 ** max(6, lookup.bit_length()))[lookup].calls
+    ]
+    values = "\n".join(["Values from earlier tool results:", *lines])
+    call_id = f"call_recall_{turn:05d}"
+    prefix = f"m{turn:05d}"
+    return [
+        Message(
+            "user", [f"Before lookup {turn + 1}, note what the earlier lookups returned."], message_id=f"{prefix}_user"
+        ),
+        Message(
+            "assistant",
+            [Content.from_function_call(call_id, RECALL_TOOL_NAME, arguments=json.dumps({"values": values}))],
+            message_id=f"{prefix}_call",
+        ),
+        Message(
+            "tool",
+            [Content.from_function_result(call_id, result=f"{RECORD_PREFIX}\n{values}")],
+            message_id=f"{prefix}_result",
+        ),
+        Message("assistant", ["The earlier values are recorded."], message_id=f"{prefix}_answer"),
+    ]
+
+
 def build_history(size: int) -> list[Message]:
-    """A conversation of exactly ``size`` messages (a positive multiple of four)."""
+    """A conversation of exactly ``size`` messages (a positive multiple of four).
+
+    Lookup turns (:func:`build_turn`), every :data:`RECORD_EVERY`-th turn a record of the
+    lookups before it (:func:`build_record_turn`).
+    """
     if size <= 0 or size % MESSAGES_PER_TURN:
         raise ValueError(f"size must be a positive multiple of {MESSAGES_PER_TURN}, got {size}")
-    return [message for turn in range(size // MESSAGES_PER_TURN) for message in build_turn(turn)]
+    return [
+        message
+        for turn in range(size // MESSAGES_PER_TURN)
+        for message in (build_record_turn(turn) if is_record_turn(turn) else build_turn(turn))
+    ]
 
 
 def harness_copy(message: Message) -> Message:
@@ -163,7 +243,8 @@ class Measurement:
 
     ``samples_ms`` are whole ``apply_compaction`` calls; ``strategy_ms`` are the
     strategy's own share of each (the rest is the framework's annotation, re-annotation
-    and projection around it).
+    and projection around it). ``summarizer_calls`` counts the requests the strategy
+    sent to its summarizer during the timed passes (the composition's user half).
     """
 
     size: int
@@ -172,6 +253,7 @@ class Measurement:
     samples_ms: list[float] = field(default_factory=list)
     strategy_ms: list[float] = field(default_factory=list)
     messages_out: int = 0
+    summarizer_calls: int = 0
 
     @property
     def median_ms(self) -> float:
@@ -200,7 +282,15 @@ class Measurement:
 
     def to_dict(self) -> dict[str, Any]:
         """Every figure, JSON-safe."""
-        figures = ("median_ms", "max_ms", "min_ms", "strategy_median_ms", "messages_per_ms", "messages_out")
+        figures = (
+            "median_ms",
+            "max_ms",
+            "min_ms",
+            "strategy_median_ms",
+            "messages_per_ms",
+            "messages_out",
+            "summarizer_calls",
+        )
         return {
             **{name: getattr(self, name) for name in ("size", "strategy", "mode")},
             "repeats": len(self.samples_ms),
@@ -227,10 +317,37 @@ class _NoOp:
         return False
 
 
+def _summarizer(budget: int, tokenizer: TokenizerProtocol) -> SimulatedChatClient:
+    """The bench's scripted summarizer (an in-process framework chat client), for the composition's user half."""
+    encoder = tokenizer if isinstance(tokenizer, TiktokenTokenizer) else load_tokenizer("tiktoken")
+    assert isinstance(encoder, TiktokenTokenizer)
+    provider = SimulatedProvider(encoder=encoder, window=budget + OUTPUT_TOKENS, profile=get_profile("default"))
+    model = ScriptedModel(Scenario("speed", "", (), ()))
+    return SimulatedChatClient(model=model, provider=provider, kind="summarizer")
+
+
 def make_strategy(name: str, budget: int, tokenizer: TokenizerProtocol) -> CompactionStrategy:
-    """A fresh instance of the named contender for ``budget`` input tokens."""
+    """A fresh instance of the named contender for ``budget`` input tokens (wired as the README wires it)."""
     if name == OURS:
         return AnchoredCompactionStrategy(max_input_tokens=budget, tokenizer=tokenizer)
+    if name == RECORDS:
+        return ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=budget, tokenizer=tokenizer)
+    if name == COMPOSED:
+        users = UserTurnAnchoredSummarizationCompactionStrategy(
+            max_input_tokens=budget,
+            tokenizer=tokenizer,
+            client=_summarizer(budget, tokenizer),
+            summary_mode="boundary",
+            remembered_requests=2,
+        )
+        return ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
+            tokenizer=tokenizer,
+            tool_results=ToolResultAnchoredSummarizationCompactionStrategy(
+                max_input_tokens=budget, tokenizer=tokenizer
+            ),
+            user_turns=users,
+            overflow_policy="shed",
+        )
     if name == FRAMEWORK:
         return ContextWindowCompactionStrategy(
             max_context_window_tokens=budget + OUTPUT_TOKENS,
@@ -243,12 +360,28 @@ def make_strategy(name: str, budget: int, tokenizer: TokenizerProtocol) -> Compa
 
 
 def _restorer(strategy: CompactionStrategy) -> Callable[[], None]:
-    """A callable that puts the strategy's decisions back to what they are now."""
-    if isinstance(strategy, AnchoredCompactionStrategy):
-        state = strategy.decision_state()
-        return lambda: strategy.restore_decisions(state)
-    # The framework's strategies keep their decisions on the messages, not the instance.
-    return lambda: None
+    """A callable that puts the strategy's decisions back to what they are now.
+
+    The state value goes back into the strategy's cell as a running strategy holds it.
+    This is not a session restore (``restore_decisions``): a restore also checks the
+    state against the next history and drops the last pass's memo, once per restore,
+    which a model call of a running agent never pays. The framework's strategies keep
+    their decisions on the messages, not the instance.
+    """
+    if not isinstance(strategy, CompactionAdapter):
+        return lambda: None
+    adapter: CompactionAdapter[Any, Any, Any] = strategy
+    cell = adapter._cell  # pyright: ignore[reportPrivateUsage]
+    state = cell.value
+    reset: Callable[[Any], None] = getattr(cell, "restore", None) or functools.partial(setattr, cell, "value")
+    return lambda: reset(state)
+
+
+def summarizer_calls(strategy: CompactionStrategy) -> int:
+    """Requests the strategy has sent to a summarizer so far (0 for a strategy without one)."""
+    if isinstance(strategy, ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy):
+        return strategy.user_turns.summarizer_calls
+    return 0
 
 
 async def _timed(
@@ -256,12 +389,14 @@ async def _timed(
 ) -> None:
     """Time one whole ``apply_compaction`` call (and the strategy's share) into ``into``."""
     gc.collect()
+    calls = summarizer_calls(strategy)
     start = time.perf_counter()
     projected = await apply_compaction(
         messages, strategy=TimedStrategy(strategy, into.strategy_ms), tokenizer=tokenizer
     )
     into.samples_ms.append((time.perf_counter() - start) * 1_000)
     into.messages_out = len(projected)
+    into.summarizer_calls += summarizer_calls(strategy) - calls
 
 
 def _row_full(result: Measurement, max_seconds: float) -> bool:
@@ -416,11 +551,26 @@ def targets(results: Sequence[Measurement], growth_rows: Sequence[dict[str, Any]
     ours = _find(results, TARGET_SIZE, OURS, WARM)
     theirs = _find(results, TARGET_SIZE, FRAMEWORK, WARM)
     driver = _find(results, TARGET_SIZE, BASELINE, WARM)
+    composed = _find(results, TARGET_SIZE, COMPOSED, WARM)
     ours_growth = [row for row in growth_rows if row["strategy"] == OURS and row["mode"] == WARM]
     at = f"at {TARGET_SIZE:,} messages"
 
-    def row(kind: str, target: str, measured: str | None, met: bool | None) -> dict[str, Any]:
-        return {"kind": kind, "target": target, "measured": measured, "met": met}
+    def row(kind: str, target: str, measured: str | None, met: bool | None, **figures: object) -> dict[str, Any]:
+        return {"kind": kind, "target": target, "measured": measured, "met": met, **figures}
+
+    def versus(name: str) -> dict[str, Any]:
+        """``name``'s warm pass against the framework's, side by side in this run."""
+        mine = _find(results, TARGET_SIZE, name, WARM)
+        both = mine is not None and theirs is not None
+        return row(
+            "issue",
+            f"{STRATEGY_LABELS[name]}, warm pass {at} no slower than the framework's strategy",
+            f"{mine.median_ms:.2f} ms vs {theirs.median_ms:.2f} ms" if mine and theirs else None,
+            mine.median_ms <= theirs.median_ms if mine and theirs else None,
+            strategy=name,
+            ours_ms=mine.median_ms if both and mine else None,
+            framework_ms=theirs.median_ms if both and theirs else None,
+        )
 
     growth_text = ", ".join(
         f"{g['to_size']}/{g['from_size']}: {g['ratio_min']:.2f} (median {g['ratio']:.2f}, "
@@ -430,27 +580,43 @@ def targets(results: Sequence[Measurement], growth_rows: Sequence[dict[str, Any]
     return [
         row(
             "issue",
-            f"ours, warm pass {at} <= {TARGET_WARM_MS:g} ms median",
+            f"{STRATEGY_LABELS[OURS]}, warm pass {at} <= {TARGET_WARM_MS:g} ms median",
             None if ours is None else f"{ours.median_ms:.2f} ms",
             None if ours is None else ours.median_ms <= TARGET_WARM_MS,
         ),
+        versus(OURS),
+        versus(RECORDS),
+        versus(COMPOSED),
         row(
             "issue",
-            f"ours, warm pass {at} no slower than the framework's strategy",
-            f"{ours.median_ms:.2f} ms vs {theirs.median_ms:.2f} ms" if ours and theirs else None,
-            ours.median_ms <= theirs.median_ms if ours and theirs else None,
-        ),
-        row(
-            "issue",
-            f"ours, warm growth no worse than linear (min ratio <= size ratio x {LINEAR_TOLERANCE:g})",
+            f"{STRATEGY_LABELS[OURS]}, warm growth no worse than linear "
+            f"(min ratio <= size ratio x {LINEAR_TOLERANCE:g})",
             growth_text or None,
             all(g["no_worse_than_linear"] for g in ours_growth) if ours_growth else None,
         ),
         row(
             "context",
-            f"ours, the strategy's own share of the warm pass at {TARGET_SIZE:,} <= {TARGET_WARM_MS:g} ms",
+            f"{STRATEGY_LABELS[OURS]}, the strategy's own share of the warm pass at {TARGET_SIZE:,} "
+            f"<= {TARGET_WARM_MS:g} ms",
             None if ours is None else f"{ours.strategy_median_ms:.2f} ms",
             None if ours is None else ours.strategy_median_ms <= TARGET_WARM_MS,
+        ),
+        *(
+            row(
+                "context",
+                f"{STRATEGY_LABELS[name]}, the strategy's own share of the warm pass at {TARGET_SIZE:,} no more than "
+                "the framework strategy's own share",
+                f"{mine.strategy_median_ms:.2f} ms vs {theirs.strategy_median_ms:.2f} ms" if mine and theirs else None,
+                mine.strategy_median_ms <= theirs.strategy_median_ms if mine and theirs else None,
+            )
+            for name in (RECORDS, COMPOSED)
+            for mine in (_find(results, TARGET_SIZE, name, WARM),)
+        ),
+        row(
+            "context",
+            f"{STRATEGY_LABELS[COMPOSED]}, no summarizer request on the timed warm passes at {TARGET_SIZE:,}",
+            None if composed is None else f"{composed.summarizer_calls} request(s)",
+            None if composed is None else composed.summarizer_calls == 0,
         ),
         row(
             "context",
@@ -469,8 +635,9 @@ def render(
 ) -> str:
     """The human-readable report."""
     lines: list[str] = []
+    width = max(len(label) for label in STRATEGY_LABELS.values())
     header = (
-        f"{'size':>6}  {'strategy':<44} {'pass':<10} {'n':>3} {'median ms':>10} {'min ms':>9} {'max ms':>9} "
+        f"{'size':>6}  {'strategy':<{width}} {'pass':<10} {'n':>3} {'median ms':>10} {'min ms':>9} {'max ms':>9} "
         f"{'own ms':>8} {'msgs/ms':>8} {'vs fw':>6}"
     )
     for work in workloads:
@@ -478,6 +645,13 @@ def render(
             f"{work.size:,} messages, {work.tokens:,} tokens (our basis), budget {work.budget:,} "
             f"(framework: window {work.budget + OUTPUT_TOKENS:,}, output {OUTPUT_TOKENS:,})"
         )
+    lines.append(
+        f"Every {RECORD_EVERY}th turn is a record the model wrote of the lookups before it (one lookup of each "
+        "batch left out)."
+    )
+    lines.append("")
+    lines.append("Rows (one history, one budget, measured side by side in this run):")
+    lines.extend(f"  {STRATEGY_LABELS[name]:<{width}}  {STRATEGY_WIRING[name]}" for name in STRATEGIES)
     lines.append("")
     lines.append(
         "Times are whole apply_compaction calls (perf_counter); 'own ms' is the median of the strategy's own "
@@ -498,7 +672,7 @@ def render(
                     else "-"
                 )
                 lines.append(
-                    f"{work.size:>6}  {STRATEGY_LABELS[name]:<44} {mode:<10} {len(item.samples_ms):>3} "
+                    f"{work.size:>6}  {STRATEGY_LABELS[name]:<{width}} {mode:<10} {len(item.samples_ms):>3} "
                     f"{item.median_ms:>10.2f} {item.min_ms:>9.2f} {item.max_ms:>9.2f} "
                     f"{item.strategy_median_ms:>8.2f} {item.messages_per_ms:>8.1f} {versus:>6}"
                 )
@@ -508,12 +682,12 @@ def render(
             "Growth (time at the larger size / time at the smaller; linear = the size ratio; judged on min, "
             f"allowing x{LINEAR_TOLERANCE:g}):"
         )
-        lines.append(f"  {'strategy':<44} {'pass':<10} {'sizes':<11} {'median':>6} {'min':>6} {'linear':>6}")
+        lines.append(f"  {'strategy':<{width}} {'pass':<10} {'sizes':<11} {'median':>6} {'min':>6} {'linear':>6}")
         for row in growth_rows:
             verdict = "ok" if row["no_worse_than_linear"] else "WORSE THAN LINEAR"
             sizes = f"{row['to_size']}/{row['from_size']}"
             lines.append(
-                f"  {STRATEGY_LABELS[row['strategy']]:<44} {row['mode']:<10} {sizes:<11} {row['ratio']:6.2f} "
+                f"  {STRATEGY_LABELS[row['strategy']]:<{width}} {row['mode']:<10} {sizes:<11} {row['ratio']:6.2f} "
                 f"{row['ratio_min']:6.2f} {row['linear_ratio']:6.2f}  {verdict}"
             )
         lines.append("")
@@ -525,6 +699,8 @@ def render(
             status = "n/a (not measured)" if row["met"] is None else ("MET" if row["met"] else "NOT MET")
             measured = f" [{row['measured']}]" if row["measured"] else ""
             lines.append(f"  {status:<8} {row['target']}{measured}")
+    calls = sum(item.summarizer_calls for item in results)
+    lines.append(f"Summarizer requests during timed passes, every size and pass: {calls}")
     return "\n".join(lines)
 
 
@@ -533,12 +709,12 @@ def render(
 # ----------------------------------------------------------------------------------------
 
 
-async def profile_warm(work: Workload, tokenizer: TokenizerProtocol, repeats: int, top: int) -> str:
-    """cProfile of our warm passes at ``work.size``: the whole call, then the strategy's own share.
+async def profile_warm(work: Workload, tokenizer: TokenizerProtocol, repeats: int, top: int, name: str = OURS) -> str:
+    """cProfile of the warm passes of strategy ``name`` at ``work.size``: the whole call, then its own share.
 
     Both listings show the top entries by own time and by cumulative time.
     """
-    state = await settled(work, OURS, tokenizer)
+    state = await settled(work, name, tokenizer)
     strategy = state.strategy
     first_turn = work.size // MESSAGES_PER_TURN
     whole, own = cProfile.Profile(), cProfile.Profile()
@@ -556,7 +732,9 @@ async def profile_warm(work: Workload, tokenizer: TokenizerProtocol, repeats: in
     state.restore()
     out = io.StringIO()
     for profiler, what in ((whole, "the whole apply_compaction call"), (own, "the strategy's own share")):
-        out.write(f"cProfile of {repeats} warm passes of ours at {work.size:,} messages: {what} (totals)\n")
+        out.write(
+            f"cProfile of {repeats} warm passes of {STRATEGY_LABELS[name]} at {work.size:,} messages: {what} (totals)\n"
+        )
         stats = pstats.Stats(profiler, stream=out)
         stats.strip_dirs()
         stats.sort_stats("tottime").print_stats(top)
@@ -587,11 +765,20 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
+def _strategies(text: str) -> list[str]:
+    names = [item.strip() for item in text.split(",") if item.strip()]
+    unknown = [name for name in names if name not in STRATEGIES]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"strategies must be a comma-separated list of {', '.join(STRATEGIES)}")
+    return names
+
+
 def parser() -> argparse.ArgumentParser:
     """The command line."""
     cli = argparse.ArgumentParser(
         prog="python -m maf_compaction.bench speed",
-        description="Time one compaction pass (cold and warm) of ours against the framework's strategy.",
+        description="Time one compaction pass (cold and warm) of ours (anchored, records, composition) against the "
+        "framework's strategy, side by side on one history.",
     )
     cli.add_argument(
         "--sizes",
@@ -620,7 +807,15 @@ def parser() -> argparse.ArgumentParser:
     cli.add_argument(
         "--profile",
         action="store_true",
-        help="also cProfile our warm pass at --profile-size messages and print the top entries",
+        help="also cProfile the warm pass of each --profile-strategies row at --profile-size messages and print the "
+        "top entries",
+    )
+    cli.add_argument(
+        "--profile-strategies",
+        type=_strategies,
+        default=list(RACED),
+        metavar="NAMES",
+        help=f"comma-separated rows to profile, of {', '.join(STRATEGIES)} (default: {','.join(RACED)})",
     )
     cli.add_argument("--profile-size", type=positive_int, default=TARGET_SIZE, help="default: 1600")
     cli.add_argument("--profile-top", type=positive_int, default=25, help="entries per profile listing (default: 25)")
@@ -667,7 +862,10 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--profile-size must be a multiple of {MESSAGES_PER_TURN}")
         (work,) = prepare([size], tokenizer)
         with quiet_logs():
-            profile_text = asyncio.run(profile_warm(work, tokenizer, warm_repeats, args.profile_top))
+            profile_text = "\n".join(
+                asyncio.run(profile_warm(work, tokenizer, warm_repeats, args.profile_top, name))
+                for name in args.profile_strategies
+            )
         print()
         print(profile_text)
 
@@ -682,6 +880,8 @@ def main(argv: list[str] | None = None) -> int:
             "max_row_seconds": args.max_row_seconds,
             "budget_share": BUDGET_SHARE,
             "output_tokens": OUTPUT_TOKENS,
+            "record_every": RECORD_EVERY,
+            "strategies": {name: STRATEGY_WIRING[name] for name in STRATEGIES},
             "workloads": [{"size": w.size, "tokens": w.tokens, "budget": w.budget} for w in workloads],
             "results": [item.to_dict() for item in results],
             "growth": growth_rows,

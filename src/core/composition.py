@@ -377,11 +377,11 @@ def step(
     *,
     memo: object = None,
 ) -> StepResult[CompositionState, CompositionReport]:
-    """One composed pass (see the module docstring)."""
-    del memo
+    """One composed pass (see the module docstring); ``memo`` is the last ``Done.memo`` (the record rules')."""
     budget = config.max_input_tokens
     tokens_before = sent_tokens(history)
-    passed = records.rules(config.record_rules, history, state.records.decisions, measure)
+    record_memo = memo if isinstance(memo, records.RecordMemo) else None
+    passed = records.rules(config.record_rules, history, state.records.decisions, measure, memo=record_memo)
     output = passed.history
     record_state = replace(state.records, decisions=passed.decisions)
     # When the room is needed (the conversation's largest step would no longer fit beside
@@ -464,7 +464,7 @@ def step(
         refused=tuple(sorted(replaced.refused)),
         failed=tuple(sorted(replaced.failed)),
     )
-    return Success(Done(history=output, state=new_state, report=report))
+    return Success(Done(history=output, state=new_state, report=report, memo=passed.memo))
 
 
 _APPLIED: Final = frozenset({user_summaries.Outcome.SUMMARIZED, user_summaries.Outcome.FOLDED})

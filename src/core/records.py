@@ -34,7 +34,7 @@ records and the :class:`~.record_decisions.RecordDecisions`:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Final, cast
@@ -315,13 +315,32 @@ class RecordState:
 
 
 @dataclass(frozen=True, slots=True)
+class RecordMemo:
+    """Work one pass of the record rules hands the next: it saves work and never changes an answer.
+
+    Every entry is keyed by what it was derived from and checked against it on use, so
+    a memo from another history (the other list, a restore) only costs a miss.
+
+    Attributes:
+        grouping: The last pass's grouping (:func:`~.grouping.regroup` reuses its prefix).
+        values: The distinctive values of each tool result text the last pass judged,
+            keyed by the text (the shell reuses the same text objects across passes).
+        quoted: The records' text of the last pass with its word set and name mentions.
+    """
+
+    grouping: Grouping | None = None
+    values: Mapping[str, tuple[str, ...]] = field(default_factory=dict[str, tuple[str, ...]])
+    quoted: tuple[str, frozenset[str], Mapping[str, int]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Passed:
     """The record rules' answer before any fallback (see :func:`rules`)."""
 
     history: History
     decisions: RecordDecisions
     report: RecordReport
-    grouping: Grouping | None = None
+    memo: RecordMemo = field(default_factory=RecordMemo)
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,7 +362,7 @@ def step(
     ``memo`` is the previous pass's ``Done.memo``; it never changes the answer.
     """
     record_memo, fallback_memo = cast("tuple[object, object]", memo) if isinstance(memo, tuple) else (None, None)
-    passed = rules(config, history, state.decisions, measure, grouping=_grouping(record_memo))
+    passed = rules(config, history, state.decisions, measure, memo=_memo(record_memo))
     report, output, fallback_state = passed.report, passed.history, state.fallback
     if report.fallback is not Fallback.NONE and config.fallback is not None:
         ran = run_with_holds(config.fallback, state.fallback, output, measure, memo=fallback_memo)
@@ -355,7 +374,7 @@ def step(
             overflow=report.fallback is Fallback.BEHIND_RECORD and tokens > config.max_input_tokens,
         )
     new_state = RecordState(decisions=passed.decisions, fallback=fallback_state, recall=state.recall)
-    return Success(Done(history=output, state=new_state, report=report, memo=(passed.grouping, fallback_memo)))
+    return Success(Done(history=output, state=new_state, report=report, memo=(passed.memo, fallback_memo)))
 
 
 def run_with_holds(
@@ -420,8 +439,8 @@ def check(config: RecordConfig, state: RecordState, history: History) -> str | N
     return None
 
 
-def _grouping(memo: object) -> Grouping | None:
-    return memo if isinstance(memo, Grouping) else None
+def _memo(memo: object) -> RecordMemo | None:
+    return memo if isinstance(memo, RecordMemo) else None
 
 
 def rules(
@@ -430,17 +449,21 @@ def rules(
     decisions: RecordDecisions,
     measure: Measure,
     *,
-    grouping: Grouping | None = None,
+    memo: RecordMemo | None = None,
 ) -> Passed:
     """The record rules alone (see the module docstring).
 
     Notes are not conversation: they are neither grouped nor judged. Injected context is
     neither grouped nor judged either, but it counts toward every size rule, because
-    the next request carries it.
+    the next request carries it. ``memo`` is the last answer's :attr:`Passed.memo`; it
+    never changes the answer.
     """
+    memo = memo or RecordMemo()
     conversation = [i for i, r in enumerate(history) if not r.injected and not r.note]
     records = [history[i] for i in conversation]
-    released = [r if r.held is None else replace(r, held=None) for r in records]
+    # Every hold is decided afresh on each pass (so both lists agree on what stays): the
+    # holds this pass gives, by index into ``records``; any other hold is released.
+    holds: dict[int, str] = {}
     tokens_before = sent_tokens(history)
     triggered = tokens_before > config.trigger_tokens
     recall_ids = recall_call_ids(records)
@@ -448,24 +471,27 @@ def rules(
     if not found:
         fallback = Fallback.PLAIN if tokens_before >= config.fallback_tokens else Fallback.NONE
         report = RecordReport(tokens_before, tokens_before, triggered=triggered, fallback=fallback)
-        return _done(history, conversation, released, decisions=decisions, report=report, grouping=grouping)
+        output = _with_holds(records, holds)
+        return _done(history, conversation, output, decisions=decisions, report=report, memo=memo)
 
-    grouping = regroup(records, grouping)
+    grouping = regroup(records, memo.grouping)
     text = "\n".join(record_text(records[k], recall_ids) for k in found)
-    candidates = _candidates(config, records, grouping, found[-1], recall_ids)
-    covered, uncovered = _coverage(config, candidates, text)
+    quoted = _quoted(text, memo.quoted)
+    values: dict[str, tuple[str, ...]] = {}
+    candidates = _candidates(config, records, grouping, found[-1], recall_ids, values=(memo.values, values))
+    covered, uncovered = _coverage(config, candidates, quoted)
     # Tool integrity: an uncovered group found partly excluded (a result that arrived
     # for a call a record covered, or another component's exclusion) goes whole.
     broken = [c for c in uncovered if any(records[i].excluded for i in c.group.members)]
     uncovered = [c for c in uncovered if c not in broken]
-    output = released
+    output = list(records)
     dropped = _exclude(output, covered)
     joined = _exclude(output, broken)
     rows = _release_rows(config, output, uncovered, text, measure=measure, recall_ids=recall_ids)
     for candidate in uncovered:
         for index in candidate.group.members:
-            output[index] = replace(output[index], held=HOLD_UNCOVERED)
-    _hold_records(output, grouping, frozenset(found))
+            holds[index] = HOLD_UNCOVERED
+    _hold_records(output, grouping, frozenset(found), holds)
 
     new_decisions, asked = _chain(
         decisions, {c.ordinal for c in uncovered}, records_written(records), responses(records)
@@ -477,7 +503,8 @@ def rules(
     # Holds are recomputed on every pass, so the two lists still agree on what stays.
     if tokens_after > config.max_input_tokens:
         fallback = Fallback.BEHIND_RECORD
-        held_unrecorded = _hold_unrecorded(output, grouping, recall_ids)
+        held_unrecorded = _hold_unrecorded(output, grouping, recall_ids, holds)
+    output = _with_holds(output, holds)
     report = RecordReport(
         tokens_before=tokens_before,
         tokens_after=tokens_after,
@@ -494,7 +521,22 @@ def rules(
         held_unrecorded=held_unrecorded,
         fallback=fallback,
     )
-    return _done(history, conversation, output, decisions=new_decisions, report=report, grouping=grouping)
+    memo = RecordMemo(grouping=grouping, values=values, quoted=quoted)
+    return _done(history, conversation, output, decisions=new_decisions, report=report, memo=memo)
+
+
+def _with_holds(records: Sequence[MessageRecord], holds: Mapping[int, str]) -> list[MessageRecord]:
+    """``records`` with exactly the holds in ``holds`` (by index); records whose hold is right stay as they are."""
+    return [r if r.held == holds.get(k) else replace(r, held=holds.get(k)) for k, r in enumerate(records)]
+
+
+def _quoted(
+    text: str, memo: tuple[str, frozenset[str], Mapping[str, int]] | None
+) -> tuple[str, frozenset[str], Mapping[str, int]]:
+    """The records' ``text`` with its words and name mentions (the memo's, when it read the same text)."""
+    if memo is not None and memo[0] == text:
+        return memo
+    return text, word_set(text), name_mentions(text)
 
 
 def _exclude(output: list[MessageRecord], candidates: Sequence[_Candidate]) -> list[int]:
@@ -526,12 +568,12 @@ def _done(
     *,
     decisions: RecordDecisions,
     report: RecordReport,
-    grouping: Grouping | None,
+    memo: RecordMemo,
 ) -> Passed:
     output = list(history)
     for index, record in zip(conversation, records, strict=True):
         output[index] = record
-    return Passed(history=pvector(output), decisions=decisions, report=report, grouping=grouping)
+    return Passed(history=pvector(output), decisions=decisions, report=report, memo=memo)
 
 
 def _candidates(
@@ -540,8 +582,16 @@ def _candidates(
     grouping: Grouping,
     anchor: int,
     recall_ids: frozenset[str],
+    *,
+    values: tuple[Mapping[str, tuple[str, ...]], dict[str, tuple[str, ...]]],
 ) -> list[_Candidate]:
-    """Tool groups after the head that end before the newest record, ours to judge."""
+    """Tool groups after the head that end before the newest record, ours to judge.
+
+    ``values`` is (the last pass's distinctive values by result text, this pass's to
+    fill): a group's values are those of its result texts in order, duplicates dropped,
+    exactly as of the texts joined, so each text is read once per conversation.
+    """
+    known, seen = values
     found: list[_Candidate] = []
     ordinal = -1
     for index, group in enumerate(grouping.all):
@@ -555,20 +605,22 @@ def _candidates(
             continue  # another component's, or already gone
         if _is_recall_group(records, group, recall_ids):
             continue
-        result_text = "\n".join(
-            p.text for i in members for p in records[i].parts if p.kind == "function_result" and p.text
-        )
+        texts = [p.text for i in members for p in records[i].parts if p.kind == "function_result" and p.text]
+        for text in texts:
+            if text not in seen:
+                cached = known.get(text)
+                seen[text] = distinctive_values(text) if cached is None else cached
+        group_values = seen[texts[0]] if len(texts) == 1 else tuple(dict.fromkeys(v for t in texts for v in seen[t]))
         names = tuple(name for i in members for name in records[i].call_names)
-        found.append(_Candidate(ordinal, group, distinctive_values(result_text), names))
+        found.append(_Candidate(ordinal, group, group_values, names))
     return found
 
 
 def _coverage(
-    config: RecordConfig, candidates: Sequence[_Candidate], record: str
+    config: RecordConfig, candidates: Sequence[_Candidate], record: tuple[str, frozenset[str], Mapping[str, int]]
 ) -> tuple[list[_Candidate], list[_Candidate]]:
-    """Split candidates into covered and uncovered by the records' text."""
-    quoted = word_set(record)
-    mentions = name_mentions(record)
+    """Split candidates into covered and uncovered by the records' (text, word set, name mentions)."""
+    _, quoted, mentions = record
     callers: dict[str, int] = {}
     for candidate in candidates:
         for name in set(candidate.names):
@@ -759,28 +811,32 @@ def record_due(state: RecordState) -> bool:
     return state.decisions.ask is not None or recall.next_pin is not None or recall.in_flight
 
 
-def _hold_records(output: list[MessageRecord], grouping: Grouping, found: frozenset[int]) -> None:
-    """Hold every record with its group: records stay in the prompt, whatever the fallback does."""
+def _hold_records(
+    output: Sequence[MessageRecord], grouping: Grouping, found: frozenset[int], holds: dict[int, str]
+) -> None:
+    """Hold every record with its group (in ``holds``): records stay in the prompt, whatever the fallback does."""
     for group in grouping.all:
         if any(i in found for i in group.members):
             for index in group.members:
                 if not output[index].preserved:  # the host's own preserve already protects it
-                    output[index] = replace(output[index], held=HOLD_RECORD)
+                    holds[index] = HOLD_RECORD
 
 
-def _hold_unrecorded(output: list[MessageRecord], grouping: Grouping, recall_ids: frozenset[str]) -> int:
-    """Hold every remaining tool group that is not held, preserved or a recall group."""
+def _hold_unrecorded(
+    output: Sequence[MessageRecord], grouping: Grouping, recall_ids: frozenset[str], holds: dict[int, str]
+) -> int:
+    """Hold (in ``holds``) every remaining tool group that is not held, preserved or a recall group."""
     held = 0
     for group in grouping.all:
         members = group.members
         if group.kind != "tool_call" or all(output[i].excluded for i in members):
             continue
-        if any(output[i].preserved or output[i].held for i in members):
+        if any(output[i].preserved or holds.get(i) for i in members):
             continue
         if _is_recall_group(output, group, recall_ids):
             continue
         for index in members:
-            output[index] = replace(output[index], held=HOLD_UNRECORDED)
+            holds[index] = HOLD_UNRECORDED
         held += 1
     return held
 
@@ -793,11 +849,11 @@ def hold_unrecorded(history: History) -> History:
     conversation = [i for i, r in enumerate(history) if not r.injected and not r.note]
     records = [history[i] for i in conversation]
     grouping = regroup(records)
-    held = list(records)
-    if not _hold_unrecorded(held, grouping, recall_call_ids(records)):
+    holds = {k: r.held for k, r in enumerate(records) if r.held is not None}
+    if not _hold_unrecorded(records, grouping, recall_call_ids(records), holds):
         return history
     output = list(history)
-    for index, record in zip(conversation, held, strict=True):
+    for index, record in zip(conversation, _with_holds(records, holds), strict=True):
         output[index] = record
     return pvector(output)
 
