@@ -40,13 +40,15 @@ def test_the_committed_docs_are_what_make_docs_writes() -> None:
 
 
 def test_every_generated_region_is_used_and_marked() -> None:
-    """README carries the short table; docs/bench.md the full default grid and the user-heavy workload."""
+    """README carries the short table; docs/bench.md the full default grid and the user-heavy workload; each
+    strategy's page its own rows (the composition's under both cache rules)."""
     found = {name: regions_in((ROOT / name).read_text(encoding="utf-8"), name) for name in docs.DOCUMENTS}
     assert found == {
         "README.md": ["readme"],
         "docs/bench.md": ["demo", "user-heavy"],
         "docs/records.md": ["records"],
         "docs/user-summaries.md": ["user-modes"],
+        "docs/composition.md": ["composition", "composition-anthropic"],
     }
     assert {name for names in found.values() for name in names} == set(REGIONS)
 
