@@ -571,6 +571,19 @@ def test_a_failed_replacement_is_dated_and_a_version_1_failure_still_stands_for_
         chain_from_dict({**data, "version": 1})
 
 
+def test_a_version_1_composition_state_reads_unless_a_kept_merge_makes_its_counts_ambiguous() -> None:
+    kept = Replacement("i" * 32, 2, "record\nTL-1", "record_replacement_0", "merge")
+    calm = CompositionState(chain=ChainDecisions(replacements=(kept,)))
+    waiting = CompositionState(chain=ChainDecisions(replacements=(kept,), wait_since=3))
+    unmerged = CompositionState(chain=ChainDecisions(wait_since=3))
+    for state in (calm, unmerged):
+        data = {**state.to_dict(), "version": 1}
+        assert CompositionState.from_dict(json.loads(json.dumps(data))) == state, "the two layouts agree here"
+    assert CompositionState.from_dict(waiting.to_dict()) == waiting
+    with pytest.raises(SnapshotError, match=r"snapshot field 'records': a version-1 snapshot with a kept record merge"):
+        CompositionState.from_dict({**waiting.to_dict(), "version": 1})
+
+
 @pytest.mark.parametrize(
     ("entry", "message"),
     [

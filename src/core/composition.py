@@ -236,7 +236,15 @@ class CompositionState:
 _CHAIN_FIELDS: Final = ("wait_since", "declined_behind", "shed", "replacements")
 #: Version 2 dates failures (``turns``); a version-1 failure has none, so it stands for ever, as it did.
 CHAIN_ENVELOPE: Final = Envelope("chain", 2, _CHAIN_FIELDS, older=((1, _CHAIN_FIELDS),))
-COMPOSITION_ENVELOPE: Final = Envelope("composition", 1, ("records", "fallback", "recall", "users", "chain"))
+COMPOSITION_ENVELOPE: Final = Envelope(
+    "composition",
+    2,
+    ("records", "fallback", "recall", "users", "chain"),
+    # Version 1 counted the records a merge replaced out of an ask's and a wait's record
+    # count, and a merged record as a model response; version 2 counts records written and
+    # model responses only. The two agree unless a merge was kept (see state_from_dict).
+    older=((1, ("records", "fallback", "recall", "users", "chain")),),
+)
 _REPLACEMENT_FIELDS: Final = ("identity", "sources", "text", "replacement_id", "kind", "turns")
 _REPLACEMENT_FIELDS_V1: Final = _REPLACEMENT_FIELDS[:-1]
 
@@ -324,7 +332,7 @@ def state_from_dict(data: object, *, keep_head_groups: int | None = None) -> Com
             raise fields.error(name, "must be an object")
         return cast("Mapping[str, object]", value)
 
-    return CompositionState(
+    state = CompositionState(
         records=RecordState(
             decisions=RecordDecisions.from_dict(inner("records")),
             fallback=AnchoredSnapshot.from_dict(inner("fallback"), keep_head_groups=keep_head_groups),
@@ -333,6 +341,19 @@ def state_from_dict(data: object, *, keep_head_groups: int | None = None) -> Com
         users=UserSummarySnapshot.from_dict(inner("users")),
         chain=chain_from_dict(inner("chain"), keep_head_groups=keep_head_groups),
     )
+    chain = state.chain
+    merged = any(r.text is not None for r in chain.replacements)
+    counted = (
+        state.records.decisions.ask is not None or chain.wait_since is not None or chain.declined_behind is not None
+    )
+    if fields.version == 1 and merged and counted:
+        raise fields.error(
+            "records",
+            "a version-1 snapshot with a kept record merge counts an outstanding ask or wait in records and responses "
+            "this version counts differently; it cannot be read without guessing (start the conversation's "
+            "compaction state afresh)",
+        )
+    return state
 
 
 @dataclass(frozen=True, slots=True)
