@@ -511,8 +511,8 @@ def _user_pass(
     - **Alone**, while the prompt fits, a summary breaks the prefix for itself, and each
       later call pays about a tenth of what it saves, so it is asked for only when the
       room is needed: when the largest group the conversation has seen (a lookup, a long
-      turn) would no longer fit beside the prompt: the next step like it would overflow. Over the
-      budget the user half asks as it would alone.
+      turn) would no longer fit beside the prompt, so the next step like it would
+      overflow. Over the budget the user half asks as it would alone.
     """
     if not breaking and roomy:
         return _replayed(config, users, output, measure) or _declined(users, output)
