@@ -57,7 +57,7 @@ from .counting import MESSAGE_OVERHEAD_TOKENS
 from .effects import Request, Summarize, identity
 from .envelope import Envelope
 from .errors import CompactionBudgetExceeded
-from .grouping import regroup
+from .grouping import Grouping, regroup
 from .model import History, MessageRecord, Part
 from .protocol import Done, Needs, StepResult, sent_tokens
 from .recall import recall_from_dict, recall_to_dict
@@ -408,7 +408,7 @@ def step(
     # When the room is needed (the conversation's largest step would no longer fit beside
     # the prompt), ask for a record of what no record holds yet, before a summary of its own
     # or a shed: the recall middleware pins the next request for it, and the user half waits.
-    roomy = _roomy(config, output)
+    roomy = _roomy(config, output, passed.memo.grouping)
     if not roomy and not record_state.recall.pin_disabled:
         record_state = replace(record_state, decisions=records.ask_for_pending(output, record_state.decisions))
     chain, waiting = _wait(
@@ -520,9 +520,9 @@ def _user_pass(
     if isinstance(answer, Needs) or answer.report.outcome in _APPLIED:
         return answer
     if breaking:
+        # The gates off: this pass asks, or applies a remembered answer, if anything can.
         free = user_summaries.pass_(config.coalesced_users, users, output, measure)
-        if isinstance(free, Needs) or free.report.outcome in _APPLIED:
-            return free
+        return free if isinstance(free, Needs) or free.report.outcome in _APPLIED else answer
     return _replayed(config, users, output, measure) or answer
 
 
@@ -548,10 +548,14 @@ def _declined(users: UserSummarySnapshot, output: History) -> user_summaries.Use
     return Done(history=output, state=users, report=report)
 
 
-def _roomy(config: CompositionConfig, output: History) -> bool:
-    """The largest step the conversation has taken (its largest group, excluded ones too) still fits."""
+def _roomy(config: CompositionConfig, output: History, grouping: Grouping | None) -> bool:
+    """The largest step the conversation has taken (its largest group, excluded ones too) still fits.
+
+    ``grouping`` is the record rules' grouping of the same conversation (``regroup`` reuses it).
+    """
     conversation = [r for r in output if not r.injected and not r.note]
-    largest = max((sum(conversation[i].tokens for i in g.members) for g in regroup(conversation).all), default=0)
+    groups = regroup(conversation, grouping).all
+    largest = max((sum(conversation[i].tokens for i in g.members) for g in groups), default=0)
     return sent_tokens(output) + largest <= config.max_input_tokens
 
 

@@ -162,13 +162,18 @@ def record_text(record: MessageRecord, recall_ids: frozenset[str]) -> str:
     if record.written_record:
         text = "\n".join(p.text for p in record.parts if p.kind == "text")
         return text if text.startswith(RECORD_PREFIX) and not record.has_tool_call else ""
+    return "\n".join(_recall_records(record, recall_ids))
+
+
+def _recall_records(record: MessageRecord, recall_ids: frozenset[str]) -> list[str]:
+    """The records ``record`` carries as results of recall calls, excluded or not."""
     if record.role != "tool":
-        return ""
-    return "\n".join(
+        return []
+    return [
         part.text
         for part in record.parts
         if part.kind == "function_result" and part.call_id in recall_ids and RECORD_MARKER in part.text
-    )
+    ]
 
 
 def is_record(record: MessageRecord, recall_ids: frozenset[str]) -> bool:
@@ -729,12 +734,7 @@ def records_written(history: Iterable[MessageRecord]) -> int:
     """
     conversation = [r for r in history if not r.injected and not r.note]
     recall_ids = recall_call_ids(conversation)
-    return sum(
-        1
-        for r in conversation
-        if r.role == "tool"
-        and any(p.kind == "function_result" and p.call_id in recall_ids and RECORD_MARKER in p.text for p in r.parts)
-    )
+    return sum(1 for r in conversation if _recall_records(r, recall_ids))
 
 
 def _chain(
