@@ -19,10 +19,19 @@ from .adapters.nested import find_nested_strategy
 from .adapters.overhead import AgentOverhead, measure_agent_overhead
 from .adapters.recall import RecallGate, ToolResultRecallMiddleware, make_recall_tool
 from .adapters.records import ToolResultAnchoredSummarizationCompactionStrategy, record_text
+from .adapters.sessions import (
+    CompactionStack,
+    SessionCompactionProvider,
+    SessionCompactionRegistry,
+    SessionToolResultRecallMiddleware,
+    make_session_recall_tool,
+)
 from .adapters.tiktoken import TiktokenTokenizer, TokenizerUnavailableError
 from .adapters.user_summaries import UserTurnAnchoredSummarizationCompactionStrategy
+from .core.composition import ChainDecisions
 from .core.record_decisions import Ask, RecordDecisions
 from .core.snapshot import AnchoredSnapshot
+from .core.stack import StackKindError, StackState
 from .core.user_snapshot import UserSummarySnapshot
 from .errors import (
     CompactionBudgetExceeded,
@@ -38,14 +47,21 @@ __all__ = [
     "AnchoredCompactionStrategy",
     "AnchoredSnapshot",
     "Ask",
+    "ChainDecisions",
     "CompactionBudgetExceeded",
+    "CompactionStack",
     "MafCompactionExperimentalWarning",
     "MediaTokenEstimator",
     "MinimumGainAnchoredCompactionStrategy",
     "RecallGate",
     "RecordDecisions",
+    "SessionCompactionProvider",
+    "SessionCompactionRegistry",
+    "SessionToolResultRecallMiddleware",
     "SnapshotError",
     "SnapshotVersionError",
+    "StackKindError",
+    "StackState",
     "TiktokenTokenizer",
     "TokenizerUnavailableError",
     "ToolResultAnchoredSummarizationCompactionStrategy",
@@ -56,6 +72,7 @@ __all__ = [
     "__version__",
     "find_nested_strategy",
     "make_recall_tool",
+    "make_session_recall_tool",
     "measure_agent_overhead",
     "original_results",
     "record_text",

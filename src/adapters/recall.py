@@ -156,9 +156,7 @@ def make_recall_tool(
     description = recall_description(target_tokens)
 
     def recall_earlier_tool_results(values: str) -> str:
-        if gate is not None and not gate.take():
-            return NOT_NEEDED_REPLY
-        return f"{RECORD_PREFIX}\n{values}"
+        return record_reply(gate, values)
 
     return tool(
         recall_earlier_tool_results,
@@ -166,6 +164,13 @@ def make_recall_tool(
         description=description,
         approval_mode="never_require",
     )
+
+
+def record_reply(gate: RecallGate | None, values: str) -> str:
+    """What the recall tool answers: the record (one per arming of ``gate``), or that none is needed."""
+    if gate is not None and not gate.take():
+        return NOT_NEEDED_REPLY
+    return f"{RECORD_PREFIX}\n{values}"
 
 
 @dataclass(slots=True)
@@ -283,6 +288,15 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             decisions=cell.value.decisions, fallback=cell.value.fallback, recall=self._cell.value.recall
         )
         self._cell = cell
+
+    def shares(self, cell: StateCell[RecordState]) -> bool:
+        """Whether this middleware reads and writes ``cell`` (a record strategy's state)."""
+        return self._cell is cell
+
+    def arms(self, gate: RecallGate) -> bool:
+        """Whether ``arm`` (and ``disarm``, when given) are ``gate``'s own methods."""
+        bound = [self._arm] if self._disarm is None else [self._arm, self._disarm]
+        return all(getattr(method, "__self__", None) is gate for method in bound)
 
     # --- configuration and diagnostics --------------------------------------------------
 

@@ -214,6 +214,15 @@ class ChainDecisions:
                 return replacement
         return None
 
+    def to_dict(self) -> dict[str, object]:
+        """The chain's decisions as a JSON-safe, kind-tagged, versioned dict (see :func:`chain_to_dict`)."""
+        return chain_to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: object, *, keep_head_groups: int | None = None) -> ChainDecisions:
+        """Read :meth:`to_dict`'s output strictly (``SnapshotError`` naming the field)."""
+        return chain_from_dict(data, keep_head_groups=keep_head_groups)
+
 
 @dataclass(frozen=True, slots=True)
 class CompositionState:

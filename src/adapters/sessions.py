@@ -1,0 +1,619 @@
+"""Serving many sessions with one agent: a compaction stack per session, its state in the session.
+
+A strategy, its gate and its recall middleware keep one conversation's decisions (see
+:mod:`.loop`). A service that runs one agent for many users needs one such *stack* per
+session, and a replica that picks a session up needs the decisions the last one made.
+This module gives both:
+
+- :class:`CompactionStack` bundles a record strategy or a composition with its gate and
+  recall middleware, and reads and writes their whole behavioural state as one
+  JSON-safe value (:mod:`maf_compaction.core.stack`).
+- :class:`SessionCompactionRegistry` builds a fresh stack per session (a bounded LRU
+  cache of them) and keeps each session's state in ``AgentSession.state[state_key]``:
+  read at the start of every *phase* (even on a cache hit: another replica may have
+  moved it), written at its end (exceptional exits included). A phase is one hook run:
+  a provider's ``before_run`` or ``after_run``, one model call through the middleware,
+  one recall tool call. The stack in the cache is a convenience; the session is the truth.
+- :class:`SessionCompactionProvider`, :class:`SessionToolResultRecallMiddleware` and
+  :func:`make_session_recall_tool` are the one provider, middleware and tool an agent
+  registers; each resolves the session from what the framework hands it (the hook's
+  ``session`` argument, ``ChatContext.session``, ``FunctionInvocationContext.session``),
+  never from a model-supplied argument, and refuses to run without one.
+
+Phases of one session must not overlap in one process (the host serializes a session's
+requests; across replicas, a lease does: see :mod:`maf_compaction.redis`), so a second,
+independent phase for a session that is in a phase raises ``RuntimeError``; distinct
+sessions run concurrently. A phase nested in another phase of the same session in the
+same task (a context variable marks it) shares the outer phase's stack and leaves the
+reading and writing to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+import weakref
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar, Token
+from dataclasses import dataclass
+from typing import Any, Final
+
+from agent_framework import (
+    AgentSession,
+    ChatContext,
+    ChatMiddleware,
+    CompactionProvider,
+    ContextProvider,
+    FunctionInvocationContext,
+    FunctionTool,
+    HistoryProvider,
+    ResponseStream,
+    SessionContext,
+    tool,
+)
+
+from ..core.checks import require_bool, require_int, require_sync_callable, require_tokenizer
+from ..core.stack import (
+    StackKind,
+    StackState,
+    session_entry_from_dict,
+    session_entry_to_dict,
+)
+from .composition import ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
+from .counting import Tokenizer
+from .recall import DEFAULT_TARGET_TOKENS, RecallGate, ToolResultRecallMiddleware, recall_description, record_reply
+from .records import ToolResultAnchoredSummarizationCompactionStrategy
+
+logger = logging.getLogger("maf_compaction")
+
+#: The key a registry stores its sessions' state under, unless given another.
+DEFAULT_STATE_KEY: Final = "maf_compaction"
+#: The history provider's ``source_id`` when the agent shows none (the framework's default).
+_DEFAULT_HISTORY_SOURCE: Final = "in_memory"
+
+Strategy = (
+    ToolResultAnchoredSummarizationCompactionStrategy | ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
+)
+
+
+class CompactionStack:
+    """One session's compaction: a strategy, its recall gate and its recall middleware.
+
+    The strategy is a :class:`ToolResultAnchoredSummarizationCompactionStrategy` or a
+    :class:`ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy`; the middleware
+    must share the record strategy's state (``reforce=records.take_reforce``, or
+    ``records.bind_recall(recall)``) and arm ``gate`` (``arm=gate.arm``).
+
+    Args:
+        strategy: The record strategy or the composition.
+        gate: The gate the recall tool spends.
+        recall: The recall middleware wired to the strategy's record half and the gate.
+
+    Raises:
+        ValueError: A part has the wrong type, or the middleware is not wired to this
+            strategy's record half or to this gate.
+    """
+
+    def __init__(self, strategy: Strategy, gate: RecallGate, recall: ToolResultRecallMiddleware) -> None:
+        if isinstance(strategy, ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy):
+            records, kind = strategy.tool_results, "composition"
+        elif isinstance(strategy, ToolResultAnchoredSummarizationCompactionStrategy):
+            records, kind = strategy, "records"
+        else:
+            raise ValueError(
+                "strategy must be a ToolResultAnchoredSummarizationCompactionStrategy or a "
+                f"ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy, got {strategy!r}"
+            )
+        if not isinstance(gate, RecallGate):
+            raise ValueError(f"gate must be a RecallGate, got {gate!r}")
+        if not isinstance(recall, ToolResultRecallMiddleware):
+            raise ValueError(f"recall must be a ToolResultRecallMiddleware, got {recall!r}")
+        if not recall.shares(records.state_cell):
+            raise ValueError(
+                "recall must share the record strategy's state: build it with reforce=records.take_reforce "
+                "(or call records.bind_recall(recall)), where records is the strategy's record half"
+            )
+        if not recall.arms(gate):
+            raise ValueError("recall must arm this gate: build it with arm=gate.arm and disarm=gate.disarm")
+        self._strategy: Strategy = strategy
+        self._records = records
+        self._gate = gate
+        self._recall = recall
+        self._kind: StackKind = kind
+
+    @property
+    def strategy(self) -> Strategy:
+        """The record strategy or the composition."""
+        return self._strategy
+
+    @property
+    def gate(self) -> RecallGate:
+        """The recall gate."""
+        return self._gate
+
+    @property
+    def recall(self) -> ToolResultRecallMiddleware:
+        """The recall middleware."""
+        return self._recall
+
+    @property
+    def kind(self) -> StackKind:
+        """``"records"`` or ``"composition"``: which state the stack's snapshot holds."""
+        return self._kind
+
+    @property
+    def tool_results(self) -> ToolResultAnchoredSummarizationCompactionStrategy:
+        """The record strategy (the composition's record half, or the strategy itself)."""
+        return self._records
+
+    def state(self) -> StackState:
+        """The stack's whole behavioural state (an immutable value)."""
+        strategy = self._strategy
+        if isinstance(strategy, ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy):
+            return StackState("composition", strategy.decision_state(), self._gate.armed)
+        return StackState("records", strategy.state_cell.value, self._gate.armed)
+
+    def restore(self, state: StackState) -> None:
+        """Continue from ``state``; the next pass checks it against its history.
+
+        Raises:
+            ValueError: ``state`` belongs to another kind of stack.
+        """
+        if state.kind != self._kind:
+            raise ValueError(f"state is a {state.kind!r} stack's, this stack is a {self._kind!r} stack")
+        strategy, value = self._strategy, state.state
+        strategy.restore_state(value)  # pyright: ignore[reportArgumentType]  (the kinds match: checked above)
+        if state.armed:
+            self._gate.arm()
+        else:
+            self._gate.disarm()
+
+    def to_dict(self) -> dict[str, object]:
+        """The whole behavioural state as one JSON-safe, versioned dict.
+
+        It holds every decision (record decisions and outstanding asks, the chain's wait,
+        kept replacements, sheds and refusals, remembered user-summary answers and media
+        descriptions, the recall protocol's pending pin, awaiting flag and provider
+        verdict) and the gate's one-shot permission. Counters are local diagnostics and
+        are not in it. Remembered answers and descriptions quote the conversation: keep
+        the dict under the same storage and retention policy as the history.
+        """
+        return self.state().to_dict()
+
+    def from_dict(self, data: Mapping[str, object]) -> CompactionStack:
+        """Continue from :meth:`to_dict`'s output (read strictly); returns the stack itself.
+
+        Use it on a freshly built stack: ``stack = build_compaction().from_dict(data)``.
+
+        Raises:
+            StackKindError: ``data`` is another kind of stack's state.
+            SnapshotVersionError: It was written by a newer schema.
+            SnapshotError: It is malformed (the message names the field).
+        """
+        head = self._records.config.keep_head_groups
+        self.restore(StackState.from_dict(data, kind=self._kind, keep_head_groups=head))
+        return self
+
+    def parts(self) -> tuple[object, ...]:
+        """Every stateful instance of the stack (a builder must make fresh ones for each stack)."""
+        strategy = self._strategy
+        halves: tuple[object, ...] = ()
+        if isinstance(strategy, ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy):
+            halves = (strategy.tool_results, strategy.user_turns)
+        return (strategy, *halves, self._gate, self._recall)
+
+
+@dataclass(slots=True)
+class _Entry:
+    """A cached stack and the session entry it last wrote (``None``: none yet)."""
+
+    stack: CompactionStack
+    written: Mapping[str, object] | None = None
+
+
+@dataclass(slots=True)
+class _Phase:
+    """One open phase: whose session, what runs, the entry it reads and writes."""
+
+    registry: SessionCompactionRegistry
+    session: AgentSession
+    name: str
+    entry: _Entry
+    parent: _Phase | None
+    nested: bool = False
+    closed: bool = False
+
+
+#: The phase the current task is in (innermost), so a nested phase of the same session is told
+#: from an independent one.
+_CURRENT: ContextVar[_Phase | None] = ContextVar("maf_compaction_session_phase", default=None)
+#: Live registries by id, to tell two registries that share a state key (a weak map: bounded by them).
+_LIVE: weakref.WeakValueDictionary[str, SessionCompactionRegistry] = weakref.WeakValueDictionary()
+
+
+class SessionCompactionRegistry:
+    """A compaction stack per session, its state kept in the session.
+
+    ``builder`` is called for each session the registry serves (and again after a cached
+    stack was evicted); it must return a :class:`CompactionStack` of fresh strategy, gate
+    and middleware instances with the same configuration every time and on every replica.
+    Clients, tools and tokenizers can be shared.
+
+    Every phase (see the module docstring) reads ``session.state[state_key]`` first, even
+    when the stack is cached, and writes it at its end, exceptional exits included. So the
+    session carries every decision: cache eviction (and ``max_cached_sessions=0``, which
+    caches nothing) drops only the cached stack, and a session saved with
+    ``AgentSession.to_dict()`` and restored on another replica continues there with the
+    same requests and no repeated summarizer call. Removing the entry resets the
+    session's stack. A stored entry of another kind of stack, or of a newer version,
+    raises instead of being dropped.
+
+    Args:
+        builder: Makes one stack: ``() -> CompactionStack``.
+        max_cached_sessions: Stacks kept in memory, least recently used first out; 0 or more.
+        state_key: The key in ``AgentSession.state``; give each independently configured
+            registry its own (two live registries writing one session under one key raise).
+
+    Raises:
+        ValueError: A parameter is outside its range (the message names it).
+    """
+
+    def __init__(
+        self,
+        builder: Callable[[], CompactionStack],
+        *,
+        max_cached_sessions: int = 128,
+        state_key: str = DEFAULT_STATE_KEY,
+    ) -> None:
+        require_sync_callable("builder", builder, kind="a callable returning a CompactionStack")
+        require_int("max_cached_sessions", max_cached_sessions, minimum=0)
+        if not isinstance(state_key, str) or not state_key.strip():
+            raise ValueError(f"state_key must be a non-empty string, got {state_key!r}")
+        self._builder = builder
+        self._max = max_cached_sessions
+        self._key = state_key
+        self._id = uuid.uuid4().hex
+        self._cache: OrderedDict[str, _Entry] = OrderedDict()
+        self._open: dict[str, _Phase] = {}
+        self._kind: StackKind | None = None
+        self._parts: weakref.WeakSet[object] = weakref.WeakSet()
+        self.stacks_built = 0
+        self.states_restored = 0
+        _LIVE[self._id] = self
+
+    @property
+    def state_key(self) -> str:
+        """The key in ``AgentSession.state``."""
+        return self._key
+
+    @property
+    def max_cached_sessions(self) -> int:
+        """Stacks kept in memory."""
+        return self._max
+
+    @property
+    def cached_sessions(self) -> int:
+        """Stacks in memory now."""
+        return len(self._cache)
+
+    def forget(self, session_id: str) -> None:
+        """Drop a session's cached stack (its state stays in the session)."""
+        self._cache.pop(session_id, None)
+
+    @contextmanager
+    def phase(self, session: AgentSession | None, name: str = "phase") -> Iterator[CompactionStack]:
+        """Run one phase for ``session``: its stack, read from the session and written back on exit.
+
+        Use it to inspect a session's stack (its counters, ``to_dict()``) the way the
+        provider, middleware and tool do.
+
+        Raises:
+            ValueError: ``session`` is missing.
+            RuntimeError: Another phase of the same session is open in this process.
+            StackKindError, SnapshotVersionError, SnapshotError: The stored state cannot
+                be read (nothing is written then).
+        """
+        opened = self.open(session, name)
+        try:
+            yield opened.entry.stack
+        finally:
+            self.close(opened)
+
+    def open(self, session: AgentSession | None, name: str) -> _Phase:
+        """Open a phase (see :meth:`phase`); :meth:`close` it exactly once."""
+        if not isinstance(session, AgentSession):
+            raise ValueError(
+                f"{name} needs the run's AgentSession (got {session!r}): pass session=... to agent.run; a session "
+                "is never taken from a tool argument"
+            )
+        session_id = session.session_id
+        outer = _CURRENT.get()
+        scope = outer
+        while scope is not None:
+            if scope.registry is self and scope.session.session_id == session_id and not scope.closed:
+                return _Phase(self, session, name, scope.entry, outer, nested=True)
+            scope = scope.parent
+        busy = self._open.get(session_id)
+        if busy is not None:
+            raise RuntimeError(
+                f"{name} for session {session_id!r} overlaps its {busy.name}: requests of one session must run one "
+                "at a time (a streamed response holds its session until it is consumed)"
+            )
+        entry = self._load(session)
+        opened = _Phase(self, session, name, entry, outer)
+        self._open[session_id] = opened
+        return opened
+
+    def close(self, phase: _Phase) -> None:
+        """Write the phase's state into its session and end it (idempotent; a nested phase writes nothing)."""
+        if phase.closed:
+            return
+        phase.closed = True
+        if phase.nested:
+            return  # the outer phase writes
+        try:
+            self._save(phase.session, phase.entry)
+        finally:
+            del self._open[phase.session.session_id]
+
+    @staticmethod
+    def enter(phase: _Phase) -> Token[_Phase | None]:
+        """Mark ``phase`` as the current task's phase; returns the token :meth:`leave` takes."""
+        return _CURRENT.set(phase)
+
+    @staticmethod
+    def leave(token: Token[_Phase | None]) -> None:
+        """Undo :meth:`enter` (in the same task)."""
+        _CURRENT.reset(token)
+
+    # -- reading and writing -----------------------------------------------------------------
+
+    def _load(self, session: AgentSession) -> _Entry:
+        session_id = session.session_id
+        entry = self._cache.get(session_id)
+        if entry is not None:
+            self._cache.move_to_end(session_id)
+        stored = session.state.get(self._key)
+        if stored is None:
+            if entry is None or entry.written is not None:  # new, or its entry was removed: a fresh stack
+                entry = _Entry(self._build())
+            return entry
+        if entry is not None and (stored is entry.written or stored == entry.written):
+            return entry  # the session holds what this stack wrote last
+        writer, data = session_entry_from_dict(stored)
+        other = _LIVE.get(writer)
+        if other is not None and other is not self and other.state_key == self._key:
+            raise ValueError(
+                f"two registries store session {session_id!r} under state_key {self._key!r}: give each "
+                "independently configured registry its own state_key"
+            )
+        if entry is None:
+            entry = _Entry(self._build())
+        stack = entry.stack
+        head = stack.tool_results.config.keep_head_groups
+        if not isinstance(data, Mapping):
+            raise StackStateTypeError(self._key)
+        stack.restore(StackState.from_dict(data, kind=stack.kind, keep_head_groups=head))
+        entry.written = stored
+        self.states_restored += 1
+        return entry
+
+    def _save(self, session: AgentSession, entry: _Entry) -> None:
+        payload = session_entry_to_dict(self._id, entry.stack.to_dict())
+        session.state[self._key] = payload
+        entry.written = payload
+        if self._max == 0:
+            return
+        session_id = session.session_id
+        self._cache[session_id] = entry
+        self._cache.move_to_end(session_id)
+        while len(self._cache) > self._max:
+            self._cache.popitem(last=False)
+
+    def _build(self) -> CompactionStack:
+        stack = self._builder()
+        if not isinstance(stack, CompactionStack):
+            raise TypeError(f"the registry's builder must return a CompactionStack, got {stack!r}")
+        if self._kind is None:
+            self._kind = stack.kind
+        elif stack.kind != self._kind:
+            raise ValueError(
+                f"the registry's builder made a {stack.kind!r} stack after a {self._kind!r} one: it must make the "
+                "same kind of stack, with the same configuration, every time"
+            )
+        shared = [type(p).__name__ for p in stack.parts() if p in self._parts]
+        if shared:
+            raise ValueError(
+                f"the registry's builder returned a stack that shares {', '.join(shared)} with an earlier stack: it "
+                "must create fresh strategy, gate and middleware instances on every call"
+            )
+        self._parts.update(stack.parts())
+        self.stacks_built += 1
+        return stack
+
+
+class StackStateTypeError(ValueError):
+    """A session's entry holds no stack object."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"session state field {key!r}.stack must be an object")
+
+
+class SessionCompactionProvider(ContextProvider):
+    """The context provider that compacts each session with its own stack.
+
+    ``before_run`` compacts the context messages earlier providers loaded (on copies, as
+    the framework's ``CompactionProvider`` does); ``after_run`` compacts the stored
+    history in place. Under ``create_harness_agent``, history loads per model call, so
+    use ``before=False`` and let :class:`SessionToolResultRecallMiddleware` with
+    ``compact_before=True`` compact each call; place this provider right after the
+    history provider.
+
+    Args:
+        registry: The session registry.
+        tokenizer: The tokenizer the framework annotates with (the stacks' own).
+        before: Compact in ``before_run``.
+        after: Compact the stored history in ``after_run``.
+        source_id: This provider's ``source_id``.
+
+    Raises:
+        ValueError: A parameter has the wrong type.
+    """
+
+    after_run_once_per_turn = CompactionProvider.after_run_once_per_turn
+
+    def __init__(
+        self,
+        registry: SessionCompactionRegistry,
+        *,
+        tokenizer: Tokenizer,
+        before: bool = True,
+        after: bool = True,
+        source_id: str = "maf_compaction_sessions",
+    ) -> None:
+        if not isinstance(registry, SessionCompactionRegistry):
+            raise ValueError(f"registry must be a SessionCompactionRegistry, got {registry!r}")
+        require_tokenizer("tokenizer", tokenizer)
+        require_bool("before", before)
+        require_bool("after", after)
+        super().__init__(source_id)
+        self._registry = registry
+        self._tokenizer = tokenizer
+        self.before = before
+        self.after = after
+
+    async def before_run(
+        self, *, agent: Any, session: AgentSession | None, context: SessionContext, state: dict[str, Any]
+    ) -> None:
+        """Compact the loaded context messages with the session's stack (when ``before``)."""
+        if self.before:
+            await self._run(agent, session, context, state, "before_run")
+
+    async def after_run(
+        self, *, agent: Any, session: AgentSession | None, context: SessionContext, state: dict[str, Any]
+    ) -> None:
+        """Compact the session's stored history with its stack (when ``after``)."""
+        if self.after:
+            await self._run(agent, session, context, state, "after_run")
+
+    async def _run(
+        self, agent: Any, session: AgentSession | None, context: SessionContext, state: dict[str, Any], hook: str
+    ) -> None:
+        registry = self._registry
+        opened = registry.open(session, f"SessionCompactionProvider.{hook}")
+        token = registry.enter(opened)
+        try:
+            strategy = opened.entry.stack.strategy
+            phase = "before" if hook == "before_run" else "after"
+            inner = CompactionProvider(
+                before_strategy=strategy if phase == "before" else None,
+                after_strategy=strategy if phase == "after" else None,
+                tokenizer=self._tokenizer,  # pyright: ignore[reportArgumentType]
+                source_id=self.source_id,
+                history_source_id=_history_source(agent),
+            )
+            if phase == "before":
+                await inner.before_run(agent=agent, session=session, context=context, state=state)
+            else:
+                await inner.after_run(agent=agent, session=session, context=context, state=state)
+        finally:
+            registry.leave(token)
+            registry.close(opened)
+
+
+def _history_source(agent: Any) -> str:
+    """The ``source_id`` of the agent's history provider that loads messages (the framework's default if none)."""
+    for provider in getattr(agent, "context_providers", None) or ():
+        if isinstance(provider, HistoryProvider) and provider.load_messages:
+            return provider.source_id
+    return _DEFAULT_HISTORY_SOURCE
+
+
+class SessionToolResultRecallMiddleware(ChatMiddleware):
+    """The chat middleware that runs each session's recall middleware (and, optionally, its strategy).
+
+    Each model call is one phase of its session (``ChatContext.session``): the session's
+    stack is read, its :class:`ToolResultRecallMiddleware` pins the call when a record is
+    due, and the state is written back when the call's response is complete (a streamed
+    response when it has been consumed). With ``compact_before=True`` the session's
+    strategy is handed to the chat client for this call
+    (``context.kwargs["compaction_strategy"]``), so it compacts the whole loaded history
+    right before the request is sent: the wiring for ``create_harness_agent``, which
+    loads history per model call.
+
+    Args:
+        registry: The session registry.
+        compact_before: Hand the session's strategy to the chat client for each call.
+
+    Raises:
+        ValueError: A parameter has the wrong type.
+    """
+
+    def __init__(self, registry: SessionCompactionRegistry, *, compact_before: bool = False) -> None:
+        if not isinstance(registry, SessionCompactionRegistry):
+            raise ValueError(f"registry must be a SessionCompactionRegistry, got {registry!r}")
+        require_bool("compact_before", compact_before)
+        self._registry = registry
+        self.compact_before = compact_before
+
+    async def process(self, context: ChatContext, call_next: Callable[[], Awaitable[None]]) -> None:
+        """Run the session's recall middleware around this model call.
+
+        Raises:
+            ValueError: The call has no session.
+            RuntimeError: Another phase of the session is open in this process.
+        """
+        registry = self._registry
+        opened = registry.open(context.session, "SessionToolResultRecallMiddleware")
+        token = registry.enter(opened)
+        streaming = False
+        try:
+            stack = opened.entry.stack
+            if self.compact_before:
+                context.kwargs["compaction_strategy"] = stack.strategy
+            await stack.recall.process(context, call_next)
+            result = context.result
+            if isinstance(result, ResponseStream):
+                # The recall middleware judges a forced stream as it is consumed: the phase
+                # (and the session) stays open until then, and the state is written at its end.
+                streaming = True
+                context.result = result.with_cleanup_hook(lambda: registry.close(opened))  # pyright: ignore[reportUnknownMemberType]
+        finally:
+            registry.leave(token)
+            if not streaming:
+                registry.close(opened)
+
+
+def make_session_recall_tool(
+    registry: SessionCompactionRegistry, *, target_tokens: int | None = DEFAULT_TARGET_TOKENS
+) -> FunctionTool:
+    """The ``recall_earlier_tool_results`` tool for a registry's sessions.
+
+    Like :func:`make_recall_tool`, but each call spends the gate of the calling session's
+    stack, found from the framework-injected ``FunctionInvocationContext.session``; the
+    session is never a tool argument the model supplies.
+
+    Args:
+        registry: The session registry.
+        target_tokens: The record size the description asks for (match the record
+            strategy's ``record_target_tokens``); ``None`` states no size.
+
+    Raises:
+        ValueError: A parameter is outside its range.
+    """
+    if not isinstance(registry, SessionCompactionRegistry):
+        raise ValueError(f"registry must be a SessionCompactionRegistry, got {registry!r}")
+    description = recall_description(target_tokens)
+
+    def recall_earlier_tool_results(values: str, ctx: FunctionInvocationContext) -> str:
+        with registry.phase(ctx.session, "recall_earlier_tool_results") as stack:
+            return record_reply(stack.gate, values)
+
+    return tool(
+        recall_earlier_tool_results,
+        name="recall_earlier_tool_results",
+        description=description,
+        approval_mode="never_require",
+    )

@@ -1,0 +1,147 @@
+"""The state of a whole compaction stack, as one JSON-safe value a session can carry.
+
+A *stack* is what one conversation needs to compact with records: a strategy (the record
+strategy alone, or the composition of records and user-turn summaries), the recall gate
+and the recall middleware. Every decision of the stack lives in one state value (the
+strategy's, which holds the recall protocol's state too) plus the gate's one-shot
+permission, so the stack's whole behavioural state is::
+
+    {"kind": "stack", "version": 1,
+     "strategy": "records" | "composition",   # which state "state" is
+     "state": {...},                          # a "record_state" or a "composition" snapshot
+     "gate": {"armed": false}}                # the gate's one-shot permission
+
+A session stores it under its registry's key inside one more envelope that names the
+registry instance that wrote it (:func:`session_entry_to_dict`), so two registries that
+share a key on one process are told apart instead of overwriting each other.
+
+Every reader is strict (see :mod:`.envelope`): a malformed entry raises
+:class:`~.errors.SnapshotError` naming the field, a newer one
+:class:`~.errors.SnapshotVersionError`, and a stack of another kind than the one the
+builder makes raises :class:`StackKindError` naming both kinds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final, Literal, cast
+
+from .composition import CompositionState
+from .envelope import Envelope
+from .errors import SnapshotError
+from .recall import recall_from_dict, recall_to_dict
+from .record_decisions import RecordDecisions
+from .records import RecordState
+from .snapshot import AnchoredSnapshot
+
+StackKind = Literal["records", "composition"]
+STACK_KINDS: Final[tuple[StackKind, ...]] = ("records", "composition")
+
+RECORD_STATE_ENVELOPE: Final = Envelope("record_state", 1, ("records", "fallback", "recall"))
+STACK_ENVELOPE: Final = Envelope("stack", 1, ("strategy", "state", "gate"))
+SESSION_ENVELOPE: Final = Envelope("session_compaction", 1, ("registry", "stack"))
+
+
+class StackKindError(SnapshotError):
+    """The stored stack holds another strategy's state than the one the builder makes.
+
+    Attributes:
+        stored: The kind in the snapshot.
+        built: The kind of the stack it was read into.
+    """
+
+    def __init__(self, stored: str, built: str) -> None:
+        self.stored = stored
+        self.built = built
+        super().__init__(
+            f"snapshot field 'strategy': the stored stack is a {stored!r} stack but the builder makes a {built!r} "
+            "stack; keep the builder's configuration stable across restores, or give a differently configured "
+            "registry its own state_key"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StackState:
+    """A stack's whole behavioural state.
+
+    Attributes:
+        kind: Which strategy the state belongs to.
+        state: The strategy's one state value (the recall protocol's state is inside it).
+        armed: The gate's one-shot permission to record.
+    """
+
+    kind: StackKind
+    state: RecordState | CompositionState
+    armed: bool = False
+
+    def __post_init__(self) -> None:
+        actual: StackKind = "composition" if isinstance(self.state, CompositionState) else "records"
+        if self.kind != actual:
+            raise ValueError(f"kind must name the state's strategy ({actual!r}), got {self.kind!r}")
+
+    def to_dict(self) -> dict[str, object]:
+        """The whole state as one JSON-safe, kind-tagged, versioned dict."""
+        state = self.state
+        inner = state.to_dict() if isinstance(state, CompositionState) else record_state_to_dict(state)
+        return STACK_ENVELOPE.write({"strategy": self.kind, "state": inner, "gate": {"armed": self.armed}})
+
+    @classmethod
+    def from_dict(cls, data: object, *, kind: StackKind, keep_head_groups: int | None = None) -> StackState:
+        """Read :meth:`to_dict`'s output strictly into a stack of ``kind``.
+
+        Raises:
+            StackKindError: The snapshot holds another kind of stack.
+            SnapshotVersionError: It (or a state inside it) was written by a newer schema.
+            SnapshotError: It is malformed; the message names the field.
+        """
+        fields = STACK_ENVELOPE.read(data)
+        stored = fields.value("strategy")
+        if stored not in STACK_KINDS:
+            raise fields.error("strategy", f"must be one of {', '.join(STACK_KINDS)}, got {stored!r}")
+        if stored != kind:
+            raise StackKindError(str(stored), kind)
+        armed = fields.mapping("gate", ("armed",)).flag("armed")
+        inner = fields.value("state")
+        if kind == "composition":
+            return cls(kind, CompositionState.from_dict(inner, keep_head_groups=keep_head_groups), armed)
+        return cls(kind, record_state_from_dict(inner, keep_head_groups=keep_head_groups), armed)
+
+
+def record_state_to_dict(state: RecordState) -> dict[str, object]:
+    """The record strategy's one state value (decisions, fallback, recall protocol) as a JSON-safe dict."""
+    return RECORD_STATE_ENVELOPE.write(
+        {
+            "records": state.decisions.to_dict(),
+            "fallback": state.fallback.to_dict(),
+            "recall": recall_to_dict(state.recall),
+        }
+    )
+
+
+def record_state_from_dict(data: object, *, keep_head_groups: int | None = None) -> RecordState:
+    """Read :func:`record_state_to_dict`'s output strictly (``SnapshotError`` naming the field)."""
+    fields = RECORD_STATE_ENVELOPE.read(data)
+
+    def inner(name: str) -> Mapping[str, object]:
+        value = fields.value(name)
+        if not isinstance(value, Mapping):
+            raise fields.error(name, "must be an object")
+        return cast("Mapping[str, object]", value)
+
+    return RecordState(
+        decisions=RecordDecisions.from_dict(inner("records")),
+        fallback=AnchoredSnapshot.from_dict(inner("fallback"), keep_head_groups=keep_head_groups),
+        recall=recall_from_dict(inner("recall")),
+    )
+
+
+def session_entry_to_dict(registry: str, stack: Mapping[str, object]) -> dict[str, object]:
+    """What a registry stores in a session: the stack's dict and the id of the registry that wrote it."""
+    return SESSION_ENVELOPE.write({"registry": registry, "stack": dict(stack)})
+
+
+def session_entry_from_dict(data: object) -> tuple[str, object]:
+    """``(registry id, stack dict)`` of a stored entry; the stack dict is read by :meth:`StackState.from_dict`."""
+    fields = SESSION_ENVELOPE.read(data)
+    return fields.text("registry"), fields.value("stack")
