@@ -607,7 +607,8 @@ def make_session_recall_tool(
         raise ValueError(f"registry must be a SessionCompactionRegistry, got {registry!r}")
     description = recall_description(target_tokens)
 
-    def recall_earlier_tool_results(values: str, ctx: FunctionInvocationContext) -> str:
+    async def recall_earlier_tool_results(values: str, ctx: FunctionInvocationContext) -> str:
+        # A coroutine, so the phase opens and closes on the event loop, never in a worker thread.
         with registry.phase(ctx.session, "recall_earlier_tool_results") as stack:
             return record_reply(stack.gate, values)
 
