@@ -94,6 +94,27 @@ async def run():
 
 
 out["replies"], out["model_calls"] = asyncio.run(run())
+
+
+async def run_shared():
+    # The session wiring: two sessions through the one shared agent, interleaved turn by turn.
+    agent = namespace["shared_agent"]
+    sessions = [agent.create_session() for _ in range(2)]
+    replies = []
+    for text in LOOKUPS:
+        for session in sessions:
+            replies.append((await agent.run(text, session=session)).text)
+    stored = [json.loads(json.dumps(session.to_dict()))["state"].get("maf_compaction") for session in sessions]
+    return {
+        "replies": replies,
+        "entries": [entry and entry["kind"] for entry in stored],
+        "stacks": [entry and entry["stack"]["strategy"] for entry in stored],
+        "cached": namespace["registry"].cached_sessions,
+        "built": namespace["registry"].stacks_built,
+    }
+
+
+out["shared"] = asyncio.run(run_shared())
 strategy, recall, users = namespace["strategy"], namespace["recall"], namespace["users"]
 out["strategy"] = type(strategy).__name__
 out["passes"] = strategy.passes
@@ -213,6 +234,14 @@ def test_every_readme_block_runs_outside_the_repository_from_a_wheel(installed: 
     assert result["users_mode"] == "boundary"
     assert result["users_limit"] == result["budget"] // 2
     assert result["last_tokenizer"] == "MediaTokenEstimator"  # the media block replaced it last
+
+    # The shared agent served two sessions, each with its own stack, its state in the session.
+    shared = result["shared"]
+    assert all(CODE in reply for reply in shared["replies"])
+    assert len(shared["replies"]) == 2 * 3
+    assert shared["entries"] == ["session_compaction", "session_compaction"]
+    assert shared["stacks"] == ["composition", "composition"]
+    assert shared["cached"] == shared["built"] == 2
 
 
 def test_a_wrong_client_keyword_fails_the_readme_run(installed: Path, tmp_path: Path) -> None:
