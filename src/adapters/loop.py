@@ -43,6 +43,8 @@ _WARNED_SETS = 256
 
 S = TypeVar("S")
 R = TypeVar("R")
+#: The excluded sets already named, per reason (most recent last; see ``CompactionAdapter.share_named``).
+NamedSets = OrderedDict[tuple[str, frozenset[str]], None]
 
 
 class StateCell(Generic[S]):
@@ -154,7 +156,7 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
         self._cell: StateCell[S] = StateCell(state)
         self._memo: object = None  # the last pass's memo: saves work, never decides
         self._restored = False  # the state came from outside: check it against the first history it meets
-        self._named: OrderedDict[tuple[str, frozenset[str]], None] = OrderedDict()
+        self._named: NamedSets = OrderedDict()
 
     # -- the pass -----------------------------------------------------------------------------
 
@@ -201,6 +203,15 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
         if isinstance(done, Needs):
             raise RuntimeError(f"{type(self).__name__} needs effects; await it instead")
         return self._finish(messages, before, done, set())
+
+    def share_named(self, named: NamedSets) -> None:
+        """Remember what was named in ``named`` (kept by the caller across instances of one conversation).
+
+        Every excluded set is named once per instance; the session registry hands each
+        stack it builds for a session the same memory, so a stack rebuilt after an eviction
+        does not name again what an earlier one named.
+        """
+        self._named = named
 
     def restore_state(self, state: S) -> None:
         """Continue from ``state`` (already read strictly); the first pass checks it against its history."""

@@ -63,6 +63,7 @@ from ..core.stack import (
 )
 from .composition import ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
 from .counting import Tokenizer
+from .loop import NamedSets
 from .recall import DEFAULT_TARGET_TOKENS, RecallGate, ToolResultRecallMiddleware, recall_description, record_reply
 from .records import ToolResultAnchoredSummarizationCompactionStrategy
 
@@ -70,6 +71,8 @@ logger = logging.getLogger("maf_compaction")
 
 #: The key a registry stores its sessions' state under, unless given another.
 DEFAULT_STATE_KEY: Final = "maf_compaction"
+#: Sessions whose named exclusions a registry remembers at least (see ``CompactionAdapter.share_named``).
+_NAMED_SESSIONS: Final = 1_024
 #: The history provider's ``source_id`` when the agent shows none (the framework's default).
 _DEFAULT_HISTORY_SOURCE: Final = "in_memory"
 
@@ -279,6 +282,9 @@ class SessionCompactionRegistry:
         self._open: dict[str, _Phase] = {}
         self._kind: StackKind | None = None
         self._parts: weakref.WeakSet[object] = weakref.WeakSet()
+        # What each session's stacks named in log lines, so a rebuilt stack does not name it again
+        # (diagnostics only, bounded: at least _NAMED_SESSIONS sessions, more with a larger cache).
+        self._named: OrderedDict[str, NamedSets] = OrderedDict()
         self.stacks_built = 0
         self.states_restored = 0
         _LIVE[self._id] = self
@@ -378,7 +384,7 @@ class SessionCompactionRegistry:
         stored = session.state.get(self._key)
         if stored is None:
             if entry is None or entry.written is not None:  # new, or its entry was removed: a fresh stack
-                entry = _Entry(self._build())
+                entry = _Entry(self._build(session_id))
             return entry
         if entry is not None and (stored is entry.written or stored == entry.written):
             return entry  # the session holds what this stack wrote last
@@ -390,7 +396,7 @@ class SessionCompactionRegistry:
                 "independently configured registry its own state_key"
             )
         if entry is None:
-            entry = _Entry(self._build())
+            entry = _Entry(self._build(session_id))
         stack = entry.stack
         head = stack.tool_results.config.keep_head_groups
         if not isinstance(data, Mapping):
@@ -412,7 +418,7 @@ class SessionCompactionRegistry:
         while len(self._cache) > self._max:
             self._cache.popitem(last=False)
 
-    def _build(self) -> CompactionStack:
+    def _build(self, session_id: str) -> CompactionStack:
         stack = self._builder()
         if not isinstance(stack, CompactionStack):
             raise TypeError(f"the registry's builder must return a CompactionStack, got {stack!r}")
@@ -431,6 +437,11 @@ class SessionCompactionRegistry:
             )
         self._parts.update(stack.parts())
         self.stacks_built += 1
+        named = self._named.pop(session_id, None)
+        self._named[session_id] = named = OrderedDict() if named is None else named
+        while len(self._named) > max(self._max, _NAMED_SESSIONS):
+            self._named.popitem(last=False)
+        stack.strategy.share_named(named)
         return stack
 
 
