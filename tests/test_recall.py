@@ -53,6 +53,7 @@ from maf_compaction.adapters.recall import (
 )
 from maf_compaction.adapters.records import ToolResultAnchoredSummarizationCompactionStrategy
 from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_MARKER, RECORD_PREFIX
+from maf_compaction.errors import CompactionBudgetExceeded
 
 TOKENIZER = CharacterEstimatorTokenizer()
 PIN = {"mode": "required", "required_function_name": RECALL_TOOL_NAME}
@@ -835,6 +836,29 @@ async def test_middleware_abort_signals_propagate_without_retry_or_verdict(
     assert run.recall.forced_calls == 1
     assert not run.recall.pin_disabled
     assert (run.recall.failed_forced_calls, run.recall.ignored_forced_calls) == (0, 0)
+
+
+class OverBudget(ChatMiddleware):
+    """Raises what a compaction pass inside the chat client raises when what must stay cannot fit."""
+
+    async def process(self, context: ChatContext, call_next: Callable[[], Awaitable[None]]) -> None:
+        if (context.options or {}).get("tool_choice") != PIN:
+            await call_next()
+            return
+        raise CompactionBudgetExceeded("40,000 tokens must stay; the budget is 30,000", needed=40_000, budget=30_000)
+
+
+@MODES
+async def test_a_budget_failure_on_a_forced_call_propagates_without_retry_or_verdict(stream: bool) -> None:
+    """The request was never sent: the provider is not judged, forcing stays on and the pin is not spent."""
+    run = stack([lookup_call(), say("after")], inner_middleware=[OverBudget()])
+    with pytest.raises(CompactionBudgetExceeded):
+        await run.ask(stream=stream)
+    assert len(run.client.requests) == 1  # the unforced first call only: no retry was sent
+    assert run.recall.forced_calls == 1
+    assert not run.recall.pin_disabled
+    assert (run.recall.failed_forced_calls, run.recall.ignored_forced_calls) == (0, 0)
+    assert run.recall.record_due()
 
 
 # --- rule 7: when a record is due ---------------------------------------------------------------------

@@ -41,6 +41,7 @@ from ..core.checks import (
     require_sync_callable,
     require_tokenizer,
 )
+from ..core.errors import CompactionBudgetExceeded
 from ..core.grouping import Grouping
 from ..core.recall import PinKind, PinRule
 from ..core.records import RECALL_TOOL_NAME, RECORD_PREFIX, RecordState, on_recall, recall_status, reforce_due
@@ -57,8 +58,9 @@ DEFAULT_TARGET_TOKENS: Final = 2_000
 DEFAULT_RECORD_MAX_TOKENS: Final = 4_000
 DEFAULT_TRIGGER_FRACTION: Final = 0.6
 DEFAULT_MIN_GROUPS_BEFORE_REPEAT: Final = 4
-#: Exceptions that stop a run on purpose: they are never retried and never judged.
-_ABORTS: Final = (MiddlewareTermination, MiddlewareFailure)
+#: Exceptions that stop a run on purpose, or before the request was sent (a compaction pass that
+#: cannot fit the budget): they are never retried and never judged as the provider's.
+_ABORTS: Final = (MiddlewareTermination, MiddlewareFailure, CompactionBudgetExceeded)
 
 
 class RecallGate:
