@@ -508,12 +508,17 @@ def test_importing_without_the_redis_package_says_how_to_install_it() -> None:
 
 def test_a_missing_server_skips_with_how_to_enable_it_and_fails_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
     import redis_server
+    from maf_compaction.bench.local_redis import ENV_BINARY, RedisServerUnavailable, find_redis_server
 
+    monkeypatch.setenv(ENV_BINARY, "/nonexistent/redis-server")
+    with pytest.raises(RedisServerUnavailable) as missing:
+        find_redis_server()
+    assert "apt-get install redis-server" in str(missing.value)
     monkeypatch.delenv("CI", raising=False)
-    with pytest.raises(pytest.skip.Exception, match=r"apt-get install redis-server.*MAF_COMPACTION_REDIS_SERVER="):
-        redis_server._missing("redis-server not found")
+    with pytest.raises(
+        pytest.skip.Exception, match=r"apt-get install redis-server`, or set MAF_COMPACTION_REDIS_SERVER="
+    ):
+        redis_server._missing(str(missing.value))
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match=r"CI=true: a missing server is a failure"):
-        redis_server._missing("redis-server not found")
-    monkeypatch.setenv(redis_server.ENV_BINARY, "/nonexistent/redis-server")
-    assert redis_server._binary() is None
+        redis_server._missing(str(missing.value))
