@@ -31,6 +31,12 @@ How the guarantees are kept, per session id ``S`` under ``prefix`` ``P``:
 The braces make the three keys of a session share a Redis Cluster hash slot, so the scripts also run on a cluster.
 Use the same ``prefix`` (and database) for the leases and the store. Payloads have no expiry: retain and delete them
 under the same policy as the conversation history they contain.
+
+Beside a history provider that keeps messages in Redis itself (such as agent-framework-redis's), the payload here
+carries the session's state (our compaction decisions included) and that provider keeps the messages. Hold the lease
+around the whole turn all the same: it is what keeps two replicas from running one session at once. That provider's
+own writes are not fenced by this lease's token, so a replica that lost its lease mid-turn can still append messages
+there, while its session state is refused here.
 """
 
 from __future__ import annotations

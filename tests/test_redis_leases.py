@@ -134,10 +134,10 @@ async def test_waiting_past_the_timeout_raises_lease_timeout(client: aioredis.Re
 
 
 async def test_renewal_keeps_the_lease_alive_past_its_ttl(client: aioredis.Redis) -> None:
-    leases = RedisSessionLeases(client, ttl_ms=200, renew_every_ms=50)
+    leases = RedisSessionLeases(client, ttl_ms=300, renew_every_ms=50)
     rival = RedisSessionLeases(client, wait_timeout_s=0)
     async with leases.hold(SID) as lease:
-        await asyncio.sleep(0.7)  # 3.5 ttls
+        await asyncio.sleep(0.9)  # 3 ttls
         assert await lease_ttl_ms(client) > 0
         with pytest.raises(LeaseTimeoutError):
             async with rival.hold(SID):
@@ -204,13 +204,17 @@ async def test_an_expired_lease_lets_another_holder_in_and_the_stale_save_is_ref
 
     newer: list[asyncio.Task[None]] = []
 
+    async def lost_logged() -> None:
+        while not any(r.getMessage().startswith("Lost the lease on session") for r in caplog.records):
+            await asyncio.sleep(0.01)
+
     async def stale_turn() -> None:
         async with leased_session(SID, leases=slow, store=store) as session:
             newer.append(asyncio.create_task(newer_holder()))
             await asyncio.sleep(0.02)  # the newer holder is waiting now
             time.sleep(0.4)  # the loop is blocked: nothing renews, the lease expires in Redis
             await asyncio.wait_for(newer_saved.wait(), 5)
-            await asyncio.sleep(0.15)  # the stale holder's renewal notices
+            await asyncio.wait_for(lost_logged(), 5)  # the stale holder's renewal notices
             session.state["holder"] = "stale"
 
     with pytest.raises(StaleLeaseError, match="lease token 1") as caught:
@@ -274,6 +278,20 @@ async def test_leased_session_round_trips_a_real_session_between_replicas(redis_
     finally:
         await a.aclose()
         await b.aclose()
+
+
+async def test_a_client_that_decodes_responses_works_the_same(redis_url: str) -> None:
+    text_client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        leases, store, agent = RedisSessionLeases(text_client), RedisSessionStore(text_client), make_agent(EchoClient())
+        for turn in range(2):
+            async with leased_session(SID, leases=leases, store=store) as session:
+                await agent.run(f"turn {turn}", session=session)
+        assert await leases.fencing_token(SID) == 2
+        async with leased_session(SID, leases=leases, store=store) as session:
+            assert texts(session) == ["turn 0", "echo: turn 0", "turn 1", "echo: turn 1"]
+    finally:
+        await text_client.aclose()
 
 
 async def test_leased_session_saves_on_an_ordinary_exception(client: aioredis.Redis) -> None:
