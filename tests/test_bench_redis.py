@@ -39,6 +39,7 @@ async def test_round_trip_times_every_phase_and_leaves_no_key(redis_url: str) ->
         assert phases["round_trip"]["median_ms"] >= phases[part]["median_ms"]
     assert phases["load"]["median_ms"] >= phases["decode"]["median_ms"]
     assert phases["save"]["median_ms"] >= phases["encode"]["median_ms"]
+    assert phases["round_trip"]["median_ms"] >= phases["excl_codec"]["median_ms"]
     assert result["payload_bytes"] > 1_024
     client = redis.Redis.from_url(redis_url)
     try:
