@@ -1,15 +1,17 @@
-"""A replica for the lease tests: an agent whose turns run on a shared session under the Redis lease.
+"""A replica for the lease tests: an agent whose turns run on shared sessions under the Redis lease.
 
-``python tests/lease_worker.py URL SESSION_ID NAME TURNS`` plays ``TURNS`` turns of session ``SESSION_ID`` as replica
-``NAME``. Each turn holds the lease through ``leased_session``, loads the session, runs one real ``Agent`` turn (an
-offline echo client, the framework's ``InMemoryHistoryProvider``), saves and releases. On entering and leaving a
-turn it appends ``enter NAME TOKEN`` / ``exit NAME TOKEN`` to the Redis list ``JOURNAL``, so the test can prove that
-no two turns overlapped. It starts when the test pushes to the ``GO`` list, so two replicas really compete.
+``python tests/lease_worker.py URL S1,S2,... NAME TURNS SEED`` plays ``TURNS`` turns as replica ``NAME``, each on a
+session drawn at random (seeded) from the list. Each turn holds the lease through ``leased_session``, loads the
+session, runs one real ``Agent`` turn (an offline echo client, the framework's ``InMemoryHistoryProvider``), saves
+and releases. On entering and leaving a turn it appends ``enter NAME TOKEN TURN`` / ``exit NAME TOKEN TURN`` to the
+session's Redis list ``JOURNAL:S``, so the test can prove that no two turns of a session overlapped. It starts when
+the test pushes to the ``GO`` list, so the replicas really compete.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -49,8 +51,13 @@ def make_agent(client: EchoClient) -> Agent:
     return Agent(client, "You are terse.", context_providers=[InMemoryHistoryProvider()])
 
 
-async def play(url: str, session_id: str, name: str, turns: int) -> None:
-    """Play ``turns`` turns of ``session_id`` as replica ``name``, journaling each turn's lease token."""
+async def play(url: str, session_ids: Sequence[str], name: str, turns: int, seed: int) -> None:
+    """Play ``turns`` turns as replica ``name``, each on a session drawn from ``session_ids`` (seeded), journaled.
+
+    The journal of session ``S`` is the Redis list ``JOURNAL:S``: ``enter NAME TOKEN TURN`` and ``exit NAME TOKEN
+    TURN`` around each turn, ``TOKEN`` being the session's fencing token while this replica holds it.
+    """
+    rng = random.Random(seed)
     client = aioredis.Redis.from_url(url)
     try:
         leases = RedisSessionLeases(client, ttl_ms=5_000, wait_timeout_s=30.0, poll_interval_ms=2)
@@ -59,19 +66,21 @@ async def play(url: str, session_id: str, name: str, turns: int) -> None:
         await client.rpush(READY, name)
         await client.blpop([GO], timeout=30)
         for turn in range(turns):
+            session_id = rng.choice(session_ids)
             async with leased_session(session_id, leases=leases, store=store) as session:
                 token = await leases.fencing_token(session_id)
-                await client.rpush(JOURNAL, f"enter {name} {token}")
+                await client.rpush(f"{JOURNAL}:{session_id}", f"enter {name} {token} {turn}")
                 await agent.run(f"{name} turn {turn}", session=session)
                 await asyncio.sleep(0.005)  # widen the window an overlap would need
-                await client.rpush(JOURNAL, f"exit {name} {token}")
+                await client.rpush(f"{JOURNAL}:{session_id}", f"exit {name} {token} {turn}")
     finally:
         await client.aclose()
 
 
 def main(argv: Sequence[str]) -> int:
-    url, session_id, name, turns = argv
-    asyncio.run(play(url, session_id, name, int(turns)))
+    """``URL SESSION_IDS NAME TURNS SEED``, ``SESSION_IDS`` comma-separated."""
+    url, session_ids, name, turns, seed = argv
+    asyncio.run(play(url, session_ids.split(","), name, int(turns), int(seed)))
     return 0
 
 

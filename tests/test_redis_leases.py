@@ -58,22 +58,27 @@ async def lease_ttl_ms(client: aioredis.Redis, session_id: str = SID) -> int:
     return int(await client.pttl(f"maf_compaction:lease:{{{session_id}}}"))
 
 
-async def journal(client: aioredis.Redis) -> list[str]:
-    return [entry.decode() if isinstance(entry, bytes) else str(entry) for entry in await client.lrange(JOURNAL, 0, -1)]
+async def journal(client: aioredis.Redis, key: str = JOURNAL) -> list[str]:
+    return [entry.decode() if isinstance(entry, bytes) else str(entry) for entry in await client.lrange(key, 0, -1)]
 
 
-def assert_no_overlap(entries: list[str]) -> list[int]:
-    """Entries pair up as ``enter X t`` / ``exit X t`` with nothing between; returns the tokens in order."""
+def assert_no_overlap(entries: list[str]) -> list[tuple[str, int, int]]:
+    """Entries pair up as ``enter X t n`` / ``exit X t n`` with nothing between; returns (X, t, n) in order.
+
+    The fencing tokens ``t`` strictly increase from one turn to the next.
+    """
     assert len(entries) % 2 == 0, entries
-    tokens: list[int] = []
+    turns: list[tuple[str, int, int]] = []
     for enter, exit_ in zip(entries[::2], entries[1::2], strict=True):
         kind_in, *holder_in = enter.split()
         kind_out, *holder_out = exit_.split()
         assert (kind_in, kind_out) == ("enter", "exit"), entries
         assert holder_in == holder_out, entries
-        tokens.append(int(holder_in[-1]))
+        name, token, turn = holder_in
+        turns.append((name, int(token), int(turn)))
+    tokens = [token for _, token, _ in turns]
     assert tokens == sorted(set(tokens)), f"fencing tokens must strictly increase: {tokens}"
-    return tokens
+    return turns
 
 
 # --- the lease ----------------------------------------------------------------------------------------------------
@@ -393,14 +398,14 @@ async def test_concurrent_holders_in_one_event_loop_never_overlap_and_lose_no_tu
         for turn in range(3):
             async with leased_session(SID, leases=leases, store=store) as session:
                 token = await leases.fencing_token(SID)
-                await client.rpush(JOURNAL, f"enter {name} {token}")
+                await client.rpush(JOURNAL, f"enter {name} {token} {turn}")
                 await agent.run(f"{name} turn {turn}", session=session)
                 await asyncio.sleep(0.002)
-                await client.rpush(JOURNAL, f"exit {name} {token}")
+                await client.rpush(JOURNAL, f"exit {name} {token} {turn}")
 
     names = [f"task{i}" for i in range(6)]
     await asyncio.wait_for(asyncio.gather(*(replica(n) for n in names)), 20)
-    assert assert_no_overlap(await journal(client)) == list(range(1, 19))
+    assert [token for _, token, _ in assert_no_overlap(await journal(client))] == list(range(1, 19))
     async with leased_session(SID, leases=leases, store=store) as session:
         users = [m.text for m in history(session) if m.role == "user"]
     assert sorted(users) == sorted(f"{n} turn {t}" for n in names for t in range(3))  # no lost update
@@ -409,9 +414,13 @@ async def test_concurrent_holders_in_one_event_loop_never_overlap_and_lose_no_tu
 
 
 async def test_two_processes_never_overlap_and_lose_no_turn(client: aioredis.Redis, redis_url: str) -> None:
-    turns = 8
-    command = [sys.executable, "-W", "ignore", str(HERE / "lease_worker.py"), redis_url, SID]
-    workers = [subprocess.Popen([*command, name, str(turns)], stderr=subprocess.PIPE) for name in ("p1", "p2")]
+    """Two replica processes, three sessions, each turn routed at random: the lease serializes every session."""
+    turns, sessions = 12, ["s-a", "s-b", "s-c"]
+    command = [sys.executable, "-W", "ignore", str(HERE / "lease_worker.py"), redis_url, ",".join(sessions)]
+    workers = [
+        subprocess.Popen([*command, name, str(turns), str(seed)], stderr=subprocess.PIPE)
+        for name, seed in (("p1", 1), ("p2", 2))
+    ]
     try:
         deadline = time.monotonic() + 60
         while await client.llen(READY) < 2:
@@ -427,23 +436,21 @@ async def test_two_processes_never_overlap_and_lose_no_turn(client: aioredis.Red
             if worker.poll() is None:
                 worker.kill()
                 worker.wait()
-    entries = await journal(client)
-    assert assert_no_overlap(entries) == list(range(1, 2 * turns + 1))
-    holders = [entry.split()[1] for entry in entries[::2]]
-    assert {"p1", "p2"} == set(holders)
-    async with leased_session(SID, leases=RedisSessionLeases(client), store=RedisSessionStore(client)) as session:
-        users = [m.text for m in history(session) if m.role == "user"]
-    # Every turn of both processes is in the history, in each process's order, in the order the lease granted them.
-    assert users == [f"{name} turn {turn}" for name, turn in _granted(holders)]
-
-
-def _granted(holders: list[str]) -> list[tuple[str, int]]:
-    seen: dict[str, int] = {}
-    order: list[tuple[str, int]] = []
-    for name in holders:
-        order.append((name, seen.get(name, 0)))
-        seen[name] = seen.get(name, 0) + 1
-    return order
+    leases, store = RedisSessionLeases(client), RedisSessionStore(client)
+    played: set[tuple[str, int]] = set()
+    shared = 0
+    for session_id in sessions:
+        granted = assert_no_overlap(await journal(client, f"{JOURNAL}:{session_id}"))
+        assert [token for _, token, _ in granted] == list(range(1, len(granted) + 1))  # no acquisition unjournaled
+        assert await leases.fencing_token(session_id) == len(granted)
+        async with leased_session(session_id, leases=leases, store=store) as session:
+            users = [m.text for m in history(session) if m.role == "user"]
+        # Every turn is in its session's history, in the order the lease granted them: no lost update.
+        assert users == [f"{name} turn {turn}" for name, _, turn in granted]
+        played |= {(name, turn) for name, _, turn in granted}
+        shared += len({name for name, _, _ in granted}) == 2
+    assert played == {(name, turn) for name in ("p1", "p2") for turn in range(turns)}
+    assert shared > 0  # the processes did compete for sessions
 
 
 # --- parameters and the extra -------------------------------------------------------------------------------------
