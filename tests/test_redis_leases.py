@@ -21,6 +21,8 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 from agent_framework import AgentSession, Message
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lease_worker import GO, JOURNAL, READY, EchoClient, make_agent
 from maf_compaction.adapters.leases import (
@@ -30,6 +32,7 @@ from maf_compaction.adapters.leases import (
     SessionPayloadError,
     StaleLeaseError,
     leased_session,
+    restore_session,
 )
 from maf_compaction.redis import RedisSessionLeases, RedisSessionStore
 
@@ -451,6 +454,54 @@ async def test_two_processes_never_overlap_and_lose_no_turn(client: aioredis.Red
         shared += len({name for name, _, _ in granted}) == 2
     assert played == {(name, turn) for name in ("p1", "p2") for turn in range(turns)}
     assert shared > 0  # the processes did compete for sessions
+
+
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**53), 2**53)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(st.text(max_size=8).filter(lambda k: k != "type"), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@given(
+    session_id=st.text(min_size=1, max_size=12),
+    state=st.dictionaries(st.text(min_size=1, max_size=8).filter(lambda k: k != "in_memory"), JSON, max_size=4),
+    holds=st.integers(min_value=1, max_value=4),
+)
+def test_any_json_state_round_trips_under_the_newest_lease_and_never_under_an_older_one(
+    redis_server_url: str, session_id: str, state: dict[str, Any], holds: int
+) -> None:
+    """Whatever the session id (braces, colons, any text) and JSON-safe state: saved under the newest token it loads
+    back equal; a save under any older token is refused and changes nothing."""
+
+    async def check() -> None:
+        connection = aioredis.Redis.from_url(redis_server_url)
+        try:
+            await connection.flushall()
+            leases, store = RedisSessionLeases(connection), RedisSessionStore(connection)
+            held: list[HeldLease] = []
+            for _ in range(holds):
+                async with leases.hold(session_id) as lease:
+                    held.append(HeldLease(lease.session_id, lease.token))
+            payload = {"type": "session", "session_id": session_id, "service_session_id": None, "state": state}
+            await store.save(session_id, payload, held[-1])
+            for old in held[:-1]:
+                with pytest.raises(StaleLeaseError):
+                    await store.save(session_id, {**payload, "state": {}}, old)
+            loaded = await store.load(session_id, held[-1])
+            assert loaded == payload
+            assert restore_session(session_id, loaded).to_dict() == payload
+        finally:
+            await connection.aclose()
+
+    asyncio.run(check())
 
 
 # --- parameters and the extra -------------------------------------------------------------------------------------

@@ -39,7 +39,9 @@ __all__ = [
     "SessionStore",
     "StaleLeaseError",
     "leased_session",
+    "require_lease_for",
     "require_session_id",
+    "restore_session",
 ]
 
 
