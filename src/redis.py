@@ -205,7 +205,8 @@ class RedisSessionLeases:
         Waits up to ``wait_timeout_s`` for another holder (logged at INFO), then raises ``LeaseTimeoutError``. The
         yielded lease's ``token`` is the session's new fencing token. Release happens on normal exit, on exceptions
         and on cancellation; a release that fails (Redis unreachable) is logged at WARNING and the lease then lapses
-        after ``ttl_ms``. Redis errors while acquiring propagate.
+        after ``ttl_ms``. Redis errors while acquiring propagate. Not re-entrant: holding the same session again
+        inside the block waits for itself until the timeout.
 
         Raises:
             ValueError: ``session_id`` is not a non-empty string.

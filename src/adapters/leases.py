@@ -116,7 +116,8 @@ class SessionLeases(Protocol):
         """Acquire the session's lease, keep it renewed while the block runs, release it on every exit.
 
         Waits for another holder up to the engine's timeout, then raises :class:`LeaseTimeoutError`. Release happens
-        on normal exit, on an exception and on cancellation.
+        on normal exit, on an exception and on cancellation. A lease is not re-entrant: holding a session again
+        inside its own hold waits for itself until the timeout.
         """
         ...
 
