@@ -11,6 +11,8 @@ import warnings
 
 from hypothesis import HealthCheck, settings
 
+from redis_server import redis_server_url, redis_url  # noqa: F401 - the real redis-server fixtures
+
 # The package warns once, on import, that it is experimental; the tests know.
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

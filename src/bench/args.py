@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Final
 
 #: Optional dependencies outside the ``bench`` extra -> the extra that installs them.
-EXTRAS: Final = {"matplotlib": "plot"}
+EXTRAS: Final = {"matplotlib": "plot", "redis": "redis"}
 
 
 def program_name() -> str:
