@@ -15,6 +15,17 @@ from .adapters.anchored import AnchoredCompactionStrategy, MinimumGainAnchoredCo
 from .adapters.composition import ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
 from .adapters.convert import original_results
 from .adapters.counting import MediaTokenEstimator
+from .adapters.leases import (
+    HeldLease,
+    LeaseTimeoutError,
+    SessionLease,
+    SessionLeaseError,
+    SessionLeases,
+    SessionPayloadError,
+    SessionStore,
+    StaleLeaseError,
+    leased_session,
+)
 from .adapters.nested import find_nested_strategy
 from .adapters.overhead import AgentOverhead, measure_agent_overhead
 from .adapters.recall import RecallGate, ToolResultRecallMiddleware, make_recall_tool
@@ -50,6 +61,8 @@ __all__ = [
     "ChainDecisions",
     "CompactionBudgetExceeded",
     "CompactionStack",
+    "HeldLease",
+    "LeaseTimeoutError",
     "MafCompactionExperimentalWarning",
     "MediaTokenEstimator",
     "MinimumGainAnchoredCompactionStrategy",
@@ -57,11 +70,17 @@ __all__ = [
     "RecordDecisions",
     "SessionCompactionProvider",
     "SessionCompactionRegistry",
+    "SessionLease",
+    "SessionLeaseError",
+    "SessionLeases",
+    "SessionPayloadError",
+    "SessionStore",
     "SessionToolResultRecallMiddleware",
     "SnapshotError",
     "SnapshotVersionError",
     "StackKindError",
     "StackState",
+    "StaleLeaseError",
     "TiktokenTokenizer",
     "TokenizerUnavailableError",
     "ToolResultAnchoredSummarizationCompactionStrategy",
@@ -71,6 +90,7 @@ __all__ = [
     "UserTurnAnchoredSummarizationCompactionStrategy",
     "__version__",
     "find_nested_strategy",
+    "leased_session",
     "make_recall_tool",
     "make_session_recall_tool",
     "measure_agent_overhead",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from .adapters.leases import LeaseTimeoutError, SessionLeaseError, SessionPayloadError, StaleLeaseError
 from .core.errors import CompactionBudgetExceeded, SnapshotError, SnapshotVersionError
+from .core.stack import StackKindError
 
 
 class MafCompactionExperimentalWarning(UserWarning):
@@ -11,7 +13,12 @@ class MafCompactionExperimentalWarning(UserWarning):
 
 __all__ = [
     "CompactionBudgetExceeded",
+    "LeaseTimeoutError",
     "MafCompactionExperimentalWarning",
+    "SessionLeaseError",
+    "SessionPayloadError",
     "SnapshotError",
     "SnapshotVersionError",
+    "StackKindError",
+    "StaleLeaseError",
 ]

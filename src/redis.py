@@ -2,11 +2,11 @@
 
 Replicas that serve one agent share conversations through Redis: before a turn a replica holds the session's lease
 (:class:`RedisSessionLeases`), loads the ``AgentSession.to_dict()`` payload (:class:`RedisSessionStore`), runs the
-turn, saves the session under the same lease and releases it. :func:`maf_compaction.adapters.leases.leased_session`
-does exactly that::
+turn, saves the session under the same lease and releases it. :func:`maf_compaction.leased_session` does exactly
+that::
 
     import redis.asyncio as redis
-    from maf_compaction.adapters.leases import leased_session
+    from maf_compaction import leased_session
     from maf_compaction.redis import RedisSessionLeases, RedisSessionStore
 
     client = redis.Redis.from_url("redis://localhost:6379/0")

@@ -278,7 +278,7 @@ def test_the_install_section_never_sends_users_to_the_other_pypi_project() -> No
         assert names_pypi is None, command
     assert "installs a different project" in install
     assert "Python 3.11" in install
-    for extra in ("tiktoken", "bench", "plot", "dev"):
+    for extra in ("tiktoken", "bench", "plot", "redis", "dev"):
         assert f"| `{extra}` |" in install
     assert "git+https://<git-host>/" in install  # a placeholder, no real host
     assert "MAF_COMPACTION_TIKTOKEN_FILE" in install
