@@ -238,7 +238,8 @@ async def serve(url: str, name: str) -> None:
             popped = await redis.blpop([WORK], timeout=120)
             if popped is None:
                 raise TimeoutError("no work for 120 s")
-            item = popped[1].decode()
+            value: bytes | str = popped[1]
+            item = value.decode() if isinstance(value, bytes) else value
             if item == STOP:
                 slots.release()
                 break
