@@ -12,6 +12,7 @@ import json
 import sys
 import types
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -136,6 +137,18 @@ def test_percentile_is_nearest_rank() -> None:
     assert sessions.percentile(samples, 0.95) == 95.0
     assert sessions.percentile(samples, 0.5) == 50.0
     assert sessions.percentile([3.0], 0.95) == 3.0
+
+
+def test_a_json_path_without_a_directory_is_refused_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def no_work(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the benchmark ran")
+
+    monkeypatch.setattr(sessions, "play", no_work)
+    for target in (tmp_path, tmp_path / "missing" / "s.json"):
+        assert sessions.main(["--sessions", "2", "--json", str(target)]) == 2
+        assert f"--json {target}: give a file name in an existing directory" in capsys.readouterr().err
 
 
 # -- the Redis hook ------------------------------------------------------------------------------

@@ -652,14 +652,18 @@ def render_redis(results: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def profile_hits(played: Played, size: int, min_phases: int, top: int) -> str:
-    """cProfile of the timed phases of the ``hit`` regime at ``size`` sessions (top entries by own time)."""
+def profile_phases(played: Played, size: int, regime: str, min_phases: int, top: int) -> str:
+    """cProfile of the phases of ``regime`` (``hit`` or ``miss``) at ``size`` sessions (top entries).
+
+    The registry and the order of visits are those of :func:`time_regime`; only the
+    phases themselves are profiled.
+    """
     import cProfile  # noqa: PLC0415 - only with --profile
     import io  # noqa: PLC0415
     import pstats  # noqa: PLC0415
 
     sessions = copies(played, size)
-    registry = SessionCompactionRegistry(played.builder, max_cached_sessions=size)
+    registry = SessionCompactionRegistry(played.builder, max_cached_sessions=size // 2 if regime == MISS else size)
     for session in sessions:
         with registry.phase(session, PHASE_NAME):
             pass
@@ -672,7 +676,7 @@ def profile_hits(played: Played, size: int, min_phases: int, top: int) -> str:
                 pass
             profiler.disable()
     out = io.StringIO()
-    out.write(f"cProfile of {rounds * size} cache-hit phases of the {played.kind} stack at {size:,} sessions\n")
+    out.write(f"cProfile of {rounds * size} {regime} phases of the {played.kind} stack at {size:,} sessions\n")
     stats = pstats.Stats(profiler, stream=out)
     stats.strip_dirs()
     stats.sort_stats("tottime").print_stats(top)
@@ -749,7 +753,7 @@ def parser() -> argparse.ArgumentParser:
     cli.add_argument(
         "--profile",
         action="store_true",
-        help="also cProfile the cache-hit phases at the largest session count and print the top entries",
+        help="also cProfile the hit and the miss phases at the largest session count and print the top entries",
     )
     cli.add_argument("--profile-top", type=positive_int, default=20, help="entries per profile listing (default: 20)")
     cli.add_argument(
@@ -763,7 +767,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark; 0 on success, 2 when ``--redis-url`` is given and this build cannot run it."""
+    """Run the benchmark; 0 on success, 2 before any work when ``--json`` cannot be written or ``--redis-url``
+    is given and this build cannot run it."""
     args = parser().parse_args(argv)
     sizes: list[int] = args.sessions
     kinds: list[StackKindName] = args.kinds
@@ -786,6 +791,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
+    json_path: Path | None = args.json
+    if json_path is not None and (json_path.is_dir() or not json_path.parent.is_dir()):
+        print(
+            f"{program_name()} sessions: error: --json {json_path}: give a file name in an existing directory",
+            file=sys.stderr,
+        )
+        return 2
     tokenizer = load_tokenizer()
 
     def progress(text: str) -> None:
@@ -816,7 +828,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.profile:
         with quiet_logs():
             profile_text = "\n".join(
-                profile_hits(item, max(sizes), args.min_phases, args.profile_top) for item in played
+                profile_phases(item, max(sizes), regime, args.min_phases, args.profile_top)
+                for item in played
+                for regime in (HIT, MISS)
             )
         print()
         print(profile_text)
@@ -828,7 +842,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print()
         print(render_redis(redis_results))
 
-    if args.json is not None:
+    if json_path is not None:
         payload: dict[str, Any] = {
             "benchmark": "sessions",
             "tokenizer": "o200k_base",
@@ -860,7 +874,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             payload["profile"] = profile_text
         if redis_results is not None:
             payload["redis"] = redis_results
-        args.json.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+        json_path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     return 0
 
 
