@@ -54,9 +54,12 @@ def test_every_row_is_written_and_ran_its_regime(report: dict[str, Any]) -> None
         # Whole rounds over the sessions, at least MIN_PHASES phases.
         assert row["phases"] >= MIN_PHASES
         assert row["phases"] % size == 0
-        assert len(row["read_us"]) == len(row["write_us"]) == row["phases"]
-        assert all(value > 0 for value in row["read_us"] + row["write_us"])
-        for name in ("phase", "read", "write"):
+        assert len(row["read_us"]) == len(row["write_us"]) == len(row["cpu_us"]) == len(row["gc_us"]) == row["phases"]
+        assert all(value > 0 for value in row["read_us"] + row["write_us"] + row["cpu_us"])
+        # Collection time is part of the phase it ran in.
+        assert all(0 <= gc <= r + w for gc, r, w in zip(row["gc_us"], row["read_us"], row["write_us"], strict=True))
+        assert (row["collections"] == 0) == (row["gc_share"] == 0)
+        for name in ("phase", "cpu", "read", "write"):
             assert 0 < row[f"{name}_median_us"] <= row[f"{name}_p95_us"]
         assert row["as_intended"] is True
         if regime == sessions.MISS:

@@ -51,7 +51,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.resources import as_file, files
 from pathlib import Path
@@ -332,6 +332,8 @@ class Row:
         read_us: Entering each phase (reading the session's state), wall clock.
         write_us: Leaving it (writing the state), wall clock.
         cpu_us: The whole phase, the thread's CPU time.
+        gc_us: Garbage collection inside the phase (included in the other figures).
+        collections: Garbage collections that ran inside the timed phases.
         built: Stacks the registry built during the timed phases.
         restored: States it parsed into a stack during the timed phases.
     """
@@ -343,6 +345,8 @@ class Row:
     read_us: list[float] = field(default_factory=list[float])
     write_us: list[float] = field(default_factory=list[float])
     cpu_us: list[float] = field(default_factory=list[float])
+    gc_us: list[float] = field(default_factory=list[float])
+    collections: int = 0
     built: int = 0
     restored: int = 0
 
@@ -356,9 +360,15 @@ class Row:
         """Read plus write of each phase (wall clock)."""
         return [r + w for r, w in zip(self.read_us, self.write_us, strict=True)]
 
+    @property
+    def gc_share(self) -> float:
+        """The share of the phases' wall-clock time the garbage collector took."""
+        total = sum(self.total_us)
+        return sum(self.gc_us) / total if total > 0 else 0.0
+
     def summary(self) -> dict[str, float]:
         """Medians and p95s of the whole phase (wall and CPU), the read and the write."""
-        out: dict[str, float] = {}
+        out: dict[str, float] = {"gc_share": self.gc_share, "gc_max_us": max(self.gc_us, default=0.0)}
         series = (("phase", self.total_us), ("cpu", self.cpu_us), ("read", self.read_us), ("write", self.write_us))
         for name, samples in series:
             out[f"{name}_median_us"] = statistics.median(samples)
@@ -375,16 +385,49 @@ class Row:
             "phases": self.phases,
             "stacks_built": self.built,
             "states_restored": self.restored,
+            "collections": self.collections,
             **self.summary(),
             "read_us": self.read_us,
             "write_us": self.write_us,
             "cpu_us": self.cpu_us,
+            "gc_us": self.gc_us,
         }
 
 
-def _time_phase(registry: SessionCompactionRegistry, session: AgentSession, into: Row) -> None:
-    """One empty phase: the read (enter) and the write (exit) timed apart, and its CPU time."""
+class GcMeter:
+    """Adds up the time of the garbage collector's runs while installed (``gc.callbacks``), in nanoseconds.
+
+    A collection that starts inside a phase is paid by that phase: the phase's allocations
+    triggered it. How long it takes depends on everything the process holds (here the
+    sessions and their histories), not on the registry alone, so the report shows it apart.
+    """
+
+    def __init__(self) -> None:
+        self.total_ns = 0
+        self.collections = 0
+        self._started = 0
+
+    def __call__(self, phase: str, info: Mapping[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter_ns()
+        else:
+            self.total_ns += time.perf_counter_ns() - self._started
+            self.collections += 1
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[GcMeter]:
+        """Measure the collections of the block."""
+        gc.callbacks.append(self)
+        try:
+            yield self
+        finally:
+            gc.callbacks.remove(self)
+
+
+def _time_phase(registry: SessionCompactionRegistry, session: AgentSession, into: Row, meter: GcMeter) -> None:
+    """One empty phase: the read (enter) and the write (exit) timed apart, its CPU time and its collections."""
     clock, cpu = time.perf_counter_ns, time.thread_time_ns
+    gc_before, collections_before = meter.total_ns, meter.collections
     cpu_start = cpu()
     start = clock()
     with registry.phase(session, PHASE_NAME):
@@ -394,6 +437,8 @@ def _time_phase(registry: SessionCompactionRegistry, session: AgentSession, into
     into.read_us.append((entered - start) / 1_000)
     into.write_us.append((left - entered) / 1_000)
     into.cpu_us.append((cpu_end - cpu_start) / 1_000)
+    into.gc_us.append((meter.total_ns - gc_before) / 1_000)
+    into.collections += meter.collections - collections_before
 
 
 def _round_trip(session: AgentSession) -> AgentSession:
@@ -419,12 +464,14 @@ def time_regime(
     rounds = max(1, math.ceil(min_phases / count))
     built, restored = registry.stacks_built, registry.states_restored
     gc.collect()
+    meter = GcMeter()
     for _ in range(rounds):
         if regime == RESTORED:
             sessions = [_round_trip(session) for session in sessions]
             gc.collect()  # the host's loading leaves its garbage to the host
-        for session in sessions:
-            _time_phase(registry, session, row)
+        with meter.installed():
+            for session in sessions:
+                _time_phase(registry, session, row, meter)
     row.built = registry.stacks_built - built
     row.restored = registry.states_restored - restored
     return row, sessions
@@ -592,13 +639,15 @@ def render(played: Sequence[Played], rows: Sequence[Row], passes: Sequence[PassT
         "cpu: the thread's CPU time of the same phases (thread_time_ns; other load on the machine left out); "
         "read = enter, write = exit"
     )
+    lines.append("(wall medians); gc: garbage collections inside the timed phases and their share of the wall time;")
     lines.append(
-        "(wall medians); built/restored: stacks the registry built and states it parsed during the timed phases; "
-        "state B: bytes of JSON."
+        "built/restored: stacks the registry built and states it parsed during the timed phases; state B: bytes "
+        "of JSON."
     )
     header = (
         f"{'kind':<12} {'sessions':>8} {'regime':<13} {'cache':>6} {'n':>5} {'median':>8} {'p95':>8} "
-        f"{'cpu med':>8} {'cpu p95':>8} {'read':>8} {'write':>8} {'built':>6} {'restored':>8} {'state B':>8}"
+        f"{'cpu med':>8} {'cpu p95':>8} {'read':>8} {'write':>8} {'gc':>10} {'built':>6} {'restored':>8} "
+        f"{'state B':>8}"
     )
     lines.append(header)
     lines.append("-" * len(header))
@@ -611,7 +660,8 @@ def render(played: Sequence[Played], rows: Sequence[Row], passes: Sequence[PassT
             f"{figures['phase_median_us']:>8.1f} {figures['phase_p95_us']:>8.1f} "
             f"{figures['cpu_median_us']:>8.1f} {figures['cpu_p95_us']:>8.1f} "
             f"{figures['read_median_us']:>8.1f} {figures['write_median_us']:>8.1f} "
-            f"{row.built:>6} {row.restored:>8} {sizes[row.kind]:>8,}{flag}"
+            f"{f'{row.collections} {row.gc_share:.0%}':>10} {row.built:>6} {row.restored:>8} "
+            f"{sizes[row.kind]:>8,}{flag}"
         )
     if passes:
         lines.append("")
