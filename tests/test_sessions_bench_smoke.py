@@ -175,7 +175,7 @@ def test_the_redis_hook_calls_redis_round_trip_per_session_count(monkeypatch: py
 
     async def redis_round_trip(url: str, *, sessions: int, repeats: int) -> Mapping[str, Any]:
         calls.append((url, sessions, repeats))
-        return {"round_trip_median_ms": 0.5, "round_trip_p95_ms": 0.9}
+        return {"url": url, "payload_bytes": 100, "phases": {"round_trip": {"median_ms": 0.5, "p95_ms": 0.9}}}
 
     module = types.ModuleType(sessions.REDIS_MODULE)
     module.redis_round_trip = redis_round_trip  # type: ignore[attr-defined]
@@ -184,11 +184,12 @@ def test_the_redis_hook_calls_redis_round_trip_per_session_count(monkeypatch: py
     function = sessions.load_redis_round_trip()
     assert function is redis_round_trip
     assert function is not None
-    results = asyncio.run(sessions.redis_figures(function, "redis://127.0.0.1:6399", [10, 100], 7))
-    assert calls == [("redis://127.0.0.1:6399", 10, 7), ("redis://127.0.0.1:6399", 100, 7)]
-    assert results == [
-        {"sessions": 10, "round_trip_median_ms": 0.5, "round_trip_p95_ms": 0.9},
-        {"sessions": 100, "round_trip_median_ms": 0.5, "round_trip_p95_ms": 0.9},
-    ]
+    url = "redis://127.0.0.1:6399"
+    results = asyncio.run(sessions.redis_figures(function, url, [10, 100], 30))
+    # Whole rounds over the sessions making at least 30 round trips.
+    assert calls == [(url, 10, 3), (url, 100, 1)]
+    assert [r["sessions"] for r in results] == [10, 100]
+    assert results[0]["phases"] == {"round_trip": {"median_ms": 0.5, "p95_ms": 0.9}}
     text = sessions.render_redis(results)
-    assert "10 sessions: round_trip_median_ms 0.500, round_trip_p95_ms 0.900" in text
+    assert f"10 sessions: url {url}, payload_bytes 100" in text
+    assert "phases.round_trip: median_ms 0.500, p95_ms 0.900" in text

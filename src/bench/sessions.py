@@ -601,14 +601,20 @@ def load_redis_round_trip() -> RedisRoundTrip | None:
     return cast("RedisRoundTrip", getattr(module, REDIS_FUNCTION))
 
 
-async def redis_figures(function: RedisRoundTrip, url: str, sizes: Sequence[int], repeats: int) -> list[dict[str, Any]]:
-    """``function(url, sessions=N, repeats=repeats)`` for each size N, each result tagged with N."""
+async def redis_figures(
+    function: RedisRoundTrip, url: str, sizes: Sequence[int], min_phases: int
+) -> list[dict[str, Any]]:
+    """``function(url, sessions=N, repeats=R)`` for each size N, R whole rounds making at least ``min_phases``.
+
+    Each result is the mapping the function returned, tagged with N under ``"sessions"``.
+    """
     results: list[dict[str, Any]] = []
     for size in sizes:
+        repeats = max(1, math.ceil(min_phases / size))
         outcome = function(url, sessions=size, repeats=repeats)
         if inspect.isawaitable(outcome):
             outcome = await outcome
-        results.append({"sessions": size, **dict(cast("Mapping[str, Any]", outcome))})
+        results.append({**dict(cast("Mapping[str, Any]", outcome)), "sessions": size})
     return results
 
 
@@ -690,15 +696,32 @@ def render(played: Sequence[Played], rows: Sequence[Row], passes: Sequence[PassT
 
 
 def render_redis(results: Sequence[Mapping[str, Any]]) -> str:
-    """The Redis round trip's figures, one line per size (every numeric figure it returned)."""
-    lines = ["Redis lease+load+save round trip (maf_compaction.bench.sessions_redis):"]
+    """The Redis round trip's figures: per size, its scalar figures on one line, then one line per nested mapping.
+
+    ``redis_round_trip`` returns its settings as scalars and, under ``"phases"``, a mapping
+    of figures per phase (``median_ms``, ``p95_ms``, ...); any such nesting prints alike.
+    """
+
+    def shown(value: object) -> str:
+        return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+    lines = [f"Redis lease+load+save round trip ({REDIS_MODULE}.{REDIS_FUNCTION}):"]
     for result in results:
-        figures = ", ".join(
-            f"{name} {value:.3f}" if isinstance(value, float) else f"{name} {value}"
+        scalars = ", ".join(
+            f"{name} {shown(value)}"
             for name, value in result.items()
             if name != "sessions" and isinstance(value, int | float | str)
         )
-        lines.append(f"  {result['sessions']:>6,} sessions: {figures}")
+        lines.append(f"  {result['sessions']:,} sessions: {scalars}")
+        for name, value in result.items():
+            if not isinstance(value, Mapping):
+                continue
+            for part, figures in cast("Mapping[str, Any]", value).items():
+                if isinstance(figures, Mapping):
+                    text = ", ".join(f"{key} {shown(item)}" for key, item in cast("Mapping[str, Any]", figures).items())
+                else:
+                    text = shown(figures)
+                lines.append(f"    {name}.{part}: {text}")
     return "\n".join(lines)
 
 
