@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo bench docs test test-long lint typecheck pytest bench-speed clean
+.PHONY: demo bench docs test test-long lint typecheck pytest bench-speed bench-sessions clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,10 @@ test-long: $(STAMP)
 
 bench-speed: $(STAMP)
 	$(BIN)/python -W "ignore:maf-compaction is experimental" -m maf_compaction.bench speed
+
+# The session registry's read and write per phase at 10, 100 and 1,000 sessions (docs/sessions-bench.md).
+bench-sessions: $(STAMP)
+	$(BIN)/python -W "ignore:maf-compaction is experimental" -m maf_compaction.bench sessions
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis agent-file-memory

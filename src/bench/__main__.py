@@ -20,6 +20,7 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "bench": ("grid", "replay a conversation through every strategy against the simulated provider (the default)"),
     "speed": ("speed", "time one compaction pass: ours against the framework's"),
     "redis": ("sessions_redis", "time the Redis lease + load + save round trip of one session turn on loopback"),
+    "sessions": ("sessions", "time the session registry's state read and write per phase, at 10 to 1,000 sessions"),
     "docs": ("docs", "regenerate (--write) or check the bench tables in README.md and docs/bench.md"),
 }
 
