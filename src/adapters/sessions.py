@@ -323,9 +323,11 @@ class SessionCompactionRegistry:
                 be read (nothing is written then).
         """
         opened = self.open(session, name)
+        token = self.enter(opened)  # so a phase nested in this one (same session, same task) shares its stack
         try:
             yield opened.entry.stack
         finally:
+            self.leave(token)
             self.close(opened)
 
     def open(self, session: AgentSession | None, name: str) -> _Phase:
