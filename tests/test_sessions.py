@@ -1054,11 +1054,29 @@ async def test_overlapping_runs_of_one_session_through_the_agent_are_rejected() 
     first = asyncio.create_task(run_first())
     await client.arrived.wait()  # the first run is inside its model call
     with pytest.raises(Exception, match="overlaps") as raised:
-        await agent.run(question(1), session=session)
+        await asyncio.wait_for(agent.run(question(1), session=session), timeout=10)  # waiting would be wrong too
     assert any(isinstance(e, RuntimeError) and "overlaps" in str(e) for e in _chain(raised.value))
     hold.set()
     await first
     await converse(agent, session, 1)
+
+
+async def test_a_streamed_response_holds_its_session_until_it_is_consumed() -> None:
+    registry = SessionCompactionRegistry(records_stack)
+    agent = shared_agent(registry)
+    session = agent.create_session()
+    run = agent.run(question(0), session=session, stream=True)
+    updates = aiter(run)
+    await anext(updates)  # the first model call's answer is out; its stream is not finished
+    with pytest.raises(Exception, match="overlaps") as raised:
+        await asyncio.wait_for(agent.run(question(1), session=session), timeout=10)
+    assert any(isinstance(e, RuntimeError) for e in _chain(raised.value))
+    async for _ in updates:
+        pass
+    await run.get_final_response()
+    await converse(agent, session, 1)  # consumed: the session is free
+    with registry.phase(session) as stack:
+        assert stack.to_dict() == session.state[KEY]["stack"]
 
 
 async def test_distinct_sessions_run_concurrently_with_their_own_decisions() -> None:
@@ -1095,6 +1113,29 @@ async def test_phases_of_distinct_sessions_overlap_freely() -> None:
     await asyncio.gather(*(phase(s) for s in sessions))
     assert all(session_armed(s) for s in sessions)
     assert registry.stacks_built == 5
+
+
+def test_a_phase_left_by_an_exception_writes_the_session_and_frees_it() -> None:
+    """The recall tool's phase is ``registry.phase``: what it changed is written even when it raises."""
+
+    class Boom(Exception):
+        pass
+
+    registry = SessionCompactionRegistry(records_stack)
+    session = AgentSession()
+    seen: list[CompactionStack] = []
+
+    def arm_and_fail() -> None:
+        with registry.phase(session) as stack:
+            seen.append(stack)
+            stack.gate.arm()
+            raise Boom
+
+    with pytest.raises(Boom):
+        arm_and_fail()
+    assert session_armed(session)
+    with registry.phase(session) as again:
+        assert again is seen[0]
 
 
 def test_a_nested_phase_of_the_same_session_shares_the_stack_and_the_outer_one_writes() -> None:
