@@ -68,11 +68,12 @@ from maf_compaction import (
     make_recall_tool,
     make_session_recall_tool,
 )
+from maf_compaction.adapters.convert import EXCLUDED_KEY
 from maf_compaction.bench.client import SimulatedChatClient, media_contents, scenario_tools
 from maf_compaction.bench.model import ModelOptions, ScriptedModel
 from maf_compaction.bench.provider import CallRecord, SimulatedProvider
-from maf_compaction.bench.rendering import RenderedRequest
-from maf_compaction.bench.runner import Settings, load_scenario
+from maf_compaction.bench.rendering import RenderedRequest, render_message
+from maf_compaction.bench.runner import Settings, load_scenario, stored_messages
 from maf_compaction.bench.scenario import Media, Scenario
 from maf_compaction.bench.simulator import get_profile
 from maf_compaction.core.records import RECALL_TOOL_NAME
@@ -306,10 +307,20 @@ class Played:
     describe_calls: int
     calls: list[CallRecord]
     forced: int
+    stored: dict[int, list[str]] = field(default_factory=dict[int, list[str]])
+    entries: dict[int, Any] = field(default_factory=dict[int, Any])
     replicas: int = 1
     most_in_flight: int = 1
     stacks_built: int = 0
     extra: dict[str, Any] = field(default_factory=dict[str, Any])
+
+
+def stored_history(session: AgentSession) -> list[str]:
+    """The session's stored history as the provider would see each message, with its exclusion flag."""
+    return [
+        f"{'excluded' if m.additional_properties.get(EXCLUDED_KEY) else 'included'} {render_message(m)}"
+        for m in stored_messages(session)
+    ]
 
 
 def _forced(sent: Mapping[int, list[Request]]) -> int:
@@ -321,7 +332,14 @@ async def _private(kind: Kind) -> Played:
     session = replica.agent.create_session()
     await play_turns(replica.agent, session, range(TURNS), label=0, stream=False)
     sent = replica.client.sent
-    return Played(sent, replica.summarizer_calls, replica.describer.calls, replica.calls, _forced(sent))
+    return Played(
+        sent,
+        replica.summarizer_calls,
+        replica.describer.calls,
+        replica.calls,
+        _forced(sent),
+        stored={0: stored_history(session)},
+    )
 
 
 async def _interleaved(kind: Kind, stream: bool) -> Played:
@@ -338,6 +356,8 @@ async def _interleaved(kind: Kind, stream: bool) -> Played:
         replica.describer.calls,
         replica.calls,
         _forced(sent),
+        stored={i: stored_history(s) for i, s in enumerate(sessions)},
+        entries={i: json.loads(json.dumps(s.state["maf_compaction"])) for i, s in enumerate(sessions)},
         most_in_flight=replica.client.most_in_flight,
         stacks_built=replica.registry.stacks_built,
         extra={"cached": replica.registry.cached_sessions},
@@ -347,6 +367,7 @@ async def _interleaved(kind: Kind, stream: bool) -> Played:
 async def _replicas(kind: Kind, stream: bool) -> Played:
     """One session moved to a new replica every ``REPLICA_TURNS`` turns through its JSON."""
     saved: str | None = None
+    stored: list[str] = []
     sent: list[Request] = []
     summarizer = describe = 0
     calls: list[CallRecord] = []
@@ -359,6 +380,7 @@ async def _replicas(kind: Kind, stream: bool) -> Played:
         session = agent.create_session() if saved is None else AgentSession.from_dict(json.loads(saved))
         await play_turns(agent, session, range(start, min(start + REPLICA_TURNS, TURNS)), label=0, stream=stream)
         saved = json.dumps(session.to_dict())
+        stored = stored_history(session)
         sent += replica.client.sent[0]
         summarizer += replica.summarizer_calls
         describe += replica.describer.calls
@@ -369,7 +391,16 @@ async def _replicas(kind: Kind, stream: bool) -> Played:
         del replica, agent, session
         gc.collect()
         assert gone() is None, "the previous replica's registry is still alive"
-    return Played({0: sent}, summarizer, describe, calls, _forced({0: sent}), replicas=replicas, extra={"asked": asked})
+    return Played(
+        {0: sent},
+        summarizer,
+        describe,
+        calls,
+        _forced({0: sent}),
+        stored={0: stored},
+        replicas=replicas,
+        extra={"asked": asked},
+    )
 
 
 _RUNS: dict[tuple[str, ...], Played] = {}
@@ -476,3 +507,42 @@ async def test_every_request_fits_the_window(kind: Kind, stream: bool) -> None:
     ]
     over = [(c.kind, c.input_tokens) for run in runs for c in run.calls if c.over_window or c.input_tokens > WINDOW]
     assert not over, f"requests over the {WINDOW:,}-token window: {over}"
+
+
+@MATRIX
+async def test_the_provider_compacts_each_sessions_stored_history_as_the_private_stack_does(
+    kind: Kind, stream: bool
+) -> None:
+    """``after_run`` compacts stored history: every session's (and the moved one's) equals the private stack's."""
+    private = await played("private", kind)
+    shared = await played("interleaved", kind, stream)
+    moved = await played("replicas", kind, stream)
+    expected = private.stored[0]
+    assert any(line.startswith("excluded") for line in expected), "the private stack excluded nothing"
+    for label in range(SESSIONS):
+        assert shared.stored[label] == expected, f"session {label}'s stored history differs"
+    assert moved.stored[0] == expected
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_the_session_entry_carries_the_readmes_state_and_bounds_remembered_answers(kind: Kind) -> None:
+    """The snapshot carries record decisions, the recall flags and the gate; the composition adds the chain's wait,
+    replacements and sheds and the user half's answers (at most ``remembered_requests``), descriptions and counts."""
+    shared = await played("interleaved", kind, False)
+    for label in range(SESSIONS):
+        stored = shared.entries[label]
+        assert stored["kind"] == "session_compaction"
+        stack = stored["stack"]
+        assert stack["strategy"] == kind
+        assert set(stack["gate"]) == {"armed"}
+        state = stack["state"]
+        assert {"settled", "ask"} <= set(state["records"])
+        assert {"next_pin", "awaiting_record", "pin_disabled", "ignored_streak"} <= set(state["recall"])
+        if kind == "composition":
+            assert {"wait_since", "declined_behind", "shed", "replacements"} <= set(state["chain"])
+            users = state["users"]
+            assert {"answers", "descriptions", "compactions", "folds"} <= set(users)
+            assert 0 < len(users["answers"]) <= 2, "remembered_requests=2 bounds the remembered answers"
+            assert len(users["descriptions"]) == 1, "the chart's description"
+            assert users["compactions"] > 0
+        assert stack == shared.entries[0]["stack"], "identical sessions must store identical state"

@@ -1168,3 +1168,103 @@ async def test_a_tool_phase_nested_in_a_middleware_phase_shares_its_stack() -> N
     await middleware.process(chat, call_next)
     assert replies
     assert not session_armed(session)
+
+
+async def test_each_phase_sets_a_scoped_context_variable_and_clears_it_on_exit() -> None:
+    from maf_compaction.adapters import sessions
+
+    registry = SessionCompactionRegistry(records_stack)
+    session = AgentSession()
+    middleware = SessionToolResultRecallMiddleware(registry)
+    chat = ChatContext(Model(), [Message("user", ["hi"])], {}, session=session)
+    seen: list[Any] = []
+
+    async def call_next() -> None:
+        current = sessions._CURRENT.get()  # pyright: ignore[reportPrivateUsage]
+        seen.append(current.session if current is not None else None)
+        chat.result = ChatResponse(messages=[Message("assistant", ["ok"])])
+
+    assert sessions._CURRENT.get() is None  # pyright: ignore[reportPrivateUsage]
+    await middleware.process(chat, call_next)
+    assert seen == [session]
+    assert sessions._CURRENT.get() is None  # pyright: ignore[reportPrivateUsage]
+    with registry.phase(session):
+        assert sessions._CURRENT.get() is not None  # pyright: ignore[reportPrivateUsage]
+    assert sessions._CURRENT.get() is None  # pyright: ignore[reportPrivateUsage]
+
+
+async def test_the_inner_middleware_keeps_its_single_session_guard() -> None:
+    registry = SessionCompactionRegistry(records_stack)
+    agent = shared_agent(registry)
+    mine, other = agent.create_session(), agent.create_session()
+    await converse(agent, mine, 1)
+    with registry.phase(mine) as stack:
+        chat = ChatContext(Model(), [Message("user", ["hi"])], {}, session=other)
+
+        async def call_next() -> None:
+            chat.result = ChatResponse(messages=[Message("assistant", ["ok"])])
+
+        with pytest.raises(RuntimeError, match="serves one session"):
+            await stack.recall.process(chat, call_next)
+
+
+async def test_counters_are_local_and_restart_while_the_decisions_travel() -> None:
+    registry = SessionCompactionRegistry(records_stack)
+    agent = shared_agent(registry)
+    session = agent.create_session()
+    await converse(agent, session, 2)
+    with registry.phase(session) as stack:
+        assert stack.recall.forced_calls > 0
+        assert stack.strategy.passes > 0
+        decisions = stack.to_dict()
+    registry.forget(session.session_id)
+    with registry.phase(session) as rebuilt:
+        assert rebuilt.recall.forced_calls == 0
+        assert rebuilt.strategy.passes == 0
+        assert rebuilt.to_dict() == decisions
+
+
+async def test_the_stack_dict_holds_the_narrower_replay_snapshots() -> None:
+    """ChainDecisions.to_dict() and RecordDecisions.to_dict() are the parts CompactionStack.to_dict() carries."""
+    summarizer = Summarizer()
+    registry = SessionCompactionRegistry(lambda: composition_stack(summarizer))
+    agent = shared_agent(registry)
+    session = agent.create_session()
+    await converse_until_full(agent, session, 6)
+    with registry.phase(session) as stack:
+        strategy = stack.strategy
+        assert isinstance(strategy, ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy)
+        data = stack.to_dict()
+        state = strategy.decision_state()
+        records = stack.tool_results.decision_state()
+    inner: Any = data["state"]
+    assert inner["chain"] == state.chain.to_dict()
+    assert inner["records"] == records.to_dict()
+    assert inner["users"] == strategy.user_turns.decision_state().to_dict()
+    assert ChainDecisions.from_dict(inner["chain"]) == state.chain
+    assert RecordDecisions.from_dict(inner["records"]) == records
+
+
+async def test_with_compact_before_off_the_providers_before_phase_compacts_the_loaded_context() -> None:
+    """For a host that hands provider hooks the loaded context: the session's strategy compacts it in before_run."""
+    registry = SessionCompactionRegistry(records_stack)
+    agent = shared_agent(registry)
+    session = agent.create_session()
+    await converse(agent, session, 3)
+    provider = next(p for p in agent.context_providers if isinstance(p, SessionCompactionProvider))
+    with registry.phase(session) as stack:
+        passes = stack.strategy.passes
+    loaded = copy.deepcopy(list(session.state["in_memory"]["messages"]))
+    context = SessionContext(
+        session_id=session.session_id,
+        input_messages=[Message("user", ["next"])],
+        context_messages={"in_memory": loaded},
+    )
+    await provider.before_run(agent=agent, session=session, context=context, state={})
+    with registry.phase(session) as stack:
+        assert stack.strategy.passes == passes + 1
+    off = SessionCompactionProvider(registry, tokenizer=TOKENIZER, before=False, after=False)
+    await off.before_run(agent=agent, session=session, context=context, state={})
+    await off.after_run(agent=agent, session=session, context=context, state={})
+    with registry.phase(session) as stack:
+        assert stack.strategy.passes == passes + 1, "a disabled phase compacted"
