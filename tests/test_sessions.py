@@ -365,6 +365,15 @@ def test_compaction_stack_refuses_a_recall_that_arms_another_gate() -> None:
         CompactionStack(records, RecallGate(), _recall_for(records, RecallGate()))
 
 
+def test_a_stack_refuses_to_restore_another_kinds_state() -> None:
+    summarizer = Summarizer()
+    records, composed = records_stack(), composition_stack(summarizer)
+    with pytest.raises(ValueError, match="state is a 'composition' stack's, this stack is a 'records' stack"):
+        records.restore(composed.state())
+    with pytest.raises(ValueError, match="state is a 'records' stack's, this stack is a 'composition' stack"):
+        composed.restore(records.state())
+
+
 def test_compaction_stack_names_its_kind_and_parts() -> None:
     summarizer = Summarizer()
     records, composed = records_stack(), composition_stack(summarizer)
@@ -389,17 +398,17 @@ async def _async_builder() -> CompactionStack:
 @pytest.mark.parametrize(
     ("options", "name"),
     [
-        ({"builder": None}, "builder"),
-        ({"builder": records_stack()}, "builder"),
-        ({"builder": _async_builder}, "builder"),
-        ({"max_cached_sessions": -1}, "max_cached_sessions"),
-        ({"max_cached_sessions": 1.5}, "max_cached_sessions"),
-        ({"max_cached_sessions": True}, "max_cached_sessions"),
-        ({"max_cached_sessions": "8"}, "max_cached_sessions"),
-        ({"state_key": ""}, "state_key"),
-        ({"state_key": "   "}, "state_key"),
-        ({"state_key": 7}, "state_key"),
-        ({"state_key": None}, "state_key"),
+        ({"builder": None}, "builder must be a callable returning a CompactionStack"),
+        ({"builder": records_stack()}, "builder must be a callable returning a CompactionStack"),
+        ({"builder": _async_builder}, "builder must be a callable returning a CompactionStack that is not async"),
+        ({"max_cached_sessions": -1}, "max_cached_sessions must be an integer >= 0"),
+        ({"max_cached_sessions": 1.5}, "max_cached_sessions must be an integer >= 0"),
+        ({"max_cached_sessions": True}, "max_cached_sessions must be an integer >= 0"),
+        ({"max_cached_sessions": "8"}, "max_cached_sessions must be an integer >= 0"),
+        ({"state_key": ""}, "state_key must be a non-empty string"),
+        ({"state_key": "   "}, "state_key must be a non-empty string"),
+        ({"state_key": 7}, "state_key must be a non-empty string"),
+        ({"state_key": None}, "state_key must be a non-empty string"),
     ],
 )
 def test_registry_parameters_are_checked(options: dict[str, Any], name: str) -> None:
@@ -423,10 +432,10 @@ def test_registry_defaults_follow_the_readme() -> None:
         ({"registry": None}, "registry"),
         ({"tokenizer": object()}, "tokenizer"),
         ({"tokenizer": None}, "tokenizer"),
-        ({"before": "yes"}, "before"),
-        ({"before": 1}, "before"),
-        ({"after": None}, "after"),
-        ({"after": "false"}, "after"),
+        ({"before": "yes"}, "before must be True or False"),
+        ({"before": 1}, "before must be True or False"),
+        ({"after": None}, "after must be True or False"),
+        ({"after": "false"}, "after must be True or False"),
     ],
 )
 def test_provider_parameters_are_checked(options: dict[str, Any], name: str) -> None:
@@ -445,8 +454,8 @@ def test_provider_parameters_are_checked(options: dict[str, Any], name: str) -> 
     [
         ({"registry": object()}, "registry"),
         ({"registry": records_stack()}, "registry"),
-        ({"compact_before": "true"}, "compact_before"),
-        ({"compact_before": 0}, "compact_before"),
+        ({"compact_before": "true"}, "compact_before must be True or False"),
+        ({"compact_before": 0}, "compact_before must be True or False"),
     ],
 )
 def test_middleware_parameters_are_checked(options: dict[str, Any], name: str) -> None:
@@ -461,10 +470,10 @@ def test_middleware_parameters_are_checked(options: dict[str, Any], name: str) -
     [
         ({"registry": None}, "registry"),
         ({"registry": RecallGate()}, "registry"),
-        ({"target_tokens": 0}, "target_tokens"),
-        ({"target_tokens": -5}, "target_tokens"),
-        ({"target_tokens": 2.5}, "target_tokens"),
-        ({"target_tokens": True}, "target_tokens"),
+        ({"target_tokens": 0}, "target_tokens must be an integer >= 1 or None"),
+        ({"target_tokens": -5}, "target_tokens must be an integer >= 1 or None"),
+        ({"target_tokens": 2.5}, "target_tokens must be an integer >= 1 or None"),
+        ({"target_tokens": True}, "target_tokens must be an integer >= 1 or None"),
     ],
 )
 def test_recall_tool_parameters_are_checked(options: dict[str, Any], name: str) -> None:
