@@ -949,13 +949,9 @@ async def test_a_phase_that_raises_the_budget_error_still_writes_the_answers_it_
     assert again.calls == 0, "the replica asked the summarizer again for answers the failed phase got"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: CompactionBudgetExceeded raised by the session's own compaction (compact_before=True) on a "
-    "forced call is judged by ToolResultRecallMiddleware as a provider failure: forcing is disabled for the session "
-    "for good and the pass is retried unpinned",
-)
 async def test_a_budget_error_on_a_forced_call_is_no_provider_verdict() -> None:
+    """The session's own compaction raising CompactionBudgetExceeded on a forced call (compact_before=True) says
+    nothing about the provider: forcing stays enabled for the session."""
     summarizer = Summarizer()
     registry = SessionCompactionRegistry(lambda: composition_stack(summarizer, policy="raise"))
     agent = shared_agent(registry, compact_before=True, after=False)
