@@ -61,6 +61,7 @@ from ..core.stack import (
     session_entry_from_dict,
     session_entry_to_dict,
 )
+from ..errors import SnapshotError
 from .composition import ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
 from .counting import Tokenizer
 from .loop import NamedSets
@@ -322,9 +323,11 @@ class SessionCompactionRegistry:
                 be read (nothing is written then).
         """
         opened = self.open(session, name)
+        token = self.enter(opened)  # so a phase nested in this one (same session, same task) shares its stack
         try:
             yield opened.entry.stack
         finally:
+            self.leave(token)
             self.close(opened)
 
     def open(self, session: AgentSession | None, name: str) -> _Phase:
@@ -445,8 +448,8 @@ class SessionCompactionRegistry:
         return stack
 
 
-class StackStateTypeError(ValueError):
-    """A session's entry holds no stack object."""
+class StackStateTypeError(SnapshotError):
+    """A session's entry holds no stack object (a malformed entry, like every other)."""
 
     def __init__(self, key: str) -> None:
         super().__init__(f"session state field {key!r}.stack must be an object")
