@@ -1211,6 +1211,21 @@ def test_a_nested_phase_of_the_same_session_shares_the_stack_and_the_outer_one_w
     assert session_armed(session)
 
 
+async def test_a_child_task_beside_its_parents_phase_overlaps_it() -> None:
+    """A task spawned inside a phase inherits the context variable, but runs beside the phase: rejected."""
+    registry = SessionCompactionRegistry(records_stack)
+    session = AgentSession()
+
+    async def child() -> None:
+        with registry.phase(session, "child"):
+            pass
+
+    with registry.phase(session, "parent"):
+        with pytest.raises(RuntimeError, match=r"child for session .* overlaps its parent"):
+            await asyncio.create_task(child())
+    await asyncio.create_task(child())  # once the parent's phase has ended the session is free
+
+
 async def test_a_tool_phase_nested_in_a_middleware_phase_shares_its_stack() -> None:
     """A chat middleware inside ours that calls the recall tool: one phase, no overlap."""
     registry = SessionCompactionRegistry(records_stack)

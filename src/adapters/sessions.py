@@ -30,6 +30,7 @@ reading and writing to it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 import weakref
@@ -228,6 +229,7 @@ class _Phase:
     parent: _Phase | None
     nested: bool = False
     closed: bool = False
+    task: asyncio.Task[Any] | None = None
 
 
 #: The phase the current task is in (innermost), so a nested phase of the same session is told
@@ -235,6 +237,14 @@ class _Phase:
 _CURRENT: ContextVar[_Phase | None] = ContextVar("maf_compaction_session_phase", default=None)
 #: Live registries by id, to tell two registries that share a state key (a weak map: bounded by them).
 _LIVE: weakref.WeakValueDictionary[str, SessionCompactionRegistry] = weakref.WeakValueDictionary()
+
+
+def _current_task() -> asyncio.Task[Any] | None:
+    """The running task, or ``None`` outside an event loop."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None
 
 
 class SessionCompactionRegistry:
@@ -339,10 +349,15 @@ class SessionCompactionRegistry:
             )
         session_id = session.session_id
         outer = _CURRENT.get()
+        task = _current_task()
         scope = outer
         while scope is not None:
+            # Nested only in the task that opened the outer phase: a child task inherits the context
+            # variable, but running beside its parent is an overlap, not a nesting.
             if scope.registry is self and scope.session.session_id == session_id and not scope.closed:
-                return _Phase(self, session, name, scope.entry, outer, nested=True)
+                if scope.task is task:
+                    return _Phase(self, session, name, scope.entry, outer, nested=True, task=task)
+                break
             scope = scope.parent
         busy = self._open.get(session_id)
         if busy is not None:
@@ -351,7 +366,7 @@ class SessionCompactionRegistry:
                 "at a time (a streamed response holds its session until it is consumed)"
             )
         entry = self._load(session)
-        opened = _Phase(self, session, name, entry, outer)
+        opened = _Phase(self, session, name, entry, outer, task=task)
         self._open[session_id] = opened
         return opened
 
