@@ -719,11 +719,18 @@ def test_a_stack_kind_mismatch_raises_stack_kind_error_naming_both() -> None:
 
 
 @pytest.mark.parametrize(
-    ("path", "version"),
-    [((), 2), (("stack",), 9), (("stack", "state"), 5), (("stack", "state", "recall"), 3)],
+    ("path", "version", "kind"),
+    [
+        ((), 2, "session_compaction"),
+        (("stack",), 9, "stack"),
+        (("stack", "state"), 5, "record_state"),
+        (("stack", "state", "recall"), 3, "recall"),
+    ],
     ids=["session-envelope", "stack", "record-state", "recall"],
 )
-def test_a_newer_version_raises_snapshot_version_error_naming_it(path: tuple[str, ...], version: int) -> None:
+def test_a_newer_version_raises_snapshot_version_error_naming_it(
+    path: tuple[str, ...], version: int, kind: str
+) -> None:
     stored = _dead_registry_entry(records_stack)
     inner = stored
     for name in path:
@@ -733,11 +740,11 @@ def test_a_newer_version_raises_snapshot_version_error_naming_it(path: tuple[str
     session = AgentSession()
     session.state[KEY] = copy.deepcopy(stored)
     with (
-        pytest.raises(SnapshotVersionError, match=f"snapshot version {version} is not supported") as raised,
+        pytest.raises(SnapshotVersionError, match=f"'{kind}' snapshot version {version} is not supported") as raised,
         registry.phase(session),
     ):
         pass
-    assert raised.value.version == version
+    assert (raised.value.version, raised.value.kind) == (version, kind)
     assert "upgrade maf-compaction" in str(raised.value)
     assert session.state[KEY] == stored, "a refused phase wrote"
 
@@ -1220,9 +1227,11 @@ async def test_a_child_task_beside_its_parents_phase_overlaps_it() -> None:
         with registry.phase(session, "child"):
             pass
 
-    with registry.phase(session, "parent"):
-        with pytest.raises(RuntimeError, match=r"child for session .* overlaps its parent"):
-            await asyncio.create_task(child())
+    with (
+        registry.phase(session, "parent"),
+        pytest.raises(RuntimeError, match=r"child for session .* overlaps its parent"),
+    ):
+        await asyncio.create_task(child())
     await asyncio.create_task(child())  # once the parent's phase has ended the session is free
 
 

@@ -120,7 +120,7 @@ class Envelope:
             raise SnapshotError(f"snapshot field 'version' is missing ({_a(self.kind)} snapshot names its version)")
         version = mapping["version"]
         if not is_int(version) or version not in self.supported:
-            raise SnapshotVersionError(version, self.supported)
+            raise SnapshotVersionError(version, self.supported, kind=self.kind)
         if mapping.get("kind") != self.kind:
             got = "no kind" if "kind" not in mapping else f"kind {shown(mapping.get('kind'))}"
             raise SnapshotError(f"expected {_a(self.kind)} snapshot, got {got}")

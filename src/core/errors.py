@@ -30,15 +30,18 @@ class SnapshotVersionError(SnapshotError):
     Attributes:
         version: The version found in the snapshot.
         supported: The versions this build reads.
+        kind: The kind of snapshot (``"stack"``, ``"composition"``, ...), when known.
     """
 
-    def __init__(self, version: object, supported: tuple[int, ...]) -> None:
+    def __init__(self, version: object, supported: tuple[int, ...], *, kind: str | None = None) -> None:
         newer = isinstance(version, int) and not isinstance(version, bool) and version > max(supported, default=0)
         # Upgrading helps only with a newer version; anything else is no version any build wrote.
         advice = "upgrade maf-compaction to read it" if newer else "no build of maf-compaction writes it"
+        what = "snapshot" if kind is None else f"{kind!r} snapshot"
         super().__init__(
-            f"snapshot version {version!r} is not supported by this build of maf-compaction "
+            f"{what} version {version!r} is not supported by this build of maf-compaction "
             f"(it reads versions {', '.join(map(str, supported))}); {advice}"
         )
         self.version = version
         self.supported = supported
+        self.kind = kind
