@@ -239,7 +239,10 @@ def build_stack(kind: Kind, summarizer: Any) -> CompactionStack:
 
 
 def clients(pause: Pause | None) -> tuple[LaneClient, LaneClient]:
-    """The agent's client and the summarizer's, over one scripted model and one simulated provider."""
+    """The agent's client and the summarizer's, over one scripted model.
+
+    The client class requires a simulated provider; :meth:`LaneClient._respond` never bills it.
+    """
     provider = SimulatedProvider(encoder=TOKENIZER, window=SETTINGS.context_window, profile=get_profile("default"))
     model = LaneModel()
     return (
