@@ -22,9 +22,9 @@ with the same pin; the same summarizer requests, none of them twice; and the sta
 its session at the end equals the private stack's state after as many turns.
 
 The conversations are the bench's generated workload on an 8K window (fill 1.5, three
-lookups): within its 13 turns the composition asks for records, waits for a due record
-across a turn boundary (the chain's wait) and summarizes user turns twice; the record
-strategy carries a pending pin across a turn boundary, records, and sheds. Distinct
+lookups): within its first 10 turns the composition asks for records, waits for a due
+record across a turn boundary (the chain's wait) and summarizes user turns twice; the
+record strategy carries a pending pin across a turn boundary, records, and sheds. Distinct
 sessions play distinct conversations (two seeds) or the same one at another pace; the
 bench's scripted model and tools answer each request from its own conversation (a
 context variable of the session's task names it). Each private transcript is computed
@@ -93,6 +93,9 @@ HARNESS: Final[Mapping[str, Any]] = {"disable_web_search": True}
 STATE_KEY: Final = "maf_compaction"
 #: Turns a session plays at least: the first record, the first summary and the chain's wait come by then.
 MIN_TURNS: Final = 6
+#: Turns a session plays at most: the second summary and the record strategy's sheds come by then; the
+#: closing probes after them add time, not decisions.
+MAX_TURNS: Final = 10
 #: Replica restarts per example at most, and replicas alive at once (each builds an agent).
 MAX_RESTARTS: Final = 2
 MAX_REPLICAS: Final = 3
@@ -289,7 +292,7 @@ async def _play_alone(kind: Kind, seed: int, stream: bool) -> Transcript:
     LANE.set(lane)
     session = agent.create_session()
     states: list[Any] = []
-    for turn in SCENARIOS[seed].turns:
+    for turn in SCENARIOS[seed].turns[:MAX_TURNS]:
         lane.begin_turn()
         await run_turn(agent, turn.user, session=session, stream=stream)
         states.append(json.loads(json.dumps(stack.to_dict())))
@@ -500,7 +503,7 @@ conversations = st.lists(
     st.builds(
         Conversation,
         seed=st.sampled_from(SEEDS),
-        turns=st.integers(MIN_TURNS, min(len(s.turns) for s in SCENARIOS.values())),
+        turns=st.integers(MIN_TURNS, MAX_TURNS),
         stream=st.booleans(),
     ),
     min_size=2,
@@ -508,7 +511,7 @@ conversations = st.lists(
 )
 
 
-#: An example plays 12 to 52 turns through the whole harness (about 0.1 s each): a tenth of the
+#: An example plays 12 to 40 turns through the whole harness (about 0.1 s each): a tenth of the
 #: profile's examples (at least 8) per kind keeps this file near 30 s under the default profile
 #: (40 -> 8) and ``make test-long`` near 15 minutes (1,000 -> 100).
 EXAMPLES: Final = max(8, settings().max_examples // 10)
