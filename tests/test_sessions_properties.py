@@ -9,11 +9,12 @@ stops (inside the session's open phase), and so is the start of each turn; hypot
 draws what happens next: which session moves on, which replica evicts which session's
 cached stack (``registry.forget``, on top of the LRU of a ``max_cached_sessions`` drawn
 from 0 to 3), which session between turns is replaced by its JSON round trip
-(``AgentSession.from_dict(json.loads(json.dumps(session.to_dict())))``) and continues on
-the same replica or on another one (up to three replicas, each its own registry and
-agent, sharing nothing but the builder's configuration; a replica that served the session
-before still caches its stack, now stale), and when a replica restarts (its sessions
-finish their open turns and continue from their JSON on a fresh registry and agent).
+(``AgentSession.from_dict(json.loads(json.dumps(session.to_dict())))``), which replica
+each turn is routed to (up to three replicas, each its own registry and agent, sharing
+nothing but the builder's configuration; a session goes to another replica as its JSON,
+and a replica that served it before may still cache its stack, now stale), and when a
+replica restarts (its sessions finish their open turns and continue from their JSON on a
+fresh registry and agent).
 
 Each conversation must then send exactly what it sends alone, through a private stack
 wired directly (``before_compaction_strategy``/``after_compaction_strategy``, the recall
@@ -382,11 +383,11 @@ class World:
 
     A task stops at the start of each turn (between phases) and at each model or
     summarizer call (inside an open phase); when every unfinished task has stopped, the
-    draw decides the next action: a session moves on; a replica forgets a session's
-    stack; a session between turns is stored and loaded again, on its replica or on
-    another one (up to ``MAX_REPLICAS``, made on demand); a replica restarts (its
-    sessions finish their turns, then continue from their JSON on a fresh registry and
-    agent with nothing cached).
+    draw decides the next action: a session moves on (a new turn is routed to any live
+    replica or a new one, up to ``MAX_REPLICAS``; to another replica, the session goes
+    as its JSON); a replica forgets a session's stack; a session between turns is stored
+    and loaded again on its replica; a replica restarts (its sessions finish their turns,
+    then continue from their JSON on a fresh registry and agent with nothing cached).
     """
 
     def __init__(self, kind: Kind, max_cached_sessions: int, conversations: Sequence[Conversation]) -> None:
@@ -468,23 +469,25 @@ class World:
                         continue
                     self.restart(restarting)
                     restarting = None
-                choices = ["step", "step", "step", "forget", "restore", "move"]
+                choices = ["step", "step", "step", "forget", "restore"]
                 if self.restarts < MAX_RESTARTS:
                     choices.append("restart")
                 action = data.draw(st.sampled_from(choices), label="action")
                 if action == "step":
-                    self.step(data.draw(st.sampled_from(running), label="session"))
+                    index = data.draw(st.sampled_from(running), label="session")
+                    if index in at_turn:  # each turn is routed, as by a load balancer: any replica, or a new one
+                        target = data.draw(st.integers(0, min(len(self.replicas), MAX_REPLICAS - 1)), label="route")
+                        if target != self.on[index]:
+                            self.move(index, target)
+                    self.step(index)
                 elif action == "forget":
                     index = data.draw(st.integers(0, len(self.sessions) - 1), label="session")
                     target = data.draw(st.integers(0, len(self.replicas) - 1), label="replica")
                     self.actions.append(f"forget {index} on {target}")
                     self.replicas[target].registry.forget(self.sessions[index].session_id)
-                elif action in ("restore", "move") and at_turn:
+                elif action == "restore" and at_turn:
                     index = data.draw(st.sampled_from(at_turn), label="session")
-                    target = self.on[index]
-                    if action == "move":
-                        target = data.draw(st.integers(0, min(len(self.replicas), MAX_REPLICAS - 1)), label="replica")
-                    self.move(index, target)
+                    self.move(index, self.on[index])
                 elif action == "restart":
                     restarting = data.draw(st.integers(0, len(self.replicas) - 1), label="replica")
         finally:
