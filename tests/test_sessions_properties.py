@@ -515,8 +515,8 @@ conversations = st.lists(
 
 
 #: An example plays 12 to 40 turns through the whole harness (about 0.1 s each): a tenth of the
-#: profile's examples (at least 8) per kind keeps this file near 30 s under the default profile
-#: (40 -> 8) and ``make test-long`` near 15 minutes (1,000 -> 100).
+#: profile's examples (at least 8) per kind keeps this file near 30 s of CPU under the default
+#: profile (40 -> 8); ``make test-long`` plays 100 per kind.
 EXAMPLES: Final = max(8, settings().max_examples // 10)
 
 
@@ -526,6 +526,7 @@ EXAMPLES: Final = max(8, settings().max_examples // 10)
 def test_any_interleaving_gives_each_session_its_private_requests(
     kind: Kind, data: st.DataObject, plays: list[Conversation], cache: int
 ) -> None:
+    """Each session's model and summarizer requests, turn by turn, and its final state are its private stack's."""
     expected = [private(kind, c.seed, c.stream) for c in plays]
     with scratch_directory():
         world = World(kind, cache, plays)
