@@ -47,7 +47,8 @@ test: lint typecheck pytest
 test-long: $(STAMP)
 	HYPOTHESIS_PROFILE=long $(BIN)/python -m pytest -q tests/test_anchored_properties.py tests/test_grouping.py \
 		tests/test_regroup.py tests/test_record_cache.py tests/test_records_properties.py tests/test_user_summaries_properties.py \
-		tests/test_snapshot_envelope.py tests/test_composition_properties.py
+		tests/test_snapshot_envelope.py tests/test_composition_properties.py \
+		tests/test_sessions_properties.py
 
 bench-speed: $(STAMP)
 	$(BIN)/python -W "ignore:maf-compaction is experimental" -m maf_compaction.bench speed
