@@ -33,14 +33,9 @@ from agent_framework import ChatResponse, ChatResponseUpdate, Message, ResponseS
 
 from maf_compaction import (
     CompactionStack,
-    RecallGate,
     SessionCompactionProvider,
     SessionCompactionRegistry,
     SessionToolResultRecallMiddleware,
-    ToolResultAnchoredSummarizationCompactionStrategy,
-    ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy,
-    ToolResultRecallMiddleware,
-    UserTurnAnchoredSummarizationCompactionStrategy,
     leased_session,
     make_recall_tool,
     make_session_recall_tool,
@@ -50,6 +45,7 @@ from maf_compaction.bench.model import ModelOptions, ScriptedModel, context_text
 from maf_compaction.bench.provider import SimulatedProvider
 from maf_compaction.bench.runner import Settings, load_scenario
 from maf_compaction.bench.scenario import Scenario
+from maf_compaction.bench.sessions import make_builder
 from maf_compaction.bench.simulator import get_profile
 from maf_compaction.redis import RedisSessionLeases, RedisSessionStore
 from offline_tokenizers import offline_tiktoken
@@ -137,27 +133,7 @@ def clients(journal: Journal, conversation: Scenario) -> tuple[ModelClient, Mode
 
 def build_compaction(summarizer_client: Any) -> CompactionStack:
     """The README's builder: a composition stack with fresh parts on every call."""
-    records = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=BUDGET, tokenizer=TOKENIZER)
-    users = UserTurnAnchoredSummarizationCompactionStrategy(
-        max_input_tokens=BUDGET,
-        tokenizer=TOKENIZER,
-        client=summarizer_client,
-        summary_mode="boundary",
-        remembered_requests=2,
-    )
-    strategy = ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
-        tokenizer=TOKENIZER, tool_results=records, user_turns=users
-    )
-    gate = RecallGate()
-    recall = ToolResultRecallMiddleware(
-        max_input_tokens=BUDGET,
-        tokenizer=TOKENIZER,
-        arm=gate.arm,
-        disarm=gate.disarm,
-        trigger_fraction=records.trigger_fraction,
-        reforce=records.take_reforce,
-    )
-    return CompactionStack(strategy, gate, recall)
+    return make_builder("composition", BUDGET, TOKENIZER, summarizer_client)()
 
 
 def shared_agent(client: Any, summarizer: Any, conversation: Scenario) -> Any:

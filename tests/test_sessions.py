@@ -63,9 +63,9 @@ from maf_compaction import (
     ToolResultAnchoredSummarizationCompactionStrategy,
     ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy,
     ToolResultRecallMiddleware,
-    UserTurnAnchoredSummarizationCompactionStrategy,
     make_session_recall_tool,
 )
+from maf_compaction.bench.sessions import make_builder
 from maf_compaction.core.composition import OverflowPolicy
 from maf_compaction.core.records import RECALL_TOOL_NAME
 from snapshot_values import chain_decisions, record_decisions
@@ -201,44 +201,14 @@ def lookup(q: str) -> str:
 
 def records_stack(budget: int = TINY) -> CompactionStack:
     """The README's record-strategy stack."""
-    records = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=budget, tokenizer=TOKENIZER)
-    gate = RecallGate()
-    recall = ToolResultRecallMiddleware(
-        max_input_tokens=budget,
-        tokenizer=TOKENIZER,
-        arm=gate.arm,
-        disarm=gate.disarm,
-        trigger_fraction=records.trigger_fraction,
-        reforce=records.take_reforce,
-    )
-    return CompactionStack(records, gate, recall)
+    return make_builder("records", budget, TOKENIZER, None)()
 
 
 def composition_stack(
     summarizer: Any, budget: int = COMPOSITION_BUDGET, policy: OverflowPolicy = "shed"
 ) -> CompactionStack:
     """The README's composition stack (``build_compaction``)."""
-    records = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=budget, tokenizer=TOKENIZER)
-    users = UserTurnAnchoredSummarizationCompactionStrategy(
-        max_input_tokens=budget,
-        tokenizer=TOKENIZER,
-        client=summarizer,
-        summary_mode="boundary",
-        remembered_requests=2,
-    )
-    strategy = ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
-        tokenizer=TOKENIZER, tool_results=records, user_turns=users, overflow_policy=policy
-    )
-    gate = RecallGate()
-    recall = ToolResultRecallMiddleware(
-        max_input_tokens=budget,
-        tokenizer=TOKENIZER,
-        arm=gate.arm,
-        disarm=gate.disarm,
-        trigger_fraction=records.trigger_fraction,
-        reforce=records.take_reforce,
-    )
-    return CompactionStack(strategy, gate, recall)
+    return make_builder("composition", budget, TOKENIZER, summarizer, overflow_policy=policy)()
 
 
 def shared_agent(

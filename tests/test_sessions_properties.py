@@ -60,14 +60,9 @@ from hypothesis import strategies as st
 
 from maf_compaction import (
     CompactionStack,
-    RecallGate,
     SessionCompactionProvider,
     SessionCompactionRegistry,
     SessionToolResultRecallMiddleware,
-    ToolResultAnchoredSummarizationCompactionStrategy,
-    ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy,
-    ToolResultRecallMiddleware,
-    UserTurnAnchoredSummarizationCompactionStrategy,
     make_recall_tool,
     make_session_recall_tool,
 )
@@ -77,6 +72,7 @@ from maf_compaction.bench.model import ModelOptions, ScriptedModel, context_text
 from maf_compaction.bench.provider import SimulatedProvider
 from maf_compaction.bench.runner import Settings, load_scenario, run_turn
 from maf_compaction.bench.scenario import LOOKUP_TOOL, RECALL_TOOL, Scenario
+from maf_compaction.bench.sessions import make_builder
 from maf_compaction.bench.simulator import get_profile
 from maf_compaction.core.stack import session_entry_from_dict
 from offline_tokenizers import offline_tiktoken
@@ -216,30 +212,7 @@ def lookup_tool() -> FunctionTool:
 
 def build_stack(kind: Kind, summarizer: Any) -> CompactionStack:
     """The builder's configuration: every replica and every private run builds its stacks this way."""
-    budget = SETTINGS.budget
-    records = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=budget, tokenizer=TOKENIZER)
-    gate = RecallGate()
-    recall = ToolResultRecallMiddleware(
-        max_input_tokens=budget,
-        tokenizer=TOKENIZER,
-        arm=gate.arm,
-        disarm=gate.disarm,
-        trigger_fraction=records.trigger_fraction,
-        reforce=records.take_reforce,
-    )
-    if kind == "records":
-        return CompactionStack(records, gate, recall)
-    users = UserTurnAnchoredSummarizationCompactionStrategy(
-        max_input_tokens=budget,
-        tokenizer=TOKENIZER,
-        client=summarizer,
-        summary_mode="boundary",
-        remembered_requests=2,
-    )
-    composition = ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
-        tokenizer=TOKENIZER, tool_results=records, user_turns=users
-    )
-    return CompactionStack(composition, gate, recall)
+    return make_builder(kind, SETTINGS.budget, TOKENIZER, summarizer)()
 
 
 def clients(pause: Pause | None) -> tuple[LaneClient, LaneClient]:

@@ -74,6 +74,7 @@ from ..adapters.sessions import (
 )
 from ..adapters.tiktoken import TiktokenTokenizer
 from ..adapters.user_summaries import UserTurnAnchoredSummarizationCompactionStrategy
+from ..core.composition import OverflowPolicy
 from .args import positive_int, program_name
 from .client import SimulatedChatClient, scenario_tools
 from .model import ModelOptions, ScriptedModel
@@ -155,9 +156,18 @@ def _compact_json(value: object) -> bytes:
 
 
 def make_builder(
-    kind: StackKindName, budget: int, tokenizer: TokenizerProtocol, summarizer: Any
+    kind: StackKindName,
+    budget: int,
+    tokenizer: TokenizerProtocol,
+    summarizer: Any,
+    *,
+    overflow_policy: OverflowPolicy = "shed",
 ) -> Callable[[], CompactionStack]:
-    """The README's ``build_compaction`` for ``kind`` (the record half alone, or the composition)."""
+    """The README's ``build_compaction`` for ``kind`` (the record half alone, or the composition).
+
+    The one definition of that builder for the bench and the tests (the README's own text is
+    pasted as is only where a test checks the README).
+    """
 
     def build() -> CompactionStack:
         records = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=budget, tokenizer=tokenizer)
@@ -174,7 +184,7 @@ def make_builder(
                 remembered_requests=2,
             )
             strategy = ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
-                tokenizer=tokenizer, tool_results=records, user_turns=users
+                tokenizer=tokenizer, tool_results=records, user_turns=users, overflow_policy=overflow_policy
             )
         gate = RecallGate()
         recall = ToolResultRecallMiddleware(
