@@ -38,8 +38,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/pyright
 
+# Test files spread over the machine's cores (a file's tests stay in one worker, so its module-level caches are
+# built once); about 5.5 minutes on 2 cores.
 pytest: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 test: lint typecheck pytest
 

@@ -827,7 +827,10 @@ INVALID_PARAMETERS: list[tuple[dict[str, Any], str]] = [
 @pytest.mark.parametrize(
     ("overrides", "message"),
     INVALID_PARAMETERS,
-    ids=[", ".join(f"{k}={v!r}" for k, v in overrides.items()) for overrides, _ in INVALID_PARAMETERS],
+    ids=[
+        ", ".join(f"{k}={re.sub(r' at 0x[0-9a-f]+', '', repr(v))}" for k, v in overrides.items())
+        for overrides, _ in INVALID_PARAMETERS
+    ],
 )
 @pytest.mark.parametrize("factory", [strategy, min_gain], ids=["anchored", "min_gain"])
 def test_invalid_parameter_is_refused_by_name_and_range(factory: Any, overrides: dict[str, Any], message: str) -> None:
