@@ -33,19 +33,16 @@ from agent_framework import ChatResponse, ChatResponseUpdate, Message, ResponseS
 
 from maf_compaction import (
     CompactionStack,
-    SessionCompactionProvider,
     SessionCompactionRegistry,
-    SessionToolResultRecallMiddleware,
     leased_session,
     make_recall_tool,
-    make_session_recall_tool,
 )
 from maf_compaction.bench.client import SimulatedChatClient, scenario_tools
 from maf_compaction.bench.model import ModelOptions, ScriptedModel, context_text
 from maf_compaction.bench.provider import SimulatedProvider
 from maf_compaction.bench.runner import Settings, load_scenario
 from maf_compaction.bench.scenario import Scenario
-from maf_compaction.bench.sessions import make_builder
+from maf_compaction.bench.sessions import make_builder, shared_agent
 from maf_compaction.bench.simulator import get_profile
 from maf_compaction.redis import RedisSessionLeases, RedisSessionStore
 from offline_tokenizers import offline_tiktoken
@@ -136,25 +133,12 @@ def build_compaction(summarizer_client: Any) -> CompactionStack:
     return make_builder("composition", BUDGET, TOKENIZER, summarizer_client)()
 
 
-def shared_agent(client: Any, summarizer: Any, conversation: Scenario) -> Any:
-    """The README's shared agent, wired as it says."""
+def replica_agent(client: Any, summarizer: Any, conversation: Scenario) -> Any:
+    """The README's shared agent over a registry of :func:`build_compaction` stacks."""
     registry = SessionCompactionRegistry(lambda: build_compaction(summarizer), max_cached_sessions=128)
-    compaction = SessionCompactionProvider(registry, tokenizer=TOKENIZER, before=False)
-    agent = create_harness_agent(
-        client,
-        name="shared-assistant",
-        agent_instructions=conversation.system,
-        tools=[*scenario_tools(conversation), make_session_recall_tool(registry)],
-        middleware=[SessionToolResultRecallMiddleware(registry, compact_before=True)],
-        disable_compaction=True,
-        context_providers=[compaction],
-        max_output_tokens=SETTINGS.max_output_tokens,
-        tokenizer=TOKENIZER,
-        **HARNESS,
+    return shared_agent(
+        client, registry, conversation, tokenizer=TOKENIZER, max_output_tokens=SETTINGS.max_output_tokens
     )
-    agent.context_providers.remove(compaction)
-    agent.context_providers.insert(1, compaction)
-    return agent
 
 
 async def private_baseline() -> tuple[dict[int, list[str]], int]:
@@ -191,7 +175,7 @@ async def serve(url: str, name: str) -> None:
     journal = Journal()
     conversation = scenario()
     client, summarizer = clients(journal, conversation)
-    agent = shared_agent(client, summarizer, conversation)
+    agent = replica_agent(client, summarizer, conversation)
     leases = RedisSessionLeases(redis, ttl_ms=10_000, wait_timeout_s=60.0, poll_interval_ms=2)
     store = RedisSessionStore(redis)
 

@@ -81,6 +81,7 @@ from .model import ModelOptions, ScriptedModel
 from .provider import SimulatedProvider
 from .quiet import quiet_logs
 from .runner import Settings, load_scenario, run_turn, stored_messages
+from .scenario import Scenario
 from .simulator import get_profile
 from .speed import harness_copy, summarizer_calls
 
@@ -200,6 +201,34 @@ def make_builder(
     return build
 
 
+def shared_agent(
+    client: Any,
+    registry: SessionCompactionRegistry,
+    scenario: Scenario,
+    *,
+    tokenizer: TokenizerProtocol,
+    max_output_tokens: int,
+) -> Any:
+    """The README's shared agent over ``registry`` with ``scenario``'s tools (web search off: the bench has none)."""
+    compaction = SessionCompactionProvider(registry, tokenizer=tokenizer, before=False)  # pyright: ignore[reportArgumentType]
+    agent = create_harness_agent(
+        client,
+        name="shared-assistant",
+        agent_instructions=scenario.system,
+        tools=[*scenario_tools(scenario), make_session_recall_tool(registry)],
+        middleware=[SessionToolResultRecallMiddleware(registry, compact_before=True)],
+        disable_compaction=True,
+        context_providers=[compaction],
+        max_output_tokens=max_output_tokens,
+        tokenizer=tokenizer,
+        disable_web_search=True,
+    )
+    # Where the harness puts its own compaction: right after its history provider.
+    agent.context_providers.remove(compaction)
+    agent.context_providers.insert(1, compaction)
+    return agent
+
+
 def state_contents(entry: Mapping[str, Any]) -> dict[str, int]:
     """What a stored entry holds, counted from its JSON (not from the strategy's counters).
 
@@ -265,21 +294,9 @@ async def play(
         # The harness's file memory store announces itself as experimental; the bench says nothing about it.
         warnings.filterwarnings("ignore", category=ExperimentalWarning)
         registry = SessionCompactionRegistry(builder, max_cached_sessions=128)
-        compaction = SessionCompactionProvider(registry, tokenizer=tokenizer, before=False)  # pyright: ignore[reportArgumentType]
-        agent = create_harness_agent(
-            client,
-            name="shared-assistant",
-            agent_instructions=scenario.system,
-            tools=[*scenario_tools(scenario), make_session_recall_tool(registry)],
-            middleware=[SessionToolResultRecallMiddleware(registry, compact_before=True)],
-            disable_compaction=True,
-            context_providers=[compaction],
-            max_output_tokens=settings.max_output_tokens,
-            tokenizer=tokenizer,
-            disable_web_search=True,
+        agent = shared_agent(
+            client, registry, scenario, tokenizer=tokenizer, max_output_tokens=settings.max_output_tokens
         )
-        agent.context_providers.remove(compaction)
-        agent.context_providers.insert(1, compaction)
         session = agent.create_session()
         for turn in scenario.turns:
             await run_turn(agent, turn.user, session=session, stream=False)
