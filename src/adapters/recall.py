@@ -155,15 +155,23 @@ def make_recall_tool(
     """
     if gate is not None and not isinstance(gate, RecallGate):
         raise ValueError(f"gate must be a RecallGate or None, got {gate!r}")
-    description = recall_description(target_tokens)
 
     def recall_earlier_tool_results(values: str) -> str:
         return record_reply(gate, values)
 
+    return recall_tool(recall_earlier_tool_results, target_tokens)
+
+
+def recall_tool(function: Callable[..., Any], target_tokens: int | None) -> FunctionTool:
+    """``function`` (taking ``values``) as the ``recall_earlier_tool_results`` tool, described for ``target_tokens``.
+
+    Raises:
+        ValueError: ``target_tokens`` is not a positive integer or ``None``.
+    """
     return tool(
-        recall_earlier_tool_results,
+        function,
         name=RECALL_TOOL_NAME,
-        description=description,
+        description=recall_description(target_tokens),
         approval_mode="never_require",
     )
 

@@ -52,21 +52,20 @@ from agent_framework import (
     HistoryProvider,
     ResponseStream,
     SessionContext,
-    tool,
 )
 
 from ..core.checks import require_bool, require_int, require_sync_callable, require_tokenizer
+from ..core.records import RECALL_TOOL_NAME
 from ..core.stack import (
     StackKind,
     StackState,
     session_entry_from_dict,
     session_entry_to_dict,
 )
-from ..errors import SnapshotError
 from .composition import ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
 from .counting import Tokenizer
 from .loop import NamedSets
-from .recall import DEFAULT_TARGET_TOKENS, RecallGate, ToolResultRecallMiddleware, recall_description, record_reply
+from .recall import DEFAULT_TARGET_TOKENS, RecallGate, ToolResultRecallMiddleware, recall_tool, record_reply
 from .records import ToolResultAnchoredSummarizationCompactionStrategy
 
 logger = logging.getLogger("maf_compaction")
@@ -415,11 +414,7 @@ class SessionCompactionRegistry:
             )
         if entry is None:
             entry = _Entry(self._build(session_id))
-        stack = entry.stack
-        head = stack.tool_results.config.keep_head_groups
-        if not isinstance(data, Mapping):
-            raise StackStateTypeError(self._key)
-        stack.restore(StackState.from_dict(data, kind=stack.kind, keep_head_groups=head))
+        entry.stack.from_dict(data)
         entry.written = stored
         self.states_restored += 1
         return entry
@@ -461,13 +456,6 @@ class SessionCompactionRegistry:
             self._named.popitem(last=False)
         stack.strategy.share_named(named)
         return stack
-
-
-class StackStateTypeError(SnapshotError):
-    """A session's entry holds no stack object (a malformed entry, like every other)."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(f"session state field {key!r}.stack must be an object")
 
 
 class SessionCompactionProvider(ContextProvider):
@@ -634,16 +622,10 @@ def make_session_recall_tool(
     """
     if not isinstance(registry, SessionCompactionRegistry):
         raise ValueError(f"registry must be a SessionCompactionRegistry, got {registry!r}")
-    description = recall_description(target_tokens)
 
     async def recall_earlier_tool_results(values: str, ctx: FunctionInvocationContext) -> str:
         # A coroutine, so the phase opens and closes on the event loop, never in a worker thread.
-        with registry.phase(ctx.session, "recall_earlier_tool_results") as stack:
+        with registry.phase(ctx.session, RECALL_TOOL_NAME) as stack:
             return record_reply(stack.gate, values)
 
-    return tool(
-        recall_earlier_tool_results,
-        name="recall_earlier_tool_results",
-        description=description,
-        approval_mode="never_require",
-    )
+    return recall_tool(recall_earlier_tool_results, target_tokens)

@@ -141,7 +141,10 @@ def session_entry_to_dict(registry: str, stack: Mapping[str, object]) -> dict[st
     return SESSION_ENVELOPE.write({"registry": registry, "stack": dict(stack)})
 
 
-def session_entry_from_dict(data: object) -> tuple[str, object]:
+def session_entry_from_dict(data: object) -> tuple[str, Mapping[str, object]]:
     """``(registry id, stack dict)`` of a stored entry; the stack dict is read by :meth:`StackState.from_dict`."""
     fields = SESSION_ENVELOPE.read(data)
-    return fields.text("registry"), fields.value("stack")
+    stack = fields.value("stack")
+    if not isinstance(stack, Mapping):
+        raise fields.error("stack", f"must be an object, got {type(stack).__name__}")
+    return fields.text("registry"), cast("Mapping[str, object]", stack)
