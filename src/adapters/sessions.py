@@ -518,26 +518,19 @@ class SessionCompactionProvider(ContextProvider):
     async def _run(
         self, agent: Any, session: AgentSession | None, context: SessionContext, state: dict[str, Any], hook: str
     ) -> None:
-        registry = self._registry
-        opened = registry.open(session, f"SessionCompactionProvider.{hook}")
-        token = registry.enter(opened)
-        try:
-            strategy = opened.entry.stack.strategy
-            phase = "before" if hook == "before_run" else "after"
+        with self._registry.phase(session, f"SessionCompactionProvider.{hook}") as stack:
+            before = hook == "before_run"
             inner = CompactionProvider(
-                before_strategy=strategy if phase == "before" else None,
-                after_strategy=strategy if phase == "after" else None,
+                before_strategy=stack.strategy if before else None,
+                after_strategy=None if before else stack.strategy,
                 tokenizer=self._tokenizer,  # pyright: ignore[reportArgumentType]
                 source_id=self.source_id,
                 history_source_id=_history_source(agent),
             )
-            if phase == "before":
+            if before:
                 await inner.before_run(agent=agent, session=session, context=context, state=state)
             else:
                 await inner.after_run(agent=agent, session=session, context=context, state=state)
-        finally:
-            registry.leave(token)
-            registry.close(opened)
 
 
 def _history_source(agent: Any) -> str:
