@@ -60,8 +60,6 @@ from .errors import CompactionBudgetExceeded
 from .grouping import Grouping, regroup
 from .model import History, MessageRecord, Part
 from .protocol import Done, Needs, StepResult, sent_tokens
-from .recall import recall_from_dict, recall_to_dict
-from .record_decisions import RecordDecisions
 from .records import HOLD_RECORD, RECORD_PREFIX, RecordConfig, RecordReport, RecordState
 from .snapshot import AnchoredSnapshot
 from .user_snapshot import UserSummarySnapshot
@@ -322,9 +320,7 @@ def state_to_dict(state: CompositionState) -> dict[str, object]:
     """The composition's whole state (both halves, the recall protocol, the chain) as one JSON-safe dict."""
     return COMPOSITION_ENVELOPE.write(
         {
-            "records": state.records.decisions.to_dict(),
-            "fallback": state.records.fallback.to_dict(),
-            "recall": recall_to_dict(state.records.recall),
+            **records.record_state_fields(state.records),
             "users": state.users.to_dict(),
             "chain": chain_to_dict(state.chain),
         }
@@ -342,11 +338,7 @@ def state_from_dict(data: object, *, keep_head_groups: int | None = None) -> Com
         return cast("Mapping[str, object]", value)
 
     state = CompositionState(
-        records=RecordState(
-            decisions=RecordDecisions.from_dict(inner("records")),
-            fallback=AnchoredSnapshot.from_dict(inner("fallback"), keep_head_groups=keep_head_groups),
-            recall=recall_from_dict(inner("recall")),
-        ),
+        records=records.record_state_from_fields(fields, keep_head_groups=keep_head_groups),
         users=UserSummarySnapshot.from_dict(inner("users")),
         chain=chain_from_dict(inner("chain"), keep_head_groups=keep_head_groups),
     )

@@ -46,6 +46,7 @@ from . import anchored, recall
 from .anchored import AnchoredConfig
 from .checks import require_fraction, require_int
 from .effects import Request
+from .envelope import Fields
 from .grouping import Grouping, regroup
 from .model import Group, History, MessageRecord, Part
 from .protocol import Done, StepResult, sent_tokens
@@ -317,6 +318,31 @@ class RecordState:
     decisions: RecordDecisions = field(default_factory=RecordDecisions)
     fallback: AnchoredSnapshot = field(default_factory=AnchoredSnapshot)
     recall: RecallState = field(default_factory=RecallState)
+
+
+def record_state_fields(state: RecordState) -> dict[str, object]:
+    """The ``records``, ``fallback`` and ``recall`` fields every envelope holding a record state writes."""
+    return {
+        "records": state.decisions.to_dict(),
+        "fallback": state.fallback.to_dict(),
+        "recall": recall.recall_to_dict(state.recall),
+    }
+
+
+def record_state_from_fields(fields: Fields, *, keep_head_groups: int | None = None) -> RecordState:
+    """Read :func:`record_state_fields`' fields of an opened envelope strictly (``SnapshotError`` naming the field)."""
+
+    def inner(name: str) -> Mapping[str, object]:
+        value = fields.value(name)
+        if not isinstance(value, Mapping):
+            raise fields.error(name, "must be an object")
+        return cast("Mapping[str, object]", value)
+
+    return RecordState(
+        decisions=RecordDecisions.from_dict(inner("records")),
+        fallback=AnchoredSnapshot.from_dict(inner("fallback"), keep_head_groups=keep_head_groups),
+        recall=recall.recall_from_dict(inner("recall")),
+    )
 
 
 @dataclass(frozen=True, slots=True)

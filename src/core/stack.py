@@ -30,10 +30,7 @@ from typing import Final, Literal, cast
 from .composition import CompositionState
 from .envelope import Envelope
 from .errors import SnapshotError
-from .recall import recall_from_dict, recall_to_dict
-from .record_decisions import RecordDecisions
-from .records import RecordState
-from .snapshot import AnchoredSnapshot
+from .records import RecordState, record_state_fields, record_state_from_fields
 
 StackKind = Literal["records", "composition"]
 STACK_KINDS: Final[tuple[StackKind, ...]] = ("records", "composition")
@@ -110,30 +107,12 @@ class StackState:
 
 def record_state_to_dict(state: RecordState) -> dict[str, object]:
     """The record strategy's one state value (decisions, fallback, recall protocol) as a JSON-safe dict."""
-    return RECORD_STATE_ENVELOPE.write(
-        {
-            "records": state.decisions.to_dict(),
-            "fallback": state.fallback.to_dict(),
-            "recall": recall_to_dict(state.recall),
-        }
-    )
+    return RECORD_STATE_ENVELOPE.write(record_state_fields(state))
 
 
 def record_state_from_dict(data: object, *, keep_head_groups: int | None = None) -> RecordState:
     """Read :func:`record_state_to_dict`'s output strictly (``SnapshotError`` naming the field)."""
-    fields = RECORD_STATE_ENVELOPE.read(data)
-
-    def inner(name: str) -> Mapping[str, object]:
-        value = fields.value(name)
-        if not isinstance(value, Mapping):
-            raise fields.error(name, "must be an object")
-        return cast("Mapping[str, object]", value)
-
-    return RecordState(
-        decisions=RecordDecisions.from_dict(inner("records")),
-        fallback=AnchoredSnapshot.from_dict(inner("fallback"), keep_head_groups=keep_head_groups),
-        recall=recall_from_dict(inner("recall")),
-    )
+    return record_state_from_fields(RECORD_STATE_ENVELOPE.read(data), keep_head_groups=keep_head_groups)
 
 
 def session_entry_to_dict(registry: str, stack: Mapping[str, object]) -> dict[str, object]:
