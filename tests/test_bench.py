@@ -415,7 +415,7 @@ def test_anthropic_requests_write_at_their_breakpoints_and_read_later() -> None:
 
 
 def test_the_provider_refuses_unknown_settings() -> None:
-    with pytest.raises(ValueError, match="cache must be one of openai, anthropic"):
+    with pytest.raises(ValueError, match="cache must be one of openai, openai-free-tool-choice, anthropic"):
         SimulatedProvider(encoder=TOKENIZER, window=10, profile=get_profile("default"), cache="other")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="window must be a positive integer"):
         SimulatedProvider(encoder=TOKENIZER, window=0, profile=get_profile("default"))

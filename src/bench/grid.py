@@ -20,7 +20,7 @@ from typing import Any, Final
 from .. import __version__
 from ..adapters.tiktoken import TokenizerUnavailableError
 from .args import install_hint, positive_int, program_name
-from .provider import CACHE_KINDS
+from .provider import CACHE_KINDS, default_profile
 from .report import plot, render_table, to_json
 from .rows import ROW_DESCRIPTIONS, ROWS, RowFactoryError, load_factory, parse_strategy_options, resolve_rows
 from .runner import (
@@ -132,8 +132,19 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     )
     sim = cli.add_argument_group("provider and model")
     sim.add_argument("--max-output-tokens", type=positive_int, default=2_048, help="output reservation")
-    sim.add_argument("--cache", choices=CACHE_KINDS, default="openai", help="prompt cache rules")
-    sim.add_argument("--prices", choices=sorted(PROFILES), default="default", help="price profile")
+    sim.add_argument(
+        "--cache",
+        choices=CACHE_KINDS,
+        default="openai",
+        help="prompt cache rule: openai (a tool_choice change misses the prompt), openai-free-tool-choice, "
+        "anthropic (layered invalidation, breakpoints, write premium); docs/bench.md",
+    )
+    sim.add_argument(
+        "--prices",
+        choices=sorted(PROFILES),
+        default=None,
+        help="price profile (default: 'default', or 'anthropic-5m' with --cache anthropic)",
+    )
     sim.add_argument("--record-quality", type=_share, default=1.0, help="share of values a record keeps")
     sim.add_argument("--summary-quality", type=_share, default=1.0, help="share of values a summary keeps")
     sim.add_argument("--ignore-pin", action="store_true", help="the model ignores a pinned record request")
@@ -184,7 +195,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
             f"--max-output-tokens ({args.max_output_tokens}) must be below --context-window ({args.context_window})"
         )
     names = set(Settings.__dataclass_fields__) - {"profile", "strategies"}
-    return Settings(profile=args.prices, strategies=extra, **{name: getattr(args, name) for name in names})
+    profile = args.prices or default_profile(args.cache)
+    return Settings(profile=profile, strategies=extra, **{name: getattr(args, name) for name in names})
 
 
 def row_names(args: argparse.Namespace, settings: Settings) -> list[str]:

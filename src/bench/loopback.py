@@ -43,7 +43,16 @@ from pydantic import TypeAdapter
 
 from .model import ScriptedModel
 from .provider import CallKind, CallRecord, SimulatedProvider
-from .rendering import RenderedRequest, render_content
+from .rendering import (
+    RenderedRequest,
+    canonical_head,
+    media_count,
+    normalize_tool_choice,
+    render_content,
+    render_message,
+    render_tools,
+    system_entry,
+)
 
 if TYPE_CHECKING:
     from agent_framework_openai import OpenAIChatClient, OpenAIChatCompletionClient
@@ -91,7 +100,7 @@ TRANSPORT_KEYS: Final = frozenset(
 )
 #: Bytes of opaque state behind each reasoning item's ``encrypted_content``.
 ENCRYPTED_BYTES: Final = 384
-#: The visible summary of every reasoning item (no planted values, no summary keywords).
+#: A visible reasoning summary for servers asked to send one (no planted values, no summary keywords).
 REASONING_SUMMARY: Final = "Choosing the next step from the conversation so far."
 #: ``created_at`` of the first answer; later answers count up from it (deterministic).
 _EPOCH: Final = 1_767_225_600
@@ -110,10 +119,6 @@ _FinishReason: TypeAlias = Literal["stop", "length", "tool_calls", "content_filt
 def canonical_json(value: object) -> str:
     """``value`` as canonical JSON: sorted keys, compact separators, UTF-8 text kept as is."""
     return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
-
-
-def _opaque_marker(value: str) -> str:
-    return f"<opaque sha256:{hashlib.sha256(value.encode()).hexdigest()[:16]}>"
 
 
 @dataclass(slots=True)
@@ -196,7 +201,7 @@ class ParsedRequest:
         """``messages`` with the body's ``tool_choice``, ``stream`` and first integer of ``max_keys``."""
         limits = [_int_or_none(body.get(key)) for key in max_keys]
         max_tokens = next((limit for limit in limits if limit is not None), None)
-        return cls(messages, _tool_choice(body.get("tool_choice")), max_tokens, bool(body.get("stream")))
+        return cls(messages, normalize_tool_choice(body.get("tool_choice")), max_tokens, bool(body.get("stream")))
 
 
 def _as_mapping(value: object) -> Mapping[str, Any]:
@@ -256,23 +261,6 @@ def _text_of(value: object) -> str:
     if isinstance(value, str):
         return value
     return "\n".join(c.text or "" for c in _parts(value) if c.type == "text")
-
-
-def _tool_choice(value: object) -> object:
-    """Either API's ``tool_choice`` in the framework form (Chat nests names under ``function``)."""
-    data = _as_mapping(value)
-
-    def name_of(tool: object) -> object:
-        found = _as_mapping(tool)
-        return found.get("name", _as_mapping(found.get("function")).get("name"))
-
-    if data.get("type") == "function" and isinstance(name := name_of(data), str):
-        return {"mode": "required", "required_function_name": name}
-    if data.get("type") == "allowed_tools":
-        allowed = _as_mapping(data.get("allowed_tools")) or data
-        names = [name_of(tool) for tool in _as_list(allowed.get("tools"))]
-        return {"mode": allowed.get("mode", "auto"), "allowed_tools": [n for n in names if isinstance(n, str)]}
-    return value
 
 
 def _int_or_none(value: object) -> int | None:
@@ -372,32 +360,43 @@ def parse_chat_request(body: Mapping[str, Any]) -> ParsedRequest:
 # ---------------------------------------------------------------------------------------
 
 
-def _render_item(item: object, ids: IssuedIds, policy: IdPolicy, api: WireApi) -> str:
-    entry = ids.rewrite(item)
-    if isinstance(entry, dict):
-        fields: dict[str, Any] = entry  # pyright: ignore[reportUnknownVariableType]
-        for key in ("id", "name") if policy == "drop" else ():
-            if key == "id" or api == "chat":
-                fields.pop(key, None)
-        if isinstance(encrypted := fields.get("encrypted_content"), str):
-            fields["encrypted_content"] = _opaque_marker(encrypted)
-    return canonical_json(entry)
+def render_wire_request(api: WireApi, body: Mapping[str, Any], policy: IdPolicy = "issued") -> RenderedRequest:
+    """A request body of either API as the one canonical request (``docs/bench.md``, "One cache model").
 
-
-def render_wire_request(
-    api: WireApi, body: Mapping[str, Any], ids: IssuedIds | None = None, policy: IdPolicy = "issued"
-) -> RenderedRequest:
-    """A request body of either API, rendered canonically (``docs/bench.md``, "The loopback server")."""
-    ids = ids if ids is not None else IssuedIds()
+    The body is read as the scripted model reads it (framework messages) and rendered by the
+    same rules as an in-process request, so one conversation is priced the same either way:
+    ``instructions`` (Responses) or the leading system message (Chat) is the system entry; item
+    ids are API references, not prompt text, and never render; the model-facing top-level
+    fields (``tool_choice``...) form the head; an item of a type the parser does not know
+    renders as its canonical JSON. What the wire carries and an in-process request cannot is
+    kept: a Chat participant ``name`` (model-facing on that API) renders with its message,
+    unless ``policy`` is ``"drop"``.
+    """
     key = "input" if api == "responses" else "messages"
     raw = body.get(key)
-    wrap = api == "responses" and isinstance(raw, str)
-    items: list[Any] = [{"role": "user", "content": raw}] if wrap else _as_list(raw)
-    head = {k: v for k, v in body.items() if k not in TRANSPORT_KEYS and k not in (key, "tools")}
+    items: list[Any] = [{"role": "user", "content": raw}] if isinstance(raw, str) else _as_list(raw)
+    instructions = body.get("instructions") if api == "responses" else None
+    messages: list[Message] = []
+    entries: list[str] = []
+    for number, item in enumerate(map(_as_mapping, items)):
+        if api == "chat" and number == 0 and item.get("role") in ("system", "developer"):
+            instructions = _text_of(item.get("content"))
+            continue
+        message = _chat_message(item) if api == "chat" else _responses_item_message(item)
+        if message is None:
+            entries.append(canonical_json({k: v for k, v in item.items() if k != "id"}))
+            continue
+        name = item.get("name") if api == "chat" and policy == "issued" else None
+        messages.append(message)
+        entries.append(render_message(message, name=name if isinstance(name, str) else None))
+    head = {k: v for k, v in body.items() if k not in TRANSPORT_KEYS and k not in (key, "tools", "instructions")}
+    tools = body.get("tools")
     return RenderedRequest(
-        instructions=canonical_json(ids.rewrite(head)) if head else None,
-        tools=canonical_json(ids.rewrite(body["tools"])) if body.get("tools") else None,
-        messages=tuple(_render_item(item, ids, policy, api) for item in items),
+        instructions=system_entry(instructions) if isinstance(instructions, str) else None,
+        tools=render_tools(_as_list(tools)),
+        messages=tuple(entries),
+        head=canonical_head(head),
+        media=media_count(messages),
     )
 
 
@@ -437,6 +436,7 @@ class _Answer:
     record: CallRecord
     reasoning_tokens: int
     number: int
+    summary: str
 
 
 def _responses_output(answer: _Answer, ids: IssuedIds) -> list[ResponseOutputItem]:
@@ -444,8 +444,8 @@ def _responses_output(answer: _Answer, ids: IssuedIds) -> list[ResponseOutputIte
         ResponseReasoningItem(
             type="reasoning",
             id=ids.new("rs"),
-            summary=[Summary(type="summary_text", text=REASONING_SUMMARY)],
-            encrypted_content=_encrypted_content(ids.seed, answer.number, REASONING_SUMMARY),
+            summary=[Summary(type="summary_text", text=answer.summary)] if answer.summary else [],
+            encrypted_content=_encrypted_content(ids.seed, answer.number, answer.summary),
         )
     ]
     for call in (c for c in answer.reply.contents if c.type == "function_call"):
@@ -645,8 +645,11 @@ class LoopbackProvider:
     """An OpenAI-compatible HTTP server on ``127.0.0.1`` answering with the scripted model.
 
     Use it as an async context manager (``async with LoopbackProvider(model, provider) as server``,
-    then ``make_client(kind, server.base_url("model"))``). ``id_policy`` is how item ids are
-    rendered (``docs/bench.md``, "The loopback server"); ``id_seed`` seeds the ids it issues.
+    then ``make_client(kind, server.base_url("model"))``). Every request is priced as the one
+    canonical request (:func:`render_wire_request`); ``id_policy="drop"`` also leaves out Chat
+    participant names; ``id_seed`` seeds the ids it issues. Each Responses answer carries a
+    reasoning item with opaque ``encrypted_content`` and, as the API does when no summary is asked
+    for, no summary; a ``reasoning_summary`` text is sent (and billed as reasoning output) instead.
     ``requests``, ``apis``, ``kinds`` and ``rendered`` record, per request, the raw JSON body,
     its API, ``"model"`` or ``"summarizer"``, and what the provider was given; ``ids`` the ids
     issued.
@@ -659,10 +662,12 @@ class LoopbackProvider:
         *,
         id_policy: IdPolicy = "issued",
         id_seed: int = 0,
+        reasoning_summary: str = "",
     ) -> None:
         self.model = model
         self.provider = provider
         self.id_policy: IdPolicy = id_policy
+        self.reasoning_summary = reasoning_summary
         self.ids = IssuedIds(seed=id_seed)
         self.requests: list[dict[str, Any]] = []
         self.apis: list[WireApi] = []
@@ -736,15 +741,15 @@ class LoopbackProvider:
             max_tokens=parsed.max_tokens,
             summarizer=kind == "summarizer",
         )
-        rendered = render_wire_request(api, body, self.ids, self.id_policy)
+        rendered = render_wire_request(api, body, self.id_policy)
         self.rendered.append(rendered)
         output = "\n".join(render_content(c) for c in reply.contents)
         reasoning_tokens = 0
-        if api == "responses":
-            output = f"{output}\n{REASONING_SUMMARY}"
-            reasoning_tokens = self.provider.count(REASONING_SUMMARY)
+        if api == "responses" and self.reasoning_summary:
+            output = f"{output}\n{self.reasoning_summary}"
+            reasoning_tokens = self.provider.count(self.reasoning_summary)
         record = self.provider.call(rendered, output=output, kind=kind)
-        return _Answer(reply=reply, record=record, reasoning_tokens=reasoning_tokens, number=len(self.requests))
+        return _Answer(reply, record, reasoning_tokens, len(self.requests), self.reasoning_summary)
 
     async def _reply(
         self, request: web.Request, body: dict[str, Any], kind: CallKind, api: WireApi

@@ -238,9 +238,13 @@ class ScriptedModel:
         return quotes
 
     def _record_call(self, messages: Sequence[Message], max_tokens: int | None) -> Content:
-        digest = hashlib.sha256(context_text(messages).encode()).hexdigest()[:12]
+        # The id depends on what the record quotes and which results it read, not on how the
+        # request was framed (instructions as a system message on the wire, as an option in process).
+        values = self.record(messages, max_tokens)
+        read = [c.call_id or "" for m in messages for c in m.contents if c.type == "function_result"]
+        digest = hashlib.sha256("\n".join([values, *read]).encode()).hexdigest()[:12]
         return Content.from_function_call(
-            call_id=f"call_recall_{digest}", name=RECALL_TOOL, arguments={"values": self.record(messages, max_tokens)}
+            call_id=f"call_recall_{digest}", name=RECALL_TOOL, arguments={"values": values}
         )
 
     def _carries_value(self, line: str) -> bool:

@@ -1,21 +1,53 @@
-"""The simulated provider: renders each request, counts it (o200k_base), caches it, bills it.
+"""The simulated provider: counts each canonical request (o200k_base), caches it by a rule, bills it.
 
 A request over the window is a disqualification, counted while the call is still answered;
-the rules: ``docs/bench.md``, "The simulated provider".
+the rules: ``docs/bench.md``, "The simulated provider" and "One cache model".
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Final, Literal, Protocol
 
-from .rendering import RenderedRequest, common_prefix
-from .simulator import AnthropicCache, OpenAICache, PriceProfile, bill
+from .rendering import MESSAGE_LAYER_FIELDS, OPAQUE_MARKER, RenderedRequest, common_prefix
+from .simulator import AnthropicCache, OpenAICache, PriceProfile, Salt, bill
 
-CacheKind = Literal["openai", "anthropic"]
+CacheKind = Literal["openai", "openai-free-tool-choice", "anthropic"]
 CallKind = Literal["model", "summarizer"]
-CACHE_KINDS: tuple[CacheKind, ...] = ("openai", "anthropic")
+CACHE_KINDS: tuple[CacheKind, ...] = ("openai", "openai-free-tool-choice", "anthropic")
+
+CACHE_RULES: Final[Mapping[CacheKind, str]] = {
+    "openai": "OpenAI: exact prefix of the whole request; a change of any model-facing head field "
+    "(tool_choice included) misses the whole prompt",
+    "openai-free-tool-choice": "OpenAI, tool_choice free: as openai, but tool_choice is not part of the "
+    "cached prefix (the other side of an undocumented question)",
+    "anthropic": "Anthropic: layered tools -> system -> messages, breakpoints at the end of the system and "
+    "of the last message, writes at the write price; tool_choice, thinking and images invalidate the messages",
+}
+"""One line per cache rule, for every report (the rules: ``docs/bench.md``, "One cache model")."""
+
+
+def default_profile(cache: CacheKind) -> str:
+    """The price profile a rule runs with unless another is named: Anthropic's bills its cache writes."""
+    return "anthropic-5m" if cache == "anthropic" else "default"
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """One request as a cache rule sees it.
+
+    Attributes:
+        tokens: The prompt's token ids, in the rule's order (tools, system, messages).
+        salts: Keys mixed into the prefix identity at token offsets (head fields, opaque payloads).
+        preamble_end: Tokens of the tools and system entries.
+        identity: The request's entries with its keys in place, for telling breaks.
+    """
+
+    tokens: tuple[int, ...]
+    salts: tuple[Salt, ...]
+    preamble_end: int
+    identity: tuple[str, ...]
 
 
 class Encoder(Protocol):
@@ -61,16 +93,22 @@ class SimulatedProvider:
         encoder: Tokenizes rendered entries (tiktoken ``o200k_base``).
         window: The context window in tokens.
         profile: The prices.
-        cache: ``"openai"`` or ``"anthropic"``.
+        cache: The cache rule (:data:`CACHE_RULES`).
+        keep_requests: Keep every priced request in :attr:`requests` (to re-price a run under
+            another rule, as the agreement tests do).
     """
 
     encoder: Encoder
     window: int
     profile: PriceProfile
     cache: CacheKind = "openai"
+    keep_requests: bool = False
     calls: list[CallRecord] = field(default_factory=list[CallRecord])
+    requests: list[RenderedRequest] = field(default_factory=list[RenderedRequest])
     turn: int = 0
-    _tokens: dict[str, tuple[int, ...]] = field(default_factory=dict[str, tuple[int, ...]])
+    _tokens: dict[str, tuple[tuple[int, ...], tuple[Salt, ...]]] = field(
+        default_factory=dict[str, tuple[tuple[int, ...], tuple[Salt, ...]]]
+    )
     _openai: OpenAICache = field(default_factory=OpenAICache)
     _anthropic: AnthropicCache = field(default_factory=AnthropicCache)
     _previous: dict[CallKind, tuple[str, ...]] = field(default_factory=dict[CallKind, tuple[str, ...]])
@@ -82,29 +120,78 @@ class SimulatedProvider:
             raise ValueError(f"window must be a positive integer, got {self.window!r}")
 
     def tokens(self, entry: str) -> tuple[int, ...]:
-        """Token ids of one rendered entry (memoized: entries repeat on every call)."""
-        ids = self._tokens.get(entry)
-        if ids is None:
-            ids = self._tokens[entry] = tuple(self.encoder.encode(entry))
-        return ids
+        """Token ids of one rendered entry (memoized: entries repeat on every call); opaque markers count zero."""
+        return self._encoded(entry)[0]
+
+    def _encoded(self, entry: str) -> tuple[tuple[int, ...], tuple[Salt, ...]]:
+        found = self._tokens.get(entry)
+        if found is None:
+            ids: list[int] = []
+            salts: list[Salt] = []
+            start = 0
+            for marker in OPAQUE_MARKER.finditer(entry):
+                ids.extend(self.encoder.encode(entry[start : marker.start()]) if marker.start() > start else ())
+                salts.append((len(ids), marker.group(1).encode()))
+                start = marker.end()
+            ids.extend(self.encoder.encode(entry[start:]) if start < len(entry) else ())
+            found = self._tokens[entry] = (tuple(ids), tuple(salts))
+        return found
 
     def count(self, text: str) -> int:
         """Tokens of ``text`` on the provider's own count."""
         return len(self.tokens(text))
 
-    def call(self, request: RenderedRequest, *, output: str, kind: CallKind = "model") -> CallRecord:
-        """Account one call: cache lookup, DQ check and bill."""
-        sequence: list[int] = []
-        boundaries: list[int] = []
-        for entry in request.entries:
-            sequence.extend(self.tokens(entry))
-            boundaries.append(len(sequence))
-        if self.cache == "openai":
-            result = self._openai.lookup_and_store(sequence)
+    def layout(self, request: RenderedRequest) -> Layout:
+        """``request`` as this provider's cache rule sees it (``docs/bench.md``, "One cache model").
+
+        Every rule reads the prompt in one order, tools, system, messages. ``openai`` keys the
+        whole prefix by the head fields (a changed ``tool_choice`` misses everything);
+        ``openai-free-tool-choice`` leaves ``tool_choice`` out of that key; ``anthropic`` keys each
+        layer as its invalidation table says: the system-level fields between tools and system,
+        the message-level ones (``tool_choice``, thinking) and the media count before the messages.
+        """
+        tokens: list[int] = []
+        salts: list[Salt] = []
+        identity: list[str] = []
+
+        def key(layer: str, value: str) -> None:
+            salts.append((len(tokens), f"{layer}:{value}".encode()))
+            identity.append(f"\x00{layer} {value}")
+
+        def entry(text: str) -> None:
+            ids, inner = self._encoded(text)
+            salts.extend((len(tokens) + offset, salt) for offset, salt in inner)
+            tokens.extend(ids)
+            identity.append(text)
+
+        if self.cache == "anthropic":
+            if request.tools is not None:
+                entry(request.tools)
+            key("system", request.head_json(without=MESSAGE_LAYER_FIELDS))
+            if request.instructions is not None:
+                entry(request.instructions)
+            preamble_end = len(tokens)
+            key("messages", f"{request.head_json(only=MESSAGE_LAYER_FIELDS)} media={request.media}")
         else:
-            result = self._anthropic.lookup_and_store(sequence, _breakpoints(boundaries, len(request.preamble)))
+            without = frozenset({"tool_choice"}) if self.cache == "openai-free-tool-choice" else frozenset[str]()
+            key("head", request.head_json(without=without))
+            for text in request.preamble:
+                entry(text)
+            preamble_end = len(tokens)
+        for text in request.messages:
+            entry(text)
+        return Layout(tuple(tokens), tuple(salts), preamble_end, tuple(identity))
+
+    def call(self, request: RenderedRequest, *, output: str, kind: CallKind = "model") -> CallRecord:
+        """Account one call: cache lookup by the provider's rule, DQ check and bill."""
+        layout = self.layout(request)
+        if self.cache == "anthropic":
+            points = _breakpoints(layout.preamble_end, len(layout.tokens))
+            result = self._anthropic.lookup_and_store(layout.tokens, points, layout.salts)
+        else:
+            result = self._openai.lookup_and_store(layout.tokens, layout.salts)
         output_tokens = self.count(output)
-        previous, entries = self._previous.get(kind), request.entries
+        previous, entries = self._previous.get(kind), layout.identity
         broke = previous is not None and common_prefix(previous, entries) < len(previous)
         self._previous[kind] = entries
         record = CallRecord(
@@ -119,14 +206,14 @@ class SimulatedProvider:
             broke=broke,
         )
         self.calls.append(record)
+        if self.keep_requests:
+            self.requests.append(request)
         return record
 
 
-def _breakpoints(boundaries: Sequence[int], preamble: int) -> list[int]:
-    """Anthropic breakpoints: the end of the preamble and the end of the last message."""
-    points: list[int] = []
-    if preamble and boundaries[preamble - 1] > 0:
-        points.append(boundaries[preamble - 1])
-    if boundaries and boundaries[-1] > 0 and (not points or boundaries[-1] > points[-1]):
-        points.append(boundaries[-1])
+def _breakpoints(preamble_end: int, end: int) -> list[int]:
+    """Anthropic breakpoints: the end of the preamble (tools and system) and the end of the last message."""
+    points = [preamble_end] if preamble_end > 0 else []
+    if end > 0 and (not points or end > points[-1]):
+        points.append(end)
     return points

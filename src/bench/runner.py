@@ -211,11 +211,27 @@ async def run_cell(
     cell: Cell, settings: Settings, *, factory: RowFactory | None = None, scenario: Scenario | None = None
 ) -> CellResult:
     """Run one cell in process and measure it."""
+    return (await play_cell(cell, settings, factory=factory, scenario=scenario))[0]
+
+
+async def play_cell(
+    cell: Cell,
+    settings: Settings,
+    *,
+    factory: RowFactory | None = None,
+    scenario: Scenario | None = None,
+    keep_requests: bool = False,
+) -> tuple[CellResult, SimulatedProvider]:
+    """Run one cell and measure it; also return its provider (with every priced request if ``keep_requests``)."""
     started = time.perf_counter()
     scenario = scenario or load_scenario(settings, cell.fill, cell.seed)
     tokenizer = _tokenizer()
     provider = SimulatedProvider(
-        encoder=tokenizer, window=settings.context_window, profile=get_profile(settings.profile), cache=settings.cache
+        encoder=tokenizer,
+        window=settings.context_window,
+        profile=get_profile(settings.profile),
+        cache=settings.cache,
+        keep_requests=keep_requests,
     )
     qualities = {name: getattr(settings, name) for name in ("record_quality", "summary_quality", "ignore_pin")}
     model = ScriptedModel(scenario, ModelOptions(seed=cell.seed, **qualities))
@@ -274,7 +290,7 @@ async def run_cell(
     _fill_figures(result, scenario, provider.calls, replies, stored_messages(session), warned=warned)
     result.floor = _floor(provider.profile, provider.calls)
     result.seconds = time.perf_counter() - started
-    return result
+    return result, provider
 
 
 async def run_turn(agent: Any, message: Any, *, session: Any, stream: bool) -> Any:

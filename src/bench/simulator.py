@@ -76,30 +76,59 @@ def _validate_tokens(tokens: Sequence[int]) -> bytes:
         raise ValueError(f"tokens must be integers in [0, {_MAX_TOKEN_ID}]: {exc}") from exc
 
 
+Salt = tuple[int, bytes]
+"""A layer key mixed into the prefix identity at a token offset, adding no tokens: ``(offset, key)``.
+
+A prefix ending at or before ``offset`` is not affected by the key; every longer prefix is. This is
+how a request field that is not prompt text (``tool_choice``, a thinking setting, an opaque reasoning
+payload) still decides which cached prefixes a request can read (``docs/bench.md``, "One cache model").
+"""
+
+_SALT_TAG = b"\xfe\xff salt \xff\xfe"
+
+
 class _PrefixHasher:
-    """Digests of the prefixes of one token sequence, computed incrementally.
+    """Digests of the prefixes of one token sequence (and its salts), computed incrementally.
 
     Prefixes are compared by a 128-bit BLAKE2b digest of their packed token ids rather than
     token by token, so a lookup costs one pass over the request whatever the number of
     stored requests; at 128 bits an accidental collision is not a practical concern, and
-    unlike Python's ``hash`` the digest is the same in every process (determinism).
+    unlike Python's ``hash`` the digest is the same in every process (determinism). A salt
+    at offset ``k`` is mixed in after the first ``k`` tokens, so it is part of every digest
+    at an offset greater than ``k``.
     """
 
-    __slots__ = ("_data", "_hash", "_pos")
+    __slots__ = ("_data", "_hash", "_next", "_pos", "_salts")
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, salts: Sequence[Salt] = ()) -> None:
         self._data = data
         self._hash = hashlib.blake2b(digest_size=_DIGEST_SIZE)
         self._pos = 0
+        self._salts = sorted(((offset * 8, key) for offset, key in salts), key=lambda salt: salt[0])
+        self._next = 0
+
+    def _advance(self, end: int) -> None:
+        self._hash.update(self._data[self._pos : end])
+        self._pos = end
 
     def digest_at(self, offset: int) -> bytes:
-        """Digest of ``tokens[:offset]``; offsets must be asked in non-decreasing order."""
+        """Digest of ``tokens[:offset]`` and the salts before it; offsets must be asked in non-decreasing order."""
         end = offset * 8
         if end < self._pos:
             raise ValueError(f"offset must not decrease, got {offset} after {self._pos // 8}")
-        self._hash.update(self._data[self._pos : end])
-        self._pos = end
+        while self._next < len(self._salts) and self._salts[self._next][0] < end:
+            at, key = self._salts[self._next]
+            self._advance(at)
+            self._hash.update(_SALT_TAG + len(key).to_bytes(8, "little") + key)
+            self._next += 1
+        self._advance(end)
         return self._hash.copy().digest() + offset.to_bytes(8, "little")
+
+
+def _check_salts(salts: Sequence[Salt], n: int) -> None:
+    for offset, key in salts:
+        if not isinstance(offset, int) or not 0 <= offset <= n or not isinstance(key, bytes):
+            raise ValueError(f"salts must be (offset in [0, len(tokens)={n}], bytes) pairs, got {(offset, key)!r}")
 
 
 class OpenAICache:
@@ -129,10 +158,11 @@ class OpenAICache:
         self.count_writes = count_writes
         self._prefixes: set[bytes] = set()
 
-    def lookup_and_store(self, tokens: Sequence[int]) -> CacheResult:
-        """Return the cache outcome of ``tokens`` against the earlier requests, then store it."""
-        hasher = _PrefixHasher(_validate_tokens(tokens))
+    def lookup_and_store(self, tokens: Sequence[int], salts: Sequence[Salt] = ()) -> CacheResult:
+        """Return the cache outcome of ``tokens`` (and its ``salts``) against the earlier requests, then store it."""
         n = len(tokens)
+        _check_salts(salts, n)
+        hasher = _PrefixHasher(_validate_tokens(tokens), salts)
         hit = 0
         missing: list[bytes] = []
         for boundary in range(self.increment, n + 1, self.increment):
@@ -191,11 +221,14 @@ class AnthropicCache:
             previous = point
         return points
 
-    def lookup_and_store(self, tokens: Sequence[int], breakpoints: Sequence[int]) -> CacheResult:
-        """Return the cache outcome of ``tokens`` marked at ``breakpoints``, then store its writes."""
+    def lookup_and_store(
+        self, tokens: Sequence[int], breakpoints: Sequence[int], salts: Sequence[Salt] = ()
+    ) -> CacheResult:
+        """Return the cache outcome of ``tokens`` marked at ``breakpoints`` (with ``salts``), then store its writes."""
         data = _validate_tokens(tokens)
         n = len(tokens)
         points = self._check_breakpoints(breakpoints, n)
+        _check_salts(salts, n)
         if not points:
             return CacheResult(cached_tokens=0, input_tokens=n)
         newest = points[-1]
@@ -204,7 +237,7 @@ class AnthropicCache:
             candidates = sorted(set(self._written_offsets[:limit]) | set(points))
         else:
             candidates = points
-        hasher = _PrefixHasher(data)
+        hasher = _PrefixHasher(data, salts)
         hit = 0
         digests: dict[int, bytes] = {}
         for offset in candidates:
