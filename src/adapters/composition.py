@@ -24,8 +24,8 @@ from ..core.composition import CompositionConfig, CompositionReport, Composition
 from ..core.effects import Request, Summarize
 from ..core.errors import CompactionBudgetExceeded
 from ..core.model import History
-from ..core.records import RecordState
-from .anchored import log_anchored
+from ..core.records import RecordConfig, RecordState
+from .anchored import AnchoredCompactionStrategy, log_anchored
 from .counting import Tokenizer
 from .loop import CompactionAdapter, StateCell
 from .records import ToolResultAnchoredSummarizationCompactionStrategy
@@ -60,6 +60,45 @@ class _ComposedCell(StateCell[CompositionState]):
         self._own = state
 
 
+def _record_rules(
+    tool_results: ToolResultAnchoredSummarizationCompactionStrategy, tokenizer: Tokenizer
+) -> RecordConfig:
+    """The record half's parameters with the anchored fallback the composition runs within its pass.
+
+    The default fallback is already in the record half's config. An explicit anchored
+    fallback contributes its parameters (tail, band share, low-water mark, ...); the
+    composition never calls the instance, since its rules must run with the record half's
+    holds on the same converted history.
+    """
+    config = tool_results.config
+    if config.fallback is not None:
+        return config
+    fallback = tool_results.fallback
+    if not isinstance(fallback, AnchoredCompactionStrategy):
+        raise ValueError(
+            "tool_results' fallback must be its default or an AnchoredCompactionStrategy (or "
+            "MinimumGainAnchoredCompactionStrategy): the composition runs the anchored rules itself, with the "
+            f"record half's holds, using that fallback's parameters; got {fallback!r}"
+        )
+    anchored = fallback.config
+    if anchored.max_input_tokens != config.max_input_tokens:
+        raise ValueError(
+            f"tool_results' fallback must have the record half's max_input_tokens ({config.max_input_tokens}), "
+            f"got {anchored.max_input_tokens}"
+        )
+    if anchored.keep_head_groups != config.keep_head_groups:
+        raise ValueError(
+            f"tool_results' fallback must have the record half's keep_head_groups ({config.keep_head_groups}): "
+            f"the head is one for every rule, got {anchored.keep_head_groups}"
+        )
+    if not (fallback.tokenizer is tokenizer or fallback.tokenizer == tokenizer):
+        raise ValueError(
+            "tokenizer must be the same tokenizer as tool_results' fallback's (every size rule compares counts of "
+            f"one tokenizer), got {tokenizer!r} and fallback.tokenizer {fallback.tokenizer!r}"
+        )
+    return replace(config, fallback=anchored)
+
+
 class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
     CompactionAdapter[CompositionConfig, CompositionState, CompositionReport]
 ):
@@ -86,7 +125,11 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
 
     Args:
         tokenizer: The tokenizer; the same as both halves' (another one raises ``ValueError``).
-        tool_results: The record half, with its default fallback.
+        tool_results: The record half, with its default fallback or an explicit
+            :class:`AnchoredCompactionStrategy` (or :class:`MinimumGainAnchoredCompactionStrategy`)
+            of the same budget, ``keep_head_groups`` and tokenizer: the composition runs the
+            anchored rules itself (with the record half's holds) and its fallback and shed
+            steps use that fallback's parameters. Another kind of fallback raises ``ValueError``.
         user_turns: The user half; ``remembered_requests >= 2`` unless it recompacts.
         user_trigger_fraction: The user half's trigger, in (0, 1]; ``None`` uses the record half's.
         harder_attempts: Harder rewrites of the merged record the chain may ask for after
@@ -138,11 +181,6 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             raise ValueError(
                 f"user_turns must be a UserTurnAnchoredSummarizationCompactionStrategy, got {user_turns!r}"
             )
-        if tool_results.config.fallback is None:
-            raise ValueError(
-                "tool_results must use its default fallback: the composition runs the anchored rules itself, "
-                "with the record half's holds"
-            )
         users = user_turns.config
         if users.summary_mode != "recompact" and users.remembered_requests < 2:
             raise ValueError(
@@ -161,7 +199,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             require_fraction("user_trigger_fraction", user_trigger_fraction)
         trigger = tool_results.trigger_fraction if user_trigger_fraction is None else user_trigger_fraction
         config = CompositionConfig(
-            records=tool_results.config,
+            records=_record_rules(tool_results, tokenizer),
             users=replace(users, trigger_fraction=trigger, min_gain_fraction=chain_gain_fraction),
             overflow_policy=overflow_policy,
             merge_prompt=core.DEFAULT_MERGE_PROMPT if merge_prompt is None else merge_prompt,
