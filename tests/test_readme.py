@@ -280,7 +280,7 @@ def test_the_install_section_never_sends_users_to_the_other_pypi_project() -> No
     assert "Python 3.11" in install
     for extra in ("tiktoken", "bench", "plot", "redis", "dev"):
         assert f"| `{extra}` |" in install
-    assert "git+https://<git-host>/" in install  # a placeholder, no real host
+    assert not re.search(r"<[a-z-]+>", install), "a placeholder in the install commands"  # e.g. <git-host>
     assert "MAF_COMPACTION_TIKTOKEN_FILE" in install
     wheels = re.findall(r"maf_compaction-[^ \"\[]+\.whl", install)
     assert wheels == [f"maf_compaction-{maf_compaction_version()}-py3-none-any.whl"]  # the name pip wheel builds
