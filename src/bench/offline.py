@@ -97,7 +97,9 @@ class OfflineProvider:
 
     Use it as a context manager, ``with`` (the server runs on a thread of its own, so
     synchronous code and ``asyncio.run`` can call it) or ``async with`` (in the running
-    loop). While it runs it records the ``maf_compaction`` logger's lines (INFO and above).
+    loop), or call :meth:`start` and :meth:`stop` (a script that points
+    ``OPENAI_BASE_URL`` at it before building its client). While it runs it records the
+    ``maf_compaction`` logger's lines (INFO and above).
 
     Args:
         questions: What the agent will be asked, in any order.
@@ -181,6 +183,14 @@ class OfflineProvider:
         thread.join(timeout=30)
         loop.close()
         self._loop = self._thread = None
+
+    def start(self) -> OfflineProvider:
+        """Start serving on a thread of its own (``with`` without the block); :meth:`stop` ends it."""
+        return self.__enter__()
+
+    def stop(self) -> None:
+        """Stop what :meth:`start` started."""
+        self.__exit__(None, None, None)
 
     def _watch(self) -> None:
         logger = logging.getLogger(_LOGGER)
