@@ -112,8 +112,10 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
     fits, only when the conversation's largest step would no longer fit beside it; then a
     record of the unrecorded tool groups is asked for first and the summary rides on its
     break. Only while the prompt is over the
-    budget it then holds every uncovered tool group and lets the anchored rules shed
-    narration, and then applies ``overflow_policy``: ``"shed"`` removes whole
+    budget it then merges and rewrites the records, folds the oldest user summaries into
+    one (an emergency fold: kept only when smaller and quoting every value), holds every
+    uncovered tool group and lets the anchored rules shed narration, and then applies
+    ``overflow_policy``: ``"shed"`` removes whole
     unrecorded tool groups, oldest first, each leaving a removal note the model sees and
     named in a WARNING; ``"raise"`` keeps uncovered results. When what must stay does not
     fit, the pass raises :class:`CompactionBudgetExceeded` and leaves the list untouched:
@@ -147,11 +149,13 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         fallbacks_after_record: Passes whose fallback with holds changed something.
         shed_events: Passes whose overflow policy shed something new.
         records_replaced: Passes that applied a kept record merge or rewrite (fresh or replayed).
-        replacements_refused: Distinct replacements refused: not smaller, or a value of what
-            they replace missing (each is never asked for again).
-        replacements_failed: Replacement requests that failed (the summarizer raised or
-            answered nothing); a failure stands until the next user turn, then the request is
-            asked again.
+        emergency_folds: Passes that applied a kept emergency fold of user summaries (fresh
+            or replayed).
+        replacements_refused: Distinct replacements and emergency folds refused: not smaller,
+            or a value of what they replace missing (each is never asked for again).
+        replacements_failed: Replacement and emergency-fold requests that failed (the
+            summarizer raised or answered nothing); a failure stands until the next user turn,
+            then the request is asked again.
         budget_failures: Passes that raised ``CompactionBudgetExceeded``.
         last_report: What the last pass did, or ``None``.
     """
@@ -218,6 +222,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         self.fallbacks_after_record = 0
         self.shed_events = 0
         self.records_replaced = 0
+        self.emergency_folds = 0
         self._refused: set[str] = set()
         self.replacements_refused = 0
         self.replacements_failed = 0
@@ -280,7 +285,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
 
     async def _perform(self, request: Request, messages: Sequence[Message]) -> str | None:
         answer = await self._user_turns._perform(request, messages)  # pyright: ignore[reportPrivateUsage]
-        if isinstance(request, Summarize) and request.kind in ("merge", "rewrite") and answer is None:
+        if isinstance(request, Summarize) and request.kind in ("merge", "rewrite", "emergency_fold") and answer is None:
             self.replacements_failed += 1  # the user half's WARNING says why; it is asked again after a new turn
         return answer
 
@@ -309,12 +314,14 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             self.shed_events += 1
         if report.replaced:
             self.records_replaced += 1
+        if report.folded:
+            self.emergency_folds += 1
         fresh_refusals = set(report.refused) - self._refused
         if fresh_refusals:
             self._refused |= fresh_refusals
             self.replacements_refused = len(self._refused)
             logger.warning(
-                "Refused %d record replacement(s): not smaller than the records they would replace, or a value of "
-                "theirs missing; the records stay as they are",
+                "Refused %d record replacement(s) or emergency fold(s): not smaller than the records or user "
+                "summaries they would replace, or a value of theirs missing; those stay as they are",
                 len(fresh_refusals),
             )
