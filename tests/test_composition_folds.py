@@ -23,6 +23,9 @@ from typing import Any
 import pytest
 from agent_framework import CharacterEstimatorTokenizer, Content, Message
 from agent_framework._compaction import EXCLUDE_REASON_KEY, EXCLUDED_KEY
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.strategies import DrawFn
 
 from maf_compaction import (
     CompactionBudgetExceeded,
@@ -257,3 +260,45 @@ def test_no_fold_while_the_prompt_fits_or_with_fewer_than_two_summaries() -> Non
     with pytest.raises(CompactionBudgetExceeded):
         asyncio.run(strategy(single))
     assert client.calls == 0
+
+
+# ----------------------------------------------------------------------------- properties
+
+ANSWERS = {"faithful": faithful, "lossy": lossy, "verbose": verbose, "failed": lambda _: None}
+
+
+@st.composite
+def fold_cases(draw: DrawFn) -> tuple[list[Message], int, str]:
+    """Two to five standing summaries, a budget from far under to over their size, and a summarizer's behaviour."""
+    messages = conversation(draw(st.integers(2, 5)))
+    budget = max(1, int(size(messages) * draw(st.floats(0.5, 1.1))))
+    return messages, budget, draw(st.sampled_from(sorted(ANSWERS)))
+
+
+@given(fold_cases())
+def test_a_kept_fold_is_smaller_and_quotes_every_value_and_replays_without_a_call(
+    case: tuple[list[Message], int, str],
+) -> None:
+    """Whatever the summarizer answers, a fold in the prompt replaced smaller-or-equal text with every value kept,
+    and the same state gives the same bytes on a deep copy without a second call."""
+    messages, budget, answer = case
+    source = copy.deepcopy(messages)
+    strategy, client = build(ANSWERS[answer], budget)
+    try:
+        asyncio.run(strategy(messages))
+    except CompactionBudgetExceeded:
+        assert [m.to_dict() for m in messages] == [m.to_dict() for m in source]
+        return
+    folds = [m for m in messages if (m.message_id or "").startswith(EMERGENCY_FOLD_ID_PREFIX)]
+    for fold in folds:
+        replaced = [by_id(source, i) for i in fold.additional_properties[SUMMARY_OF_KEY]]
+        assert len(replaced) >= 2
+        assert all(REQUIREMENT.findall(r.text)[0] in fold.text for r in replaced)
+        assert TOKENIZER.count_tokens(fold.text) < sum(TOKENIZER.count_tokens(r.text) for r in replaced)
+    if answer != "faithful":
+        assert folds == []
+    calls = client.calls
+    again = copy.deepcopy(source)
+    asyncio.run(strategy(again))
+    assert client.calls == calls
+    assert [m.to_dict() for m in again] == [m.to_dict() for m in messages]
