@@ -75,9 +75,7 @@ def main() -> int:
         options = {"store": False}  # client-side history: what compaction works on
         instructions = "Answer from the lookups you make. Quote values exactly."
         overhead = measure_agent_overhead(
-            create_harness_agent(
-                client, name="assistant", agent_instructions=instructions, tools=[lookup_deployment]
-            ),
+            create_harness_agent(client, name="assistant", agent_instructions=instructions, tools=[lookup_deployment]),
             tokenizer,
         )
         budget = overhead.budget(CONTEXT_WINDOW, MAX_OUTPUT, margin=1_000)
