@@ -213,3 +213,21 @@ def test_a_provider_increment_starts_with_results_whose_calls_are_missing() -> N
     assert provider_increment([_result("c1"), _call("c1")]) == ()  # its call is there
     assert provider_increment([user, _result("c9")]) == ()  # starts with a turn: a conversation
     assert provider_increment([]) == ()
+
+
+def test_start_and_stop_serve_synchronous_code_on_a_thread_of_their_own() -> None:
+    """The README's way: start, point a client at it, run turns with ``asyncio.run``, stop."""
+    import asyncio
+
+    offline = OfflineProvider(QUESTIONS, encoder=TOKENIZER).start()
+    try:
+        with pytest.raises(RuntimeError, match="already running"):
+            offline.start()
+        client = OpenAIChatClient(model="gpt-6-luna", api_key="sk-offline", base_url=offline.base_url)
+        reply = asyncio.run(client.get_response([Message("user", [QUESTIONS[0].text])], options={"store": False}))
+        assert reply.messages
+        assert len(offline.calls()) == 1
+    finally:
+        offline.stop()
+    with pytest.raises(RuntimeError, match="not running"):
+        _ = offline.base_url

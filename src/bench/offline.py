@@ -154,19 +154,31 @@ class OfflineProvider:
 
     def __enter__(self) -> OfflineProvider:
         """Start serving on a thread of its own and start recording compaction's log lines."""
+        if self._thread is not None:
+            raise RuntimeError("this OfflineProvider is already running")
         loop = asyncio.new_event_loop()
         started = threading.Event()
+        failures: list[BaseException] = []
 
         def serve() -> None:
             asyncio.set_event_loop(loop)
-            loop.run_until_complete(self.server.__aenter__())
-            started.set()
+            try:
+                loop.run_until_complete(self.server.__aenter__())
+            except BaseException as error:  # handed to the caller below
+                failures.append(error)
+                return
+            finally:
+                started.set()
             loop.run_forever()
 
-        self._loop = loop
-        self._thread = threading.Thread(target=serve, name="maf-compaction-offline", daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=serve, name="maf-compaction-offline", daemon=True)
+        thread.start()
         started.wait(timeout=30)
+        if failures or not started.is_set():
+            thread.join(timeout=1)
+            loop.close()
+            raise RuntimeError("the offline provider did not start") from (failures[0] if failures else None)
+        self._loop, self._thread = loop, thread
         self._watch()
         return self
 
