@@ -224,7 +224,11 @@ def test_start_and_stop_serve_synchronous_code_on_a_thread_of_their_own() -> Non
         with pytest.raises(RuntimeError, match="already running"):
             offline.start()
         client = OpenAIChatClient(model="gpt-6-luna", api_key="sk-offline", base_url=offline.base_url)
-        reply = asyncio.run(client.get_response([Message("user", [QUESTIONS[0].text])], options={"store": False}))
+
+        async def one_call() -> Any:
+            return await client.get_response([Message("user", [QUESTIONS[0].text])], options={"store": False})
+
+        reply = asyncio.run(one_call())
         assert reply.messages
         assert len(offline.calls()) == 1
     finally:
