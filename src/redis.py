@@ -1,4 +1,4 @@
-"""Session leases and a fenced session store on Redis (extra ``redis``: ``pip install "maf-compaction[redis]"``).
+"""Session leases and a fenced session store on Redis (extra ``redis``: ``pip install ".[redis]"`` in a checkout).
 
 Replicas that serve one agent share conversations through Redis: before a turn a replica holds the session's lease
 (:class:`RedisSessionLeases`), loads the ``AgentSession.to_dict()`` payload (:class:`RedisSessionStore`), runs the
@@ -41,12 +41,14 @@ there, while its session state is refused here.
 
 from __future__ import annotations
 
+from .core.extras import install_hint
+
 try:
     import redis.asyncio as aioredis
     from redis.exceptions import RedisError
 except ImportError as _missing:  # pragma: no cover - exercised in a subprocess by the tests
     raise ImportError(
-        'maf_compaction.redis needs the redis client, which is not installed: pip install "maf-compaction[redis]"'
+        f"maf_compaction.redis needs the redis client, which is not installed: {install_hint('redis')}"
     ) from _missing
 
 import asyncio

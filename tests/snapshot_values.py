@@ -100,12 +100,14 @@ user_snapshots = st.builds(
 
 @st.composite
 def replacements(draw: DrawFn) -> Replacement:
-    """A judged record replacement ``absorb`` could write: ``turns`` only on a failure."""
+    """A judged record replacement or emergency fold ``absorb`` could write: ``turns`` only on a failure."""
     text = draw(st.none() | texts)
     turns = None if text is not None else draw(st.none() | counts)
-    kind: Literal["merge", "rewrite"] = "merge" if draw(st.booleans()) else "rewrite"
-    replacement_id = draw(st.integers(0, MAX_COUNT).map(lambda n: f"record_replacement_{n}"))
-    return Replacement(draw(texts), draw(st.integers(1, MAX_COUNT)), text, replacement_id, kind, turns)
+    kind: Literal["merge", "rewrite", "fold"] = draw(st.sampled_from(("merge", "rewrite", "fold")))
+    prefix = "user_summary_emergency_fold_" if kind == "fold" else "record_replacement_"
+    replacement_id = draw(st.integers(0, MAX_COUNT).map(lambda n: f"{prefix}{n}"))
+    sources = draw(st.integers(2 if kind == "fold" else 1, max(2, MAX_COUNT)))
+    return Replacement(draw(texts), sources, text, replacement_id, kind, turns)
 
 
 chain_decisions = st.builds(

@@ -78,4 +78,5 @@ def test_without_the_redis_client_the_command_names_the_extra() -> None:
     )
     result = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode == 2
-    assert "pip install 'maf-compaction[redis]'" in result.stderr
+    assert "pip install '.[redis]' in a checkout of this project" in result.stderr
+    assert "maf-compaction[redis]" not in result.stderr

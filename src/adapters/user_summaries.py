@@ -306,4 +306,6 @@ class UserTurnAnchoredSummarizationCompactionStrategy(
 
 def _what_stays(request: Summarize) -> str:
     """What a failed request leaves as it is: the records a composition's merge or rewrite would replace, or turns."""
+    if request.kind == "emergency_fold":
+        return "the user summaries"
     return "the records" if request.kind in ("merge", "rewrite") else "user turns"

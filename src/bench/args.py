@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Final
 
+from ..core.extras import install_hint as extras_hint
+
 #: Optional dependencies outside the ``bench`` extra -> the extra that installs them.
 EXTRAS: Final = {"matplotlib": "plot", "redis": "redis"}
 
@@ -20,7 +22,7 @@ def program_name() -> str:
 def install_hint(*modules: str) -> str:
     """How to install the extras that bring ``modules`` (``bench``, or ``plot`` for matplotlib)."""
     extras = ",".join(sorted({EXTRAS.get(module.split(".", maxsplit=1)[0], "bench") for module in modules}))
-    return f"pip install 'maf-compaction[{extras}]' (from a checkout: pip install '.[{extras}]')"
+    return extras_hint(extras)
 
 
 def positive_int(text: str) -> int:

@@ -10,6 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..core.extras import install_hint
 from .runner import CellResult, RowSummary, Settings
 
 COLUMNS = (
@@ -149,7 +150,7 @@ def plot(results: Sequence[CellResult], path: str | Path, settings: Settings, *,
 
     Every panel shares one y axis (so rows compare at a glance) and shows the first seed
     of its (fill, row), which the title names with the settings. Needs matplotlib
-    (``pip install 'maf-compaction[plot]'``).
+    (the ``plot`` extra: ``pip install '.[plot]'`` in a checkout).
     """
     try:
         import matplotlib  # noqa: PLC0415 - an optional extra
@@ -158,7 +159,7 @@ def plot(results: Sequence[CellResult], path: str | Path, settings: Settings, *,
         import matplotlib.pyplot as plt  # noqa: PLC0415
         from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
     except ImportError:  # pragma: no cover - depends on the optional extra; the command checks first
-        raise RuntimeError("--plot needs matplotlib: pip install 'maf-compaction[plot]'") from None
+        raise RuntimeError(f"--plot needs matplotlib: {install_hint('plot')}") from None
     firsts: dict[tuple[float, str], CellResult] = {}
     for result in results:
         key = (result.fill, result.row)

@@ -75,7 +75,7 @@ from ..adapters.sessions import (
 from ..adapters.tiktoken import TiktokenTokenizer
 from ..adapters.user_summaries import UserTurnAnchoredSummarizationCompactionStrategy
 from ..core.composition import OverflowPolicy
-from .args import positive_int, program_name
+from .args import install_hint, positive_int, program_name
 from .client import SimulatedChatClient, scenario_tools
 from .model import ModelOptions, ScriptedModel
 from .provider import SimulatedProvider
@@ -819,7 +819,7 @@ def _fill(text: str) -> float:
 def parser() -> argparse.ArgumentParser:
     """The command line."""
     cli = argparse.ArgumentParser(
-        prog="python -m maf_compaction.bench sessions",
+        prog=f"{program_name()} sessions",
         description="Time the session registry's read and write around one phase (nothing inside it) at several "
         "session counts, for both stack kinds, on cache hits, cache hits after a JSON round trip of the session, "
         "and cache misses; beside one warm compaction pass for scale.",
@@ -880,7 +880,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ModuleNotFoundError as error:
             print(
                 f"{program_name()} sessions: error: the Redis round trip needs {error.name}, which is not installed: "
-                "pip install 'maf-compaction[redis]'",
+                f"{install_hint('redis')}",
                 file=sys.stderr,
             )
             return 2

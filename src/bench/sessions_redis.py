@@ -39,7 +39,7 @@ from agent_framework import AgentSession, Content, InMemoryHistoryProvider, Mess
 from ..adapters.leases import require_session_id
 from ..core.checks import require_int
 from ..redis import RedisSessionLeases, RedisSessionStore
-from .args import positive_int
+from .args import positive_int, program_name
 from .local_redis import RedisServerUnavailable, local_redis_server
 
 PHASES: Final = ("acquire", "load", "save", "release", "round_trip", "decode", "encode", "excl_codec")
@@ -207,7 +207,7 @@ def render(result: dict[str, Any]) -> str:
 def parser() -> argparse.ArgumentParser:
     """The command line."""
     cli = argparse.ArgumentParser(
-        prog="python -m maf_compaction.bench redis",
+        prog=f"{program_name()} redis",
         description="Time the Redis lease + load + save + release round trip of one session turn on loopback.",
     )
     cli.add_argument(

@@ -48,7 +48,7 @@ from ..adapters.tiktoken import TiktokenTokenizer
 from ..adapters.user_summaries import UserTurnAnchoredSummarizationCompactionStrategy
 from ..core.records import RECALL_TOOL_NAME, RECORD_PREFIX
 from ..core.values import distinctive_values
-from .args import positive_int
+from .args import positive_int, program_name
 from .client import SimulatedChatClient
 from .model import ScriptedModel
 from .provider import SimulatedProvider
@@ -776,7 +776,7 @@ def _strategies(text: str) -> list[str]:
 def parser() -> argparse.ArgumentParser:
     """The command line."""
     cli = argparse.ArgumentParser(
-        prog="python -m maf_compaction.bench speed",
+        prog=f"{program_name()} speed",
         description="Time one compaction pass (cold and warm) of ours (anchored, records, composition) against the "
         "framework's strategy, side by side on one history.",
     )

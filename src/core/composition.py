@@ -27,9 +27,15 @@ then, only while the prompt is over the budget, a last-resort chain:
    failure stands until the next user turn, when it is asked again; while it stands
    the chain asks for nothing else. Kept replacements are state: they replay on both
    lists and after a restore, whatever the prompt's size.
-4. **Fallback with holds**: every tool group not yet covered is held, and the anchored
+4. **Emergency folds**: still over the budget, the oldest standing user summaries that
+   fit one request (two at least, bounded by ``max_summary_input_tokens``) are folded into
+   one with the user half's fold prompt, without the fold mode's profitability gate. A fold
+   is kept only when it is smaller than the summaries it replaces AND quotes every
+   distinctive value of them; it is judged, kept, refused and replayed like a record
+   replacement (and fails the same way: asked again after the next user turn).
+5. **Fallback with holds**: every tool group not yet covered is held, and the anchored
    rules shed narration only.
-5. **Overflow policy**: ``"shed"`` removes whole unrecorded tool groups, oldest band
+6. **Overflow policy**: ``"shed"`` removes whole unrecorded tool groups, oldest band
    position first, each leaving a removal note the model sees (the shell names every
    lost message in a WARNING); the sheds are watermarks in the state, so they replay on
    both lists and after a restore. ``"raise"`` keeps uncovered results, and under it a group
@@ -80,6 +86,11 @@ _ANY_SIZE: Final = 1e-9
 MERGED_REASON: Final = "record_replaced"
 REPLACEMENT_ID_PREFIX: Final = "record_replacement_"
 _REPLACEMENT_ID: Final = re.compile(rf"{REPLACEMENT_ID_PREFIX}(0|[1-9][0-9]*)")
+#: The ids of emergency folds: user summaries, apart from the user half's own (``user_summary_<n>``,
+#: ``user_summary_fold_<n>``), which it allocates without seeing the chain's.
+EMERGENCY_FOLD_ID_PREFIX: Final = "user_summary_emergency_fold_"
+_EMERGENCY_FOLD_ID: Final = re.compile(rf"{EMERGENCY_FOLD_ID_PREFIX}(0|[1-9][0-9]*)")
+ReplacementKind: TypeAlias = Literal["merge", "rewrite", "fold"]
 
 DEFAULT_MERGE_PROMPT: Final = (
     "The numbered texts below are compaction records: each lists values from earlier tool results that are no "
@@ -163,15 +174,17 @@ class CompositionConfig:
 
 @dataclass(frozen=True, slots=True)
 class Replacement:
-    """A record replacement the chain asked for and judged.
+    """A record replacement (or an emergency fold of user summaries) the chain asked for and judged.
 
     Attributes:
         identity: The request's identity (prompt and numbered transcript, digested).
         sources: How many records it replaces.
         text: The summarizer's answer, judged on every pass (kept, or refused for good);
             ``None`` when the request failed.
-        replacement_id: The id of the written record that stands for them.
-        kind: ``"merge"`` or ``"rewrite"`` (a harder rewrite).
+        replacement_id: The id of the written record (or, for a fold, the user summary)
+            that stands for them.
+        kind: ``"merge"``, ``"rewrite"`` (a harder rewrite) or ``"fold"`` (an emergency
+            fold of the oldest user summaries).
         turns: For a failure, the user turns the conversation had when it failed: it
             stands for that conversation state only, and a later one asks again.
     """
@@ -180,7 +193,7 @@ class Replacement:
     sources: int
     text: str | None
     replacement_id: str
-    kind: Literal["merge", "rewrite"] = "merge"
+    kind: ReplacementKind = "merge"
     turns: int | None = None
 
     def stands(self, turns: int) -> bool:
@@ -197,7 +210,8 @@ class ChainDecisions:
             record, or ``None``.
         declined_behind: The record count a wait ended behind: no new wait behind it.
         shed: The shed policy's decisions (watermarks over band tool groups).
-        replacements: Record replacements judged so far, kept and refused, in order.
+        replacements: Record replacements and emergency folds judged so far, kept and
+            refused, in order.
     """
 
     wait_since: int | None = None
@@ -242,7 +256,8 @@ class CompositionState:
 
 _CHAIN_FIELDS: Final = ("wait_since", "declined_behind", "shed", "replacements")
 #: Version 2 dates failures (``turns``); a version-1 failure has none, so it stands for ever, as it did.
-CHAIN_ENVELOPE: Final = Envelope("chain", 2, _CHAIN_FIELDS, older=((1, _CHAIN_FIELDS),))
+#: Version 3 adds emergency folds (``kind: "fold"``); the fields are those of version 2.
+CHAIN_ENVELOPE: Final = Envelope("chain", 3, _CHAIN_FIELDS, older=((1, _CHAIN_FIELDS), (2, _CHAIN_FIELDS)))
 COMPOSITION_ENVELOPE: Final = Envelope(
     "composition",
     2,
@@ -282,25 +297,31 @@ def chain_from_dict(data: object, *, keep_head_groups: int | None = None) -> Cha
     """Read :func:`chain_to_dict`'s output strictly (``SnapshotError`` naming the field)."""
     fields = CHAIN_ENVELOPE.read(data)
     replacements: list[Replacement] = []
-    names = _REPLACEMENT_FIELDS if fields.version == CHAIN_ENVELOPE.version else _REPLACEMENT_FIELDS_V1
+    names = _REPLACEMENT_FIELDS if fields.version >= 2 else _REPLACEMENT_FIELDS_V1
+    kinds = ("merge", "rewrite", "fold") if fields.version >= 3 else ("merge", "rewrite")
     for entry in fields.entries("replacements", names):
         kind = entry.value("kind")
-        if kind not in ("merge", "rewrite"):
-            raise entry.error("kind", f"must be 'merge' or 'rewrite', got {kind!r}")
+        if kind not in kinds:
+            raise entry.error("kind", f"must be one of {', '.join(map(repr, kinds))}, got {kind!r}")
         text = entry.optional("text", entry.text)
         turns = entry.optional("turns", entry.count) if "turns" in names else None
         if text is not None and turns is not None:
             raise entry.error("turns", f"an answer with text carries no turns, got {turns}")
         replacement_id = entry.text("replacement_id")
-        if _REPLACEMENT_ID.fullmatch(replacement_id) is None:
-            raise entry.error("replacement_id", f"must be {REPLACEMENT_ID_PREFIX}<n>, got {replacement_id!r}")
+        prefix, pattern = (
+            (EMERGENCY_FOLD_ID_PREFIX, _EMERGENCY_FOLD_ID)
+            if kind == "fold"
+            else (REPLACEMENT_ID_PREFIX, _REPLACEMENT_ID)
+        )
+        if pattern.fullmatch(replacement_id) is None:
+            raise entry.error("replacement_id", f"must be {prefix}<n>, got {replacement_id!r}")
         replacements.append(
             Replacement(
                 identity=entry.text("identity"),
-                sources=entry.count("sources", minimum=1),
+                sources=entry.count("sources", minimum=1 if kind != "fold" else 2),
                 text=text,
                 replacement_id=replacement_id,
-                kind="merge" if kind == "merge" else "rewrite",
+                kind="merge" if kind == "merge" else "rewrite" if kind == "rewrite" else "fold",
                 turns=turns,
             )
         )
@@ -371,9 +392,10 @@ class CompositionReport:
         shed: The shed policy's report, when it ran.
         over_budget: The pass ends over the budget while still making progress (a summary or
             a replacement applied): the next pass continues from it instead of failing.
-        replaced: Kept replacements applied on this pass (fresh or replayed).
-        refused: Identities of the replacements this pass found refused (not smaller, or
-            a value of what they replace missing): never asked for again.
+        replaced: Kept record replacements applied on this pass (fresh or replayed).
+        folded: Kept emergency folds applied on this pass (fresh or replayed).
+        refused: Identities of the replacements and folds this pass found refused (not
+            smaller, or a value of what they replace missing): never asked for again.
         failed: Identities of replacement requests whose failure stands on this pass
             (asked again after the next user turn).
     """
@@ -387,6 +409,7 @@ class CompositionReport:
     fallback: Report | None = None
     shed: Report | None = None
     replaced: int = 0
+    folded: int = 0
     refused: tuple[str, ...] = ()
     failed: tuple[str, ...] = ()
 
@@ -435,6 +458,8 @@ def step(
     _replay(config, replaced, measure)
     if sent_tokens(replaced.output) > budget:
         request = _next_replacement(config, replaced, measure)
+        if request is None and not replaced.failed:
+            request = _next_fold(config, replaced, measure)
         if request is not None:
             # The next step recomputes everything from the input state and the absorbed answer.
             return Success(Needs((request,), state))
@@ -483,6 +508,7 @@ def step(
         fallback=fallback_report,
         shed=shed_report,
         replaced=replaced.applied,
+        folded=replaced.folded,
         refused=tuple(sorted(replaced.refused)),
         failed=tuple(sorted(replaced.failed)),
     )
@@ -560,15 +586,19 @@ def _roomy(config: CompositionConfig, output: History, grouping: Grouping | None
     return sent_tokens(output) + largest <= config.max_input_tokens
 
 
+#: The request kinds the chain asks for, and the kind of replacement each judges.
+_CHAIN_KINDS: Final[Mapping[str, ReplacementKind]] = {"merge": "merge", "rewrite": "rewrite", "emergency_fold": "fold"}
+
+
 def absorb(state: CompositionState, answers: Sequence[tuple[Request, str | None]]) -> CompositionState:
-    """Record replacements go to the chain (judged on the next step); the rest to the user half."""
-    mine = [(r, a) for r, a in answers if isinstance(r, Summarize) and r.kind in ("merge", "rewrite")]
+    """Record replacements and emergency folds go to the chain (judged on the next step); the rest to the user half."""
+    mine = [(r, a) for r, a in answers if isinstance(r, Summarize) and r.kind in _CHAIN_KINDS]
     others = [(r, a) for r, a in answers if (r, a) not in mine]
     chain = state.chain
     for request, text in mine:
         assert isinstance(request, Summarize)
         clean = text.strip() if isinstance(text, str) and text.strip() else None
-        kind: Literal["merge", "rewrite"] = "merge" if request.kind == "merge" else "rewrite"
+        kind: ReplacementKind = _CHAIN_KINDS[request.kind]
         turns = None if clean is not None else request.turns  # a failure stands for this conversation state
         judged = Replacement(request.identity, request.sources, clean, request.summary_id, kind, turns)
         kept = tuple(r for r in chain.replacements if r.identity != request.identity)
@@ -592,6 +622,7 @@ class _Replaced:
     output: History
     chain: ChainDecisions
     applied: int = 0
+    folded: int = 0
     refused: set[str] = field(default_factory=set[str])
     failed: set[str] = field(default_factory=set[str])
 
@@ -681,6 +712,9 @@ def _replay(config: CompositionConfig, work: _Replaced, measure: anchored.Measur
     for judged in work.chain.replacements:
         if judged.text is None:
             continue  # a failure, not a refusal: :func:`_next_replacement` decides when to ask again
+        if judged.kind == "fold":
+            _replay_fold(config, work, judged, measure)
+            continue
         items = _active_records(work.output, measure)[: judged.sources]
         if len(items) < judged.sources:
             continue
@@ -711,7 +745,8 @@ def _next_replacement(config: CompositionConfig, work: _Replaced, measure: ancho
     turns = user_summaries.user_turns(work.output)
     used = [r.message_id for r in work.output if r.message_id and r.message_id.startswith(REPLACEMENT_ID_PREFIX)]
     suffixes = [int(i[len(REPLACEMENT_ID_PREFIX) :]) for i in used if i[len(REPLACEMENT_ID_PREFIX) :].isdigit()]
-    number = max([sum(1 for r in work.chain.replacements if r.text is not None), *(n + 1 for n in suffixes)])
+    kept = sum(1 for r in work.chain.replacements if r.text is not None and r.kind != "fold")
+    number = max([kept, *(n + 1 for n in suffixes)])
     rewrites = 0  # harder rewrites kept since the last merge: at most harder_attempts
     for judged in reversed(work.chain.replacements):
         if judged.kind == "merge" and judged.text is not None:
@@ -733,6 +768,120 @@ def _next_replacement(config: CompositionConfig, work: _Replaced, measure: ancho
         if not _acceptable(judged.text, selected, measure):
             work.refused.add(judged.identity)  # refused once: never asked for again
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Summary:
+    """A standing user summary an emergency fold may stand for."""
+
+    index: int  # into the history
+    text: str  # the summary's body, without the marker
+    tokens: int
+    run: int = 0  # folds take any prefix of the standing summaries, like the user half's own
+
+
+def _standing_summaries(output: History) -> list[_Summary]:
+    """The conversation's standing user summaries (ours, folds included), oldest first."""
+    return [
+        _Summary(index, user_summaries.summary_body(record), record.tokens)
+        for index, record in enumerate(output)
+        if record.summary and record.role == "user" and not record.excluded and not record.injected
+    ]
+
+
+def _fold_request(prompt: str, items: Sequence[_Summary], fold_id: str, turns: int = 0) -> Summarize:
+    transcript = user_summaries.numbered(items)
+    return Summarize(
+        identity=identity("emergency_fold", prompt, len(items), transcript),
+        prompt=prompt,
+        transcript=transcript,
+        sources=len(items),
+        summary_id=fold_id,
+        kind="emergency_fold",
+        turns=turns,
+    )
+
+
+def _fold_record(text: str, fold_id: str, measure: anchored.Measure) -> MessageRecord:
+    body = user_summaries.summary_text(text)
+    tokens = measure(body)
+    return MessageRecord(
+        role="user",
+        parts=(Part(kind="text", text=body, tokens=tokens),),
+        tokens=MESSAGE_OVERHEAD_TOKENS + tokens,
+        message_id=fold_id,
+        summary=True,
+    )
+
+
+def _fold_acceptable(text: str | None, items: Sequence[_Summary], fold_id: str, measure: anchored.Measure) -> bool:
+    """Kept only when smaller than the summaries it replaces AND every distinctive value of theirs survives."""
+    if not text or not text.strip():
+        return False
+    if _fold_record(text, fold_id, measure).tokens >= sum(i.tokens for i in items):
+        return False
+    quoted = word_set(text)
+    return all(value in quoted for i in items for value in distinctive_values(i.text))
+
+
+def _replay_fold(config: CompositionConfig, work: _Replaced, judged: Replacement, measure: anchored.Measure) -> None:
+    """Apply a kept emergency fold when the oldest standing summaries are the ones it folded."""
+    items = _standing_summaries(work.output)[: judged.sources]
+    if len(items) < judged.sources:
+        return
+    if _fold_request(config.users.fold_prompt, items, judged.replacement_id).identity != judged.identity:
+        return
+    if _fold_acceptable(judged.text, items, judged.replacement_id, measure):
+        work.output = _apply_fold(work.output, items, judged, measure)
+        work.folded += 1
+    else:
+        work.refused.add(judged.identity)
+
+
+def _next_fold(config: CompositionConfig, work: _Replaced, measure: anchored.Measure) -> Summarize | None:
+    """The emergency fold to ask for while still over the budget, or ``None``.
+
+    The oldest standing user summaries whose fold request fits ``max_summary_input_tokens``
+    (two at least). An identity once judged is never asked for again (a kept one was
+    applied by :func:`_replay`); a failure stands until the next user turn.
+    """
+    items = _standing_summaries(work.output)
+    prompt = config.users.fold_prompt
+    selected = user_summaries.select(prompt, items, config.users.summary_input_limit, measure, minimum=2)
+    if not selected:
+        return None
+    turns = user_summaries.user_turns(work.output)
+    used = [r.message_id for r in work.output if r.message_id and r.message_id.startswith(EMERGENCY_FOLD_ID_PREFIX)]
+    suffixes = [int(i[len(EMERGENCY_FOLD_ID_PREFIX) :]) for i in used if i[len(EMERGENCY_FOLD_ID_PREFIX) :].isdigit()]
+    kept = sum(1 for r in work.chain.replacements if r.kind == "fold" and r.text is not None)
+    request = _fold_request(
+        prompt, selected, f"{EMERGENCY_FOLD_ID_PREFIX}{max([kept, *(n + 1 for n in suffixes)])}", turns
+    )
+    judged = work.chain.judged(request.identity)
+    if judged is None or not judged.stands(turns):
+        return request
+    if judged.text is None:
+        work.failed.add(judged.identity)
+    elif not _fold_acceptable(judged.text, selected, judged.replacement_id, measure):
+        work.refused.add(judged.identity)
+    return None
+
+
+def _apply_fold(output: History, items: Sequence[_Summary], judged: Replacement, measure: anchored.Measure) -> History:
+    """Exclude the folded summaries (linked to the fold); insert the fold where the first stood."""
+    assert judged.text is not None
+    rebuilt = list(output)
+    replaced_ids: list[str] = []
+    for item in items:
+        record = rebuilt[item.index]
+        rebuilt[item.index] = replace(
+            record, excluded=True, reason=user_summaries.FOLD_EXCLUDE_REASON, replaced_by=judged.replacement_id
+        )
+        if record.message_id:
+            replaced_ids.append(record.message_id)
+    fold = replace(_fold_record(judged.text, judged.replacement_id, measure), replaces=tuple(replaced_ids))
+    rebuilt.insert(items[0].index, fold)
+    return pvector(rebuilt)
 
 
 def _apply_replacement(

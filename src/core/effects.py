@@ -37,7 +37,8 @@ class Summarize:
         summary_id: The id the summary will carry if accepted (allocated with the
             request, so both lists use the same one).
         kind: ``"summary"`` for user turns, ``"fold"`` for earlier summaries, ``"merge"``
-            and ``"rewrite"`` for the composition's record replacements.
+            and ``"rewrite"`` for the composition's record replacements, ``"emergency_fold"``
+            for the composition's fold of user summaries over the budget.
         turns: User turns in the conversation when the request was made: a failed
             answer is replayed (not retried) until the conversation has more.
     """
@@ -47,7 +48,7 @@ class Summarize:
     transcript: str
     sources: int
     summary_id: str
-    kind: Literal["summary", "fold", "merge", "rewrite"] = "summary"
+    kind: Literal["summary", "fold", "merge", "rewrite", "emergency_fold"] = "summary"
     turns: int = 0
 
 

@@ -394,7 +394,7 @@ def _item(
 ) -> _Item | list[DescribeMedia] | None:
     """The band item ``record`` makes, the descriptions it still needs, or ``None`` if protected."""
     if record.summary:
-        return _Item(index, _summary_body(record), record.tokens)
+        return _Item(index, summary_body(record), record.tokens)
     if record.preserved:
         return None
     pieces: list[str] = []
@@ -430,7 +430,8 @@ def media_identity(record: MessageRecord, part: int) -> str:
     return identity("describe_media", record.message_id, part, content)
 
 
-def _summary_body(record: MessageRecord) -> str:
+def summary_body(record: MessageRecord) -> str:
+    """A summary message's text without the marker (what a fold's transcript carries)."""
     text = "\n".join(p.text for p in record.parts if p.kind == "text")
     return text[len(USER_SUMMARY_MARKER) :].lstrip("\n") if text.startswith(USER_SUMMARY_MARKER) else text
 
@@ -593,7 +594,7 @@ def _below_break_even(p: _Pass, selected: Sequence[_Item]) -> bool:
 def _fold(p: _Pass) -> UserNeeds | UserDone:
     """Fold the oldest standing summaries that fit, if the saving pays for the break it causes."""
     config, records = p.config, p.records
-    items = [_Item(k, _summary_body(records[k]), records[k].tokens) for k in p.standing]
+    items = [_Item(k, summary_body(records[k]), records[k].tokens) for k in p.standing]
     selected = select(config.fold_prompt, items, config.summary_input_limit, p.measure, minimum=2)
     if not selected:
         return p.done(Outcome.NOTHING_FITS)

@@ -1,0 +1,265 @@
+"""Try an agent without a provider key: the real OpenAI client against a scripted model on 127.0.0.1.
+
+:class:`OfflineProvider` serves the OpenAI Responses and Chat Completions APIs on a loopback
+port (:class:`~.loopback.LoopbackProvider`) with a scripted model that plays the
+:class:`Question` s it is given: for each question it calls the named tool with the given
+arguments, then answers by quoting the expected values it can still see. Its simulated
+provider bills every call with a prompt cache. Point any framework OpenAI client at
+:attr:`OfflineProvider.base_url` (``OpenAIChatClient(..., base_url=offline.base_url)``, or
+``OPENAI_BASE_URL``), run your agent, and :meth:`OfflineProvider.report` says, call by call,
+how large the prompt was, how much of it the cache served, and what compaction took out of
+it before the call and why (the lines the strategies log on the ``maf_compaction`` logger).
+
+It needs the ``bench`` extra. The model is a script, not a language model: it is there to
+show what compaction does to the requests, not what a model would answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from .loopback import LoopbackProvider
+from .model import ScriptedModel
+from .provider import CallRecord, SimulatedProvider
+from .scenario import Probe, Scenario, ToolCall, ToolSpec, Turn
+from .simulator import get_profile
+
+_LOGGER = "maf_compaction"
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    """A user message the offline model answers.
+
+    Attributes:
+        text: The message, exactly as the agent is asked it (texts must be unique).
+        tool: The tool the model calls first, or ``None`` to answer at once.
+        arguments: The call's arguments.
+        expected: Values the answer quotes when the model can still see them (in the tool's
+            result, or in a record or summary that kept them).
+    """
+
+    text: str
+    tool: str | None = None
+    arguments: Mapping[str, Any] = field(default_factory=dict[str, Any])
+    expected: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class OfflineCall:
+    """One request the offline provider answered, and what compaction logged before it.
+
+    Attributes:
+        number: 1-based, in arrival order.
+        prompt_tokens: Tokens of the request as the provider renders it.
+        cached_tokens: Of those, served from the simulated prompt cache.
+        messages: Messages the request carried.
+        rewritten: Of the previous request's messages, how many this one no longer carries
+            byte for byte anywhere (shortened, replaced or removed; context a provider injects
+            for one call, such as the harness's todo list, counts too).
+        compaction: The ``maf_compaction`` log lines emitted since the previous request
+            (what left the prompt and why).
+    """
+
+    number: int
+    prompt_tokens: int
+    cached_tokens: int
+    messages: int
+    rewritten: int
+    compaction: tuple[str, ...]
+
+    @property
+    def cached_share(self) -> float:
+        """The share of the prompt the cache served, in [0, 1]."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+class _Lines(logging.Handler):
+    """Collects ``maf_compaction`` log lines, each tagged with the requests answered before it."""
+
+    def __init__(self, server: LoopbackProvider) -> None:
+        super().__init__(logging.INFO)
+        self._server = server
+        self.lines: list[tuple[int, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append((len(self._server.requests), f"{record.levelname}: {record.getMessage()}"))
+
+
+class OfflineProvider:
+    """A scripted model behind the real OpenAI wire on ``127.0.0.1``, with a simulated prompt cache.
+
+    Use it as a context manager, ``with`` (the server runs on a thread of its own, so
+    synchronous code and ``asyncio.run`` can call it) or ``async with`` (in the running
+    loop), or call :meth:`start` and :meth:`stop` (a script that points
+    ``OPENAI_BASE_URL`` at it before building its client). While it runs it records the
+    ``maf_compaction`` logger's lines (INFO and above).
+
+    Args:
+        questions: What the agent will be asked, in any order.
+        window: The simulated context window, in tokens (a request over it is flagged).
+        encoder: Tokenizes requests for the simulated provider (anything with
+            ``encode(text) -> list[int]``); by default ``TiktokenTokenizer()``.
+    """
+
+    def __init__(self, questions: Sequence[Question], *, window: int = 128_000, encoder: Any = None) -> None:
+        if not questions:
+            raise ValueError("questions must name at least one question, got none")
+        if encoder is None:
+            from ..adapters.tiktoken import TiktokenTokenizer  # noqa: PLC0415 - the default only
+
+            encoder = TiktokenTokenizer()
+        tools = sorted({q.tool for q in questions if q.tool is not None})
+        turns = tuple(
+            Turn(
+                q.text,
+                calls=(ToolCall(q.tool, dict(q.arguments), ""),) if q.tool is not None else (),
+                probe=Probe(q.text, tuple(q.expected)),
+            )
+            for q in questions
+        )
+        scenario = Scenario("offline", "", tuple(ToolSpec(name, "") for name in tools), turns)
+        self.provider = SimulatedProvider(encoder=encoder, window=window, profile=get_profile("default"))
+        self.server = LoopbackProvider(ScriptedModel(scenario), self.provider)
+        self._lines = _Lines(self.server)
+        self._level: int | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- running ------------------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        """The ``base_url`` to give an OpenAI client (``http://127.0.0.1:<port>/v1``)."""
+        return self.server.base_url("model")
+
+    async def __aenter__(self) -> OfflineProvider:
+        """Start serving in the running loop and start recording compaction's log lines."""
+        await self.server.__aenter__()
+        self._watch()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Stop serving and recording."""
+        self._unwatch()
+        await self.server.__aexit__(exc_type, exc, tb)
+
+    def __enter__(self) -> OfflineProvider:
+        """Start serving on a thread of its own and start recording compaction's log lines."""
+        if self._thread is not None:
+            raise RuntimeError("this OfflineProvider is already running")
+        loop = asyncio.new_event_loop()
+        started = threading.Event()
+        failures: list[BaseException] = []
+
+        def serve() -> None:
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self.server.__aenter__())
+            except BaseException as error:  # handed to the caller below
+                failures.append(error)
+                return
+            finally:
+                started.set()
+            loop.run_forever()
+
+        thread = threading.Thread(target=serve, name="maf-compaction-offline", daemon=True)
+        thread.start()
+        started.wait(timeout=30)
+        if failures or not started.is_set():
+            thread.join(timeout=1)
+            loop.close()
+            raise RuntimeError("the offline provider did not start") from (failures[0] if failures else None)
+        self._loop, self._thread = loop, thread
+        self._watch()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Stop serving and recording."""
+        self._unwatch()
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        asyncio.run_coroutine_threadsafe(self.server.__aexit__(None, None, None), loop).result(timeout=30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=30)
+        loop.close()
+        self._loop = self._thread = None
+
+    def start(self) -> OfflineProvider:
+        """Start serving on a thread of its own (``with`` without the block); :meth:`stop` ends it."""
+        return self.__enter__()
+
+    def stop(self) -> None:
+        """Stop what :meth:`start` started."""
+        self.__exit__(None, None, None)
+
+    def _watch(self) -> None:
+        logger = logging.getLogger(_LOGGER)
+        self._level = logger.level
+        if logger.getEffectiveLevel() > logging.INFO:
+            logger.setLevel(logging.INFO)
+        logger.addHandler(self._lines)
+
+    def _unwatch(self) -> None:
+        logger = logging.getLogger(_LOGGER)
+        logger.removeHandler(self._lines)
+        if self._level is not None:
+            logger.setLevel(self._level)
+            self._level = None
+
+    # -- what happened ---------------------------------------------------------------------
+
+    @property
+    def records(self) -> list[CallRecord]:
+        """The simulated provider's bill of every request, in arrival order."""
+        return list(self.provider.calls)
+
+    def calls(self) -> list[OfflineCall]:
+        """Every request so far, with the compaction lines logged before it."""
+        found: list[OfflineCall] = []
+        previous: tuple[str, ...] = ()
+        for number, (record, rendered) in enumerate(
+            zip(self.provider.calls, self.server.rendered, strict=False), start=1
+        ):
+            lines = tuple(line for before, line in self._lines.lines if before == number - 1)
+            messages = rendered.messages
+            carried = set(messages)
+            rewritten = sum(1 for message in previous if message not in carried)
+            found.append(
+                OfflineCall(number, record.input_tokens, record.cached_tokens, len(messages), rewritten, lines)
+            )
+            previous = messages
+        return found
+
+    def report(self) -> str:
+        """Call by call: prompt size, cached share, and what left the prompt before it and why."""
+        rows: list[str] = []
+        for call in self.calls():
+            changed = (
+                "the first call"
+                if call.number == 1
+                else f"{call.rewritten} of the previous call's messages changed or left"
+                if call.rewritten
+                else "carries every message of the previous call"
+            )
+            rows.append(
+                f"call {call.number}: prompt {call.prompt_tokens:,} tokens in {call.messages} messages, "
+                f"{call.cached_share:.0%} cached; {changed}"
+            )
+            rows.extend(f"  {line}" for line in call.compaction)
+        after = [line for before, line in self._lines.lines if before >= len(self.provider.calls)]
+        if after:
+            rows.append("after the last call:")
+            rows.extend(f"  {line}" for line in after)
+        return "\n".join(rows) if rows else "no calls yet"
