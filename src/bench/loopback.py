@@ -12,6 +12,7 @@ import base64
 import hashlib
 import json
 import logging
+import secrets
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -89,6 +90,8 @@ TRANSPORT_KEYS: Final = frozenset(
         "truncation",
     }
 )
+#: Bits of the seed a :class:`LoopbackProvider` draws when none is given (collisions between servers: ~2**-32).
+ID_SEED_BITS: Final = 64
 #: Bytes of opaque state behind each reasoning item's ``encrypted_content``.
 ENCRYPTED_BYTES: Final = 384
 #: The visible summary of every reasoning item (no planted values, no summary keywords).
@@ -646,7 +649,14 @@ class LoopbackProvider:
 
     Use it as an async context manager (``async with LoopbackProvider(model, provider) as server``,
     then ``make_client(kind, server.base_url("model"))``). ``id_policy`` is how item ids are
-    rendered (``docs/bench.md``, "The loopback server"); ``id_seed`` seeds the ids it issues.
+    rendered (``docs/bench.md``, "The loopback server"); ``id_seed`` seeds the ids it issues
+    and its reasoning items' ``encrypted_content``. Without one, a seed is drawn from the
+    operating system's randomness (:func:`secrets.randbits`), so servers started independently
+    (one per process, as replicas would be) never issue the same id, and a session can move
+    between them: the OpenAI client refuses to replay a history in which one reasoning id
+    appears in two answers. Give an explicit seed where the ids must repeat from run to run (the
+    bench passes one, so its figures are reproducible); two servers that share a session need
+    different seeds.
     ``requests``, ``apis``, ``kinds`` and ``rendered`` record, per request, the raw JSON body,
     its API, ``"model"`` or ``"summarizer"``, and what the provider was given; ``ids`` the ids
     issued.
@@ -658,12 +668,12 @@ class LoopbackProvider:
         provider: SimulatedProvider,
         *,
         id_policy: IdPolicy = "issued",
-        id_seed: int = 0,
+        id_seed: int | None = None,
     ) -> None:
         self.model = model
         self.provider = provider
         self.id_policy: IdPolicy = id_policy
-        self.ids = IssuedIds(seed=id_seed)
+        self.ids = IssuedIds(seed=secrets.randbits(ID_SEED_BITS) if id_seed is None else id_seed)
         self.requests: list[dict[str, Any]] = []
         self.apis: list[WireApi] = []
         self.kinds: list[CallKind] = []
@@ -802,6 +812,15 @@ def make_client(
     if kind == "openai-chat":
         return OpenAIChatCompletionClient(model=model, async_client=openai_client)
     raise ValueError(f"kind must be 'openai-responses' or 'openai-chat', got {kind!r}")
+
+
+async def close_client(client: OpenAIChatClient[Any] | OpenAIChatCompletionClient[Any]) -> None:
+    """Close the ``AsyncOpenAI`` client (and its HTTP connections) behind a :func:`make_client` client.
+
+    Call it before the event loop ends: an open client is closed by the garbage collector,
+    which schedules the close on a loop that may be gone ("Event loop is closed" on stderr).
+    """
+    await client.client.close()
 
 
 def agent_options(kind: ClientKind) -> dict[str, Any]:

@@ -37,6 +37,10 @@ logger = logging.getLogger("maf_compaction")
 ClientMode = Literal["inprocess", "openai-responses", "openai-chat"]
 CLIENT_MODES: tuple[ClientMode, ...] = ("inprocess", "openai-responses", "openai-chat")
 
+#: The loopback server's id seed in every cell: the ids it issues (and so the opaque reasoning markers the cache
+#: counts) are the same from run to run, so the figures are reproducible.
+LOOPBACK_ID_SEED: Final = 0
+
 #: Harness features that would move the prompt head on their own (see framework-api.md §5).
 QUIET_HARNESS: Mapping[str, bool] = {
     "disable_todo": True,
@@ -351,15 +355,22 @@ async def _clients(
         summarizer = SimulatedChatClient(model=model, provider=provider, kind="summarizer")
         yield SimulatedChatClient(model=model, provider=provider), summarizer, {}
         return
-    from .loopback import LoopbackProvider, agent_options, make_client  # noqa: PLC0415 - needs the openai extras
+    from .loopback import (  # noqa: PLC0415 - needs the openai extras
+        LoopbackProvider,
+        agent_options,
+        close_client,
+        make_client,
+    )
 
-    async with LoopbackProvider(model, provider) as server:
+    async with LoopbackProvider(model, provider, id_seed=LOOPBACK_ID_SEED) as server:
         kind = settings.client
-        yield (
-            make_client(kind, server.base_url("model")),
-            make_client(kind, server.base_url("summarizer")),
-            agent_options(kind),
-        )
+        client = make_client(kind, server.base_url("model"))
+        summarizer = make_client(kind, server.base_url("summarizer"))
+        try:
+            yield client, summarizer, agent_options(kind)
+        finally:  # before the cell's event loop ends, or the garbage collector closes them on a closed loop
+            await close_client(client)
+            await close_client(summarizer)
 
 
 # ----------------------------------------------------------------------------------------
