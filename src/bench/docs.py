@@ -173,7 +173,7 @@ def render_demo(run: Run, summaries: Sequence[RowSummary], timed: Timed | None =
             f"seed {', '.join(map(str, run.seeds))}, budget {run.settings.budget:,}:"
         )
         lines.append("")
-        lines += [f"    {line.strip()}" for line in verdict(list(rows.values())).lines]
+        lines += [f"    {line}" for line in verdict(list(rows.values())).lines]  # a code block, as printed
         lines.append("")
         table = [[_cells(s)[key] for key, _ in keys] for s in rows.values()]
         lines += _markdown([title for _, title in keys], table)

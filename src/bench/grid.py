@@ -1,9 +1,10 @@
 """``maf-compaction bench`` (``python -m maf_compaction.bench``): replay a conversation through every row.
 
-Runs a grid of cells (rows x fills x seeds) against the simulated provider and prints
-the results table; ``--json`` writes every figure, ``--plot`` draws prompt size, cached
-share and the window per call. See ``docs/bench.md`` for the workload, the simulator's
-rules and each metric.
+Runs a grid of cells (rows x fills x seeds) against the simulated provider and prints,
+per fill, a verdict and a table that fits 120 columns (``--full``: every column and each
+row's counters); ``--json`` writes every figure, ``--plot`` draws prompt size, cached share
+and the window per call. See ``docs/bench.md`` for the workload, the simulator's rules and
+each metric.
 """
 
 from __future__ import annotations
