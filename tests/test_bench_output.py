@@ -86,6 +86,8 @@ def test_the_verdict_names_the_cheapest_row_that_loses_nothing_and_the_cheapest_
     assert "stopped early in 1/3 seed(s)" in verdict(rows[3:4]).lines[1]
     assert verdict(rows[4:]).lines[1].strip() == "cheapest overall: the same row"
     assert verdict(rows[:4]).lines[0].endswith("every fact kept: no row")
+    unasked = verdict([replace(rows[1], accuracy=None)]).lines[1]  # no probes: no acc to quote
+    assert unasked.endswith("loses 44 of 52 facts")
 
 
 def test_the_command_prints_a_verdict_per_fill_that_agrees_with_its_json(

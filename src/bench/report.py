@@ -133,7 +133,8 @@ def _losses(summary: RowSummary) -> str:
     lost: list[str] = []
     if summary.facts_kept < summary.facts_total:
         missing = summary.facts_total - summary.facts_kept
-        lost.append(f"loses {missing:.3g} of {summary.facts_total} facts (acc {_percent(summary.accuracy)})")
+        answered = "" if summary.accuracy is None else f" (acc {_percent(summary.accuracy)})"
+        lost.append(f"loses {missing:.3g} of {summary.facts_total} facts{answered}")
     if summary.dq:
         lost.append(f"{summary.dq} call(s) over the window in {summary.dq_seeds}/{summary.seeds} seed(s)")
     if summary.errors:
