@@ -149,3 +149,40 @@ def test_an_explicit_seed_repeats_its_ids_and_a_drawn_one_does_not() -> None:
     assert len({seed for seed, _ in drawn}) == 3
     assert len({id_ for _, ids in drawn for id_ in ids}) == 15
     assert runner.LOOPBACK_ID_SEED == 0  # the bench's cells pass their own explicit seed
+
+
+_FIRST_IDS = """
+from maf_compaction.bench.loopback import LoopbackProvider
+from maf_compaction.bench.model import ScriptedModel
+from maf_compaction.bench.provider import SimulatedProvider
+from maf_compaction.bench.scenario import Scenario
+from maf_compaction.bench.simulator import get_profile
+
+
+class Bytes:
+    def encode(self, text):
+        return list(text.encode())
+
+
+provider = SimulatedProvider(encoder=Bytes(), window=8_192, profile=get_profile("default"))
+server = LoopbackProvider(ScriptedModel(Scenario("ids", "", (), ())), provider)
+print(" ".join(server.ids.new(prefix) for prefix in ("resp", "rs", "fc")))
+"""
+
+
+def test_servers_started_in_two_processes_issue_different_ids(tmp_path: Path) -> None:
+    """One server per process, as replicas would be started: their first ids differ."""
+    firsts = [
+        subprocess.run(
+            [sys.executable, "-W", "ignore", "-c", _FIRST_IDS],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=subprocess_env(),
+            timeout=120,
+            check=True,
+        ).stdout.split()
+        for _ in range(2)
+    ]
+    assert [len(ids) for ids in firsts] == [3, 3]
+    assert not set(firsts[0]) & set(firsts[1])
