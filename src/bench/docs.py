@@ -321,7 +321,9 @@ def render_composition(run: Run, summaries: Sequence[RowSummary]) -> str:
 
 
 REGIONS: Final[Mapping[str, Region]] = {
-    "demo": Region("demo", render_demo, "docs/bench.md: the default grid, every column but the timings"),
+    "demo": Region(
+        "demo", render_demo, "docs/bench.md: make demo's size and time; per fill, the verdict and every column"
+    ),
     "readme": Region("demo", render_readme, "README.md: four rows of the default grid"),
     "user-heavy": Region("user-heavy", render_user_heavy, "docs/bench.md: the user-heavy workload"),
     "records": Region("demo", render_records, "docs/records.md: the record row of the default grid"),
