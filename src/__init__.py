@@ -99,10 +99,20 @@ __all__ = [
 ]
 
 
-def _warn_experimental() -> None:
-    # The warning is for code that imports the library; the package's own command line
-    # (the ``maf-compaction`` console script) is not such code and stays quiet.
+def _own_command_line() -> bool:
+    """The ``maf-compaction`` console script, or ``python -m maf_compaction.bench`` (its documented equivalent)."""
     if _os.path.basename(_sys.argv[0] if _sys.argv else "").startswith("maf-compaction"):
+        return True
+    # Under ``-m`` the package is imported before ``sys.argv[0]`` names the module; the original argv does.
+    original: list[str] = list(getattr(_sys, "orig_argv", ()))
+    modules = ("maf_compaction.bench", "maf_compaction.bench.__main__")
+    return any(original[i] == "-m" and original[i + 1] in modules for i in range(len(original) - 1))
+
+
+def _warn_experimental() -> None:
+    # The warning is for code that imports the library; the package's own command line is not
+    # such code and stays quiet.
+    if _own_command_line():
         return
     # Under ``python -W error`` a warning becomes an exception; the import must still succeed.
     with _contextlib.suppress(MafCompactionExperimentalWarning):

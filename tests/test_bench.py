@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import types
 from collections.abc import Sequence
@@ -726,8 +727,13 @@ def test_the_command_writes_and_prints_the_record_rows_counters(
     assert cells["none"]["counters"] == {}
     summary = next(s for s in data["summaries"] if s["row"] == RECORD_ROW)
     assert summary["counters"] == counters  # one seed: the mean is the cell's own
-    lines = [line.strip() for line in out.splitlines() if "(mean per seed)" in line]
-    assert len(lines) == 1, f"one counters line expected (the record row's), got {lines}"
-    assert lines[0].startswith(f"{RECORD_ROW} (mean per seed): ")
-    assert f"forced calls {counters['forced_calls']:g}" in lines[0]
-    assert f"groups covered {counters['groups_covered']:g}" in lines[0]
+    assert "(mean per seed)" not in out  # the counters are behind --full (and in the JSON)
+    status, out, err = _run([*argv, "--full"], capsys)
+    assert status == 0, err
+    blocks = re.findall(r"^  (\S+ \(mean per seed\): .*(?:\n    .*)*)", out, flags=re.MULTILINE)
+    assert len(blocks) == 1, f"one counters block expected (the record row's), got {blocks}"
+    block = " ".join(blocks[0].split())  # wrapped at 120 columns
+    assert block.startswith(f"{RECORD_ROW} (mean per seed): ")
+    assert f"forced calls {counters['forced_calls']:g}" in block
+    assert f"groups covered {counters['groups_covered']:g}" in block
+    assert max(len(line) for line in blocks[0].splitlines()) <= 120

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -95,17 +96,20 @@ async def test_the_raise_row_stops_with_compaction_budget_exceeded_on_some_seed(
 async def test_a_stopped_row_is_reported_in_the_table_and_the_json() -> None:
     cells = [await _cell(SHED_ROW, 1), await _cell(RAISE_ROW, 1)]
     summaries = summarize(cells)
-    table = render_table(summaries, QUALITY_07)
+    table = render_table(summaries, QUALITY_07, full=True)
     assert f"{RAISE_ROW} (stopped)" in table
     stopped = [line for line in table.splitlines() if line.strip().startswith(f"{RAISE_ROW} (fill 3) seed 1:")]
     assert len(stopped) == 1, table
     assert cells[1].error is not None
     assert cells[1].error in stopped[0]
     assert f"{SHED_ROW} (stopped)" not in table
-    figures = [line.strip() for line in table.splitlines() if "(mean per seed)" in line]
+    figures = [
+        " ".join(block.split()) for block in re.findall(r"^  (\S+ \(mean per seed\): .*(?:\n    .*)*)", table, re.M)
+    ]
     for row, cell in zip((SHED_ROW, RAISE_ROW), cells, strict=True):
         line = next(line for line in figures if line.startswith(f"{row} (mean per seed): "))
-        assert line.endswith(f"facts lost {cell.facts_lost:g}, lost unnamed {cell.lost_unnamed:g}"), line
+        expected = f"facts lost {cell.facts_lost:g}, lost unnamed {cell.lost_unnamed:g}, cut in place"
+        assert expected in line, line
     data = json.loads(to_json(cells, summaries, QUALITY_07, 1.0))
     by_row = {s["row"]: s for s in data["summaries"]}
     assert by_row[SHED_ROW]["lost_unnamed"] == 0
@@ -274,5 +278,12 @@ def test_a_cell_result_with_lost_values_serializes() -> None:
     )
     data = json.loads(json.dumps(cell.to_dict()))
     assert data["lost"] == [
-        {"label": "R1", "value": "RQ-AAAA11", "carriers": ["m1"], "named": True, "warning": "excluded: m1"}
+        {
+            "label": "R1",
+            "value": "RQ-AAAA11",
+            "carriers": ["m1"],
+            "named": True,
+            "warning": "excluded: m1",
+            "cut_in_place": False,
+        }
     ]

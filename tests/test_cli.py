@@ -421,6 +421,17 @@ def test_the_console_script_prints_no_experimental_warning(tmp_path: Path) -> No
     assert "MafCompactionExperimentalWarning" not in done.stderr
 
 
+def test_python_m_prints_no_experimental_warning_but_an_import_does(tmp_path: Path) -> None:
+    """``python -m maf_compaction.bench`` is the console script's documented equivalent (issue 18: its stderr
+    stays empty); a program that imports the library still gets the warning."""
+    quiet = [sys.executable, "-m", "maf_compaction.bench", "--version"]
+    loud = [sys.executable, "-c", "import maf_compaction.bench"]
+    for argv, warned in ((quiet, False), (loud, True)):
+        done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, env=subprocess_env(), check=False)
+        assert done.returncode == 0
+        assert ("MafCompactionExperimentalWarning" in done.stderr) is warned, done.stderr
+
+
 # -- the progress bar ----------------------------------------------------------------------------------------
 
 

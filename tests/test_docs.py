@@ -31,10 +31,11 @@ TINY = Run(
 
 
 def test_the_committed_docs_are_what_make_docs_writes() -> None:
+    """Measured times aside (``make docs`` measures them; a check cannot repeat them)."""
     wanted = render_documents(ROOT, jobs=min(os.cpu_count() or 1, 8))
     assert set(wanted) == {ROOT / name for name in docs.DOCUMENTS}
-    for path, text in wanted.items():
-        committed = path.read_text(encoding="utf-8")
+    for path, generated in wanted.items():
+        committed, text = docs.without_timings(path.read_text(encoding="utf-8")), docs.without_timings(generated)
         diff = "".join(difflib.unified_diff(committed.splitlines(True), text.splitlines(True), str(path), "generated"))
         assert committed == text, f"{path.name} is stale: run `make docs`\n{diff[:4000]}"
 
@@ -65,6 +66,28 @@ def test_the_pinned_demo_run_is_make_demos_grid_at_seed_1() -> None:
     assert demo.rows == tuple(ROWS)
     assert demo.seeds == (1,)
     assert demo.cells() == grid.cells_for(grid.parser().parse_args(["--seeds", "1"]), demo.settings)
+    # The grid whose size and time the prose quotes is ``make demo``'s own (all seeds), and holds the demo run.
+    assert docs.DEMO_GRID.settings == demo.settings
+    assert docs.DEMO_GRID.cells() == grid.cells_for(args, demo.settings)
+    assert set(demo.cells()) <= set(docs.DEMO_GRID.cells())
+
+
+def test_the_prose_quotes_no_typed_cell_counts_or_timings() -> None:
+    """Issue 18: docs/bench.md said "117 cells; about 40 s" long after both had changed. Cell counts and times now
+    appear only inside generated regions, and the demo region's first line gives ``make demo``'s size and time."""
+    for name in ("README.md", "docs/bench.md"):
+        text = (ROOT / name).read_text(encoding="utf-8")
+        prose = re.sub(r"<!-- bench:.*?<!-- /bench -->", "", text, flags=re.DOTALL)
+        assert not re.search(r"\b\d[\d,]* cells\b", prose), f"{name} types a cell count outside a generated region"
+        assert not re.search(r"\b(about|in) \d+(\.\d+)? ?s\b", prose), f"{name} types a time outside a region"
+    bench = (ROOT / "docs" / "bench.md").read_text(encoding="utf-8")
+    region = bench.split("<!-- bench:demo -->\n", 1)[1]
+    first = region.splitlines()[0]
+    cells = len(docs.DEMO_GRID.cells())
+    assert first.startswith(f"`make demo` (`python -m maf_compaction.bench`) runs {cells} cells")
+    took = re.search(r"<!-- timing -->(.*?)<!-- /timing -->", first)
+    assert took is not None
+    assert re.fullmatch(r"\d+\.\d s with \d+ worker\(s\)", took.group(1)), "make docs measured the time"
 
 
 @pytest.fixture
@@ -72,6 +95,7 @@ def tiny(monkeypatch: pytest.MonkeyPatch) -> None:
     """The generator reads a tiny pinned run (a few cells at an 8K window) instead of the real ones."""
     monkeypatch.setattr(docs, "RUNS", {"demo": TINY})
     monkeypatch.setattr(docs, "REGIONS", {"demo": Region("demo", docs.render_demo)})
+    monkeypatch.setattr(docs, "DEMO_GRID", Run(TINY.settings, TINY.rows, TINY.fills, (1, 2), TINY.command))
 
 
 def checkout(tmp_path: Path, bench_text: str) -> Path:
@@ -97,8 +121,17 @@ def test_check_fails_on_stale_docs_and_write_fixes_them(tmp_path: Path, capsys: 
     assert written.startswith("# bench\n\nBefore.\n\n<!-- bench:demo -->\n")
     assert written.endswith("<!-- /bench -->\n\nAfter, by hand.\n")  # text outside the markers is kept
     assert "| old | table |" not in written
+    took = re.search(r"<!-- timing -->(\d+\.\d) s with 1 worker\(s\)<!-- /timing -->", written)
+    assert took is not None, "--write measures the time of the timed grid"
+    assert "runs 8 cells (2 rows x 2 fills x 2 seeds)" in written
     assert docs.main(["--root", str(root), "--jobs", "1"]) == 0
     assert "the documents match the bench" in capsys.readouterr().out
+    # Another time alone is no change: the check ignores it, and --write leaves the file as it is.
+    other = written.replace(took.group(0), docs.timing("999.9 s with 7 worker(s)"))
+    (root / "docs" / "bench.md").write_text(other, encoding="utf-8")
+    assert docs.main(["--root", str(root), "--jobs", "1"]) == 0
+    assert docs.main(["--root", str(root), "--jobs", "1", "--write"]) == 0
+    assert (root / "docs" / "bench.md").read_text(encoding="utf-8") == other
 
 
 @pytest.mark.usefixtures("tiny")
@@ -106,7 +139,7 @@ def test_the_demo_region_shows_the_terminal_tables_figures(tmp_path: Path) -> No
     """Each generated row carries the same strings ``maf-compaction bench`` prints (timings aside)."""
     root = checkout(tmp_path, STALE)
     written = render_documents(root)[root / "docs" / "bench.md"]
-    terminal = render_table(summarize(run_grid(TINY.cells(), TINY.settings)), TINY.settings)
+    terminal = render_table(summarize(run_grid(TINY.cells(), TINY.settings)), TINY.settings, full=True)
     shown = 0
     for line in terminal.splitlines():
         cells = re.split(r"\s{2,}", line.strip())
@@ -114,6 +147,9 @@ def test_the_demo_region_shows_the_terminal_tables_figures(tmp_path: Path) -> No
             assert "| " + " | ".join(cells[:-1]) + " |" in written  # every column but pass ms
             shown += 1
     assert shown == len(TINY.rows) * len(TINY.fills)
+    verdicts = [line[2:] for line in terminal.splitlines() if line.startswith(("  verdict:", "           "))]
+    assert sum(line.startswith("verdict:") for line in verdicts) == len(TINY.fills)
+    assert all(f"\n    {line}\n" in written for line in verdicts)  # a code block of the lines the terminal shows
     assert "4 cells (generated by `make docs`" in written
 
 

@@ -30,7 +30,7 @@ def test_the_gap_closed_is_none_minus_row_over_none_minus_floor() -> None:
     summaries = {s.row: s for s in summarize(cells)}
     assert summaries["mine"].gap_closed == pytest.approx(0.5)
     assert summaries["mine"].floor == pytest.approx(0.2)  # the control's floor, for every row
-    table = render_table(list(summaries.values()), Settings())
+    table = render_table(list(summaries.values()), Settings(), full=True)  # gap closed: a --full column
     assert "floor" in table
     assert "0.2000" in table
     assert "50%" in table

@@ -159,7 +159,7 @@ async def over_the_wire(kind: ClientKind, *, stream: bool) -> Run:
     if key not in _RUNS:
         script = scenario()
         provider = new_provider()
-        async with LoopbackProvider(ScriptedModel(script), provider) as server:
+        async with LoopbackProvider(ScriptedModel(script), provider, id_seed=0) as server:
             client = make_client(kind, server.base_url("model"))
             run = await drive(build_agent(client, script, agent_options(kind)), provider, script, stream=stream)
             assert all(k == "model" for k in server.kinds)

@@ -1,9 +1,10 @@
 """``maf-compaction bench`` (``python -m maf_compaction.bench``): replay a conversation through every row.
 
-Runs a grid of cells (rows x fills x seeds) against the simulated provider and prints
-the results table; ``--json`` writes every figure, ``--plot`` draws prompt size, cached
-share and the window per call. See ``docs/bench.md`` for the workload, the simulator's
-rules and each metric.
+Runs a grid of cells (rows x fills x seeds) against the simulated provider and prints,
+per fill, a verdict and a table that fits 120 columns (``--full``: every column and each
+row's counters); ``--json`` writes every figure, ``--plot`` draws prompt size, cached share
+and the window per call. See ``docs/bench.md`` for the workload, the simulator's rules and
+each metric.
 """
 
 from __future__ import annotations
@@ -168,7 +169,13 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
         "module is imported from the current directory too)",
     )
     out = cli.add_argument_group("output")
-    out.add_argument("--json", metavar="FILE", help="write every figure as JSON")
+    out.add_argument(
+        "--full",
+        action="store_true",
+        help="print every column (gap closed, calls, pass ms), each row's counters and lost values "
+        "(default: a verdict per fill and a table that fits 120 columns)",
+    )
+    out.add_argument("--json", metavar="FILE", help="write every figure as JSON (the verdicts too)")
     out.add_argument(
         "--plot", metavar="FILE.png", help="plot prompt size, cached share and window per call (the plot extra)"
     )
@@ -362,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     summaries = summarize(results)
 
     workload = None if scenario is None else scenario.name
-    print(render_table(summaries, settings, workload=workload))
+    print(render_table(summaries, settings, workload=workload, full=args.full))
     print(f"\n{len(cells)} cells in {seconds:.1f} s ({args.jobs} worker(s)).")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

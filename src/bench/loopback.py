@@ -12,6 +12,7 @@ import base64
 import hashlib
 import json
 import logging
+import secrets
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -98,6 +99,8 @@ TRANSPORT_KEYS: Final = frozenset(
         "truncation",
     }
 )
+#: Bits of the seed a :class:`LoopbackProvider` draws when none is given (collisions between servers: ~2**-32).
+ID_SEED_BITS: Final = 64
 #: Bytes of opaque state behind each reasoning item's ``encrypted_content``.
 ENCRYPTED_BYTES: Final = 384
 #: A visible reasoning summary for servers asked to send one (no planted values, no summary keywords).
@@ -123,11 +126,11 @@ def canonical_json(value: object) -> str:
 
 @dataclass(slots=True)
 class IssuedIds:
-    """The ids one server handed out, and their canonical names.
+    """The ids one server handed out.
 
     Ids look like ``<prefix>_<24 hex>`` (``chatcmpl-<hex>`` for chat completions), derived
     from ``seed`` and a counter, so one seed always issues the same ids and two seeds
-    issue different ones.
+    issue different ones. They are API references: no rendering for the cache uses them.
 
     Args:
         seed: Seeds the ids.
@@ -135,7 +138,7 @@ class IssuedIds:
 
     seed: int = 0
     _count: int = field(default=0, init=False)
-    _canonical: dict[str, str] = field(default_factory=dict[str, str], init=False)
+    _issued: set[str] = field(default_factory=set[str], init=False)
 
     def new(self, prefix: str) -> str:
         """Issue a fresh id with ``prefix`` (one of ``resp``, ``rs``, ``fc``, ``msg``, ``chatcmpl``)."""
@@ -144,23 +147,11 @@ class IssuedIds:
         self._count += 1
         digest = hashlib.sha256(f"{self.seed}:{self._count}".encode()).hexdigest()[:24]
         issued = f"chatcmpl-{digest}" if prefix == "chatcmpl" else f"{prefix}_{digest}"
-        self._canonical[issued] = f"{prefix}_issued"
+        self._issued.add(issued)
         return issued
 
     def __contains__(self, value: object) -> bool:
-        return value in self._canonical
-
-    def rewrite(self, value: Any) -> Any:
-        """A copy of the JSON ``value`` with every issued id (a whole string) replaced by its canonical name."""
-        if isinstance(value, str):
-            return self._canonical.get(value, value)
-        if isinstance(value, Mapping):
-            mapping: Mapping[str, Any] = value  # pyright: ignore[reportUnknownVariableType]
-            return {key: self.rewrite(item) for key, item in mapping.items()}
-        if isinstance(value, list):
-            items: list[Any] = value  # pyright: ignore[reportUnknownVariableType]
-            return [self.rewrite(item) for item in items]
-        return value
+        return value in self._issued
 
 
 def _encrypted_content(seed: int, number: int, summary: str) -> str:
@@ -647,9 +638,16 @@ class LoopbackProvider:
     Use it as an async context manager (``async with LoopbackProvider(model, provider) as server``,
     then ``make_client(kind, server.base_url("model"))``). Every request is priced as the one
     canonical request (:func:`render_wire_request`); ``id_policy="drop"`` also leaves out Chat
-    participant names; ``id_seed`` seeds the ids it issues. Each Responses answer carries a
-    reasoning item with opaque ``encrypted_content`` and, as the API does when no summary is asked
-    for, no summary; a ``reasoning_summary`` text is sent (and billed as reasoning output) instead.
+    participant names. ``id_seed`` seeds the ids it issues and its reasoning items'
+    ``encrypted_content``. Without one, a seed is drawn from the operating system's randomness
+    (:func:`secrets.randbits`), so servers started independently (one per process, as replicas
+    would be) never issue the same id, and a session can move between them: the OpenAI client
+    refuses to replay a history in which one reasoning id appears in two answers. Give an
+    explicit seed where the ids must repeat from run to run (the bench passes one, so its figures
+    are reproducible); two servers that share a session need different seeds. Each Responses
+    answer carries a reasoning item with opaque ``encrypted_content`` and, as the API does when no
+    summary is asked for, no summary; a ``reasoning_summary`` text is sent (and billed as
+    reasoning output) instead.
     ``requests``, ``apis``, ``kinds`` and ``rendered`` record, per request, the raw JSON body,
     its API, ``"model"`` or ``"summarizer"``, and what the provider was given; ``ids`` the ids
     issued.
@@ -661,14 +659,14 @@ class LoopbackProvider:
         provider: SimulatedProvider,
         *,
         id_policy: IdPolicy = "issued",
-        id_seed: int = 0,
+        id_seed: int | None = None,
         reasoning_summary: str = "",
     ) -> None:
         self.model = model
         self.provider = provider
         self.id_policy: IdPolicy = id_policy
         self.reasoning_summary = reasoning_summary
-        self.ids = IssuedIds(seed=id_seed)
+        self.ids = IssuedIds(seed=secrets.randbits(ID_SEED_BITS) if id_seed is None else id_seed)
         self.requests: list[dict[str, Any]] = []
         self.apis: list[WireApi] = []
         self.kinds: list[CallKind] = []
@@ -807,6 +805,15 @@ def make_client(
     if kind == "openai-chat":
         return OpenAIChatCompletionClient(model=model, async_client=openai_client)
     raise ValueError(f"kind must be 'openai-responses' or 'openai-chat', got {kind!r}")
+
+
+async def close_client(client: OpenAIChatClient[Any] | OpenAIChatCompletionClient[Any]) -> None:
+    """Close the ``AsyncOpenAI`` client (and its HTTP connections) behind a :func:`make_client` client.
+
+    Call it before the event loop ends: an open client is closed by the garbage collector,
+    which schedules the close on a loop that may be gone ("Event loop is closed" on stderr).
+    """
+    await client.client.close()
 
 
 def agent_options(kind: ClientKind) -> dict[str, Any]:

@@ -47,6 +47,10 @@ class LostFact:
             message without one (which no log line can name by id).
         named: A WARNING of the ``maf_compaction`` logger named one of ``carriers`` by id.
         warning: The first such WARNING (it says why the message left), or ``None``.
+        cut_in_place: A carrier is still in the prompt: the value was cut from a message that
+            stays (a tool result shortened in place, its original kept on the message and a
+            removal marker where the text was). No WARNING names such a cut; the marker the
+            model sees is its notice.
     """
 
     label: str
@@ -54,6 +58,7 @@ class LostFact:
     carriers: tuple[str, ...]
     named: bool
     warning: str | None = None
+    cut_in_place: bool = False
 
 
 class _CellWarnings(logging.Handler):
@@ -140,10 +145,16 @@ def lost_facts(
     result). A value of a turn the run never finished, and that no stored message
     carries, was never in the conversation and is not lost. A lost value that no stored
     message carries any more (rewritten in place, nothing kept) has no carrier, so it is
-    never named.
+    never named. A lost value whose carrier is still in the prompt was cut from it in place
+    (only its kept original carries it): ``cut_in_place``.
     """
     given = _given_text(scenario, answered)
     carried = [(_name(message, index), _carried_text(message)) for index, message in enumerate(stored)]
+    in_prompt = {
+        _name(message, index)
+        for index, message in enumerate(stored)
+        if not message.additional_properties.get("_excluded", False)
+    }
     names = [(text, named_in(text)) for text in warnings]
     lost: list[LostFact] = []
     seen: set[str] = set()
@@ -155,7 +166,8 @@ def lost_facts(
         if not carriers and fact.value not in given:
             continue
         warning = next((text for text, words in names if any(c in words for c in carriers)), None)
-        lost.append(LostFact(fact.label, fact.value, carriers, named=warning is not None, warning=warning))
+        cut = any(carrier in in_prompt for carrier in carriers)
+        lost.append(LostFact(fact.label, fact.value, carriers, warning is not None, warning, cut_in_place=cut))
     return lost
 
 

@@ -6,13 +6,15 @@ import json
 import math
 import textwrap
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from ..core.extras import install_hint
+from .provider import CACHE_RULES
 from .runner import CellResult, RowSummary, Settings
 
+#: Every column (``--full``, and the tables of docs/bench.md): key, title.
 COLUMNS = (
     ("row", "row"),
     ("cost", "cost $"),
@@ -21,19 +23,54 @@ COLUMNS = (
     ("hit", "hit%"),
     ("breaks", "breaks"),
     ("max", "max/window"),
-    ("dq", "DQ"),
+    ("dq", "DQ (seeds)"),
     ("facts", "facts kept"),
     ("acc", "acc"),
     ("calls", "model calls"),
     ("summ", "summarizer"),
     ("pass", "pass ms med/max"),
 )
+#: The default table's columns: what a choice needs, within :data:`WIDTH` with the default grid's rows.
+COMPACT_COLUMNS = tuple(
+    (key, title) for key, title in COLUMNS if key in ("row", "cost", "vs", "hit", "max", "dq", "facts", "acc")
+)
+#: The terminal width the default output keeps to (every line, the default grid's rows included).
+WIDTH = 120
+
+_LEGEND = (
+    "cost $: dollars over every call, summarizer calls included; vs none: per-seed ratio to the control's cost;",
+    "floor: the cost of each call's new input and its output alone (from the control): no row costs less;",
+    "hit%: cached / input tokens;",
+    "max/window: largest prompt / window; DQ (seeds): calls over the window, which a real provider would refuse",
+    "  (and in how many seeds); a row with a DQ is never the verdict's first pick;",
+    "facts kept: planted values in the final prompt (records and summaries count), of those planted;",
+    'acc: share of the probes\' expected values the model quoted ("-": the workload asks none);',
+    "(stopped): a cell ended early (below); its figures cover the turns before the stop.",
+)
+_FULL_LEGEND = (
+    "breaks: model calls whose prompt does not extend the previous one (a compaction event, to the cache);",
+    "gap closed: share of the distance from the control to the floor a row closes, (none - row) / (none - floor);",
+    "model calls, summarizer: calls by kind; pass ms: median and slowest compaction pass;",
+    "facts lost: values the conversation gave that the final prompt lacks; lost unnamed: of those, values no",
+    "  maf_compaction WARNING named a carrying message of, by id; cut in place: of those, values cut from the",
+    "  middle of a tool result the anchored rules shortened in place (the message stays in the prompt with a",
+    "  removal marker, which is the notice: by design). Other unnamed losses had no WARNING: all the framework's",
+    "  strategies' losses, and a value a user-turn summary leaves out (it links its turns at INFO).",
+)
+_MORE = (
+    "--full: every column (breaks, gap closed, calls, pass ms), each row's counters and lost values;",
+    "--json FILE: every figure of every cell, and the verdicts.",
+)
+
+
+def _percent(share: float | None) -> str:
+    return "-" if share is None else f"{share * 100:.0f}%"
 
 
 def _cells(summary: RowSummary) -> dict[str, str]:
     median = "-" if summary.pass_ms_median is None else f"{summary.pass_ms_median:.1f}"
     worst = "-" if summary.pass_ms_max is None else f"{summary.pass_ms_max:.1f}"
-    dq = "0" if not summary.dq else f"{summary.dq} ({summary.dq_seeds}/{summary.seeds} seeds)"
+    dq = "0" if not summary.dq else f"{summary.dq} ({summary.dq_seeds}/{summary.seeds})"
     return {
         "row": summary.row + (" (stopped)" if summary.errors else ""),
         "cost": f"{summary.cost:.4f}",
@@ -44,7 +81,7 @@ def _cells(summary: RowSummary) -> dict[str, str]:
         "max": f"{summary.max_prompt_share:.2f}",
         "dq": dq,
         "facts": f"{summary.facts_kept:.1f}/{summary.facts_total}",
-        "acc": f"{summary.accuracy * 100:.0f}%",
+        "acc": _percent(summary.accuracy),
         "calls": f"{summary.model_calls:.1f}",
         "summ": f"{summary.summarizer_calls:.1f}",
         "pass": f"{median}/{worst}",
@@ -52,15 +89,82 @@ def _cells(summary: RowSummary) -> dict[str, str]:
 
 
 def row_figures(summary: RowSummary) -> str:
-    """The line under the table for a row: its own counters, then what it lost ("" when neither applies).
+    """The line under the full table for a row: its own counters, then what it lost ("" when neither applies).
 
-    ``facts lost`` and ``lost unnamed`` (see :class:`~.runner.CellResult`) follow the
-    counters of every row that has counters or lost a value.
+    ``facts lost``, ``lost unnamed`` and ``cut in place`` (see :class:`~.runner.CellResult`)
+    follow the counters of every row that has counters or lost a value.
     """
     shown = [f"{name.replace('_', ' ')} {value:g}" for name, value in summary.counters.items()]
     if summary.counters or summary.facts_lost:
-        shown += [f"facts lost {summary.facts_lost:g}", f"lost unnamed {summary.lost_unnamed:g}"]
+        shown += [
+            f"facts lost {summary.facts_lost:g}",
+            f"lost unnamed {summary.lost_unnamed:g}",
+            f"cut in place {summary.lost_cut_in_place:g}",
+        ]
     return ", ".join(shown)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What one fill's rows answer: the cheapest row that loses nothing, and the cheapest row at all.
+
+    Attributes:
+        fill: The fill (1.0 for a file workload).
+        keeps_all: The cheapest row with no call over the window, no stopped cell and every
+            planted value kept in every seed; ``None`` when no row qualifies.
+        cheapest: The cheapest row, whatever it loses.
+        lines: The verdict as the table prints it.
+    """
+
+    fill: float
+    keeps_all: str | None
+    cheapest: str
+    lines: tuple[str, ...]
+
+
+def _keeps_all(summary: RowSummary) -> bool:
+    return not summary.dq and not summary.errors and summary.facts_kept >= summary.facts_total
+
+
+def _price(summary: RowSummary) -> str:
+    ratio = "" if summary.vs_none is None else f", {summary.vs_none:.2f}x none"
+    return f"${summary.cost:.4f}{ratio}"
+
+
+def _losses(summary: RowSummary) -> str:
+    lost: list[str] = []
+    if summary.facts_kept < summary.facts_total:
+        missing = summary.facts_total - summary.facts_kept
+        answered = "" if summary.accuracy is None else f" (acc {_percent(summary.accuracy)})"
+        lost.append(f"loses {missing:.3g} of {summary.facts_total} facts{answered}")
+    if summary.dq:
+        lost.append(f"{summary.dq} call(s) over the window in {summary.dq_seeds}/{summary.seeds} seed(s)")
+    if summary.errors:
+        lost.append(f"stopped early in {len(summary.errors)}/{summary.seeds} seed(s)")
+    return "; ".join(lost) if lost else "keeps every fact"
+
+
+def verdict(rows: Sequence[RowSummary]) -> Verdict:
+    """The verdict on one fill's rows (in grid order; the first of equal costs wins)."""
+    cheapest = min(rows, key=lambda s: s.cost)
+    safe = [s for s in rows if _keeps_all(s)]
+    best = min(safe, key=lambda s: s.cost) if safe else None
+    head = "verdict: cheapest with 0 DQ and every fact kept: "
+    first = f"{head}{best.row} ({_price(best)})" if best else f"{head}no row"
+    if best is cheapest:
+        second = "cheapest overall: the same row"
+    else:
+        second = f"cheapest overall: {cheapest.row} ({_price(cheapest)}): {_losses(cheapest)}"
+    lines = [
+        *textwrap.wrap(first, WIDTH - 2, subsequent_indent="  "),
+        *textwrap.wrap(second, WIDTH - 2, initial_indent=" " * 9, subsequent_indent=" " * 11),
+    ]
+    return Verdict(rows[0].fill, best.row if best else None, cheapest.row, tuple(lines))
+
+
+def verdicts(summaries: Sequence[RowSummary]) -> list[Verdict]:
+    """One :func:`verdict` per fill, in fill order."""
+    return [verdict([s for s in summaries if s.fill == fill]) for fill in sorted({s.fill for s in summaries})]
 
 
 def describe_workload(settings: Settings, workload: str | None, fill: float) -> str:
@@ -72,11 +176,43 @@ def describe_workload(settings: Settings, workload: str | None, fill: float) -> 
     return f"{kind} {workload!r} ({source}) at a" if workload else f"{kind} {source} at a"
 
 
-def render_table(summaries: Sequence[RowSummary], settings: Settings, *, workload: str | None = None) -> str:
-    """One table per fill, rows in grid order, averaged over seeds; ``workload`` is a file workload's name."""
+def table_lines(
+    rows: Sequence[RowSummary], columns: Sequence[tuple[str, str]], *, floor: float | None = None
+) -> list[str]:
+    """The aligned table of ``rows`` with ``columns`` (names left, figures right), a rule under the titles.
+
+    ``floor`` (dollars) adds the floor line under the rows, its figure under ``cost $``.
+    """
+    table = [[title for _, title in columns], *([_cells(s)[key] for key, _ in columns] for s in rows)]
+    widths = [max(len(row[i]) for row in table) for i in range(len(columns))]
     lines: list[str] = []
-    fills = sorted({s.fill for s in summaries})
-    for fill in fills:
+    for index, row in enumerate(table):
+        cells = [row[0].ljust(widths[0]), *(cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True))]
+        lines.append("  " + "  ".join(cells))
+        if index == 0:
+            lines.append("  " + "  ".join("-" * w for w in widths))
+    if floor is not None:
+        cost = f"{floor:.4f}".rjust(widths[1])
+        lines.append(f"  {'floor'.ljust(widths[0])}  {cost}  (each call's new input and its output alone)")
+    return lines
+
+
+def render_table(
+    summaries: Sequence[RowSummary], settings: Settings, *, workload: str | None = None, full: bool = False
+) -> str:
+    """Per fill: the settings, the verdict and the table (rows in grid order, averaged over seeds); then a legend.
+
+    The default table has the columns a choice needs (:data:`COMPACT_COLUMNS`) and every line
+    fits :data:`WIDTH`; ``full`` prints every column, each row's counters and lost values, and
+    the legend of those. ``workload`` is a file workload's name.
+    """
+    client = "in process" if settings.client == "inprocess" else f"{settings.client} client over the loopback"
+    lines = textwrap.wrap(
+        f"cache rule {settings.cache} ({client}): {CACHE_RULES[settings.cache]}.", WIDTH, subsequent_indent="  "
+    )
+    lines.append("")
+    by_fill = {v.fill: v for v in verdicts(summaries)}
+    for fill, judged in by_fill.items():
         rows = [s for s in summaries if s.fill == fill]
         seeds = max(s.seeds for s in rows)
         what = describe_workload(settings, workload, fill)
@@ -84,37 +220,17 @@ def render_table(summaries: Sequence[RowSummary], settings: Settings, *, workloa
             f"{what} {settings.context_window:,}-token window, {seeds} seed(s), "
             f"{settings.cache} cache, '{settings.profile}' prices, budget {settings.budget:,}"
         )
-        table = [[title for _, title in COLUMNS], *([_cells(s)[key] for key, _ in COLUMNS] for s in rows)]
-        widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
-        for index, row in enumerate(table):
-            cells = [
-                row[0].ljust(widths[0]),
-                *(cell.rjust(width) for cell, width in zip(row[1:], widths[1:], strict=True)),
-            ]
-            lines.append("  " + "  ".join(cells))
-            if index == 0:
-                lines.append("  " + "  ".join("-" * w for w in widths))
-        floors = [s.floor for s in rows if s.row == "none" and s.floor is not None]
-        if floors:
-            lines.append(
-                f"  {'floor'.ljust(widths[0])}  {floors[0]:.4f}  (each call's new input and its output alone: "
-                "no strategy costs less)"
-            )
-        for summary in rows:
-            shown = row_figures(summary)
-            if shown:
-                lines.append(f"  {summary.row} (mean per seed): {shown}")
+        lines += [f"  {line}" for line in judged.lines]
+        floor = next((s.floor for s in rows if s.row == "none" and s.floor is not None), None)
+        lines += table_lines(rows, COLUMNS if full else COMPACT_COLUMNS, floor=floor)
+        if full:
+            for summary in rows:
+                shown = row_figures(summary)
+                if shown:
+                    text = f"{summary.row} (mean per seed): {shown}"
+                    lines += textwrap.wrap(text, WIDTH, initial_indent="  ", subsequent_indent="    ")
         lines.append("")
-    lines += [
-        "cost: dollars over every call (summarizer calls included); vs none: per-seed ratio to the control;",
-        "gap closed: share of the distance from the control to the floor a row closes, (none - row) / (none - floor);",
-        "hit%: cached / input tokens; breaks: model calls that do not extend the previous prompt;",
-        "max/window: largest prompt over the window; DQ: calls over the window (row leaves the ranking);",
-        "facts kept: planted values in the final stored history's included messages; acc: probe values quoted;",
-        "facts lost: values the conversation gave that the final prompt lacks; lost unnamed: of those, values no",
-        "maf_compaction WARNING named a carrying message of (by id): lost silently, must be 0;",
-        "(stopped): a cell ended early (below); its figures cover the turns before the stop.",
-    ]
+    lines += [*_LEGEND, *(_FULL_LEGEND if full else _MORE)]
     errors = [f"  {s.row} (fill {s.fill:g}) {e}" for s in summaries for e in s.errors]
     if errors:
         lines += ["", "Stopped early:", *errors]
@@ -137,9 +253,10 @@ def to_json(
             "kind": "workload" if settings.workload else "session" if settings.session else "generated",
             "file": source,
         },
-        "settings": {**asdict(settings), "budget": settings.budget},
+        "settings": {**asdict(settings), "budget": settings.budget, "cache_rule": CACHE_RULES[settings.cache]},
         "seconds": seconds,
         "summaries": [asdict(s) for s in summaries],
+        "verdicts": [asdict(v) for v in verdicts(summaries)],
         "cells": [r.to_dict() for r in results],
     }
     return json.dumps(payload, indent=2, sort_keys=True)

@@ -37,6 +37,10 @@ logger = logging.getLogger("maf_compaction")
 ClientMode = Literal["inprocess", "openai-responses", "openai-chat"]
 CLIENT_MODES: tuple[ClientMode, ...] = ("inprocess", "openai-responses", "openai-chat")
 
+#: The loopback server's id seed in every cell: the ids it issues (and so the opaque reasoning markers the cache
+#: counts) are the same from run to run, so the figures are reproducible.
+LOOPBACK_ID_SEED: Final = 0
+
 #: Harness features that would move the prompt head on their own (see framework-api.md §5).
 QUIET_HARNESS: Mapping[str, bool] = {
     "disable_todo": True,
@@ -100,9 +104,13 @@ class CellResult:
         facts_lost: Planted values the conversation gave that the final prompt lacks
             (see :func:`~.lost.lost_facts`; a value of a turn never finished is not lost).
         lost_unnamed: Of those, values no ``maf_compaction`` WARNING named a carrying
-            message of, by id: lost silently (0 for a strategy that keeps its promise).
+            message of, by id.
+        lost_cut_in_place: Of those, values cut from a message that stays in the prompt (a
+            tool result the anchored rules shortened in place: its removal marker is the
+            notice, by design). ``lost_unnamed - lost_cut_in_place`` is what left silently.
         lost: Each lost value, its carrying messages and whether one was named.
-        correct, asked: Expected probe values quoted, and asked for.
+        correct, asked: Expected probe values quoted, and asked for (0 for a workload
+            without probes: then :attr:`accuracy` is ``None``).
         model_calls, summarizer_calls: Calls by kind.
         pass_ms: Every compaction pass, in milliseconds (both phases).
         prompts, cached: Per model call: request tokens and cached tokens (for plots).
@@ -127,6 +135,7 @@ class CellResult:
     facts_total: int = 0
     facts_lost: int = 0
     lost_unnamed: int = 0
+    lost_cut_in_place: int = 0
     lost: list[LostFact] = field(default_factory=list[LostFact])
     correct: int = 0
     asked: int = 0
@@ -146,9 +155,9 @@ class CellResult:
         return self.cached_tokens / self.input_tokens if self.input_tokens else 0.0
 
     @property
-    def accuracy(self) -> float:
-        """Share of expected probe values quoted."""
-        return self.correct / self.asked if self.asked else 1.0
+    def accuracy(self) -> float | None:
+        """Share of expected probe values quoted; ``None`` when nothing was asked (no probes)."""
+        return self.correct / self.asked if self.asked else None
 
     def to_dict(self) -> dict[str, Any]:
         """Every figure, JSON-safe."""
@@ -350,6 +359,7 @@ def _fill_figures(
     result.lost = lost_facts(scenario, stored, text, answered=len(replies), warnings=warned)
     result.facts_lost = len(result.lost)
     result.lost_unnamed = sum(1 for fact in result.lost if not fact.named)
+    result.lost_cut_in_place = sum(1 for fact in result.lost if not fact.named and fact.cut_in_place)
     for turn, reply in zip(scenario.turns, replies, strict=False):
         if turn.probe is not None:
             result.asked += len(turn.probe.expected)
@@ -367,15 +377,22 @@ async def _clients(
         summarizer = SimulatedChatClient(model=model, provider=provider, kind="summarizer")
         yield SimulatedChatClient(model=model, provider=provider), summarizer, {}
         return
-    from .loopback import LoopbackProvider, agent_options, make_client  # noqa: PLC0415 - needs the openai extras
+    from .loopback import (  # noqa: PLC0415 - needs the openai extras
+        LoopbackProvider,
+        agent_options,
+        close_client,
+        make_client,
+    )
 
-    async with LoopbackProvider(model, provider) as server:
+    async with LoopbackProvider(model, provider, id_seed=LOOPBACK_ID_SEED) as server:
         kind = settings.client
-        yield (
-            make_client(kind, server.base_url("model")),
-            make_client(kind, server.base_url("summarizer")),
-            agent_options(kind),
-        )
+        client = make_client(kind, server.base_url("model"))
+        summarizer = make_client(kind, server.base_url("summarizer"))
+        try:
+            yield client, summarizer, agent_options(kind)
+        finally:  # before the cell's event loop ends, or the garbage collector closes them on a closed loop
+            await close_client(client)
+            await close_client(summarizer)
 
 
 # ----------------------------------------------------------------------------------------
@@ -457,7 +474,9 @@ def run_batches(
 class RowSummary:
     """A row at one fill, averaged over seeds.
 
-    ``facts_lost`` and ``lost_unnamed`` are means per seed (see :class:`CellResult`);
+    ``facts_lost``, ``lost_unnamed`` and ``lost_cut_in_place`` are means per seed (see
+    :class:`CellResult`); ``accuracy`` is the mean over the seeds that asked something
+    (``None`` when none did);
     ``errors`` holds ``"seed N: turn M: Exception: message"`` for each cell that stopped early.
     """
 
@@ -475,7 +494,7 @@ class RowSummary:
     facts_total: int
     facts_lost: float
     lost_unnamed: float
-    accuracy: float
+    accuracy: float | None
     model_calls: float
     summarizer_calls: float
     pass_ms_median: float | None
@@ -484,6 +503,7 @@ class RowSummary:
     counters: dict[str, float] = field(default_factory=dict[str, float])
     floor: float | None = None
     gap_closed: float | None = None
+    lost_cut_in_place: float = 0.0
 
 
 #: The figures a summary averages over seeds, cell by cell.
@@ -494,7 +514,7 @@ _MEANS: Final = (
     "facts_kept",
     "facts_lost",
     "lost_unnamed",
-    "accuracy",
+    "lost_cut_in_place",
     "model_calls",
     "summarizer_calls",
 )
@@ -522,6 +542,7 @@ def summarize(results: Sequence[CellResult]) -> list[RowSummary]:
         ]
         passes = [ms for c in cells for ms in c.pass_ms]
         means = {name: statistics.fmean(getattr(c, name) for c in cells) for name in _MEANS}
+        asked = [c.accuracy for c in cells if c.accuracy is not None]
         summaries.append(
             RowSummary(
                 row=row,
@@ -538,6 +559,7 @@ def summarize(results: Sequence[CellResult]) -> list[RowSummary]:
                 counters=_mean_counters(cells),
                 floor=statistics.fmean(floors) if floors else None,
                 gap_closed=statistics.fmean(gaps) if gaps else None,
+                accuracy=statistics.fmean(asked) if asked else None,
                 **means,
             )
         )
