@@ -83,12 +83,16 @@ RUNS: Final[Mapping[str, Run]] = {
         USER_HEAVY_ROWS,
         command=f"python -m maf_compaction.bench --seeds 1 --tool-share 0.2 --rows {','.join(USER_HEAVY_ROWS)}",
     ),
-    "anthropic": Run(
-        Settings(cache="anthropic"),
+    "free-tool-choice": Run(
+        Settings(cache="openai-free-tool-choice"),
         COMPOSITION_ROWS,
-        fills=(1.5, 3.0),
-        command="python -m maf_compaction.bench --seeds 1 --cache anthropic --fill 1.5,3.0 "
+        command="python -m maf_compaction.bench --seeds 1 --cache openai-free-tool-choice "
         f"--rows {','.join(COMPOSITION_ROWS)}",
+    ),
+    "anthropic": Run(
+        Settings(cache="anthropic", profile="anthropic-5m"),
+        COMPOSITION_ROWS,
+        command=f"python -m maf_compaction.bench --seeds 1 --cache anthropic --rows {','.join(COMPOSITION_ROWS)}",
     ),
 }
 
@@ -204,6 +208,8 @@ def render_readme(run: Run, summaries: Sequence[RowSummary]) -> str:
     ]
     rows: list[list[str]] = []
     for row, label in _README_ROWS.items():
+        if row not in table[fills[0]]:
+            continue
         cells = [label]
         for fill in fills:
             s = table[fill][row]
@@ -211,7 +217,9 @@ def render_readme(run: Run, summaries: Sequence[RowSummary]) -> str:
             dq = ", **disqualified**" if s.dq else ""
             cells.append(f"{vs}, {s.hit * 100:.1f}%, {s.facts_kept:g}/{s.facts_total}{dq}")
         rows.append(cells)
-    intro = _source_line(run, f"Seed 1 of `make demo`'s grid at a {run.settings.context_window:,}-token window, ")
+    intro = _source_line(
+        run, f"`{run.settings.cache}` cache rule, seed 1, {run.settings.context_window:,}-token window, "
+    )
     return "\n".join([intro, "", *_markdown(header, rows), ""])
 
 
@@ -287,11 +295,18 @@ def render_user_modes(run: Run, summaries: Sequence[RowSummary]) -> str:
     return "\n".join([_source_line(run, "The user-turn rows of "), "", *_markdown(header, rows), ""])
 
 
+def _split(summary: RowSummary, control: RowSummary) -> str:
+    """The pinned record calls' and the summarizer calls' share of a row's cost, against the control's cost."""
+    if not control.cost or not (summary.pinned_cost or summary.summarizer_cost):
+        return "-"
+    return f"{summary.pinned_cost / control.cost:.2f}x, {summary.summarizer_cost / control.cost:.2f}x"
+
+
 def render_composition(run: Run, summaries: Sequence[RowSummary]) -> str:
     """The composition against the control, the framework's default and each half alone, per fill, with the floor."""
     table = _by_fill(summaries)
-    header = ["fill", "row", "cost vs none", "gap closed", "hit%", "breaks", "max/window", "DQ", "facts kept"]
-    header += ["model calls", "summarizer calls"]
+    header = ["fill", "row", "cost vs none", "of it: pinned records, summarizer", "gap closed", "hit%", "breaks"]
+    header += ["max/window", "DQ", "facts kept", "model calls", "summarizer calls"]
     rows: list[list[str]] = []
     for fill, by_row in table.items():
         for row in COMPOSITION_ROWS:
@@ -303,6 +318,7 @@ def render_composition(run: Run, summaries: Sequence[RowSummary]) -> str:
                     f"{fill:.1f}",
                     f"`{row}`",
                     "-" if s.vs_none is None else f"{s.vs_none:.2f}x",
+                    _split(s, by_row["none"]),
                     "-" if s.gap_closed is None or row == "none" else f"{s.gap_closed * 100:.0f}%",
                     f"{s.hit * 100:.1f}%",
                     f"{s.breaks:g}",
@@ -316,7 +332,7 @@ def render_composition(run: Run, summaries: Sequence[RowSummary]) -> str:
         floor = by_row["none"].floor
         if floor is not None:
             control = by_row["none"].cost
-            rows.append([f"{fill:.1f}", "floor", f"{floor / control:.2f}x", "100%", *[""] * 7])
+            rows.append([f"{fill:.1f}", "floor", f"{floor / control:.2f}x", "", "100%", *[""] * 7])
     return "\n".join([_source_line(run, f"{run.settings.cache} cache rules, "), "", *_markdown(header, rows), ""])
 
 
@@ -324,11 +340,20 @@ REGIONS: Final[Mapping[str, Region]] = {
     "demo": Region(
         "demo", render_demo, "docs/bench.md: make demo's size and time; per fill, the verdict and every column"
     ),
-    "readme": Region("demo", render_readme, "README.md: four rows of the default grid"),
+    "readme": Region("demo", render_readme, "README.md: five rows of the default grid, openai rule"),
+    "readme-free-tool-choice": Region(
+        "free-tool-choice", render_readme, "README.md: the same rows, openai-free-tool-choice rule"
+    ),
+    "readme-anthropic": Region("anthropic", render_readme, "README.md: the same rows, anthropic rule"),
     "user-heavy": Region("user-heavy", render_user_heavy, "docs/bench.md: the user-heavy workload"),
     "records": Region("demo", render_records, "docs/records.md: the record row of the default grid"),
     "user-modes": Region("user-heavy", render_user_modes, "docs/user-summaries.md: the three modes, user-heavy"),
     "composition": Region("demo", render_composition, "docs/composition.md: the composition on the default grid"),
+    "composition-free-tool-choice": Region(
+        "free-tool-choice",
+        render_composition,
+        "docs/composition.md: the composition when tool_choice does not key the cache",
+    ),
     "composition-anthropic": Region(
         "anthropic", render_composition, "docs/composition.md: the composition under Anthropic's cache rules"
     ),

@@ -72,6 +72,7 @@ class CallRecord:
         cost: Dollars, at the provider's price profile.
         over_window: The request exceeded the context window (a DQ).
         broke: The request is not a prefix extension of the previous request of its kind.
+        pinned: The request's ``tool_choice`` forces a function (a pinned record).
     """
 
     kind: CallKind
@@ -83,6 +84,7 @@ class CallRecord:
     cost: float
     over_window: bool
     broke: bool
+    pinned: bool = False
 
 
 @dataclass(slots=True)
@@ -204,6 +206,7 @@ class SimulatedProvider:
             cost=bill(self.profile, result, output_tokens),
             over_window=result.input_tokens > self.window,
             broke=broke,
+            pinned='"mode":"required"' in dict(request.head).get("tool_choice", ""),
         )
         self.calls.append(record)
         if self.keep_requests:

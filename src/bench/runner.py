@@ -118,6 +118,8 @@ class CellResult:
         error: A failure that ended the run early, or ``None``.
         seconds: Wall time of the cell.
         floor: Dollars of each model call's new input and its output alone (see ``_floor``).
+        pinned_cost: Dollars of the model calls whose ``tool_choice`` forced a function (pinned records).
+        summarizer_cost: Dollars of the summarizer calls.
     """
 
     row: str
@@ -148,6 +150,8 @@ class CellResult:
     error: str | None = None
     seconds: float = 0.0
     floor: float = 0.0
+    pinned_cost: float = 0.0
+    summarizer_cost: float = 0.0
 
     @property
     def hit(self) -> float:
@@ -350,8 +354,10 @@ def _fill_figures(
             result.breaks += call.broke
             result.prompts.append(call.input_tokens)
             result.cached.append(call.cached_tokens)
+            result.pinned_cost += call.cost if call.pinned else 0.0
         else:
             result.summarizer_calls += 1
+            result.summarizer_cost += call.cost
     text = _included_text(stored)
     values = {f.value for f in scenario.facts}
     result.facts_total = len(values)
@@ -477,7 +483,9 @@ class RowSummary:
     ``facts_lost``, ``lost_unnamed`` and ``lost_cut_in_place`` are means per seed (see
     :class:`CellResult`); ``accuracy`` is the mean over the seeds that asked something
     (``None`` when none did);
-    ``errors`` holds ``"seed N: turn M: Exception: message"`` for each cell that stopped early.
+    ``errors`` holds ``"seed N: turn M: Exception: message"`` for each cell that stopped early;
+    ``pinned_cost`` and ``summarizer_cost`` are the mean dollars of pinned record calls and of
+    summarizer calls (parts of ``cost``).
     """
 
     row: str
@@ -504,6 +512,8 @@ class RowSummary:
     floor: float | None = None
     gap_closed: float | None = None
     lost_cut_in_place: float = 0.0
+    pinned_cost: float = 0.0
+    summarizer_cost: float = 0.0
 
 
 #: The figures a summary averages over seeds, cell by cell.
@@ -517,6 +527,8 @@ _MEANS: Final = (
     "lost_cut_in_place",
     "model_calls",
     "summarizer_calls",
+    "pinned_cost",
+    "summarizer_cost",
 )
 
 
