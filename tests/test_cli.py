@@ -331,7 +331,8 @@ def test_the_workload_name_is_in_the_table_and_the_json(
         ["bench", "--workload", str(workload), "--rows", "none", "--jobs", "1", "--json", str(report)], capsys
     )
     assert status == 0
-    assert out.startswith(f"workload 'tiny' ({workload}) at a 32,000-token window")
+    assert out.startswith("cache rule openai (in process): OpenAI: exact prefix of the whole request")
+    assert f"\nworkload 'tiny' ({workload}) at a 32,000-token window" in out
     assert json.loads(report.read_text())["workload"] == {"name": "tiny", "kind": "workload", "file": str(workload)}
 
 
@@ -376,8 +377,8 @@ def test_help_shows_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
         "lookups (default: 6)",
         "codes per lookup (default: 8)",
         "output reservation (default: 2048)",
-        "prompt cache rules (default: openai)",
-        "price profile (default: default)",
+        "anthropic (layered invalidation, breakpoints, write premium); docs/bench.md (default: openai)",
+        "price profile (default: 'default', or 'anthropic-5m' with --cache anthropic)",
         "(default: inprocess)",
     ):
         assert text in shown, text

@@ -45,11 +45,11 @@ def test_every_generated_region_is_used_and_marked() -> None:
     strategy's page its own rows (the composition's under both cache rules)."""
     found = {name: regions_in((ROOT / name).read_text(encoding="utf-8"), name) for name in docs.DOCUMENTS}
     assert found == {
-        "README.md": ["readme"],
+        "README.md": ["readme", "readme-free-tool-choice", "readme-anthropic"],
         "docs/bench.md": ["demo", "user-heavy"],
         "docs/records.md": ["records"],
         "docs/user-summaries.md": ["user-modes"],
-        "docs/composition.md": ["composition", "composition-anthropic"],
+        "docs/composition.md": ["composition", "composition-free-tool-choice", "composition-anthropic"],
     }
     assert {name for names in found.values() for name in names} == set(REGIONS)
 
