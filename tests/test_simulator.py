@@ -358,3 +358,32 @@ def test_anthropic_matches_brute_force(steps: list[tuple[int, tuple[str, int, in
         newest = points[-1] if points else 0
         assert result.written_tokens == (newest - expected if newest >= 1024 else 0)
         written.extend(tokens[:p] for p in points if p >= 1024)
+
+
+# -- salts: keys that are not tokens -------------------------------------------------------
+
+
+def test_openai_a_salt_keys_every_prefix_after_its_offset_only() -> None:
+    cache = OpenAICache()
+    cache.lookup_and_store(seq(3000), [(1500, b"a")])
+    assert cache.lookup_and_store(seq(3000), [(1500, b"a")]).cached_tokens == 2944
+    # Another key at 1500: the prefixes up to 1500 still match, the longer ones do not.
+    assert cache.lookup_and_store(seq(3000), [(1500, b"b")]).cached_tokens == 1408
+    # A key at the start keys everything.
+    assert cache.lookup_and_store(seq(3000), [(0, b"head")]).cached_tokens == 0
+
+
+def test_anthropic_a_salt_at_a_breakpoint_leaves_that_breakpoint_readable() -> None:
+    cache = AnthropicCache()
+    cache.lookup_and_store(seq(3000), [1500, 3000], [(1500, b"messages:auto")])
+    assert cache.lookup_and_store(seq(3000), [1500, 3000], [(1500, b"messages:forced")]) == CacheResult(
+        1500, 3000, 1500
+    )
+
+
+@pytest.mark.parametrize("salts", [[(-1, b"x")], [(3001, b"x")], [(5, "text")]])
+def test_invalid_salts_refused(salts: list[tuple[int, object]]) -> None:
+    with pytest.raises(ValueError, match="salts must be"):
+        OpenAICache().lookup_and_store(seq(3000), salts)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="salts must be"):
+        AnthropicCache().lookup_and_store(seq(3000), [3000], salts)  # type: ignore[arg-type]

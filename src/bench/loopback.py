@@ -65,7 +65,9 @@ logger = logging.getLogger("maf_compaction")
 ClientKind: TypeAlias = Literal["openai-responses", "openai-chat"]
 #: Which wire API a request used.
 WireApi: TypeAlias = Literal["responses", "chat"]
-#: How item ids are rendered: ``"issued"`` canonicalizes server-issued ids, ``"drop"`` also drops item ids and names.
+#: What the wire request renders besides the canonical request: ``"issued"``, everything model-facing as sent
+#: (a Chat participant ``name`` included); ``"drop"`` leaves names out (the view an in-process run has). Item ids
+#: never render: they are API references, not prompt text.
 IdPolicy: TypeAlias = Literal["issued", "drop"]
 
 #: Top-level request fields that steer transport, storage or sampling, not the prompt.
