@@ -26,6 +26,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 from agent_framework import AgentSession
 
 from ..core.checks import describe_value, is_async_callable, require_int
+from ..core.errors import ErrorValue
 
 logger = logging.getLogger("maf_compaction")
 
@@ -37,6 +38,8 @@ __all__ = [
     "SessionLeases",
     "SessionPayloadError",
     "SessionStore",
+    "SessionStoreError",
+    "SessionVanishedError",
     "StaleLeaseError",
     "leased_session",
     "require_lease_for",
@@ -45,7 +48,7 @@ __all__ = [
 ]
 
 
-class SessionLeaseError(Exception):
+class SessionLeaseError(ErrorValue):
     """Base class of the errors of session leases and session stores."""
 
 
@@ -58,6 +61,9 @@ class LeaseTimeoutError(SessionLeaseError):
         )
         self.session_id = session_id
         self.waited_s = waited_s
+
+    def _arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (self.session_id, self.waited_s), {}
 
 
 class StaleLeaseError(SessionLeaseError):
@@ -76,6 +82,9 @@ class StaleLeaseError(SessionLeaseError):
         self.token = token
         self.newest = newest
 
+    def _arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (self.session_id, self.token, self.newest), {}
+
 
 class SessionPayloadError(SessionLeaseError):
     """A stored session payload is malformed, belongs to another session, or cannot be serialized."""
@@ -84,6 +93,45 @@ class SessionPayloadError(SessionLeaseError):
         super().__init__(f"session {session_id!r}: {problem}")
         self.session_id = session_id
         self.problem = problem
+
+    def _arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (self.session_id, self.problem), {}
+
+
+class SessionStoreError(SessionLeaseError):
+    """The lease or store engine failed or could not be reached (an outage); the engine's error is the cause.
+
+    Nothing is known to have been written; whether a turn ran is for the host to decide
+    (``leased_session`` saves nothing it could not save under the lease).
+    """
+
+    def __init__(self, session_id: str, problem: str) -> None:
+        super().__init__(f"session {session_id!r}: the session store failed: {problem}")
+        self.session_id = session_id
+        self.problem = problem
+
+    def _arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (self.session_id, self.problem), {}
+
+
+class SessionVanishedError(SessionLeaseError):
+    """A session the host continues is not in the store: the store lost it (a reset, a restart without persistence).
+
+    Raised by ``leased_session(..., create=False)`` instead of starting the conversation over
+    empty. ``token`` is the lease the turn would have run under (it is released).
+    """
+
+    def __init__(self, session_id: str, token: int) -> None:
+        super().__init__(
+            f"session {session_id!r} is not in the session store (lease token {token}): the store lost it (reset, "
+            "flushed, or restarted without persistence) or it was never saved; refusing to continue it as a new, "
+            "empty session (use create=True for a session's first turn)"
+        )
+        self.session_id = session_id
+        self.token = token
+
+    def _arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (self.session_id, self.token), {}
 
 
 @runtime_checkable

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -57,13 +56,17 @@ from agent_framework import (
 from ..core.checks import require_bool, require_int, require_sync_callable, require_tokenizer
 from ..core.records import RECALL_TOOL_NAME
 from ..core.stack import (
+    StackConfiguration,
+    StackConfigurationError,
     StackKind,
+    StackKindError,
     StackState,
     session_entry_from_dict,
     session_entry_to_dict,
 )
 from .composition import ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
 from .counting import Tokenizer
+from .fingerprint import stack_parameters
 from .loop import NamedSets
 from .recall import DEFAULT_TARGET_TOKENS, RecallGate, ToolResultRecallMiddleware, recall_tool, record_reply
 from .records import ToolResultAnchoredSummarizationCompactionStrategy
@@ -200,6 +203,15 @@ class CompactionStack:
         self.restore(StackState.from_dict(data, kind=self._kind, keep_head_groups=head))
         return self
 
+    def configuration(self) -> StackConfiguration:
+        """The fingerprint of this stack's configuration: its kind and every parameter that changes a decision.
+
+        Read from the configured values (the strategy's config, a host fallback's, the
+        recall middleware's pin rule, the tokenizer's identity), so two stacks built alike
+        have equal fingerprints in any process.
+        """
+        return StackConfiguration.of(stack_parameters(self))
+
     def parts(self) -> tuple[object, ...]:
         """Every stateful instance of the stack (a builder must make fresh ones for each stack)."""
         strategy = self._strategy
@@ -234,8 +246,6 @@ class _Phase:
 #: The phase the current task is in (innermost), so a nested phase of the same session is told
 #: from an independent one.
 _CURRENT: ContextVar[_Phase | None] = ContextVar("maf_compaction_session_phase", default=None)
-#: Live registries by id, to tell two registries that share a state key (a weak map: bounded by them).
-_LIVE: weakref.WeakValueDictionary[str, SessionCompactionRegistry] = weakref.WeakValueDictionary()
 
 
 def _current_task() -> asyncio.Task[Any] | None:
@@ -263,11 +273,19 @@ class SessionCompactionRegistry:
     session's stack. A stored entry of another kind of stack, or of a newer version,
     raises instead of being dropped.
 
+    The entry carries the fingerprint of the configuration that wrote it
+    (:meth:`CompactionStack.configuration`). A registry serves every session whose
+    fingerprint matches its own builder's, whichever registry instance wrote it: a registry
+    built per request, a second one in the same process, another replica. An entry written
+    under another configuration raises :class:`StackConfigurationError` naming the
+    parameters that differ; :meth:`migrate` carries it over on purpose.
+
     Args:
         builder: Makes one stack: ``() -> CompactionStack``.
         max_cached_sessions: Stacks kept in memory, least recently used first out; 0 or more.
-        state_key: The key in ``AgentSession.state``; give each independently configured
-            registry its own (two live registries writing one session under one key raise).
+        state_key: The key in ``AgentSession.state``. Registries configured alike may share
+            it; two differently configured registries that serve the same sessions side by
+            side need one key each.
 
     Raises:
         ValueError: A parameter is outside its range (the message names it).
@@ -287,7 +305,7 @@ class SessionCompactionRegistry:
         self._builder = builder
         self._max = max_cached_sessions
         self._key = state_key
-        self._id = uuid.uuid4().hex
+        self._configuration: StackConfiguration | None = None
         self._cache: OrderedDict[str, _Entry] = OrderedDict()
         self._open: dict[str, _Phase] = {}
         self._kind: StackKind | None = None
@@ -297,7 +315,6 @@ class SessionCompactionRegistry:
         self._named: OrderedDict[str, NamedSets] = OrderedDict()
         self.stacks_built = 0
         self.states_restored = 0
-        _LIVE[self._id] = self
 
     @property
     def state_key(self) -> str:
@@ -317,6 +334,43 @@ class SessionCompactionRegistry:
     def forget(self, session_id: str) -> None:
         """Drop a session's cached stack (its state stays in the session)."""
         self._cache.pop(session_id, None)
+
+    @property
+    def configuration(self) -> StackConfiguration:
+        """The fingerprint of the stacks the builder makes (it calls the builder once if no stack was built yet)."""
+        if self._configuration is None:
+            self._build(None)
+        assert self._configuration is not None
+        return self._configuration
+
+    def migrate(self, session: AgentSession) -> bool:
+        """Carry a session's stored compaction state over to this registry's configuration, on purpose.
+
+        For a deliberate configuration change (a larger budget, another tail): the stored
+        decisions are read strictly into a stack this builder makes and written back under
+        this registry's fingerprint; the next pass checks them against the history. Returns
+        whether there was an entry to migrate.
+
+        Raises:
+            ValueError: ``session`` is missing.
+            RuntimeError: A phase of the session is open in this process.
+            StackKindError: The entry holds another kind of stack (records vs composition):
+                delete the entry instead, which starts the session's compaction afresh.
+            SnapshotVersionError, SnapshotError: The entry cannot be read.
+        """
+        if not isinstance(session, AgentSession):
+            raise ValueError(f"migrate needs an AgentSession, got {session!r}")
+        if session.session_id in self._open:
+            raise RuntimeError(f"session {session.session_id!r} is in a phase: migrate it between requests")
+        stored = session.state.get(self._key)
+        if stored is None:
+            return False
+        _, data = session_entry_from_dict(stored)
+        entry = _Entry(self._build(session.session_id))
+        entry.stack.from_dict(data)
+        self._save(session, entry)
+        logger.info("Migrated the compaction state of session %r to the registry's configuration", session.session_id)
+        return True
 
     @contextmanager
     def phase(self, session: AgentSession | None, name: str = "phase") -> Iterator[CompactionStack]:
@@ -405,22 +459,31 @@ class SessionCompactionRegistry:
             return entry
         if entry is not None and (stored is entry.written or stored == entry.written):
             return entry  # the session holds what this stack wrote last
-        writer, data = session_entry_from_dict(stored)
-        other = _LIVE.get(writer)
-        if other is not None and other is not self and other.state_key == self._key:
-            raise ValueError(
-                f"two registries store session {session_id!r} under state_key {self._key!r}: give each "
-                "independently configured registry its own state_key"
-            )
+        configuration, data = session_entry_from_dict(stored)
         if entry is None:
             entry = _Entry(self._build(session_id))
+        if configuration is not None:
+            self._check(configuration)
         entry.stack.from_dict(data)
         entry.written = stored
         self.states_restored += 1
         return entry
 
+    def _check(self, stored: StackConfiguration) -> None:
+        """Refuse an entry written under another configuration (the kind first: its own error)."""
+        own = self._configuration
+        assert own is not None  # a stack was built before an entry is checked
+        if stored.digest == own.digest:
+            return
+        kind, built = stored.parameters.get("kind"), own.parameters.get("kind")
+        if kind != built:
+            raise StackKindError(str(kind), str(built))
+        if stored.parameters != own.parameters:
+            raise StackConfigurationError(stored.parameters, own.parameters, state_key=self._key)
+
     def _save(self, session: AgentSession, entry: _Entry) -> None:
-        payload = session_entry_to_dict(self._id, entry.stack.to_dict())
+        assert self._configuration is not None  # the entry's stack was built by this registry
+        payload = session_entry_to_dict(self._configuration, entry.stack.to_dict())
         session.state[self._key] = payload
         entry.written = payload
         if self._max == 0:
@@ -431,7 +494,7 @@ class SessionCompactionRegistry:
         while len(self._cache) > self._max:
             self._cache.popitem(last=False)
 
-    def _build(self, session_id: str) -> CompactionStack:
+    def _build(self, session_id: str | None) -> CompactionStack:
         stack = self._builder()
         if not isinstance(stack, CompactionStack):
             raise TypeError(f"the registry's builder must return a CompactionStack, got {stack!r}")
@@ -442,6 +505,20 @@ class SessionCompactionRegistry:
                 f"the registry's builder made a {stack.kind!r} stack after a {self._kind!r} one: it must make the "
                 "same kind of stack, with the same configuration, every time"
             )
+        configuration = stack.configuration()
+        if self._configuration is None:
+            self._configuration = configuration
+        elif configuration.digest != self._configuration.digest:
+            differing = ", ".join(
+                name
+                for name, _, _ in StackConfigurationError(
+                    self._configuration.parameters, configuration.parameters, state_key=self._key
+                ).differing
+            )
+            raise ValueError(
+                f"the registry's builder made a stack configured differently from its first one ({differing}): it "
+                "must make the same configuration every time"
+            )
         shared = [type(p).__name__ for p in stack.parts() if p in self._parts]
         if shared:
             raise ValueError(
@@ -450,6 +527,8 @@ class SessionCompactionRegistry:
             )
         self._parts.update(stack.parts())
         self.stacks_built += 1
+        if session_id is None:
+            return stack
         named = self._named.pop(session_id, None)
         self._named[session_id] = named = OrderedDict() if named is None else named
         while len(self._named) > max(self._max, _NAMED_SESSIONS):
