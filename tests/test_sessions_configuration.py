@@ -200,7 +200,7 @@ def test_a_stack_built_alike_in_any_registry_has_the_same_fingerprint() -> None:
     assert first.configuration == second.configuration
     assert first.configuration.parameters["strategy.records.fallback.keep_tail_groups"] == 4
     assert first.configuration.parameters["strategy.users.describe_media"] is True
-    assert first.configuration.parameters["tokenizer"].endswith("CharacterEstimatorTokenizer")
+    assert str(first.configuration.parameters["tokenizer"]).endswith("CharacterEstimatorTokenizer")
     # A long prompt is a digest: named and compared, not copied into every session.
     assert str(first.configuration.parameters["strategy.users.prompt"]).startswith("sha256:")
 
@@ -243,8 +243,9 @@ def test_a_host_fallbacks_parameters_are_part_of_the_configuration() -> None:
     session = AgentSession()
     session.state[KEY] = copy.deepcopy(stored)
     registry = SessionCompactionRegistry(builder(fallback_tail=2))
-    with pytest.raises(StackConfigurationError, match=r"fallback\.keep_tail_groups is 4 .*, 2 "), registry.phase(
-        session
+    with (
+        pytest.raises(StackConfigurationError, match=r"fallback\.keep_tail_groups is 4 .*, 2 "),
+        registry.phase(session),
     ):
         pass
     with SessionCompactionRegistry(builder(fallback_tail=4)).phase(session) as stack:

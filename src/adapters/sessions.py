@@ -31,6 +31,7 @@ reading and writing to it.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import weakref
 from collections import OrderedDict
@@ -77,6 +78,8 @@ logger = logging.getLogger("maf_compaction")
 DEFAULT_STATE_KEY: Final = "maf_compaction"
 #: Sessions whose named exclusions a registry remembers at least (see ``CompactionAdapter.share_named``).
 _NAMED_SESSIONS: Final = 1_024
+#: Event-loop steps a new run waits for a dropped stream's generators to be closed (see ``begin_run``).
+_SETTLE_STEPS: Final = 8
 #: The history provider's ``source_id`` when the agent shows none (the framework's default).
 _DEFAULT_HISTORY_SOURCE: Final = "in_memory"
 
@@ -241,6 +244,15 @@ class _Phase:
     nested: bool = False
     closed: bool = False
     task: asyncio.Task[Any] | None = None
+    streaming: bool = False
+
+
+@dataclass(slots=True)
+class _Run:
+    """One agent run of a session, from the provider's ``before_run``: the task that runs it."""
+
+    name: str
+    task: asyncio.Task[Any] | None
 
 
 #: The phase the current task is in (innermost), so a nested phase of the same session is told
@@ -308,6 +320,7 @@ class SessionCompactionRegistry:
         self._configuration: StackConfiguration | None = None
         self._cache: OrderedDict[str, _Entry] = OrderedDict()
         self._open: dict[str, _Phase] = {}
+        self._runs: dict[str, _Run] = {}
         self._kind: StackKind | None = None
         self._parts: weakref.WeakSet[object] = weakref.WeakSet()
         # What each session's stacks named in log lines, so a rebuilt stack does not name it again
@@ -412,16 +425,99 @@ class SessionCompactionRegistry:
                     return _Phase(self, session, name, scope.entry, outer, nested=True, task=task)
                 break
             scope = scope.parent
-        busy = self._open.get(session_id)
-        if busy is not None:
-            raise RuntimeError(
-                f"{name} for session {session_id!r} overlaps its {busy.name}: requests of one session must run one "
-                "at a time (a streamed response holds its session until it is consumed)"
-            )
+        self._refuse_overlap(session_id, name)
         entry = self._load(session)
         opened = _Phase(self, session, name, entry, outer, task=task)
         self._open[session_id] = opened
         return opened
+
+    def _refuse_overlap(self, session_id: str, name: str) -> None:
+        """Raise if a phase of the session is open and alive; end an open phase whose run has ended.
+
+        A phase whose task is done (a cancelled or finished task that never closed it) has
+        ended. A streamed model call's phase ends when its stream is consumed, closed or
+        garbage-collected: on a conflict, unreachable streams are collected first, so a
+        stream the client abandoned releases its session at once.
+        """
+        busy = self._open.get(session_id)
+        if busy is None:
+            return
+        if busy.task is not None and busy.task.done():
+            self._abandon(busy, "its task ended without closing it")
+            return
+        if busy.streaming:
+            gc.collect()  # an abandoned stream's finalizer ends its phase
+            if busy.closed:
+                return
+        raise RuntimeError(
+            f"{name} for session {session_id!r} overlaps its {busy.name}: requests of one session must run one "
+            "at a time (a streamed response holds its session until it is consumed, closed or dropped)"
+        )
+
+    def _abandon(self, phase: _Phase, why: str) -> None:
+        """End a phase whose run ended without ending it (its state is written, as on any exit)."""
+        if phase.closed:
+            return
+        logger.warning(
+            "Session %r: ended its %s, which was left open (%s); its state is written as on any exit",
+            phase.session.session_id,
+            phase.name,
+            why,
+        )
+        try:
+            self.close(phase)
+        except Exception:  # a finalizer must not raise; the phase is ended either way
+            logger.exception("Session %r: writing the state of an abandoned phase failed", phase.session.session_id)
+
+    def watch_stream(self, phase: _Phase, stream: object) -> None:
+        """Keep ``phase`` open while ``stream`` is alive: it ends when the stream is consumed or closed (the
+        caller's cleanup hook) or garbage-collected (abandoned by its consumer)."""
+        phase.streaming = True
+        weakref.finalize(stream, self._abandon, phase, "its stream was dropped before it was consumed")
+
+    async def begin_run(self, session: AgentSession | None, name: str) -> None:
+        """Mark the start of an agent run of ``session``; refuse it while another run of the session is alive.
+
+        Called from the provider's ``before_run``, before anything of the run is written. A
+        run is alive until its ``after_run`` (:meth:`end_run`) or until its task is done;
+        a new run in the task that ran the previous one means the previous one ended (it
+        raised before its ``after_run``). An open phase of the session is checked as in
+        :meth:`open` (a stream still being read refuses the run).
+
+        Raises:
+            ValueError: ``session`` is missing.
+            RuntimeError: Another run of the session is alive in this process.
+        """
+        if not isinstance(session, AgentSession):
+            raise ValueError(f"{name} needs the run's AgentSession (got {session!r}): pass session=... to agent.run")
+        session_id = session.session_id
+        task = _current_task()
+        busy = self._runs.get(session_id)
+        if busy is not None and busy.task is not None and busy.task is not task and not busy.task.done():
+            raise RuntimeError(
+                f"{name}: this run of session {session_id!r} overlaps its {busy.name} run, still in progress: "
+                "requests of one session must run one at a time (serialize them, for example with leased_session)"
+            )
+        if _CURRENT.get() is None:
+            busy_phase = self._open.get(session_id)
+            if busy_phase is not None and busy_phase.streaming:
+                # A dropped stream whose async generators the event loop closes: collect them and let the
+                # loop run their aclose() (it closes the stream, whose cleanup ends the phase).
+                gc.collect()
+                for _ in range(_SETTLE_STEPS):
+                    if busy_phase.closed:
+                        break
+                    await asyncio.sleep(0)
+            self._refuse_overlap(session_id, name)
+        self._runs[session_id] = _Run(name, task)
+
+    def end_run(self, session: AgentSession | None) -> None:
+        """Mark the end of the session's run started in this task (from the provider's ``after_run``)."""
+        if not isinstance(session, AgentSession):
+            return
+        busy = self._runs.get(session.session_id)
+        if busy is not None and (busy.task is None or busy.task is _current_task() or busy.task.done()):
+            del self._runs[session.session_id]
 
     def close(self, phase: _Phase) -> None:
         """Write the phase's state into its session and end it (idempotent; a nested phase writes nothing)."""
@@ -583,16 +679,26 @@ class SessionCompactionProvider(ContextProvider):
     async def before_run(
         self, *, agent: Any, session: AgentSession | None, context: SessionContext, state: dict[str, Any]
     ) -> None:
-        """Compact the loaded context messages with the session's stack (when ``before``)."""
+        """Start the session's run (refused while another run of it is alive), then compact the loaded context
+        messages with the session's stack (when ``before``).
+
+        Raises:
+            ValueError: The run has no session.
+            RuntimeError: Another run of the session is in progress in this process.
+        """
+        await self._registry.begin_run(session, f"{type(self).__name__}.before_run")
         if self.before:
             await self._run(agent, session, context, state, "before_run")
 
     async def after_run(
         self, *, agent: Any, session: AgentSession | None, context: SessionContext, state: dict[str, Any]
     ) -> None:
-        """Compact the session's stored history with its stack (when ``after``)."""
-        if self.after:
-            await self._run(agent, session, context, state, "after_run")
+        """Compact the session's stored history with its stack (when ``after``), then end the session's run."""
+        try:
+            if self.after:
+                await self._run(agent, session, context, state, "after_run")
+        finally:
+            self._registry.end_run(session)
 
     async def _run(
         self, agent: Any, session: AgentSession | None, context: SessionContext, state: dict[str, Any], hook: str
@@ -669,6 +775,7 @@ class SessionToolResultRecallMiddleware(ChatMiddleware):
                 # (and the session) stays open until then, and the state is written at its end.
                 streaming = True
                 context.result = result.with_cleanup_hook(lambda: registry.close(opened))  # pyright: ignore[reportUnknownMemberType]
+                registry.watch_stream(opened, result)
         finally:
             registry.leave(token)
             if not streaming:
