@@ -245,14 +245,19 @@ def restore_session(session_id: str, payload: Mapping[str, Any] | None) -> Agent
 
 
 @asynccontextmanager
-async def leased_session(session_id: str, *, leases: SessionLeases, store: SessionStore) -> AsyncIterator[AgentSession]:
+async def leased_session(
+    session_id: str, *, leases: SessionLeases, store: SessionStore, create: bool = True
+) -> AsyncIterator[AgentSession]:
     """Hold ``session_id``'s lease, load its session, yield it, save it, release the lease.
 
     What is saved when:
 
     - On entry the lease is acquired (waiting as ``leases`` does, :class:`LeaseTimeoutError` past its timeout) and the
       stored payload is loaded under it: ``AgentSession.from_dict(payload)``, or a new ``AgentSession(session_id=
-      session_id)`` when nothing is stored. Nothing is written on entry.
+      session_id)`` when nothing is stored and ``create`` is true. With ``create=False`` (every request after a
+      session's first, when the host knows the session exists) nothing stored raises :class:`SessionVanishedError`:
+      a store that lost the session (a reset, a restart without persistence, an eviction) is reported instead of
+      the conversation silently starting over empty. Nothing is written on entry.
     - When the block ends normally, or raises an ordinary exception (an :class:`Exception`), ``session.to_dict()`` as
       the block left it is saved under the same lease, and then the lease is released. After an exception the
       exception propagates; if that save fails too, the save's error is logged at WARNING and attached to the
@@ -263,14 +268,22 @@ async def leased_session(session_id: str, *, leases: SessionLeases, store: Sessi
       the store with :class:`StaleLeaseError`; nothing of this holder's session is written.
 
     Raises:
-        ValueError: ``session_id``, ``leases`` or ``store`` is not what is described above.
+        ValueError: ``session_id``, ``leases``, ``store`` or ``create`` is not what is described above.
         SessionPayloadError: The stored payload is malformed or belongs to another session.
+        SessionVanishedError: ``create=False`` and the store holds nothing for the session.
+        SessionStoreError: The engine failed or is unreachable (raised by the engine; its error is the cause).
     """
     require_session_id("session_id", session_id)
     leases = _require_leases(leases)
     store = _require_store(store)
+    if not isinstance(create, bool):
+        raise ValueError(f"create must be True or False, got {describe_value(create)}")
     async with leases.hold(session_id) as lease:
-        session = restore_session(session_id, await store.load(session_id, lease))
+        payload = await store.load(session_id, lease)
+        if payload is None and not create:
+            logger.warning("Session %r is not in the session store; refusing to start it over empty", session_id)
+            raise SessionVanishedError(session_id, lease.token)
+        session = restore_session(session_id, payload)
         try:
             yield session
         except Exception as error:  # not cancellation (a BaseException): an unfinished turn is not saved
