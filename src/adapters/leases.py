@@ -145,7 +145,11 @@ class SessionLease(Protocol):
 
     @property
     def token(self) -> int:
-        """The fencing token: strictly greater than the token of every earlier acquisition of this session."""
+        """The fencing token: strictly greater than the token of every earlier acquisition of this session.
+
+        Also across a reset of the engine's state: a holder whose lease was lost to a reset
+        must never be able to save over a later holder.
+        """
         ...
 
 
