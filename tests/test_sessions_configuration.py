@@ -327,3 +327,20 @@ def test_an_entry_is_served_exactly_when_the_configurations_match(
     with pytest.raises(StackConfigurationError) as raised, registry.phase(session):
         pass
     assert [name for name, _, _ in raised.value.differing] == differing
+
+
+def test_a_version_1_entry_is_read_without_a_configuration_check_and_rewritten_as_version_2() -> None:
+    """Entries written before fingerprints named their registry instance: they are continued (their kind is still
+    checked) and written back with this registry's fingerprint."""
+    stored = written_by(builder())
+    old = {"kind": "session_compaction", "version": 1, "registry": "a-registry-id", "stack": stored["stack"]}
+    session = AgentSession()
+    session.state[KEY] = copy.deepcopy(old)
+    registry = SessionCompactionRegistry(builder())
+    with registry.phase(session) as stack:
+        assert stack.gate.armed
+    assert session.state[KEY]["version"] == 2
+    assert session.state[KEY]["configuration"] == registry.configuration.to_dict()
+    session.state[KEY] = copy.deepcopy(old)
+    with pytest.raises(StackKindError), SessionCompactionRegistry(records_stack).phase(session):
+        pass

@@ -10,7 +10,9 @@ Both agents here are the README's wiring: a plain ``Agent`` and ``create_harness
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -205,3 +207,24 @@ async def test_distinct_sessions_still_run_concurrently(name: str, wiring: Wirin
     sessions = [agent.create_session() for _ in range(4)]
     await asyncio.gather(*(converse(agent, s, 3, label=i) for i, s in enumerate(sessions)))
     assert client.most_in_flight > 1
+
+
+async def test_a_run_that_raised_keeps_no_task_alive() -> None:
+    """The registry remembers a run that never reached after_run only weakly: its task (and what its frames held)
+    is not kept alive by the registry."""
+    _registry, client, agent = setup(plain)
+    client.fail = lambda options: True
+    session = agent.create_session()
+
+    async def failing() -> None:
+        with pytest.raises(Exception, match="failed"):
+            await agent.run(question(0), session=session)
+
+    task = asyncio.create_task(failing())
+    await task
+    for _ in range(3):  # let the loop run the callbacks that still refer to the finished task
+        await asyncio.sleep(0)
+    gone = weakref.ref(task)
+    del task
+    gc.collect()
+    assert gone() is None, "the registry keeps the task of a run that raised alive"

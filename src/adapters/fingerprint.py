@@ -77,7 +77,7 @@ def stack_parameters(stack: CompactionStack) -> dict[str, Scalar]:
     strategy = stack.strategy
     found: dict[str, Scalar] = {"kind": stack.kind}
     found.update(flatten(_configured(strategy), "strategy"))
-    host_fallback = getattr(stack.tool_results, "_fallback", None)
+    host_fallback = stack.tool_results.host_fallback
     if host_fallback is not None:
         config = _configured(host_fallback)
         found.update(flatten(config, "fallback") if config is not None else {"fallback": _qualified(host_fallback)})

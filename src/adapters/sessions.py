@@ -249,10 +249,16 @@ class _Phase:
 
 @dataclass(slots=True)
 class _Run:
-    """One agent run of a session, from the provider's ``before_run``: the task that runs it."""
+    """One agent run of a session, from the provider's ``before_run``: the task that runs it (weakly: a run that
+    raised before its ``after_run`` must not keep its task, and what the task's frames hold, alive)."""
 
     name: str
-    task: asyncio.Task[Any] | None
+    task: weakref.ReferenceType[asyncio.Task[Any]] | None
+
+    def alive(self) -> asyncio.Task[Any] | None:
+        """The run's task while it is not done (``None``: the run has ended, or ran outside a task)."""
+        task = None if self.task is None else self.task()
+        return None if task is None or task.done() else task
 
 
 #: The phase the current task is in (innermost), so a nested phase of the same session is told
@@ -473,7 +479,8 @@ class SessionCompactionRegistry:
         """Keep ``phase`` open while ``stream`` is alive: it ends when the stream is consumed or closed (the
         caller's cleanup hook) or garbage-collected (abandoned by its consumer)."""
         phase.streaming = True
-        weakref.finalize(stream, self._abandon, phase, "its stream was dropped before it was consumed")
+        finalizer = weakref.finalize(stream, self._abandon, phase, "its stream was dropped before it was consumed")
+        finalizer.atexit = False  # at interpreter exit there is no session left to write
 
     async def begin_run(self, session: AgentSession | None, name: str) -> None:
         """Mark the start of an agent run of ``session``; refuse it while another run of the session is alive.
@@ -493,7 +500,8 @@ class SessionCompactionRegistry:
         session_id = session.session_id
         task = _current_task()
         busy = self._runs.get(session_id)
-        if busy is not None and busy.task is not None and busy.task is not task and not busy.task.done():
+        running = None if busy is None else busy.alive()
+        if busy is not None and running is not None and running is not task:
             raise RuntimeError(
                 f"{name}: this run of session {session_id!r} overlaps its {busy.name} run, still in progress: "
                 "requests of one session must run one at a time (serialize them, for example with leased_session)"
@@ -509,14 +517,17 @@ class SessionCompactionRegistry:
                         break
                     await asyncio.sleep(0)
             self._refuse_overlap(session_id, name)
-        self._runs[session_id] = _Run(name, task)
+        self._runs[session_id] = _Run(name, None if task is None else weakref.ref(task))
+        if len(self._runs) > max(self._max, _NAMED_SESSIONS):  # runs that raised before their after_run
+            for ended in [key for key, run in self._runs.items() if run.alive() is None and key != session_id]:
+                del self._runs[ended]
 
     def end_run(self, session: AgentSession | None) -> None:
         """Mark the end of the session's run started in this task (from the provider's ``after_run``)."""
         if not isinstance(session, AgentSession):
             return
         busy = self._runs.get(session.session_id)
-        if busy is not None and (busy.task is None or busy.task is _current_task() or busy.task.done()):
+        if busy is not None and busy.alive() in (None, _current_task()):
             del self._runs[session.session_id]
 
     def close(self, phase: _Phase) -> None:
