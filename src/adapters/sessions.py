@@ -20,12 +20,18 @@ This module gives both:
   ``session`` argument, ``ChatContext.session``, ``FunctionInvocationContext.session``),
   never from a model-supplied argument, and refuses to run without one.
 
-Phases of one session must not overlap in one process (the host serializes a session's
-requests; across replicas, a lease does: see :mod:`maf_compaction.redis`), so a second,
-independent phase for a session that is in a phase raises ``RuntimeError``; distinct
-sessions run concurrently. A phase nested in another phase of the same session in the
-same task (a context variable marks it) shares the outer phase's stack and leaves the
-reading and writing to it.
+Runs of one session must not overlap in one process (the host serializes a session's
+requests; across replicas, a lease does: see :mod:`maf_compaction.redis`). The provider's
+``before_run`` claims the session for its run, so a second run of a session that starts
+while another is in progress raises ``RuntimeError`` before anything of it is written; a
+second, independent phase for a session that is in a phase raises too. Distinct sessions
+run concurrently. A phase nested in another phase of the same session in the same task (a
+context variable marks it) shares the outer phase's stack and leaves the reading and
+writing to it.
+
+A phase ends when its run ends, however it ends: a streamed call's phase when its stream
+is consumed, closed or garbage-collected, any phase when its task is done; a run ends at
+its ``after_run`` or when its task is done (a run that raised never reaches ``after_run``).
 """
 
 from __future__ import annotations
