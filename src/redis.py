@@ -32,6 +32,11 @@ How the guarantees are kept, per session id ``S`` under ``prefix`` ``P``:
   lease's token still equals ``P:fence:{S}``, so a holder whose lease expired and was acquired by another replica
   is refused (:class:`~maf_compaction.adapters.leases.StaleLeaseError`), even if it no longer knows it lost the lease.
 
+- A Redis failure while acquiring, loading or saving (connection refused or lost, a timeout) raises
+  :class:`~maf_compaction.adapters.leases.SessionStoreError` with the Redis error as its cause. A session the store
+  lost comes back as nothing stored; ``leased_session(..., create=False)`` reports it
+  (:class:`~maf_compaction.adapters.leases.SessionVanishedError`) instead of starting the conversation over empty.
+
 The braces make the three keys of a session share a Redis Cluster hash slot, so the scripts also run on a cluster.
 Use the same ``prefix`` (and database) for the leases and the store. Payloads have no expiry: retain and delete them
 under the same policy as the conversation history they contain.
