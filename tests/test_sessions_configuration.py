@@ -35,6 +35,8 @@ from maf_compaction import (
     ToolResultRecallMiddleware,
     UserTurnAnchoredSummarizationCompactionStrategy,
 )
+from maf_compaction.adapters.fingerprint import tokenizer_identity
+from offline_tokenizers import offline_tiktoken
 from test_sessions import (
     COMPOSITION_BUDGET,
     KEY,
@@ -344,3 +346,35 @@ def test_a_version_1_entry_is_read_without_a_configuration_check_and_rewritten_a
     session.state[KEY] = copy.deepcopy(old)
     with pytest.raises(StackKindError), SessionCompactionRegistry(records_stack).phase(session):
         pass
+
+
+class CountingTokenizer:
+    """A host's tokenizer that counts its calls: state, not a setting."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def count_tokens(self, text: str) -> int:
+        """A quarter of the characters."""
+        self.calls += 1
+        return max(1, len(text) // 4)
+
+
+def test_a_tokenizer_is_known_by_its_class_and_declared_settings_not_its_counters() -> None:
+    counting = CountingTokenizer()
+    registry = SessionCompactionRegistry(builder(tokenizer=counting), max_cached_sessions=0)
+    before = registry.configuration
+    assert before.parameters["tokenizer"] == f"{__name__}.CountingTokenizer"
+    counting.calls = 12_345
+    session = AgentSession()
+    with registry.phase(session):  # a new stack, built after the counter moved: the same configuration
+        pass
+    with registry.phase(session):
+        pass
+    assert session.state[KEY]["configuration"] == before.to_dict()
+    tiktoken = offline_tiktoken()
+    assert tokenizer_identity(tiktoken) == {
+        "tokenizer": "maf_compaction.adapters.tiktoken.TiktokenTokenizer",
+        "tokenizer.encoding": "o200k_base",
+    }
+    assert tokenizer_identity(OTHER_TOKENIZER)["tokenizer.image_tokens"] == 512

@@ -5,15 +5,16 @@ list: the strategy's core config (the composition's holds both halves' and the r
 half's in-pass fallback), the configuration of a fallback strategy the host gave the record
 half, the recall middleware's pin rule, and the tokenizer's identity.
 
-A tokenizer is known by its class and its own settings: a ``decision_identity()`` method
-when it has one (``TiktokenTokenizer`` names its encoding, not the file it was loaded
-from), else its scalar attributes, the tokenizers it wraps (``MediaTokenEstimator``) and
-the qualified names of the callables it holds (an ``estimate_media`` hook).
+A tokenizer is known by its class and the settings it declares with a ``decision_identity()``
+method (``TiktokenTokenizer`` names its encoding, not the file it was loaded from;
+``MediaTokenEstimator`` its media estimates, its ``estimate_media`` hook and the tokenizer
+it wraps). A host's own tokenizer whose counts depend on settings declares them the same way.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
 
 from ..core.fingerprint import Scalar, flatten
 
@@ -35,32 +36,32 @@ def _callable_name(value: Any) -> str:
     return f"{module}.{name}"
 
 
-def _attributes(value: object) -> dict[str, object]:
-    found: dict[str, object] = dict(getattr(value, "__dict__", {}))
-    for kind in type(value).__mro__:
-        for slot in getattr(kind, "__slots__", ()):
-            if isinstance(slot, str) and hasattr(value, slot):
-                found.setdefault(slot, getattr(value, slot))
-    return found
-
-
 def tokenizer_identity(tokenizer: object, path: str = "tokenizer", depth: int = 0) -> dict[str, Scalar]:
-    """The tokenizer's identity as flat parameters below ``path`` (its class, then its settings)."""
+    """The tokenizer's identity as flat parameters below ``path``: its class, then what it declares.
+
+    A tokenizer declares the settings that change its counts with a ``decision_identity()``
+    method returning a mapping: scalars are kept, a wrapped tokenizer is identified the same
+    way, a callable by its qualified name. A tokenizer without one is known by its class
+    alone (its attributes may be counters or caches, which must not make two equal
+    tokenizers differ).
+    """
     found: dict[str, Scalar] = {path: _qualified(tokenizer)}
     declared = getattr(tokenizer, "decision_identity", None)
-    if callable(declared):
-        found.update(flatten(declared(), path))
+    if not callable(declared) or depth >= _DEPTH:
         return found
-    if depth >= _DEPTH:
+    settings = declared()
+    if not isinstance(settings, Mapping):
         return found
-    for name, value in sorted(_attributes(tokenizer).items()):
-        key = f"{path}.{name.lstrip('_')}"
+    for name, value in sorted(cast("Mapping[object, object]", settings).items(), key=lambda pair: str(pair[0])):
+        key = f"{path}.{name}"
         if value is None or isinstance(value, (str, int, float, bool)):
             found[key] = value
         elif callable(getattr(value, "count_tokens", None)):
             found.update(tokenizer_identity(value, key, depth + 1))
-        elif callable(value) and hasattr(value, "__qualname__"):
+        elif callable(value):
             found[key] = _callable_name(value)
+        else:
+            found.update(flatten(value, key))
     return found
 
 
