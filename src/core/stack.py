@@ -61,8 +61,8 @@ class StackKindError(SnapshotError):
         self.built = built
         super().__init__(
             f"snapshot field 'strategy': the stored stack is a {stored!r} stack but the builder makes a {built!r} "
-            "stack; keep the builder's configuration stable across restores, or give a differently configured "
-            "registry its own state_key"
+            "stack; keep the builder's configuration stable across restores, delete the entry to start the "
+            "session's compaction afresh, or give a differently configured registry its own state_key"
         )
 
     def _arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
