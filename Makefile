@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo bench docs test test-long lint typecheck pytest bench-speed bench-sessions clean
+.PHONY: demo bench docs test test-long lint typecheck pytest bench-speed bench-sessions bench-load clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,10 @@ bench-speed: $(STAMP)
 # The session registry's read and write per phase at 10, 100 and 1,000 sessions (docs/sessions-bench.md).
 bench-sessions: $(STAMP)
 	$(BIN)/python -W "ignore:maf-compaction is experimental" -m maf_compaction.bench sessions
+
+# Turns per second through the registry and through Redis, beside the no-compaction baseline (docs/sessions-bench.md).
+bench-load: $(STAMP)
+	$(BIN)/python -W "ignore:maf-compaction is experimental" -m maf_compaction.bench load
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis agent-file-memory

@@ -23,6 +23,8 @@ from .adapters.leases import (
     SessionLeases,
     SessionPayloadError,
     SessionStore,
+    SessionStoreError,
+    SessionVanishedError,
     StaleLeaseError,
     leased_session,
 )
@@ -42,7 +44,7 @@ from .adapters.user_summaries import UserTurnAnchoredSummarizationCompactionStra
 from .core.composition import ChainDecisions
 from .core.record_decisions import Ask, RecordDecisions
 from .core.snapshot import AnchoredSnapshot
-from .core.stack import StackKindError, StackState
+from .core.stack import StackConfiguration, StackConfigurationError, StackKindError, StackState
 from .core.user_snapshot import UserSummarySnapshot
 from .errors import (
     CompactionBudgetExceeded,
@@ -75,9 +77,13 @@ __all__ = [
     "SessionLeases",
     "SessionPayloadError",
     "SessionStore",
+    "SessionStoreError",
     "SessionToolResultRecallMiddleware",
+    "SessionVanishedError",
     "SnapshotError",
     "SnapshotVersionError",
+    "StackConfiguration",
+    "StackConfigurationError",
     "StackKindError",
     "StackState",
     "StaleLeaseError",

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from .adapters.leases import LeaseTimeoutError, SessionLeaseError, SessionPayloadError, StaleLeaseError
+from .adapters.leases import (
+    LeaseTimeoutError,
+    SessionLeaseError,
+    SessionPayloadError,
+    SessionStoreError,
+    SessionVanishedError,
+    StaleLeaseError,
+)
 from .core.errors import CompactionBudgetExceeded, SnapshotError, SnapshotVersionError
-from .core.stack import StackKindError
+from .core.stack import StackConfigurationError, StackKindError
 
 
 class MafCompactionExperimentalWarning(UserWarning):
@@ -17,8 +24,11 @@ __all__ = [
     "MafCompactionExperimentalWarning",
     "SessionLeaseError",
     "SessionPayloadError",
+    "SessionStoreError",
+    "SessionVanishedError",
     "SnapshotError",
     "SnapshotVersionError",
+    "StackConfigurationError",
     "StackKindError",
     "StaleLeaseError",
 ]

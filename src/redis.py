@@ -18,15 +18,24 @@ that::
 How the guarantees are kept, per session id ``S`` under ``prefix`` ``P``:
 
 - ``P:fence:{S}`` is the fencing counter. Acquiring runs one Lua script: ``SET P:lease:{S} OWNER NX PX ttl_ms`` and,
-  only when that succeeded, ``INCR P:fence:{S}``; the incremented value is the lease's token. So every acquisition
-  gets a token greater than every earlier one, across all replicas, for as long as the counter key exists (it has no
-  expiry; deleting it, or ``FLUSHALL``, restarts the count and makes every outstanding lease stale).
+  only when that succeeded, sets the counter to the larger of its value plus one and the Redis server's clock in
+  microseconds (``TIME``); that value is the lease's token. So every acquisition gets a token greater than every
+  earlier one, across all replicas, and the tokens keep rising across a store that lost its counters (``FLUSHALL``,
+  a restart without persistence, a restore from an older snapshot): a holder whose lease was lost to such a reset
+  can never save over a later holder. This holds while the server's clock does not run back past the tokens
+  already handed out (a server moved to a host whose clock is behind by more than the time since); the count is
+  otherwise kept by the counter itself.
 - While the lease is held a background task renews it every ``renew_every_ms`` with a compare-and-``PEXPIRE``
   (only if the lease key still holds this holder's random ``OWNER`` value). If the key is gone or another holder
   has it, the renewal stops and logs a WARNING: the lease is lost. Release is a compare-and-``DEL``, on every exit.
 - ``P:session:{S}`` holds the session payload as JSON. A save runs one Lua script that writes it only when the
   lease's token still equals ``P:fence:{S}``, so a holder whose lease expired and was acquired by another replica
   is refused (:class:`~maf_compaction.adapters.leases.StaleLeaseError`), even if it no longer knows it lost the lease.
+
+- A Redis failure while acquiring, loading or saving (connection refused or lost, a timeout) raises
+  :class:`~maf_compaction.adapters.leases.SessionStoreError` with the Redis error as its cause. A session the store
+  lost comes back as nothing stored; ``leased_session(..., create=False)`` reports it
+  (:class:`~maf_compaction.adapters.leases.SessionVanishedError`) instead of starting the conversation over empty.
 
 The braces make the three keys of a session share a Redis Cluster hash slot, so the scripts also run on a cluster.
 Use the same ``prefix`` (and database) for the leases and the store. Payloads have no expiry: retain and delete them
@@ -64,6 +73,7 @@ from .adapters.leases import (
     LeaseTimeoutError,
     SessionLease,
     SessionPayloadError,
+    SessionStoreError,
     StaleLeaseError,
     require_lease_for,
     require_session_id,
@@ -78,9 +88,15 @@ __all__ = ["DEFAULT_PREFIX", "RedisSessionLeases", "RedisSessionStore"]
 DEFAULT_PREFIX: Final = "maf_compaction"
 
 # KEYS[1] lease, KEYS[2] fence; ARGV[1] owner, ARGV[2] ttl_ms. The new token, or 0 when another holder has the lease.
+# The token is the larger of the counter plus one and the server clock in microseconds, so tokens keep rising across
+# a store that lost its counters (FLUSHALL, a restart without persistence, a restore from an older snapshot).
 _ACQUIRE: Final = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return redis.call('INCR', KEYS[2])
+  local now = redis.call('TIME')
+  local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local token = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, clock)
+  redis.call('SET', KEYS[2], string.format('%.0f', token))
+  return token
 end
 return 0
 """
@@ -125,6 +141,11 @@ def _require_prefix(value: object) -> str:
     if not isinstance(value, str) or not value or "{" in value or "}" in value:
         raise ValueError(f"prefix must be a non-empty string without '{{' or '}}', got {describe_value(value)}")
     return value
+
+
+def _outage(session_id: str, doing: str, error: BaseException) -> SessionStoreError:
+    """Our typed error for a Redis failure (raise it ``from error``, so the cause stays attached)."""
+    return SessionStoreError(session_id, f"Redis failed while {doing}: {type(error).__name__}: {error}")
 
 
 def _key(prefix: str, kind: str, session_id: str) -> str:
@@ -207,8 +228,8 @@ class RedisSessionLeases:
         Waits up to ``wait_timeout_s`` for another holder (logged at INFO), then raises ``LeaseTimeoutError``. The
         yielded lease's ``token`` is the session's new fencing token. Release happens on normal exit, on exceptions
         and on cancellation; a release that fails (Redis unreachable) is logged at WARNING and the lease then lapses
-        after ``ttl_ms``. Redis errors while acquiring propagate. Not re-entrant: holding the same session again
-        inside the block waits for itself until the timeout.
+        after ``ttl_ms``. A Redis failure while acquiring raises ``SessionStoreError`` with the Redis error as its
+        cause. Not re-entrant: holding the same session again inside the block waits for itself until the timeout.
 
         Raises:
             ValueError: ``session_id`` is not a non-empty string.
@@ -219,7 +240,10 @@ class RedisSessionLeases:
     async def fencing_token(self, session_id: str) -> int:
         """The session's newest fencing token (0 when it was never leased): for tests and operators."""
         require_session_id("session_id", session_id)
-        value = await cast(Any, self._client.get(_key(self._prefix, "fence", session_id)))
+        try:
+            value = await cast(Any, self._client.get(_key(self._prefix, "fence", session_id)))
+        except (RedisError, OSError) as error:
+            raise _outage(session_id, "reading the fencing token", error) from error
         return 0 if value is None else int(value)
 
     @asynccontextmanager
@@ -243,7 +267,10 @@ class RedisSessionLeases:
         deadline = started + self._wait_timeout_s
         waiting = False
         while True:
-            token = int(await self._acquire_script(keys=keys, args=[owner, self._ttl_ms]))
+            try:
+                token = int(await self._acquire_script(keys=keys, args=[owner, self._ttl_ms]))
+            except (RedisError, OSError) as error:
+                raise _outage(session_id, "acquiring the lease", error) from error
             now = loop.time()
             if token > 0:
                 if waiting:
@@ -335,10 +362,14 @@ class RedisSessionStore:
         Raises:
             ValueError: ``session_id`` is not a non-empty string, or ``lease`` is not a lease on it.
             SessionPayloadError: The stored value is not a JSON object.
+            SessionStoreError: Redis failed or is unreachable (its error is the cause).
         """
         require_session_id("session_id", session_id)
         require_lease_for(session_id, lease)
-        raw = await cast(Any, self._client.get(_key(self._prefix, "session", session_id)))
+        try:
+            raw = await cast(Any, self._client.get(_key(self._prefix, "session", session_id)))
+        except (RedisError, OSError) as error:
+            raise _outage(session_id, "loading the session", error) from error
         if raw is None:
             return None
         try:
@@ -356,6 +387,8 @@ class RedisSessionStore:
             ValueError: ``session_id`` is not a non-empty string, or ``lease`` is not a lease on it.
             SessionPayloadError: ``payload`` is not a mapping or not JSON-serializable (nothing written).
             StaleLeaseError: A newer holder acquired the session after ``lease`` (nothing written; WARNING logged).
+            SessionStoreError: Redis failed or is unreachable (its error is the cause; the write may or may not
+                have landed, as with any write whose reply was lost).
         """
         require_session_id("session_id", session_id)
         held = require_lease_for(session_id, lease)
@@ -366,7 +399,11 @@ class RedisSessionStore:
         except (TypeError, ValueError) as error:
             raise SessionPayloadError(session_id, f"the payload to save is not JSON-serializable: {error}") from error
         keys = [_key(self._prefix, "fence", session_id), _key(self._prefix, "session", session_id)]
-        written, newest = (int(v) for v in await self._save_script(keys=keys, args=[held.token, text]))
+        try:
+            reply = await self._save_script(keys=keys, args=[held.token, text])
+        except (RedisError, OSError) as error:
+            raise _outage(session_id, "saving the session", error) from error
+        written, newest = (int(v) for v in reply)
         if not written:
             logger.warning(
                 "Refused a stale write to session %r: lease token %d, but the newest fencing token is %d",

@@ -6,11 +6,17 @@ composition stacks, ``SessionCompactionProvider``, ``SessionToolResultRecallMidd
 client, and serves turns from the shared Redis list ``WORK`` (items ``SESSION TURN``) as a load balancer would:
 whichever replica pops an item first serves it, several at a time.
 
-Each turn runs inside ``leased_session`` (``RedisSessionLeases`` + ``RedisSessionStore``): lease, load, one agent
-turn, save, release. The replica journals ``enter NAME TOKEN TURN`` / ``exit NAME TOKEN TURN`` to ``JOURNAL:S``
-around the turn, and pushes the session's next turn to ``WORK`` *before* the session is saved and the lease
-released: the next turn may start on the other replica at once and must wait for the lease, or it would load the
-session without this turn and send other requests than a private stack.
+Each turn runs inside ``leased_session`` (``RedisSessionLeases`` + ``RedisSessionStore``; ``create=False`` after a
+session's first turn): lease, load, one agent turn, save, release. The replica journals ``enter NAME TOKEN TURN`` /
+``exit NAME TOKEN TURN`` to ``JOURNAL:S`` around the turn, and pushes the session's next turn to ``WORK`` *before*
+the session is saved and the lease released: the next turn may start on the other replica at once and must wait for
+the lease, or it would load the session without this turn and send other requests than a private stack.
+
+The session counts its served turns (``session.state[TURN_KEY]``). A turn that loads a session that has not reached
+it yet (the previous turn's save was refused) goes back to ``WORK``; one the session is already past (a duplicate)
+is dropped. A turn whose save is refused (``StaleLeaseError``: its lease was lost to a store reset) is reported to
+``REFUSED`` (``SESSION TURN TOKEN``), its requests and summarizer calls are struck from the journal (its session
+never got them), and it goes back to ``WORK`` to be served again.
 
 Every model request and summarizer call is attributed to its session and turn (a context variable set by the task
 that serves the turn) and reported as a SHA-256 of the request's text: ``RESULT:NAME`` holds the JSON
@@ -24,7 +30,8 @@ import contextvars
 import hashlib
 import json
 import sys
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from typing import Any, Final
 
@@ -34,6 +41,8 @@ from agent_framework import ChatResponse, ChatResponseUpdate, Message, ResponseS
 from maf_compaction import (
     CompactionStack,
     SessionCompactionRegistry,
+    SessionLease,
+    StaleLeaseError,
     leased_session,
     make_recall_tool,
 )
@@ -52,7 +61,10 @@ DONE: Final = "test:done"
 JOURNAL: Final = "test:journal"
 RESULT: Final = "test:result"
 ERRORS: Final = "test:errors"
+REFUSED: Final = "test:refused"
 STOP: Final = "stop"
+#: Where a session counts the turns served into it.
+TURN_KEY: Final = "test_turns"
 SETTINGS: Final = Settings()  # a 32,000-token window
 #: Turns per session: past the first records and the first two user-turn summaries at fill 3.0.
 TURNS: Final = 15
@@ -64,6 +76,22 @@ HARNESS: Final[Mapping[str, Any]] = {"disable_web_search": True}
 
 #: ``(session id, turn)`` of the turn the current task serves.
 CURRENT: contextvars.ContextVar[tuple[str, int] | None] = contextvars.ContextVar("replica_turn", default=None)
+#: The fencing token of the lease the current task holds (read from the lease, not from the store, which a reset
+#: may have emptied meanwhile).
+HELD: contextvars.ContextVar[int] = contextvars.ContextVar("replica_token", default=0)
+
+
+class JournaledLeases:
+    """``RedisSessionLeases`` that tell the task the token of the lease it holds."""
+
+    def __init__(self, inner: RedisSessionLeases) -> None:
+        self.inner = inner
+
+    @asynccontextmanager
+    async def hold(self, session_id: str) -> AsyncIterator[SessionLease]:
+        async with self.inner.hold(session_id) as lease:
+            HELD.set(lease.token)
+            yield lease
 
 
 def scenario() -> Scenario:
@@ -82,14 +110,21 @@ class Journal:
     def __init__(self) -> None:
         self.requests: dict[str, dict[int, list[str]]] = {}
         self.summarizer: dict[str, int] = {}
+        self._attempt: dict[tuple[str, int], int] = {}
 
     def request(self, text: str) -> None:
         session, turn = self._current()
         self.requests.setdefault(session, {}).setdefault(turn, []).append(digest(text))
 
     def summarized(self) -> None:
-        session, _ = self._current()
+        session, turn = self._current()
         self.summarizer[session] = self.summarizer.get(session, 0) + 1
+        self._attempt[session, turn] = self._attempt.get((session, turn), 0) + 1
+
+    def strike(self, session: str, turn: int) -> None:
+        """Forget an attempt whose save was refused: its session never got its requests' answers."""
+        self.requests.get(session, {}).pop(turn, None)
+        self.summarizer[session] = self.summarizer.get(session, 0) - self._attempt.pop((session, turn), 0)
 
     @staticmethod
     def _current() -> tuple[str, int]:
@@ -176,18 +211,34 @@ async def serve(url: str, name: str) -> None:
     conversation = scenario()
     client, summarizer = clients(journal, conversation)
     agent = replica_agent(client, summarizer, conversation)
-    leases = RedisSessionLeases(redis, ttl_ms=10_000, wait_timeout_s=60.0, poll_interval_ms=2)
+    leases = JournaledLeases(RedisSessionLeases(redis, ttl_ms=10_000, wait_timeout_s=60.0, poll_interval_ms=2))
     store = RedisSessionStore(redis)
 
     async def turn(session_id: str, number: int) -> None:
         CURRENT.set((session_id, number))  # this task's own context
-        async with leased_session(session_id, leases=leases, store=store) as session:
-            token = await leases.fencing_token(session_id)
-            await redis.rpush(f"{JOURNAL}:{session_id}", f"enter {name} {token} {number}")
-            await agent.run(conversation.turns[number].user, session=session)
-            if number + 1 < TURNS:  # handed on before the save: the other replica must wait for the lease
-                await redis.rpush(WORK, f"{session_id} {number + 1}")
-            await redis.rpush(f"{JOURNAL}:{session_id}", f"exit {name} {token} {number}")
+        token = 0
+        try:
+            async with leased_session(session_id, leases=leases, store=store, create=number == 0) as session:
+                reached = int(session.state.get(TURN_KEY, 0))
+                if reached != number:
+                    raise NotYet(reached > number)
+                token = HELD.get()
+                await redis.rpush(f"{JOURNAL}:{session_id}", f"enter {name} {token} {number}")
+                await agent.run(conversation.turns[number].user, session=session)
+                session.state[TURN_KEY] = number + 1
+                if number + 1 < TURNS:  # handed on before the save: the other replica must wait for the lease
+                    await redis.rpush(WORK, f"{session_id} {number + 1}")
+                await redis.rpush(f"{JOURNAL}:{session_id}", f"exit {name} {token} {number}")
+        except NotYet as early:
+            if not early.args[0]:  # not reached yet: serve it later; already past it: a duplicate, dropped
+                await asyncio.sleep(0.01)
+                await redis.rpush(WORK, f"{session_id} {number}")
+            return
+        except StaleLeaseError:
+            journal.strike(session_id, number)
+            await redis.rpush(REFUSED, f"{session_id} {number} {token}")
+            await redis.rpush(WORK, f"{session_id} {number}")
+            return
         await redis.incr(DONE)
 
     slots = asyncio.Semaphore(CONCURRENCY)
@@ -223,6 +274,10 @@ async def serve(url: str, name: str) -> None:
         )
     finally:
         await redis.aclose()
+
+
+class NotYet(Exception):
+    """The session is not at this turn (``args[0]``: it is already past it)."""
 
 
 def main(argv: Sequence[str]) -> int:

@@ -13,8 +13,14 @@ user-turn summaries). The test proves, per session:
 - no lost decision: its requests, turn by turn, are byte for byte (SHA-256) what a private single-session stack
   sends for the same conversation, wherever each turn ran;
 - no repeated summarizer call: it made exactly the private stack's summarizer calls;
-- no overlap: its journal alternates ``enter``/``exit`` of one turn at a time, each turn under its own fencing token
-  1, 2, ... 15, and the session's fencing counter ends at 15.
+- no overlap: its journal alternates ``enter``/``exit`` of one turn at a time, each turn under its own fencing
+  token, the tokens strictly rising.
+
+Halfway through, the store is reset under the replicas' feet: every lease and fencing counter is deleted at once
+(what ``FLUSHALL`` or a restart without persistence does to them; the session payloads are kept, as a restore from
+a backup would), while turns hold leases. A holder whose lease was lost to the reset must never save over a later
+holder: its save is refused (``StaleLeaseError``), the replica serves the turn again, and every session still ends
+with the private stack's requests and summarizer calls (nothing lost), the tokens still rising across the reset.
 """
 
 from __future__ import annotations
@@ -30,11 +36,20 @@ from pathlib import Path
 import redis.asyncio as aioredis
 
 from maf_compaction.redis import RedisSessionLeases
-from replica_worker import DONE, ERRORS, JOURNAL, RESULT, STOP, TURNS, WORK, private_baseline
+from replica_worker import DONE, ERRORS, JOURNAL, REFUSED, RESULT, STOP, TURNS, WORK, private_baseline
 
 HERE = Path(__file__).resolve().parent
 SESSIONS = 20
 REPLICAS = ("replica-a", "replica-b")
+
+
+#: Deletes every lease and fencing counter of the default prefix in one step; returns the leases it took away.
+RESET = """
+local held = redis.call('KEYS', 'maf_compaction:lease:*')
+for _, key in ipairs(held) do redis.call('DEL', key) end
+for _, key in ipairs(redis.call('KEYS', 'maf_compaction:fence:*')) do redis.call('DEL', key) end
+return #held
+"""
 
 
 def _text(entry: object) -> str:
@@ -54,7 +69,10 @@ async def test_two_replicas_serve_twenty_sessions_like_private_stacks(redis_url:
     workers = [subprocess.Popen([*command, name], cwd=tmp_path, stderr=subprocess.PIPE) for name in REPLICAS]
     try:
         deadline = time.monotonic() + 240
+        reset_taken = 0  # leases the reset took away from their holders
         while int(await redis.get(DONE) or 0) < SESSIONS * TURNS:
+            if not reset_taken and int(await redis.get(DONE) or 0) >= SESSIONS * TURNS // 2:
+                reset_taken = int(await redis.eval(RESET, 0))  # pyright: ignore[reportGeneralTypeIssues]
             errors = [_text(e) for e in await redis.lrange(ERRORS, 0, -1)]
             assert not errors, errors
             stopped = [w for w in workers if w.poll() is not None]
@@ -77,12 +95,20 @@ async def test_two_replicas_serve_twenty_sessions_like_private_stacks(redis_url:
     for session in sessions:
         # No overlap: one turn at a time, each under the next fencing token.
         journal = [_text(e).split() for e in await redis.lrange(f"{JOURNAL}:{session}", 0, -1)]
-        assert [e[0] for e in journal] == ["enter", "exit"] * TURNS
+        assert [e[0] for e in journal] == ["enter", "exit"] * (len(journal) // 2)
         turns = journal[::2]
         assert [(e[1], e[2], e[3]) for e in turns] == [(e[1], e[2], e[3]) for e in journal[1::2]]
-        assert [int(e[2]) for e in turns] == list(range(1, TURNS + 1))
-        assert [int(e[3]) for e in turns] == list(range(TURNS))
-        assert await leases.fencing_token(session) == TURNS
+        tokens = [int(e[2]) for e in turns]
+        assert tokens == sorted(set(tokens)), f"{session}: the fencing tokens went back: {tokens}"
+        # Every turn once, in order, but for the attempts whose save was refused (served again after them).
+        refused = [
+            (int(t), int(k))
+            for s, t, k in (_text(e).split() for e in await redis.lrange(REFUSED, 0, -1))
+            if s == session
+        ]
+        kept = [int(e[3]) for e in turns if (int(e[3]), int(e[2])) not in refused]
+        assert kept == list(range(TURNS)), f"{session}: turns {kept}"
+        assert await leases.fencing_token(session) >= tokens[-1]
         served.update(e[1] for e in turns)
         # No lost decision: each turn sent the private stack's requests, whichever replica served it.
         sent: dict[int, list[str]] = {}
@@ -95,4 +121,7 @@ async def test_two_replicas_serve_twenty_sessions_like_private_stacks(redis_url:
         assert sum(r["summarizer"].get(session, 0) for r in results) == expected_summaries
     # The load balancer really spread the turns (and so the sessions moved between replicas).
     assert all(served[name] > SESSIONS * TURNS // 5 for name in REPLICAS), served
+    # The reset took leases from holders in the middle of their turns, and their saves were refused.
+    assert reset_taken > 0, "the reset found no lease held: it tested nothing"
+    assert await redis.llen(REFUSED) > 0, "no save was refused after the reset took leases away"
     await redis.aclose()

@@ -66,7 +66,6 @@ from maf_compaction import (
     make_recall_tool,
     make_session_recall_tool,
 )
-from maf_compaction.adapters import sessions as sessions_module
 from maf_compaction.bench.client import SimulatedChatClient
 from maf_compaction.bench.model import ModelOptions, ScriptedModel, context_text, pinned_function
 from maf_compaction.bench.provider import SimulatedProvider
@@ -329,19 +328,6 @@ def round_trip(session: AgentSession) -> AgentSession:
     return AgentSession.from_dict(json.loads(json.dumps(session.to_dict())))
 
 
-def as_another_process(registry: SessionCompactionRegistry) -> None:
-    """Let ``registry`` stand for a replica in another process.
-
-    The replicas here share one process, where a registry refuses to read a session that
-    another live registry wrote under the same key (two registries configured alike by
-    mistake). Between processes no registry sees the other: take this one out of the
-    process's map of live registries, so sessions move between live replicas as they do
-    between processes, and a replica that served a session before holds its stack, cached
-    and stale, when the session comes back.
-    """
-    sessions_module._LIVE.pop(registry._id, None)  # pyright: ignore[reportPrivateUsage]
-
-
 @dataclass(frozen=True)
 class Conversation:
     """What one session plays: a conversation, how many of its turns, streamed or not."""
@@ -376,9 +362,7 @@ class World:
         self.actions: list[str] = []
 
     def new_replica(self) -> Replica:
-        made = replica(self.kind, self.cache, self.pause)
-        as_another_process(made.registry)
-        return made
+        return replica(self.kind, self.cache, self.pause)
 
     async def pause(self, where: str) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -135,6 +135,15 @@ class MediaTokenEstimator:
             raise TypeError(f"message must be an agent_framework Message, got {describe_value(message)}")
         return basis.message_tokens(part.tokens for part in self._parts.parts(message))
 
+    def decision_identity(self) -> dict[str, object]:
+        """What changes this estimator's counts: the media estimates, the hook and the wrapped tokenizer."""
+        return {
+            "image_tokens": self._image_tokens,
+            "other_media_tokens": self._other_media_tokens,
+            "estimate_media": self._estimate_media,
+            "tokenizer": self._tokenizer,
+        }
+
 
 def checked_count(tokenizer: object, value: object) -> int:
     """``value`` as a token count from ``tokenizer``, or a ``TypeError``/``ValueError`` naming both.

@@ -26,6 +26,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 from agent_framework import AgentSession
 
 from ..core.checks import describe_value, is_async_callable, require_int
+from ..core.errors import ErrorValue
 
 logger = logging.getLogger("maf_compaction")
 
@@ -37,6 +38,8 @@ __all__ = [
     "SessionLeases",
     "SessionPayloadError",
     "SessionStore",
+    "SessionStoreError",
+    "SessionVanishedError",
     "StaleLeaseError",
     "leased_session",
     "require_lease_for",
@@ -45,7 +48,7 @@ __all__ = [
 ]
 
 
-class SessionLeaseError(Exception):
+class SessionLeaseError(ErrorValue):
     """Base class of the errors of session leases and session stores."""
 
 
@@ -58,6 +61,9 @@ class LeaseTimeoutError(SessionLeaseError):
         )
         self.session_id = session_id
         self.waited_s = waited_s
+
+    def _arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (self.session_id, self.waited_s), {}
 
 
 class StaleLeaseError(SessionLeaseError):
@@ -76,6 +82,9 @@ class StaleLeaseError(SessionLeaseError):
         self.token = token
         self.newest = newest
 
+    def _arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (self.session_id, self.token, self.newest), {}
+
 
 class SessionPayloadError(SessionLeaseError):
     """A stored session payload is malformed, belongs to another session, or cannot be serialized."""
@@ -84,6 +93,45 @@ class SessionPayloadError(SessionLeaseError):
         super().__init__(f"session {session_id!r}: {problem}")
         self.session_id = session_id
         self.problem = problem
+
+    def _arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (self.session_id, self.problem), {}
+
+
+class SessionStoreError(SessionLeaseError):
+    """The lease or store engine failed or could not be reached (an outage); the engine's error is the cause.
+
+    Nothing is known to have been written; whether a turn ran is for the host to decide
+    (``leased_session`` saves nothing it could not save under the lease).
+    """
+
+    def __init__(self, session_id: str, problem: str) -> None:
+        super().__init__(f"session {session_id!r}: the session store failed: {problem}")
+        self.session_id = session_id
+        self.problem = problem
+
+    def _arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (self.session_id, self.problem), {}
+
+
+class SessionVanishedError(SessionLeaseError):
+    """A session the host continues is not in the store: the store lost it (a reset, a restart without persistence).
+
+    Raised by ``leased_session(..., create=False)`` instead of starting the conversation over
+    empty. ``token`` is the lease the turn would have run under (it is released).
+    """
+
+    def __init__(self, session_id: str, token: int) -> None:
+        super().__init__(
+            f"session {session_id!r} is not in the session store (lease token {token}): the store lost it (reset, "
+            "flushed, or restarted without persistence) or it was never saved; refusing to continue it as a new, "
+            "empty session (use create=True for a session's first turn)"
+        )
+        self.session_id = session_id
+        self.token = token
+
+    def _arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (self.session_id, self.token), {}
 
 
 @runtime_checkable
@@ -97,7 +145,11 @@ class SessionLease(Protocol):
 
     @property
     def token(self) -> int:
-        """The fencing token: strictly greater than the token of every earlier acquisition of this session."""
+        """The fencing token: strictly greater than the token of every earlier acquisition of this session.
+
+        Also across a reset of the engine's state: a holder whose lease was lost to a reset
+        must never be able to save over a later holder.
+        """
         ...
 
 
@@ -197,14 +249,19 @@ def restore_session(session_id: str, payload: Mapping[str, Any] | None) -> Agent
 
 
 @asynccontextmanager
-async def leased_session(session_id: str, *, leases: SessionLeases, store: SessionStore) -> AsyncIterator[AgentSession]:
+async def leased_session(
+    session_id: str, *, leases: SessionLeases, store: SessionStore, create: bool = True
+) -> AsyncIterator[AgentSession]:
     """Hold ``session_id``'s lease, load its session, yield it, save it, release the lease.
 
     What is saved when:
 
     - On entry the lease is acquired (waiting as ``leases`` does, :class:`LeaseTimeoutError` past its timeout) and the
       stored payload is loaded under it: ``AgentSession.from_dict(payload)``, or a new ``AgentSession(session_id=
-      session_id)`` when nothing is stored. Nothing is written on entry.
+      session_id)`` when nothing is stored and ``create`` is true. With ``create=False`` (every request after a
+      session's first, when the host knows the session exists) nothing stored raises :class:`SessionVanishedError`:
+      a store that lost the session (a reset, a restart without persistence, an eviction) is reported instead of
+      the conversation silently starting over empty. Nothing is written on entry.
     - When the block ends normally, or raises an ordinary exception (an :class:`Exception`), ``session.to_dict()`` as
       the block left it is saved under the same lease, and then the lease is released. After an exception the
       exception propagates; if that save fails too, the save's error is logged at WARNING and attached to the
@@ -215,14 +272,22 @@ async def leased_session(session_id: str, *, leases: SessionLeases, store: Sessi
       the store with :class:`StaleLeaseError`; nothing of this holder's session is written.
 
     Raises:
-        ValueError: ``session_id``, ``leases`` or ``store`` is not what is described above.
+        ValueError: ``session_id``, ``leases``, ``store`` or ``create`` is not what is described above.
         SessionPayloadError: The stored payload is malformed or belongs to another session.
+        SessionVanishedError: ``create=False`` and the store holds nothing for the session.
+        SessionStoreError: The engine failed or is unreachable (raised by the engine; its error is the cause).
     """
     require_session_id("session_id", session_id)
     leases = _require_leases(leases)
     store = _require_store(store)
+    if not isinstance(create, bool):
+        raise ValueError(f"create must be True or False, got {describe_value(create)}")
     async with leases.hold(session_id) as lease:
-        session = restore_session(session_id, await store.load(session_id, lease))
+        payload = await store.load(session_id, lease)
+        if payload is None and not create:
+            logger.warning("Session %r is not in the session store; refusing to start it over empty", session_id)
+            raise SessionVanishedError(session_id, lease.token)
+        session = restore_session(session_id, payload)
         try:
             yield session
         except Exception as error:  # not cancellation (a BaseException): an unfinished turn is not saved

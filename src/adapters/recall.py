@@ -321,6 +321,11 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         return self._trigger_fraction
 
     @property
+    def pin_rule(self) -> PinRule:
+        """The pin rule's bounds: its trigger in tokens, the tool-group bounds, the pinned response cap."""
+        return self._rule
+
+    @property
     def forced_calls(self) -> int:
         """Pinned requests sent (aborted ones included)."""
         return self._forced_calls

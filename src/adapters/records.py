@@ -220,6 +220,11 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         return self._default_fallback
 
     @property
+    def host_fallback(self) -> CompactionStrategy | None:
+        """The fallback strategy the host gave, or ``None`` when the default anchored rules run within the pass."""
+        return self._fallback
+
+    @property
     def state_cell(self) -> StateCell[RecordState]:
         """The conversation's one state value, shared with the recall middleware."""
         return self._cell

@@ -20,19 +20,25 @@ This module gives both:
   ``session`` argument, ``ChatContext.session``, ``FunctionInvocationContext.session``),
   never from a model-supplied argument, and refuses to run without one.
 
-Phases of one session must not overlap in one process (the host serializes a session's
-requests; across replicas, a lease does: see :mod:`maf_compaction.redis`), so a second,
-independent phase for a session that is in a phase raises ``RuntimeError``; distinct
-sessions run concurrently. A phase nested in another phase of the same session in the
-same task (a context variable marks it) shares the outer phase's stack and leaves the
-reading and writing to it.
+Runs of one session must not overlap in one process (the host serializes a session's
+requests; across replicas, a lease does: see :mod:`maf_compaction.redis`). The provider's
+``before_run`` claims the session for its run, so a second run of a session that starts
+while another is in progress raises ``RuntimeError`` before anything of it is written; a
+second, independent phase for a session that is in a phase raises too. Distinct sessions
+run concurrently. A phase nested in another phase of the same session in the same task (a
+context variable marks it) shares the outer phase's stack and leaves the reading and
+writing to it.
+
+A phase ends when its run ends, however it ends: a streamed call's phase when its stream
+is consumed, closed or garbage-collected, any phase when its task is done; a run ends at
+its ``after_run`` or when its task is done (a run that raised never reaches ``after_run``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
-import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -57,13 +63,17 @@ from agent_framework import (
 from ..core.checks import require_bool, require_int, require_sync_callable, require_tokenizer
 from ..core.records import RECALL_TOOL_NAME
 from ..core.stack import (
+    StackConfiguration,
+    StackConfigurationError,
     StackKind,
+    StackKindError,
     StackState,
     session_entry_from_dict,
     session_entry_to_dict,
 )
 from .composition import ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
 from .counting import Tokenizer
+from .fingerprint import stack_parameters
 from .loop import NamedSets
 from .recall import DEFAULT_TARGET_TOKENS, RecallGate, ToolResultRecallMiddleware, recall_tool, record_reply
 from .records import ToolResultAnchoredSummarizationCompactionStrategy
@@ -74,6 +84,8 @@ logger = logging.getLogger("maf_compaction")
 DEFAULT_STATE_KEY: Final = "maf_compaction"
 #: Sessions whose named exclusions a registry remembers at least (see ``CompactionAdapter.share_named``).
 _NAMED_SESSIONS: Final = 1_024
+#: Event-loop steps a new run waits for a dropped stream's generators to be closed (see ``begin_run``).
+_SETTLE_STEPS: Final = 8
 #: The history provider's ``source_id`` when the agent shows none (the framework's default).
 _DEFAULT_HISTORY_SOURCE: Final = "in_memory"
 
@@ -200,6 +212,15 @@ class CompactionStack:
         self.restore(StackState.from_dict(data, kind=self._kind, keep_head_groups=head))
         return self
 
+    def configuration(self) -> StackConfiguration:
+        """The fingerprint of this stack's configuration: its kind and every parameter that changes a decision.
+
+        Read from the configured values (the strategy's config, a host fallback's, the
+        recall middleware's pin rule, the tokenizer's identity), so two stacks built alike
+        have equal fingerprints in any process.
+        """
+        return StackConfiguration.of(stack_parameters(self))
+
     def parts(self) -> tuple[object, ...]:
         """Every stateful instance of the stack (a builder must make fresh ones for each stack)."""
         strategy = self._strategy
@@ -229,13 +250,26 @@ class _Phase:
     nested: bool = False
     closed: bool = False
     task: asyncio.Task[Any] | None = None
+    streaming: bool = False
+
+
+@dataclass(slots=True)
+class _Run:
+    """One agent run of a session, from the provider's ``before_run``: the task that runs it (weakly: a run that
+    raised before its ``after_run`` must not keep its task, and what the task's frames hold, alive)."""
+
+    name: str
+    task: weakref.ReferenceType[asyncio.Task[Any]] | None
+
+    def alive(self) -> asyncio.Task[Any] | None:
+        """The run's task while it is not done (``None``: the run has ended, or ran outside a task)."""
+        task = None if self.task is None else self.task()
+        return None if task is None or task.done() else task
 
 
 #: The phase the current task is in (innermost), so a nested phase of the same session is told
 #: from an independent one.
 _CURRENT: ContextVar[_Phase | None] = ContextVar("maf_compaction_session_phase", default=None)
-#: Live registries by id, to tell two registries that share a state key (a weak map: bounded by them).
-_LIVE: weakref.WeakValueDictionary[str, SessionCompactionRegistry] = weakref.WeakValueDictionary()
 
 
 def _current_task() -> asyncio.Task[Any] | None:
@@ -263,11 +297,19 @@ class SessionCompactionRegistry:
     session's stack. A stored entry of another kind of stack, or of a newer version,
     raises instead of being dropped.
 
+    The entry carries the fingerprint of the configuration that wrote it
+    (:meth:`CompactionStack.configuration`). A registry serves every session whose
+    fingerprint matches its own builder's, whichever registry instance wrote it: a registry
+    built per request, a second one in the same process, another replica. An entry written
+    under another configuration raises :class:`StackConfigurationError` naming the
+    parameters that differ; :meth:`migrate` carries it over on purpose.
+
     Args:
         builder: Makes one stack: ``() -> CompactionStack``.
         max_cached_sessions: Stacks kept in memory, least recently used first out; 0 or more.
-        state_key: The key in ``AgentSession.state``; give each independently configured
-            registry its own (two live registries writing one session under one key raise).
+        state_key: The key in ``AgentSession.state``. Registries configured alike may share
+            it; two differently configured registries that serve the same sessions side by
+            side need one key each.
 
     Raises:
         ValueError: A parameter is outside its range (the message names it).
@@ -287,9 +329,10 @@ class SessionCompactionRegistry:
         self._builder = builder
         self._max = max_cached_sessions
         self._key = state_key
-        self._id = uuid.uuid4().hex
+        self._configuration: StackConfiguration | None = None
         self._cache: OrderedDict[str, _Entry] = OrderedDict()
         self._open: dict[str, _Phase] = {}
+        self._runs: dict[str, _Run] = {}
         self._kind: StackKind | None = None
         self._parts: weakref.WeakSet[object] = weakref.WeakSet()
         # What each session's stacks named in log lines, so a rebuilt stack does not name it again
@@ -297,7 +340,6 @@ class SessionCompactionRegistry:
         self._named: OrderedDict[str, NamedSets] = OrderedDict()
         self.stacks_built = 0
         self.states_restored = 0
-        _LIVE[self._id] = self
 
     @property
     def state_key(self) -> str:
@@ -317,6 +359,43 @@ class SessionCompactionRegistry:
     def forget(self, session_id: str) -> None:
         """Drop a session's cached stack (its state stays in the session)."""
         self._cache.pop(session_id, None)
+
+    @property
+    def configuration(self) -> StackConfiguration:
+        """The fingerprint of the stacks the builder makes (it calls the builder once if no stack was built yet)."""
+        if self._configuration is None:
+            self._build(None)
+        assert self._configuration is not None
+        return self._configuration
+
+    def migrate(self, session: AgentSession) -> bool:
+        """Carry a session's stored compaction state over to this registry's configuration, on purpose.
+
+        For a deliberate configuration change (a larger budget, another tail): the stored
+        decisions are read strictly into a stack this builder makes and written back under
+        this registry's fingerprint; the next pass checks them against the history. Returns
+        whether there was an entry to migrate.
+
+        Raises:
+            ValueError: ``session`` is missing.
+            RuntimeError: A phase of the session is open in this process.
+            StackKindError: The entry holds another kind of stack (records vs composition):
+                delete the entry instead, which starts the session's compaction afresh.
+            SnapshotVersionError, SnapshotError: The entry cannot be read.
+        """
+        if not isinstance(session, AgentSession):
+            raise ValueError(f"migrate needs an AgentSession, got {session!r}")
+        if session.session_id in self._open:
+            raise RuntimeError(f"session {session.session_id!r} is in a phase: migrate it between requests")
+        stored = session.state.get(self._key)
+        if stored is None:
+            return False
+        _, data = session_entry_from_dict(stored)
+        entry = _Entry(self._build(session.session_id))
+        entry.stack.from_dict(data)
+        self._save(session, entry)
+        logger.info("Migrated the compaction state of session %r to the registry's configuration", session.session_id)
+        return True
 
     @contextmanager
     def phase(self, session: AgentSession | None, name: str = "phase") -> Iterator[CompactionStack]:
@@ -358,16 +437,104 @@ class SessionCompactionRegistry:
                     return _Phase(self, session, name, scope.entry, outer, nested=True, task=task)
                 break
             scope = scope.parent
-        busy = self._open.get(session_id)
-        if busy is not None:
-            raise RuntimeError(
-                f"{name} for session {session_id!r} overlaps its {busy.name}: requests of one session must run one "
-                "at a time (a streamed response holds its session until it is consumed)"
-            )
+        self._refuse_overlap(session_id, name)
         entry = self._load(session)
         opened = _Phase(self, session, name, entry, outer, task=task)
         self._open[session_id] = opened
         return opened
+
+    def _refuse_overlap(self, session_id: str, name: str) -> None:
+        """Raise if a phase of the session is open and alive; end an open phase whose run has ended.
+
+        A phase whose task is done (a cancelled or finished task that never closed it) has
+        ended. A streamed model call's phase ends when its stream is consumed, closed or
+        garbage-collected: on a conflict, unreachable streams are collected first, so a
+        stream the client abandoned releases its session at once.
+        """
+        busy = self._open.get(session_id)
+        if busy is None:
+            return
+        if busy.task is not None and busy.task.done():
+            self._abandon(busy, "its task ended without closing it")
+            return
+        if busy.streaming:
+            gc.collect()  # an abandoned stream's finalizer ends its phase
+            if busy.closed:
+                return
+        raise RuntimeError(
+            f"{name} for session {session_id!r} overlaps its {busy.name}: requests of one session must run one "
+            "at a time (a streamed response holds its session until it is consumed, closed or dropped)"
+        )
+
+    def _abandon(self, phase: _Phase, why: str) -> None:
+        """End a phase whose run ended without ending it (its state is written, as on any exit)."""
+        if phase.closed:
+            return
+        logger.warning(
+            "Session %r: ended its %s, which was left open (%s); its state is written as on any exit",
+            phase.session.session_id,
+            phase.name,
+            why,
+        )
+        try:
+            self.close(phase)
+        except Exception:  # a finalizer must not raise; the phase is ended either way
+            logger.exception("Session %r: writing the state of an abandoned phase failed", phase.session.session_id)
+
+    def watch_stream(self, phase: _Phase, stream: object) -> None:
+        """Keep ``phase`` open while ``stream`` is alive: it ends when the stream is consumed or closed (the
+        caller's cleanup hook) or garbage-collected (abandoned by its consumer)."""
+        phase.streaming = True
+        finalizer = weakref.finalize(stream, self._abandon, phase, "its stream was dropped before it was consumed")
+        finalizer.atexit = False  # at interpreter exit there is no session left to write
+
+    async def begin_run(self, session: AgentSession | None, name: str) -> None:
+        """Mark the start of an agent run of ``session``; refuse it while another run of the session is alive.
+
+        Called from the provider's ``before_run``, before anything of the run is written. A
+        run is alive until its ``after_run`` (:meth:`end_run`) or until its task is done;
+        a new run in the task that ran the previous one means the previous one ended (it
+        raised before its ``after_run``). An open phase of the session is checked as in
+        :meth:`open` (a stream still being read refuses the run).
+
+        Raises:
+            ValueError: ``session`` is missing.
+            RuntimeError: Another run of the session is alive in this process.
+        """
+        if not isinstance(session, AgentSession):
+            raise ValueError(f"{name} needs the run's AgentSession (got {session!r}): pass session=... to agent.run")
+        session_id = session.session_id
+        task = _current_task()
+        busy = self._runs.get(session_id)
+        running = None if busy is None else busy.alive()
+        if busy is not None and running is not None and running is not task:
+            raise RuntimeError(
+                f"{name}: this run of session {session_id!r} overlaps its {busy.name} run, still in progress: "
+                "requests of one session must run one at a time (serialize them, for example with leased_session)"
+            )
+        if _CURRENT.get() is None:
+            busy_phase = self._open.get(session_id)
+            if busy_phase is not None and busy_phase.streaming:
+                # A dropped stream whose async generators the event loop closes: collect them and let the
+                # loop run their aclose() (it closes the stream, whose cleanup ends the phase).
+                gc.collect()
+                for _ in range(_SETTLE_STEPS):
+                    if busy_phase.closed:
+                        break
+                    await asyncio.sleep(0)
+            self._refuse_overlap(session_id, name)
+        self._runs[session_id] = _Run(name, None if task is None else weakref.ref(task))
+        if len(self._runs) > max(self._max, _NAMED_SESSIONS):  # runs that raised before their after_run
+            for ended in [key for key, run in self._runs.items() if run.alive() is None and key != session_id]:
+                del self._runs[ended]
+
+    def end_run(self, session: AgentSession | None) -> None:
+        """Mark the end of the session's run started in this task (from the provider's ``after_run``)."""
+        if not isinstance(session, AgentSession):
+            return
+        busy = self._runs.get(session.session_id)
+        if busy is not None and busy.alive() in (None, _current_task()):
+            del self._runs[session.session_id]
 
     def close(self, phase: _Phase) -> None:
         """Write the phase's state into its session and end it (idempotent; a nested phase writes nothing)."""
@@ -405,22 +572,31 @@ class SessionCompactionRegistry:
             return entry
         if entry is not None and (stored is entry.written or stored == entry.written):
             return entry  # the session holds what this stack wrote last
-        writer, data = session_entry_from_dict(stored)
-        other = _LIVE.get(writer)
-        if other is not None and other is not self and other.state_key == self._key:
-            raise ValueError(
-                f"two registries store session {session_id!r} under state_key {self._key!r}: give each "
-                "independently configured registry its own state_key"
-            )
+        configuration, data = session_entry_from_dict(stored)
         if entry is None:
             entry = _Entry(self._build(session_id))
+        if configuration is not None:
+            self._check(configuration)
         entry.stack.from_dict(data)
         entry.written = stored
         self.states_restored += 1
         return entry
 
+    def _check(self, stored: StackConfiguration) -> None:
+        """Refuse an entry written under another configuration (the kind first: its own error)."""
+        own = self._configuration
+        assert own is not None  # a stack was built before an entry is checked
+        if stored.digest == own.digest:
+            return
+        kind, built = stored.parameters.get("kind"), own.parameters.get("kind")
+        if kind != built:
+            raise StackKindError(str(kind), str(built))
+        if stored.parameters != own.parameters:
+            raise StackConfigurationError(stored.parameters, own.parameters, state_key=self._key)
+
     def _save(self, session: AgentSession, entry: _Entry) -> None:
-        payload = session_entry_to_dict(self._id, entry.stack.to_dict())
+        assert self._configuration is not None  # the entry's stack was built by this registry
+        payload = session_entry_to_dict(self._configuration, entry.stack.to_dict())
         session.state[self._key] = payload
         entry.written = payload
         if self._max == 0:
@@ -431,7 +607,7 @@ class SessionCompactionRegistry:
         while len(self._cache) > self._max:
             self._cache.popitem(last=False)
 
-    def _build(self, session_id: str) -> CompactionStack:
+    def _build(self, session_id: str | None) -> CompactionStack:
         stack = self._builder()
         if not isinstance(stack, CompactionStack):
             raise TypeError(f"the registry's builder must return a CompactionStack, got {stack!r}")
@@ -442,6 +618,20 @@ class SessionCompactionRegistry:
                 f"the registry's builder made a {stack.kind!r} stack after a {self._kind!r} one: it must make the "
                 "same kind of stack, with the same configuration, every time"
             )
+        configuration = stack.configuration()
+        if self._configuration is None:
+            self._configuration = configuration
+        elif configuration.digest != self._configuration.digest:
+            differing = ", ".join(
+                name
+                for name, _, _ in StackConfigurationError(
+                    self._configuration.parameters, configuration.parameters, state_key=self._key
+                ).differing
+            )
+            raise ValueError(
+                f"the registry's builder made a stack configured differently from its first one ({differing}): it "
+                "must make the same configuration every time"
+            )
         shared = [type(p).__name__ for p in stack.parts() if p in self._parts]
         if shared:
             raise ValueError(
@@ -450,6 +640,8 @@ class SessionCompactionRegistry:
             )
         self._parts.update(stack.parts())
         self.stacks_built += 1
+        if session_id is None:
+            return stack
         named = self._named.pop(session_id, None)
         self._named[session_id] = named = OrderedDict() if named is None else named
         while len(self._named) > max(self._max, _NAMED_SESSIONS):
@@ -504,16 +696,26 @@ class SessionCompactionProvider(ContextProvider):
     async def before_run(
         self, *, agent: Any, session: AgentSession | None, context: SessionContext, state: dict[str, Any]
     ) -> None:
-        """Compact the loaded context messages with the session's stack (when ``before``)."""
+        """Start the session's run (refused while another run of it is alive), then compact the loaded context
+        messages with the session's stack (when ``before``).
+
+        Raises:
+            ValueError: The run has no session.
+            RuntimeError: Another run of the session is in progress in this process.
+        """
+        await self._registry.begin_run(session, f"{type(self).__name__}.before_run")
         if self.before:
             await self._run(agent, session, context, state, "before_run")
 
     async def after_run(
         self, *, agent: Any, session: AgentSession | None, context: SessionContext, state: dict[str, Any]
     ) -> None:
-        """Compact the session's stored history with its stack (when ``after``)."""
-        if self.after:
-            await self._run(agent, session, context, state, "after_run")
+        """Compact the session's stored history with its stack (when ``after``), then end the session's run."""
+        try:
+            if self.after:
+                await self._run(agent, session, context, state, "after_run")
+        finally:
+            self._registry.end_run(session)
 
     async def _run(
         self, agent: Any, session: AgentSession | None, context: SessionContext, state: dict[str, Any], hook: str
@@ -590,6 +792,7 @@ class SessionToolResultRecallMiddleware(ChatMiddleware):
                 # (and the session) stays open until then, and the state is written at its end.
                 streaming = True
                 context.result = result.with_cleanup_hook(lambda: registry.close(opened))  # pyright: ignore[reportUnknownMemberType]
+                registry.watch_stream(opened, result)
         finally:
             registry.leave(token)
             if not streaming:

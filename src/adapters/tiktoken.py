@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..core.errors import ErrorValue
 from ..core.extras import install_hint
 
 ENV_VOCABULARY_FILE = "MAF_COMPACTION_TIKTOKEN_FILE"
@@ -84,7 +85,7 @@ _SPECS: dict[str, _EncodingSpec] = {
 }
 
 
-class TokenizerUnavailableError(RuntimeError):
+class TokenizerUnavailableError(ErrorValue, RuntimeError):
     """No verified vocabulary could be loaded for the requested encoding (the message says what was tried)."""
 
 
@@ -145,6 +146,10 @@ class TiktokenTokenizer:
     def count_tokens(self, text: str) -> int:
         """Tokens in ``text``."""
         return len(self._encoding.encode(text, disallowed_special=()))
+
+    def decision_identity(self) -> dict[str, object]:
+        """What identifies this tokenizer's counts: its encoding (not the file or cache it was loaded from)."""
+        return {"encoding": self._name}
 
     def __repr__(self) -> str:
         return f"TiktokenTokenizer({self._name!r})"

@@ -21,6 +21,7 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "speed": ("speed", "time one compaction pass: ours against the framework's"),
     "redis": ("sessions_redis", "time the Redis lease + load + save round trip of one session turn on loopback"),
     "sessions": ("sessions", "time the session registry's state read and write per phase, at 10 to 1,000 sessions"),
+    "load": ("load", "turns per second through the session registry and through Redis, beside the baseline"),
     "docs": ("docs", "regenerate (--write) or check the bench tables in README.md and docs/bench.md"),
 }
 

@@ -72,10 +72,11 @@ def _stop(process: subprocess.Popen[bytes]) -> str:
 
 
 @contextmanager
-def local_redis_server(binary: str | None = None) -> Iterator[str]:
-    """A running redis-server on a free 127.0.0.1 port for the block: yields its ``redis://`` URL.
+def local_redis_server(binary: str | None = None, *, port: int | None = None) -> Iterator[str]:
+    """A running redis-server on a free 127.0.0.1 port (or on ``port``) for the block: yields its ``redis://`` URL.
 
-    Tries three ports, in case another process takes the free one first.
+    Tries three free ports, in case another process takes the free one first; a given ``port``
+    is tried once (a restart on the port a stopped server used: its clients reconnect).
 
     Raises:
         RedisServerUnavailable: No binary (see :func:`find_redis_server`), or it did not answer ``PING``.
@@ -83,21 +84,21 @@ def local_redis_server(binary: str | None = None) -> Iterator[str]:
     binary = binary or find_redis_server()
     with tempfile.TemporaryDirectory(prefix="maf-compaction-redis-") as workdir:
         problem = "no attempt"
-        for _ in range(3):
-            port = _free_port()
+        for _ in range(3 if port is None else 1):
+            chosen = _free_port() if port is None else port
             # fmt: off
             command = [
-                binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                binary, "--port", str(chosen), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                 "--dir", workdir, "--daemonize", "no", "--loglevel", "warning",
             ]
             # fmt: on
             process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             deadline = time.monotonic() + START_TIMEOUT_S
-            while process.poll() is None and time.monotonic() < deadline and not _answers_ping(port):
+            while process.poll() is None and time.monotonic() < deadline and not _answers_ping(chosen):
                 time.sleep(0.02)
-            if process.poll() is None and _answers_ping(port):
+            if process.poll() is None and _answers_ping(chosen):
                 try:
-                    yield f"redis://127.0.0.1:{port}/0"
+                    yield f"redis://127.0.0.1:{chosen}/0"
                 finally:
                     _stop(process)
                 return

@@ -9,7 +9,8 @@ data: ids, counts and summary text).
 
 Phases (milliseconds, median and p95 over ``sessions x repeats`` round trips, one after another on one client):
 
-- ``acquire``: ``RedisSessionLeases.hold`` entered (one Lua script: SET NX PX + INCR; starts the renewal task).
+- ``acquire``: ``RedisSessionLeases.hold`` entered (one Lua script: SET NX PX + the fencing counter raised;
+  starts the renewal task).
 - ``load``: ``RedisSessionStore.load`` (GET + JSON decode) and ``AgentSession.from_dict``.
 - ``save``: ``session.to_dict()`` and ``RedisSessionStore.save`` (JSON encode + the fenced Lua write).
 - ``release``: the hold's exit (renewal task cancelled, Lua compare-and-DEL).

@@ -2,8 +2,44 @@
 
 from __future__ import annotations
 
+from typing import Any
 
-class CompactionBudgetExceeded(Exception):
+
+def rebuild_error(cls: type[ErrorValue], args: tuple[Any, ...], kwargs: dict[str, Any]) -> ErrorValue:
+    """Call ``cls(*args, **kwargs)``: how a pickled :class:`ErrorValue` is rebuilt in another process."""
+    return cls(*args, **kwargs)
+
+
+class ErrorValue(Exception):
+    """An error that crosses processes: it pickles through its constructor and compares by value.
+
+    The default pickling of an exception calls ``cls(*self.args)``, which fails for an error
+    whose constructor takes structured arguments and formats the message itself (a host that
+    passes errors between processes, through ``multiprocessing`` or a task queue, would get a
+    ``TypeError`` instead of the error). Subclasses say which arguments rebuild them
+    (:meth:`_arguments`); the attributes and notes travel as the instance's state. Two
+    errors are equal when they have the same type, arguments and attributes.
+    """
+
+    def _arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The positional and keyword arguments that rebuild this error."""
+        return tuple(self.args), {}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        args, kwargs = self._arguments()
+        return (rebuild_error, (type(self), args, kwargs), dict(vars(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        assert isinstance(other, ErrorValue)
+        return self.args == other.args and vars(self) == vars(other)
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.args))
+
+
+class CompactionBudgetExceeded(ErrorValue):
     """What must stay in the prompt does not fit the budget.
 
     The core returns it as a ``Failure`` value; the shell raises it. The host handles
@@ -19,8 +55,11 @@ class CompactionBudgetExceeded(Exception):
         self.needed = needed
         self.budget = budget
 
+    def _arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return tuple(self.args), {"needed": self.needed, "budget": self.budget}
 
-class SnapshotError(ValueError):
+
+class SnapshotError(ErrorValue, ValueError):
     """A stored snapshot cannot be read."""
 
 
@@ -45,3 +84,6 @@ class SnapshotVersionError(SnapshotError):
         self.version = version
         self.supported = supported
         self.kind = kind
+
+    def _arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (self.version, self.supported), {"kind": self.kind}

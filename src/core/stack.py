@@ -11,9 +11,12 @@ permission, so the stack's whole behavioural state is::
      "state": {...},                          # a "record_state" or a "composition" snapshot
      "gate": {"armed": false}}                # the gate's one-shot permission
 
-A session stores it under its registry's key inside one more envelope that names the
-registry instance that wrote it (:func:`session_entry_to_dict`), so two registries that
-share a key on one process are told apart instead of overwriting each other.
+A session stores it under its registry's key inside one more envelope that carries the
+fingerprint of the configuration that wrote it (:class:`StackConfiguration`,
+:func:`session_entry_to_dict`): any registry whose builder makes a stack with the same
+fingerprint continues the session, whichever instance (or process) wrote it, and one
+whose builder differs is refused with :class:`StackConfigurationError` naming the
+parameters that differ.
 
 Every reader is strict (see :mod:`.envelope`): a malformed entry raises
 :class:`~.errors.SnapshotError` naming the field, a newer one
@@ -25,11 +28,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final, Literal, cast
+from typing import Any, Final, Literal, cast
 
 from .composition import CompositionState
 from .envelope import Envelope
 from .errors import SnapshotError
+from .fingerprint import Parameters, Scalar, differences, digest, is_parameters
 from .records import RecordState, record_state_fields, record_state_from_fields
 
 StackKind = Literal["records", "composition"]
@@ -37,7 +41,11 @@ STACK_KINDS: Final[tuple[StackKind, ...]] = ("records", "composition")
 
 RECORD_STATE_ENVELOPE: Final = Envelope("record_state", 1, ("records", "fallback", "recall"))
 STACK_ENVELOPE: Final = Envelope("stack", 1, ("strategy", "state", "gate"))
-SESSION_ENVELOPE: Final = Envelope("session_compaction", 1, ("registry", "stack"))
+#: Version 1 named the writing registry instance instead of its configuration; it is still read (unchecked).
+SESSION_ENVELOPE: Final = Envelope(
+    "session_compaction", 2, ("configuration", "stack"), older=((1, ("registry", "stack")),)
+)
+CONFIGURATION_FIELDS: Final = ("digest", "parameters")
 
 
 class StackKindError(SnapshotError):
@@ -53,9 +61,76 @@ class StackKindError(SnapshotError):
         self.built = built
         super().__init__(
             f"snapshot field 'strategy': the stored stack is a {stored!r} stack but the builder makes a {built!r} "
-            "stack; keep the builder's configuration stable across restores, or give a differently configured "
-            "registry its own state_key"
+            "stack; keep the builder's configuration stable across restores, delete the entry to start the "
+            "session's compaction afresh, or give a differently configured registry its own state_key"
         )
+
+    def _arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (self.stored, self.built), {}
+
+
+@dataclass(frozen=True, slots=True)
+class StackConfiguration:
+    """The fingerprint of a stack's configuration: every parameter that changes a decision.
+
+    Attributes:
+        parameters: Each parameter by its dotted path (``strategy.records.keep_tail_groups``,
+            ``tokenizer.encoding``), as a JSON scalar.
+        digest: A digest of ``parameters``, compared first.
+    """
+
+    parameters: Parameters
+    digest: str
+
+    @classmethod
+    def of(cls, parameters: Parameters) -> StackConfiguration:
+        """The fingerprint of ``parameters``."""
+        return cls(dict(parameters), digest(parameters))
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON-safe form a session entry carries."""
+        return {"digest": self.digest, "parameters": dict(self.parameters)}
+
+
+class StackConfigurationError(SnapshotError):
+    """A session's compaction state was written under another configuration than the builder's.
+
+    A state restored under another budget, tail, policy, mode or tokenizer would continue
+    with decisions the new configuration would not make, so it is refused instead.
+
+    Attributes:
+        stored: The parameters in the session entry.
+        built: The parameters of the stack the builder makes.
+        state_key: The key the entry is stored under.
+        differing: ``(parameter, stored value, built value)`` for each difference.
+    """
+
+    def __init__(self, stored: Parameters, built: Parameters, *, state_key: str) -> None:
+        self.stored = dict(stored)
+        self.built = dict(built)
+        self.state_key = state_key
+        self.differing = differences(stored, built)
+        shown = "; ".join(
+            f"{name} is {_shown(old)} in the stored entry, {_shown(new)} in this builder's stack"
+            for name, old, new in self.differing[:5]
+        )
+        more = len(self.differing) - 5
+        if more > 0:
+            shown += f"; and {more} more"
+        shown = shown or "the fingerprints differ"
+        super().__init__(
+            f"session state under state_key {state_key!r} was written under another configuration: {shown}. "
+            "Keep the builder's configuration the same on every replica and across restores; "
+            "to change it on purpose, call registry.migrate(session) to carry the stored decisions over to the new "
+            "configuration, or delete the entry to start this session's compaction afresh (its history stays)"
+        )
+
+    def _arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return (self.stored, self.built), {"state_key": self.state_key}
+
+
+def _shown(value: Scalar) -> str:
+    return "missing" if value is None else repr(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,15 +190,26 @@ def record_state_from_dict(data: object, *, keep_head_groups: int | None = None)
     return record_state_from_fields(RECORD_STATE_ENVELOPE.read(data), keep_head_groups=keep_head_groups)
 
 
-def session_entry_to_dict(registry: str, stack: Mapping[str, object]) -> dict[str, object]:
-    """What a registry stores in a session: the stack's dict and the id of the registry that wrote it."""
-    return SESSION_ENVELOPE.write({"registry": registry, "stack": dict(stack)})
+def session_entry_to_dict(configuration: StackConfiguration, stack: Mapping[str, object]) -> dict[str, object]:
+    """What a registry stores in a session: the stack's dict and the fingerprint of the configuration that wrote it."""
+    return SESSION_ENVELOPE.write({"configuration": configuration.to_dict(), "stack": dict(stack)})
 
 
-def session_entry_from_dict(data: object) -> tuple[str, Mapping[str, object]]:
-    """``(registry id, stack dict)`` of a stored entry; the stack dict is read by :meth:`StackState.from_dict`."""
+def session_entry_from_dict(data: object) -> tuple[StackConfiguration | None, Mapping[str, object]]:
+    """``(configuration, stack dict)`` of a stored entry; the stack dict is read by :meth:`StackState.from_dict`.
+
+    The configuration is ``None`` for a version 1 entry, which named its writer instead.
+    """
     fields = SESSION_ENVELOPE.read(data)
     stack = fields.value("stack")
     if not isinstance(stack, Mapping):
         raise fields.error("stack", f"must be an object, got {type(stack).__name__}")
-    return fields.text("registry"), cast("Mapping[str, object]", stack)
+    if fields.version == 1:
+        fields.text("registry")
+        return None, cast("Mapping[str, object]", stack)
+    configuration = fields.mapping("configuration", CONFIGURATION_FIELDS)
+    parameters = configuration.value("parameters")
+    if not is_parameters(parameters):
+        raise configuration.error("parameters", "must be an object of parameter names to JSON scalars")
+    found = StackConfiguration(cast("Parameters", parameters), configuration.text("digest"))
+    return found, cast("Mapping[str, object]", stack)

@@ -1,0 +1,91 @@
+"""A configuration's fingerprint: every parameter that changes a decision, as flat JSON-safe values.
+
+A session's compaction state is only meaningful under the configuration that made it: a
+state restored under another budget, tail, policy, mode or tokenizer would continue with
+decisions the new configuration would not have made (and requests the provider never
+cached). So the session entry carries the fingerprint of the stack that wrote it, and a
+registry serves any session whose fingerprint matches its own, whichever instance wrote
+it (:mod:`maf_compaction.adapters.sessions`).
+
+The fingerprint is built generically from the configured values (frozen dataclasses,
+tuples, mappings, scalars), so a parameter added to a config later is in it without a
+hand-written list: :func:`flatten` walks the value and names each leaf by its path
+(``strategy.records.keep_tail_groups``). Long texts (prompts) are kept as a digest, so the
+entry stays small and the parameter can still be named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Final, TypeAlias, cast
+
+Scalar: TypeAlias = "str | int | float | bool | None"
+Parameters: TypeAlias = "Mapping[str, Scalar]"
+
+#: Texts longer than this are kept as a digest (prompts): named, compared, but not copied into every session.
+LONG_TEXT: Final = 64
+
+
+def _digest_text(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
+
+
+def flatten(value: object, path: str) -> dict[str, Scalar]:
+    """Every leaf of ``value`` by its dotted path below ``path``.
+
+    Dataclasses are walked field by field, mappings key by key, sequences and sets item by
+    item (sets sorted by their text), scalars are kept (long texts as a digest); any other
+    value is known by its type's qualified name.
+    """
+    if value is None or isinstance(value, (bool, int, float)):
+        return {path: value}
+    if isinstance(value, str):
+        return {path: value if len(value) <= LONG_TEXT else _digest_text(value)}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        found: dict[str, Scalar] = {}
+        for field in dataclasses.fields(value):
+            found.update(flatten(getattr(value, field.name), f"{path}.{field.name}"))
+        return found
+    if isinstance(value, Mapping):
+        found = {}
+        for key, item in sorted(cast("Mapping[object, object]", value).items(), key=lambda pair: str(pair[0])):
+            found.update(flatten(item, f"{path}.{key}"))
+        return found or {path: "{}"}
+    if isinstance(value, (tuple, list, frozenset, set)):
+        items = cast("tuple[object, ...] | list[object] | frozenset[object] | set[object]", value)
+        ordered = sorted(items, key=str) if isinstance(items, (frozenset, set)) else list(items)
+        found = {}
+        for index, item in enumerate(ordered):
+            found.update(flatten(item, f"{path}.{index}"))
+        return found or {path: "[]"}
+    kind = type(value)
+    return {path: f"{kind.__module__}.{kind.__qualname__}"}
+
+
+def digest(parameters: Parameters) -> str:
+    """A short, stable digest of ``parameters`` (the same for equal parameters in any process)."""
+    text = json.dumps(dict(parameters), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+def differences(stored: Parameters, built: Parameters) -> tuple[tuple[str, Scalar, Scalar], ...]:
+    """``(parameter, stored value, built value)`` for every parameter that differs (missing: ``None``), sorted."""
+    names = sorted(set(stored) | set(built))
+    return tuple(
+        (name, stored.get(name), built.get(name))
+        for name in names
+        if name not in stored or name not in built or stored[name] != built[name]
+    )
+
+
+def is_parameters(value: object) -> bool:
+    """``value`` is a mapping of text to JSON scalars (a stored fingerprint's parameters)."""
+    if not isinstance(value, Mapping):
+        return False
+    return all(
+        isinstance(key, str) and (item is None or isinstance(item, (str, int, float, bool)))
+        for key, item in cast("Mapping[object, object]", value).items()
+    )

@@ -1,0 +1,196 @@
+"""Fences that survive a store reset, sessions that vanish loudly, outages as our typed errors (real redis-server).
+
+Found by a hostile host: after ``FLUSHALL`` or a restart without persistence the fencing
+counter restarted at 1, so a holder that lost its lease to the reset (token 1) saved over a
+later holder that got token 1 again; the session came back empty with no warning; a Redis
+outage surfaced as ``redis.exceptions.ConnectionError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from lease_worker import EchoClient, make_agent
+from maf_compaction import (
+    SessionLeaseError,
+    SessionStoreError,
+    SessionVanishedError,
+    StaleLeaseError,
+    leased_session,
+)
+from maf_compaction.adapters.leases import HeldLease
+from maf_compaction.bench.local_redis import find_redis_server, local_redis_server
+from maf_compaction.redis import RedisSessionLeases, RedisSessionStore
+
+SID = "conversation-1"
+
+
+@pytest.fixture
+async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    connection = aioredis.Redis.from_url(redis_url)
+    try:
+        yield connection
+    finally:
+        await connection.aclose()
+
+
+def payload(writer: str) -> dict[str, object]:
+    return {"type": "session", "session_id": SID, "state": {"writer": writer}}
+
+
+async def writer(store: RedisSessionStore, lease: HeldLease) -> object:
+    loaded = await store.load(SID, lease)
+    assert loaded is not None
+    return loaded["state"]["writer"]  # type: ignore[index]
+
+
+# --- fences that never go back ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reset", ["flushall", "counter-rolled-back"])
+async def test_a_holder_whose_lease_was_lost_to_a_reset_never_saves_over_a_later_holder(
+    client: aioredis.Redis, reset: str
+) -> None:
+    """A holds the session; the store is reset (FLUSHALL) or rolled back to an older snapshot (its counter goes
+    back); B acquires and saves; A's late save is refused, and B's payload stays."""
+    leases, store = RedisSessionLeases(client, ttl_ms=60_000), RedisSessionStore(client)
+    async with leases.hold(SID) as first:
+        await store.save(SID, payload("first"), first)
+    older_counter = await client.get(f"maf_compaction:fence:{{{SID}}}")
+    assert older_counter is not None
+    a = leases.hold(SID)
+    lease_a = await a.__aenter__()
+    try:
+        if reset == "flushall":
+            await client.flushall()
+        else:  # a restore from the snapshot taken before A acquired: the lease is gone, the counter is older
+            await client.set(f"maf_compaction:fence:{{{SID}}}", older_counter)
+            await client.delete(f"maf_compaction:lease:{{{SID}}}")
+        with pytest.raises(StaleLeaseError):  # nobody holds it yet: A's save is refused already
+            await store.save(SID, payload("A (stale)"), lease_a)
+        async with leases.hold(SID) as lease_b:
+            assert lease_b.token > lease_a.token, "the fencing token went back after the reset"
+            await store.save(SID, payload("B"), lease_b)
+        with pytest.raises(StaleLeaseError) as refused:
+            await store.save(SID, payload("A (stale)"), lease_a)
+        assert refused.value.token == lease_a.token
+        assert refused.value.newest == lease_b.token
+        assert await writer(store, HeldLease(SID, lease_b.token)) == "B"
+    finally:
+        await a.__aexit__(None, None, None)
+
+
+async def test_tokens_keep_rising_across_a_restart_without_persistence() -> None:
+    """A real restart of redis-server (no persistence) on the same port: the new holder's token is greater than
+    the old one's, the old holder's save is refused, and a continued session is reported as vanished."""
+    binary = find_redis_server()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = None
+    try:
+        with local_redis_server(binary, port=port) as url:
+            client = aioredis.Redis.from_url(url)
+            leases, store = RedisSessionLeases(client, ttl_ms=60_000), RedisSessionStore(client)
+            agent = make_agent(EchoClient())
+            async with leased_session(SID, leases=leases, store=store) as session:
+                await agent.run("turn 0", session=session)
+            stale = HeldLease(SID, await leases.fencing_token(SID))
+        with local_redis_server(binary, port=port):  # restarted: everything is gone
+            await client.connection_pool.disconnect()  # the old connections died with the server
+            with pytest.raises(SessionVanishedError, match="not in the session store") as vanished:
+                async with leased_session(SID, leases=leases, store=store, create=False):
+                    pytest.fail("a vanished session was continued")
+            assert vanished.value.token > stale.token
+            async with leased_session(SID, leases=leases, store=store) as session:  # started over on purpose
+                await agent.run("turn 0 again", session=session)
+            assert await leases.fencing_token(SID) > stale.token
+            with pytest.raises(StaleLeaseError):
+                await store.save(SID, payload("stale"), stale)
+    finally:
+        if client is not None:
+            await client.aclose()
+
+
+# --- a session that vanished with the store ----------------------------------------------------------------
+
+
+async def test_a_session_that_vanished_with_the_store_is_reported_not_recreated_empty(client: aioredis.Redis) -> None:
+    leases, store = RedisSessionLeases(client, wait_timeout_s=0), RedisSessionStore(client)
+    agent = make_agent(EchoClient())
+    async with leased_session(SID, leases=leases, store=store) as session:  # the first turn creates it
+        await agent.run("turn 0", session=session)
+    async with leased_session(SID, leases=leases, store=store, create=False) as session:
+        await agent.run("turn 1", session=session)
+    await client.flushall()
+    with pytest.raises(SessionVanishedError) as vanished:
+        async with leased_session(SID, leases=leases, store=store, create=False):
+            pytest.fail("a vanished session was continued")
+    assert isinstance(vanished.value, SessionLeaseError)
+    assert vanished.value.session_id == SID
+    assert await store.load(SID, HeldLease(SID, 1)) is None, "the refused turn wrote"
+    async with leases.hold(SID):  # the lease was released (wait_timeout_s=0 would raise otherwise)
+        pass
+    with pytest.raises(ValueError, match="create must be True or False"):
+        async with leased_session(SID, leases=leases, store=store, create=1):  # pyright: ignore[reportArgumentType]
+            pass
+
+
+# --- outages -----------------------------------------------------------------------------------------------------
+
+
+def _dead_url() -> str:
+    with socket.socket() as probe:  # a port nobody listens on (bound, then released)
+        probe.bind(("127.0.0.1", 0))
+        return f"redis://127.0.0.1:{probe.getsockname()[1]}/0"
+
+
+async def test_an_unreachable_store_raises_our_typed_error_with_the_cause_attached(client: aioredis.Redis) -> None:
+    dead = aioredis.Redis.from_url(_dead_url(), socket_connect_timeout=0.5)
+    try:
+        with pytest.raises(SessionStoreError, match="acquiring the lease") as acquiring:
+            async with leased_session(SID, leases=RedisSessionLeases(dead), store=RedisSessionStore(dead)):
+                pytest.fail("entered without a store")
+        assert isinstance(acquiring.value.__cause__, (RedisError, OSError))
+        with pytest.raises(SessionStoreError, match="reading the fencing token"):
+            await RedisSessionLeases(dead).fencing_token(SID)
+        # The lease engine is up, the store is down: loading and saving raise our error.
+        leases, down = RedisSessionLeases(client), RedisSessionStore(dead)
+        async with leases.hold(SID) as lease:
+            with pytest.raises(SessionStoreError, match="loading the session") as loading:
+                await down.load(SID, lease)
+            with pytest.raises(SessionStoreError, match="saving the session") as saving:
+                await down.save(SID, payload("x"), lease)
+        for raised in (loading, saving):
+            assert isinstance(raised.value.__cause__, (RedisError, OSError))
+            assert raised.value.session_id == SID
+    finally:
+        await dead.aclose()
+
+
+async def test_a_store_that_goes_down_mid_turn_fails_the_save_with_our_error(redis_url: str) -> None:
+    """The server stops between load and save: the turn's save raises SessionStoreError, not a redis error."""
+    binary = find_redis_server()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = None
+    try:
+        with local_redis_server(binary, port=port) as url:
+            client = aioredis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=2)
+            leases, store = RedisSessionLeases(client, ttl_ms=2_000), RedisSessionStore(client)
+            turn = leased_session(SID, leases=leases, store=store)
+            session = await turn.__aenter__()
+        with pytest.raises(SessionStoreError, match="saving the session"):
+            await turn.__aexit__(None, None, None)
+        assert session.session_id == SID
+    finally:
+        if client is not None:
+            await client.aclose()
+    await asyncio.sleep(0)
