@@ -115,8 +115,10 @@ Request = tuple[str, ...]
 class ModelClient(SimulatedChatClient):
     """The bench's in-process client; keeps every request as the provider receives it, per session.
 
-    It yields to the event loop between a request and its answer (as a network call does), so
-    concurrent sessions' model calls overlap; ``most_in_flight`` shows that they did.
+    It waits 10 ms between a request and its answer (as a network call does, longer than a
+    compaction pass), so concurrent sessions' model calls overlap; ``most_in_flight`` shows that
+    they did. (A bare ``sleep(0)`` let the other sessions run only until their next await, which
+    could fall short of their model call: the overlap then depended on scheduling.)
     """
 
     def __init__(self, **kwargs: Any) -> None:
@@ -137,7 +139,7 @@ class ModelClient(SimulatedChatClient):
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
-            await asyncio.sleep(0)
+            await asyncio.sleep(0.01)
         finally:
             self.in_flight -= 1
         return await super()._respond(messages, options)
