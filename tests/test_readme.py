@@ -77,6 +77,11 @@ for index, block in enumerate(blocks):
         )
     if index == 0:
         out["tokenizer_source"] = namespace["tokenizer"].source
+    if "shared_agent" in namespace and "shared_tokenizer" not in out:
+        # The shared agent's builder reads the global ``tokenizer`` whenever it builds a stack; the media block
+        # rebinds that name later, and a registry refuses a builder whose configuration changes.
+        shared_tokenizer = namespace["tokenizer"]
+        out["shared_tokenizer"] = type(shared_tokenizer).__name__
 
 import maf_compaction
 
@@ -88,8 +93,10 @@ out["report"] = offline.report()
 
 
 async def run_shared():
-    # The session wiring: two sessions through the one shared agent, interleaved turn by turn.
+    # The session wiring: two sessions through the one shared agent, interleaved turn by turn, under the
+    # tokenizer it was built with (as a script that ends with the session block would run it).
     agent = namespace["shared_agent"]
+    namespace["tokenizer"] = shared_tokenizer
     sessions = [agent.create_session() for _ in range(2)]
     replies = []
     for text in namespace["QUESTIONS"]:
@@ -105,7 +112,9 @@ async def run_shared():
     }
 
 
+last_tokenizer = namespace["tokenizer"]
 out["shared"] = namespace["RUNNER"].run(run_shared())
+namespace["tokenizer"] = last_tokenizer
 offline.stop()
 sent = offline.server.requests
 out["requests"] = len(sent)
@@ -270,6 +279,7 @@ def test_every_readme_block_runs_outside_the_repository_from_a_wheel(
     assert result["users_mode"] == "boundary"
     assert result["users_limit"] == result["budget"] // 2
     assert result["last_tokenizer"] == "MediaTokenEstimator"  # the media block replaced it last
+    assert result["shared_tokenizer"] == "TiktokenTokenizer"  # the shared agent ran under its own
 
     # The shared agent served two sessions, each with its own stack, its state in the session.
     shared = result["shared"]
