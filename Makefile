@@ -20,10 +20,13 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(BIN)/python -W "ignore:maf-compaction is experimental" -m maf_compaction.bench
 
-# The full grid: 5 seeds, both cache rules; JSON and plots under bench-results/ (git-ignored).
+# The full grid: 5 seeds, every cache rule; JSON and plots under bench-results/ (git-ignored).
 bench: $(STAMP)
 	$(BIN)/python -W "ignore:maf-compaction is experimental" -m maf_compaction.bench --seeds 5 --cache openai \
 		--json bench-results/openai.json --plot bench-results/openai.png
+	$(BIN)/python -W "ignore:maf-compaction is experimental" -m maf_compaction.bench --seeds 5 \
+		--cache openai-free-tool-choice --json bench-results/openai-free-tool-choice.json \
+		--plot bench-results/openai-free-tool-choice.png
 	$(BIN)/python -W "ignore:maf-compaction is experimental" -m maf_compaction.bench --seeds 5 --cache anthropic \
 		--json bench-results/anthropic.json --plot bench-results/anthropic.png
 

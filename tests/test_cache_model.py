@@ -18,7 +18,7 @@ import pytest
 
 from maf_compaction.bench import runner
 from maf_compaction.bench.provider import CACHE_KINDS, CACHE_RULES, CacheKind, CallRecord, SimulatedProvider
-from maf_compaction.bench.rendering import RenderedRequest, opaque
+from maf_compaction.bench.rendering import RenderedRequest, canonical_head, opaque
 from maf_compaction.bench.runner import Cell, ClientMode, Settings, play_cell
 from maf_compaction.bench.simulator import get_profile
 from offline_tokenizers import offline_tiktoken
@@ -218,3 +218,10 @@ def test_chat_wire_agrees_with_in_process_call_by_call(cache: CacheKind) -> None
         names = sum(counter.count(m) - counter.count(NAMED.sub(r"<|\1|>", m)) for m in sent.messages)
         assert b.input_tokens - a.input_tokens == names
     assert sum(b.broke for b in raw) > sum(a.broke for a in priced(local, cache))  # the finding: names break
+
+
+@pytest.mark.parametrize("mode", ["auto", "required", "none"])
+def test_a_framework_tool_mode_is_the_wire_s_plain_mode(mode: str) -> None:
+    """In process the framework hands ``{"mode": m}`` (``validate_tool_mode``); a client sends ``m``: one head."""
+    assert canonical_head({"tool_choice": {"mode": mode}}) == canonical_head({"tool_choice": mode})
+    assert canonical_head({"tool_choice": {"mode": "auto"}}) == ()  # the APIs' default: not part of the head

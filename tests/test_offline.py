@@ -235,3 +235,15 @@ def test_start_and_stop_serve_synchronous_code_on_a_thread_of_their_own() -> Non
         offline.stop()
     with pytest.raises(RuntimeError, match="not running"):
         _ = offline.base_url
+
+
+async def test_a_second_start_in_the_running_loop_is_refused() -> None:
+    """``async with`` refuses a provider already serving, as ``start`` does (no second server, no lost handler)."""
+    offline = OfflineProvider(QUESTIONS, encoder=TOKENIZER)
+    async with offline:
+        with pytest.raises(RuntimeError, match="already running"):
+            await offline.__aenter__()
+        with pytest.raises(RuntimeError, match="already running"):
+            offline.start()
+    async with offline:  # stopped: it starts again
+        assert offline.base_url.startswith("http://127.0.0.1:")

@@ -88,7 +88,8 @@ out["report"] = offline.report()
 
 
 async def run_shared():
-    # The session wiring: two sessions through the one shared agent, interleaved turn by turn.
+    # The session wiring: two sessions through the one shared agent, interleaved turn by turn (after every
+    # block: the README's later blocks must not change what its builder reads).
     agent = namespace["shared_agent"]
     sessions = [agent.create_session() for _ in range(2)]
     replies = []

@@ -254,6 +254,18 @@ def test_a_host_fallbacks_parameters_are_part_of_the_configuration() -> None:
         assert stack.gate.armed
 
 
+def test_an_entry_whose_digest_does_not_match_its_parameters_is_refused() -> None:
+    """The digest is compared first: an entry of another configuration carrying the builder's digest (edited, or
+    written by a buggy writer) must not pass on it."""
+    stored = written_by(builder(tail=2))
+    own = written_by(builder())
+    session = AgentSession()
+    session.state[KEY] = copy.deepcopy(stored)
+    session.state[KEY]["configuration"]["digest"] = own["configuration"]["digest"]
+    with pytest.raises(SnapshotError, match="digest"), SessionCompactionRegistry(builder()).phase(session):
+        pass
+
+
 def test_a_kind_change_is_still_a_stack_kind_error() -> None:
     stored = written_by(records_stack)
     session = AgentSession()

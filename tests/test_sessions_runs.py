@@ -201,6 +201,37 @@ async def test_a_run_that_raised_before_its_after_run_does_not_hold_the_session(
     await asyncio.create_task(converse(agent, session, 1))
 
 
+@pytest.mark.parametrize("how", ["raised", "dropped stream"])
+@pytest.mark.parametrize(("name", "wiring"), WIRINGS, ids=[w[0] for w in WIRINGS])
+async def test_a_run_that_ended_in_a_task_that_lives_on_does_not_hold_the_session(
+    name: str, wiring: Wiring, how: str
+) -> None:
+    """A worker task that serves many sessions (a queue consumer, a websocket handler) outlives each run: a run of
+    it that raised, or whose stream it dropped, has ended, so the session's next run in another task is served."""
+    _registry, client, agent = setup(wiring)
+    session = agent.create_session()
+    ended, finish = asyncio.Event(), asyncio.Event()
+
+    async def worker() -> None:
+        if how == "raised":
+            client.fail = lambda options: True
+            with pytest.raises(Exception, match="failed"):
+                await agent.run(question(0), session=session)
+            client.fail = None
+        else:
+            await _start_and_abandon(agent, session, "dropped")
+        ended.set()
+        await finish.wait()  # the worker goes on serving other sessions
+
+    task = asyncio.create_task(worker())
+    await ended.wait()
+    try:
+        await converse(agent, session, 1)
+    finally:
+        finish.set()
+        await task
+
+
 @pytest.mark.parametrize(("name", "wiring"), WIRINGS, ids=[w[0] for w in WIRINGS])
 async def test_distinct_sessions_still_run_concurrently(name: str, wiring: Wiring) -> None:
     _registry, client, agent = setup(wiring)

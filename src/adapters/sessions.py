@@ -31,7 +31,8 @@ writing to it.
 
 A phase ends when its run ends, however it ends: a streamed call's phase when its stream
 is consumed, closed or garbage-collected, any phase when its task is done; a run ends at
-its ``after_run`` or when its task is done (a run that raised never reaches ``after_run``).
+its ``after_run``, when its task is done, or when the framework no longer holds its
+``SessionContext`` (a run that raised never reaches ``after_run``).
 """
 
 from __future__ import annotations
@@ -260,11 +261,16 @@ class _Run:
 
     name: str
     task: weakref.ReferenceType[asyncio.Task[Any]] | None
+    #: The run's own ``SessionContext`` (the framework makes one per run and holds it while the run is in
+    #: progress): once it is gone, the run has ended, even if its task lives on (a worker serving other sessions).
+    context: weakref.ReferenceType[Any] | None = None
 
     def alive(self) -> asyncio.Task[Any] | None:
-        """The run's task while it is not done (``None``: the run has ended, or ran outside a task)."""
+        """The run's task while the run is in progress (``None``: it has ended, or ran outside a task)."""
         task = None if self.task is None else self.task()
-        return None if task is None or task.done() else task
+        if task is None or task.done():
+            return None
+        return None if self.context is not None and self.context() is None else task
 
 
 #: The phase the current task is in (innermost), so a nested phase of the same session is told
@@ -488,12 +494,15 @@ class SessionCompactionRegistry:
         finalizer = weakref.finalize(stream, self._abandon, phase, "its stream was dropped before it was consumed")
         finalizer.atexit = False  # at interpreter exit there is no session left to write
 
-    async def begin_run(self, session: AgentSession | None, name: str) -> None:
+    async def begin_run(self, session: AgentSession | None, name: str, context: object = None) -> None:
         """Mark the start of an agent run of ``session``; refuse it while another run of the session is alive.
 
         Called from the provider's ``before_run``, before anything of the run is written. A
-        run is alive until its ``after_run`` (:meth:`end_run`) or until its task is done;
-        a new run in the task that ran the previous one means the previous one ended (it
+        run is alive until its ``after_run`` (:meth:`end_run`), until its task is done, or
+        until its ``context`` (the run's ``SessionContext``, which the framework holds while
+        the run is in progress) is gone: a run that raised before its ``after_run`` in a task
+        that lives on (a worker serving other sessions) ends when its context is collected.
+        A new run in the task that ran the previous one means the previous one ended (it
         raised before its ``after_run``). An open phase of the session is checked as in
         :meth:`open` (a stream still being read refuses the run).
 
@@ -507,6 +516,14 @@ class SessionCompactionRegistry:
         task = _current_task()
         busy = self._runs.get(session_id)
         running = None if busy is None else busy.alive()
+        if busy is not None and running is not None and running is not task and busy.context is not None:
+            # A run that raised, or whose stream was dropped, in a task that lives on: its context is unreachable
+            # garbage, or held by a dropped stream's generators until the loop has run their aclose().
+            for _ in range(_SETTLE_STEPS):
+                gc.collect()
+                if (running := busy.alive()) is None:
+                    break
+                await asyncio.sleep(0)
         if busy is not None and running is not None and running is not task:
             raise RuntimeError(
                 f"{name}: this run of session {session_id!r} overlaps its {busy.name} run, still in progress: "
@@ -523,7 +540,9 @@ class SessionCompactionRegistry:
                         break
                     await asyncio.sleep(0)
             self._refuse_overlap(session_id, name)
-        self._runs[session_id] = _Run(name, None if task is None else weakref.ref(task))
+        self._runs[session_id] = _Run(
+            name, None if task is None else weakref.ref(task), None if context is None else weakref.ref(context)
+        )
         if len(self._runs) > max(self._max, _NAMED_SESSIONS):  # runs that raised before their after_run
             for ended in [key for key, run in self._runs.items() if run.alive() is None and key != session_id]:
                 del self._runs[ended]
@@ -703,7 +722,7 @@ class SessionCompactionProvider(ContextProvider):
             ValueError: The run has no session.
             RuntimeError: Another run of the session is in progress in this process.
         """
-        await self._registry.begin_run(session, f"{type(self).__name__}.before_run")
+        await self._registry.begin_run(session, f"{type(self).__name__}.before_run", context)
         if self.before:
             await self._run(agent, session, context, state, "before_run")
 

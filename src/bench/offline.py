@@ -131,6 +131,7 @@ class OfflineProvider:
         self._level: int | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._serving = False  # started in a running loop (``async with``)
 
     # -- running ------------------------------------------------------------------------
 
@@ -141,7 +142,9 @@ class OfflineProvider:
 
     async def __aenter__(self) -> OfflineProvider:
         """Start serving in the running loop and start recording compaction's log lines."""
+        self._refuse_running()
         await self.server.__aenter__()
+        self._serving = True
         self._watch()
         return self
 
@@ -150,12 +153,16 @@ class OfflineProvider:
     ) -> None:
         """Stop serving and recording."""
         self._unwatch()
+        self._serving = False
         await self.server.__aexit__(exc_type, exc, tb)
+
+    def _refuse_running(self) -> None:
+        if self._thread is not None or self._serving:
+            raise RuntimeError("this OfflineProvider is already running")
 
     def __enter__(self) -> OfflineProvider:
         """Start serving on a thread of its own and start recording compaction's log lines."""
-        if self._thread is not None:
-            raise RuntimeError("this OfflineProvider is already running")
+        self._refuse_running()
         loop = asyncio.new_event_loop()
         started = threading.Event()
         failures: list[BaseException] = []

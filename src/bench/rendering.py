@@ -164,11 +164,20 @@ def normalize_tool_choice(value: object) -> object:
     return dict(data)
 
 
+def _plain_mode(choice: object) -> object:
+    """A framework ``{"mode": m}`` with nothing else is the wire's plain ``m`` (``validate_tool_mode`` turns
+    ``"auto"`` into ``{"mode": "auto"}`` in process; clients send ``"auto"``)."""
+    if isinstance(choice, Mapping) and set(choice) == {"mode"}:  # pyright: ignore[reportUnknownArgumentType]
+        mode: object = choice["mode"]  # pyright: ignore[reportUnknownVariableType]
+        return mode
+    return choice
+
+
 def canonical_head(fields: Mapping[str, object]) -> tuple[tuple[str, str], ...]:
     """Model-facing head fields as sorted ``(name, canonical JSON)`` pairs, API defaults and nulls left out."""
     head: list[tuple[str, str]] = []
     for name, raw in fields.items():
-        value = normalize_tool_choice(raw) if name == "tool_choice" else raw
+        value = _plain_mode(normalize_tool_choice(raw)) if name == "tool_choice" else raw
         if value is None or _HEAD_DEFAULTS.get(name, object()) == value:
             continue
         head.append((name, _json(value)))

@@ -730,6 +730,12 @@ def _replay(config: CompositionConfig, work: _Replaced, measure: anchored.Measur
             work.refused.add(judged.identity)
 
 
+def _next_number(output: History, prefix: str, kept: int) -> int:
+    """The number of the next id with ``prefix``: past the ``kept`` decisions of its kind and every such id in use."""
+    used = [r.message_id[len(prefix) :] for r in output if r.message_id and r.message_id.startswith(prefix)]
+    return max([kept, *(int(suffix) + 1 for suffix in used if suffix.isdigit())])
+
+
 def _next_replacement(config: CompositionConfig, work: _Replaced, measure: anchored.Measure) -> Summarize | None:
     """The next replacement to ask for while over the budget, or ``None``.
 
@@ -743,10 +749,8 @@ def _next_replacement(config: CompositionConfig, work: _Replaced, measure: ancho
     items = _active_records(work.output, measure)
     limit = config.users.summary_input_limit
     turns = user_summaries.user_turns(work.output)
-    used = [r.message_id for r in work.output if r.message_id and r.message_id.startswith(REPLACEMENT_ID_PREFIX)]
-    suffixes = [int(i[len(REPLACEMENT_ID_PREFIX) :]) for i in used if i[len(REPLACEMENT_ID_PREFIX) :].isdigit()]
     kept = sum(1 for r in work.chain.replacements if r.text is not None and r.kind != "fold")
-    number = max([kept, *(n + 1 for n in suffixes)])
+    number = _next_number(work.output, REPLACEMENT_ID_PREFIX, kept)
     rewrites = 0  # harder rewrites kept since the last merge: at most harder_attempts
     for judged in reversed(work.chain.replacements):
         if judged.kind == "merge" and judged.text is not None:
@@ -851,12 +855,9 @@ def _next_fold(config: CompositionConfig, work: _Replaced, measure: anchored.Mea
     if not selected:
         return None
     turns = user_summaries.user_turns(work.output)
-    used = [r.message_id for r in work.output if r.message_id and r.message_id.startswith(EMERGENCY_FOLD_ID_PREFIX)]
-    suffixes = [int(i[len(EMERGENCY_FOLD_ID_PREFIX) :]) for i in used if i[len(EMERGENCY_FOLD_ID_PREFIX) :].isdigit()]
     kept = sum(1 for r in work.chain.replacements if r.kind == "fold" and r.text is not None)
-    request = _fold_request(
-        prompt, selected, f"{EMERGENCY_FOLD_ID_PREFIX}{max([kept, *(n + 1 for n in suffixes)])}", turns
-    )
+    number = _next_number(work.output, EMERGENCY_FOLD_ID_PREFIX, kept)
+    request = _fold_request(prompt, selected, f"{EMERGENCY_FOLD_ID_PREFIX}{number}", turns)
     judged = work.chain.judged(request.identity)
     if judged is None or not judged.stands(turns):
         return request

@@ -211,5 +211,15 @@ def session_entry_from_dict(data: object) -> tuple[StackConfiguration | None, Ma
     parameters = configuration.value("parameters")
     if not is_parameters(parameters):
         raise configuration.error("parameters", "must be an object of parameter names to JSON scalars")
-    found = StackConfiguration(cast("Parameters", parameters), configuration.text("digest"))
+    try:
+        found = StackConfiguration.of(cast("Parameters", parameters))
+    except ValueError as error:  # a non-finite number: not JSON
+        raise configuration.error("parameters", f"must hold JSON scalars only: {error}") from error
+    stored_digest = configuration.text("digest")
+    if stored_digest != found.digest:
+        # The digest is compared first when a registry checks an entry: one that does not match its
+        # parameters would let an entry of another configuration through.
+        raise configuration.error(
+            "digest", f"must be the digest of the parameters ({found.digest}), got {stored_digest!r}"
+        )
     return found, cast("Mapping[str, object]", stack)
