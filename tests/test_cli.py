@@ -23,6 +23,7 @@ import pytest
 import maf_compaction
 from maf_compaction.bench import __main__ as bench_main
 from maf_compaction.bench import grid, runner
+from maf_compaction.bench.rows import ROW_DESCRIPTIONS
 from maf_compaction.core.extras import install_hint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -384,6 +385,17 @@ def test_help_shows_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
         assert text in shown, text
     assert "(default: None)" not in shown
     assert "(default: False)" not in shown
+
+
+def test_help_lists_every_row_within_120_columns(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        grid.main(["--help"])
+    out = capsys.readouterr().out
+    epilog = out[out.rindex("\nrows:\n") :]
+    assert max(len(line) for line in epilog.splitlines()) <= 120
+    shown = " ".join(epilog.split())
+    for name, text in ROW_DESCRIPTIONS.items():
+        assert f"{name} {' '.join(text.split())}" in shown, name
 
 
 @pytest.mark.parametrize(

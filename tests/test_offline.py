@@ -109,7 +109,8 @@ async def test_the_report_names_each_call_and_what_left_the_prompt_before_it() -
     assert lines[0].startswith("call 1: prompt ")
     assert lines[0].endswith("the first call")
     assert lines[1].startswith("call 2: prompt ")
-    assert "1 of the previous call's messages changed or left" in lines[1]
+    assert lines[1].endswith("1 of the previous call's messages changed or left: " + calls[1].left[0])
+    assert calls[1].left == ('user "Which release is svc-0 on? Quote code_1."',)
     assert lines[2] == "  WARNING: a strategy excluded 2 message(s): m1, m2"
     assert calls[1].compaction == ("WARNING: a strategy excluded 2 message(s): m1, m2",)
     assert calls[0].compaction == ()
@@ -138,6 +139,10 @@ def test_the_try_offline_example_runs_and_reports_call_by_call(tmp_path: Path) -
     assert len(calls) == 2 * 12  # a lookup and an answer per service
     assert "12 of 12 answers quote their code" in out
     assert any("changed or left" in line for line in calls[1:]), "no result was shortened as it aged"
+    # What changed is named: the harness's todo list leaving a call inside the tool loop is not compaction's doing,
+    # and a result shortened as it aged is counted by its marker.
+    assert any(line.endswith('changed or left: user "### Current todo list - none yet"') for line in calls)
+    assert "  1 result(s) shortened by compaction ('[... removed by compaction: N characters]')" in out.splitlines()
     shed = [line for line in out.splitlines() if line.startswith("  WARNING:") and "shed to fit the budget" in line]
     assert shed, "the example's conversation outgrows its budget: the report shows the shed"
     assert list(tmp_path.iterdir()) == []  # the example works in a temporary directory of its own

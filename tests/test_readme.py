@@ -134,6 +134,7 @@ composed_record_block = ToolResultAndUserTurnAnchoredSummarizationCompactionStra
 out["record_block_fallback_used"] = composed_record_block.config.records.fallback == strategy.fallback.config
 out["budget"] = namespace["BUDGET"]
 out["overhead_total"] = namespace["overhead"].total
+out["last_tokenizer"] = type(namespace["tokenizer"]).__name__
 out["media_tokenizer"] = type(namespace["media_tokenizer"]).__name__
 print("RESULT " + json.dumps(out))
 """
@@ -270,7 +271,10 @@ def test_every_readme_block_runs_outside_the_repository_from_a_wheel(
     assert result["users_client_is_client"]
     assert result["users_mode"] == "boundary"
     assert result["users_limit"] == result["budget"] // 2
+    # The media block makes its own estimator: rebinding the tokenizer the registry's builder reads would make the
+    # shared agent's next session a stack of another configuration, which the registry refuses.
     assert result["media_tokenizer"] == "MediaTokenEstimator"
+    assert result["last_tokenizer"] == "TiktokenTokenizer"
 
     # The shared agent served two sessions, each with its own stack, its state in the session.
     shared = result["shared"]

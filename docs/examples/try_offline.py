@@ -11,8 +11,10 @@ README so that compaction has work within a few turns: the window is 24,000 toke
 tool returns the deployment log around the README's record (about 3,000 tokens per lookup).
 
 Each line of the report is one request: its size, the share the cache served, how many of
-the previous request's messages it no longer carries byte for byte (a result shortened as it
-ages out of the tail, or a shed), and the lines the strategy logged about what it took out.
+the previous request's messages it no longer carries byte for byte and which (a result
+shortened as it ages out of the tail, a shed, or the harness's todo list, which leaves the
+calls inside the tool loop), a line counting the results newly shortened, and the lines the
+strategy logged about what it took out.
 """
 
 from __future__ import annotations

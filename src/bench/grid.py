@@ -13,6 +13,7 @@ import argparse
 import importlib.util
 import os
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -89,9 +90,22 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+HELP_WIDTH = 120
+_ROW_NAME_WIDTH = 30
+
+
+def _row_help(name: str, text: str) -> str:
+    """One row of the epilog: its name, then its description wrapped to ``HELP_WIDTH`` columns under the column."""
+    indent = " " * (_ROW_NAME_WIDTH + 3)
+    wrap = {"width": HELP_WIDTH, "subsequent_indent": indent, "break_long_words": False, "break_on_hyphens": False}
+    if len(name) <= _ROW_NAME_WIDTH:
+        return textwrap.fill(text, initial_indent=f"  {name:<{_ROW_NAME_WIDTH}} ", **wrap)
+    return f"  {name}\n" + textwrap.fill(text, initial_indent=indent, **wrap)
+
+
 def parser(prog: str | None = None) -> argparse.ArgumentParser:
     """The command line (``prog`` defaults to how the program was started, plus ``bench``)."""
-    rows = "\n".join(f"  {name:<30} {text}" for name, text in ROW_DESCRIPTIONS.items())
+    rows = "\n".join(_row_help(name, text) for name, text in ROW_DESCRIPTIONS.items())
     cli = argparse.ArgumentParser(
         prog=prog or f"{program_name()} bench",
         description="Replay a long agent conversation through compaction strategies against a simulated provider.",

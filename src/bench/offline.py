@@ -31,6 +31,19 @@ from .scenario import Probe, Scenario, ToolCall, ToolSpec, Turn
 from .simulator import get_profile
 
 _LOGGER = "maf_compaction"
+_SHORTENED = "[... removed by compaction: "
+_PREVIEW_CHARS = 48
+_PREVIEWS = 2
+
+
+def _preview(rendered: str) -> str:
+    """``role "first words…"`` of a rendered message (``<|role|>`` then its text)."""
+    head, _, body = rendered.partition("\n")
+    role = head.removeprefix("<|").removesuffix("|>") if head.startswith("<|") else "item"
+    text = " ".join(body.split()) if head.startswith("<|") else " ".join(rendered.split())
+    if len(text) > _PREVIEW_CHARS:
+        text = text[: _PREVIEW_CHARS - 1] + "…"
+    return f'{role} "{text}"'
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +78,12 @@ class OfflineCall:
             for one call, such as the harness's todo list, counts too).
         compaction: The ``maf_compaction`` log lines emitted since the previous request
             (what left the prompt and why).
+        left: A short preview (role and first words) of each message counted in ``rewritten``,
+            so a change compaction did not make (the harness's todo list leaving a call inside
+            the tool loop) is told apart from one it did.
+        shortened: Messages this request carries, and the previous one did not, with a
+            shortening marker (``[... removed by compaction: N characters]``): results
+            shortened as they aged into the band, which the strategies do not log.
     """
 
     number: int
@@ -73,6 +92,8 @@ class OfflineCall:
     messages: int
     rewritten: int
     compaction: tuple[str, ...]
+    left: tuple[str, ...] = ()
+    shortened: int = 0
 
     @property
     def cached_share(self) -> float:
@@ -242,12 +263,30 @@ class OfflineProvider:
             lines = tuple(line for before, line in self._lines.lines if before == number - 1)
             messages = rendered.messages
             carried = set(messages)
-            rewritten = sum(1 for message in previous if message not in carried)
+            gone = [message for message in previous if message not in carried]
+            before = set(previous)
+            shortened = sum(1 for message in messages if message not in before and _SHORTENED in message)
             found.append(
-                OfflineCall(number, record.input_tokens, record.cached_tokens, len(messages), rewritten, lines)
+                OfflineCall(
+                    number,
+                    record.input_tokens,
+                    record.cached_tokens,
+                    len(messages),
+                    len(gone),
+                    lines,
+                    tuple(_preview(message) for message in gone),
+                    shortened if number > 1 else 0,
+                )
             )
             previous = messages
         return found
+
+    @staticmethod
+    def _names(previews: tuple[str, ...]) -> str:
+        """The first previews, and how many more."""
+        named = ", ".join(previews[:_PREVIEWS])
+        more = len(previews) - _PREVIEWS
+        return f"{named} and {more} more" if more > 0 else named
 
     def report(self) -> str:
         """Call by call: prompt size, cached share, and what left the prompt before it and why."""
@@ -256,7 +295,7 @@ class OfflineProvider:
             changed = (
                 "the first call"
                 if call.number == 1
-                else f"{call.rewritten} of the previous call's messages changed or left"
+                else f"{call.rewritten} of the previous call's messages changed or left: {self._names(call.left)}"
                 if call.rewritten
                 else "carries every message of the previous call"
             )
@@ -264,6 +303,8 @@ class OfflineProvider:
                 f"call {call.number}: prompt {call.prompt_tokens:,} tokens in {call.messages} messages, "
                 f"{call.cached_share:.0%} cached; {changed}"
             )
+            if call.shortened:
+                rows.append(f"  {call.shortened} result(s) shortened by compaction ('{_SHORTENED}N characters]')")
             rows.extend(f"  {line}" for line in call.compaction)
         after = [line for before, line in self._lines.lines if before >= len(self.provider.calls)]
         if after:

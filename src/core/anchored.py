@@ -56,7 +56,7 @@ DEFAULT_KEEP_TOKENS: Final = 150
 #: means one prefix break per several turns instead of one per turn.
 DEFAULT_LOW_WATER_FRACTION: Final = 0.75
 #: The break-even share at a 10x cached discount and about 20 turns left:
-#: R > B(p - c)/(p + T c) with p = 1, c = 0.1, T = 20 gives 0.29 of B.
+#: R > B(p - c)/(p + T c) with p = 1, c = 0.1 and T = 21 (about 20 turns) gives 0.29 of B.
 DEFAULT_MIN_GAIN_FRACTION: Final = 0.29
 
 #: Why a message the anchored strategy shed is excluded (written on the message).
