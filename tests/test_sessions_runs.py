@@ -119,6 +119,24 @@ async def test_an_abandoned_stream_releases_its_session(name: str, wiring: Wirin
         assert stack.to_dict() == session.state[KEY]["stack"]
 
 
+async def test_a_dropped_stream_is_ended_at_the_registrys_next_phase_not_inside_garbage_collection() -> None:
+    """Garbage collection may run a stream's finalizer inside any operation of the registry: the finalizer only
+    marks the phase, and the registry writes its state when it next opens a phase (of any session)."""
+    registry, _client, agent = setup(plain)
+    session, other = agent.create_session(), agent.create_session()
+    await converse(agent, session, 1)
+    run = agent.run(question(0), session=session, stream=True)
+    await anext(aiter(run))
+    before = snapshot(session)
+    del run
+    gc.collect()  # the finalizer runs here
+    assert snapshot(session) == before, "the finalizer wrote the session during garbage collection"
+    await converse(agent, other, 1)  # the registry's next phase ends the dropped one
+    with registry.phase(session) as stack:
+        assert stack.to_dict() == session.state[KEY]["stack"]
+    await converse(agent, session, 1)
+
+
 @pytest.mark.parametrize(("name", "wiring"), WIRINGS, ids=[w[0] for w in WIRINGS])
 async def test_a_stream_still_being_read_refuses_a_second_run_before_it_writes(name: str, wiring: Wiring) -> None:
     _registry, _client, agent = setup(wiring)

@@ -220,7 +220,11 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
         return self._finish(messages, before, done, set())
 
     def _provider_owned(self, messages: Sequence[Message]) -> bool:
-        """The conversation is kept on the chat client's server (said once per conversation)."""
+        """The conversation is kept on the chat client's server (said once per conversation).
+
+        Once handed a provider's increment, the strategy stays out of the way for good: the next
+        increment may be a lone user message, which would otherwise look like another conversation.
+        """
         cell = self._cell
         if cell.provider_owned:
             return True
@@ -232,7 +236,8 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
             "%s was handed a provider's increment of the conversation, not the conversation: it starts with the "
             "result of tool call(s) %s without the call. The chat client keeps the conversation on the server and "
             "sends only new messages, so there is nothing to compact and this strategy changes nothing from now on; "
-            "%s.",
+            "%s. (A host that cut its own history between a call and its result gets this too: keep a call and "
+            "its result together.)",
             type(self).__name__,
             ", ".join(orphans),
             STORE_FALSE_HINT,

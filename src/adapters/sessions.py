@@ -252,6 +252,8 @@ class _Phase:
     closed: bool = False
     task: asyncio.Task[Any] | None = None
     streaming: bool = False
+    #: Why the phase's stream was dropped (set by its finalizer; the phase is ended at the next safe point).
+    dropped: str | None = None
 
 
 @dataclass(slots=True)
@@ -443,6 +445,7 @@ class SessionCompactionRegistry:
                     return _Phase(self, session, name, scope.entry, outer, nested=True, task=task)
                 break
             scope = scope.parent
+        self._end_dropped()
         self._refuse_overlap(session_id, name)
         entry = self._load(session)
         opened = _Phase(self, session, name, entry, outer, task=task)
@@ -464,7 +467,9 @@ class SessionCompactionRegistry:
             self._abandon(busy, "its task ended without closing it")
             return
         if busy.streaming:
-            gc.collect()  # an abandoned stream's finalizer ends its phase
+            gc.collect()  # an abandoned stream's finalizer marks its phase dropped
+            if busy.dropped is not None:
+                self._abandon(busy, busy.dropped)
             if busy.closed:
                 return
         raise RuntimeError(
@@ -491,8 +496,20 @@ class SessionCompactionRegistry:
         """Keep ``phase`` open while ``stream`` is alive: it ends when the stream is consumed or closed (the
         caller's cleanup hook) or garbage-collected (abandoned by its consumer)."""
         phase.streaming = True
-        finalizer = weakref.finalize(stream, self._abandon, phase, "its stream was dropped before it was consumed")
+        finalizer = weakref.finalize(stream, self._dropped, phase, "its stream was dropped before it was consumed")
         finalizer.atexit = False  # at interpreter exit there is no session left to write
+
+    @staticmethod
+    def _dropped(phase: _Phase, why: str) -> None:
+        """A stream's finalizer: garbage collection may run it inside any operation of this registry (or on
+        another thread), so it only marks the phase; the registry ends it, state written, at its next safe
+        point: the next phase it opens, of any session (:meth:`_end_dropped`)."""
+        phase.dropped = why
+
+    def _end_dropped(self) -> None:
+        """End every open phase whose stream was dropped (its state written, as on any exit)."""
+        for phase in [p for p in self._open.values() if p.dropped is not None and not p.closed]:
+            self._abandon(phase, phase.dropped or "")
 
     async def begin_run(self, session: AgentSession | None, name: str, context: object = None) -> None:
         """Mark the start of an agent run of ``session``; refuse it while another run of the session is alive.
@@ -536,7 +553,7 @@ class SessionCompactionRegistry:
                 # loop run their aclose() (it closes the stream, whose cleanup ends the phase).
                 gc.collect()
                 for _ in range(_SETTLE_STEPS):
-                    if busy_phase.closed:
+                    if busy_phase.closed or busy_phase.dropped is not None:
                         break
                     await asyncio.sleep(0)
             self._refuse_overlap(session_id, name)
