@@ -11,7 +11,7 @@ import warnings
 
 from hypothesis import HealthCheck, settings
 
-from redis_server import redis_server_url, redis_url  # noqa: F401 - the real redis-server fixtures
+from redis_server import redis_client, redis_server_url, redis_url  # noqa: F401 - the real redis-server fixtures
 
 # The package warns once, on import, that it is experimental; the tests know.
 with warnings.catch_warnings():

@@ -13,7 +13,6 @@ import math
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +40,8 @@ SID = "conversation-1"
 
 
 @pytest.fixture
-async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    connection = aioredis.Redis.from_url(redis_url)
-    try:
-        yield connection
-    finally:
-        await connection.aclose()
+def client(redis_client: aioredis.Redis) -> aioredis.Redis:
+    return redis_client
 
 
 def history(session: AgentSession) -> list[Message]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
@@ -32,12 +31,8 @@ SID = "conversation-1"
 
 
 @pytest.fixture
-async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    connection = aioredis.Redis.from_url(redis_url)
-    try:
-        yield connection
-    finally:
-        await connection.aclose()
+def client(redis_client: aioredis.Redis) -> aioredis.Redis:
+    return redis_client
 
 
 def payload(writer: str) -> dict[str, object]:
