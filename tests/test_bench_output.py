@@ -259,3 +259,12 @@ def test_verdicts_are_in_the_json() -> None:
         }
     ]
     assert isinstance(verdict(summarize(cells)), Verdict)
+
+
+def test_the_legend_speaks_of_stopped_cells_only_when_one_stopped() -> None:
+    rows = [summary("none", 0.2), summary("anchored", 0.18)]
+    assert "(stopped)" not in render_table(rows, Settings())
+    stopped = [*rows, summary("tool_and_user_summary_anchored_raise", 0.1, errors=("seed 1: turn 9: boom",))]
+    shown = render_table(stopped, Settings())
+    assert "(stopped): a cell ended early" in shown
+    assert "Stopped early:" in shown

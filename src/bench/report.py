@@ -45,8 +45,9 @@ _LEGEND = (
     "  (and in how many seeds); a row with a DQ is never the verdict's first pick;",
     "facts kept: planted values in the final prompt (records and summaries count), of those planted;",
     'acc: share of the probes\' expected values the model quoted ("-": the workload asks none);',
-    "(stopped): a cell ended early (below); its figures cover the turns before the stop.",
 )
+#: Said only when a cell stopped.
+_STOPPED = "(stopped): a cell ended early (below); its figures cover the turns before the stop."
 _FULL_LEGEND = (
     "breaks: model calls whose prompt does not extend the previous one (a compaction event, to the cache);",
     "gap closed: share of the distance from the control to the floor a row closes, (none - row) / (none - floor);",
@@ -230,8 +231,8 @@ def render_table(
                     text = f"{summary.row} (mean per seed): {shown}"
                     lines += textwrap.wrap(text, WIDTH, initial_indent="  ", subsequent_indent="    ")
         lines.append("")
-    lines += [*_LEGEND, *(_FULL_LEGEND if full else _MORE)]
     errors = [f"  {s.row} (fill {s.fill:g}) {e}" for s in summaries for e in s.errors]
+    lines += [*_LEGEND, *([_STOPPED] if errors else []), *(_FULL_LEGEND if full else _MORE)]
     if errors:
         lines += ["", "Stopped early:", *errors]
     return "\n".join(lines)
