@@ -203,9 +203,13 @@ class OfflineProvider:
         thread.start()
         started.wait(timeout=30)
         if failures or not started.is_set():
-            thread.join(timeout=1)
-            loop.close()
-            raise RuntimeError("the offline provider did not start") from (failures[0] if failures else None)
+            if not started.is_set():  # still starting: stop the loop from its own thread before closing it
+                loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=5)
+            if not thread.is_alive():
+                loop.close()
+            why = "failed" if failures else "did not answer within 30 s"
+            raise RuntimeError(f"the offline provider did not start ({why})") from (failures[0] if failures else None)
         self._loop, self._thread = loop, thread
         self._watch()
         return self
