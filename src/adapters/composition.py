@@ -279,8 +279,9 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         """
         try:
             return await super().__call__(messages)
-        except CompactionBudgetExceeded:
+        except CompactionBudgetExceeded as error:
             self.budget_failures += 1
+            self._count_refusals(error.refused)  # counted and warned about as on any pass
             raise
 
     async def _perform(self, request: Request, messages: Sequence[Message]) -> str | None:
@@ -316,7 +317,11 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             self.records_replaced += 1
         if report.folded:
             self.emergency_folds += 1
-        fresh_refusals = set(report.refused) - self._refused
+        self._count_refusals(report.refused)
+
+    def _count_refusals(self, refused: Sequence[str]) -> None:
+        """Count and warn about the refusals not seen before (each once, whatever its pass's outcome)."""
+        fresh_refusals = set(refused) - self._refused
         if fresh_refusals:
             self._refused |= fresh_refusals
             self.replacements_refused = len(self._refused)

@@ -485,12 +485,15 @@ def step(
         kept = "anchors, records and protected messages"
         if config.overflow_policy == "raise":
             kept += " and the uncovered results overflow_policy='raise' keeps"
+        refused, failed = tuple(sorted(replaced.refused)), tuple(sorted(replaced.failed))
         return Failure(
             CompactionBudgetExceeded(
                 f"the prompt is {tokens_after} tokens after every step, over the {budget}-token budget: "
-                f"the {kept} alone do not fit",
+                f"the {kept} alone do not fit{_chain_outcome(refused, failed)}",
                 needed=tokens_after,
                 budget=budget,
+                refused=refused,
+                failed=failed,
             )
         )
     new_state = CompositionState(
@@ -513,6 +516,14 @@ def step(
         failed=tuple(sorted(replaced.failed)),
     )
     return Success(Done(history=output, state=new_state, report=report, memo=passed.memo))
+
+
+def _chain_outcome(refused: Sequence[str], failed: Sequence[str]) -> str:
+    """What the chain could not use on a failing pass, for the error's message (nothing is lost silently)."""
+    said = [f"{len(refused)} record replacement(s) or emergency fold(s) refused"] if refused else []
+    if failed:
+        said.append(f"{len(failed)} failed (asked again after the next user turn)")
+    return f" ({'; '.join(said)})" if said else ""
 
 
 _APPLIED: Final = frozenset({user_summaries.Outcome.SUMMARIZED, user_summaries.Outcome.FOLDED})

@@ -48,15 +48,29 @@ class CompactionBudgetExceeded(ErrorValue):
     Attributes:
         needed: Tokens the protected messages need.
         budget: The budget they had to fit.
+        refused: Identities of the record replacements and emergency folds the failing pass
+            found refused (counted and warned about like on any pass).
+        failed: Identities of those whose failed request stands on the failing pass.
     """
 
-    def __init__(self, message: str, *, needed: int, budget: int) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        needed: int,
+        budget: int,
+        refused: tuple[str, ...] = (),
+        failed: tuple[str, ...] = (),
+    ) -> None:
         super().__init__(message)
         self.needed = needed
         self.budget = budget
+        self.refused = tuple(refused)
+        self.failed = tuple(failed)
 
     def _arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return tuple(self.args), {"needed": self.needed, "budget": self.budget}
+        keywords = {"needed": self.needed, "budget": self.budget, "refused": self.refused, "failed": self.failed}
+        return tuple(self.args), keywords
 
 
 class SnapshotError(ErrorValue, ValueError):
