@@ -13,9 +13,28 @@ import copy
 import pickle
 
 import pytest
+from agent_framework import CharacterEstimatorTokenizer
 
 from maf_compaction import CompactionBudgetExceeded
+from maf_compaction import UserTurnAnchoredSummarizationCompactionStrategy as Strategy
 from test_composition_chain import budget_for, build, conversation, lossy
+from test_user_summaries import ScriptedSummarizer, over_budget
+from test_user_summaries import conversation as user_conversation
+
+POISON = "<|poison|>"
+
+
+class PoisonedTokenizer:
+    """A tokenizer that raises on one text it cannot encode (as tiktoken does on a disallowed special token)."""
+
+    def __init__(self) -> None:
+        self._inner = CharacterEstimatorTokenizer()
+
+    def count_tokens(self, text: str) -> int:
+        if POISON in text:
+            raise ValueError(f"cannot encode {POISON!r}")
+        return self._inner.count_tokens(text)
+
 
 # --- (a) refusals on a pass that fails -------------------------------------------------------------
 
@@ -38,3 +57,23 @@ def test_refusals_on_a_pass_that_exceeds_the_budget_are_counted_warned_and_named
         asyncio.run(strategy(copy.deepcopy(messages)))
     assert strategy.replacements_refused == 3, "a refusal is counted once"
     assert "Refused" not in " ".join(r.getMessage() for r in caplog.records), "and warned once"
+
+
+# --- (b) an answer the tokenizer cannot count --------------------------------------------------------
+
+
+def test_an_answer_the_tokenizer_cannot_count_is_kept_and_not_asked_again() -> None:
+    """The pass fails with the tokenizer's error (loudly, the list untouched) on every pass, with one call."""
+    messages = user_conversation(12)
+    budget = over_budget(messages)
+    client = ScriptedSummarizer(lambda _: f"The user asked for exports {POISON}.")
+    strategy = Strategy(
+        max_input_tokens=budget, tokenizer=PoisonedTokenizer(), client=client, max_summary_input_tokens=10_000
+    )
+    before = [m.to_dict() for m in messages]
+    for _ in range(3):
+        with pytest.raises(ValueError, match="cannot encode"):
+            asyncio.run(strategy(messages))
+    assert client.calls == 1, "the answer is remembered by its request's identity"
+    assert [m.to_dict() for m in messages] == before
+    assert any(a.text and POISON in a.text for a in strategy.decision_state().answers)

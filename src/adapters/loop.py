@@ -26,7 +26,7 @@ from returns.result import Failure
 
 from ..core.checks import require_tokenizer
 from ..core.effects import Request
-from ..core.errors import CompactionBudgetExceeded, SnapshotError
+from ..core.errors import SnapshotError
 from ..core.model import History
 from ..core.ownership import provider_increment
 from ..core.protocol import CoreStrategy, Done, Needs, differs
@@ -201,8 +201,9 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
                 absorbed = self.core.absorb(done.state, answers)
                 try:
                     done = self._step(before, absorbed)
-                except CompactionBudgetExceeded:
-                    # Answers are facts whatever the pass decides: keep them, so no request is sent twice.
+                except Exception:
+                    # Answers are facts whatever the pass decides or raises (a budget failure, a tokenizer
+                    # that cannot count an answer): keep them, so no request is sent twice.
                     self._cell.value = absorbed
                     raise
             changed = self._finish(messages, before, done, fresh)
