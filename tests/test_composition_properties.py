@@ -231,6 +231,21 @@ def test_the_same_state_gives_the_same_bytes_on_both_lists_and_a_deep_copy(case:
 
 
 @given(cases())
+def test_a_pass_over_a_passs_output_changes_nothing(case: Case) -> None:
+    strategy = build(case, ScriptedSummarizer(extractive))
+    messages = deep_copy_messages(case.history)
+    if run(strategy, messages) is not None:
+        return  # the list is untouched (see the budget property)
+    report = strategy.last_report
+    assert report is not None
+    if report.over_budget:
+        return  # the user half made progress over the budget: the next pass continues from it
+    compacted = dump(messages)
+    assert run(strategy, messages) is None
+    assert dump(messages) == compacted
+
+
+@given(cases())
 def test_no_summarizer_request_is_sent_twice_for_one_state(case: Case) -> None:
     summarizer = ScriptedSummarizer(extractive)
     strategy = build(case, summarizer)

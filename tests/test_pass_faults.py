@@ -13,11 +13,12 @@ import copy
 import pickle
 
 import pytest
-from agent_framework import CharacterEstimatorTokenizer
+from agent_framework import CharacterEstimatorTokenizer, Content, Message
+from agent_framework._compaction import EXCLUDED_KEY
 
 from maf_compaction import CompactionBudgetExceeded
 from maf_compaction import UserTurnAnchoredSummarizationCompactionStrategy as Strategy
-from test_composition_chain import budget_for, build, conversation, lossy
+from test_composition_chain import budget_for, build, conversation, lossy, merged, size
 from test_user_summaries import ScriptedSummarizer, over_budget
 from test_user_summaries import conversation as user_conversation
 
@@ -77,3 +78,26 @@ def test_an_answer_the_tokenizer_cannot_count_is_kept_and_not_asked_again() -> N
     assert client.calls == 1, "the answer is remembered by its request's identity"
     assert [m.to_dict() for m in messages] == before
     assert any(a.text and POISON in a.text for a in strategy.decision_state().answers)
+
+
+# --- (c) a pass over a pass's output -----------------------------------------------------------------
+
+
+def test_a_second_pass_leaves_a_shed_result_as_it_is() -> None:
+    """A second pass leaves every stored byte as the first left it.
+
+    The first pass keeps a merge of the two records (they are excluded, linked to it) and sheds
+    the late lookup; the fallback held both while it ran. Before the fix the second pass found
+    them excluded and no longer held, and its fallback shortened their stored results.
+    """
+    messages = conversation()
+    call = Content.from_function_call(call_id="late", name="lookup", arguments={"n": 9})
+    extra = Content.from_function_result(call_id="late", result="status: fine " + "pad words " * 400)
+    messages[-1:-1] = [Message("assistant", [call], message_id="a9"), Message("tool", [extra], message_id="t9")]
+    strategy, _ = build(merged, size(messages) // 4, overflow_policy="shed")
+    asyncio.run(strategy(messages))
+    shed = next(m for m in messages if m.message_id == "t9")
+    assert shed.additional_properties.get(EXCLUDED_KEY)
+    first = [m.to_dict() for m in messages]
+    assert asyncio.run(strategy(messages)) is False
+    assert [m.to_dict() for m in messages] == first

@@ -849,17 +849,31 @@ def _hold_records(
 
 
 def _hold_unrecorded(
-    output: Sequence[MessageRecord], grouping: Grouping, recall_ids: frozenset[str], holds: dict[int, str]
+    output: Sequence[MessageRecord],
+    grouping: Grouping,
+    recall_ids: frozenset[str],
+    holds: dict[int, str],
+    *,
+    shed_too: bool = False,
 ) -> int:
-    """Hold (in ``holds``) every remaining tool group that is not held, preserved or a recall group."""
+    """Hold (in ``holds``) every remaining tool group that is not held, preserved or a recall group.
+
+    With ``shed_too``, an excluded group (a recall group included) is held as well: a group
+    the shed policy shed, or a record a kept replacement stands for, was held on the pass
+    that excluded it, so a later pass over that output treats it alike (see
+    :func:`hold_unrecorded`).
+    """
     held = 0
     for group in grouping.all:
         members = group.members
-        if group.kind != "tool_call" or all(output[i].excluded for i in members):
+        if group.kind != "tool_call":
+            continue
+        excluded = all(output[i].excluded for i in members)
+        if excluded and not shed_too:
             continue
         if any(output[i].preserved or holds.get(i) for i in members):
             continue
-        if _is_recall_group(output, group, recall_ids):
+        if not excluded and _is_recall_group(output, group, recall_ids):
             continue
         for index in members:
             holds[index] = HOLD_UNRECORDED
@@ -870,13 +884,19 @@ def _hold_unrecorded(
 def hold_unrecorded(history: History) -> History:
     """``history`` with every tool group that is not held, preserved, recorded or excluded held too.
 
-    What a fallback behind a record does first, so it can shed only narration.
+    What a fallback behind a record does first, so it can shed only narration. Excluded
+    tool groups are held too: a group the composition's shed policy shed was held while
+    the fallback ran on the pass that shed it, so the fallback never shortened it; held
+    again, a pass over that output leaves it as it is (else the fallback, which shortens
+    excluded results, would rewrite its stored bytes, and the two lists would disagree).
+    The same holds for records a kept replacement excluded (held as records on that pass).
+    History does not say which rule excluded a group, so every excluded one is held.
     """
     conversation = [i for i, r in enumerate(history) if not r.injected and not r.note]
     records = [history[i] for i in conversation]
     grouping = regroup(records)
     holds = {k: r.held for k, r in enumerate(records) if r.held is not None}
-    if not _hold_unrecorded(records, grouping, recall_call_ids(records), holds):
+    if not _hold_unrecorded(records, grouping, recall_call_ids(records), holds, shed_too=True):
         return history
     output = list(history)
     for index, record in zip(conversation, _with_holds(records, holds), strict=True):
