@@ -696,9 +696,22 @@ def _prompts(config: CompositionConfig) -> list[tuple[Literal["merge", "rewrite"
 def _request(
     kind: Literal["merge", "rewrite"], prompt: str, items: Sequence[_Record], replacement_id: str, turns: int = 0
 ) -> Summarize:
+    return _chain_request("record_replacement", kind, prompt, items, replacement_id, turns=turns)
+
+
+def _chain_request(
+    label: str,
+    kind: Literal["merge", "rewrite", "emergency_fold"],
+    prompt: str,
+    items: Sequence[_Record] | Sequence[_Summary],
+    replacement_id: str,
+    *,
+    turns: int,
+) -> Summarize:
+    """A chain step's summarizer request (record merge or rewrite, emergency fold), keyed by what it replaces."""
     transcript = user_summaries.numbered(items)
     return Summarize(
-        identity=identity("record_replacement", prompt, len(items), transcript),
+        identity=identity(label, prompt, len(items), transcript),
         prompt=prompt,
         transcript=transcript,
         sources=len(items),
@@ -805,35 +818,14 @@ def _standing_summaries(output: History) -> list[_Summary]:
 
 
 def _fold_request(prompt: str, items: Sequence[_Summary], fold_id: str, turns: int = 0) -> Summarize:
-    transcript = user_summaries.numbered(items)
-    return Summarize(
-        identity=identity("emergency_fold", prompt, len(items), transcript),
-        prompt=prompt,
-        transcript=transcript,
-        sources=len(items),
-        summary_id=fold_id,
-        kind="emergency_fold",
-        turns=turns,
-    )
-
-
-def _fold_record(text: str, fold_id: str, measure: anchored.Measure) -> MessageRecord:
-    body = user_summaries.summary_text(text)
-    tokens = measure(body)
-    return MessageRecord(
-        role="user",
-        parts=(Part(kind="text", text=body, tokens=tokens),),
-        tokens=MESSAGE_OVERHEAD_TOKENS + tokens,
-        message_id=fold_id,
-        summary=True,
-    )
+    return _chain_request("emergency_fold", "emergency_fold", prompt, items, fold_id, turns=turns)
 
 
 def _fold_acceptable(text: str | None, items: Sequence[_Summary], fold_id: str, measure: anchored.Measure) -> bool:
     """Kept only when smaller than the summaries it replaces AND every distinctive value of theirs survives."""
     if not text or not text.strip():
         return False
-    if _fold_record(text, fold_id, measure).tokens >= sum(i.tokens for i in items):
+    if user_summaries.summary_record(text, fold_id, measure).tokens >= sum(i.tokens for i in items):
         return False
     quoted = word_set(text)
     return all(value in quoted for i in items for value in distinctive_values(i.text))
@@ -891,7 +883,8 @@ def _apply_fold(output: History, items: Sequence[_Summary], judged: Replacement,
         )
         if record.message_id:
             replaced_ids.append(record.message_id)
-    fold = replace(_fold_record(judged.text, judged.replacement_id, measure), replaces=tuple(replaced_ids))
+    fold = user_summaries.summary_record(judged.text, judged.replacement_id, measure)
+    fold = replace(fold, replaces=tuple(replaced_ids))
     rebuilt.insert(items[0].index, fold)
     return pvector(rebuilt)
 

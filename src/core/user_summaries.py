@@ -516,6 +516,19 @@ def summary_text(answer: str) -> str:
     return f"{USER_SUMMARY_MARKER}\n{answer.strip()}"
 
 
+def summary_record(answer: str, summary_id: str, measure: Measure) -> MessageRecord:
+    """The user message a summarizer's ``answer`` becomes (a summary, a fold, an emergency fold)."""
+    text = summary_text(answer)
+    text_tokens = measure(text)
+    return MessageRecord(
+        role="user",
+        parts=(Part(kind="text", text=text, tokens=text_tokens),),
+        tokens=MESSAGE_OVERHEAD_TOKENS + text_tokens,
+        message_id=summary_id,
+        summary=True,
+    )
+
+
 def _ask(
     p: _Pass,
     kind: Literal["summary", "fold"],
@@ -542,15 +555,7 @@ def _ask(
 
     if not answer.text or not answer.text.strip():
         return done(Outcome.FAILED)
-    text = summary_text(answer.text)
-    text_tokens = p.measure(text)
-    summary = MessageRecord(
-        role="user",
-        parts=(Part(kind="text", text=text, tokens=text_tokens),),
-        tokens=MESSAGE_OVERHEAD_TOKENS + text_tokens,
-        message_id=summary_id,
-        summary=True,
-    )
+    summary = summary_record(answer.text, summary_id, p.measure)
     replaced_tokens = sum(p.records[i.index].tokens for i in selected)
     if summary.tokens >= replaced_tokens:
         return done(Outcome.REFUSED)
