@@ -1,0 +1,46 @@
+"""Sessions and snapshots stored by the previous release restore and continue as they did then.
+
+The fixtures under ``fixtures/stored/`` were written once by ``fixtures/stored/make_stored.py``
+against release 039d1db and are frozen: each holds what a user stored (a strategy's
+``decision_state().to_dict()``, ``CompactionStack.to_dict()``, ``AgentSession.to_dict()``)
+and what continuing from it produced then (the compacted messages, the prompts the model
+received, the summarizer's calls, the decisions read back through public values).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stored_scenarios import anchored_continuation, continue_session, stack_continuation, user_continuation
+
+STORED = Path(__file__).parent / "fixtures" / "stored"
+
+
+def _load(name: str) -> dict[str, Any]:
+    return json.loads((STORED / f"{name}.json").read_text())
+
+
+async def test_a_stored_anchored_snapshot_restores_and_continues_with_the_same_bytes() -> None:
+    fixture = _load("anchored")
+    assert await anchored_continuation(fixture["stored"]) == fixture["expected"]
+
+
+async def test_a_stored_user_summary_snapshot_restores_and_continues_with_the_same_bytes() -> None:
+    fixture = _load("user_summaries")
+    assert await user_continuation(fixture["stored"]) == fixture["expected"]
+
+
+@pytest.mark.parametrize("name", ["records", "composition", "composition_fold"])
+def test_a_stored_stack_restores_with_the_same_decisions(name: str) -> None:
+    fixture = _load(f"{name}_stack")
+    assert stack_continuation(fixture["kind"], fixture["budget"], fixture["stored"]) == fixture["expected"]
+
+
+@pytest.mark.parametrize("name", ["records", "composition", "composition_fold"])
+async def test_a_stored_session_restores_and_continues_with_the_same_prompts(name: str) -> None:
+    fixture = _load(f"{name}_session")
+    assert await continue_session(fixture["kind"], fixture["budget"], fixture["stored"]) == fixture["expected"]
