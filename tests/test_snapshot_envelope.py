@@ -285,7 +285,7 @@ def test_a_non_mapping_is_refused(kind: str, data: object) -> None:
         (anchored(tools_shed=True), r"'tools_shed': must be an integer"),
         (anchored(tools_shed=-1), r"'tools_shed': must be an integer in \[0, "),
         (anchored(keep_head_groups=False), r"'keep_head_groups'"),
-        (anchored(tools_shed=3, shed_sizes=[[1, True]]), r"'shed_sizes\[0\]'"),
+        (anchored(tools_shed=3, shed_sizes=[[1, True]]), r"'shed_sizes\[0\]\[1\]'"),
         (anchored(tools_shed=3, shed_sizes=[[1, 2, 3]]), r"'shed_sizes\[0\]': must be a \[position, count\] pair"),
         (records(ask=ask(taken=1)), r"'ask\.taken': must be true or false"),
         (records(ask=[1]), r"'ask': must be an object"),

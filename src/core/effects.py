@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
+from .envelope import Count, Positive, Text
+
 
 def identity(kind: str, *fields: object) -> str:
     """A stable digest of a request's kind and fields (JSON-encoded, so unambiguous)."""
@@ -89,11 +91,11 @@ class Answer:
             user turn) asks again, so one transient error does not stop compaction.
     """
 
-    identity: str
-    text: str | None
-    summary_id: str | None = None
-    sources: int | None = None
-    turns: int | None = None
+    identity: Text
+    text: Text | None
+    summary_id: Text | None = None
+    sources: Positive | None = None
+    turns: Count | None = None
 
     def stands(self, turns: int) -> bool:
         """The answer applies to a conversation with ``turns`` user turns."""

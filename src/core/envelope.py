@@ -33,9 +33,16 @@ refused when the object is opened: a reader cannot forget to refuse extras.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, TypeGuard, TypeVar, cast
+from functools import cache
+from types import UnionType
+from typing import Annotated, Any, Final, Generic, TypeGuard, TypeVar, Union, cast, get_args, get_origin, get_type_hints
+
+import msgspec
+from msgspec import Meta
 
 from .errors import SnapshotError, SnapshotVersionError
 
@@ -49,6 +56,15 @@ T = TypeVar("T")
 MAX_COUNT: Final = 2**31 - 1
 
 _SHOWN_LIMIT: Final = 60
+
+#: A count or position: an integer (never a bool) in ``[0, MAX_COUNT]``.
+Count = Annotated[int, Meta(ge=0, le=MAX_COUNT)]
+#: A count of at least one.
+Positive = Annotated[int, Meta(ge=1, le=MAX_COUNT)]
+#: A string with at least one non-space character.
+Text = Annotated[str, Meta(pattern=r"\S")]
+#: A ``[position, count]`` pair.
+Pair = tuple[Count, Count]
 
 
 def is_int(value: object) -> TypeGuard[int]:
@@ -275,3 +291,153 @@ def _count(fields: Fields, field: str, value: object, minimum: int, maximum: int
     if not is_int(value) or not minimum <= value <= maximum:
         raise fields.error(field, f"must be an integer in [{minimum}, {maximum}], got {shown(value)}")
     return value
+
+
+# -- msgspec: values declared once, as frozen dataclasses ------------------------------------------------
+#
+# State values stay frozen dataclasses (logic code builds them and ``dataclasses.replace``s them);
+# their annotations (:data:`Count`, :data:`Text`, ...) are the schema. msgspec reads and writes
+# them through a *wire* Struct derived from those annotations: every field required, unknown
+# fields refused, strict types and constraints, and the ``kind`` tag of an enveloped value.
+# A field declared with ``compare=False`` is a memo and is never stored.
+
+
+def _wire_type(tp: Any) -> Any:
+    """``tp`` with every dataclass in it replaced by its wire Struct."""
+    if dataclasses.is_dataclass(tp):
+        return wire(cast("type", tp))
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Annotated:
+        return Annotated[(_wire_type(args[0]), *tp.__metadata__)]  # pyright: ignore[reportUnknownMemberType]
+    if origin in (Union, UnionType):
+        return Union[tuple(_wire_type(a) for a in args)]  # noqa: UP007
+    if origin is tuple:
+        return tuple[tuple(a if a is Ellipsis else _wire_type(a) for a in args)]
+    return tp
+
+
+@cache
+def wire(cls: type) -> Any:
+    """The msgspec Struct a dataclass ``cls`` is stored as (tagged and versioned when it has a :class:`Schema`)."""
+    hints = get_type_hints(cls, include_extras=True)
+    names = [f.name for f in dataclasses.fields(cls) if f.compare]
+    fields: list[Any] = [(n, _wire_type(hints[n])) for n in names]
+    schema: Schema[Any] | None = SCHEMAS.get(cls)
+    options: dict[str, Any] = {"rename": getattr(cls, "STORED_AS", None)}
+    if schema is not None:
+        fields.insert(0, ("version", int, schema.version))
+        options |= {"tag_field": "kind", "tag": schema.kind}
+    return msgspec.defstruct(f"Stored{cls.__name__}", fields, forbid_unknown_fields=True, kw_only=True, **options)
+
+
+#: Every enveloped value class and its schema (filled by :class:`Schema`).
+SCHEMAS: Final[dict[type, Schema[Any]]] = {}
+
+_PROBLEMS: Final = (
+    ("Expected `int` >= 1", f"an integer in [1, {MAX_COUNT}]"),
+    ("Expected `int", f"an integer in [0, {MAX_COUNT}]"),
+    ("Expected `bool", "true or false"),
+    ("Expected `str", "a non-empty string"),
+    ("Expected `object", "an object"),
+    ("Expected `array` of length 2", "a [position, count] pair"),
+    ("Expected `array", "a list"),
+)
+
+
+def _translated(error: msgspec.ValidationError, data: object) -> SnapshotError:
+    """msgspec's error as a :class:`SnapshotError` naming the field the way every reader does."""
+    problem, _, where = str(error).partition(" - at `$")
+    path = where.rstrip("`").lstrip(".")
+    named = re.fullmatch(r"Object (missing required|contains unknown) field `(.+)`", problem)
+    if named is not None:
+        field = f"{path}.{named[2]}" if path else named[2]
+        if named[1] == "missing required":
+            return SnapshotError(f"snapshot field {field!r} is missing")
+        return SnapshotError(f"unknown snapshot field(s) {field!r}")
+    value = data
+    for key in re.findall(r"[^.\[\]]+", path):
+        value = cast("Any", value)[int(key) if key.isdigit() and isinstance(value, list) else key]
+    words = next((w for p, w in _PROBLEMS if problem.startswith(p)), None)
+    said = f"must be {words}, got {shown(value)}" if words else f"{problem} (got {shown(value)})"
+    return SnapshotError(f"snapshot field {path!r}: {said}")
+
+
+@dataclass(frozen=True, slots=True)
+class Schema(Generic[T]):
+    """How one kind of state value is stored: ``{"kind": kind, "version": version, ...its fields}``.
+
+    Attributes:
+        kind: The ``"kind"`` tag.
+        version: The version this build writes.
+        type: The frozen dataclass it stores; its annotations are the field types.
+        older: Older versions this build still reads with the same fields.
+    """
+
+    kind: str
+    version: int
+    type: type[T]
+    older: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        SCHEMAS[self.type] = self
+
+    @property
+    def supported(self) -> tuple[int, ...]:
+        """Every version this build reads, ascending."""
+        return tuple(sorted({self.version, *self.older}))
+
+    def write(self, value: T) -> dict[str, object]:
+        """``value`` as a JSON-safe dict in its envelope."""
+        stored = msgspec.convert(value, wire(self.type), from_attributes=True)
+        return cast("dict[str, object]", msgspec.json.decode(msgspec.json.encode(stored)))
+
+    def read(self, data: object) -> T:
+        """Read ``data`` strictly: a mapping, a supported version, this kind, exactly the fields, typed.
+
+        Raises:
+            SnapshotVersionError: The version is not one this build reads.
+            SnapshotError: Anything else is wrong; the message names the field.
+        """
+        mapping = header(self.kind, self.supported, data)
+        names = [f.encode_name for f in msgspec.structs.fields(wire(self.type))]
+        missing = [n for n in names if n not in mapping]
+        if len(missing) > 1:
+            raise SnapshotError(f"snapshot fields {_listed(missing)} are missing")
+        unknown = [k for k in mapping if k not in {*names, "kind"}]
+        if unknown:
+            raise SnapshotError(f"unknown snapshot field(s) {_listed(unknown)} (expected {', '.join(names[1:])})")
+        try:
+            msgspec.convert(data, wire(self.type), strict=True)
+        except msgspec.ValidationError as error:
+            raise _translated(error, data) from None
+        return msgspec.convert(data, self.type, strict=True)
+
+
+def header(kind: str, supported: tuple[int, ...], data: object) -> Mapping[str, object]:
+    """Check an envelope's header: a mapping, a supported ``version``, then ``kind``."""
+    if not isinstance(data, Mapping):
+        raise SnapshotError(f"{_a(kind)} snapshot must be a mapping, got {type(data).__name__}")
+    mapping = cast("Mapping[str, object]", data)
+    if "version" not in mapping:
+        raise SnapshotError(f"snapshot field 'version' is missing ({_a(kind)} snapshot names its version)")
+    version = mapping["version"]
+    if not is_int(version) or version not in supported:
+        raise SnapshotVersionError(version, supported, kind=kind)
+    if mapping.get("kind") != kind:
+        got = "no kind" if "kind" not in mapping else f"kind {shown(mapping.get('kind'))}"
+        raise SnapshotError(f"expected {_a(kind)} snapshot, got {got}")
+    return mapping
+
+
+def error(path: str, problem: str) -> SnapshotError:
+    """A :class:`SnapshotError` about the field at ``path``; for a reader's consistency checks."""
+    return SnapshotError(f"snapshot field {path!r}: {problem}")
+
+
+def distinct(path: str, values: Sequence[Hashable], *, what: str = "position") -> None:
+    """Refuse a repeated value: a duplicate would otherwise merge or shadow silently."""
+    seen: set[Hashable] = set()
+    for value in values:
+        if value in seen:
+            raise error(path, f"duplicate {what} {shown(value)}")
+        seen.add(value)

@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal, TypeAlias
 
-from .envelope import Envelope, Fields
+from .envelope import Count, Schema
 from .grouping import Grouping
 
 #: Consecutive pinned responses without a recall call after which pinning stops.
@@ -38,10 +38,6 @@ IGNORED_LIMIT: Final = 2
 
 PinKind: TypeAlias = Literal["size", "reforce"]
 PIN_KINDS: Final = ("size", "reforce")
-RECALL_ENVELOPE: Final = Envelope(
-    "recall", 1, ("next_pin", "in_flight", "awaiting_record", "ignored_streak", "pin_disabled", "seen")
-)
-_SEEN_FIELDS: Final = ("included_tokens", "records", "pending_groups")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +73,9 @@ class RecallStatus:
         grouping: The grouping, a memo for the next call (never changes an answer).
     """
 
-    included_tokens: int
-    records: int
-    pending_groups: int
+    included_tokens: Count
+    records: Count
+    pending_groups: Count
     grouping: Grouping | None = field(default=None, compare=False, repr=False)
 
 
@@ -102,51 +98,22 @@ class RecallState:
     next_pin: PinKind | None = None
     in_flight: bool = False
     awaiting_record: bool = False
-    ignored_streak: int = 0
+    ignored_streak: Count = 0
     pin_disabled: bool = False
     seen: RecallStatus | None = None
 
 
+RECALL_SCHEMA: Final = Schema("recall", 1, RecallState)
+
+
 def recall_to_dict(state: RecallState) -> dict[str, object]:
     """The recall state as a JSON-safe, kind-tagged, versioned dict."""
-    seen = state.seen
-    return RECALL_ENVELOPE.write(
-        {
-            "next_pin": state.next_pin,
-            "in_flight": state.in_flight,
-            "awaiting_record": state.awaiting_record,
-            "ignored_streak": state.ignored_streak,
-            "pin_disabled": state.pin_disabled,
-            "seen": None
-            if seen is None
-            else {
-                "included_tokens": seen.included_tokens,
-                "records": seen.records,
-                "pending_groups": seen.pending_groups,
-            },
-        }
-    )
+    return RECALL_SCHEMA.write(state)
 
 
 def recall_from_dict(data: object) -> RecallState:
     """Read :func:`recall_to_dict`'s output strictly (``SnapshotError`` naming the field)."""
-    fields = RECALL_ENVELOPE.read(data)
-    pin = fields.value("next_pin")
-    if pin is not None and pin not in PIN_KINDS:
-        raise fields.error("next_pin", f"must be null, 'size' or 'reforce', got {pin!r}")
-
-    def seen(name: str) -> RecallStatus:
-        inner: Fields = fields.mapping(name, _SEEN_FIELDS)
-        return RecallStatus(inner.count("included_tokens"), inner.count("records"), inner.count("pending_groups"))
-
-    return RecallState(
-        next_pin="size" if pin == "size" else "reforce" if pin == "reforce" else None,
-        in_flight=fields.flag("in_flight"),
-        awaiting_record=fields.flag("awaiting_record"),
-        ignored_streak=fields.count("ignored_streak"),
-        pin_disabled=fields.flag("pin_disabled"),
-        seen=fields.optional("seen", seen),
-    )
+    return RECALL_SCHEMA.read(data)
 
 
 # -- events -----------------------------------------------------------------------------------

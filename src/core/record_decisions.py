@@ -11,17 +11,13 @@ same on the in-call copies, on the stored history and after a restore.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
-from .envelope import Envelope, Fields
+from .envelope import Count, Schema, distinct, error
 
 DECISIONS_KIND: Final = "records"
 DECISIONS_VERSION: Final = 1
-DECISIONS_ENVELOPE: Final = Envelope(DECISIONS_KIND, DECISIONS_VERSION, ("settled", "ask"))
-SUPPORTED_DECISIONS_VERSIONS: Final = DECISIONS_ENVELOPE.supported
-#: The fields of a stored ask, in the order they are written.
-ASK_FIELDS: Final = ("targets", "records_at_ask", "responses_at_ask", "taken")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +36,9 @@ class Ask:
             one request at most.
     """
 
-    targets: tuple[int, ...]
-    records_at_ask: int
-    responses_at_ask: int
+    targets: tuple[Count, ...]
+    records_at_ask: Count
+    responses_at_ask: Count
     taken: bool = False
 
 
@@ -56,25 +52,12 @@ class RecordDecisions:
         ask: The outstanding ask, if any.
     """
 
-    settled: tuple[int, ...] = ()
+    settled: tuple[Count, ...] = ()
     ask: Ask | None = None
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-safe dict in the one snapshot envelope (``kind``, ``version``, then the fields)."""
-        ask = self.ask
-        return DECISIONS_ENVELOPE.write(
-            {
-                "settled": list(self.settled),
-                "ask": None
-                if ask is None
-                else {
-                    "targets": list(ask.targets),
-                    "records_at_ask": ask.records_at_ask,
-                    "responses_at_ask": ask.responses_at_ask,
-                    "taken": ask.taken,
-                },
-            }
-        )
+        return DECISIONS_SCHEMA.write(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> RecordDecisions:
@@ -90,28 +73,27 @@ class RecordDecisions:
             SnapshotVersionError: They were written by a newer or unknown schema version.
             SnapshotError: They are malformed or inconsistent.
         """
-        fields = DECISIONS_ENVELOPE.read(data)
-        settled = fields.positions("settled")
-        ask = None if fields.value("ask") is None else _ask(fields.mapping("ask", ASK_FIELDS), settled)
-        return cls(settled=settled, ask=ask)
+        decisions = DECISIONS_SCHEMA.read(data)
+        distinct("settled", decisions.settled)
+        settled = tuple(sorted(decisions.settled))
+        return cls(settled, None if decisions.ask is None else _ask(decisions.ask, settled))
 
 
-def _ask(fields: Fields, settled: tuple[int, ...]) -> Ask:
+DECISIONS_SCHEMA: Final = Schema(DECISIONS_KIND, DECISIONS_VERSION, RecordDecisions)
+SUPPORTED_DECISIONS_VERSIONS: Final = DECISIONS_SCHEMA.supported
+
+
+def _ask(ask: Ask, settled: tuple[int, ...]) -> Ask:
     """A stored ask, checked against the invariants the ask chain keeps.
 
     An ask is made for the uncovered groups that are not settled, and continued for
     the rest of its own batch only, so it names at least one group and none that is
     settled (a settled group is never asked for again).
     """
-    targets = fields.positions("targets")
-    if not targets:
-        raise fields.error("targets", "must name at least one group")
-    overlap = sorted(set(targets) & set(settled))
+    distinct("ask.targets", ask.targets)
+    if not ask.targets:
+        raise error("ask.targets", "must name at least one group")
+    overlap = sorted(set(ask.targets) & set(settled))
     if overlap:
-        raise fields.error("targets", f"position {overlap[0]} is also settled (a settled group is never asked for)")
-    return Ask(
-        targets=targets,
-        records_at_ask=fields.count("records_at_ask"),
-        responses_at_ask=fields.count("responses_at_ask"),
-        taken=fields.flag("taken"),
-    )
+        raise error("ask.targets", f"position {overlap[0]} is also settled (a settled group is never asked for)")
+    return replace(ask, targets=tuple(sorted(ask.targets)))

@@ -8,28 +8,14 @@ sheds on the in-call copies, on the stored history and after a restore.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
-from .envelope import Envelope, Fields
+from .envelope import Count, Pair, Schema, distinct, error
 from .errors import SnapshotError
 
 SNAPSHOT_KIND: Final = "anchored"
 SNAPSHOT_VERSION: Final = 1
-ANCHORED_ENVELOPE: Final = Envelope(
-    SNAPSHOT_KIND,
-    SNAPSHOT_VERSION,
-    (
-        "tools_shed",
-        "texts_shed",
-        "shortened",
-        "spared_tools",
-        "spared_texts",
-        "shed_sizes",
-        "keep_head_groups",
-    ),
-)
-SUPPORTED_SNAPSHOT_VERSIONS: Final = ANCHORED_ENVELOPE.supported
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,27 +37,17 @@ class AnchoredSnapshot:
             before the first pass); positions mean nothing under another head.
     """
 
-    tools_shed: int = 0
-    texts_shed: int = 0
-    shortened: int = 0
-    spared_tools: tuple[int, ...] = ()
-    spared_texts: tuple[int, ...] = ()
-    shed_sizes: tuple[tuple[int, int], ...] = ()
-    keep_head_groups: int | None = None
+    tools_shed: Count = 0
+    texts_shed: Count = 0
+    shortened: Count = 0
+    spared_tools: tuple[Count, ...] = ()
+    spared_texts: tuple[Count, ...] = ()
+    shed_sizes: tuple[Pair, ...] = ()
+    keep_head_groups: Count | None = None
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-safe dict in the one snapshot envelope (``kind``, ``version``, then the fields)."""
-        return ANCHORED_ENVELOPE.write(
-            {
-                "tools_shed": self.tools_shed,
-                "texts_shed": self.texts_shed,
-                "shortened": self.shortened,
-                "spared_tools": list(self.spared_tools),
-                "spared_texts": list(self.spared_texts),
-                "shed_sizes": [list(pair) for pair in self.shed_sizes],
-                "keep_head_groups": self.keep_head_groups,
-            }
-        )
+        return ANCHORED_SCHEMA.write(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object], *, keep_head_groups: int | None = None) -> AnchoredSnapshot:
@@ -85,20 +61,10 @@ class AnchoredSnapshot:
             SnapshotVersionError: It was written by a newer or unknown schema version.
             SnapshotError: It is malformed, inconsistent, or made under another head.
         """
-        fields = ANCHORED_ENVELOPE.read(data)
-        snapshot = cls(
-            tools_shed=fields.count("tools_shed"),
-            texts_shed=fields.count("texts_shed"),
-            shortened=fields.count("shortened"),
-            spared_tools=fields.positions("spared_tools"),
-            spared_texts=fields.positions("spared_texts"),
-            shed_sizes=fields.pairs("shed_sizes"),
-            keep_head_groups=fields.optional("keep_head_groups", fields.count),
-        )
-        _check(snapshot, fields)
-        error = None if keep_head_groups is None else snapshot.config_error(keep_head_groups=keep_head_groups)
-        if error is not None:
-            raise error
+        snapshot = _check(ANCHORED_SCHEMA.read(data))
+        refused = None if keep_head_groups is None else snapshot.config_error(keep_head_groups=keep_head_groups)
+        if refused is not None:
+            raise refused
         return snapshot
 
     def config_error(self, *, keep_head_groups: int) -> SnapshotError | None:
@@ -122,31 +88,46 @@ class AnchoredSnapshot:
         )
 
 
-def _check(snapshot: AnchoredSnapshot, fields: Fields) -> None:
-    """The invariants :func:`~maf_compaction.core.anchored.step` keeps, refused when broken.
+ANCHORED_SCHEMA: Final = Schema(SNAPSHOT_KIND, SNAPSHOT_VERSION, AnchoredSnapshot)
+SUPPORTED_SNAPSHOT_VERSIONS: Final = ANCHORED_SCHEMA.supported
 
+
+def _check(snapshot: AnchoredSnapshot) -> AnchoredSnapshot:
+    """The invariants :func:`~maf_compaction.core.anchored.step` keeps, refused when broken; positions sorted.
+
+    - A position list is a set: no duplicates (order carries nothing).
     - A spared position is one a shed passed over, so it lies below its lane's watermark.
     - A size is recorded only for a tool group that was shed: below ``tools_shed`` and
       not spared.
     - Positions are counted under a head, so a snapshot holding any decision names it.
     """
+    distinct("spared_tools", snapshot.spared_tools)
+    distinct("spared_texts", snapshot.spared_texts)
+    distinct("shed_sizes", [p for p, _ in snapshot.shed_sizes])
+    snapshot = replace(
+        snapshot,
+        spared_tools=tuple(sorted(snapshot.spared_tools)),
+        spared_texts=tuple(sorted(snapshot.spared_texts)),
+        shed_sizes=tuple(sorted(snapshot.shed_sizes)),
+    )
     for name, spared, shed, watermark in (
         ("spared_tools", snapshot.spared_tools, snapshot.tools_shed, "tools_shed"),
         ("spared_texts", snapshot.spared_texts, snapshot.texts_shed, "texts_shed"),
     ):
         beyond = [p for p in spared if p >= shed]
         if beyond:
-            raise fields.error(name, f"position {beyond[0]} is not below {watermark}={shed}")
+            raise error(name, f"position {beyond[0]} is not below {watermark}={shed}")
     spared_tools = set(snapshot.spared_tools)
     for position, _ in snapshot.shed_sizes:
         if position >= snapshot.tools_shed:
-            raise fields.error("shed_sizes", f"position {position} is not below tools_shed={snapshot.tools_shed}")
+            raise error("shed_sizes", f"position {position} is not below tools_shed={snapshot.tools_shed}")
         if position in spared_tools:
-            raise fields.error("shed_sizes", f"position {position} is spared, so it was never shed")
+            raise error("shed_sizes", f"position {position} is spared, so it was never shed")
     decided = snapshot.tools_shed or snapshot.texts_shed or snapshot.shortened
     if snapshot.keep_head_groups is None and decided:
-        raise fields.error(
+        raise error(
             "keep_head_groups",
             "null, but the snapshot holds decisions; their positions mean nothing without the head they were "
             "counted under",
         )
+    return snapshot

@@ -12,20 +12,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import partial
 from typing import Final
 
 from .effects import Answer
-from .envelope import Envelope, Fields, shown
+from .envelope import Count, Schema, distinct, error, shown
 
 USER_SNAPSHOT_KIND: Final = "user_summaries"
 USER_SNAPSHOT_VERSION: Final = 1
-USER_SNAPSHOT_ENVELOPE: Final = Envelope(
-    USER_SNAPSHOT_KIND, USER_SNAPSHOT_VERSION, ("answers", "descriptions", "compactions", "folds")
-)
-SUPPORTED_USER_SNAPSHOT_VERSIONS: Final = USER_SNAPSHOT_ENVELOPE.supported
-#: The fields of a stored answer (summary or description), in the order they are written.
-ANSWER_FIELDS: Final = ("identity", "text", "summary_id", "sources", "turns")
 #: The ids the user half allocates: ``user_summary_<n>`` and ``user_summary_fold_<n>``.
 SUMMARY_ID_FORMAT: Final = re.compile(r"user_summary_(fold_)?(0|[1-9][0-9]*)")
 
@@ -44,8 +37,8 @@ class UserSummarySnapshot:
 
     answers: tuple[Answer, ...] = ()
     descriptions: tuple[Answer, ...] = ()
-    compactions: int = 0
-    folds: int = 0
+    compactions: Count = 0
+    folds: Count = 0
 
     def answer(self, identity: str) -> Answer | None:
         """The remembered summary answer for ``identity``, if any."""
@@ -63,14 +56,7 @@ class UserSummarySnapshot:
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-safe dict in the one snapshot envelope (``kind``, ``version``, then the fields)."""
-        return USER_SNAPSHOT_ENVELOPE.write(
-            {
-                "answers": [_answer_dict(a) for a in self.answers],
-                "descriptions": [_answer_dict(a) for a in self.descriptions],
-                "compactions": self.compactions,
-                "folds": self.folds,
-            }
-        )
+        return USER_SNAPSHOT_SCHEMA.write(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> UserSummarySnapshot:
@@ -88,57 +74,37 @@ class UserSummarySnapshot:
             SnapshotVersionError: It was written by a newer or unknown schema version.
             SnapshotError: It is malformed or inconsistent.
         """
-        fields = USER_SNAPSHOT_ENVELOPE.read(data)
-        return cls(
-            answers=_answers(fields, "answers", descriptions=False),
-            descriptions=_answers(fields, "descriptions", descriptions=True),
-            compactions=fields.count("compactions"),
-            folds=fields.count("folds"),
-        )
+        snapshot = USER_SNAPSHOT_SCHEMA.read(data)
+        _check(snapshot.answers, "answers", descriptions=False)
+        _check(snapshot.descriptions, "descriptions", descriptions=True)
+        return snapshot
 
 
-def _answer_dict(answer: Answer) -> dict[str, object]:
-    return {
-        "identity": answer.identity,
-        "text": answer.text,
-        "summary_id": answer.summary_id,
-        "sources": answer.sources,
-        "turns": answer.turns,
-    }
+USER_SNAPSHOT_SCHEMA: Final = Schema(USER_SNAPSHOT_KIND, USER_SNAPSHOT_VERSION, UserSummarySnapshot)
+SUPPORTED_USER_SNAPSHOT_VERSIONS: Final = USER_SNAPSHOT_SCHEMA.supported
 
 
-def _answers(fields: Fields, name: str, *, descriptions: bool) -> tuple[Answer, ...]:
+def _check(answers: tuple[Answer, ...], name: str, *, descriptions: bool) -> None:
     """Stored answers, checked against what :func:`~maf_compaction.core.user_summaries.absorb` writes.
 
     - One answer per identity: absorbing an answer replaces the one it supersedes, so a
       second would shadow the first depending on lookup order.
-    - A text is never blank: a blank answer is recorded as a failure (``None``).
     - ``turns`` marks a failure's conversation state, so an answer with text has none.
     - A description is not a summary: it carries no ``summary_id`` and no ``sources``.
     - A summary's id is one the user half allocates (:data:`SUMMARY_ID_FORMAT`): any
       other would be written onto the conversation as a message id nobody chose.
     """
-    found: list[Answer] = []
-    for entry in fields.entries(name, ANSWER_FIELDS):
-        text = entry.optional("text", entry.text)
-        turns = entry.optional("turns", entry.count)
-        if text is not None and turns is not None:
-            raise entry.error("turns", f"an answer with text carries no turns, got {turns}")
-        summary_id = entry.optional("summary_id", entry.text)
+    for index, answer in enumerate(answers):
+        here = f"{name}[{index}]"
+        if answer.text is not None and answer.turns is not None:
+            raise error(f"{here}.turns", f"an answer with text carries no turns, got {answer.turns}")
+        summary_id = answer.summary_id
         if summary_id is not None and not descriptions and SUMMARY_ID_FORMAT.fullmatch(summary_id) is None:
-            raise entry.error(
-                "summary_id", f"must be 'user_summary_<n>' or 'user_summary_fold_<n>', got {shown(summary_id)}"
+            raise error(
+                f"{here}.summary_id",
+                f"must be 'user_summary_<n>' or 'user_summary_fold_<n>', got {shown(summary_id)}",
             )
-        answer = Answer(
-            identity=entry.text("identity"),
-            text=text,
-            summary_id=summary_id,
-            sources=entry.optional("sources", partial(entry.count, minimum=1)),
-            turns=turns,
-        )
-        if descriptions and (answer.summary_id is not None or answer.sources is not None):
-            field = "summary_id" if answer.summary_id is not None else "sources"
-            raise entry.error(field, "a media description carries no summary_id or sources")
-        found.append(answer)
-    fields.distinct(name, [a.identity for a in found], what="identity")
-    return tuple(found)
+        if descriptions and (summary_id is not None or answer.sources is not None):
+            field = "summary_id" if summary_id is not None else "sources"
+            raise error(f"{here}.{field}", "a media description carries no summary_id or sources")
+    distinct(name, [a.identity for a in answers], what="identity")
