@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
 import pytest
@@ -37,7 +38,7 @@ from maf_compaction.core.composition import (
     chain_to_dict,
 )
 from maf_compaction.core.effects import Answer
-from maf_compaction.core.envelope import MAX_COUNT, Envelope
+from maf_compaction.core.envelope import MAX_COUNT, Count, Schema, opened
 from snapshot_values import anchored_snapshots, chain_decisions, record_decisions, user_snapshots
 
 Snapshot = AnchoredSnapshot | RecordDecisions | UserSummarySnapshot
@@ -341,31 +342,31 @@ def test_todays_dicts_are_byte_compatible() -> None:
 
 
 def test_an_older_layout_is_read_when_declared() -> None:
-    """The envelope reads an older version's fields when a kind declares it (the hook new kinds migrate by)."""
-    envelope = Envelope("recall", 2, ("streak", "disabled"), older=((1, ("streak",)),))
-    assert envelope.supported == (1, 2)
-    old = envelope.read({"kind": "recall", "version": 1, "streak": 2})
-    assert (old.version, old.count("streak")) == (1, 2)
+    """An envelope reads an older version's fields when a kind declares it (the hook new kinds migrate by)."""
+    old = opened("recall", (1, 2), {"kind": "recall", "version": 1, "streak": 2}, ("streak",))
+    assert old["streak"] == 2
     with pytest.raises(SnapshotError, match="'disabled' is missing"):
-        envelope.read({"kind": "recall", "version": 2, "streak": 2})
+        opened("recall", (1, 2), {"kind": "recall", "version": 2, "streak": 2}, ("streak", "disabled"))
     with pytest.raises(SnapshotError, match="unknown snapshot field"):
-        envelope.read({"kind": "recall", "version": 1, "streak": 2, "disabled": True})
+        opened("recall", (1, 2), {"kind": "recall", "version": 1, "streak": 2, "disabled": True}, ("streak",))
     with pytest.raises(SnapshotVersionError):
-        envelope.read({"kind": "recall", "version": 3, "streak": 2, "disabled": True})
+        opened("recall", (1, 2), {"kind": "recall", "version": 3, "streak": 2, "disabled": True}, ("streak",))
 
 
-def test_a_writer_cannot_drift_from_its_declared_fields() -> None:
-    envelope = Envelope("recall", 1, ("streak", "disabled"))
-    assert envelope.write({"streak": 1, "disabled": False}) == {
-        "kind": "recall",
-        "version": 1,
-        "streak": 1,
-        "disabled": False,
-    }
-    with pytest.raises(ValueError, match="writes streak, disabled, got streak"):
-        envelope.write({"streak": 1})
-    with pytest.raises(ValueError, match="got disabled, streak"):
-        envelope.write({"disabled": False, "streak": 1})
+@dataclass(frozen=True)
+class _Streak:
+    streak: Count = 0
+    disabled: bool = False
+
+
+def test_a_writer_writes_what_its_reader_reads_in_declared_order() -> None:
+    """A schema's fields are declared once, on the value: writer and reader cannot drift apart."""
+    schema = Schema("streak", 1, _Streak)
+    assert list(schema.write(_Streak(1))) == ["kind", "version", "streak", "disabled"]
+    assert schema.write(_Streak(1)) == {"kind": "streak", "version": 1, "streak": 1, "disabled": False}
+    assert schema.read(schema.write(_Streak(2, True))) == _Streak(2, True)
+    with pytest.raises(SnapshotError, match="'disabled' is missing"):
+        schema.read({"kind": "streak", "version": 1, "streak": 1})
 
 
 def test_a_long_bad_value_is_shown_cut_short() -> None:

@@ -61,8 +61,8 @@ from .anchored import AnchoredConfig, Report
 from .checks import require_int
 from .counting import MESSAGE_OVERHEAD_TOKENS
 from .effects import Request, Summarize, identity
-from .envelope import Envelope
-from .errors import CompactionBudgetExceeded
+from .envelope import Count, Positive, Text, convert, distinct, error, inner, opened
+from .errors import CompactionBudgetExceeded, SnapshotError
 from .grouping import Grouping, regroup
 from .model import History, MessageRecord, Part
 from .protocol import Done, Needs, StepResult, sent_tokens
@@ -189,12 +189,12 @@ class Replacement:
             stands for that conversation state only, and a later one asks again.
     """
 
-    identity: str
-    sources: int
-    text: str | None
-    replacement_id: str
+    identity: Text
+    sources: Positive
+    text: Text | None
+    replacement_id: Text
     kind: ReplacementKind = "merge"
-    turns: int | None = None
+    turns: Count | None = None
 
     def stands(self, turns: int) -> bool:
         """This judgement applies to a conversation with ``turns`` user turns (a failure only to its own)."""
@@ -257,119 +257,104 @@ class CompositionState:
 _CHAIN_FIELDS: Final = ("wait_since", "declined_behind", "shed", "replacements")
 #: Version 2 dates failures (``turns``); a version-1 failure has none, so it stands for ever, as it did.
 #: Version 3 adds emergency folds (``kind: "fold"``); the fields are those of version 2.
-CHAIN_ENVELOPE: Final = Envelope("chain", 3, _CHAIN_FIELDS, older=((1, _CHAIN_FIELDS), (2, _CHAIN_FIELDS)))
-COMPOSITION_ENVELOPE: Final = Envelope(
-    "composition",
-    2,
-    ("records", "fallback", "recall", "users", "chain"),
-    # Version 1 counted the records a merge replaced out of an ask's and a wait's record
-    # count, and a merged record as a model response; version 2 counts records written and
-    # model responses only. The two agree unless a merge was kept (see state_from_dict).
-    older=((1, ("records", "fallback", "recall", "users", "chain")),),
-)
-_REPLACEMENT_FIELDS: Final = ("identity", "sources", "text", "replacement_id", "kind", "turns")
-_REPLACEMENT_FIELDS_V1: Final = _REPLACEMENT_FIELDS[:-1]
+CHAIN_VERSION: Final = 3
+#: Version 1 counted the records a merge replaced out of an ask's and a wait's record
+#: count, and a merged record as a model response; version 2 counts records written and
+#: model responses only. The two agree unless a merge was kept (see state_from_dict).
+COMPOSITION_VERSION: Final = 2
+_COMPOSITION_FIELDS: Final = (*records.RECORD_STATE_FIELDS, "users", "chain")
 
 
 def chain_to_dict(chain: ChainDecisions) -> dict[str, object]:
     """The chain's decisions as a JSON-safe, kind-tagged, versioned dict."""
-    return CHAIN_ENVELOPE.write(
-        {
-            "wait_since": chain.wait_since,
-            "declined_behind": chain.declined_behind,
-            "shed": chain.shed.to_dict(),
-            "replacements": [
-                {
-                    "identity": r.identity,
-                    "sources": r.sources,
-                    "text": r.text,
-                    "replacement_id": r.replacement_id,
-                    "kind": r.kind,
-                    "turns": r.turns,
-                }
-                for r in chain.replacements
-            ],
-        }
-    )
+    return {
+        "kind": "chain",
+        "version": CHAIN_VERSION,
+        "wait_since": chain.wait_since,
+        "declined_behind": chain.declined_behind,
+        "shed": chain.shed.to_dict(),
+        "replacements": [
+            {
+                "identity": r.identity,
+                "sources": r.sources,
+                "text": r.text,
+                "replacement_id": r.replacement_id,
+                "kind": r.kind,
+                "turns": r.turns,
+            }
+            for r in chain.replacements
+        ],
+    }
 
 
 def chain_from_dict(data: object, *, keep_head_groups: int | None = None) -> ChainDecisions:
     """Read :func:`chain_to_dict`'s output strictly (``SnapshotError`` naming the field)."""
-    fields = CHAIN_ENVELOPE.read(data)
-    replacements: list[Replacement] = []
-    names = _REPLACEMENT_FIELDS if fields.version >= 2 else _REPLACEMENT_FIELDS_V1
-    kinds = ("merge", "rewrite", "fold") if fields.version >= 3 else ("merge", "rewrite")
-    for entry in fields.entries("replacements", names):
-        kind = entry.value("kind")
-        if kind not in kinds:
-            raise entry.error("kind", f"must be one of {', '.join(map(repr, kinds))}, got {kind!r}")
-        text = entry.optional("text", entry.text)
-        turns = entry.optional("turns", entry.count) if "turns" in names else None
-        if text is not None and turns is not None:
-            raise entry.error("turns", f"an answer with text carries no turns, got {turns}")
-        replacement_id = entry.text("replacement_id")
+    fields = opened("chain", (1, 2, 3), data, _CHAIN_FIELDS)
+    entries = fields["replacements"]
+    if fields["version"] == 1 and isinstance(entries, list):  # no turns: a version-1 failure stands for ever
+        upgraded: list[object] = []
+        for index, entry in enumerate(cast("list[object]", entries)):
+            if isinstance(entry, dict) and "turns" in entry:
+                raise SnapshotError(f"unknown snapshot field(s) 'replacements[{index}].turns'")
+            upgraded.append({**cast("dict[str, object]", entry), "turns": None} if isinstance(entry, dict) else entry)
+        entries = upgraded
+    replacements: tuple[Replacement, ...] = convert(entries, tuple[Replacement, ...], "replacements")
+    for index, r in enumerate(replacements):
+        here = f"replacements[{index}]"
+        if r.kind == "fold" and cast("int", fields["version"]) < 3:
+            raise error(f"{here}.kind", "must be one of 'merge', 'rewrite', got 'fold'")
+        if r.text is not None and r.turns is not None:
+            raise error(f"{here}.turns", f"an answer with text carries no turns, got {r.turns}")
+        fold = r.kind == "fold"
         prefix, pattern = (
-            (EMERGENCY_FOLD_ID_PREFIX, _EMERGENCY_FOLD_ID)
-            if kind == "fold"
-            else (REPLACEMENT_ID_PREFIX, _REPLACEMENT_ID)
+            (EMERGENCY_FOLD_ID_PREFIX, _EMERGENCY_FOLD_ID) if fold else (REPLACEMENT_ID_PREFIX, _REPLACEMENT_ID)
         )
-        if pattern.fullmatch(replacement_id) is None:
-            raise entry.error("replacement_id", f"must be {prefix}<n>, got {replacement_id!r}")
-        replacements.append(
-            Replacement(
-                identity=entry.text("identity"),
-                sources=entry.count("sources", minimum=1 if kind != "fold" else 2),
-                text=text,
-                replacement_id=replacement_id,
-                kind="merge" if kind == "merge" else "rewrite" if kind == "rewrite" else "fold",
-                turns=turns,
-            )
-        )
-    fields.distinct("replacements", [r.identity for r in replacements], what="identity")
-    shed = fields.value("shed")
-    if not isinstance(shed, Mapping):
-        raise fields.error("shed", "must be an anchored snapshot object")
+        if pattern.fullmatch(r.replacement_id) is None:
+            raise error(f"{here}.replacement_id", f"must be {prefix}<n>, got {r.replacement_id!r}")
+        if fold and r.sources < 2:
+            raise error(f"{here}.sources", f"must be an integer in [2, {2**31 - 1}], got {r.sources}")
+    distinct("replacements", [r.identity for r in replacements], what="identity")
+    counts = convert({k: fields[k] for k in ("wait_since", "declined_behind")}, _ChainCounts)
     return ChainDecisions(
-        wait_since=fields.optional("wait_since", fields.count),
-        declined_behind=fields.optional("declined_behind", fields.count),
-        shed=AnchoredSnapshot.from_dict(cast("Mapping[str, object]", shed), keep_head_groups=keep_head_groups),
-        replacements=tuple(replacements),
+        wait_since=counts.wait_since,
+        declined_behind=counts.declined_behind,
+        shed=AnchoredSnapshot.from_dict(inner(fields, "shed"), keep_head_groups=keep_head_groups),
+        replacements=replacements,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _ChainCounts:
+    wait_since: Count | None
+    declined_behind: Count | None
 
 
 def state_to_dict(state: CompositionState) -> dict[str, object]:
     """The composition's whole state (both halves, the recall protocol, the chain) as one JSON-safe dict."""
-    return COMPOSITION_ENVELOPE.write(
-        {
-            **records.record_state_fields(state.records),
-            "users": state.users.to_dict(),
-            "chain": chain_to_dict(state.chain),
-        }
-    )
+    return {
+        "kind": "composition",
+        "version": COMPOSITION_VERSION,
+        **records.record_state_fields(state.records),
+        "users": state.users.to_dict(),
+        "chain": chain_to_dict(state.chain),
+    }
 
 
 def state_from_dict(data: object, *, keep_head_groups: int | None = None) -> CompositionState:
     """Read :func:`state_to_dict`'s output strictly; ``keep_head_groups`` checks the anchored positions."""
-    fields = COMPOSITION_ENVELOPE.read(data)
-
-    def inner(name: str) -> Mapping[str, object]:
-        value = fields.value(name)
-        if not isinstance(value, Mapping):
-            raise fields.error(name, "must be an object")
-        return cast("Mapping[str, object]", value)
-
+    fields = opened("composition", (1, 2), data, _COMPOSITION_FIELDS)
     state = CompositionState(
         records=records.record_state_from_fields(fields, keep_head_groups=keep_head_groups),
-        users=UserSummarySnapshot.from_dict(inner("users")),
-        chain=chain_from_dict(inner("chain"), keep_head_groups=keep_head_groups),
+        users=UserSummarySnapshot.from_dict(inner(fields, "users")),
+        chain=chain_from_dict(inner(fields, "chain"), keep_head_groups=keep_head_groups),
     )
     chain = state.chain
     merged = any(r.text is not None for r in chain.replacements)
     counted = (
         state.records.decisions.ask is not None or chain.wait_since is not None or chain.declined_behind is not None
     )
-    if fields.version == 1 and merged and counted:
-        raise fields.error(
+    if fields["version"] == 1 and merged and counted:
+        raise error(
             "records",
             "a version-1 snapshot with a kept record merge counts an outstanding ask or wait in records and responses "
             "this version counts differently; it cannot be read without guessing (start the conversation's "

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from types import UnionType
@@ -85,212 +85,6 @@ def _a(kind: str) -> str:
 
 def _listed(names: Sequence[object]) -> str:
     return ", ".join(repr(n) for n in names)
-
-
-@dataclass(frozen=True, slots=True)
-class Envelope:
-    """The envelope of one kind of state: its kind tag, its versions and their fields.
-
-    Attributes:
-        kind: The ``"kind"`` tag.
-        version: The version this build writes.
-        fields: The fields of that version, in the order they are written.
-        older: ``(version, fields)`` of older layouts this build still reads. A reader
-            branches on :attr:`Fields.version` for them; keep one only while every value
-            of it maps to exactly one value of the current layout.
-    """
-
-    kind: str
-    version: int
-    fields: tuple[str, ...]
-    older: tuple[tuple[int, tuple[str, ...]], ...] = ()
-
-    @property
-    def supported(self) -> tuple[int, ...]:
-        """Every version this build reads, ascending."""
-        return tuple(sorted({self.version, *(v for v, _ in self.older)}))
-
-    def write(self, fields: Mapping[str, object]) -> dict[str, object]:
-        """The envelope around ``fields``: ``{"kind": ..., "version": ..., **fields}``.
-
-        Raises:
-            ValueError: ``fields`` are not exactly the declared ones, in order: a writer
-                that drifted from its declaration would write what its own reader refuses.
-        """
-        if tuple(fields) != self.fields:
-            raise ValueError(f"{_a(self.kind)} snapshot writes {', '.join(self.fields)}, got {', '.join(fields)}")
-        return {"kind": self.kind, "version": self.version, **fields}
-
-    def read(self, data: object) -> Fields:
-        """Open a stored envelope: a mapping, a supported version, this kind, exactly its fields.
-
-        Raises:
-            SnapshotVersionError: The version is missing from :attr:`supported` (a newer
-                build wrote it, or it is not an integer).
-            SnapshotError: Anything else about the envelope is wrong.
-        """
-        if not isinstance(data, Mapping):
-            raise SnapshotError(f"{_a(self.kind)} snapshot must be a mapping, got {type(data).__name__}")
-        mapping = cast("Mapping[object, object]", data)
-        if "version" not in mapping:
-            raise SnapshotError(f"snapshot field 'version' is missing ({_a(self.kind)} snapshot names its version)")
-        version = mapping["version"]
-        if not is_int(version) or version not in self.supported:
-            raise SnapshotVersionError(version, self.supported, kind=self.kind)
-        if mapping.get("kind") != self.kind:
-            got = "no kind" if "kind" not in mapping else f"kind {shown(mapping.get('kind'))}"
-            raise SnapshotError(f"expected {_a(self.kind)} snapshot, got {got}")
-        names = self.fields if version == self.version else dict(self.older)[version]
-        return _open(mapping, names, path="", version=version, reserved=("kind", "version"))
-
-
-def _open(
-    data: Mapping[object, object],
-    names: Sequence[str],
-    *,
-    path: str,
-    version: int,
-    reserved: tuple[str, ...] = (),
-) -> Fields:
-    """``Fields`` over ``data``, refusing a missing or an unknown field."""
-
-    def qualified(name: object) -> str:
-        return f"{path}.{name}" if path else str(name)
-
-    missing = [qualified(n) for n in names if n not in data]
-    if len(missing) == 1:
-        raise SnapshotError(f"snapshot field {missing[0]!r} is missing")
-    if missing:
-        raise SnapshotError(f"snapshot fields {_listed(missing)} are missing")
-    allowed = {*names, *reserved}
-    unknown = [qualified(k) for k in data if k not in allowed]
-    if unknown:
-        expected = ", ".join(names) or "no fields"
-        raise SnapshotError(f"unknown snapshot field(s) {_listed(unknown)} (expected {expected})")
-    return Fields(cast("Mapping[str, object]", data), path=path, version=version)
-
-
-@dataclass(frozen=True, slots=True)
-class Fields:
-    """Typed, strict access to the fields of one opened object (a snapshot or a nested entry).
-
-    Every reader raises :class:`SnapshotError` naming the field's path; none returns a
-    default for a bad value. Counts and positions are integers (never ``bool``) in
-    ``[0, MAX_COUNT]`` unless a narrower range is asked for.
-
-    Attributes:
-        data: The object's fields (already checked: exactly the declared names).
-        path: Where the object sits in the snapshot (``""`` for the top level,
-            ``"ask"``, ``"answers[2]"``); error messages name ``path.field``.
-        version: The envelope version the object was read under.
-    """
-
-    data: Mapping[str, object]
-    path: str = ""
-    version: int = 0
-
-    def name(self, field: str) -> str:
-        """The path of ``field``, as error messages show it."""
-        return f"{self.path}.{field}" if self.path else field
-
-    def error(self, field: str, problem: str) -> SnapshotError:
-        """A :class:`SnapshotError` about ``field``; for a reader's own consistency checks."""
-        return SnapshotError(f"snapshot field {self.name(field)!r}: {problem}")
-
-    def value(self, field: str) -> object:
-        """The raw value of ``field``."""
-        if field not in self.data:
-            raise SnapshotError(f"snapshot field {self.name(field)!r} is missing")
-        return self.data[field]
-
-    def count(self, field: str, *, minimum: int = 0, maximum: int = MAX_COUNT) -> int:
-        """An integer in ``[minimum, maximum]``."""
-        return _count(self, field, self.value(field), minimum, maximum)
-
-    def flag(self, field: str) -> bool:
-        """A boolean (``0``/``1`` are not booleans)."""
-        value = self.value(field)
-        if not isinstance(value, bool):
-            raise self.error(field, f"must be true or false, got {shown(value)}")
-        return value
-
-    def text(self, field: str) -> str:
-        """A string with at least one non-space character."""
-        value = self.value(field)
-        if not isinstance(value, str) or not value.strip():
-            raise self.error(field, f"must be a non-empty string, got {shown(value)}")
-        return value
-
-    def optional(self, field: str, read: Callable[[str], T]) -> T | None:
-        """``None`` for ``null``, else ``read(field)``: the field is present either way.
-
-        For example ``fields.optional("keep_head_groups", fields.count)``.
-        """
-        return None if self.value(field) is None else read(field)
-
-    def positions(self, field: str) -> tuple[int, ...]:
-        """A list of distinct counts, returned ascending (a position list is a set; order carries nothing)."""
-        items = self._items(field)
-        found = [_count(self, f"{field}[{i}]", item, 0, MAX_COUNT) for i, item in enumerate(items)]
-        self.distinct(field, found, what="position")
-        return tuple(sorted(found))
-
-    def pairs(self, field: str) -> tuple[tuple[int, int], ...]:
-        """A list of ``[key, value]`` count pairs with distinct keys, returned ascending by key."""
-        found: list[tuple[int, int]] = []
-        for index, item in enumerate(self._items(field)):
-            here = f"{field}[{index}]"
-            pair = _pair(item)
-            if pair is None:
-                raise self.error(here, f"must be a [position, count] pair, got {shown(item)}")
-            first, second = pair
-            found.append((_count(self, here, first, 0, MAX_COUNT), _count(self, here, second, 0, MAX_COUNT)))
-        self.distinct(field, [key for key, _ in found], what="position")
-        return tuple(sorted(found))
-
-    def mapping(self, field: str, names: Sequence[str]) -> Fields:
-        """A nested object with exactly the fields ``names``."""
-        value = self.value(field)
-        if not isinstance(value, Mapping):
-            raise self.error(field, f"must be an object, got {shown(value)}")
-        return _open(cast("Mapping[object, object]", value), names, path=self.name(field), version=self.version)
-
-    def entries(self, field: str, names: Sequence[str]) -> tuple[Fields, ...]:
-        """A list of objects, each with exactly the fields ``names``, in their stored order."""
-        found: list[Fields] = []
-        for index, item in enumerate(self._items(field)):
-            here = f"{self.name(field)}[{index}]"
-            if not isinstance(item, Mapping):
-                raise SnapshotError(f"snapshot field {here!r}: must be an object, got {shown(item)}")
-            found.append(_open(cast("Mapping[object, object]", item), names, path=here, version=self.version))
-        return tuple(found)
-
-    def distinct(self, field: str, values: Sequence[Hashable], *, what: str) -> None:
-        """Refuse a repeated value: a duplicate would otherwise merge or shadow silently."""
-        seen: set[Hashable] = set()
-        for value in values:
-            if value in seen:
-                raise self.error(field, f"duplicate {what} {shown(value)}")
-            seen.add(value)
-
-    def _items(self, field: str) -> Sequence[object]:
-        value = self.value(field)
-        if not isinstance(value, (list, tuple)):
-            raise self.error(field, f"must be a list, got {shown(value)}")
-        return cast("Sequence[object]", value)
-
-
-def _pair(value: object) -> tuple[object, object] | None:
-    if not isinstance(value, (list, tuple)):
-        return None
-    items = cast("Sequence[object]", value)
-    return (items[0], items[1]) if len(items) == 2 else None
-
-
-def _count(fields: Fields, field: str, value: object, minimum: int, maximum: int) -> int:
-    if not is_int(value) or not minimum <= value <= maximum:
-        raise fields.error(field, f"must be an integer in [{minimum}, {maximum}], got {shown(value)}")
-    return value
 
 
 # -- msgspec: values declared once, as frozen dataclasses ------------------------------------------------
@@ -344,12 +138,13 @@ _PROBLEMS: Final = (
 )
 
 
-def _translated(error: msgspec.ValidationError, data: object) -> SnapshotError:
+def _translated(error: msgspec.ValidationError, data: object, prefix: str) -> SnapshotError:
     """msgspec's error as a :class:`SnapshotError` naming the field the way every reader does."""
     problem, _, where = str(error).partition(" - at `$")
     path = where.rstrip("`").lstrip(".")
     named = re.fullmatch(r"Object (missing required|contains unknown) field `(.+)`", problem)
     if named is not None:
+        path = f"{prefix}{'.' if prefix and path[:1] != '[' else ''}{path}" if path else prefix
         field = f"{path}.{named[2]}" if path else named[2]
         if named[1] == "missing required":
             return SnapshotError(f"snapshot field {field!r} is missing")
@@ -357,6 +152,7 @@ def _translated(error: msgspec.ValidationError, data: object) -> SnapshotError:
     value = data
     for key in re.findall(r"[^.\[\]]+", path):
         value = cast("Any", value)[int(key) if key.isdigit() and isinstance(value, list) else key]
+    path = f"{prefix}{'.' if prefix and path[:1] != '[' else ''}{path}" if path else prefix
     words = next((w for p, w in _PROBLEMS if problem.startswith(p)), None)
     said = f"must be {words}, got {shown(value)}" if words else f"{problem} (got {shown(value)})"
     return SnapshotError(f"snapshot field {path!r}: {said}")
@@ -398,19 +194,45 @@ class Schema(Generic[T]):
             SnapshotVersionError: The version is not one this build reads.
             SnapshotError: Anything else is wrong; the message names the field.
         """
-        mapping = header(self.kind, self.supported, data)
-        names = [f.encode_name for f in msgspec.structs.fields(wire(self.type))]
-        missing = [n for n in names if n not in mapping]
-        if len(missing) > 1:
-            raise SnapshotError(f"snapshot fields {_listed(missing)} are missing")
-        unknown = [k for k in mapping if k not in {*names, "kind"}]
-        if unknown:
-            raise SnapshotError(f"unknown snapshot field(s) {_listed(unknown)} (expected {', '.join(names[1:])})")
-        try:
-            msgspec.convert(data, wire(self.type), strict=True)
-        except msgspec.ValidationError as error:
-            raise _translated(error, data) from None
-        return msgspec.convert(data, self.type, strict=True)
+        names = [f.encode_name for f in msgspec.structs.fields(wire(self.type))][1:]
+        return convert(opened(self.kind, self.supported, data, names), self.type)
+
+
+def convert(data: object, kind: Any, path: str = "") -> Any:
+    """``data`` read strictly as ``kind`` (a value type: dataclasses, tuples, annotated scalars)."""
+    try:
+        msgspec.convert(data, _wire_type(kind), strict=True)
+    except msgspec.ValidationError as error:
+        raise _translated(error, data, path) from None
+    return msgspec.convert(data, kind, strict=True)
+
+
+def opened(kind: str, supported: tuple[int, ...], data: object, names: Sequence[str]) -> Mapping[str, object]:
+    """An envelope's fields: a mapping, a supported ``version``, then ``kind``, then exactly ``names``.
+
+    Raises:
+        SnapshotVersionError: The version is missing from ``supported`` (a newer build
+            wrote it, or it is not an integer).
+        SnapshotError: Anything else about the envelope is wrong.
+    """
+    mapping = header(kind, supported, data)
+    missing = [n for n in names if n not in mapping]
+    if len(missing) == 1:
+        raise SnapshotError(f"snapshot field {missing[0]!r} is missing")
+    if missing:
+        raise SnapshotError(f"snapshot fields {_listed(missing)} are missing")
+    unknown = [k for k in mapping if k not in {*names, "kind", "version"}]
+    if unknown:
+        raise SnapshotError(f"unknown snapshot field(s) {_listed(unknown)} (expected {', '.join(names)})")
+    return mapping
+
+
+def inner(data: Mapping[str, object], name: str) -> Mapping[str, object]:
+    """The nested object ``data[name]``."""
+    value = data[name]
+    if not isinstance(value, Mapping):
+        raise error(name, f"must be an object, got {shown(value)}")
+    return cast("Mapping[str, object]", value)
 
 
 def header(kind: str, supported: tuple[int, ...], data: object) -> Mapping[str, object]:

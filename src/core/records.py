@@ -46,7 +46,7 @@ from . import anchored, recall
 from .anchored import AnchoredConfig
 from .checks import require_fraction, require_int
 from .effects import Request
-from .envelope import Fields
+from .envelope import inner
 from .grouping import Grouping, regroup
 from .model import Group, History, MessageRecord, Part
 from .protocol import Done, StepResult, sent_tokens
@@ -320,6 +320,10 @@ class RecordState:
     recall: RecallState = field(default_factory=RecallState)
 
 
+#: The fields every envelope holding a record state writes.
+RECORD_STATE_FIELDS: Final = ("records", "fallback", "recall")
+
+
 def record_state_fields(state: RecordState) -> dict[str, object]:
     """The ``records``, ``fallback`` and ``recall`` fields every envelope holding a record state writes."""
     return {
@@ -329,19 +333,12 @@ def record_state_fields(state: RecordState) -> dict[str, object]:
     }
 
 
-def record_state_from_fields(fields: Fields, *, keep_head_groups: int | None = None) -> RecordState:
+def record_state_from_fields(fields: Mapping[str, object], *, keep_head_groups: int | None = None) -> RecordState:
     """Read :func:`record_state_fields`' fields of an opened envelope strictly (``SnapshotError`` naming the field)."""
-
-    def inner(name: str) -> Mapping[str, object]:
-        value = fields.value(name)
-        if not isinstance(value, Mapping):
-            raise fields.error(name, "must be an object")
-        return cast("Mapping[str, object]", value)
-
     return RecordState(
-        decisions=RecordDecisions.from_dict(inner("records")),
-        fallback=AnchoredSnapshot.from_dict(inner("fallback"), keep_head_groups=keep_head_groups),
-        recall=recall.recall_from_dict(inner("recall")),
+        decisions=RecordDecisions.from_dict(inner(fields, "records")),
+        fallback=AnchoredSnapshot.from_dict(inner(fields, "fallback"), keep_head_groups=keep_head_groups),
+        recall=recall.recall_from_dict(inner(fields, "recall")),
     )
 
 

@@ -31,21 +31,17 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
 
 from .composition import CompositionState
-from .envelope import Envelope
+from .envelope import Text, convert, error, inner, opened
 from .errors import SnapshotError
 from .fingerprint import Parameters, Scalar, differences, digest, is_parameters
-from .records import RecordState, record_state_fields, record_state_from_fields
+from .records import RECORD_STATE_FIELDS, RecordState, record_state_fields, record_state_from_fields
 
 StackKind = Literal["records", "composition"]
 STACK_KINDS: Final[tuple[StackKind, ...]] = ("records", "composition")
 
-RECORD_STATE_ENVELOPE: Final = Envelope("record_state", 1, ("records", "fallback", "recall"))
-STACK_ENVELOPE: Final = Envelope("stack", 1, ("strategy", "state", "gate"))
+STACK_FIELDS: Final = ("strategy", "state", "gate")
 #: Version 1 named the writing registry instance instead of its configuration; it is still read (unchecked).
-SESSION_ENVELOPE: Final = Envelope(
-    "session_compaction", 2, ("configuration", "stack"), older=((1, ("registry", "stack")),)
-)
-CONFIGURATION_FIELDS: Final = ("digest", "parameters")
+SESSION_FIELDS: Final = {1: ("registry", "stack"), 2: ("configuration", "stack")}
 
 
 class StackKindError(SnapshotError):
@@ -156,7 +152,7 @@ class StackState:
         """The whole state as one JSON-safe, kind-tagged, versioned dict."""
         state = self.state
         inner = state.to_dict() if isinstance(state, CompositionState) else record_state_to_dict(state)
-        return STACK_ENVELOPE.write({"strategy": self.kind, "state": inner, "gate": {"armed": self.armed}})
+        return {"kind": "stack", "version": 1, "strategy": self.kind, "state": inner, "gate": {"armed": self.armed}}
 
     @classmethod
     def from_dict(cls, data: object, *, kind: StackKind, keep_head_groups: int | None = None) -> StackState:
@@ -167,32 +163,45 @@ class StackState:
             SnapshotVersionError: It (or a state inside it) was written by a newer schema.
             SnapshotError: It is malformed; the message names the field.
         """
-        fields = STACK_ENVELOPE.read(data)
-        stored = fields.value("strategy")
+        fields = opened("stack", (1,), data, STACK_FIELDS)
+        stored = fields["strategy"]
         if stored not in STACK_KINDS:
-            raise fields.error("strategy", f"must be one of {', '.join(STACK_KINDS)}, got {stored!r}")
+            raise error("strategy", f"must be one of {', '.join(STACK_KINDS)}, got {stored!r}")
         if stored != kind:
             raise StackKindError(str(stored), kind)
-        armed = fields.mapping("gate", ("armed",)).flag("armed")
-        inner = fields.value("state")
+        gate = inner(fields, "gate")
+        armed: bool = convert(gate, _Gate, "gate").armed
+        state = fields["state"]
         if kind == "composition":
-            return cls(kind, CompositionState.from_dict(inner, keep_head_groups=keep_head_groups), armed)
-        return cls(kind, record_state_from_dict(inner, keep_head_groups=keep_head_groups), armed)
+            return cls(kind, CompositionState.from_dict(state, keep_head_groups=keep_head_groups), armed)
+        return cls(kind, record_state_from_dict(state, keep_head_groups=keep_head_groups), armed)
+
+
+@dataclass(frozen=True, slots=True)
+class _Gate:
+    armed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Configuration:
+    digest: Text
+    parameters: dict[str, str | int | float | bool | None]
 
 
 def record_state_to_dict(state: RecordState) -> dict[str, object]:
     """The record strategy's one state value (decisions, fallback, recall protocol) as a JSON-safe dict."""
-    return RECORD_STATE_ENVELOPE.write(record_state_fields(state))
+    return {"kind": "record_state", "version": 1, **record_state_fields(state)}
 
 
 def record_state_from_dict(data: object, *, keep_head_groups: int | None = None) -> RecordState:
     """Read :func:`record_state_to_dict`'s output strictly (``SnapshotError`` naming the field)."""
-    return record_state_from_fields(RECORD_STATE_ENVELOPE.read(data), keep_head_groups=keep_head_groups)
+    fields = opened("record_state", (1,), data, RECORD_STATE_FIELDS)
+    return record_state_from_fields(fields, keep_head_groups=keep_head_groups)
 
 
 def session_entry_to_dict(configuration: StackConfiguration, stack: Mapping[str, object]) -> dict[str, object]:
     """What a registry stores in a session: the stack's dict and the fingerprint of the configuration that wrote it."""
-    return SESSION_ENVELOPE.write({"configuration": configuration.to_dict(), "stack": dict(stack)})
+    return {"kind": "session_compaction", "version": 2, "configuration": configuration.to_dict(), "stack": dict(stack)}
 
 
 def session_entry_from_dict(data: object) -> tuple[StackConfiguration | None, Mapping[str, object]]:
@@ -200,26 +209,25 @@ def session_entry_from_dict(data: object) -> tuple[StackConfiguration | None, Ma
 
     The configuration is ``None`` for a version 1 entry, which named its writer instead.
     """
-    fields = SESSION_ENVELOPE.read(data)
-    stack = fields.value("stack")
-    if not isinstance(stack, Mapping):
-        raise fields.error("stack", f"must be an object, got {type(stack).__name__}")
-    if fields.version == 1:
-        fields.text("registry")
-        return None, cast("Mapping[str, object]", stack)
-    configuration = fields.mapping("configuration", CONFIGURATION_FIELDS)
-    parameters = configuration.value("parameters")
+    version = cast("Mapping[str, object]", data).get("version") if isinstance(data, Mapping) else None
+    fields = opened("session_compaction", (1, 2), data, SESSION_FIELDS.get(cast("int", version), ()))
+    stack = inner(fields, "stack")
+    if version == 1:
+        convert(fields["registry"], Text, "registry")
+        return None, stack
+    raw = inner(fields, "configuration")
+    stored = convert(raw, _Configuration, "configuration")
+    parameters = stored.parameters
     if not is_parameters(parameters):
-        raise configuration.error("parameters", "must be an object of parameter names to JSON scalars")
+        raise error("configuration.parameters", "must be an object of parameter names to JSON scalars")
     try:
         found = StackConfiguration.of(cast("Parameters", parameters))
-    except ValueError as error:  # a non-finite number: not JSON
-        raise configuration.error("parameters", f"must hold JSON scalars only: {error}") from error
-    stored_digest = configuration.text("digest")
-    if stored_digest != found.digest:
+    except ValueError as failure:  # a non-finite number: not JSON
+        raise error("configuration.parameters", f"must hold JSON scalars only: {failure}") from failure
+    if stored.digest != found.digest:
         # The digest is compared first when a registry checks an entry: one that does not match its
         # parameters would let an entry of another configuration through.
-        raise configuration.error(
-            "digest", f"must be the digest of the parameters ({found.digest}), got {stored_digest!r}"
+        raise error(
+            "configuration.digest", f"must be the digest of the parameters ({found.digest}), got {stored.digest!r}"
         )
-    return found, cast("Mapping[str, object]", stack)
+    return found, stack
