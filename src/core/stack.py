@@ -210,7 +210,7 @@ def session_entry_from_dict(data: object) -> tuple[StackConfiguration | None, Ma
     The configuration is ``None`` for a version 1 entry, which named its writer instead.
     """
     version = cast("Mapping[str, object]", data).get("version") if isinstance(data, Mapping) else None
-    fields = opened("session_compaction", (1, 2), data, SESSION_FIELDS.get(cast("int", version), ()))
+    fields = opened("session_compaction", (1, 2), cast("object", data), SESSION_FIELDS.get(cast("int", version), ()))
     stack = inner(fields, "stack")
     if version == 1:
         convert(fields["registry"], Text, "registry")
