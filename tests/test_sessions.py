@@ -548,7 +548,7 @@ async def test_every_phase_reads_the_session_even_when_its_stack_is_cached() -> 
     # The same through the gate alone: an armed permission written by one phase is withdrawn by the session.
     with registry.phase(session) as stack:
         stack.gate.arm()
-    assert session.state[KEY]["stack"]["gate"] == {"armed": True}
+    assert session.state[KEY]["stack"]["state"]["recall"]["armed"] is True
     session.state[KEY] = older
     with registry.phase(session) as stack:
         assert not stack.gate.armed
@@ -733,8 +733,8 @@ def _mutations() -> list[tuple[str, Callable[[dict[str, Any]], object], str]]:
         ("stack-not-object", put([], "stack"), "stack"),
         ("unknown-field", put(1, "extra"), "'extra'"),
         ("unknown-strategy", put("anchored", "stack", "strategy"), "'strategy'"),
-        ("gate-not-bool", put("yes", "stack", "gate", "armed"), "armed"),
-        ("no-gate", drop("stack", "gate"), "'gate' is missing"),
+        ("gate-not-bool", put("yes", "stack", "state", "recall", "armed"), "armed"),
+        ("no-gate", drop("stack", "state", "recall", "armed"), "'armed' is missing"),
         ("no-recall", drop("stack", "state", "recall"), "'recall' is missing"),
         ("negative-count", put(-1, "stack", "state", "recall", "ignored_streak"), "ignored_streak"),
         ("wrong-kind", put("composition", "stack", "kind"), "expected a 'stack' snapshot"),
@@ -821,7 +821,7 @@ async def test_provider_middleware_and_tool_phases_each_write_the_session() -> N
     recall = make_session_recall_tool(registry)
     invocation = FunctionInvocationContext(recall, {"values": "lookup: code=XR-7"}, session=session)
     await recall.invoke(arguments={"values": "lookup: code=XR-7"}, context=invocation)
-    assert session.state[KEY]["stack"]["gate"] == {"armed": False}
+    assert session.state[KEY]["stack"]["state"]["recall"]["armed"] is False
 
 
 async def test_a_middleware_phase_that_raises_writes_what_it_decided() -> None:
@@ -1016,7 +1016,7 @@ async def test_the_tool_spends_the_gate_of_the_injected_session_only() -> None:
 
 
 def session_armed(session: AgentSession) -> bool:
-    return bool(session.state[KEY]["stack"]["gate"]["armed"])
+    return bool(session.state[KEY]["stack"]["state"]["recall"]["armed"])
 
 
 async def test_each_hook_works_on_the_session_it_is_handed() -> None:

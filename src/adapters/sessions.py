@@ -169,8 +169,8 @@ class CompactionStack:
         """The stack's whole behavioural state (an immutable value)."""
         strategy = self._strategy
         if isinstance(strategy, ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy):
-            return StackState("composition", strategy.decision_state(), self._gate.armed)
-        return StackState("records", strategy.state_cell.value, self._gate.armed)
+            return StackState.of("composition", strategy.decision_state(), self._gate.armed)
+        return StackState.of("records", strategy.state_cell.value, self._gate.armed)
 
     def restore(self, state: StackState) -> None:
         """Continue from ``state``; the next pass checks it against its history.

@@ -27,10 +27,11 @@ re-force ask lives in its decisions), and persisted with them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Final, Literal, TypeAlias
+from typing import Final, Literal, TypeAlias, cast
 
-from .envelope import Count, Schema
+from .envelope import Count, Schema, opened
 from .grouping import Grouping
 
 #: Consecutive pinned responses without a recall call after which pinning stops.
@@ -93,6 +94,8 @@ class RecallState:
         pin_disabled: The provider ignored two pins in a row, or a forced request failed:
             no more pins for this conversation (the verdict describes the provider).
         seen: What the last :class:`HistorySeen` reported (for the ``record_due`` preview).
+        armed: The recall gate's one-shot permission to record (the middleware arms it for a
+            pinned request; the recall tool spends it). Version 1 kept it beside the state.
     """
 
     next_pin: PinKind | None = None
@@ -101,9 +104,10 @@ class RecallState:
     ignored_streak: Count = 0
     pin_disabled: bool = False
     seen: RecallStatus | None = None
+    armed: bool = False
 
 
-RECALL_SCHEMA: Final = Schema("recall", 1, RecallState)
+RECALL_SCHEMA: Final = Schema("recall", 2, RecallState, older=(1,))
 
 
 def recall_to_dict(state: RecallState) -> dict[str, object]:
@@ -112,8 +116,18 @@ def recall_to_dict(state: RecallState) -> dict[str, object]:
 
 
 def recall_from_dict(data: object) -> RecallState:
-    """Read :func:`recall_to_dict`'s output strictly (``SnapshotError`` naming the field)."""
-    return RECALL_SCHEMA.read(data)
+    """Read :func:`recall_to_dict`'s output strictly (``SnapshotError`` naming the field).
+
+    A version-1 state has no ``armed``: the gate's permission was stored beside it (the
+    stack reader puts it back in).
+    """
+    stored = cast("Mapping[str, object]", data) if isinstance(data, Mapping) else None
+    if stored is not None and stored.get("version") == 1:
+        return RECALL_SCHEMA.read({**opened("recall", (1,), stored, _RECALL_V1_FIELDS), "version": 2, "armed": False})
+    return RECALL_SCHEMA.read(cast("object", data))
+
+
+_RECALL_V1_FIELDS: Final = ("next_pin", "in_flight", "awaiting_record", "ignored_streak", "pin_disabled", "seen")
 
 
 # -- events -----------------------------------------------------------------------------------

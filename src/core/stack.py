@@ -6,10 +6,13 @@ and the recall middleware. Every decision of the stack lives in one state value 
 strategy's, which holds the recall protocol's state too) plus the gate's one-shot
 permission, so the stack's whole behavioural state is::
 
-    {"kind": "stack", "version": 1,
+    {"kind": "stack", "version": 2,
      "strategy": "records" | "composition",   # which state "state" is
-     "state": {...},                          # a "record_state" or a "composition" snapshot
-     "gate": {"armed": false}}                # the gate's one-shot permission
+     "state": {...}}                          # a "record_state" or a "composition" snapshot
+
+The gate's one-shot permission is part of the recall protocol's state
+(``state.recall.armed``), so the one value carries everything. Version 1 stored it beside
+the state (``"gate": {"armed": ...}``); it is still read.
 
 A session stores it under its registry's key inside one more envelope that carries the
 fingerprint of the configuration that wrote it (:class:`StackConfiguration`,
@@ -27,7 +30,7 @@ builder makes raises :class:`StackKindError` naming both kinds.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, Literal, cast
 
 from .composition import CompositionState
@@ -39,7 +42,7 @@ from .records import RECORD_STATE_FIELDS, RecordState, record_state_fields, reco
 StackKind = Literal["records", "composition"]
 STACK_KINDS: Final[tuple[StackKind, ...]] = ("records", "composition")
 
-STACK_FIELDS: Final = ("strategy", "state", "gate")
+STACK_FIELDS: Final = {1: ("strategy", "state", "gate"), 2: ("strategy", "state")}
 #: Version 1 named the writing registry instance instead of its configuration; it is still read (unchecked).
 SESSION_FIELDS: Final = {1: ("registry", "stack"), 2: ("configuration", "stack")}
 
@@ -131,50 +134,70 @@ def _shown(value: Scalar) -> str:
 
 @dataclass(frozen=True, slots=True)
 class StackState:
-    """A stack's whole behavioural state.
+    """A stack's whole behavioural state: one value (the gate's permission is in its recall state).
 
     Attributes:
         kind: Which strategy the state belongs to.
-        state: The strategy's one state value (the recall protocol's state is inside it).
-        armed: The gate's one-shot permission to record.
+        state: The strategy's one state value (the recall protocol's state, the gate's
+            permission included, is inside it).
     """
 
     kind: StackKind
     state: RecordState | CompositionState
-    armed: bool = False
 
     def __post_init__(self) -> None:
         actual: StackKind = "composition" if isinstance(self.state, CompositionState) else "records"
         if self.kind != actual:
             raise ValueError(f"kind must name the state's strategy ({actual!r}), got {self.kind!r}")
 
+    @classmethod
+    def of(cls, kind: StackKind, state: RecordState | CompositionState, armed: bool) -> StackState:
+        """The stack state with the gate's permission set to ``armed``."""
+        return cls(kind, with_armed(state, armed))
+
+    @property
+    def armed(self) -> bool:
+        """The gate's one-shot permission to record (``recall.armed`` of the state)."""
+        state = self.state
+        return (state.records if isinstance(state, CompositionState) else state).recall.armed
+
     def to_dict(self) -> dict[str, object]:
         """The whole state as one JSON-safe, kind-tagged, versioned dict."""
         state = self.state
         inner = state.to_dict() if isinstance(state, CompositionState) else record_state_to_dict(state)
-        return {"kind": "stack", "version": 1, "strategy": self.kind, "state": inner, "gate": {"armed": self.armed}}
+        return {"kind": "stack", "version": 2, "strategy": self.kind, "state": inner}
 
     @classmethod
     def from_dict(cls, data: object, *, kind: StackKind, keep_head_groups: int | None = None) -> StackState:
-        """Read :meth:`to_dict`'s output strictly into a stack of ``kind``.
+        """Read :meth:`to_dict`'s output strictly into a stack of ``kind`` (version 1 too).
 
         Raises:
             StackKindError: The snapshot holds another kind of stack.
             SnapshotVersionError: It (or a state inside it) was written by a newer schema.
             SnapshotError: It is malformed; the message names the field.
         """
-        fields = opened("stack", (1,), data, STACK_FIELDS)
+        version = cast("Mapping[str, object]", data).get("version") if isinstance(data, Mapping) else None
+        fields = opened("stack", (1, 2), cast("object", data), STACK_FIELDS.get(cast("int", version), ()))
         stored = fields["strategy"]
         if stored not in STACK_KINDS:
             raise error("strategy", f"must be one of {', '.join(STACK_KINDS)}, got {stored!r}")
         if stored != kind:
             raise StackKindError(str(stored), kind)
-        gate = inner(fields, "gate")
-        armed: bool = convert(gate, _Gate, "gate").armed
         state = fields["state"]
         if kind == "composition":
-            return cls(kind, CompositionState.from_dict(state, keep_head_groups=keep_head_groups), armed)
-        return cls(kind, record_state_from_dict(state, keep_head_groups=keep_head_groups), armed)
+            value: RecordState | CompositionState = CompositionState.from_dict(state, keep_head_groups=keep_head_groups)
+        else:
+            value = record_state_from_dict(state, keep_head_groups=keep_head_groups)
+        if version == 1:  # the gate's permission was stored beside the state
+            return cls.of(kind, value, convert(inner(fields, "gate"), _Gate, "gate").armed)
+        return cls(kind, value)
+
+
+def with_armed(state: RecordState | CompositionState, armed: bool) -> RecordState | CompositionState:
+    """``state`` with the gate's one-shot permission (``recall.armed``) set to ``armed``."""
+    if isinstance(state, CompositionState):
+        return replace(state, records=replace(state.records, recall=replace(state.records.recall, armed=armed)))
+    return replace(state, recall=replace(state.recall, armed=armed))
 
 
 @dataclass(frozen=True, slots=True)
