@@ -60,7 +60,7 @@ from . import anchored, records, user_summaries
 from .anchored import AnchoredConfig, Report
 from .checks import require_int
 from .counting import MESSAGE_OVERHEAD_TOKENS
-from .effects import Request, Summarize, identity
+from .effects import Request, Summarize, answered, identity, remember
 from .envelope import Count, Positive, Text, convert, distinct, error, inner, opened
 from .errors import CompactionBudgetExceeded, SnapshotError
 from .grouping import Grouping, regroup
@@ -593,12 +593,11 @@ def absorb(state: CompositionState, answers: Sequence[tuple[Request, str | None]
     chain = state.chain
     for request, text in mine:
         assert isinstance(request, Summarize)
-        clean = text.strip() if isinstance(text, str) and text.strip() else None
-        kind: ReplacementKind = _CHAIN_KINDS[request.kind]
-        turns = None if clean is not None else request.turns  # a failure stands for this conversation state
-        judged = Replacement(request.identity, request.sources, clean, request.summary_id, kind, turns)
-        kept = tuple(r for r in chain.replacements if r.identity != request.identity)
-        chain = replace(chain, replacements=(*kept, judged))
+        a = answered(request, text)
+        judged = Replacement(
+            a.identity, request.sources, a.text, request.summary_id, _CHAIN_KINDS[request.kind], a.turns
+        )
+        chain = replace(chain, replacements=remember(chain.replacements, judged))
     return replace(state, users=user_summaries.absorb(state.users, others) if others else state.users, chain=chain)
 
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Literal, Protocol, TypeAlias, TypeVar
 
 from .envelope import Count, Positive, Text
 
@@ -75,6 +76,14 @@ class DescribeMedia:
 Request: TypeAlias = Summarize | DescribeMedia
 
 
+class _Keyed(Protocol):
+    @property
+    def identity(self) -> str: ...
+
+
+A = TypeVar("A", bound=_Keyed)
+
+
 @dataclass(frozen=True, slots=True)
 class Answer:
     """What came back for a request.
@@ -100,3 +109,17 @@ class Answer:
     def stands(self, turns: int) -> bool:
         """The answer applies to a conversation with ``turns`` user turns."""
         return self.text is not None or self.turns is None or self.turns >= turns
+
+
+def answered(request: Request, text: str | None) -> Answer:
+    """The answer to ``request``: blank text is a failure, dated by the request's turns."""
+    clean = text.strip() if isinstance(text, str) and text.strip() else None
+    turns = None if clean is not None else request.turns  # a failure stands for this conversation state
+    if isinstance(request, DescribeMedia):
+        return Answer(request.identity, clean, turns=turns)
+    return Answer(request.identity, clean, summary_id=request.summary_id, sources=request.sources, turns=turns)
+
+
+def remember(table: Sequence[A], answer: A) -> tuple[A, ...]:
+    """``table`` (keyed by request identity, oldest first) with ``answer`` replacing the one it supersedes, newest."""
+    return (*(a for a in table if a.identity != answer.identity), answer)

@@ -47,7 +47,7 @@ from returns.result import Success
 
 from .checks import is_number, require_bool, require_int
 from .counting import MESSAGE_OVERHEAD_TOKENS
-from .effects import Answer, DescribeMedia, Request, Summarize, identity
+from .effects import Answer, DescribeMedia, Request, Summarize, answered, identity, remember
 from .model import MEDIA_KINDS, History, MessageRecord, Part
 from .protocol import Done, Needs, StepResult, sent_tokens
 from .user_snapshot import UserSummarySnapshot
@@ -656,37 +656,21 @@ def absorb(state: UserSummarySnapshot, answers: Sequence[tuple[Request, str | No
     ``remembered_requests`` when it is done, oldest first; descriptions are kept.
     """
     snapshot = state
-    kept = list(snapshot.answers)
-    descriptions = list(snapshot.descriptions)
+    kept, descriptions = snapshot.answers, snapshot.descriptions
     compactions, folds = snapshot.compactions, snapshot.folds
     for request, text in answers:
-        clean = text.strip() if isinstance(text, str) and text.strip() else None
-        if isinstance(request, Summarize):
-            kept = [a for a in kept if a.identity != request.identity]
-            kept.append(
-                Answer(
-                    request.identity,
-                    clean,
-                    summary_id=request.summary_id,
-                    sources=request.sources,
-                    turns=None if clean is not None else request.turns,
-                )
-            )
-            if clean is not None:
-                number = _suffix(request.summary_id)
-                if request.kind == "fold":
-                    folds = max(folds, number + 1)
-                else:
-                    compactions = max(compactions, number + 1)
-        else:
-            descriptions = [d for d in descriptions if d.identity != request.identity]
-            descriptions.append(Answer(request.identity, clean, turns=None if clean is not None else request.turns))
-    return UserSummarySnapshot(
-        answers=tuple(kept),
-        descriptions=tuple(descriptions),
-        compactions=compactions,
-        folds=folds,
-    )
+        answer = answered(request, text)
+        if isinstance(request, DescribeMedia):
+            descriptions = remember(descriptions, answer)
+            continue
+        kept = remember(kept, answer)
+        if answer.text is not None:
+            number = _suffix(request.summary_id)
+            if request.kind == "fold":
+                folds = max(folds, number + 1)
+            else:
+                compactions = max(compactions, number + 1)
+    return UserSummarySnapshot(answers=kept, descriptions=descriptions, compactions=compactions, folds=folds)
 
 
 def _suffix(summary_id: str) -> int:
