@@ -15,20 +15,24 @@ decision nobody made, on both lists and on every replica. So every reader refuse
 snapshot with a :class:`SnapshotError` that names the field path, e.g.
 ``snapshot field 'ask.targets': duplicate position 3``.
 
-Usage, for a new kind of state::
+Usage, for a new kind of state: declare the value once, as a frozen dataclass whose
+annotations carry the constraints, and give it a :class:`Schema`::
 
-    RECALL = Envelope("recall", 1, ("ignored_streak", "pin_disabled"))
+    @dataclass(frozen=True, slots=True)
+    class RecallState:
+        ignored_streak: Count = 0
+        pin_disabled: bool = False
 
-    def to_dict(state) -> dict[str, object]:
-        return RECALL.write({"ignored_streak": state.ignored_streak, "pin_disabled": state.pin_disabled})
+    RECALL_SCHEMA = Schema("recall", 1, RecallState)
+    RECALL_SCHEMA.write(state)   # {"kind": "recall", "version": 1, "ignored_streak": 0, ...}
+    RECALL_SCHEMA.read(data)     # header, exactly the fields, types and ranges: msgspec
 
-    def from_dict(data) -> RecallState:
-        fields = RECALL.read(data)  # mapping, version, kind, and exactly these fields
-        return RecallState(fields.count("ignored_streak"), fields.flag("pin_disabled"))
-
-The field names are declared once, on the :class:`Envelope` (and for nested objects on
-:meth:`Fields.mapping` / :meth:`Fields.entries`), so missing and unknown fields are both
-refused when the object is opened: a reader cannot forget to refuse extras.
+Values stay dataclasses (not msgspec Structs) because logic code builds and
+``dataclasses.replace``s them everywhere; msgspec reads and writes them through a Struct
+derived from their annotations (:func:`wire`), so no field name is written twice.
+Composite envelopes that nest other envelopes open them with :func:`opened` and read each
+nested value with its own reader; consistency checks a type cannot state (distinct
+positions, watermarks) stay beside each value, raising :func:`error`.
 """
 
 from __future__ import annotations
