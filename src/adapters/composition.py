@@ -25,6 +25,7 @@ from ..core.effects import Request, Summarize
 from ..core.errors import CompactionBudgetExceeded
 from ..core.model import History
 from ..core.records import RecordConfig, RecordState
+from ..core.settle import settle
 from .anchored import AnchoredCompactionStrategy, log_anchored
 from .counting import Tokenizer
 from .loop import CompactionAdapter, StateCell
@@ -53,10 +54,8 @@ class _ComposedCell(StateCell[CompositionState]):
 
     @value.setter
     def value(self, state: CompositionState) -> None:
-        # The recall protocol's state is the middleware's: a pass never changes it, and the
-        # middleware may have moved it while the pass awaited the summarizer.
-        current = self._records.value
-        self._records.value = replace(state.records, recall=current.recall)
+        # The middleware may have moved the shared state while the pass awaited the summarizer.
+        self._records.value = settle(state.records, self._records.value)
         self._own = state
 
 
