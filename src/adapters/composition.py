@@ -19,6 +19,7 @@ from agent_framework import Message
 from ..core import composition as core
 from ..core import records as records_core
 from ..core import user_summaries
+from ..core.anchored import DEFAULT_MIN_GAIN_FRACTION
 from ..core.checks import require_fraction
 from ..core.composition import CompositionConfig, CompositionReport, CompositionState, OverflowPolicy
 from ..core.effects import Request, Summarize
@@ -173,7 +174,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         user_trigger_fraction: float | None = None,
         harder_attempts: int = 2,
         merge_prompt: str | None = None,
-        chain_gain_fraction: float = 0.29,
+        chain_gain_fraction: float = DEFAULT_MIN_GAIN_FRACTION,
         overflow_policy: OverflowPolicy = "shed",
     ) -> None:
         if not isinstance(tool_results, ToolResultAnchoredSummarizationCompactionStrategy):

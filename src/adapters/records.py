@@ -53,6 +53,11 @@ class Reforce:
         """The conversation's state, owned by the strategy."""
         return self._strategy.state_cell
 
+    @property
+    def config(self) -> RecordConfig:
+        """The strategy's parameters (the middleware that shares the state checks its budget and trigger)."""
+        return self._strategy.config
+
     def __call__(self) -> bool:
         """Take the outstanding ask for one pinned request: True once per ask."""
         cell = self.cell
@@ -248,7 +253,7 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
 
         A middleware given :attr:`take_reforce` itself shares the state already.
         """
-        recall.share(self._cell)
+        recall.share(self._cell, self._config)
 
     def record_due(self) -> bool:
         """Is a record outstanding or about to be asked for? (Consumes nothing.)
