@@ -1,7 +1,7 @@
 """``ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy``: both halves and a last-resort chain.
 
 A thin adapter over :mod:`maf_compaction.core.composition` on the generic shell loop.
-The record half's state stays in the record half's :class:`~.loop.StateCell` (the
+The record half's state stays in the record half's :class:`~.connection.Connection` (the
 recall middleware wired to its ``take_reforce`` shares it); the composition's cell
 reads and writes that value together with the user half's answers and the chain's own
 decisions, so one value describes the conversation.
@@ -28,18 +28,19 @@ from ..core.model import History
 from ..core.records import RecordConfig, RecordState
 from ..core.settle import settle
 from .anchored import AnchoredCompactionStrategy, log_anchored
+from .connection import Connection
 from .counting import Tokenizer
-from .loop import CompactionAdapter, StateCell
+from .loop import CompactionAdapter
 from .records import ToolResultAnchoredSummarizationCompactionStrategy
 from .user_summaries import UserTurnAnchoredSummarizationCompactionStrategy
 
 logger = logging.getLogger("maf_compaction")
 
 
-class _ComposedCell(StateCell[CompositionState]):
+class _ComposedCell(Connection[CompositionState]):
     """The composition's state: the record half's cell plus the user half's and the chain's values."""
 
-    def __init__(self, records: StateCell[RecordState]) -> None:
+    def __init__(self, records: Connection[RecordState]) -> None:
         self._records = records
         self._own = CompositionState(records=records.value)
         super().__init__(self._own)

@@ -54,10 +54,10 @@ from ..core.records import (
     recall_status,
     reforce_due,
 )
+from .connection import Connection, Reforce
 from .convert import RecordCache
 from .counting import Tokenizer, as_estimator
-from .loop import NOTE_KIND, StateCell
-from .records import Reforce
+from .loop import NOTE_KIND
 
 logger = logging.getLogger("maf_compaction")
 
@@ -283,8 +283,6 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         require_tokenizer("tokenizer", tokenizer)
         self._max_input_tokens = max_input_tokens
         self._trigger_fraction = float(trigger_fraction)
-        if isinstance(reforce, Reforce):
-            self._agree(reforce.config)
         self._rule = PinRule(
             trigger_tokens=int(max_input_tokens * trigger_fraction),
             max_groups_before_record=max_groups_before_record,
@@ -294,10 +292,13 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         )
         self._arm = arm
         self._disarm = disarm
-        # The strategy's own take_reforce carries its state: share it (no callbacks). Any
+        # The strategy's own take_reforce carries its connection: share it (no callbacks). Any
         # other callable is the host's: it is called once per decision, as documented.
-        self._reforce = None if isinstance(reforce, Reforce) else reforce
-        self._cell: StateCell[RecordState] = reforce.cell if isinstance(reforce, Reforce) else StateCell(RecordState())
+        self._reforce = reforce
+        self._cell: Connection[RecordState] = Connection(RecordState())
+        if isinstance(reforce, Reforce):
+            self._agree(reforce.config)
+            self._reforce, self._cell = None, reforce.connection
         self._records = RecordCache(as_estimator(tokenizer).parts)
         self._grouping: Grouping | None = None  # the last status's grouping: a memo, never a decision
         self._session_id: str | None = None
@@ -320,7 +321,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
                     f"the middleware got {ours!r}"
                 )
 
-    def share(self, cell: StateCell[RecordState], config: RecordConfig | None = None) -> None:
+    def share(self, cell: Connection[RecordState], config: RecordConfig | None = None) -> None:
         """Read and write ``cell`` (a record strategy's state) from now on; see ``bind_recall``."""
         if config is not None:
             self._agree(config)
@@ -329,7 +330,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         )
         self._cell = cell
 
-    def shares(self, cell: StateCell[RecordState]) -> bool:
+    def shares(self, cell: Connection[RecordState]) -> bool:
         """Whether this middleware reads and writes ``cell`` (a record strategy's state)."""
         return self._cell is cell
 
