@@ -61,3 +61,21 @@ def test_a_reforce_take_while_a_composed_pass_awaits_the_summarizer_is_kept() ->
         assert records.decision_state().ask == taken.ask
 
     asyncio.run(scenario())
+
+
+def test_the_settle_rule_keeps_both_sides_changes() -> None:
+    """The pure rule: the recall state is the middleware's; decisions are the pass's, a take of the same ask kept."""
+    from maf_compaction.core.record_decisions import Ask, RecordDecisions
+    from maf_compaction.core.records import RecordState
+    from maf_compaction.core.settle import settle
+
+    ask = Ask(targets=(3, 4), records_at_ask=1, responses_at_ask=5)
+    passed = RecordState(decisions=RecordDecisions(settled=(1,), ask=ask))
+    taken = RecordState(decisions=RecordDecisions(ask=replace(ask, taken=True)), recall=RecallState(next_pin="reforce"))
+    settled = settle(passed, taken)
+    assert settled.decisions == RecordDecisions(settled=(1,), ask=replace(ask, taken=True))
+    assert settled.recall == RecallState(next_pin="reforce")
+    other = replace(ask, targets=(5,))
+    assert settle(replace(passed, decisions=RecordDecisions(ask=other)), taken).decisions.ask == other, "a new ask"
+    assert settle(RecordState(), taken).decisions.ask is None, "the pass ended the ask"
+    assert settle(passed, RecordState()) == passed, "nothing happened meanwhile"
