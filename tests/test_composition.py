@@ -9,7 +9,7 @@ layers whose model is a script, see ``test_user_summaries``). Tokens are counted
 framework's ``CharacterEstimatorTokenizer``.
 
 The recall protocol's decision to pin the next request lives in the state the record half
-shares with the recall middleware (its ``StateCell``); tests that need a record *due*
+shares with the recall middleware (its ``Connection``); tests that need a record *due*
 without a model call write that decision into the cell, as the middleware does.
 """
 

@@ -475,11 +475,11 @@ class RecordStrategy:
 
 def test_the_strategys_take_reforce_shares_its_state_and_a_wrapper_shares_it_on_bind() -> None:
     """No introspection: the strategy's ``take_reforce`` carries its state; a host's wrapper is bound explicitly."""
-    strategy = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=HUGE, tokenizer=TOKENIZER)
+    strategy = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=1_000, tokenizer=TOKENIZER)
     recall = _middleware(reforce=strategy.take_reforce)
     assert recall._cell is strategy.state_cell  # pyright: ignore[reportPrivateUsage]
 
-    other = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=HUGE, tokenizer=TOKENIZER)
+    other = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=1_000, tokenizer=TOKENIZER)
 
     def wrapper() -> bool:  # not the strategy's own take_reforce: nothing is shared until the host binds
         return other.take_reforce()
@@ -488,6 +488,30 @@ def test_the_strategys_take_reforce_shares_its_state_and_a_wrapper_shares_it_on_
     assert wrapped._cell is not other.state_cell  # pyright: ignore[reportPrivateUsage]
     other.bind_recall(wrapped)
     assert wrapped._cell is other.state_cell  # pyright: ignore[reportPrivateUsage]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"max_input_tokens": 2_000}, r"max_input_tokens.*1000.*2000"),
+        ({"trigger_fraction": 0.5}, r"trigger_fraction.*0\.6.*0\.5"),
+    ],
+)
+def test_a_middleware_must_share_the_budget_and_trigger_of_the_strategy_it_serves(
+    overrides: dict[str, Any], named: str
+) -> None:
+    """Its trigger decides when the strategy's record is asked for: another budget or trigger is a wiring error."""
+    strategy = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=1_000, tokenizer=TOKENIZER)
+    with pytest.raises(ValueError, match=named):
+        _middleware(reforce=strategy.take_reforce, **overrides)
+
+    def wrapper() -> bool:  # a host's callable: nothing is shared until the host binds
+        return strategy.take_reforce()
+
+    wrapped = _middleware(reforce=wrapper, **overrides)
+    with pytest.raises(ValueError, match=named):
+        strategy.bind_recall(wrapped)
+    _middleware(reforce=strategy.take_reforce, trigger_fraction=strategy.trigger_fraction)  # agreeing: fine
 
 
 # --- where the middleware runs ---------------------------------------------------------------

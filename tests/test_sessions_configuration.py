@@ -94,6 +94,8 @@ def builder(summarizer: Any = None, **changes: Any) -> Callable[[], CompactionSt
             keep_tail_groups=p["tail"],
             coverage_share=p["coverage"],
             fallback=fallback,
+            # The middleware shares the record half's trigger (another one is refused at construction).
+            **({} if p["pin_trigger"] is None else {"trigger_fraction": p["pin_trigger"]}),
         )
         strategy: Any = records
         if fallback is None:
@@ -118,7 +120,7 @@ def builder(summarizer: Any = None, **changes: Any) -> Callable[[], CompactionSt
             tokenizer=p["tokenizer"],
             arm=gate.arm,
             disarm=gate.disarm,
-            trigger_fraction=p["pin_trigger"] or records.trigger_fraction,
+            trigger_fraction=records.trigger_fraction,
             reforce=records.take_reforce,
         )
         return CompactionStack(strategy, gate, recall)

@@ -1,7 +1,7 @@
 """``ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy``: both halves and a last-resort chain.
 
 A thin adapter over :mod:`maf_compaction.core.composition` on the generic shell loop.
-The record half's state stays in the record half's :class:`~.loop.StateCell` (the
+The record half's state stays in the record half's :class:`~.connection.Connection` (the
 recall middleware wired to its ``take_reforce`` shares it); the composition's cell
 reads and writes that value together with the user half's answers and the chain's own
 decisions, so one value describes the conversation.
@@ -19,25 +19,28 @@ from agent_framework import Message
 from ..core import composition as core
 from ..core import records as records_core
 from ..core import user_summaries
+from ..core.anchored import DEFAULT_MIN_GAIN_FRACTION
 from ..core.checks import require_fraction
 from ..core.composition import CompositionConfig, CompositionReport, CompositionState, OverflowPolicy
 from ..core.effects import Request, Summarize
 from ..core.errors import CompactionBudgetExceeded
 from ..core.model import History
 from ..core.records import RecordConfig, RecordState
+from ..core.settle import settle
 from .anchored import AnchoredCompactionStrategy, log_anchored
+from .connection import Connection
 from .counting import Tokenizer
-from .loop import CompactionAdapter, StateCell
+from .loop import CompactionAdapter
 from .records import ToolResultAnchoredSummarizationCompactionStrategy
 from .user_summaries import UserTurnAnchoredSummarizationCompactionStrategy
 
 logger = logging.getLogger("maf_compaction")
 
 
-class _ComposedCell(StateCell[CompositionState]):
+class _ComposedCell(Connection[CompositionState]):
     """The composition's state: the record half's cell plus the user half's and the chain's values."""
 
-    def __init__(self, records: StateCell[RecordState]) -> None:
+    def __init__(self, records: Connection[RecordState]) -> None:
         self._records = records
         self._own = CompositionState(records=records.value)
         super().__init__(self._own)
@@ -53,10 +56,8 @@ class _ComposedCell(StateCell[CompositionState]):
 
     @value.setter
     def value(self, state: CompositionState) -> None:
-        # The recall protocol's state is the middleware's: a pass never changes it, and the
-        # middleware may have moved it while the pass awaited the summarizer.
-        current = self._records.value
-        self._records.value = replace(state.records, recall=current.recall)
+        # The middleware may have moved the shared state while the pass awaited the summarizer.
+        self._records.value = settle(state.records, self._records.value)
         self._own = state
 
 
@@ -174,7 +175,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         user_trigger_fraction: float | None = None,
         harder_attempts: int = 2,
         merge_prompt: str | None = None,
-        chain_gain_fraction: float = 0.29,
+        chain_gain_fraction: float = DEFAULT_MIN_GAIN_FRACTION,
         overflow_policy: OverflowPolicy = "shed",
     ) -> None:
         if not isinstance(tool_results, ToolResultAnchoredSummarizationCompactionStrategy):

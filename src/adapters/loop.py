@@ -4,8 +4,8 @@ A strategy adapter supplies its config, its core (a module with ``step`` and ``a
 see :mod:`maf_compaction.core.protocol`), the effects it can perform and its public
 counters. Everything else is here, the same for every strategy:
 
-- The conversation's one state value lives in a :class:`StateCell` that the strategy
-  owns and its recall middleware shares (direct wiring: one conversation per instance).
+- The conversation's one state value lives in a :class:`~.connection.Connection` that the
+  strategy owns and its recall middleware shares (direct wiring: one conversation per instance).
 - The instance binds to the first conversation it sees and refuses another one loudly;
   concurrent passes on one instance are serialized, never interleaved.
 - Every message a pass newly excludes is named once per distinct set: a WARNING for
@@ -14,11 +14,9 @@ counters. Everything else is here, the same for every strategy:
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
 from agent_framework import Message
@@ -32,7 +30,8 @@ from ..core.ownership import provider_increment
 from ..core.protocol import CoreStrategy, Done, Needs, differs
 from .apply import apply
 from .base import ConfigT, ConfiguredStrategy
-from .convert import NOTE_KEY, WRITTEN_RECORD_KEY, RecordCache, is_injected, is_summary
+from .connection import STORE_FALSE_HINT, Connection
+from .convert import RecordCache
 from .counting import MediaTokenEstimator, Tokenizer, as_estimator
 
 logger = logging.getLogger("maf_compaction")
@@ -46,91 +45,6 @@ S = TypeVar("S")
 R = TypeVar("R")
 #: The excluded sets already named, per reason (most recent last; see ``CompactionAdapter.share_named``).
 NamedSets = OrderedDict[tuple[str, frozenset[str]], None]
-
-
-class StateCell(Generic[S]):
-    """The one state value of the conversation an instance serves, and who serves it.
-
-    A strategy owns its cell; the recall middleware wired to it shares the same cell,
-    so they read and write one value and never call into each other. ``value`` is an
-    immutable core value; only the shell replaces it.
-    """
-
-    def __init__(self, value: S) -> None:
-        self.value = value
-        self.conversation: tuple[str, ...] | None = None
-        #: The chat client keeps the conversation on the server: passes change nothing (said once).
-        self.provider_owned = False
-        self._lock: asyncio.Lock | None = None
-
-    @property
-    def lock(self) -> asyncio.Lock:
-        """Serializes passes on this conversation (created on first use, in the running loop)."""
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        return self._lock
-
-    def bind(self, messages: Sequence[Message], owner: str) -> None:
-        """Bind to the conversation ``messages`` belong to; refuse another one.
-
-        A conversation is known by its first few messages of history (each by its id, or a
-        digest of role and text when it has none), so a copy of the same conversation
-        (loaded copies, stored history, a deep copy, a restore) is the same conversation,
-        and two conversations that only share a system prompt or a templated first turn
-        are not. The known prefix grows with the conversation up to :data:`_KEY_MESSAGES`.
-        """
-        prefix = conversation_key(messages)
-        if not prefix:
-            return
-        bound = self.conversation
-        if bound is None:
-            self.conversation = prefix
-            return
-        shared = min(len(bound), len(prefix))
-        if prefix[:shared] == bound[:shared]:
-            if len(prefix) > len(bound):
-                self.conversation = prefix
-            return
-        present = {message_key(m) for m in messages}
-        if all(key in present for key in bound):  # our own inserts moved, nothing was lost
-            return
-        raise RuntimeError(
-            f"{owner} serves one conversation (starting {bound[0][:24]}...) but was called with another "
-            f"(starting {prefix[0][:24]}...): build one strategy (and middleware, gate) per conversation, or "
-            "serve many through the session registry. If this is one conversation, the chat client may keep it "
-            f"on the server and send only new messages: {STORE_FALSE_HINT}"
-        )
-
-
-#: The one setting that gives client-side compaction its history back.
-STORE_FALSE_HINT = (
-    "client-side compaction needs client-side history; build the agent with default_options={'store': False} "
-    "(the OpenAI Responses client stores history on the server unless store=False)"
-)
-
-#: How many first messages of history identify a conversation.
-_KEY_MESSAGES = 3
-
-
-def message_key(message: Message) -> str:
-    """A message's identity for conversation binding: its id, or a digest of role and text."""
-    if message.message_id:
-        return f"id:{message.message_id}"
-    digest = hashlib.sha256(f"{message.role}\x00{message.text}".encode()).hexdigest()
-    return f"sha256:{digest}"
-
-
-def conversation_key(messages: Iterable[Message]) -> tuple[str, ...]:
-    """The keys of the first messages of history (injected context and our own messages aside)."""
-    keys: list[str] = []
-    for message in messages:
-        props = message.additional_properties
-        if NOTE_KEY in props or WRITTEN_RECORD_KEY in props or is_summary(message) or is_injected(message):
-            continue
-        keys.append(message_key(message))
-        if len(keys) == _KEY_MESSAGES:
-            break
-    return tuple(keys)
 
 
 def describe(before: History, messages: Sequence[Message], origin: int) -> str:
@@ -163,7 +77,7 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
         self._estimator: MediaTokenEstimator = as_estimator(tokenizer)
         self._counter = self._estimator.parts
         self._records = RecordCache(self._counter, holds=holds)
-        self._cell: StateCell[S] = StateCell(state)
+        self._cell: Connection[S] = Connection(state)
         self._memo: object = None  # the last pass's memo: saves work, never decides
         self._restored = False  # the state came from outside: check it against the first history it meets
         self._named: NamedSets = OrderedDict()

@@ -33,6 +33,7 @@ from agent_framework import (
 )
 
 from ..core import recall as machine
+from ..core import records as records_core
 from ..core.checks import (
     require_bool,
     require_fraction,
@@ -44,19 +45,29 @@ from ..core.checks import (
 from ..core.errors import CompactionBudgetExceeded
 from ..core.grouping import Grouping
 from ..core.recall import PinKind, PinRule
-from ..core.records import RECALL_TOOL_NAME, RECORD_PREFIX, RecordState, on_recall, recall_status, reforce_due
+from ..core.records import (
+    RECALL_TOOL_NAME,
+    RECORD_PREFIX,
+    RecordConfig,
+    RecordState,
+    on_recall,
+    recall_status,
+    reforce_due,
+)
+from .connection import Connection, Reforce
 from .convert import RecordCache
 from .counting import Tokenizer, as_estimator
-from .loop import NOTE_KIND, StateCell
-from .records import Reforce
+from .loop import NOTE_KIND
 
 logger = logging.getLogger("maf_compaction")
 
 #: What the tool answers when nobody asked for a record: not a record (no marker).
 NOT_NEEDED_REPLY: Final = "No record is needed now: nothing was recorded and nothing was removed."
-DEFAULT_TARGET_TOKENS: Final = 2_000
+#: The record size the tool asks for: the record strategy's ``record_target_tokens`` default.
+DEFAULT_TARGET_TOKENS: Final = records_core.DEFAULT_RECORD_TARGET_TOKENS
 DEFAULT_RECORD_MAX_TOKENS: Final = 4_000
-DEFAULT_TRIGGER_FRACTION: Final = 0.6
+#: The record strategy's trigger: the middleware must share it.
+DEFAULT_TRIGGER_FRACTION: Final = records_core.DEFAULT_TRIGGER_FRACTION
 DEFAULT_MIN_GROUPS_BEFORE_REPEAT: Final = 4
 #: Exceptions that stop a run on purpose, or before the request was sent (a compaction pass that
 #: cannot fit the budget): they are never retried and never judged as the provider's.
@@ -235,9 +246,11 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         min_groups_before_repeat: New tool groups a further size-triggered record waits for.
         reforce: The record strategy's ``take_reforce``: the middleware then shares the
             strategy's state (its outstanding ask for uncovered groups, read without a
-            call). Any other callable returning True once per wanted record is called once
-            per decision (never for the :meth:`record_due` preview); a host that wraps
-            ``take_reforce`` calls ``strategy.bind_recall(middleware)`` to share the state.
+            call), and its ``max_input_tokens`` and ``trigger_fraction`` must be the
+            strategy's (another value raises ``ValueError`` naming both). Any other
+            callable returning True once per wanted record is called once per decision
+            (never for the :meth:`record_due` preview); a host that wraps ``take_reforce``
+            calls ``strategy.bind_recall(middleware)`` to share the state.
 
     Raises:
         ValueError: A parameter is outside its range (the message names it).
@@ -279,10 +292,13 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         )
         self._arm = arm
         self._disarm = disarm
-        # The strategy's own take_reforce carries its state: share it (no callbacks). Any
+        # The strategy's own take_reforce carries its connection: share it (no callbacks). Any
         # other callable is the host's: it is called once per decision, as documented.
-        self._reforce = None if isinstance(reforce, Reforce) else reforce
-        self._cell: StateCell[RecordState] = reforce.cell if isinstance(reforce, Reforce) else StateCell(RecordState())
+        self._reforce = reforce
+        self._cell: Connection[RecordState] = Connection(RecordState())
+        if isinstance(reforce, Reforce):
+            self._agree(reforce.config)
+            self._reforce, self._cell = None, reforce.connection
         self._records = RecordCache(as_estimator(tokenizer).parts)
         self._grouping: Grouping | None = None  # the last status's grouping: a memo, never a decision
         self._session_id: str | None = None
@@ -292,14 +308,29 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         self._failed_forced_calls = 0
         self._records_truncated = 0
 
-    def share(self, cell: StateCell[RecordState]) -> None:
+    def _agree(self, config: RecordConfig) -> None:
+        """The strategy whose state this middleware shares has this middleware's budget and trigger."""
+        for name, ours, theirs in (
+            ("max_input_tokens", self._max_input_tokens, config.max_input_tokens),
+            ("trigger_fraction", self._trigger_fraction, config.trigger_fraction),
+        ):
+            if ours != theirs:
+                raise ValueError(
+                    f"ToolResultRecallMiddleware's {name} must be the {name} of the record strategy whose state it "
+                    f"shares (reforce=strategy.take_reforce, or strategy.bind_recall): the strategy has {theirs!r}, "
+                    f"the middleware got {ours!r}"
+                )
+
+    def share(self, cell: Connection[RecordState], config: RecordConfig | None = None) -> None:
         """Read and write ``cell`` (a record strategy's state) from now on; see ``bind_recall``."""
+        if config is not None:
+            self._agree(config)
         cell.value = RecordState(
             decisions=cell.value.decisions, fallback=cell.value.fallback, recall=self._cell.value.recall
         )
         self._cell = cell
 
-    def shares(self, cell: StateCell[RecordState]) -> bool:
+    def shares(self, cell: Connection[RecordState]) -> bool:
         """Whether this middleware reads and writes ``cell`` (a record strategy's state)."""
         return self._cell is cell
 

@@ -3,7 +3,7 @@
 A thin adapter over :mod:`maf_compaction.core.records` on the generic shell loop
 (:mod:`.loop`). The conversation's one state value (the record decisions, the default
 fallback's decisions and the recall protocol's state) lives in the strategy's
-:class:`~.loop.StateCell`, which the recall middleware wired to :attr:`take_reforce`
+:class:`~.connection.Connection`, which the recall middleware wired to :attr:`take_reforce`
 shares: they read and write one value and never call into each other.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from agent_framework import CompactionStrategy, Message
 
@@ -22,46 +22,22 @@ from ..core.protocol import Done, sent_tokens
 from ..core.record_decisions import RecordDecisions
 from ..core.records import Fallback, RecordConfig, RecordReport, RecordState
 from .anchored import AnchoredCompactionStrategy, log_anchored
+from .connection import Connection, Reforce
 from .convert import RecordCache
 from .counting import MediaTokenEstimator, PartCounter, Tokenizer
-from .loop import NOTE_KIND, CompactionAdapter, StateCell
+from .loop import NOTE_KIND, CompactionAdapter
 
-if TYPE_CHECKING:
-    from .recall import ToolResultRecallMiddleware
+
+class _SharesState(Protocol):
+    """The recall middleware's side of :meth:`~ToolResultAnchoredSummarizationCompactionStrategy.bind_recall`."""
+
+    def share(self, cell: Connection[RecordState], config: RecordConfig | None = None) -> None: ...
+
 
 logger = logging.getLogger("maf_compaction")
 
 #: Why the messages of a covered tool group are excluded.
 EXCLUDE_REASON = core.EXCLUDE_REASON
-
-
-class Reforce:
-    """The strategy's ``take_reforce``: a callable that also carries the shared state.
-
-    Calling it takes the outstanding ask for uncovered groups (True once per ask), as a
-    plain ``reforce`` callable would. A recall middleware given this object as its
-    ``reforce`` shares the strategy's :class:`~.loop.StateCell` instead of calling it.
-    """
-
-    __slots__ = ("_strategy",)
-
-    def __init__(self, strategy: ToolResultAnchoredSummarizationCompactionStrategy) -> None:
-        self._strategy = strategy
-
-    @property
-    def cell(self) -> StateCell[RecordState]:
-        """The conversation's state, owned by the strategy."""
-        return self._strategy.state_cell
-
-    def __call__(self) -> bool:
-        """Take the outstanding ask for one pinned request: True once per ask."""
-        cell = self.cell
-        taken, decisions = core.take_reforce(cell.value.decisions)
-        if taken:
-            cell.value = RecordState(decisions=decisions, fallback=cell.value.fallback, recall=cell.value.recall)
-            targets = decisions.ask.targets if decisions.ask is not None else ()
-            logger.info("Asking again for a record of %d uncovered tool group(s)", len(targets))
-        return taken
 
 
 class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[RecordConfig, RecordState, RecordReport]):
@@ -159,7 +135,7 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         self._setup(config, tokenizer, RecordState(), holds=core.HOLD_REASONS)
         self._fallback = fallback
         self._default_fallback: AnchoredCompactionStrategy | None = None
-        self._take_reforce = Reforce(self)
+        self._take_reforce = Reforce(self._cell, config)
         self._overflowing = False
         self._fallback_overflowing = False
         self.last_report: RecordReport | None = None
@@ -225,7 +201,7 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         return self._fallback
 
     @property
-    def state_cell(self) -> StateCell[RecordState]:
+    def state_cell(self) -> Connection[RecordState]:
         """The conversation's one state value, shared with the recall middleware."""
         return self._cell
 
@@ -243,12 +219,12 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         """An ask is outstanding and not yet taken (a preview: nothing is consumed)."""
         return core.reforce_due(self._cell.value.decisions)
 
-    def bind_recall(self, recall: ToolResultRecallMiddleware) -> None:
+    def bind_recall(self, recall: _SharesState) -> None:
         """Share this strategy's state with ``recall`` (when its ``reforce`` wraps :attr:`take_reforce`).
 
         A middleware given :attr:`take_reforce` itself shares the state already.
         """
-        recall.share(self._cell)
+        recall.share(self._cell, self._config)
 
     def record_due(self) -> bool:
         """Is a record outstanding or about to be asked for? (Consumes nothing.)
