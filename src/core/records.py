@@ -393,7 +393,9 @@ def step(
     ``memo`` is the previous pass's ``Done.memo``; it never changes the answer.
     """
     record_memo, fallback_memo = cast("tuple[object, object]", memo) if isinstance(memo, tuple) else (None, None)
-    passed = rules(config, history, state.decisions, measure, memo=_memo(record_memo))
+    shed = state.fallback
+    stands = bool(shed.tools_shed or shed.texts_shed or shed.shortened)
+    passed = rules(config, history, state.decisions, measure, memo=_memo(record_memo), fallback_stands=stands)
     report, output, fallback_state = passed.report, passed.history, state.fallback
     if report.fallback is not Fallback.NONE and config.fallback is not None:
         ran = run_with_holds(config.fallback, state.fallback, output, measure, memo=fallback_memo)
@@ -481,8 +483,13 @@ def rules(
     measure: Measure,
     *,
     memo: RecordMemo | None = None,
+    fallback_stands: bool = False,
 ) -> Passed:
     """The record rules alone (see the module docstring).
+
+    ``fallback_stands`` says the in-pass fallback's sheds stand (its decisions shed or
+    shortened something): the groups it was told to leave whole (the unrecorded hold)
+    stay held, so a pass over a pass's output changes nothing.
 
     Notes are not conversation: they are neither grouped nor judged. Injected context is
     neither grouped nor judged either, but it counts toward every size rule, because
@@ -535,6 +542,8 @@ def rules(
     if tokens_after > config.max_input_tokens:
         fallback = Fallback.BEHIND_RECORD
         held_unrecorded = _hold_unrecorded(output, grouping, recall_ids, holds)
+    elif fallback_stands:  # a group the fallback behind a record held stays held while its sheds stand
+        _keep_unrecorded_holds(output, grouping, holds)
     output = _with_holds(output, holds)
     report = RecordReport(
         tokens_before=tokens_before,
@@ -879,6 +888,22 @@ def _hold_unrecorded(
             holds[index] = HOLD_UNRECORDED
         held += 1
     return held
+
+
+def _keep_unrecorded_holds(output: Sequence[MessageRecord], grouping: Grouping, holds: dict[int, str]) -> None:
+    """Hold again (in ``holds``) every included tool group that already carries the unrecorded hold.
+
+    A pass the fallback ran on held it; the next pass, now within the budget, does not
+    run the fallback, and releasing the hold would rewrite the stored bytes of that
+    pass's output (a pass over its own output must change nothing).
+    """
+    for group in grouping.all:
+        members = group.members
+        if group.kind != "tool_call" or any(holds.get(i) or output[i].excluded for i in members):
+            continue
+        if all(output[i].held == HOLD_UNRECORDED for i in members):
+            for index in members:
+                holds[index] = HOLD_UNRECORDED
 
 
 def hold_unrecorded(history: History) -> History:
