@@ -48,7 +48,7 @@ from .checks import require_fraction, require_int
 from .effects import Request
 from .envelope import Fields
 from .grouping import Grouping, regroup
-from .model import Group, History, MessageRecord, Part
+from .model import Group, History, MessageRecord, Part, conversation_indices, conversation_records
 from .protocol import Done, StepResult, sent_tokens
 from .recall import RecallState, RecallStatus
 from .record_decisions import Ask, RecordDecisions
@@ -194,7 +194,7 @@ def _is_recall_group(records: Sequence[MessageRecord], group: Group, recall_ids:
 
 def recall_status(history: Sequence[MessageRecord], grouping: Grouping | None = None) -> RecallStatus:
     """Size, records and new tool material of ``history`` (for the recall middleware)."""
-    records = [r for r in history if not r.injected and not r.note]
+    records = conversation_records(history)
     recall_ids = recall_call_ids(records)
     found = [k for k, r in enumerate(records) if is_record(r, recall_ids)]
     grouping = regroup(records, grouping)
@@ -224,7 +224,7 @@ def ask_for_pending(history: History, decisions: RecordDecisions) -> RecordDecis
     """
     if decisions.ask is not None:
         return decisions
-    records = [r for r in history if not r.injected and not r.note]
+    records = conversation_records(history)
     recall_ids = recall_call_ids(records)
     found = [k for k, r in enumerate(records) if is_record(r, recall_ids)]
     newest = found[-1] if found else -1
@@ -451,7 +451,7 @@ def absorb(state: RecordState, answers: Sequence[tuple[Request, str | None]]) ->
 
 def check(config: RecordConfig, state: RecordState, history: History) -> str | None:
     """Why ``state`` cannot be this conversation's, or ``None``: ordinals must name its tool groups."""
-    records = [r for r in history if not r.injected and not r.note]
+    records = conversation_records(history)
     groups = sum(1 for g in regroup(records).all if g.kind == "tool_call")
     decisions = state.decisions
     named = [("settled", o) for o in decisions.settled]
@@ -497,7 +497,7 @@ def rules(
     never changes the answer.
     """
     memo = memo or RecordMemo()
-    conversation = [i for i, r in enumerate(history) if not r.injected and not r.note]
+    conversation = conversation_indices(history)
     records = [history[i] for i in conversation]
     # Every hold is decided afresh on each pass (so both lists agree on what stays): the
     # holds this pass gives, by index into ``records``; any other hold is released.
@@ -767,7 +767,7 @@ def records_written(history: Iterable[MessageRecord]) -> int:
     records it replaces and writes one of its own, never counted) is not read as fewer
     records, and a record that arrives after it is still a new one.
     """
-    conversation = [r for r in history if not r.injected and not r.note]
+    conversation = conversation_records(history)
     recall_ids = recall_call_ids(conversation)
     return sum(1 for r in conversation if _recall_records(r, recall_ids))
 
@@ -917,7 +917,7 @@ def hold_unrecorded(history: History) -> History:
     The same holds for records a kept replacement excluded (held as records on that pass).
     History does not say which rule excluded a group, so every excluded one is held.
     """
-    conversation = [i for i, r in enumerate(history) if not r.injected and not r.note]
+    conversation = conversation_indices(history)
     records = [history[i] for i in conversation]
     grouping = regroup(records)
     holds = {k: r.held for k, r in enumerate(records) if r.held is not None}
