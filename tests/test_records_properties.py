@@ -323,3 +323,15 @@ def test_the_generator_makes_records_that_cover_and_records_that_do_not() -> Non
     assert covered > 0
     assert uncovered > 0
     assert released > 0
+
+
+@given(recorded(), st.sampled_from([1_000_000, 2_000, 600]))
+def test_a_pass_over_a_passs_output_changes_nothing(case: tuple[list[Message], list[Message]], budget: int) -> None:
+    """Compacting the record strategy's own output again leaves every stored byte as it was."""
+    history, _ = case
+    strategy = _strategy(budget)
+    messages = deep_copy_messages(history)
+    _run(strategy, messages)
+    compacted = [m.to_dict() for m in messages]
+    _run(strategy, messages)
+    assert [m.to_dict() for m in messages] == compacted

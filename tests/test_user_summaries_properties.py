@@ -333,3 +333,19 @@ def test_the_core_is_pure(chunks: Chunks, p: Params, data: st.DataObject) -> Non
         assert snapshot == kept_snapshot
         snapshot = absorbed
     raise AssertionError("the core kept asking after its answers were recorded")
+
+
+@given(requirement_chunks(), params())
+def test_a_pass_over_a_passs_output_changes_nothing(chunks: Chunks, p: Params) -> None:
+    """In every summary mode, compacting a pass's own output again leaves every stored byte as it was
+    (unless that pass ended above the trigger: the next pass continues from it)."""
+    client = ScriptedSummarizer()
+    budget = p.budget(chunks)
+    strategy = p.make(client, budget)
+    for done in _play(chunks, client, strategy):
+        report = strategy.last_report
+        if report is None or report.tokens_after > budget * p.kwargs["trigger_fraction"]:
+            continue
+        stored = deep_copy_messages(done.stored)
+        _run(strategy, stored)
+        assert [m.to_dict() for m in stored] == [m.to_dict() for m in done.stored]

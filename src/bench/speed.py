@@ -454,14 +454,14 @@ async def warm_pass(
     state.restore()
 
 
-def prepare(sizes: Sequence[int], tokenizer: TokenizerProtocol) -> list[Workload]:
-    """Histories and budgets (a third of each history's tokens on our counting basis)."""
+def prepare(sizes: Sequence[int], tokenizer: TokenizerProtocol, budget: int | None = None) -> list[Workload]:
+    """Histories and budgets (``budget`` tokens, or a third of each history's tokens on our counting basis)."""
     estimator = MediaTokenEstimator(tokenizer)
     workloads: list[Workload] = []
     for size in sizes:
         history = build_history(size)
         tokens = sum(estimator.count_message_tokens(m) for m in history)
-        workloads.append(Workload(size, history, tokens, max(1, int(tokens * BUDGET_SHARE))))
+        workloads.append(Workload(size, history, tokens, budget or max(1, int(tokens * BUDGET_SHARE))))
     return workloads
 
 
@@ -802,6 +802,13 @@ def parser() -> argparse.ArgumentParser:
         help="stop repeating a row once its timed passes add up to this (default: %(default)s; "
         "the framework's cold pass is super-linear, about a minute at 3,200 messages)",
     )
+    cli.add_argument(
+        "--budget",
+        type=positive_int,
+        default=None,
+        metavar="TOKENS",
+        help="one input budget for every size (the issue's setting: 32000); default: a third of each history",
+    )
     cli.add_argument("--tokenizer", choices=("tiktoken", "chars"), default="tiktoken", help="default: tiktoken")
     cli.add_argument("--json", type=Path, default=None, metavar="FILE", help="write every figure to FILE")
     cli.add_argument(
@@ -834,7 +841,7 @@ def main(argv: list[str] | None = None) -> int:
     def progress(text: str) -> None:
         print(f"  measuring {text} ...", file=sys.stderr, flush=True)
 
-    workloads = prepare(sizes, tokenizer)
+    workloads = prepare(sizes, tokenizer, args.budget)
     with quiet_logs():
         results = asyncio.run(
             run_all(
@@ -860,7 +867,7 @@ def main(argv: list[str] | None = None) -> int:
         size = args.profile_size
         if size % MESSAGES_PER_TURN:
             raise SystemExit(f"--profile-size must be a multiple of {MESSAGES_PER_TURN}")
-        (work,) = prepare([size], tokenizer)
+        (work,) = prepare([size], tokenizer, args.budget)
         with quiet_logs():
             profile_text = "\n".join(
                 asyncio.run(profile_warm(work, tokenizer, warm_repeats, args.profile_top, name))
@@ -878,7 +885,7 @@ def main(argv: list[str] | None = None) -> int:
             "warm_repeats": warm_repeats,
             "cold_repeats": cold_repeats,
             "max_row_seconds": args.max_row_seconds,
-            "budget_share": BUDGET_SHARE,
+            "budget_share": None if args.budget else BUDGET_SHARE,
             "output_tokens": OUTPUT_TOKENS,
             "record_every": RECORD_EVERY,
             "strategies": {name: STRATEGY_WIRING[name] for name in STRATEGIES},

@@ -64,7 +64,7 @@ from .effects import Request, Summarize, answered, identity, remember
 from .envelope import Count, Positive, Text, convert, distinct, error, inner, opened
 from .errors import CompactionBudgetExceeded, SnapshotError
 from .grouping import Grouping, regroup
-from .model import History, MessageRecord, Part
+from .model import History, MessageRecord, Part, conversation_indices, conversation_records
 from .protocol import Done, Needs, StepResult, sent_tokens
 from .records import HOLD_RECORD, RECORD_PREFIX, RecordConfig, RecordReport, RecordState
 from .snapshot import AnchoredSnapshot
@@ -576,7 +576,7 @@ def _roomy(config: CompositionConfig, output: History, grouping: Grouping | None
 
     ``grouping`` is the record rules' grouping of the same conversation (``regroup`` reuses it).
     """
-    conversation = [r for r in output if not r.injected and not r.note]
+    conversation = conversation_records(output)
     groups = regroup(conversation, grouping).all
     largest = max((sum(conversation[i].tokens for i in g.members) for g in groups), default=0)
     return sent_tokens(output) + largest <= config.max_input_tokens
@@ -637,7 +637,7 @@ def _active_records(output: History, measure: anchored.Measure) -> list[_Record]
     written record): a replacement excludes the whole group, and a tool call made beside
     the recall call has a result no replacement quotes.
     """
-    indices = [i for i, r in enumerate(output) if not r.injected and not r.note]
+    indices = conversation_indices(output)
     conversation = [output[i] for i in indices]
     recall_ids = records.recall_call_ids(conversation)
     mixed: set[int] = set()
@@ -878,7 +878,7 @@ def _apply_replacement(
 ) -> History:
     """Exclude the replaced records with their groups; insert the written record where the first stood."""
     assert judged.text is not None
-    conversation = [i for i, r in enumerate(output) if not r.injected and not r.note]
+    conversation = conversation_indices(output)
     position = {index: k for k, index in enumerate(conversation)}
     grouping = regroup([output[i] for i in conversation])
     targets = {position[i.index] for i in items}

@@ -7,7 +7,7 @@ back; the core never sees a framework type.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, TypeAlias
 
@@ -173,6 +173,16 @@ History: TypeAlias = PVector[MessageRecord]
 def history(records: Iterable[MessageRecord] = ()) -> History:
     """Build a :data:`History` from any iterable of records."""
     return pvector(records)
+
+
+def conversation_indices(records: Sequence[MessageRecord]) -> tuple[int, ...]:
+    """Indices of the conversation in ``records``: every record that is neither injected nor a note."""
+    return tuple(i for i, r in enumerate(records) if not r.injected and not r.note)
+
+
+def conversation_records(records: Iterable[MessageRecord]) -> list[MessageRecord]:
+    """The conversation in ``records`` (see :func:`conversation_indices`), in order."""
+    return [r for r in records if not r.injected and not r.note]
 
 
 class Group(NamedTuple):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .model import MessageRecord
+from .model import MessageRecord, conversation_records
 
 
 def provider_increment(history: Iterable[MessageRecord]) -> tuple[str, ...]:
@@ -23,7 +23,7 @@ def provider_increment(history: Iterable[MessageRecord]) -> tuple[str, ...]:
     conversation. Non-empty means ``history`` is a provider's increment of a conversation
     kept on the server, not the conversation.
     """
-    records = [r for r in history if not r.injected and not r.note]
+    records = conversation_records(history)
     if not records or records[0].role != "tool":
         return ()
     calls = {p.call_id for r in records for p in r.parts if p.kind == "function_call" and p.call_id}

@@ -48,7 +48,7 @@ from .checks import require_fraction, require_int
 from .effects import Request
 from .envelope import inner
 from .grouping import Grouping, regroup
-from .model import Group, History, MessageRecord, Part
+from .model import Group, History, MessageRecord, Part, conversation_indices, conversation_records
 from .protocol import Done, StepResult, sent_tokens
 from .recall import RecallState, RecallStatus
 from .record_decisions import Ask, RecordDecisions
@@ -194,7 +194,7 @@ def _is_recall_group(records: Sequence[MessageRecord], group: Group, recall_ids:
 
 def recall_status(history: Sequence[MessageRecord], grouping: Grouping | None = None) -> RecallStatus:
     """Size, records and new tool material of ``history`` (for the recall middleware)."""
-    records = [r for r in history if not r.injected and not r.note]
+    records = conversation_records(history)
     recall_ids = recall_call_ids(records)
     found = [k for k, r in enumerate(records) if is_record(r, recall_ids)]
     grouping = regroup(records, grouping)
@@ -224,7 +224,7 @@ def ask_for_pending(history: History, decisions: RecordDecisions) -> RecordDecis
     """
     if decisions.ask is not None:
         return decisions
-    records = [r for r in history if not r.injected and not r.note]
+    records = conversation_records(history)
     recall_ids = recall_call_ids(records)
     found = [k for k, r in enumerate(records) if is_record(r, recall_ids)]
     newest = found[-1] if found else -1
@@ -390,7 +390,9 @@ def step(
     ``memo`` is the previous pass's ``Done.memo``; it never changes the answer.
     """
     record_memo, fallback_memo = cast("tuple[object, object]", memo) if isinstance(memo, tuple) else (None, None)
-    passed = rules(config, history, state.decisions, measure, memo=_memo(record_memo))
+    shed = state.fallback
+    stands = bool(shed.tools_shed or shed.texts_shed or shed.shortened)
+    passed = rules(config, history, state.decisions, measure, memo=_memo(record_memo), fallback_stands=stands)
     report, output, fallback_state = passed.report, passed.history, state.fallback
     if report.fallback is not Fallback.NONE and config.fallback is not None:
         ran = run_with_holds(config.fallback, state.fallback, output, measure, memo=fallback_memo)
@@ -446,7 +448,7 @@ def absorb(state: RecordState, answers: Sequence[tuple[Request, str | None]]) ->
 
 def check(config: RecordConfig, state: RecordState, history: History) -> str | None:
     """Why ``state`` cannot be this conversation's, or ``None``: ordinals must name its tool groups."""
-    records = [r for r in history if not r.injected and not r.note]
+    records = conversation_records(history)
     groups = sum(1 for g in regroup(records).all if g.kind == "tool_call")
     decisions = state.decisions
     named = [("settled", o) for o in decisions.settled]
@@ -478,8 +480,13 @@ def rules(
     measure: Measure,
     *,
     memo: RecordMemo | None = None,
+    fallback_stands: bool = False,
 ) -> Passed:
     """The record rules alone (see the module docstring).
+
+    ``fallback_stands`` says the in-pass fallback's sheds stand (its decisions shed or
+    shortened something): the groups it was told to leave whole (the unrecorded hold)
+    stay held, so a pass over a pass's output changes nothing.
 
     Notes are not conversation: they are neither grouped nor judged. Injected context is
     neither grouped nor judged either, but it counts toward every size rule, because
@@ -487,7 +494,7 @@ def rules(
     never changes the answer.
     """
     memo = memo or RecordMemo()
-    conversation = [i for i, r in enumerate(history) if not r.injected and not r.note]
+    conversation = conversation_indices(history)
     records = [history[i] for i in conversation]
     # Every hold is decided afresh on each pass (so both lists agree on what stays): the
     # holds this pass gives, by index into ``records``; any other hold is released.
@@ -532,6 +539,8 @@ def rules(
     if tokens_after > config.max_input_tokens:
         fallback = Fallback.BEHIND_RECORD
         held_unrecorded = _hold_unrecorded(output, grouping, recall_ids, holds)
+    elif fallback_stands:  # a group the fallback behind a record held stays held while its sheds stand
+        _keep_unrecorded_holds(output, grouping, holds)
     output = _with_holds(output, holds)
     report = RecordReport(
         tokens_before=tokens_before,
@@ -755,7 +764,7 @@ def records_written(history: Iterable[MessageRecord]) -> int:
     records it replaces and writes one of its own, never counted) is not read as fewer
     records, and a record that arrives after it is still a new one.
     """
-    conversation = [r for r in history if not r.injected and not r.note]
+    conversation = conversation_records(history)
     recall_ids = recall_call_ids(conversation)
     return sum(1 for r in conversation if _recall_records(r, recall_ids))
 
@@ -878,6 +887,22 @@ def _hold_unrecorded(
     return held
 
 
+def _keep_unrecorded_holds(output: Sequence[MessageRecord], grouping: Grouping, holds: dict[int, str]) -> None:
+    """Hold again (in ``holds``) every included tool group that already carries the unrecorded hold.
+
+    A pass the fallback ran on held it; the next pass, now within the budget, does not
+    run the fallback, and releasing the hold would rewrite the stored bytes of that
+    pass's output (a pass over its own output must change nothing).
+    """
+    for group in grouping.all:
+        members = group.members
+        if group.kind != "tool_call" or any(holds.get(i) or output[i].excluded for i in members):
+            continue
+        if all(output[i].held == HOLD_UNRECORDED for i in members):
+            for index in members:
+                holds[index] = HOLD_UNRECORDED
+
+
 def hold_unrecorded(history: History) -> History:
     """``history`` with every tool group that is not held, preserved, recorded or excluded held too.
 
@@ -889,7 +914,7 @@ def hold_unrecorded(history: History) -> History:
     The same holds for records a kept replacement excluded (held as records on that pass).
     History does not say which rule excluded a group, so every excluded one is held.
     """
-    conversation = [i for i, r in enumerate(history) if not r.injected and not r.note]
+    conversation = conversation_indices(history)
     records = [history[i] for i in conversation]
     grouping = regroup(records)
     holds = {k: r.held for k, r in enumerate(records) if r.held is not None}

@@ -48,7 +48,7 @@ from returns.result import Success
 from .checks import is_number, require_bool, require_int
 from .counting import MESSAGE_OVERHEAD_TOKENS
 from .effects import Answer, DescribeMedia, Request, Summarize, answered, identity, remember
-from .model import MEDIA_KINDS, History, MessageRecord, Part
+from .model import MEDIA_KINDS, History, MessageRecord, Part, conversation_indices
 from .protocol import Done, Needs, StepResult, sent_tokens
 from .user_snapshot import UserSummarySnapshot
 
@@ -279,7 +279,7 @@ def pass_(
     config: UserSummaryConfig, snapshot: UserSummarySnapshot, history: History, measure: Measure
 ) -> UserNeeds | UserDone:
     """:func:`step`'s answer, unwrapped: a composition calls it directly."""
-    conversation = tuple(i for i, r in enumerate(history) if not r.injected and not r.note)
+    conversation = conversation_indices(history)
     records = tuple(history[i] for i in conversation)
     p = _Pass(
         config=config,
