@@ -11,7 +11,8 @@ request's options, buffers a forced stream, retries); every decision is here, as
 event               what changes                                                action
 ==================  ==========================================================  ==========
 HistorySeen         the next request's pin: an outstanding re-force ask first,  TakeAsk /
-                    else the pin rule; nothing once pinning is disabled         Nothing
+                    else the pin rule (a re-force pin not yet spent stands);    Nothing
+                    nothing once pinning is disabled
 RequestStarting     the decided pin is spent on this request                    Pin /
                                                                                 Unpinned
 ForcedReturned      the forced call returned: its record is awaited             Nothing
@@ -244,7 +245,11 @@ def advance(rule: PinRule, state: RecallState, event: Event) -> tuple[RecallStat
             return replace(state, next_pin=None, awaiting_record=False, seen=seen), Nothing()
         if event.reforce:
             return replace(state, next_pin="reforce", awaiting_record=False, seen=seen), TakeAsk()
+        # A re-force pin stands until a request spends it: its ask is already taken, and a second
+        # run's history seen meanwhile (two runs on one conversation) must not drop it.
         pin: PinKind | None = "size" if pin_due(rule, event.status) else None
+        if state.next_pin == "reforce":
+            pin = "reforce"
         return replace(state, next_pin=pin, awaiting_record=False, seen=seen), Nothing()
     if isinstance(event, RequestStarting):
         if state.next_pin is None or state.pin_disabled:
