@@ -117,8 +117,7 @@ class RecallGate:
 
     def _set(self, armed: bool) -> None:
         state = self._cell.value
-        if state.recall.armed != armed:
-            self._cell.value = replace(state, recall=replace(state.recall, armed=armed))
+        self._cell.value = replace(state, recall=replace(state.recall, armed=armed))
 
 
 def recall_description(target_tokens: int | None = DEFAULT_TARGET_TOKENS) -> str:
@@ -426,10 +425,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         describes the provider, not the queued work. The gate is disarmed.
         """
         state = self._cell.value
-        kept = state.recall
-        recall = machine.RecallState(
-            ignored_streak=kept.ignored_streak, pin_disabled=kept.pin_disabled, armed=kept.armed
-        )
+        recall = replace(state.recall, next_pin=None, in_flight=False, awaiting_record=False, seen=None)
         self._cell.value = replace(state, recall=recall)
         self._session_id = None
         self._release()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from agent_framework import CompactionStrategy, Message
@@ -243,9 +244,7 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         """
         # A value is read back through its dict, so it is checked exactly like a stored one.
         data = decisions.to_dict() if isinstance(decisions, RecordDecisions) else decisions
-        value = RecordDecisions.from_dict(data)
-        current = self._cell.value
-        self.restore_state(RecordState(decisions=value, fallback=current.fallback, recall=current.recall))
+        self.restore_state(replace(self._cell.value, decisions=RecordDecisions.from_dict(data)))
 
     async def _after(self, messages: list[Message], done: Done[RecordState, RecordReport], changed: bool) -> bool:
         """Run the host's own fallback on the applied list, when the pass calls for it."""
