@@ -259,12 +259,12 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             trigger; ``None`` turns the bound off.
         repeat_records: Ask for further size-triggered records after the first.
         min_groups_before_repeat: New tool groups a further size-triggered record waits for.
-        reforce: The record strategy's ``take_reforce``: the middleware then shares the
-            strategy's state (its outstanding ask for uncovered groups, read without a
-            call), and its ``max_input_tokens`` and ``trigger_fraction`` must be the
-            strategy's (another value raises ``ValueError`` naming both). Any other
-            callable returning True once per wanted record is called once per decision
-            (never for the :meth:`record_due` preview); a host that wraps ``take_reforce``
+        reforce: A callable returning True once per wanted record, called once per
+            decision (never for the :meth:`record_due` preview). The record strategy's
+            ``take_reforce`` also makes the middleware share the strategy's state (the
+            preview then reads its outstanding ask for uncovered groups), and its
+            ``max_input_tokens`` and ``trigger_fraction`` must be the strategy's (another
+            value raises ``ValueError`` naming both); a host that wraps ``take_reforce``
             calls ``strategy.bind_recall(middleware)`` to share the state.
 
     Raises:

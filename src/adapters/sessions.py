@@ -168,7 +168,9 @@ class CompactionStack:
 
     def state(self) -> StackState:
         """The stack's whole behavioural state (an immutable value)."""
-        return StackState(self._kind, self._records.state_cell.connection.value)
+        strategy = self._strategy
+        composed = isinstance(strategy, ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy)
+        return StackState(self._kind, strategy.decision_state() if composed else strategy.state_cell.value)
 
     def restore(self, state: StackState) -> None:
         """Continue from ``state``; the next pass checks it against its history.
