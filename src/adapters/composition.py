@@ -25,7 +25,7 @@ from ..core.composition import CompositionConfig, CompositionReport, Composition
 from ..core.effects import Request, Summarize
 from ..core.errors import CompactionBudgetExceeded
 from ..core.model import History
-from ..core.records import RecordConfig, RecordState
+from ..core.records import RecordConfig
 from ..core.settle import settle
 from .anchored import AnchoredCompactionStrategy, log_anchored
 from .counting import Tokenizer
@@ -34,14 +34,6 @@ from .records import ToolResultAnchoredSummarizationCompactionStrategy
 from .user_summaries import UserTurnAnchoredSummarizationCompactionStrategy
 
 logger = logging.getLogger("maf_compaction")
-
-
-def _records_of(state: CompositionState) -> RecordState:
-    return state.records
-
-
-def _with_records(state: CompositionState, records: RecordState) -> CompositionState:
-    return replace(state, records=records)
 
 
 def _record_rules(
@@ -195,7 +187,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         )
         half = tool_results.state_cell
         self._setup(config, tokenizer, CompositionState(records=half.value), holds=records_core.HOLD_REASONS)
-        half.adopt(self._cell.connection, _records_of, _with_records)
+        half.adopt(self._cell.connection, lambda state: state.records, lambda state, part: replace(state, records=part))
         self._tool_results = tool_results
         self._user_turns = user_turns
         self.harder_attempts = harder_attempts

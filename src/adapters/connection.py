@@ -114,15 +114,6 @@ def conversation_key(messages: Iterable[Message]) -> tuple[str, ...]:
     return tuple(keys)
 
 
-def _whole(value: Any) -> Any:
-    return value
-
-
-def _replaced(current: Any, value: Any) -> Any:
-    del current
-    return value
-
-
 class View(Generic[P]):
     r"""One strategy's part of a conversation's state, read and written through the connection that owns it.
 
@@ -136,8 +127,8 @@ class View(Generic[P]):
 
     def __init__(self, value: P) -> None:
         self.connection: Connection[Any] = Connection(value)
-        self._get: Callable[[Any], P] = _whole
-        self._put: Callable[[Any, P], Any] = _replaced
+        self._get: Callable[[Any], P] = lambda whole: whole
+        self._put: Callable[[Any, P], Any] = lambda _, part: part
 
     @property
     def value(self) -> P:
