@@ -79,3 +79,58 @@ def test_the_settle_rule_keeps_both_sides_changes() -> None:
     assert settle(replace(passed, decisions=RecordDecisions(ask=other)), taken).decisions.ask == other, "a new ask"
     assert settle(RecordState(), taken).decisions.ask is None, "the pass ended the ask"
     assert settle(passed, RecordState()) == passed, "nothing happened meanwhile"
+
+
+def test_a_middleware_wired_before_or_after_the_composition_shares_its_one_value() -> None:
+    """The record half's view follows the composition that adopts it: no second value to merge or split."""
+    from maf_compaction import (
+        RecallGate,
+        ToolResultAnchoredSummarizationCompactionStrategy,
+        ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy,
+        ToolResultRecallMiddleware,
+        UserTurnAnchoredSummarizationCompactionStrategy,
+    )
+    from maf_compaction.adapters.sessions import CompactionStack
+    from test_composition import TOKENIZER
+
+    for before in (True, False):
+        records = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=1_000, tokenizer=TOKENIZER)
+        users = UserTurnAnchoredSummarizationCompactionStrategy(
+            max_input_tokens=1_000, tokenizer=TOKENIZER, client=ScriptedSummarizer(extractive), remembered_requests=2
+        )
+        gate = RecallGate()
+
+        def middleware(
+            records: ToolResultAnchoredSummarizationCompactionStrategy = records, gate: RecallGate = gate
+        ) -> ToolResultRecallMiddleware:
+            return ToolResultRecallMiddleware(
+                max_input_tokens=1_000,
+                tokenizer=TOKENIZER,
+                arm=gate.arm,
+                disarm=gate.disarm,
+                reforce=records.take_reforce,
+            )
+
+        recall = middleware() if before else None
+        composed = ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
+            tokenizer=TOKENIZER, tool_results=records, user_turns=users
+        )
+        recall = recall or middleware()
+        stack = CompactionStack(composed, gate, recall)
+        cell = records.state_cell
+        cell.value = replace(cell.value, recall=RecallState(awaiting_record=True))
+        assert recall.awaiting_record, "the middleware reads the record half's part of the composition's value"
+        assert composed.decision_state().records.recall.awaiting_record
+        gate.arm()
+        assert composed.decision_state().records.recall.armed, "the gate's permission is in the one value"
+        assert stack.state().armed
+        recall.forget_pending()
+        assert not gate.armed
+        assert not composed.decision_state().records.recall.awaiting_record
+        stack.restore(
+            replace(
+                stack.state(),
+                state=replace(composed.decision_state(), records=replace(cell.value, recall=RecallState(armed=True))),
+            )
+        )
+        assert gate.armed, "a restore sets the gate's permission with the rest of the state"

@@ -1,10 +1,10 @@
 """``ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy``: both halves and a last-resort chain.
 
 A thin adapter over :mod:`maf_compaction.core.composition` on the generic shell loop.
-The record half's state stays in the record half's :class:`~.connection.Connection` (the
-recall middleware wired to its ``take_reforce`` shares it); the composition's cell
-reads and writes that value together with the user half's answers and the chain's own
-decisions, so one value describes the conversation.
+The composition owns the conversation's connection and adopts its record half: the
+half's view (which the recall middleware wired to its ``take_reforce`` and the gate hold
+too) reads and writes the ``records`` part of the composition's one value, so one value
+describes the conversation.
 """
 
 from __future__ import annotations
@@ -25,40 +25,15 @@ from ..core.composition import CompositionConfig, CompositionReport, Composition
 from ..core.effects import Request, Summarize
 from ..core.errors import CompactionBudgetExceeded
 from ..core.model import History
-from ..core.records import RecordConfig, RecordState
+from ..core.records import RecordConfig
 from ..core.settle import settle
 from .anchored import AnchoredCompactionStrategy, log_anchored
-from .connection import Connection
 from .counting import Tokenizer
 from .loop import CompactionAdapter
 from .records import ToolResultAnchoredSummarizationCompactionStrategy
 from .user_summaries import UserTurnAnchoredSummarizationCompactionStrategy
 
 logger = logging.getLogger("maf_compaction")
-
-
-class _ComposedCell(Connection[CompositionState]):
-    """The composition's state: the record half's cell plus the user half's and the chain's values."""
-
-    def __init__(self, records: Connection[RecordState]) -> None:
-        self._records = records
-        self._own = CompositionState(records=records.value)
-        super().__init__(self._own)
-
-    @property
-    def value(self) -> CompositionState:  # pyright: ignore[reportIncompatibleVariableOverride]
-        return replace(self._own, records=self._records.value)
-
-    def restore(self, state: CompositionState) -> None:
-        """Replace the whole state, the recall protocol's included (a restore)."""
-        self._records.value = state.records
-        self._own = state
-
-    @value.setter
-    def value(self, state: CompositionState) -> None:
-        # The middleware may have moved the shared state while the pass awaited the summarizer.
-        self._records.value = settle(state.records, self._records.value)
-        self._own = state
 
 
 def _record_rules(
@@ -210,8 +185,9 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             merge_prompt=core.DEFAULT_MERGE_PROMPT if merge_prompt is None else merge_prompt,
             harder_attempts=harder_attempts,
         )
-        self._setup(config, tokenizer, CompositionState(), holds=records_core.HOLD_REASONS)
-        self._cell = _ComposedCell(tool_results.state_cell)
+        half = tool_results.state_cell
+        self._setup(config, tokenizer, CompositionState(records=half.value), holds=records_core.HOLD_REASONS)
+        half.adopt(self._cell.connection, lambda state: state.records, lambda state, part: replace(state, records=part))
         self._tool_results = tool_results
         self._user_turns = user_turns
         self.harder_attempts = harder_attempts
@@ -265,12 +241,9 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         head = self._config.records.keep_head_groups
         self.restore_state(CompositionState.from_dict(data, keep_head_groups=head))
 
-    def restore_state(self, state: CompositionState) -> None:
-        """Continue from ``state`` (already read strictly), recall state included."""
-        super().restore_state(state)
-        cell = self._cell
-        assert isinstance(cell, _ComposedCell)
-        cell.restore(state)
+    def _write(self, state: CompositionState) -> None:
+        # The middleware may have moved the shared state while the pass awaited the summarizer.
+        self._cell.value = replace(state, records=settle(state.records, self._cell.value.records))
 
     async def __call__(self, messages: list[Message]) -> bool:
         """Compact ``messages`` in place; True if anything changed.

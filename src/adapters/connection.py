@@ -1,8 +1,11 @@
-"""The shell's connection: one conversation's state value, lock and binding, and the seams that share it.
+"""The shell's connection: one conversation's state value, lock and binding, and the views that share it.
 
-A strategy owns one :class:`Connection`; the recall middleware shares it through the
-strategy's ``take_reforce`` (a :class:`Reforce`, which carries the connection and the
-strategy's parameters), so the two read and write one value.
+A strategy owns one :class:`Connection` and reads and writes its state through a
+:class:`View`. A composition owns the connection of the conversation and adopts its record
+half, whose view then reads and writes the record part of the composition's one value. The
+recall middleware (through the strategy's ``take_reforce``, a :class:`Reforce` carrying the
+view and the strategy's parameters) and the recall gate (attached by a ``CompactionStack``)
+hold that same view, so every part of a stack reads and writes one value by construction.
 """
 
 from __future__ import annotations
@@ -10,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Iterable, Sequence
-from typing import Generic, TypeVar
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
+from typing import Any, Generic, TypeVar
 
 from agent_framework import Message
 
@@ -22,15 +26,15 @@ from .convert import NOTE_KEY, WRITTEN_RECORD_KEY, is_injected, is_summary
 logger = logging.getLogger("maf_compaction")
 
 S = TypeVar("S")
+P = TypeVar("P")
 
 
 class Connection(Generic[S]):
     """One conversation: its one state value, its lock and its binding (the shell's connection).
 
-    A strategy owns its connection; the recall middleware wired to it (through
-    :class:`Reforce`) shares the same connection, so they read and write one value and
-    never call into each other. ``value`` is an immutable core value; only the shell
-    replaces it.
+    Strategies, the recall middleware and the gate read and write it through views
+    (:class:`View`), so they share one value and never call into each other. ``value``
+    is an immutable core value; only the shell replaces it.
     """
 
     def __init__(self, value: S) -> None:
@@ -110,28 +114,58 @@ def conversation_key(messages: Iterable[Message]) -> tuple[str, ...]:
     return tuple(keys)
 
 
+class View(Generic[P]):
+    r"""One strategy's part of a conversation's state, read and written through the connection that owns it.
+
+    A strategy alone owns its connection and its view is the whole value. A composition
+    :meth:`adopt`\ s its record half: the half's view then reads and writes the record part
+    of the composition's value, and whoever holds that view (the recall middleware, the
+    gate) follows, so wiring before or after the composition is built shares one value.
+    """
+
+    __slots__ = ("_get", "_put", "connection")
+
+    def __init__(self, value: P) -> None:
+        self.connection: Connection[Any] = Connection(value)
+        self._get: Callable[[Any], P] = lambda whole: whole
+        self._put: Callable[[Any, P], Any] = lambda _, part: part
+
+    @property
+    def value(self) -> P:
+        """This part of the connection's value."""
+        return self._get(self.connection.value)
+
+    @value.setter
+    def value(self, value: P) -> None:
+        connection = self.connection
+        connection.value = self._put(connection.value, value)
+
+    def adopt(self, connection: Connection[S], get: Callable[[S], P], put: Callable[[S, P], S]) -> None:
+        """Read and write this part of ``connection``'s value from now on (a composition adopting its half)."""
+        self.connection, self._get, self._put = connection, get, put
+
+
 class Reforce:
-    """A record strategy's ``take_reforce``: a callable that also carries the strategy's connection.
+    """A record strategy's ``take_reforce``: a callable that also carries the strategy's state view.
 
     Calling it takes the outstanding ask for uncovered groups (True once per ask), as a
     plain ``reforce`` callable would. A recall middleware given this object as its
-    ``reforce`` shares :attr:`connection` instead of calling it, after checking that its
-    budget and trigger are :attr:`config`'s.
+    ``reforce`` shares :attr:`cell` (after checking that its budget and trigger are
+    :attr:`config`'s) and calls it like any other.
     """
 
-    __slots__ = ("config", "connection")
+    __slots__ = ("cell", "config")
 
-    def __init__(self, connection: Connection[RecordState], config: RecordConfig) -> None:
-        self.connection = connection
+    def __init__(self, cell: View[RecordState], config: RecordConfig) -> None:
+        self.cell = cell
         self.config = config
 
     def __call__(self) -> bool:
         """Take the outstanding ask for one pinned request: True once per ask."""
-        connection = self.connection
-        taken, decisions = core.take_reforce(connection.value.decisions)
+        cell = self.cell
+        taken, decisions = core.take_reforce(cell.value.decisions)
         if taken:
-            state = connection.value
-            connection.value = RecordState(decisions=decisions, fallback=state.fallback, recall=state.recall)
+            cell.value = replace(cell.value, decisions=decisions)
             targets = decisions.ask.targets if decisions.ask is not None else ()
             logger.info("Asking again for a record of %d uncovered tool group(s)", len(targets))
         return taken

@@ -5,7 +5,9 @@ see :mod:`maf_compaction.core.protocol`), the effects it can perform and its pub
 counters. Everything else is here, the same for every strategy:
 
 - The conversation's one state value lives in a :class:`~.connection.Connection` that the
-  strategy owns and its recall middleware shares (direct wiring: one conversation per instance).
+  strategy reads and writes through its :class:`~.connection.View` (shared with its recall
+  middleware and gate; a composition adopts its record half's view). Direct wiring serves
+  one conversation per instance.
 - The instance binds to the first conversation it sees and refuses another one loudly;
   concurrent passes on one instance are serialized, never interleaved.
 - Every message a pass newly excludes is named once per distinct set: a WARNING for
@@ -30,7 +32,7 @@ from ..core.ownership import provider_increment
 from ..core.protocol import CoreStrategy, Done, Needs, differs
 from .apply import apply
 from .base import ConfigT, ConfiguredStrategy
-from .connection import STORE_FALSE_HINT, Connection
+from .connection import STORE_FALSE_HINT, View
 from .convert import RecordCache
 from .counting import MediaTokenEstimator, Tokenizer, as_estimator
 
@@ -77,7 +79,7 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
         self._estimator: MediaTokenEstimator = as_estimator(tokenizer)
         self._counter = self._estimator.parts
         self._records = RecordCache(self._counter, holds=holds)
-        self._cell: Connection[S] = Connection(state)
+        self._cell: View[S] = View(state)
         self._memo: object = None  # the last pass's memo: saves work, never decides
         self._restored = False  # the state came from outside: check it against the first history it meets
         self._named: NamedSets = OrderedDict()
@@ -93,8 +95,9 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
         """
         if not messages or self._provider_owned(messages):
             return False
-        self._cell.bind(messages, type(self).__name__)
-        async with self._cell.lock:
+        connection = self._cell.connection
+        connection.bind(messages, type(self).__name__)
+        async with connection.lock:
             before = self._records.history(messages, note_kind=NOTE_KIND)
             fresh: set[str] = set()
             done = self._step(before)
@@ -118,7 +121,7 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
                 except Exception:
                     # Answers are facts whatever the pass decides or raises (a budget failure, a tokenizer
                     # that cannot count an answer): keep them, so no request is sent twice.
-                    self._cell.value = absorbed
+                    self._write(absorbed)
                     raise
             changed = self._finish(messages, before, done, fresh)
             return await self._after(messages, done, changed)
@@ -127,7 +130,7 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
         """One pass of a strategy that needs no effects (no awaits, so nothing interleaves)."""
         if not messages or self._provider_owned(messages):
             return False
-        self._cell.bind(messages, type(self).__name__)
+        self._cell.connection.bind(messages, type(self).__name__)
         before = self._records.history(messages, note_kind=NOTE_KIND)
         done = self._step(before, options=options)
         if isinstance(done, Needs):
@@ -140,13 +143,13 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
         Once handed a provider's increment, the strategy stays out of the way for good: the next
         increment may be a lone user message, which would otherwise look like another conversation.
         """
-        cell = self._cell
-        if cell.provider_owned:
+        connection = self._cell.connection
+        if connection.provider_owned:
             return True
         orphans = provider_increment(self._records.history(messages, note_kind=NOTE_KIND))
         if not orphans:
             return False
-        cell.provider_owned = True
+        connection.provider_owned = True
         logger.warning(
             "%s was handed a provider's increment of the conversation, not the conversation: it starts with the "
             "result of tool call(s) %s without the call. The chat client keeps the conversation on the server and "
@@ -191,8 +194,12 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
             raise result.failure()
         return result.unwrap()
 
+    def _write(self, state: S) -> None:
+        """Write a pass's resulting state (a composition settles it with what its middleware changed meanwhile)."""
+        self._cell.value = state
+
     def _finish(self, messages: list[Message], before: History, done: Done[S, R], fresh: set[str]) -> bool:
-        self._cell.value = done.state
+        self._write(done.state)
         self._memo = done.memo
         changed = differs(before, done.history)
         self._observe(done.report, before, messages, fresh)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from agent_framework import (
@@ -54,7 +54,7 @@ from ..core.records import (
     recall_status,
     reforce_due,
 )
-from .connection import Connection, Reforce
+from .connection import Reforce, View
 from .convert import RecordCache
 from .counting import Tokenizer, as_estimator
 from .loop import NOTE_KIND
@@ -81,28 +81,43 @@ class RecallGate:
     middleware armed it for a forced request: a record the model volunteers at any other
     time is answered with a sentence that records nothing. :meth:`take` spends the
     permission, so one forced request yields at most one record.
+
+    The permission is the recall protocol's ``armed`` flag in a conversation's state: the
+    gate's own until a :class:`CompactionStack` attaches it to its strategy's state, so the
+    stack's one value carries it.
     """
 
     def __init__(self) -> None:
-        self._armed = False
+        self._cell: View[RecordState] = View(RecordState())
 
     @property
     def armed(self) -> bool:
         """Whether the next recall call may record."""
-        return self._armed
+        return self._cell.value.recall.armed
 
     def arm(self) -> None:
         """Permit one record (the middleware calls this on a forced request)."""
-        self._armed = True
+        self._set(True)
 
     def disarm(self) -> None:
         """Withdraw the permission (the middleware calls this on every unforced request)."""
-        self._armed = False
+        self._set(False)
 
     def take(self) -> bool:
         """Return whether a record is permitted, and withdraw the permission."""
-        armed, self._armed = self._armed, False
+        armed = self.armed
+        self.disarm()
         return armed
+
+    def attach(self, cell: View[RecordState]) -> None:
+        """Keep the permission in ``cell``'s recall state from now on (a stack attaches its gate to its strategy)."""
+        armed = self.armed
+        self._cell = cell
+        self._set(armed)
+
+    def _set(self, armed: bool) -> None:
+        state = self._cell.value
+        self._cell.value = replace(state, recall=replace(state.recall, armed=armed))
 
 
 def recall_description(target_tokens: int | None = DEFAULT_TARGET_TOKENS) -> str:
@@ -244,12 +259,12 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             trigger; ``None`` turns the bound off.
         repeat_records: Ask for further size-triggered records after the first.
         min_groups_before_repeat: New tool groups a further size-triggered record waits for.
-        reforce: The record strategy's ``take_reforce``: the middleware then shares the
-            strategy's state (its outstanding ask for uncovered groups, read without a
-            call), and its ``max_input_tokens`` and ``trigger_fraction`` must be the
-            strategy's (another value raises ``ValueError`` naming both). Any other
-            callable returning True once per wanted record is called once per decision
-            (never for the :meth:`record_due` preview); a host that wraps ``take_reforce``
+        reforce: A callable returning True once per wanted record, called once per
+            decision (never for the :meth:`record_due` preview). The record strategy's
+            ``take_reforce`` also makes the middleware share the strategy's state (the
+            preview then reads its outstanding ask for uncovered groups), and its
+            ``max_input_tokens`` and ``trigger_fraction`` must be the strategy's (another
+            value raises ``ValueError`` naming both); a host that wraps ``take_reforce``
             calls ``strategy.bind_recall(middleware)`` to share the state.
 
     Raises:
@@ -292,13 +307,13 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         )
         self._arm = arm
         self._disarm = disarm
-        # The strategy's own take_reforce carries its connection: share it (no callbacks). Any
-        # other callable is the host's: it is called once per decision, as documented.
+        # Called once per decision, the strategy's own take_reforce as any host callable; the
+        # strategy's carries its state view, which this middleware then shares.
         self._reforce = reforce
-        self._cell: Connection[RecordState] = Connection(RecordState())
+        self._cell = View(RecordState())
         if isinstance(reforce, Reforce):
             self._agree(reforce.config)
-            self._reforce, self._cell = None, reforce.connection
+            self._cell = reforce.cell
         self._records = RecordCache(as_estimator(tokenizer).parts)
         self._grouping: Grouping | None = None  # the last status's grouping: a memo, never a decision
         self._session_id: str | None = None
@@ -321,16 +336,15 @@ class ToolResultRecallMiddleware(ChatMiddleware):
                     f"the middleware got {ours!r}"
                 )
 
-    def share(self, cell: Connection[RecordState], config: RecordConfig | None = None) -> None:
+    def share(self, cell: View[RecordState], config: RecordConfig | None = None) -> None:
         """Read and write ``cell`` (a record strategy's state) from now on; see ``bind_recall``."""
         if config is not None:
             self._agree(config)
-        cell.value = RecordState(
-            decisions=cell.value.decisions, fallback=cell.value.fallback, recall=self._cell.value.recall
-        )
+        recall = replace(self._cell.value.recall, armed=cell.value.recall.armed)
+        cell.value = replace(cell.value, recall=recall)
         self._cell = cell
 
-    def shares(self, cell: Connection[RecordState]) -> bool:
+    def shares(self, cell: View[RecordState]) -> bool:
         """Whether this middleware reads and writes ``cell`` (a record strategy's state)."""
         return self._cell is cell
 
@@ -411,8 +425,8 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         describes the provider, not the queued work. The gate is disarmed.
         """
         state = self._cell.value
-        recall = machine.RecallState(ignored_streak=state.recall.ignored_streak, pin_disabled=state.recall.pin_disabled)
-        self._cell.value = RecordState(decisions=state.decisions, fallback=state.fallback, recall=recall)
+        recall = replace(state.recall, next_pin=None, in_flight=False, awaiting_record=False, seen=None)
+        self._cell.value = replace(state, recall=recall)
         self._session_id = None
         self._release()
 
@@ -613,15 +627,9 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         history = self._records.history(messages, note_kind=NOTE_KIND)
         status = recall_status(history, self._grouping)
         self._grouping = status.grouping
-        # A host's own reforce callable is asked once per decision, and never while
-        # forcing is disabled; the strategy's shared ask is read from the state.
+        # The reforce callable is asked once per decision, and never while forcing is disabled.
         reforce = self._reforce is not None and not self._cell.value.recall.pin_disabled and bool(self._reforce())
-        action = self._advance(machine.HistorySeen(status, reforce=reforce))
-        if isinstance(action, machine.TakeAsk) and self._reforce is None:
-            ask = self._cell.value.decisions.ask
-            logger.info(
-                "Asking again for a record of %d uncovered tool group(s)", len(ask.targets) if ask is not None else 0
-            )
+        self._advance(machine.HistorySeen(status, reforce=reforce))
 
 
 def _calls_recall(response: ChatResponse) -> bool:

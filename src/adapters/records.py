@@ -2,16 +2,17 @@
 
 A thin adapter over :mod:`maf_compaction.core.records` on the generic shell loop
 (:mod:`.loop`). The conversation's one state value (the record decisions, the default
-fallback's decisions and the recall protocol's state) lives in the strategy's
-:class:`~.connection.Connection`, which the recall middleware wired to :attr:`take_reforce`
-shares: they read and write one value and never call into each other.
+fallback's decisions and the recall protocol's state) is read and written through the
+strategy's :class:`~.connection.View`, which the recall middleware wired to
+:attr:`take_reforce` holds too: they read and write one value and never call into each other.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Protocol
+from dataclasses import replace
+from typing import Any, ClassVar
 
 from agent_framework import CompactionStrategy, Message
 
@@ -22,17 +23,11 @@ from ..core.protocol import Done, sent_tokens
 from ..core.record_decisions import RecordDecisions
 from ..core.records import Fallback, RecordConfig, RecordReport, RecordState
 from .anchored import AnchoredCompactionStrategy, log_anchored
-from .connection import Connection, Reforce
+from .connection import Reforce, View
 from .convert import RecordCache
 from .counting import MediaTokenEstimator, PartCounter, Tokenizer
 from .loop import NOTE_KIND, CompactionAdapter
-
-
-class _SharesState(Protocol):
-    """The recall middleware's side of :meth:`~ToolResultAnchoredSummarizationCompactionStrategy.bind_recall`."""
-
-    def share(self, cell: Connection[RecordState], config: RecordConfig | None = None) -> None: ...
-
+from .recall import ToolResultRecallMiddleware
 
 logger = logging.getLogger("maf_compaction")
 
@@ -201,8 +196,8 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         return self._fallback
 
     @property
-    def state_cell(self) -> Connection[RecordState]:
-        """The conversation's one state value, shared with the recall middleware."""
+    def state_cell(self) -> View[RecordState]:
+        """This strategy's view of the conversation's one state value, shared with the recall middleware and gate."""
         return self._cell
 
     # -- the recall middleware's seams -------------------------------------------------------
@@ -219,7 +214,7 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         """An ask is outstanding and not yet taken (a preview: nothing is consumed)."""
         return core.reforce_due(self._cell.value.decisions)
 
-    def bind_recall(self, recall: _SharesState) -> None:
+    def bind_recall(self, recall: ToolResultRecallMiddleware) -> None:
         """Share this strategy's state with ``recall`` (when its ``reforce`` wraps :attr:`take_reforce`).
 
         A middleware given :attr:`take_reforce` itself shares the state already.
@@ -249,9 +244,7 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         """
         # A value is read back through its dict, so it is checked exactly like a stored one.
         data = decisions.to_dict() if isinstance(decisions, RecordDecisions) else decisions
-        value = RecordDecisions.from_dict(data)
-        current = self._cell.value
-        self.restore_state(RecordState(decisions=value, fallback=current.fallback, recall=current.recall))
+        self.restore_state(replace(self._cell.value, decisions=RecordDecisions.from_dict(data)))
 
     async def _after(self, messages: list[Message], done: Done[RecordState, RecordReport], changed: bool) -> bool:
         """Run the host's own fallback on the applied list, when the pass calls for it."""

@@ -134,6 +134,7 @@ class CompactionStack:
             )
         if not recall.arms(gate):
             raise ValueError("recall must arm this gate: build it with arm=gate.arm and disarm=gate.disarm")
+        gate.attach(records.state_cell)  # its permission is part of the one state value from now on
         self._strategy: Strategy = strategy
         self._records = records
         self._gate = gate
@@ -168,9 +169,8 @@ class CompactionStack:
     def state(self) -> StackState:
         """The stack's whole behavioural state (an immutable value)."""
         strategy = self._strategy
-        if isinstance(strategy, ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy):
-            return StackState.of("composition", strategy.decision_state(), self._gate.armed)
-        return StackState.of("records", strategy.state_cell.value, self._gate.armed)
+        composed = isinstance(strategy, ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy)
+        return StackState(self._kind, strategy.decision_state() if composed else strategy.state_cell.value)
 
     def restore(self, state: StackState) -> None:
         """Continue from ``state``; the next pass checks it against its history.
@@ -180,12 +180,7 @@ class CompactionStack:
         """
         if state.kind != self._kind:
             raise ValueError(f"state is a {state.kind!r} stack's, this stack is a {self._kind!r} stack")
-        strategy, value = self._strategy, state.state
-        strategy.restore_state(value)  # pyright: ignore[reportArgumentType]  (the kinds match: checked above)
-        if state.armed:
-            self._gate.arm()
-        else:
-            self._gate.disarm()
+        self._strategy.restore_state(state.state)  # pyright: ignore[reportArgumentType]  (the kinds match: checked above)
 
     def to_dict(self) -> dict[str, object]:
         """The whole behavioural state as one JSON-safe, versioned dict.

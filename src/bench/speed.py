@@ -371,10 +371,9 @@ def _restorer(strategy: CompactionStrategy) -> Callable[[], None]:
     if not isinstance(strategy, CompactionAdapter):
         return lambda: None
     adapter: CompactionAdapter[Any, Any, Any] = strategy
-    cell = adapter._cell  # pyright: ignore[reportPrivateUsage]
-    state = cell.value
-    reset: Callable[[Any], None] = getattr(cell, "restore", None) or functools.partial(setattr, cell, "value")
-    return lambda: reset(state)
+    connection = adapter._cell.connection  # pyright: ignore[reportPrivateUsage]
+    state = connection.value
+    return lambda: setattr(connection, "value", state)
 
 
 def summarizer_calls(strategy: CompactionStrategy) -> int:
