@@ -60,7 +60,7 @@ from . import anchored, records, user_summaries
 from .anchored import AnchoredConfig, Report
 from .checks import require_int
 from .counting import MESSAGE_OVERHEAD_TOKENS
-from .effects import Request, Summarize, answered, identity, remember
+from .effects import Answer, Request, Summarize, answered, find, identity
 from .envelope import Count, Positive, Text, convert, distinct, error, inner, opened
 from .errors import CompactionBudgetExceeded, SnapshotError
 from .grouping import Grouping, regroup
@@ -173,21 +173,8 @@ class CompositionConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class Replacement:
-    """A record replacement (or an emergency fold of user summaries) the chain asked for and judged.
-
-    Attributes:
-        identity: The request's identity (prompt and numbered transcript, digested).
-        sources: How many records it replaces.
-        text: The summarizer's answer, judged on every pass (kept, or refused for good);
-            ``None`` when the request failed.
-        replacement_id: The id of the written record (or, for a fold, the user summary)
-            that stands for them.
-        kind: ``"merge"``, ``"rewrite"`` (a harder rewrite) or ``"fold"`` (an emergency
-            fold of the oldest user summaries).
-        turns: For a failure, the user turns the conversation had when it failed: it
-            stands for that conversation state only, and a later one asks again.
-    """
+class _StoredReplacement:
+    """How the chain stores a judged answer (the layout of every chain envelope version)."""
 
     identity: Text
     sources: Positive
@@ -195,10 +182,6 @@ class Replacement:
     replacement_id: Text
     kind: ReplacementKind = "merge"
     turns: Count | None = None
-
-    def stands(self, turns: int) -> bool:
-        """This judgement applies to a conversation with ``turns`` user turns (a failure only to its own)."""
-        return self.text is not None or self.turns is None or self.turns >= turns
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,21 +193,14 @@ class ChainDecisions:
             record, or ``None``.
         declined_behind: The record count a wait ended behind: no new wait behind it.
         shed: The shed policy's decisions (watermarks over band tool groups).
-        replacements: Record replacements and emergency folds judged so far, kept and
-            refused, in order.
+        replacements: Record replacements and emergency folds judged so far (kept, refused
+            or failed), in order: the kind of request each answered, and its answer.
     """
 
     wait_since: int | None = None
     declined_behind: int | None = None
     shed: AnchoredSnapshot = field(default_factory=AnchoredSnapshot)
-    replacements: tuple[Replacement, ...] = ()
-
-    def judged(self, request_identity: str) -> Replacement | None:
-        """The judged replacement for ``request_identity``, if any."""
-        for replacement in self.replacements:
-            if replacement.identity == request_identity:
-                return replacement
-        return None
+    replacements: tuple[tuple[ReplacementKind, Answer], ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         """The chain's decisions as a JSON-safe, kind-tagged, versioned dict (see :func:`chain_to_dict`)."""
@@ -275,14 +251,14 @@ def chain_to_dict(chain: ChainDecisions) -> dict[str, object]:
         "shed": chain.shed.to_dict(),
         "replacements": [
             {
-                "identity": r.identity,
-                "sources": r.sources,
-                "text": r.text,
-                "replacement_id": r.replacement_id,
-                "kind": r.kind,
-                "turns": r.turns,
+                "identity": a.identity,
+                "sources": a.sources,
+                "text": a.text,
+                "replacement_id": a.summary_id,
+                "kind": kind,
+                "turns": a.turns,
             }
-            for r in chain.replacements
+            for kind, a in chain.replacements
         ],
     }
 
@@ -298,8 +274,8 @@ def chain_from_dict(data: object, *, keep_head_groups: int | None = None) -> Cha
                 raise SnapshotError(f"unknown snapshot field(s) 'replacements[{index}].turns'")
             upgraded.append({**cast("dict[str, object]", entry), "turns": None} if isinstance(entry, dict) else entry)
         entries = upgraded
-    replacements: tuple[Replacement, ...] = convert(entries, tuple[Replacement, ...], "replacements")
-    for index, r in enumerate(replacements):
+    stored: tuple[_StoredReplacement, ...] = convert(entries, tuple[_StoredReplacement, ...], "replacements")
+    for index, r in enumerate(stored):
         here = f"replacements[{index}]"
         if r.kind == "fold" and cast("int", fields["version"]) < 3:
             raise error(f"{here}.kind", "must be one of 'merge', 'rewrite', got 'fold'")
@@ -313,13 +289,13 @@ def chain_from_dict(data: object, *, keep_head_groups: int | None = None) -> Cha
             raise error(f"{here}.replacement_id", f"must be {prefix}<n>, got {r.replacement_id!r}")
         if fold and r.sources < 2:
             raise error(f"{here}.sources", f"must be an integer in [2, {2**31 - 1}], got {r.sources}")
-    distinct("replacements", [r.identity for r in replacements], what="identity")
+    distinct("replacements", [r.identity for r in stored], what="identity")
     counts = convert({k: fields[k] for k in ("wait_since", "declined_behind")}, _ChainCounts)
     return ChainDecisions(
         wait_since=counts.wait_since,
         declined_behind=counts.declined_behind,
         shed=AnchoredSnapshot.from_dict(inner(fields, "shed"), keep_head_groups=keep_head_groups),
-        replacements=replacements,
+        replacements=tuple((r.kind, Answer(r.identity, r.text, r.replacement_id, r.sources, r.turns)) for r in stored),
     )
 
 
@@ -349,7 +325,7 @@ def state_from_dict(data: object, *, keep_head_groups: int | None = None) -> Com
         chain=chain_from_dict(inner(fields, "chain"), keep_head_groups=keep_head_groups),
     )
     chain = state.chain
-    merged = any(r.text is not None for r in chain.replacements)
+    merged = any(a.text is not None for _, a in chain.replacements)
     counted = (
         state.records.decisions.ask is not None or chain.wait_since is not None or chain.declined_behind is not None
     )
@@ -594,10 +570,8 @@ def absorb(state: CompositionState, answers: Sequence[tuple[Request, str | None]
     for request, text in mine:
         assert isinstance(request, Summarize)
         a = answered(request, text)
-        judged = Replacement(
-            a.identity, request.sources, a.text, request.summary_id, _CHAIN_KINDS[request.kind], a.turns
-        )
-        chain = replace(chain, replacements=remember(chain.replacements, judged))
+        kept = tuple(entry for entry in chain.replacements if entry[1].identity != a.identity)
+        chain = replace(chain, replacements=(*kept, (_CHAIN_KINDS[request.kind], a)))
     return replace(state, users=user_summaries.absorb(state.users, others) if others else state.users, chain=chain)
 
 
@@ -717,18 +691,18 @@ def _acceptable(text: str | None, items: Sequence[_Record], measure: anchored.Me
 
 def _replay(config: CompositionConfig, work: _Replaced, measure: anchored.Measure) -> None:
     """Apply every kept replacement whose records are in the conversation, in the order they were kept."""
-    for judged in work.chain.replacements:
-        if judged.text is None:
+    for kind, judged in work.chain.replacements:
+        if judged.text is None or judged.sources is None or judged.summary_id is None:
             continue  # a failure, not a refusal: :func:`_next_replacement` decides when to ask again
-        if judged.kind == "fold":
+        if kind == "fold":
             _replay_fold(config, work, judged, measure)
             continue
         items = _active_records(work.output, measure)[: judged.sources]
         if len(items) < judged.sources:
             continue
         if not any(
-            _request(kind, prompt, items, judged.replacement_id).identity == judged.identity
-            for kind, prompt in _prompts(config)
+            _request(asked, prompt, items, judged.summary_id).identity == judged.identity
+            for asked, prompt in _prompts(config)
         ):
             continue
         if _acceptable(judged.text, items, measure):
@@ -757,13 +731,13 @@ def _next_replacement(config: CompositionConfig, work: _Replaced, measure: ancho
     items = _active_records(work.output, measure)
     limit = config.users.summary_input_limit
     turns = user_summaries.user_turns(work.output)
-    kept = sum(1 for r in work.chain.replacements if r.text is not None and r.kind != "fold")
+    kept = sum(1 for kind, r in work.chain.replacements if r.text is not None and kind != "fold")
     number = _next_number(work.output, REPLACEMENT_ID_PREFIX, kept)
     rewrites = 0  # harder rewrites kept since the last merge: at most harder_attempts
-    for judged in reversed(work.chain.replacements):
-        if judged.kind == "merge" and judged.text is not None:
+    for kind, judged in reversed(work.chain.replacements):
+        if kind == "merge" and judged.text is not None:
             break
-        rewrites += judged.kind == "rewrite" and judged.text is not None
+        rewrites += kind == "rewrite" and judged.text is not None
     for kind, prompt in _prompts(config):
         if kind == "rewrite" and rewrites >= config.harder_attempts:
             break
@@ -771,7 +745,7 @@ def _next_replacement(config: CompositionConfig, work: _Replaced, measure: ancho
         if not selected:
             continue
         request = _request(kind, prompt, selected, f"{REPLACEMENT_ID_PREFIX}{number}", turns)
-        judged = work.chain.judged(request.identity)
+        judged = find((a for _, a in work.chain.replacements), request.identity)
         if judged is None or not judged.stands(turns):
             return request
         if judged.text is None:
@@ -815,14 +789,16 @@ def _fold_acceptable(text: str | None, items: Sequence[_Summary], fold_id: str, 
     return all(value in quoted for i in items for value in distinctive_values(i.text))
 
 
-def _replay_fold(config: CompositionConfig, work: _Replaced, judged: Replacement, measure: anchored.Measure) -> None:
+def _replay_fold(config: CompositionConfig, work: _Replaced, judged: Answer, measure: anchored.Measure) -> None:
     """Apply a kept emergency fold when the oldest standing summaries are the ones it folded."""
+    assert judged.sources is not None
+    assert judged.summary_id is not None
     items = _standing_summaries(work.output)[: judged.sources]
     if len(items) < judged.sources:
         return
-    if _fold_request(config.users.fold_prompt, items, judged.replacement_id).identity != judged.identity:
+    if _fold_request(config.users.fold_prompt, items, judged.summary_id).identity != judged.identity:
         return
-    if _fold_acceptable(judged.text, items, judged.replacement_id, measure):
+    if _fold_acceptable(judged.text, items, judged.summary_id, measure):
         work.output = _apply_fold(work.output, items, judged, measure)
         work.folded += 1
     else:
@@ -842,42 +818,42 @@ def _next_fold(config: CompositionConfig, work: _Replaced, measure: anchored.Mea
     if not selected:
         return None
     turns = user_summaries.user_turns(work.output)
-    kept = sum(1 for r in work.chain.replacements if r.kind == "fold" and r.text is not None)
+    kept = sum(1 for kind, r in work.chain.replacements if kind == "fold" and r.text is not None)
     number = _next_number(work.output, EMERGENCY_FOLD_ID_PREFIX, kept)
     request = _fold_request(prompt, selected, f"{EMERGENCY_FOLD_ID_PREFIX}{number}", turns)
-    judged = work.chain.judged(request.identity)
+    judged = find((a for _, a in work.chain.replacements), request.identity)
     if judged is None or not judged.stands(turns):
         return request
     if judged.text is None:
         work.failed.add(judged.identity)
-    elif not _fold_acceptable(judged.text, selected, judged.replacement_id, measure):
+    elif not _fold_acceptable(judged.text, selected, request.summary_id, measure):
         work.refused.add(judged.identity)
     return None
 
 
-def _apply_fold(output: History, items: Sequence[_Summary], judged: Replacement, measure: anchored.Measure) -> History:
+def _apply_fold(output: History, items: Sequence[_Summary], judged: Answer, measure: anchored.Measure) -> History:
     """Exclude the folded summaries (linked to the fold); insert the fold where the first stood."""
     assert judged.text is not None
+    assert judged.summary_id is not None
     rebuilt = list(output)
     replaced_ids: list[str] = []
     for item in items:
         record = rebuilt[item.index]
         rebuilt[item.index] = replace(
-            record, excluded=True, reason=user_summaries.FOLD_EXCLUDE_REASON, replaced_by=judged.replacement_id
+            record, excluded=True, reason=user_summaries.FOLD_EXCLUDE_REASON, replaced_by=judged.summary_id
         )
         if record.message_id:
             replaced_ids.append(record.message_id)
-    fold = user_summaries.summary_record(judged.text, judged.replacement_id, measure)
+    fold = user_summaries.summary_record(judged.text, judged.summary_id, measure)
     fold = replace(fold, replaces=tuple(replaced_ids))
     rebuilt.insert(items[0].index, fold)
     return pvector(rebuilt)
 
 
-def _apply_replacement(
-    output: History, items: Sequence[_Record], judged: Replacement, measure: anchored.Measure
-) -> History:
+def _apply_replacement(output: History, items: Sequence[_Record], judged: Answer, measure: anchored.Measure) -> History:
     """Exclude the replaced records with their groups; insert the written record where the first stood."""
     assert judged.text is not None
+    assert judged.summary_id is not None
     conversation = conversation_indices(output)
     position = {index: k for k, index in enumerate(conversation)}
     grouping = regroup([output[i] for i in conversation])
@@ -888,7 +864,7 @@ def _apply_replacement(
     for index in members:
         record = rebuilt[index]
         if not record.excluded:
-            rebuilt[index] = replace(record, excluded=True, reason=MERGED_REASON, replaced_by=judged.replacement_id)
+            rebuilt[index] = replace(record, excluded=True, reason=MERGED_REASON, replaced_by=judged.summary_id)
             if record.message_id:
                 replaced_ids.append(record.message_id)
     text = _written_text(judged.text)
@@ -897,7 +873,7 @@ def _apply_replacement(
         role="assistant",
         parts=(Part(kind="text", text=text, tokens=text_tokens),),
         tokens=MESSAGE_OVERHEAD_TOKENS + text_tokens,
-        message_id=judged.replacement_id,
+        message_id=judged.summary_id,
         written_record=True,
         held=HOLD_RECORD,
         replaces=tuple(replaced_ids),
