@@ -179,8 +179,8 @@ class _StoredReplacement:
     sources: Positive
     text: Text | None
     replacement_id: Text
-    kind: ReplacementKind = "merge"
-    turns: Count | None = None
+    kind: ReplacementKind
+    turns: Count | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -554,12 +554,12 @@ def _roomy(config: CompositionConfig, output: History, grouping: Grouping | None
 
 def absorb(state: CompositionState, answers: Sequence[tuple[Request, str | None]]) -> CompositionState:
     """Record replacements and emergency folds go to the chain (judged on the next step); the rest to the user half."""
-    mine = [(r, a) for r, a in answers if isinstance(r, Summarize) and r.kind in _CHAIN_KINDS]
-    others = [(r, a) for r, a in answers if (r, a) not in mine]
-    chain = state.chain
-    for request, text in mine:
-        assert isinstance(request, Summarize)
-        a = answered(request, text)
+    chain, others = state.chain, list[tuple[Request, str | None]]()
+    for request, text in answers:
+        if not isinstance(request, Summarize) or request.kind not in _CHAIN_KINDS:
+            others.append((request, text))
+            continue
+        a = answered(request, text)  # it supersedes an earlier answer to the same request
         kept = tuple(entry for entry in chain.replacements if entry[1].identity != a.identity)
         chain = replace(chain, replacements=(*kept, (_CHAIN_KINDS[request.kind], a)))
     return replace(state, users=user_summaries.absorb(state.users, others) if others else state.users, chain=chain)
