@@ -757,7 +757,7 @@ def _next(config: CompositionConfig, work: _Replaced, measure: anchored.Measure)
             if not selected:
                 continue
             request = _request(kind, prompt, selected, f"{kind.prefix}{number}", turns)
-            answer = find((a for _, a in work.chain.replacements), request.identity)
+            answer = find([a for _, a in work.chain.replacements], request.identity)
             if answer is None or not answer.stands(turns):
                 return request
             if answer.text is None:

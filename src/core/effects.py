@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeAlias, TypeVar
 
@@ -120,9 +120,9 @@ def answered(request: Request, text: str | None) -> Answer:
     return Answer(request.identity, clean, summary_id=request.summary_id, sources=request.sources, turns=turns)
 
 
-def find(table: Iterable[A], identity: str) -> A | None:
-    """The answer in ``table`` to the request ``identity``, if any (a table holds one per identity)."""
-    return next((answer for answer in table if answer.identity == identity), None)
+def find(table: Sequence[A], identity: str) -> A | None:
+    """The answer in ``table`` to the request ``identity``, if any (the newest: see :func:`remember`)."""
+    return next((answer for answer in reversed(table) if answer.identity == identity), None)
 
 
 def remember(table: Sequence[A], answer: A) -> tuple[A, ...]:
