@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn, SearchStrategy
 
 from maf_compaction import AnchoredSnapshot, Ask, RecordDecisions, UserSummarySnapshot
-from maf_compaction.core.composition import ChainDecisions, Replacement
+from maf_compaction.core.composition import ChainDecisions, ReplacementKind
 from maf_compaction.core.effects import Answer
 from maf_compaction.core.envelope import MAX_COUNT
 
@@ -99,7 +99,7 @@ user_snapshots = st.builds(
 
 
 @st.composite
-def replacements(draw: DrawFn) -> Replacement:
+def replacements(draw: DrawFn) -> tuple[ReplacementKind, Answer]:
     """A judged record replacement or emergency fold ``absorb`` could write: ``turns`` only on a failure."""
     text = draw(st.none() | texts)
     turns = None if text is not None else draw(st.none() | counts)
@@ -107,7 +107,7 @@ def replacements(draw: DrawFn) -> Replacement:
     prefix = "user_summary_emergency_fold_" if kind == "fold" else "record_replacement_"
     replacement_id = draw(st.integers(0, MAX_COUNT).map(lambda n: f"{prefix}{n}"))
     sources = draw(st.integers(2 if kind == "fold" else 1, max(2, MAX_COUNT)))
-    return Replacement(draw(texts), sources, text, replacement_id, kind, turns)
+    return kind, Answer(draw(texts), text, replacement_id, sources, turns)
 
 
 chain_decisions = st.builds(
@@ -115,5 +115,5 @@ chain_decisions = st.builds(
     wait_since=st.none() | counts,
     declined_behind=st.none() | counts,
     shed=anchored_snapshots(),
-    replacements=st.lists(replacements(), max_size=4, unique_by=lambda r: r.identity).map(tuple),
+    replacements=st.lists(replacements(), max_size=4, unique_by=lambda r: r[1].identity).map(tuple),
 )

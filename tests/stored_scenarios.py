@@ -94,7 +94,7 @@ def stack_continuation(kind: str, budget: int, stored: dict[str, Any]) -> dict[s
     else:
         found["records"] = stack.tool_results.decision_state().to_dict()
         found["users"] = [[a.identity, a.text] for a in state.users.answers]
-        found["chain"] = [[r.identity, r.text] for r in state.chain.replacements]
+        found["chain"] = [[a.identity, a.text] for _, a in state.chain.replacements]
         found["compactions"] = [state.users.compactions, state.users.folds]
     return found
 

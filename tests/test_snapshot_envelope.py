@@ -33,7 +33,6 @@ from maf_compaction import (
 from maf_compaction.core.composition import (
     ChainDecisions,
     CompositionState,
-    Replacement,
     chain_from_dict,
     chain_to_dict,
 )
@@ -551,11 +550,11 @@ def test_the_chains_decisions_round_trip_through_the_envelope_and_json(chain: Ch
 
 
 def test_a_failed_replacement_is_dated_and_a_version_1_failure_still_stands_for_ever() -> None:
-    failed = Replacement("i" * 32, 2, None, "record_replacement_0", "merge", turns=5)
-    data = chain_to_dict(ChainDecisions(replacements=(failed,)))
+    failed = Answer("i" * 32, None, "record_replacement_0", 2, turns=5)
+    data = chain_to_dict(ChainDecisions(replacements=(("merge", failed),)))
     assert data["version"] == 3
     assert cast("list[dict[str, object]]", data["replacements"])[0]["turns"] == 5
-    restored = chain_from_dict(data).replacements[0]
+    restored = chain_from_dict(data).replacements[0][1]
     assert (restored.stands(5), restored.stands(6)) == (True, False), "a failure stands until the next user turn"
     # Version 1 had no date: its failures were never asked again, and read so they still are not.
     old = {
@@ -566,14 +565,14 @@ def test_a_failed_replacement_is_dated_and_a_version_1_failure_still_stands_for_
             for entry in cast("list[dict[str, object]]", data["replacements"])
         ],
     }
-    legacy = chain_from_dict(old).replacements[0]
+    legacy = chain_from_dict(old).replacements[0][1]
     assert (legacy.turns, legacy.stands(10**6)) == (None, True)
     with pytest.raises(SnapshotError, match=r"unknown snapshot field\(s\) 'replacements\[0\]\.turns'"):
         chain_from_dict({**data, "version": 1})
 
 
 def test_a_version_1_composition_state_reads_unless_a_kept_merge_makes_its_counts_ambiguous() -> None:
-    kept = Replacement("i" * 32, 2, "record\nTL-1", "record_replacement_0", "merge")
+    kept = ("merge", Answer("i" * 32, "record\nTL-1", "record_replacement_0", 2))
     calm = CompositionState(chain=ChainDecisions(replacements=(kept,)))
     waiting = CompositionState(chain=ChainDecisions(replacements=(kept,), wait_since=3))
     unmerged = CompositionState(chain=ChainDecisions(wait_since=3))
@@ -586,7 +585,7 @@ def test_a_version_1_composition_state_reads_unless_a_kept_merge_makes_its_count
 
 
 def test_an_emergency_fold_reads_from_version_3_only_and_carries_a_fold_id() -> None:
-    fold = Replacement("f" * 32, 2, "folded TL-1", "user_summary_emergency_fold_0", "fold")
+    fold = ("fold", Answer("f" * 32, "folded TL-1", "user_summary_emergency_fold_0", 2))
     data = chain_to_dict(ChainDecisions(replacements=(fold,)))
     assert data["version"] == 3
     assert chain_from_dict(json.loads(json.dumps(data))).replacements == (fold,)
@@ -612,7 +611,7 @@ def test_an_emergency_fold_reads_from_version_3_only_and_carries_a_fold_id() -> 
     ],
 )
 def test_an_inconsistent_replacement_is_refused_naming_the_field(entry: dict[str, object], message: str) -> None:
-    data = chain_to_dict(ChainDecisions(replacements=(Replacement("i" * 32, 2, None, "record_replacement_0"),)))
+    data = chain_to_dict(ChainDecisions(replacements=(("merge", Answer("i" * 32, None, "record_replacement_0", 2)),)))
     data["replacements"] = [{**cast("list[dict[str, object]]", data["replacements"])[0], **entry}]
     with pytest.raises(SnapshotError, match=message):
         chain_from_dict(data)

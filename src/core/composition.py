@@ -49,7 +49,8 @@ uncovered results) does not fit, the pass answers ``Failure(CompactionBudgetExce
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal, TypeAlias, cast
 
@@ -60,7 +61,7 @@ from . import anchored, records, user_summaries
 from .anchored import AnchoredConfig, Report
 from .checks import require_int
 from .counting import MESSAGE_OVERHEAD_TOKENS
-from .effects import Request, Summarize, answered, identity, remember
+from .effects import Answer, Request, Summarize, answered, find, identity
 from .envelope import Count, Positive, Text, convert, distinct, error, inner, opened
 from .errors import CompactionBudgetExceeded, SnapshotError
 from .grouping import Grouping, regroup
@@ -85,11 +86,9 @@ _ANY_SIZE: Final = 1e-9
 #: Why the records a kept replacement stands for are excluded.
 MERGED_REASON: Final = "record_replaced"
 REPLACEMENT_ID_PREFIX: Final = "record_replacement_"
-_REPLACEMENT_ID: Final = re.compile(rf"{REPLACEMENT_ID_PREFIX}(0|[1-9][0-9]*)")
 #: The ids of emergency folds: user summaries, apart from the user half's own (``user_summary_<n>``,
 #: ``user_summary_fold_<n>``), which it allocates without seeing the chain's.
 EMERGENCY_FOLD_ID_PREFIX: Final = "user_summary_emergency_fold_"
-_EMERGENCY_FOLD_ID: Final = re.compile(rf"{EMERGENCY_FOLD_ID_PREFIX}(0|[1-9][0-9]*)")
 ReplacementKind: TypeAlias = Literal["merge", "rewrite", "fold"]
 
 DEFAULT_MERGE_PROMPT: Final = (
@@ -173,32 +172,15 @@ class CompositionConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class Replacement:
-    """A record replacement (or an emergency fold of user summaries) the chain asked for and judged.
-
-    Attributes:
-        identity: The request's identity (prompt and numbered transcript, digested).
-        sources: How many records it replaces.
-        text: The summarizer's answer, judged on every pass (kept, or refused for good);
-            ``None`` when the request failed.
-        replacement_id: The id of the written record (or, for a fold, the user summary)
-            that stands for them.
-        kind: ``"merge"``, ``"rewrite"`` (a harder rewrite) or ``"fold"`` (an emergency
-            fold of the oldest user summaries).
-        turns: For a failure, the user turns the conversation had when it failed: it
-            stands for that conversation state only, and a later one asks again.
-    """
+class _StoredReplacement:
+    """How the chain stores a judged answer (the layout of every chain envelope version)."""
 
     identity: Text
     sources: Positive
     text: Text | None
     replacement_id: Text
-    kind: ReplacementKind = "merge"
-    turns: Count | None = None
-
-    def stands(self, turns: int) -> bool:
-        """This judgement applies to a conversation with ``turns`` user turns (a failure only to its own)."""
-        return self.text is not None or self.turns is None or self.turns >= turns
+    kind: ReplacementKind
+    turns: Count | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,21 +192,14 @@ class ChainDecisions:
             record, or ``None``.
         declined_behind: The record count a wait ended behind: no new wait behind it.
         shed: The shed policy's decisions (watermarks over band tool groups).
-        replacements: Record replacements and emergency folds judged so far, kept and
-            refused, in order.
+        replacements: Record replacements and emergency folds judged so far (kept, refused
+            or failed), in order: the kind of request each answered, and its answer.
     """
 
     wait_since: int | None = None
     declined_behind: int | None = None
     shed: AnchoredSnapshot = field(default_factory=AnchoredSnapshot)
-    replacements: tuple[Replacement, ...] = ()
-
-    def judged(self, request_identity: str) -> Replacement | None:
-        """The judged replacement for ``request_identity``, if any."""
-        for replacement in self.replacements:
-            if replacement.identity == request_identity:
-                return replacement
-        return None
+    replacements: tuple[tuple[ReplacementKind, Answer], ...] = ()
 
     def to_dict(self) -> dict[str, object]:
         """The chain's decisions as a JSON-safe, kind-tagged, versioned dict (see :func:`chain_to_dict`)."""
@@ -275,14 +250,14 @@ def chain_to_dict(chain: ChainDecisions) -> dict[str, object]:
         "shed": chain.shed.to_dict(),
         "replacements": [
             {
-                "identity": r.identity,
-                "sources": r.sources,
-                "text": r.text,
-                "replacement_id": r.replacement_id,
-                "kind": r.kind,
-                "turns": r.turns,
+                "identity": a.identity,
+                "sources": a.sources,
+                "text": a.text,
+                "replacement_id": a.summary_id,
+                "kind": kind,
+                "turns": a.turns,
             }
-            for r in chain.replacements
+            for kind, a in chain.replacements
         ],
     }
 
@@ -298,28 +273,25 @@ def chain_from_dict(data: object, *, keep_head_groups: int | None = None) -> Cha
                 raise SnapshotError(f"unknown snapshot field(s) 'replacements[{index}].turns'")
             upgraded.append({**cast("dict[str, object]", entry), "turns": None} if isinstance(entry, dict) else entry)
         entries = upgraded
-    replacements: tuple[Replacement, ...] = convert(entries, tuple[Replacement, ...], "replacements")
-    for index, r in enumerate(replacements):
+    stored: tuple[_StoredReplacement, ...] = convert(entries, tuple[_StoredReplacement, ...], "replacements")
+    for index, r in enumerate(stored):
         here = f"replacements[{index}]"
         if r.kind == "fold" and cast("int", fields["version"]) < 3:
             raise error(f"{here}.kind", "must be one of 'merge', 'rewrite', got 'fold'")
         if r.text is not None and r.turns is not None:
             raise error(f"{here}.turns", f"an answer with text carries no turns, got {r.turns}")
-        fold = r.kind == "fold"
-        prefix, pattern = (
-            (EMERGENCY_FOLD_ID_PREFIX, _EMERGENCY_FOLD_ID) if fold else (REPLACEMENT_ID_PREFIX, _REPLACEMENT_ID)
-        )
-        if pattern.fullmatch(r.replacement_id) is None:
+        prefix = _KINDS[r.kind].prefix
+        if re.fullmatch(rf"{prefix}(0|[1-9][0-9]*)", r.replacement_id) is None:
             raise error(f"{here}.replacement_id", f"must be {prefix}<n>, got {r.replacement_id!r}")
-        if fold and r.sources < 2:
+        if r.kind == "fold" and r.sources < 2:
             raise error(f"{here}.sources", f"must be an integer in [2, {2**31 - 1}], got {r.sources}")
-    distinct("replacements", [r.identity for r in replacements], what="identity")
+    distinct("replacements", [r.identity for r in stored], what="identity")
     counts = convert({k: fields[k] for k in ("wait_since", "declined_behind")}, _ChainCounts)
     return ChainDecisions(
         wait_since=counts.wait_since,
         declined_behind=counts.declined_behind,
         shed=AnchoredSnapshot.from_dict(inner(fields, "shed"), keep_head_groups=keep_head_groups),
-        replacements=replacements,
+        replacements=tuple((r.kind, Answer(r.identity, r.text, r.replacement_id, r.sources, r.turns)) for r in stored),
     )
 
 
@@ -349,7 +321,7 @@ def state_from_dict(data: object, *, keep_head_groups: int | None = None) -> Com
         chain=chain_from_dict(inner(fields, "chain"), keep_head_groups=keep_head_groups),
     )
     chain = state.chain
-    merged = any(r.text is not None for r in chain.replacements)
+    merged = any(a.text is not None for _, a in chain.replacements)
     counted = (
         state.records.decisions.ask is not None or chain.wait_since is not None or chain.declined_behind is not None
     )
@@ -442,9 +414,7 @@ def step(
     replaced = _Replaced(output, chain)
     _replay(config, replaced, measure)
     if sent_tokens(replaced.output) > budget:
-        request = _next_replacement(config, replaced, measure)
-        if request is None and not replaced.failed:
-            request = _next_fold(config, replaced, measure)
+        request = _next(config, replaced, measure)
         if request is not None:
             # The next step recomputes everything from the input state and the absorbed answer.
             return Success(Needs((request,), state))
@@ -495,8 +465,8 @@ def step(
         waited=waiting,
         fallback=fallback_report,
         shed=shed_report,
-        replaced=replaced.applied,
-        folded=replaced.folded,
+        replaced=replaced.kept[REPLACEMENT_ID_PREFIX],
+        folded=replaced.kept[EMERGENCY_FOLD_ID_PREFIX],
         refused=tuple(sorted(replaced.refused)),
         failed=tuple(sorted(replaced.failed)),
     )
@@ -582,22 +552,16 @@ def _roomy(config: CompositionConfig, output: History, grouping: Grouping | None
     return sent_tokens(output) + largest <= config.max_input_tokens
 
 
-#: The request kinds the chain asks for, and the kind of replacement each judges.
-_CHAIN_KINDS: Final[Mapping[str, ReplacementKind]] = {"merge": "merge", "rewrite": "rewrite", "emergency_fold": "fold"}
-
-
 def absorb(state: CompositionState, answers: Sequence[tuple[Request, str | None]]) -> CompositionState:
     """Record replacements and emergency folds go to the chain (judged on the next step); the rest to the user half."""
-    mine = [(r, a) for r, a in answers if isinstance(r, Summarize) and r.kind in _CHAIN_KINDS]
-    others = [(r, a) for r, a in answers if (r, a) not in mine]
-    chain = state.chain
-    for request, text in mine:
-        assert isinstance(request, Summarize)
-        a = answered(request, text)
-        judged = Replacement(
-            a.identity, request.sources, a.text, request.summary_id, _CHAIN_KINDS[request.kind], a.turns
-        )
-        chain = replace(chain, replacements=remember(chain.replacements, judged))
+    chain, others = state.chain, list[tuple[Request, str | None]]()
+    for request, text in answers:
+        if not isinstance(request, Summarize) or request.kind not in _CHAIN_KINDS:
+            others.append((request, text))
+            continue
+        a = answered(request, text)  # it supersedes an earlier answer to the same request
+        kept = tuple(entry for entry in chain.replacements if entry[1].identity != a.identity)
+        chain = replace(chain, replacements=(*kept, (_CHAIN_KINDS[request.kind], a)))
     return replace(state, users=user_summaries.absorb(state.users, others) if others else state.users, chain=chain)
 
 
@@ -612,25 +576,49 @@ def check(config: CompositionConfig, state: CompositionState, history: History) 
 
 @dataclass(slots=True)
 class _Replaced:
-    """Working state of the record-replacement step (local to :func:`step`)."""
+    """Working state of the chain's replacement step (local to :func:`step`)."""
 
     output: History
     chain: ChainDecisions
-    applied: int = 0
-    folded: int = 0
+    kept: Counter[str] = field(default_factory=Counter[str])  # applied on this pass, by id prefix
     refused: set[str] = field(default_factory=set[str])
     failed: set[str] = field(default_factory=set[str])
 
 
 @dataclass(frozen=True, slots=True)
-class _Record:
+class _Item:
+    """What a replacement may stand for: an active record, or a standing user summary."""
+
     index: int  # into the history
-    text: str  # the record's values, without the record prefix
-    tokens: int  # as a written record message
-    run: int = 0  # records form one run: any prefix of them may be replaced together
+    text: str  # its body: a record's values without the record prefix, a summary without its marker
+    tokens: int  # its size as a message (a record's as a written record)
+    members: tuple[int, ...]  # what leaves the prompt with it: a record's whole group, a summary alone
+    run: int = 0  # items form one run: any prefix of them may be replaced together
 
 
-def _active_records(output: History, measure: anchored.Measure) -> list[_Record]:
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    """One kind of replacement the chain asks for; every kind follows one rule.
+
+    The kind's items, oldest first; the prefix of them whose request fits
+    ``max_summary_input_tokens`` (``minimum`` at least); a request keyed by its identity;
+    the answer kept only when smaller than what it replaces AND quoting every distinctive
+    value of it (:func:`_kept`), else refused for good, and a failure standing until the
+    next user turn; a kept answer applied by excluding what its items stand for (linked
+    to it, with ``reason``) and inserting its message where the first stood (:func:`_apply`).
+    """
+
+    request: Literal["merge", "rewrite", "emergency_fold"]  # :attr:`Summarize.kind`
+    label: str  # of the request's identity
+    prefix: str  # of the ids it allocates
+    minimum: int
+    items: Callable[[History, anchored.Measure], list[_Item]]
+    prompts: Callable[[CompositionConfig], list[str]]
+    message: Callable[[str, str, anchored.Measure], MessageRecord]  # (answer, id, measure)
+    reason: str
+
+
+def _active_records(output: History, measure: anchored.Measure) -> list[_Item]:
     """The conversation's active records that a replacement may stand for, oldest first.
 
     Only records whose group holds nothing else (a recall call and its result, or a
@@ -640,102 +628,91 @@ def _active_records(output: History, measure: anchored.Measure) -> list[_Record]
     indices = conversation_indices(output)
     conversation = [output[i] for i in indices]
     recall_ids = records.recall_call_ids(conversation)
-    mixed: set[int] = set()
+    groups: dict[int, tuple[int, ...]] = {}  # history index -> its whole group, for groups of records only
     for group in regroup(conversation).all:
-        for member in group.members:
-            record = conversation[member]
-            calls_other = any(name != records.RECALL_TOOL_NAME for name in record.call_names)
-            answers_other = any(p.kind == "function_result" and p.call_id not in recall_ids for p in record.parts)
-            if calls_other or answers_other:
-                mixed.update(indices[m] for m in group.members)
-                break
-    found: list[_Record] = []
-    for index, record in enumerate(output):
-        if record.injected or record.note or index in mixed:
-            continue
-        text = records.record_text(record, recall_ids)
-        if not text:
-            continue
-        body = text.split(records.RECORD_MARKER, 1)[-1].removeprefix(" " + records.RECORD_PREAMBLE).strip()
-        found.append(_Record(index, body, _written_tokens(body, measure)))
+        members = [conversation[m] for m in group.members]
+        calls_other = any(name != records.RECALL_TOOL_NAME for r in members for name in r.call_names)
+        answers_other = any(
+            p.kind == "function_result" and p.call_id not in recall_ids for r in members for p in r.parts
+        )
+        if not calls_other and not answers_other:
+            whole = tuple(indices[m] for m in group.members)
+            groups.update(dict.fromkeys(whole, whole))
+    found: list[_Item] = []
+    for index in sorted(groups):
+        text = records.record_text(output[index], recall_ids)
+        if text:
+            body = text.split(records.RECORD_MARKER, 1)[-1].removeprefix(" " + records.RECORD_PREAMBLE).strip()
+            found.append(_Item(index, body, _written(body, "", measure).tokens, groups[index]))
     return found
 
 
-def _written_text(body: str) -> str:
-    return f"{RECORD_PREFIX}\n{body.strip()}"
+def _standing_summaries(output: History, measure: anchored.Measure) -> list[_Item]:
+    """The conversation's standing user summaries (ours, folds included), oldest first."""
+    del measure  # a summary's size is its message's
+    return [
+        _Item(index, user_summaries.summary_body(record), record.tokens, (index,))
+        for index, record in enumerate(output)
+        if record.summary and record.role == "user" and not record.excluded and not record.injected
+    ]
 
 
-def _written_tokens(body: str, measure: anchored.Measure) -> int:
-    return MESSAGE_OVERHEAD_TOKENS + measure(_written_text(body))
+def _written(answer: str, record_id: str, measure: anchored.Measure) -> MessageRecord:
+    """The written record a merge's or a rewrite's ``answer`` becomes."""
+    text = f"{RECORD_PREFIX}\n{answer.strip()}"
+    text_tokens = measure(text)
+    return MessageRecord(
+        role="assistant",
+        parts=(Part(kind="text", text=text, tokens=text_tokens),),
+        tokens=MESSAGE_OVERHEAD_TOKENS + text_tokens,
+        message_id=record_id,
+        written_record=True,
+        held=HOLD_RECORD,
+    )
 
 
-def _prompts(config: CompositionConfig) -> list[tuple[Literal["merge", "rewrite"], str]]:
-    """(kind, prompt) of every replacement the chain may ask for: the merge, then each harder rewrite."""
-    prompts: list[tuple[Literal["merge", "rewrite"], str]] = [("merge", config.merge_prompt)]
-    for attempt in range(1, config.harder_attempts + 1):
-        prompts.append(("rewrite", harder_prompt(attempt)))
-    return prompts
-
-
-def _request(
-    kind: Literal["merge", "rewrite"], prompt: str, items: Sequence[_Record], replacement_id: str, turns: int = 0
-) -> Summarize:
-    return _chain_request("record_replacement", kind, prompt, items, replacement_id, turns=turns)
-
-
-def _chain_request(
-    label: str,
-    kind: Literal["merge", "rewrite", "emergency_fold"],
-    prompt: str,
-    items: Sequence[_Record] | Sequence[_Summary],
-    replacement_id: str,
-    *,
-    turns: int,
-) -> Summarize:
-    """A chain step's summarizer request (record merge or rewrite, emergency fold), keyed by what it replaces."""
+def _request(kind: _Kind, prompt: str, items: Sequence[_Item], summary_id: str, turns: int = 0) -> Summarize:
+    """The summarizer request of ``kind`` for ``items``, keyed by what it replaces."""
     transcript = user_summaries.numbered(items)
     return Summarize(
-        identity=identity(label, prompt, len(items), transcript),
+        identity=identity(kind.label, prompt, len(items), transcript),
         prompt=prompt,
         transcript=transcript,
         sources=len(items),
-        summary_id=replacement_id,
-        kind=kind,
+        summary_id=summary_id,
+        kind=kind.request,
         turns=turns,
     )
 
 
-def _acceptable(text: str | None, items: Sequence[_Record], measure: anchored.Measure) -> bool:
-    """Kept only when smaller than what it replaces (like for like) AND every distinctive value survives."""
-    if not text:
-        return False
-    if _written_tokens(text, measure) >= sum(i.tokens for i in items):
-        return False
-    quoted = word_set(text)
-    return all(value in quoted for i in items for value in distinctive_values(i.text))
+def _kept(kind: _Kind, answer: Answer, items: Sequence[_Item], measure: anchored.Measure) -> MessageRecord | None:
+    """The message ``answer`` becomes if kept: smaller than ``items`` (like for like) AND quoting all their values."""
+    if not answer.text or not answer.text.strip() or answer.summary_id is None:
+        return None
+    message = kind.message(answer.text, answer.summary_id, measure)
+    if message.tokens >= sum(i.tokens for i in items):
+        return None
+    quoted = word_set(answer.text)
+    return message if all(value in quoted for i in items for value in distinctive_values(i.text)) else None
 
 
 def _replay(config: CompositionConfig, work: _Replaced, measure: anchored.Measure) -> None:
-    """Apply every kept replacement whose records are in the conversation, in the order they were kept."""
-    for judged in work.chain.replacements:
-        if judged.text is None:
-            continue  # a failure, not a refusal: :func:`_next_replacement` decides when to ask again
-        if judged.kind == "fold":
-            _replay_fold(config, work, judged, measure)
-            continue
-        items = _active_records(work.output, measure)[: judged.sources]
-        if len(items) < judged.sources:
-            continue
-        if not any(
-            _request(kind, prompt, items, judged.replacement_id).identity == judged.identity
-            for kind, prompt in _prompts(config)
+    """Apply every kept replacement whose items lead the conversation's, in the order they were kept."""
+    for name, answer in work.chain.replacements:
+        if answer.text is None or answer.sources is None:
+            continue  # a failure, not a refusal: :func:`_next` decides when to ask again
+        kind = _KINDS[name]
+        items = kind.items(work.output, measure)[: answer.sources]
+        if len(items) < answer.sources or all(
+            _request(kind, prompt, items, "").identity != answer.identity for prompt in kind.prompts(config)
         ):
             continue
-        if _acceptable(judged.text, items, measure):
-            work.output = _apply_replacement(work.output, items, judged, measure)
-            work.applied += 1
+        message = _kept(kind, answer, items, measure)
+        if message is None:
+            work.refused.add(answer.identity)
         else:
-            work.refused.add(judged.identity)
+            work.output = _apply(work.output, kind, items, message)
+            work.kept[kind.prefix] += 1
 
 
 def _next_number(output: History, prefix: str, kept: int) -> int:
@@ -744,166 +721,100 @@ def _next_number(output: History, prefix: str, kept: int) -> int:
     return max([kept, *(int(suffix) + 1 for suffix in used if suffix.isdigit())])
 
 
-def _next_replacement(config: CompositionConfig, work: _Replaced, measure: anchored.Measure) -> Summarize | None:
+def _rewrites(chain: ChainDecisions) -> int:
+    """Harder rewrites answered (kept or refused) since the last merge answered: ``harder_attempts`` at most."""
+    count = 0
+    for name, answer in reversed(chain.replacements):
+        if answer.text is not None and name == "merge":
+            break
+        count += answer.text is not None and name == "rewrite"
+    return count
+
+
+def _next(config: CompositionConfig, work: _Replaced, measure: anchored.Measure) -> Summarize | None:
     """The next replacement to ask for while over the budget, or ``None``.
 
-    The merge of the oldest records that fit the request bound (two at least), then the
-    harder rewrites (at most ``harder_attempts`` since the last kept merge); an identity
-    once judged (kept or refused) is never asked for again. Kept ones were applied by
-    :func:`_replay`; refused ones are counted in ``work.refused``. A failure stands until
-    the next user turn, and while it stands nothing more is asked on this pass (the
-    summarizer just failed: no retry storm); after it, the same request is asked again.
+    Each kind in turn: the merge of the oldest records that fit the request bound (two
+    at least), the harder rewrites (at most ``harder_attempts`` since the last kept
+    merge), then the emergency fold of the oldest standing user summaries (two at least,
+    without the fold mode's profitability gate). An identity once judged (kept or
+    refused) is never asked for again: kept ones were applied by :func:`_replay`; refused
+    ones are counted in ``work.refused``. A failure stands until the next user turn, and
+    while it stands nothing more is asked on this pass (the summarizer just failed: no
+    retry storm); after it, the same request is asked again.
     """
-    items = _active_records(work.output, measure)
-    limit = config.users.summary_input_limit
-    turns = user_summaries.user_turns(work.output)
-    kept = sum(1 for r in work.chain.replacements if r.text is not None and r.kind != "fold")
-    number = _next_number(work.output, REPLACEMENT_ID_PREFIX, kept)
-    rewrites = 0  # harder rewrites kept since the last merge: at most harder_attempts
-    for judged in reversed(work.chain.replacements):
-        if judged.kind == "merge" and judged.text is not None:
-            break
-        rewrites += judged.kind == "rewrite" and judged.text is not None
-    for kind, prompt in _prompts(config):
-        if kind == "rewrite" and rewrites >= config.harder_attempts:
-            break
-        selected = user_summaries.select(prompt, items, limit, measure, minimum=2 if kind == "merge" else 1)
-        if not selected:
+    turns, limit = user_summaries.user_turns(work.output), config.users.summary_input_limit
+    found: dict[object, list[_Item]] = {}  # a finder's items, shared by the kinds that use it
+    for name, kind in _KINDS.items():
+        if name == "rewrite" and _rewrites(work.chain) >= config.harder_attempts:
             continue
-        request = _request(kind, prompt, selected, f"{REPLACEMENT_ID_PREFIX}{number}", turns)
-        judged = work.chain.judged(request.identity)
-        if judged is None or not judged.stands(turns):
-            return request
-        if judged.text is None:
-            work.failed.add(judged.identity)
-            return None
-        if not _acceptable(judged.text, selected, measure):
-            work.refused.add(judged.identity)  # refused once: never asked for again
+        if kind.items not in found:
+            found[kind.items] = kind.items(work.output, measure)
+        kept = sum(1 for n, a in work.chain.replacements if a.text is not None and _KINDS[n].prefix == kind.prefix)
+        number = _next_number(work.output, kind.prefix, kept)
+        for prompt in kind.prompts(config):
+            selected = user_summaries.select(prompt, found[kind.items], limit, measure, minimum=kind.minimum)
+            if not selected:
+                continue
+            request = _request(kind, prompt, selected, f"{kind.prefix}{number}", turns)
+            answer = find([a for _, a in work.chain.replacements], request.identity)
+            if answer is None or not answer.stands(turns):
+                return request
+            if answer.text is None:
+                work.failed.add(answer.identity)
+                return None
+            if _kept(kind, answer, selected, measure) is None:
+                work.refused.add(answer.identity)  # refused once: never asked for again
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class _Summary:
-    """A standing user summary an emergency fold may stand for."""
-
-    index: int  # into the history
-    text: str  # the summary's body, without the marker
-    tokens: int
-    run: int = 0  # folds take any prefix of the standing summaries, like the user half's own
-
-
-def _standing_summaries(output: History) -> list[_Summary]:
-    """The conversation's standing user summaries (ours, folds included), oldest first."""
-    return [
-        _Summary(index, user_summaries.summary_body(record), record.tokens)
-        for index, record in enumerate(output)
-        if record.summary and record.role == "user" and not record.excluded and not record.injected
-    ]
-
-
-def _fold_request(prompt: str, items: Sequence[_Summary], fold_id: str, turns: int = 0) -> Summarize:
-    return _chain_request("emergency_fold", "emergency_fold", prompt, items, fold_id, turns=turns)
-
-
-def _fold_acceptable(text: str | None, items: Sequence[_Summary], fold_id: str, measure: anchored.Measure) -> bool:
-    """Kept only when smaller than the summaries it replaces AND every distinctive value of theirs survives."""
-    if not text or not text.strip():
-        return False
-    if user_summaries.summary_record(text, fold_id, measure).tokens >= sum(i.tokens for i in items):
-        return False
-    quoted = word_set(text)
-    return all(value in quoted for i in items for value in distinctive_values(i.text))
-
-
-def _replay_fold(config: CompositionConfig, work: _Replaced, judged: Replacement, measure: anchored.Measure) -> None:
-    """Apply a kept emergency fold when the oldest standing summaries are the ones it folded."""
-    items = _standing_summaries(work.output)[: judged.sources]
-    if len(items) < judged.sources:
-        return
-    if _fold_request(config.users.fold_prompt, items, judged.replacement_id).identity != judged.identity:
-        return
-    if _fold_acceptable(judged.text, items, judged.replacement_id, measure):
-        work.output = _apply_fold(work.output, items, judged, measure)
-        work.folded += 1
-    else:
-        work.refused.add(judged.identity)
-
-
-def _next_fold(config: CompositionConfig, work: _Replaced, measure: anchored.Measure) -> Summarize | None:
-    """The emergency fold to ask for while still over the budget, or ``None``.
-
-    The oldest standing user summaries whose fold request fits ``max_summary_input_tokens``
-    (two at least). An identity once judged is never asked for again (a kept one was
-    applied by :func:`_replay`); a failure stands until the next user turn.
-    """
-    items = _standing_summaries(work.output)
-    prompt = config.users.fold_prompt
-    selected = user_summaries.select(prompt, items, config.users.summary_input_limit, measure, minimum=2)
-    if not selected:
-        return None
-    turns = user_summaries.user_turns(work.output)
-    kept = sum(1 for r in work.chain.replacements if r.kind == "fold" and r.text is not None)
-    number = _next_number(work.output, EMERGENCY_FOLD_ID_PREFIX, kept)
-    request = _fold_request(prompt, selected, f"{EMERGENCY_FOLD_ID_PREFIX}{number}", turns)
-    judged = work.chain.judged(request.identity)
-    if judged is None or not judged.stands(turns):
-        return request
-    if judged.text is None:
-        work.failed.add(judged.identity)
-    elif not _fold_acceptable(judged.text, selected, judged.replacement_id, measure):
-        work.refused.add(judged.identity)
-    return None
-
-
-def _apply_fold(output: History, items: Sequence[_Summary], judged: Replacement, measure: anchored.Measure) -> History:
-    """Exclude the folded summaries (linked to the fold); insert the fold where the first stood."""
-    assert judged.text is not None
-    rebuilt = list(output)
-    replaced_ids: list[str] = []
-    for item in items:
-        record = rebuilt[item.index]
-        rebuilt[item.index] = replace(
-            record, excluded=True, reason=user_summaries.FOLD_EXCLUDE_REASON, replaced_by=judged.replacement_id
-        )
-        if record.message_id:
-            replaced_ids.append(record.message_id)
-    fold = user_summaries.summary_record(judged.text, judged.replacement_id, measure)
-    fold = replace(fold, replaces=tuple(replaced_ids))
-    rebuilt.insert(items[0].index, fold)
-    return pvector(rebuilt)
-
-
-def _apply_replacement(
-    output: History, items: Sequence[_Record], judged: Replacement, measure: anchored.Measure
-) -> History:
-    """Exclude the replaced records with their groups; insert the written record where the first stood."""
-    assert judged.text is not None
-    conversation = conversation_indices(output)
-    position = {index: k for k, index in enumerate(conversation)}
-    grouping = regroup([output[i] for i in conversation])
-    targets = {position[i.index] for i in items}
-    members = sorted(conversation[m] for g in grouping.all if targets & set(g.members) for m in g.members)
+def _apply(output: History, kind: _Kind, items: Sequence[_Item], message: MessageRecord) -> History:
+    """Exclude what ``items`` stand for (linked to ``message``); insert ``message`` where the first stood."""
+    members = sorted({m for item in items for m in item.members})
     rebuilt = list(output)
     replaced_ids: list[str] = []
     for index in members:
         record = rebuilt[index]
         if not record.excluded:
-            rebuilt[index] = replace(record, excluded=True, reason=MERGED_REASON, replaced_by=judged.replacement_id)
+            rebuilt[index] = replace(record, excluded=True, reason=kind.reason, replaced_by=message.message_id)
             if record.message_id:
                 replaced_ids.append(record.message_id)
-    text = _written_text(judged.text)
-    text_tokens = measure(text)
-    written = MessageRecord(
-        role="assistant",
-        parts=(Part(kind="text", text=text, tokens=text_tokens),),
-        tokens=MESSAGE_OVERHEAD_TOKENS + text_tokens,
-        message_id=judged.replacement_id,
-        written_record=True,
-        held=HOLD_RECORD,
-        replaces=tuple(replaced_ids),
-    )
-    rebuilt.insert(members[0], written)
+    rebuilt.insert(members[0], replace(message, replaces=tuple(replaced_ids)))
     return pvector(rebuilt)
+
+
+_MERGE: Final = _Kind(
+    request="merge",
+    label="record_replacement",
+    prefix=REPLACEMENT_ID_PREFIX,
+    minimum=2,
+    items=_active_records,
+    prompts=lambda config: [config.merge_prompt],
+    message=_written,
+    reason=MERGED_REASON,
+)
+
+
+def _harder_prompts(config: CompositionConfig) -> list[str]:
+    return [harder_prompt(attempt) for attempt in range(1, config.harder_attempts + 1)]
+
+
+#: A harder rewrite is a merge of one record at least, each prompt asking for a shorter one.
+_REWRITE: Final = replace(_MERGE, request="rewrite", minimum=1, prompts=_harder_prompts)
+_FOLD: Final = _Kind(
+    request="emergency_fold",
+    label="emergency_fold",
+    prefix=EMERGENCY_FOLD_ID_PREFIX,
+    minimum=2,
+    items=_standing_summaries,
+    prompts=lambda config: [config.users.fold_prompt],
+    message=user_summaries.summary_record,
+    reason=user_summaries.FOLD_EXCLUDE_REASON,
+)
+#: The chain's kinds, by their name in its table, in the order it asks for them.
+_KINDS: Final[Mapping[ReplacementKind, _Kind]] = {"merge": _MERGE, "rewrite": _REWRITE, "fold": _FOLD}
+#: The request kinds the chain asks for, and the name of the kind each answers.
+_CHAIN_KINDS: Final[Mapping[str, ReplacementKind]] = {kind.request: name for name, kind in _KINDS.items()}
 
 
 def _protected_tokens(output: History) -> int:

@@ -120,6 +120,11 @@ def answered(request: Request, text: str | None) -> Answer:
     return Answer(request.identity, clean, summary_id=request.summary_id, sources=request.sources, turns=turns)
 
 
+def find(table: Sequence[A], identity: str) -> A | None:
+    """The answer in ``table`` to the request ``identity``, if any (the newest: see :func:`remember`)."""
+    return next((answer for answer in reversed(table) if answer.identity == identity), None)
+
+
 def remember(table: Sequence[A], answer: A) -> tuple[A, ...]:
     """``table`` (keyed by request identity, oldest first) with ``answer`` replacing the one it supersedes, newest."""
     return (*(a for a in table if a.identity != answer.identity), answer)

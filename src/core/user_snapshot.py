@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from .effects import Answer
+from .effects import Answer, find
 from .envelope import Count, Schema, distinct, error, shown
 
 USER_SNAPSHOT_KIND: Final = "user_summaries"
@@ -42,17 +42,11 @@ class UserSummarySnapshot:
 
     def answer(self, identity: str) -> Answer | None:
         """The remembered summary answer for ``identity``, if any."""
-        for answer in reversed(self.answers):
-            if answer.identity == identity:
-                return answer
-        return None
+        return find(self.answers, identity)
 
     def description(self, identity: str) -> Answer | None:
         """The remembered description for ``identity``, if any."""
-        for answer in reversed(self.descriptions):
-            if answer.identity == identity:
-                return answer
-        return None
+        return find(self.descriptions, identity)
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-safe dict in the one snapshot envelope (``kind``, ``version``, then the fields)."""
