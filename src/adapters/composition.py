@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from agent_framework import Message
@@ -20,7 +20,7 @@ from ..core import composition as core
 from ..core import records as records_core
 from ..core import user_summaries
 from ..core.anchored import DEFAULT_MIN_GAIN_FRACTION
-from ..core.checks import require_fraction
+from ..core.checks import Floor, Fraction, validate
 from ..core.composition import CompositionConfig, CompositionReport, CompositionState, OverflowPolicy
 from ..core.effects import Request, Summarize
 from ..core.errors import CompactionBudgetExceeded
@@ -100,6 +100,14 @@ def _record_rules(
     return replace(config, fallback=anchored)
 
 
+@dataclass(frozen=True, slots=True)
+class _Chain:
+    """The composition's own shares, checked under their names before they become the user half's."""
+
+    user_trigger_fraction: Fraction
+    chain_gain_fraction: Floor
+
+
 class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
     CompactionAdapter[CompositionConfig, CompositionState, CompositionReport]
 ):
@@ -173,7 +181,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         tool_results: ToolResultAnchoredSummarizationCompactionStrategy,
         user_turns: UserTurnAnchoredSummarizationCompactionStrategy,
         user_trigger_fraction: float | None = None,
-        harder_attempts: int = 2,
+        harder_attempts: int = core.DEFAULT_HARDER_ATTEMPTS,
         merge_prompt: str | None = None,
         chain_gain_fraction: float = DEFAULT_MIN_GAIN_FRACTION,
         overflow_policy: OverflowPolicy = "shed",
@@ -192,17 +200,14 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
                 "user_turns must keep remembered_requests >= 2 in the boundary and fold modes (a composed pass "
                 f"asks for a summary on one list and replays it on the other), got {users.remembered_requests}"
             )
-        if merge_prompt is not None and (not isinstance(merge_prompt, str) or not merge_prompt.strip()):
-            raise ValueError(f"merge_prompt must be a non-empty string or None, got {merge_prompt!r}")
         for name, half in (("tool_results", tool_results), ("user_turns", user_turns)):
             if not (half.tokenizer is tokenizer or half.tokenizer == tokenizer):
                 raise ValueError(
                     f"tokenizer must be the same tokenizer as {name}'s (every size rule compares counts of one "
                     f"tokenizer), got {tokenizer!r} and {name}.tokenizer {half.tokenizer!r}"
                 )
-        if user_trigger_fraction is not None:
-            require_fraction("user_trigger_fraction", user_trigger_fraction)
         trigger = tool_results.trigger_fraction if user_trigger_fraction is None else user_trigger_fraction
+        validate(_Chain(trigger, chain_gain_fraction))
         config = CompositionConfig(
             records=_record_rules(tool_results, tokenizer),
             users=replace(users, trigger_fraction=trigger, min_gain_fraction=chain_gain_fraction),

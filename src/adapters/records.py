@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Protocol
 from agent_framework import CompactionStrategy, Message
 
 from ..core import records as core
-from ..core.anchored import AnchoredConfig
+from ..core.anchored import DEFAULT_KEEP_HEAD_GROUPS, DEFAULT_KEEP_TAIL_GROUPS, AnchoredConfig
 from ..core.checks import require_async_callable
 from ..core.protocol import Done, sent_tokens
 from ..core.record_decisions import RecordDecisions
@@ -107,8 +107,8 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         *,
         max_input_tokens: int,
         tokenizer: Tokenizer,
-        keep_head_groups: int = 3,
-        keep_tail_groups: int = 4,
+        keep_head_groups: int = DEFAULT_KEEP_HEAD_GROUPS,
+        keep_tail_groups: int = DEFAULT_KEEP_TAIL_GROUPS,
         trigger_fraction: float = core.DEFAULT_TRIGGER_FRACTION,
         fallback_fraction: float = core.DEFAULT_FALLBACK_FRACTION,
         coverage_share: float = core.DEFAULT_COVERAGE_SHARE,

@@ -58,7 +58,7 @@ from returns.result import Failure, Success
 
 from . import anchored, records, user_summaries
 from .anchored import AnchoredConfig, Report
-from .checks import require_int
+from .checks import AtLeastZero, NonEmpty, validate
 from .counting import MESSAGE_OVERHEAD_TOKENS
 from .effects import Request, Summarize, answered, identity, remember
 from .envelope import Count, Positive, Text, convert, distinct, error, inner, opened
@@ -73,7 +73,6 @@ from .user_summaries import UserReport, UserSummaryConfig
 from .values import distinctive_values, word_set
 
 OverflowPolicy: TypeAlias = Literal["shed", "raise"]
-OVERFLOW_POLICIES: Final = ("shed", "raise")
 #: Model responses a user half waits for a due record, at most.
 RECORD_WAIT_RESPONSES: Final = 2
 #: A shed result keeps nothing: sheds remove whole groups, they never shorten.
@@ -91,6 +90,7 @@ _REPLACEMENT_ID: Final = re.compile(rf"{REPLACEMENT_ID_PREFIX}(0|[1-9][0-9]*)")
 EMERGENCY_FOLD_ID_PREFIX: Final = "user_summary_emergency_fold_"
 _EMERGENCY_FOLD_ID: Final = re.compile(rf"{EMERGENCY_FOLD_ID_PREFIX}(0|[1-9][0-9]*)")
 ReplacementKind: TypeAlias = Literal["merge", "rewrite", "fold"]
+DEFAULT_HARDER_ATTEMPTS: Final = 2
 
 DEFAULT_MERGE_PROMPT: Final = (
     "The numbered texts below are compaction records: each lists values from earlier tool results that are no "
@@ -127,10 +127,11 @@ class CompositionConfig:
     records: RecordConfig
     users: UserSummaryConfig
     overflow_policy: OverflowPolicy = "shed"
-    merge_prompt: str = DEFAULT_MERGE_PROMPT
-    harder_attempts: int = 2
+    merge_prompt: NonEmpty = DEFAULT_MERGE_PROMPT
+    harder_attempts: AtLeastZero = DEFAULT_HARDER_ATTEMPTS
 
     def __post_init__(self) -> None:
+        validate(self)
         if self.records.max_input_tokens != self.users.max_input_tokens:
             raise ValueError(
                 "tool_results and user_turns must have the same max_input_tokens, got "
@@ -138,9 +139,6 @@ class CompositionConfig:
             )
         if self.records.fallback is None:
             raise ValueError("the record half's fallback must be the anchored rules within the pass")
-        if self.overflow_policy not in OVERFLOW_POLICIES:
-            raise ValueError(f"overflow_policy must be 'shed' or 'raise', got {self.overflow_policy!r}")
-        require_int("harder_attempts", self.harder_attempts, minimum=0)
 
     @property
     def max_input_tokens(self) -> int:
