@@ -48,7 +48,7 @@ from maf_compaction import (
     original_results,
     record_text,
 )
-from maf_compaction.adapters.convert import RecordCache
+from maf_compaction.adapters.convert import HistoryCache
 from maf_compaction.core.anchored import AnchoredConfig
 from maf_compaction.core.records import RecordConfig
 from maf_compaction.core.shorten import is_shortened
@@ -683,7 +683,7 @@ async def test_a_shortened_structured_result_still_reads_as_structured() -> None
     messages = structured_conversation(DICT_RESULT)
     await AnchoredCompactionStrategy(max_input_tokens=100_000, tokenizer=TOKENIZER, keep_tokens=150)(messages)
     target = shortened(messages)[0]
-    (part,) = RecordCache(MediaTokenEstimator(TOKENIZER).parts).history([target], note_kind="anchored")[0].parts
+    (part,) = HistoryCache(MediaTokenEstimator(TOKENIZER).parts).history([target], note_kind="anchored")[0].parts
     assert is_shortened(part.text)
     assert part.structured
     assert part.original == json.dumps(DICT_RESULT)

@@ -45,10 +45,10 @@ from ..core.records import (
     RecordState,
     on_recall,
     recall_status,
-    reforce_due,
+    reforce_pending,
 )
 from .connection import Connection, Reforce
-from .convert import RecordCache
+from .convert import HistoryCache
 from .counting import Tokenizer, as_estimator
 from .loop import NOTE_KIND
 
@@ -291,7 +291,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         if isinstance(reforce, Reforce):
             self._agree(reforce.config)
             self._reforce, self._cell = None, reforce.connection
-        self._records = RecordCache(as_estimator(tokenizer).parts)
+        self._histories = HistoryCache(as_estimator(tokenizer).parts)
         self._grouping: Grouping | None = None  # the last status's grouping: a memo, never a decision
         self._session_id: str | None = None
         self._forced_calls = 0
@@ -394,7 +394,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         for a preview).
         """
         state = self._cell.value
-        return machine.record_due(self._rule, state.recall, reforce_pending=reforce_due(state.decisions))
+        return machine.record_due(self._rule, state.recall, reforce_pending=reforce_pending(state.decisions))
 
     def forget_pending(self) -> None:
         """Drop queued work: the pending pin, the awaiting flag and the session binding.
@@ -602,7 +602,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             )
 
     def _decide(self, messages: Sequence[Message]) -> None:
-        history = self._records.history(messages, note_kind=NOTE_KIND)
+        history = self._histories.history(messages, note_kind=NOTE_KIND)
         status = recall_status(history, self._grouping)
         self._grouping = status.grouping
         # A host's own reforce callable is asked once per decision, and never while

@@ -421,7 +421,7 @@ def step(
     chain, waiting = _wait(
         state.chain,
         records.responses(output),
-        due=records.record_due(record_state),
+        due=records.record_expected(record_state),
         count=records.records_written(output),
     )
     # Waiting is only for passes that fit: over the budget the user half makes room now.

@@ -802,7 +802,7 @@ def take_reforce(decisions: RecordDecisions) -> tuple[bool, RecordDecisions]:
     return True, replace(decisions, ask=replace(ask, taken=True))
 
 
-def reforce_due(decisions: RecordDecisions) -> bool:
+def reforce_pending(decisions: RecordDecisions) -> bool:
     """An ask is outstanding and not yet taken (a preview; nothing is consumed)."""
     return decisions.ask is not None and not decisions.ask.taken
 
@@ -813,7 +813,7 @@ def on_recall(rule: recall.PinRule, state: RecordState, event: recall.Event) -> 
     An outstanding, untaken ask for uncovered groups comes first: the history seen on the
     way out of a call takes it for the next request, so one ask pins one request.
     """
-    if isinstance(event, recall.HistorySeen) and not state.recall.pin_disabled and reforce_due(state.decisions):
+    if isinstance(event, recall.HistorySeen) and not state.recall.pin_disabled and reforce_pending(state.decisions):
         event = replace(event, reforce=True)
     recall_state, action = recall.advance(rule, state.recall, event)
     decisions = state.decisions
@@ -822,8 +822,11 @@ def on_recall(rule: recall.PinRule, state: RecordState, event: recall.Event) -> 
     return RecordState(decisions=decisions, fallback=state.fallback, recall=recall_state), action
 
 
-def record_due(state: RecordState) -> bool:
-    """Is a record outstanding or about to be asked for? (A composition waits on it.)
+def record_expected(state: RecordState) -> bool:
+    """Is a record expected: asked for, or about to be? (A composition waits on it.)
+
+    Not the recall middleware's ``record_due`` preview (would the next request be pinned?):
+    a record is still expected while the pinned request is in flight.
 
     True while an ask for uncovered groups is outstanding, while a pinned request is in
     flight (a pass inside it runs before its record exists), or when the recall protocol
