@@ -184,7 +184,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         harder_attempts: int = core.DEFAULT_HARDER_ATTEMPTS,
         merge_prompt: str | None = None,
         chain_gain_fraction: float = DEFAULT_MIN_GAIN_FRACTION,
-        overflow_policy: OverflowPolicy = "shed",
+        overflow_policy: OverflowPolicy = core.DEFAULT_OVERFLOW_POLICY,
     ) -> None:
         if not isinstance(tool_results, ToolResultAnchoredSummarizationCompactionStrategy):
             raise ValueError(

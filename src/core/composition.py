@@ -73,6 +73,7 @@ from .user_summaries import UserReport, UserSummaryConfig
 from .values import distinctive_values, word_set
 
 OverflowPolicy: TypeAlias = Literal["shed", "raise"]
+DEFAULT_OVERFLOW_POLICY: Final[OverflowPolicy] = "shed"
 #: Model responses a user half waits for a due record, at most.
 RECORD_WAIT_RESPONSES: Final = 2
 #: A shed result keeps nothing: sheds remove whole groups, they never shorten.
@@ -126,7 +127,7 @@ class CompositionConfig:
 
     records: RecordConfig
     users: UserSummaryConfig
-    overflow_policy: OverflowPolicy = "shed"
+    overflow_policy: OverflowPolicy = DEFAULT_OVERFLOW_POLICY
     merge_prompt: NonEmpty = DEFAULT_MERGE_PROMPT
     harder_attempts: AtLeastZero = DEFAULT_HARDER_ATTEMPTS
 

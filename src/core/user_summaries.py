@@ -54,6 +54,7 @@ from .user_snapshot import UserSummarySnapshot
 
 Measure = Callable[[str], int]
 SummaryMode: TypeAlias = Literal["recompact", "boundary", "fold"]
+DEFAULT_SUMMARY_MODE: Final[SummaryMode] = "recompact"
 
 USER_SUMMARY_MARKER: Final = "[earlier turns in this conversation, compacted]"
 SUMMARY_ID_PREFIX: Final = "user_summary_"
@@ -124,7 +125,7 @@ class UserSummaryConfig:
     keep_tail_user_turns: AtLeastZero = DEFAULT_KEEP_TAIL_USER_TURNS
     trigger_fraction: Fraction = DEFAULT_TRIGGER_FRACTION
     min_band_share: Floor = DEFAULT_MIN_BAND_SHARE
-    summary_mode: SummaryMode = "recompact"
+    summary_mode: SummaryMode = DEFAULT_SUMMARY_MODE
     prompt: NonEmpty = DEFAULT_PROMPT
     fold_prompt: NonEmpty = DEFAULT_FOLD_PROMPT
     remembered_requests: AtLeastOne = DEFAULT_REMEMBERED_REQUESTS
