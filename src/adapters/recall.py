@@ -34,7 +34,7 @@ from agent_framework import (
 
 from ..core import recall as machine
 from ..core import records as records_core
-from ..core.checks import AtLeastOne, Fraction, require_optional_int, require_sync_callable, require_tokenizer, validate
+from ..core.checks import AtLeastOne, Fraction, require, require_sync_callable, require_tokenizer, validate
 from ..core.errors import CompactionBudgetExceeded
 from ..core.grouping import Grouping
 from ..core.recall import PinKind, PinRule
@@ -107,7 +107,7 @@ def recall_description(target_tokens: int | None = DEFAULT_TARGET_TOKENS) -> str
     Raises:
         ValueError: ``target_tokens`` is not a positive integer or ``None``.
     """
-    require_optional_int("target_tokens", target_tokens, minimum=1)
+    require("target_tokens", target_tokens, AtLeastOne | None)
     purpose = (
         "Record what must survive from the earlier tool results in this conversation, so that it stays "
         "available after those results are removed to save space."

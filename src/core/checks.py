@@ -35,24 +35,6 @@ def is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def require_int(name: str, value: object, *, minimum: int) -> None:
-    """``value`` is an integer (not a bool) of at least ``minimum``."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
-def require_optional_int(name: str, value: object, *, minimum: int) -> None:
-    """``value`` is ``None`` or an integer (not a bool) of at least ``minimum``."""
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < minimum):
-        raise ValueError(f"{name} must be an integer >= {minimum} or None, got {value!r}")
-
-
-def require_bool(name: str, value: object) -> None:
-    """``value`` is ``True`` or ``False`` (a truthy string such as ``"false"`` is refused)."""
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-
-
 def is_async_callable(value: object) -> bool:
     """``value`` is a coroutine function, or an object whose ``__call__`` is one.
 
@@ -105,34 +87,48 @@ def describe_value(value: object) -> str:
 
 
 def validate(instance: object) -> None:
-    """Check every field of the dataclass ``instance`` against its annotation; raise ``ValueError`` naming it."""
-    for name, optional, hint, meta in _declared(type(instance)):
-        value: object = getattr(instance, name)
-        if value is None and optional:
-            continue
-        wanted = _wanted(hint, meta, value)
-        if wanted is not None:
-            raise ValueError(f"{name} must be {wanted}{' or None' if optional else ''}, got {value!r}")
+    """Check every field of the dataclass ``instance`` against its annotation (see :func:`require`)."""
+    for name, declared in _fields(type(instance)):
+        require(name, getattr(instance, name), declared)
+
+
+def require(name: str, value: object, declared: object) -> None:
+    """``value`` meets ``declared``: a range type above, ``bool``, a ``Literal``, or one of them ``| None``.
+
+    Raises:
+        ValueError: "NAME must be WANTED[ or None], got VALUE". Other annotations declare nothing.
+    """
+    constraint = _constraint(declared)
+    if constraint is None or (value is None and constraint[0]):
+        return
+    optional, hint, meta = constraint
+    wanted = _wanted(hint, meta, value)
+    if wanted is not None:
+        raise ValueError(f"{name} must be {wanted}{' or None' if optional else ''}, got {value!r}")
 
 
 @functools.cache
-def _declared(cls: type) -> tuple[tuple[str, bool, object, Meta], ...]:
-    """Each field of ``cls`` with a declared constraint: its name, whether ``None`` is allowed, its type and bounds."""
+def _fields(cls: type) -> tuple[tuple[str, object], ...]:
+    """The fields of the dataclass ``cls`` and their annotations."""
     hints = get_type_hints(cls, include_extras=True)
-    found: list[tuple[str, bool, object, Meta]] = []
-    for field in fields(cls):
-        hint: Any = hints[field.name]
-        optional = get_origin(hint) in (Union, UnionType) and NoneType in get_args(hint)
-        if optional:
-            rest = [arg for arg in get_args(hint) if arg is not NoneType]
-            hint = rest[0] if len(rest) == 1 else object
-        meta = Meta()
-        if get_origin(hint) is Annotated:
-            meta = next(m for m in hint.__metadata__ if isinstance(m, Meta))
-            hint = get_args(hint)[0]
-        if hint in (bool, float) or get_origin(hint) is Literal or (hint in (int, str) and meta != Meta()):
-            found.append((field.name, optional, hint, meta))
-    return tuple(found)
+    return tuple((field.name, hints[field.name]) for field in fields(cls))
+
+
+@functools.cache
+def _constraint(declared: Any) -> tuple[bool, object, Meta] | None:
+    """Whether ``declared`` allows ``None``, its type and its bounds; ``None`` when it declares nothing."""
+    optional = get_origin(declared) in (Union, UnionType) and NoneType in get_args(declared)
+    hint: Any = declared
+    if optional:
+        rest = [arg for arg in get_args(declared) if arg is not NoneType]
+        hint = rest[0] if len(rest) == 1 else object
+    meta = Meta()
+    if get_origin(hint) is Annotated:
+        meta = next(m for m in hint.__metadata__ if isinstance(m, Meta))
+        hint = get_args(hint)[0]
+    if hint in (bool, float) or get_origin(hint) is Literal or (hint in (int, str) and meta != Meta()):
+        return optional, hint, meta
+    return None
 
 
 def _wanted(hint: object, meta: Meta, value: object) -> str | None:
