@@ -115,7 +115,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
 
     Each pass runs the record half (records replace the tool results they quote), then
     the user half (summaries replace earlier user turns) unless it is waiting for a
-    record that is due (at most two model responses; only a pass that fits the budget
+    record that is expected (at most two model responses; only a pass that fits the budget
     waits). A summary is asked for where its prefix break costs least: on the pass a
     record newly excludes tool groups (that break is paid anyway), or, while the prompt
     fits, only when the conversation's largest step would no longer fit beside it; then a
@@ -154,7 +154,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
 
     Attributes:
         passes: Passes run, over both lists.
-        user_passes_waited: Passes whose user half waited for a due record.
+        user_passes_waited: Passes whose user half waited for an expected record.
         fallbacks_after_record: Passes whose fallback with holds changed something.
         shed_events: Passes whose overflow policy shed something new.
         records_replaced: Passes that applied a kept record merge or rewrite (fresh or replayed).
