@@ -61,7 +61,7 @@ from agent_framework import (
     SessionContext,
 )
 
-from ..core.checks import AtLeastZero, require, require_sync_callable, require_tokenizer
+from ..core.checks import AtLeastZero, NonEmpty, require, require_sync_callable, require_tokenizer
 from ..core.records import RECALL_TOOL_NAME
 from ..core.stack import (
     StackConfiguration,
@@ -332,8 +332,7 @@ class SessionCompactionRegistry:
     ) -> None:
         require_sync_callable("builder", builder, kind="a callable returning a CompactionStack")
         require("max_cached_sessions", max_cached_sessions, AtLeastZero)
-        if not isinstance(state_key, str) or not state_key.strip():
-            raise ValueError(f"state_key must be a non-empty string, got {state_key!r}")
+        require("state_key", state_key, NonEmpty)
         self._builder = builder
         self._max = max_cached_sessions
         self._key = state_key
