@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pytest
+from msgspec import Meta
 
-from maf_compaction.core.checks import AtLeastOne, AtLeastZero, Floor, Fraction, NonEmpty, validate
+from maf_compaction.core.checks import AtLeastOne, AtLeastZero, Floor, Fraction, NonEmpty, require, validate
 
 
 @dataclass(frozen=True)
@@ -55,3 +56,14 @@ def test_a_value_outside_its_declared_range_is_refused_naming_the_parameter_and_
 def test_the_bounds_of_each_range_and_undeclared_fields_are_accepted() -> None:
     Parameters(tokens=1, groups=0, cap=1, share=1, floor=0, switch=False, mode="b", text=" x ", free=object())
     Parameters(share=1e-9, floor=0.999, cap=None)
+
+
+def test_a_loose_parameter_is_checked_against_the_same_declarations() -> None:
+    require("x", None, AtLeastOne | None)
+    with pytest.raises(ValueError, match=r"^x must be an integer >= 1 or None, got 0$"):
+        require("x", 0, AtLeastOne | None)
+    with pytest.raises(ValueError, match=r"^x must be an integer in \[1, 9\], got 10$"):
+        require("x", 10, Annotated[int, Meta(ge=1, le=9)])
+    with pytest.raises(ValueError, match=r"^x must be a string matching '\^a', got 'b'$"):
+        require("x", "b", Annotated[str, Meta(pattern="^a")])
+    require("x", "anything", str)  # declares nothing

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import re
 from dataclasses import fields
 from types import NoneType, UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
@@ -136,14 +137,17 @@ def _wanted(hint: object, meta: Meta, value: object) -> str | None:
     if hint is bool:
         return None if isinstance(value, bool) else "True or False"
     if hint is int:
-        fine = isinstance(value, int) and not isinstance(value, bool) and _within(value, meta)
-        return None if fine else f"an integer >= {meta.ge}"
+        if isinstance(value, int) and not isinstance(value, bool) and _within(value, meta):
+            return None
+        return f"an integer >= {meta.ge}" if meta.le is None else f"an integer in [{meta.ge}, {meta.le}]"
     if hint is float:
         low = f"({meta.gt}" if meta.gt is not None else f"[{meta.ge}"
         high = f"{meta.lt})" if meta.lt is not None else f"{meta.le}]"
         return None if is_number(value) and _within(value, meta) else f"in {low}, {high}"
     if hint is str:
-        return None if isinstance(value, str) and value.strip() else "a non-empty string"
+        if isinstance(value, str) and re.search(meta.pattern or "", value):
+            return None
+        return "a non-empty string" if meta.pattern == r"\S" else f"a string matching {meta.pattern!r}"
     choices = get_args(hint)
     return None if value in choices else f"one of {', '.join(map(str, choices))}"
 
