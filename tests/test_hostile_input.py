@@ -537,7 +537,7 @@ def test_make_recall_tool_requires_a_recall_gate() -> None:
         ({"tokenizer": None}, "tokenizer must have a count_tokens"),
         ({"estimate_media": describe}, "estimate_media must be a callable .* that is not async"),
         ({"estimate_media": 1_024}, "estimate_media must be a callable"),
-        ({"image_tokens": True}, "image_tokens must be a positive integer, got True"),
+        ({"image_tokens": True}, "image_tokens must be an integer >= 1, got True"),
     ],
     ids=["async tokenizer", "no tokenizer", "async estimate_media", "int estimate_media", "bool image_tokens"],
 )
