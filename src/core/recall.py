@@ -44,7 +44,6 @@ DEFAULT_MIN_GROUPS_BEFORE_REPEAT: Final = 4
 DEFAULT_RECORD_MAX_TOKENS: Final = 4_000
 
 PinKind: TypeAlias = Literal["size", "reforce"]
-PIN_KINDS: Final = ("size", "reforce")
 
 
 @dataclass(frozen=True, slots=True)

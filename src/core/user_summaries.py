@@ -40,7 +40,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Final, Literal, Protocol, TypeAlias, TypeVar
+from typing import Final, Literal, Protocol, TypeAlias, TypeVar, get_args
 
 from pyrsistent import pvector
 from returns.result import Success
@@ -59,7 +59,7 @@ DEFAULT_SUMMARY_MODE: Final[SummaryMode] = "recompact"
 USER_SUMMARY_MARKER: Final = "[earlier turns in this conversation, compacted]"
 SUMMARY_ID_PREFIX: Final = "user_summary_"
 FOLD_ID_PREFIX: Final = "user_summary_fold_"
-SUMMARY_MODES: Final = ("recompact", "boundary", "fold")
+SUMMARY_MODES: Final[tuple[SummaryMode, ...]] = get_args(SummaryMode)
 #: Wraps a media description in a transcript: the summarizer must not take it for the user's words.
 MEDIA_DESCRIPTION_PREFIX: Final = "[inferred description of attached media, not the user's words: "
 MEDIA_DESCRIPTION_SUFFIX: Final = "]"
