@@ -66,7 +66,9 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, Final, cast
+from typing import Annotated, Any, Final, cast
+
+from msgspec import Meta
 
 from .adapters.leases import (
     HeldLease,
@@ -78,7 +80,7 @@ from .adapters.leases import (
     require_lease_for,
     require_session_id,
 )
-from .core.checks import describe_value, is_number, require_int, require_optional_int
+from .core.checks import AtLeastOne, describe_value, is_number, require
 
 logger = logging.getLogger("maf_compaction")
 
@@ -86,6 +88,8 @@ __all__ = ["DEFAULT_PREFIX", "RedisSessionLeases", "RedisSessionStore"]
 
 #: The key prefix both classes use unless told otherwise.
 DEFAULT_PREFIX: Final = "maf_compaction"
+#: The range of ``ttl_ms``, in milliseconds.
+_TTL_MS = Annotated[int, Meta(ge=10)]
 
 # KEYS[1] lease, KEYS[2] fence; ARGV[1] owner, ARGV[2] ttl_ms. The new token, or 0 when another holder has the lease.
 # The token is the larger of the counter plus one and the server clock in microseconds, so tokens keep rising across
@@ -179,8 +183,8 @@ class RedisSessionLeases:
     ) -> None:
         self._client = _require_client(client)
         self._prefix = _require_prefix(prefix)
-        require_int("ttl_ms", ttl_ms, minimum=10)
-        require_optional_int("renew_every_ms", renew_every_ms, minimum=1)
+        require("ttl_ms", ttl_ms, _TTL_MS)
+        require("renew_every_ms", renew_every_ms, AtLeastOne | None)
         if renew_every_ms is not None and renew_every_ms >= ttl_ms:
             raise ValueError(
                 f"renew_every_ms must be an integer in [1, ttl_ms - 1] = [1, {ttl_ms - 1}] or None, "
@@ -188,7 +192,7 @@ class RedisSessionLeases:
             )
         if not is_number(wait_timeout_s) or wait_timeout_s < 0:
             raise ValueError(f"wait_timeout_s must be a finite number >= 0 (seconds), got {wait_timeout_s!r}")
-        require_int("poll_interval_ms", poll_interval_ms, minimum=1)
+        require("poll_interval_ms", poll_interval_ms, AtLeastOne)
         self._ttl_ms = ttl_ms
         self._renew_every_ms = renew_every_ms if renew_every_ms is not None else max(1, ttl_ms // 3)
         self._wait_timeout_s = float(wait_timeout_s)

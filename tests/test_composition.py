@@ -514,7 +514,7 @@ def test_the_user_half_waits_for_a_due_record_at_most_two_responses() -> None:
     messages = chat(12)
     strategy = build(needs_room(messages), summarizer=summarizer)
     pin_next_request(strategy)
-    assert strategy.tool_results.record_due()
+    assert strategy.tool_results.record_expected()
     waited: list[bool] = []
     for n in range(3):
         if n:
@@ -777,7 +777,7 @@ def test_a_due_record_never_makes_a_pass_fail_that_the_user_half_fits() -> None:
     assert free.last_report.tokens_after <= budget, "without a pending pin the user half fits the budget"
     strategy = build(budget)
     pin_next_request(strategy)
-    assert strategy.tool_results.record_due()
+    assert strategy.tool_results.record_expected()
     run(strategy, messages)  # raised CompactionBudgetExceeded while the wait gated the user half
     report = strategy.last_report
     assert report is not None

@@ -48,7 +48,7 @@ from maf_compaction import (
     original_results,
     record_text,
 )
-from maf_compaction.adapters.convert import RecordCache
+from maf_compaction.adapters.convert import HistoryCache
 from maf_compaction.core.anchored import AnchoredConfig
 from maf_compaction.core.records import RecordConfig
 from maf_compaction.core.shorten import is_shortened
@@ -537,7 +537,7 @@ def test_make_recall_tool_requires_a_recall_gate() -> None:
         ({"tokenizer": None}, "tokenizer must have a count_tokens"),
         ({"estimate_media": describe}, "estimate_media must be a callable .* that is not async"),
         ({"estimate_media": 1_024}, "estimate_media must be a callable"),
-        ({"image_tokens": True}, "image_tokens must be a positive integer, got True"),
+        ({"image_tokens": True}, "image_tokens must be an integer >= 1, got True"),
     ],
     ids=["async tokenizer", "no tokenizer", "async estimate_media", "int estimate_media", "bool image_tokens"],
 )
@@ -683,7 +683,7 @@ async def test_a_shortened_structured_result_still_reads_as_structured() -> None
     messages = structured_conversation(DICT_RESULT)
     await AnchoredCompactionStrategy(max_input_tokens=100_000, tokenizer=TOKENIZER, keep_tokens=150)(messages)
     target = shortened(messages)[0]
-    (part,) = RecordCache(MediaTokenEstimator(TOKENIZER).parts).history([target], note_kind="anchored")[0].parts
+    (part,) = HistoryCache(MediaTokenEstimator(TOKENIZER).parts).history([target], note_kind="anchored")[0].parts
     assert is_shortened(part.text)
     assert part.structured
     assert part.original == json.dumps(DICT_RESULT)

@@ -1,6 +1,6 @@
 """The shell's record cache answers exactly what a fresh conversion answers, pass after pass.
 
-``RecordCache`` reuses the records of unchanged messages between passes (by position,
+``HistoryCache`` reuses the records of unchanged messages between passes (by position,
 then by contents list). Whatever happens to the list between two passes (copies as the
 harness loads them, appends, messages inserted or removed, a content replaced inside a
 shared list, flags and ids changed), its records must equal a conversion from scratch.
@@ -17,7 +17,7 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 
 from histories import HISTORY_ATTRIBUTION, TODO_ATTRIBUTION, conversation_chunks, describe
-from maf_compaction.adapters.convert import PRESERVED_KEY, RecordCache, to_history
+from maf_compaction.adapters.convert import PRESERVED_KEY, HistoryCache, to_history
 from maf_compaction.adapters.counting import MediaTokenEstimator
 
 NOTE_KIND = "anchored"
@@ -104,7 +104,7 @@ EDITS: dict[str, Edit] = {
 def test_cached_records_equal_a_fresh_conversion_after_any_edits(
     chunks: list[list[Message]], data: st.DataObject
 ) -> None:
-    cache = RecordCache(_COUNTER)
+    cache = HistoryCache(_COUNTER)
     messages: list[Message] = []
     for chunk in chunks:
         messages = [*messages, *chunk]
@@ -124,5 +124,5 @@ def test_a_dict_attribution_without_source_type_is_injected_and_a_non_dict_one_i
     """Both kinds in one pass: the per-pass memo must not give them the same answer."""
     odd = Message("user", ["odd"], additional_properties={"_attribution": "not a dict"})
     context = Message("user", ["context"], additional_properties={"_attribution": {"source_id": "memory"}})
-    records = RecordCache(_COUNTER).history([odd, context], note_kind=NOTE_KIND)
+    records = HistoryCache(_COUNTER).history([odd, context], note_kind=NOTE_KIND)
     assert [r.injected for r in records] == [False, True]

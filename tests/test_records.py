@@ -398,11 +398,11 @@ def test_uncovered_groups_are_asked_for_once_per_ask() -> None:
     assert ask is not None
     assert ask.targets == (2, 3)
     assert s.reforce_pending()
-    assert s.record_due()
+    assert s.record_expected()
     assert s.take_reforce() is True
     assert s.take_reforce() is False
     assert not s.reforce_pending()
-    assert s.record_due()
+    assert s.record_expected()
 
 
 def test_an_ask_that_covers_none_of_its_batch_settles_it() -> None:

@@ -9,14 +9,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from histories import conversation_chunks
-from maf_compaction.adapters.convert import RecordCache
+from maf_compaction.adapters.convert import HistoryCache
 from maf_compaction.adapters.counting import MediaTokenEstimator
 from maf_compaction.core.grouping import Grouping, group_records, regroup
 from maf_compaction.core.model import MessageRecord
 
 
-def _cache() -> RecordCache:
-    return RecordCache(MediaTokenEstimator(CharacterEstimatorTokenizer())._parts)  # pyright: ignore[reportPrivateUsage]
+def _cache() -> HistoryCache:
+    return HistoryCache(MediaTokenEstimator(CharacterEstimatorTokenizer())._parts)  # pyright: ignore[reportPrivateUsage]
 
 
 def _same(incremental: Grouping, records: Sequence[MessageRecord]) -> None:

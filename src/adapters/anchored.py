@@ -18,6 +18,7 @@ from agent_framework import Message
 
 from ..core import anchored as core
 from ..core.anchored import AnchoredConfig, Report
+from ..core.checks import AtLeastOne, require
 from ..core.model import History
 from ..core.snapshot import AnchoredSnapshot
 from .counting import Tokenizer
@@ -112,8 +113,7 @@ class AnchoredCompactionStrategy(CompactionAdapter[AnchoredConfig, AnchoredSnaps
         This is the seam a composition uses to compact below the budget. Shortening
         never reads the ceiling.
         """
-        if isinstance(ceiling, bool) or not isinstance(ceiling, int) or ceiling <= 0:
-            raise ValueError(f"ceiling must be a positive integer, got {ceiling!r}")
+        require("ceiling", ceiling, AtLeastOne)
         return self._run_sync(messages, ceiling=ceiling)
 
     def decision_state(self) -> AnchoredSnapshot:

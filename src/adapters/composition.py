@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from agent_framework import Message
@@ -20,7 +20,7 @@ from ..core import composition as core
 from ..core import records as records_core
 from ..core import user_summaries
 from ..core.anchored import DEFAULT_MIN_GAIN_FRACTION
-from ..core.checks import require_fraction
+from ..core.checks import Floor, Fraction, validate
 from ..core.composition import CompositionConfig, CompositionReport, CompositionState, OverflowPolicy
 from ..core.effects import Request, Summarize
 from ..core.errors import CompactionBudgetExceeded
@@ -75,6 +75,14 @@ def _record_rules(
     return replace(config, fallback=anchored)
 
 
+@dataclass(frozen=True, slots=True)
+class _Chain:
+    """The composition's own shares, checked under their names before they become the user half's."""
+
+    user_trigger_fraction: Fraction
+    chain_gain_fraction: Floor
+
+
 class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
     CompactionAdapter[CompositionConfig, CompositionState, CompositionReport]
 ):
@@ -82,7 +90,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
 
     Each pass runs the record half (records replace the tool results they quote), then
     the user half (summaries replace earlier user turns) unless it is waiting for a
-    record that is due (at most two model responses; only a pass that fits the budget
+    record that is expected (at most two model responses; only a pass that fits the budget
     waits). A summary is asked for where its prefix break costs least: on the pass a
     record newly excludes tool groups (that break is paid anyway), or, while the prompt
     fits, only when the conversation's largest step would no longer fit beside it; then a
@@ -121,7 +129,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
 
     Attributes:
         passes: Passes run, over both lists.
-        user_passes_waited: Passes whose user half waited for a due record.
+        user_passes_waited: Passes whose user half waited for an expected record.
         fallbacks_after_record: Passes whose fallback with holds changed something.
         shed_events: Passes whose overflow policy shed something new.
         records_replaced: Passes that applied a kept record merge or rewrite (fresh or replayed).
@@ -148,10 +156,10 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         tool_results: ToolResultAnchoredSummarizationCompactionStrategy,
         user_turns: UserTurnAnchoredSummarizationCompactionStrategy,
         user_trigger_fraction: float | None = None,
-        harder_attempts: int = 2,
+        harder_attempts: int = core.DEFAULT_HARDER_ATTEMPTS,
         merge_prompt: str | None = None,
         chain_gain_fraction: float = DEFAULT_MIN_GAIN_FRACTION,
-        overflow_policy: OverflowPolicy = "shed",
+        overflow_policy: OverflowPolicy = core.DEFAULT_OVERFLOW_POLICY,
     ) -> None:
         if not isinstance(tool_results, ToolResultAnchoredSummarizationCompactionStrategy):
             raise ValueError(
@@ -167,17 +175,14 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
                 "user_turns must keep remembered_requests >= 2 in the boundary and fold modes (a composed pass "
                 f"asks for a summary on one list and replays it on the other), got {users.remembered_requests}"
             )
-        if merge_prompt is not None and (not isinstance(merge_prompt, str) or not merge_prompt.strip()):
-            raise ValueError(f"merge_prompt must be a non-empty string or None, got {merge_prompt!r}")
         for name, half in (("tool_results", tool_results), ("user_turns", user_turns)):
             if not (half.tokenizer is tokenizer or half.tokenizer == tokenizer):
                 raise ValueError(
                     f"tokenizer must be the same tokenizer as {name}'s (every size rule compares counts of one "
                     f"tokenizer), got {tokenizer!r} and {name}.tokenizer {half.tokenizer!r}"
                 )
-        if user_trigger_fraction is not None:
-            require_fraction("user_trigger_fraction", user_trigger_fraction)
         trigger = tool_results.trigger_fraction if user_trigger_fraction is None else user_trigger_fraction
+        validate(_Chain(trigger, chain_gain_fraction))
         config = CompositionConfig(
             records=_record_rules(tool_results, tokenizer),
             users=replace(users, trigger_fraction=trigger, min_gain_fraction=chain_gain_fraction),

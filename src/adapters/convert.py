@@ -44,11 +44,11 @@ SUMMARIZED_BY_KEY = "_maf_compaction_summarized_by"
 
 def to_history(messages: Sequence[Message], counter: PartCounter, *, note_kind: str) -> History:
     """Records for ``messages``, each carrying its index as ``origin``."""
-    return RecordCache(counter).history(messages, note_kind=note_kind)
+    return HistoryCache(counter).history(messages, note_kind=note_kind)
 
 
-class RecordCache:
-    """Converts messages to records, reusing what an earlier pass already converted.
+class HistoryCache:
+    """Converts messages to a ``History`` of message records, reusing what an earlier pass already converted.
 
     The harness hands a strategy fresh shallow copies of stored history on every model
     call; the copies share their ``contents`` lists and ``Content`` objects with the

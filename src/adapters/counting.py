@@ -17,7 +17,7 @@ from typing import Protocol, cast, runtime_checkable
 from agent_framework import Content, Message
 
 from ..core import counting as basis
-from ..core.checks import describe_value, require_sync_callable, require_tokenizer
+from ..core.checks import AtLeastOne, describe_value, require, require_sync_callable, require_tokenizer
 from ..core.model import MEDIA_KINDS, TOOL_CALL_KINDS, Part
 
 DEFAULT_IMAGE_TOKENS = 1_024
@@ -73,8 +73,8 @@ class MediaTokenEstimator:
         estimate_media: Callable[[Content], int] | None = None,
     ) -> None:
         require_tokenizer("tokenizer", tokenizer)
-        _require_positive("image_tokens", image_tokens)
-        _require_positive("other_media_tokens", other_media_tokens)
+        require("image_tokens", image_tokens, AtLeastOne)
+        require("other_media_tokens", other_media_tokens, AtLeastOne)
         if estimate_media is not None:
             require_sync_callable("estimate_media", estimate_media, kind="a callable (content) -> int or None")
         self._tokenizer = tokenizer
@@ -264,8 +264,3 @@ def media_ref(content: Content) -> str:
     if content.type == "data" or uri.startswith("data:"):
         return f"data:{media_type}:sha256:{hashlib.sha256(uri.encode()).hexdigest()}"
     return f"uri:{media_type}:{uri}"
-
-
-def _require_positive(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")

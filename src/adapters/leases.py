@@ -25,7 +25,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 
 from agent_framework import AgentSession
 
-from ..core.checks import describe_value, is_async_callable, require_int
+from ..core.checks import AtLeastOne, describe_value, is_async_callable, require
 from ..core.errors import ErrorValue
 
 logger = logging.getLogger("maf_compaction")
@@ -202,7 +202,7 @@ def require_lease_for(session_id: str, lease: object) -> SessionLease:
         raise ValueError(f"lease must be a SessionLease (session_id and token), got {describe_value(lease)}")
     if lease.session_id != session_id:
         raise ValueError(f"lease must be held on session {session_id!r}, got a lease on {lease.session_id!r}")
-    require_int("lease.token", lease.token, minimum=1)
+    require("lease.token", lease.token, AtLeastOne)
     return lease
 
 

@@ -33,7 +33,7 @@ from ..core.protocol import CoreStrategy, Done, Needs, differs
 from .apply import apply
 from .base import ConfigT, ConfiguredStrategy
 from .connection import STORE_FALSE_HINT, View
-from .convert import RecordCache
+from .convert import HistoryCache
 from .counting import MediaTokenEstimator, Tokenizer, as_estimator
 
 logger = logging.getLogger("maf_compaction")
@@ -78,7 +78,7 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
         self._tokenizer = tokenizer
         self._estimator: MediaTokenEstimator = as_estimator(tokenizer)
         self._counter = self._estimator.parts
-        self._records = RecordCache(self._counter, holds=holds)
+        self._histories = HistoryCache(self._counter, holds=holds)
         self._cell: View[S] = View(state)
         self._memo: object = None  # the last pass's memo: saves work, never decides
         self._restored = False  # the state came from outside: check it against the first history it meets
@@ -98,7 +98,7 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
         connection = self._cell.connection
         connection.bind(messages, type(self).__name__)
         async with connection.lock:
-            before = self._records.history(messages, note_kind=NOTE_KIND)
+            before = self._histories.history(messages, note_kind=NOTE_KIND)
             fresh: set[str] = set()
             done = self._step(before)
             rounds = 0
@@ -131,7 +131,7 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
         if not messages or self._provider_owned(messages):
             return False
         self._cell.connection.bind(messages, type(self).__name__)
-        before = self._records.history(messages, note_kind=NOTE_KIND)
+        before = self._histories.history(messages, note_kind=NOTE_KIND)
         done = self._step(before, options=options)
         if isinstance(done, Needs):
             raise RuntimeError(f"{type(self).__name__} needs effects; await it instead")
@@ -146,7 +146,7 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
         connection = self._cell.connection
         if connection.provider_owned:
             return True
-        orphans = provider_increment(self._records.history(messages, note_kind=NOTE_KIND))
+        orphans = provider_increment(self._histories.history(messages, note_kind=NOTE_KIND))
         if not orphans:
             return False
         connection.provider_owned = True

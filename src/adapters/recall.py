@@ -34,14 +34,7 @@ from agent_framework import (
 
 from ..core import recall as machine
 from ..core import records as records_core
-from ..core.checks import (
-    require_bool,
-    require_fraction,
-    require_int,
-    require_optional_int,
-    require_sync_callable,
-    require_tokenizer,
-)
+from ..core.checks import AtLeastOne, Fraction, require, require_sync_callable, require_tokenizer, validate
 from ..core.errors import CompactionBudgetExceeded
 from ..core.grouping import Grouping
 from ..core.recall import PinKind, PinRule
@@ -52,10 +45,10 @@ from ..core.records import (
     RecordState,
     on_recall,
     recall_status,
-    reforce_due,
+    reforce_pending,
 )
 from .connection import Reforce, View
-from .convert import RecordCache
+from .convert import HistoryCache
 from .counting import Tokenizer, as_estimator
 from .loop import NOTE_KIND
 
@@ -65,10 +58,6 @@ logger = logging.getLogger("maf_compaction")
 NOT_NEEDED_REPLY: Final = "No record is needed now: nothing was recorded and nothing was removed."
 #: The record size the tool asks for: the record strategy's ``record_target_tokens`` default.
 DEFAULT_TARGET_TOKENS: Final = records_core.DEFAULT_RECORD_TARGET_TOKENS
-DEFAULT_RECORD_MAX_TOKENS: Final = 4_000
-#: The record strategy's trigger: the middleware must share it.
-DEFAULT_TRIGGER_FRACTION: Final = records_core.DEFAULT_TRIGGER_FRACTION
-DEFAULT_MIN_GROUPS_BEFORE_REPEAT: Final = 4
 #: Exceptions that stop a run on purpose, or before the request was sent (a compaction pass that
 #: cannot fit the budget): they are never retried and never judged as the provider's.
 _ABORTS: Final = (MiddlewareTermination, MiddlewareFailure, CompactionBudgetExceeded)
@@ -133,7 +122,7 @@ def recall_description(target_tokens: int | None = DEFAULT_TARGET_TOKENS) -> str
     Raises:
         ValueError: ``target_tokens`` is not a positive integer or ``None``.
     """
-    require_optional_int("target_tokens", target_tokens, minimum=1)
+    require("target_tokens", target_tokens, AtLeastOne | None)
     purpose = (
         "Record what must survive from the earlier tool results in this conversation, so that it stays "
         "available after those results are removed to save space."
@@ -209,6 +198,14 @@ def record_reply(gate: RecallGate | None, values: str) -> str:
     return f"{RECORD_PREFIX}\n{values}"
 
 
+@dataclass(frozen=True, slots=True)
+class _Budget:
+    """The middleware's own parameters (the pin rule checks the rest)."""
+
+    max_input_tokens: AtLeastOne
+    trigger_fraction: Fraction
+
+
 @dataclass(slots=True)
 class _ForcedOutcome:
     """How a forced stream ended: its own final response, or the retry's stream."""
@@ -278,19 +275,14 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         tokenizer: Tokenizer,
         arm: Callable[[], object],
         disarm: Callable[[], object] | None = None,
-        trigger_fraction: float = DEFAULT_TRIGGER_FRACTION,
-        record_max_tokens: int | None = DEFAULT_RECORD_MAX_TOKENS,
+        trigger_fraction: float = machine.DEFAULT_TRIGGER_FRACTION,
+        record_max_tokens: int | None = machine.DEFAULT_RECORD_MAX_TOKENS,
         max_groups_before_record: int | None = None,
         repeat_records: bool = True,
-        min_groups_before_repeat: int = DEFAULT_MIN_GROUPS_BEFORE_REPEAT,
+        min_groups_before_repeat: int = machine.DEFAULT_MIN_GROUPS_BEFORE_REPEAT,
         reforce: Callable[[], bool] | None = None,
     ) -> None:
-        require_int("max_input_tokens", max_input_tokens, minimum=1)
-        require_fraction("trigger_fraction", trigger_fraction)
-        require_optional_int("record_max_tokens", record_max_tokens, minimum=1)
-        require_optional_int("max_groups_before_record", max_groups_before_record, minimum=1)
-        require_int("min_groups_before_repeat", min_groups_before_repeat, minimum=1)
-        require_bool("repeat_records", repeat_records)
+        validate(_Budget(max_input_tokens, trigger_fraction))
         require_sync_callable("arm", arm, kind="a callable taking no arguments")
         for name, value in (("disarm", disarm), ("reforce", reforce)):
             if value is not None:
@@ -314,7 +306,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         if isinstance(reforce, Reforce):
             self._agree(reforce.config)
             self._cell = reforce.cell
-        self._records = RecordCache(as_estimator(tokenizer).parts)
+        self._histories = HistoryCache(as_estimator(tokenizer).parts)
         self._grouping: Grouping | None = None  # the last status's grouping: a memo, never a decision
         self._session_id: str | None = None
         self._forced_calls = 0
@@ -416,7 +408,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         for a preview).
         """
         state = self._cell.value
-        return machine.record_due(self._rule, state.recall, reforce_pending=reforce_due(state.decisions))
+        return machine.record_due(self._rule, state.recall, reforce_pending=reforce_pending(state.decisions))
 
     def forget_pending(self) -> None:
         """Drop queued work: the pending pin, the awaiting flag and the session binding.
@@ -624,7 +616,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             )
 
     def _decide(self, messages: Sequence[Message]) -> None:
-        history = self._records.history(messages, note_kind=NOTE_KIND)
+        history = self._histories.history(messages, note_kind=NOTE_KIND)
         status = recall_status(history, self._grouping)
         self._grouping = status.grouping
         # The reforce callable is asked once per decision, and never while forcing is disabled.

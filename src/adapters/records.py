@@ -17,14 +17,14 @@ from typing import Any, ClassVar
 from agent_framework import CompactionStrategy, Message
 
 from ..core import records as core
-from ..core.anchored import AnchoredConfig
+from ..core.anchored import DEFAULT_KEEP_HEAD_GROUPS, DEFAULT_KEEP_TAIL_GROUPS, AnchoredConfig
 from ..core.checks import require_async_callable
 from ..core.protocol import Done, sent_tokens
 from ..core.record_decisions import RecordDecisions
 from ..core.records import Fallback, RecordConfig, RecordReport, RecordState
 from .anchored import AnchoredCompactionStrategy, log_anchored
 from .connection import Reforce, View
-from .convert import RecordCache
+from .convert import HistoryCache
 from .counting import MediaTokenEstimator, PartCounter, Tokenizer
 from .loop import NOTE_KIND, CompactionAdapter
 from .recall import ToolResultRecallMiddleware
@@ -102,8 +102,8 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         *,
         max_input_tokens: int,
         tokenizer: Tokenizer,
-        keep_head_groups: int = 3,
-        keep_tail_groups: int = 4,
+        keep_head_groups: int = DEFAULT_KEEP_HEAD_GROUPS,
+        keep_tail_groups: int = DEFAULT_KEEP_TAIL_GROUPS,
         trigger_fraction: float = core.DEFAULT_TRIGGER_FRACTION,
         fallback_fraction: float = core.DEFAULT_FALLBACK_FRACTION,
         coverage_share: float = core.DEFAULT_COVERAGE_SHARE,
@@ -212,7 +212,7 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
 
     def reforce_pending(self) -> bool:
         """An ask is outstanding and not yet taken (a preview: nothing is consumed)."""
-        return core.reforce_due(self._cell.value.decisions)
+        return core.reforce_pending(self._cell.value.decisions)
 
     def bind_recall(self, recall: ToolResultRecallMiddleware) -> None:
         """Share this strategy's state with ``recall`` (when its ``reforce`` wraps :attr:`take_reforce`).
@@ -221,13 +221,13 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         """
         recall.share(self._cell, self._config)
 
-    def record_due(self) -> bool:
-        """Is a record outstanding or about to be asked for? (Consumes nothing.)
+    def record_expected(self) -> bool:
+        """Is a record expected: asked for, or about to be? (Consumes nothing.)
 
         True while an ask is outstanding, or when the recall protocol decided to pin the
         next request. A composition waits on this before summarising user turns.
         """
-        return core.record_due(self._cell.value)
+        return core.record_expected(self._cell.value)
 
     # -- the pass ------------------------------------------------------------------------
 
@@ -255,7 +255,7 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         if report.fallback is Fallback.BEHIND_RECORD:
             if ran:
                 self.fallbacks_after_record += 1
-            tokens = sent_tokens(self._records.history(messages, note_kind=NOTE_KIND))
+            tokens = sent_tokens(self._histories.history(messages, note_kind=NOTE_KIND))
             self._warn_overflow(tokens > self._config.max_input_tokens, tokens)
         return ran or changed
 
@@ -352,10 +352,10 @@ def record_text(message: Message, messages: Sequence[Message] | None = None) -> 
     """
     if not isinstance(message, Message):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise TypeError(f"message must be an agent_framework Message, got {message!r}")
-    cache = RecordCache(_READER)
+    cache = HistoryCache(_READER)
     record = cache.history([message], note_kind=NOTE_KIND)[0]
     if messages is None:
         recall_ids = frozenset(p.call_id for p in record.parts if p.call_id)
     else:
-        recall_ids = core.recall_call_ids(RecordCache(_READER).history(messages, note_kind=NOTE_KIND))
+        recall_ids = core.recall_call_ids(HistoryCache(_READER).history(messages, note_kind=NOTE_KIND))
     return core.record_text(record, recall_ids)

@@ -61,7 +61,7 @@ from agent_framework import (
     SessionContext,
 )
 
-from ..core.checks import require_bool, require_int, require_sync_callable, require_tokenizer
+from ..core.checks import AtLeastZero, NonEmpty, require, require_sync_callable, require_tokenizer
 from ..core.records import RECALL_TOOL_NAME
 from ..core.stack import (
     StackConfiguration,
@@ -326,9 +326,8 @@ class SessionCompactionRegistry:
         state_key: str = DEFAULT_STATE_KEY,
     ) -> None:
         require_sync_callable("builder", builder, kind="a callable returning a CompactionStack")
-        require_int("max_cached_sessions", max_cached_sessions, minimum=0)
-        if not isinstance(state_key, str) or not state_key.strip():
-            raise ValueError(f"state_key must be a non-empty string, got {state_key!r}")
+        require("max_cached_sessions", max_cached_sessions, AtLeastZero)
+        require("state_key", state_key, NonEmpty)
         self._builder = builder
         self._max = max_cached_sessions
         self._key = state_key
@@ -716,8 +715,8 @@ class SessionCompactionProvider(ContextProvider):
         if not isinstance(registry, SessionCompactionRegistry):
             raise ValueError(f"registry must be a SessionCompactionRegistry, got {registry!r}")
         require_tokenizer("tokenizer", tokenizer)
-        require_bool("before", before)
-        require_bool("after", after)
+        require("before", before, bool)
+        require("after", after, bool)
         super().__init__(source_id)
         self._registry = registry
         self._tokenizer = tokenizer
@@ -797,7 +796,7 @@ class SessionToolResultRecallMiddleware(ChatMiddleware):
     def __init__(self, registry: SessionCompactionRegistry, *, compact_before: bool = False) -> None:
         if not isinstance(registry, SessionCompactionRegistry):
             raise ValueError(f"registry must be a SessionCompactionRegistry, got {registry!r}")
-        require_bool("compact_before", compact_before)
+        require("compact_before", compact_before, bool)
         self._registry = registry
         self.compact_before = compact_before
 

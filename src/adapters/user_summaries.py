@@ -111,7 +111,7 @@ class UserTurnAnchoredSummarizationCompactionStrategy(
         keep_tail_user_turns: int = core.DEFAULT_KEEP_TAIL_USER_TURNS,
         trigger_fraction: float = core.DEFAULT_TRIGGER_FRACTION,
         min_band_share: float = core.DEFAULT_MIN_BAND_SHARE,
-        summary_mode: SummaryMode = "recompact",
+        summary_mode: SummaryMode = core.DEFAULT_SUMMARY_MODE,
         prompt: str | None = None,
         fold_prompt: str | None = None,
         remembered_requests: int = core.DEFAULT_REMEMBERED_REQUESTS,

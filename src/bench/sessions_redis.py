@@ -38,7 +38,7 @@ import redis.asyncio as aioredis  # before ..redis: a missing client names the e
 from agent_framework import AgentSession, Content, InMemoryHistoryProvider, Message
 
 from ..adapters.leases import require_session_id
-from ..core.checks import require_int
+from ..core.checks import AtLeastOne, AtLeastZero, require
 from ..redis import RedisSessionLeases, RedisSessionStore
 from .args import positive_int, program_name
 from .local_redis import RedisServerUnavailable, local_redis_server
@@ -64,8 +64,8 @@ def session_payload(session_id: str, *, messages: int, state_kb: int) -> AgentSe
     and the assistant's answer; plus ``state_kb`` KB of JSON-safe compaction state under ``"maf_compaction"``.
     """
     require_session_id("session_id", session_id)
-    require_int("messages", messages, minimum=1)
-    require_int("state_kb", state_kb, minimum=0)
+    require("messages", messages, AtLeastOne)
+    require("state_kb", state_kb, AtLeastZero)
     history: list[Message] = []
     for n in range(messages):
         turn, step = divmod(n, 4)
@@ -129,8 +129,8 @@ async def redis_round_trip(
     of :data:`PHASES` its ``median_ms``, ``p95_ms``, ``max_ms`` and ``n``. The bench's keys (prefix
     ``maf_compaction_bench``) are deleted afterwards.
     """
-    require_int("sessions", sessions, minimum=1)
-    require_int("repeats", repeats, minimum=1)
+    require("sessions", sessions, AtLeastOne)
+    require("repeats", repeats, AtLeastOne)
     client = aioredis.Redis.from_url(url)
     try:
         leases = RedisSessionLeases(client, prefix=BENCH_PREFIX, wait_timeout_s=0)

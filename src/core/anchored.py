@@ -38,7 +38,7 @@ from typing import Final
 from pyrsistent import pvector
 from returns.result import Success
 
-from .checks import is_number, require_bool, require_int
+from .checks import AtLeastOne, AtLeastZero, Floor, Fraction, validate
 from .counting import MESSAGE_OVERHEAD_TOKENS, Measure
 from .effects import Request
 from .grouping import Grouping, regroup
@@ -85,28 +85,17 @@ class AnchoredConfig:
             tokens behind its first edit (0 never declines).
     """
 
-    max_input_tokens: int
-    keep_head_groups: int = DEFAULT_KEEP_HEAD_GROUPS
-    keep_tail_groups: int = DEFAULT_KEEP_TAIL_GROUPS
-    keep_tokens: int | None = None
-    band_share: float = DEFAULT_BAND_SHARE
+    max_input_tokens: AtLeastOne
+    keep_head_groups: AtLeastZero = DEFAULT_KEEP_HEAD_GROUPS
+    keep_tail_groups: AtLeastZero = DEFAULT_KEEP_TAIL_GROUPS
+    keep_tokens: AtLeastZero | None = None
+    band_share: Fraction = DEFAULT_BAND_SHARE
     collapse_assistant_text: bool = True
-    low_water_fraction: float = DEFAULT_LOW_WATER_FRACTION
-    min_gain_fraction: float = 0.0
+    low_water_fraction: Fraction = DEFAULT_LOW_WATER_FRACTION
+    min_gain_fraction: Floor = 0.0
 
     def __post_init__(self) -> None:
-        require_int("max_input_tokens", self.max_input_tokens, minimum=1)
-        require_int("keep_head_groups", self.keep_head_groups, minimum=0)
-        require_int("keep_tail_groups", self.keep_tail_groups, minimum=0)
-        if self.keep_tokens is not None:
-            require_int("keep_tokens", self.keep_tokens, minimum=0)
-        if not is_number(self.band_share) or not 0 < self.band_share <= 1:
-            raise ValueError(f"band_share must be in (0, 1], got {self.band_share!r}")
-        if not is_number(self.low_water_fraction) or not 0 < self.low_water_fraction <= 1:
-            raise ValueError(f"low_water_fraction must be in (0, 1], got {self.low_water_fraction!r}")
-        require_bool("collapse_assistant_text", self.collapse_assistant_text)
-        if not is_number(self.min_gain_fraction) or not 0 <= self.min_gain_fraction < 1:
-            raise ValueError(f"min_gain_fraction must be in [0, 1), got {self.min_gain_fraction!r}")
+        validate(self)
 
     def allowance(self, position: int) -> int:
         """Tokens a tool result at band position ``position`` keeps."""

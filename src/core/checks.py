@@ -2,45 +2,38 @@
 
 Every message reads "NAME must be ..., got VALUE", so a caller sees at once which argument
 is wrong and what would be accepted.
+
+A configuration declares each field's constraint once, in its annotation (the range types
+below, ``bool``, a ``Literal``, or ``Optional`` of one), and calls :func:`validate` from
+``__post_init__``; only rules between fields stay explicit.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
+import re
+from dataclasses import fields
+from types import NoneType, UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
+
+from msgspec import Meta
+
+#: Token and count parameters: an integer of at least 1, or of at least 0.
+AtLeastOne = Annotated[int, Meta(ge=1)]
+AtLeastZero = Annotated[int, Meta(ge=0)]
+#: A share of something that must not be empty: in (0, 1].
+Fraction = Annotated[float, Meta(gt=0, le=1)]
+#: A floor that 0 turns off and 1 would make impossible: in [0, 1).
+Floor = Annotated[float, Meta(ge=0, lt=1)]
+#: Instructions and other text that must say something.
+NonEmpty = Annotated[str, Meta(pattern=r"\S")]
 
 
 def is_number(value: object) -> bool:
     """A finite int or float (a bool is not a number here)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def require_int(name: str, value: object, *, minimum: int) -> None:
-    """``value`` is an integer (not a bool) of at least ``minimum``."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
-def require_optional_int(name: str, value: object, *, minimum: int) -> None:
-    """``value`` is ``None`` or an integer (not a bool) of at least ``minimum``."""
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < minimum):
-        raise ValueError(f"{name} must be an integer >= {minimum} or None, got {value!r}")
-
-
-def require_fraction(name: str, value: object, *, low_open: bool = True) -> None:
-    """``value`` is a finite number in (0, 1] (``low_open``) or in [0, 1]."""
-    span = "(0, 1]" if low_open else "[0, 1]"
-    if not is_number(value):
-        raise ValueError(f"{name} must be a number in {span}, got {value!r}")
-    number = float(value)  # pyright: ignore[reportArgumentType]
-    if (number <= 0 if low_open else number < 0) or number > 1:
-        raise ValueError(f"{name} must be in {span}, got {value!r}")
-
-
-def require_bool(name: str, value: object) -> None:
-    """``value`` is ``True`` or ``False`` (a truthy string such as ``"false"`` is refused)."""
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
 def is_async_callable(value: object) -> bool:
@@ -92,3 +85,78 @@ def describe_value(value: object) -> str:
     if len(text) > 80:
         text = text[:77] + "..."
     return f"{type(value).__name__} {text}"
+
+
+def validate(instance: object) -> None:
+    """Check every field of the dataclass ``instance`` against its annotation (see :func:`require`)."""
+    for name, declared in _fields(type(instance)):
+        require(name, getattr(instance, name), declared)
+
+
+def require(name: str, value: object, declared: object) -> None:
+    """``value`` meets ``declared``: a range type above, ``bool``, a ``Literal``, or one of them ``| None``.
+
+    Raises:
+        ValueError: "NAME must be WANTED[ or None], got VALUE". Other annotations declare nothing.
+    """
+    constraint = _constraint(declared)
+    if constraint is None or (value is None and constraint[0]):
+        return
+    optional, hint, meta = constraint
+    wanted = _wanted(hint, meta, value)
+    if wanted is not None:
+        raise ValueError(f"{name} must be {wanted}{' or None' if optional else ''}, got {value!r}")
+
+
+@functools.cache
+def _fields(cls: type) -> tuple[tuple[str, object], ...]:
+    """The fields of the dataclass ``cls`` and their annotations."""
+    hints = get_type_hints(cls, include_extras=True)
+    return tuple((field.name, hints[field.name]) for field in fields(cls))
+
+
+@functools.cache
+def _constraint(declared: Any) -> tuple[bool, object, Meta] | None:
+    """Whether ``declared`` allows ``None``, its type and its bounds; ``None`` when it declares nothing."""
+    optional = get_origin(declared) in (Union, UnionType) and NoneType in get_args(declared)
+    hint: Any = declared
+    if optional:
+        rest = [arg for arg in get_args(declared) if arg is not NoneType]
+        hint = rest[0] if len(rest) == 1 else object
+    meta = Meta()
+    if get_origin(hint) is Annotated:
+        meta = next(m for m in hint.__metadata__ if isinstance(m, Meta))
+        hint = get_args(hint)[0]
+    if hint in (bool, float) or get_origin(hint) is Literal or (hint in (int, str) and meta != Meta()):
+        return optional, hint, meta
+    return None
+
+
+def _wanted(hint: object, meta: Meta, value: object) -> str | None:
+    """What ``value`` should have been under ``hint`` and ``meta``, or ``None`` when it is fine."""
+    if hint is bool:
+        return None if isinstance(value, bool) else "True or False"
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool) and _within(value, meta):
+            return None
+        return f"an integer >= {meta.ge}" if meta.le is None else f"an integer in [{meta.ge}, {meta.le}]"
+    if hint is float:
+        low = f"({meta.gt}" if meta.gt is not None else f"[{meta.ge}"
+        high = f"{meta.lt})" if meta.lt is not None else f"{meta.le}]"
+        return None if is_number(value) and _within(value, meta) else f"in {low}, {high}"
+    if hint is str:
+        if isinstance(value, str) and re.search(meta.pattern or "", value):
+            return None
+        return "a non-empty string" if meta.pattern == r"\S" else f"a string matching {meta.pattern!r}"
+    choices = get_args(hint)
+    return None if value in choices else f"one of {', '.join(map(str, choices))}"
+
+
+def _within(number: Any, meta: Meta) -> bool:
+    """``number`` meets the bounds of ``meta``."""
+    return (
+        (meta.gt is None or number > meta.gt)
+        and (meta.ge is None or number >= meta.ge)
+        and (meta.lt is None or number < meta.lt)
+        and (meta.le is None or number <= meta.le)
+    )

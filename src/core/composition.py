@@ -7,7 +7,7 @@ then, only while the prompt is over the budget, a last-resort chain:
 1. **Record half**: the record rules (coverage, holds, asks; :mod:`.records`), without
    their own fallback.
 2. **User half** (:mod:`.user_summaries`), unless it is waiting for a record that is
-   due: a record about to be written would change what the summary must carry. Only a
+   expected: a record about to be written would change what the summary must carry. Only a
    pass that fits the budget waits (over it the user half makes room now). The wait
    lasts at most two model responses, never starts again behind the same record, and
    is dropped when the conversation's clock goes back (a restore). Every break of the
@@ -59,7 +59,7 @@ from returns.result import Failure, Success
 
 from . import anchored, records, user_summaries
 from .anchored import AnchoredConfig, Report
-from .checks import require_int
+from .checks import AtLeastZero, NonEmpty, validate
 from .counting import MESSAGE_OVERHEAD_TOKENS
 from .effects import Answer, Request, Summarize, answered, find, identity
 from .envelope import Count, Positive, Text, convert, distinct, error, inner, opened
@@ -74,8 +74,8 @@ from .user_summaries import UserReport, UserSummaryConfig
 from .values import distinctive_values, word_set
 
 OverflowPolicy: TypeAlias = Literal["shed", "raise"]
-OVERFLOW_POLICIES: Final = ("shed", "raise")
-#: Model responses a user half waits for a due record, at most.
+DEFAULT_OVERFLOW_POLICY: Final[OverflowPolicy] = "shed"
+#: Model responses a user half waits for an expected record, at most.
 RECORD_WAIT_RESPONSES: Final = 2
 #: A shed result keeps nothing: sheds remove whole groups, they never shorten.
 _NO_SHORTENING: Final = 2**31 - 1
@@ -90,6 +90,7 @@ REPLACEMENT_ID_PREFIX: Final = "record_replacement_"
 #: ``user_summary_fold_<n>``), which it allocates without seeing the chain's.
 EMERGENCY_FOLD_ID_PREFIX: Final = "user_summary_emergency_fold_"
 ReplacementKind: TypeAlias = Literal["merge", "rewrite", "fold"]
+DEFAULT_HARDER_ATTEMPTS: Final = 2
 
 DEFAULT_MERGE_PROMPT: Final = (
     "The numbered texts below are compaction records: each lists values from earlier tool results that are no "
@@ -125,11 +126,12 @@ class CompositionConfig:
 
     records: RecordConfig
     users: UserSummaryConfig
-    overflow_policy: OverflowPolicy = "shed"
-    merge_prompt: str = DEFAULT_MERGE_PROMPT
-    harder_attempts: int = 2
+    overflow_policy: OverflowPolicy = DEFAULT_OVERFLOW_POLICY
+    merge_prompt: NonEmpty = DEFAULT_MERGE_PROMPT
+    harder_attempts: AtLeastZero = DEFAULT_HARDER_ATTEMPTS
 
     def __post_init__(self) -> None:
+        validate(self)
         if self.records.max_input_tokens != self.users.max_input_tokens:
             raise ValueError(
                 "tool_results and user_turns must have the same max_input_tokens, got "
@@ -137,9 +139,6 @@ class CompositionConfig:
             )
         if self.records.fallback is None:
             raise ValueError("the record half's fallback must be the anchored rules within the pass")
-        if self.overflow_policy not in OVERFLOW_POLICIES:
-            raise ValueError(f"overflow_policy must be 'shed' or 'raise', got {self.overflow_policy!r}")
-        require_int("harder_attempts", self.harder_attempts, minimum=0)
 
     @property
     def max_input_tokens(self) -> int:
@@ -188,7 +187,7 @@ class ChainDecisions:
     """The composition's own decisions that history cannot show.
 
     Attributes:
-        wait_since: The conversation clock when the user half began waiting for a due
+        wait_since: The conversation clock when the user half began waiting for an expected
             record, or ``None``.
         declined_behind: The record count a wait ended behind: no new wait behind it.
         shed: The shed policy's decisions (watermarks over band tool groups).
@@ -344,7 +343,7 @@ class CompositionReport:
         tokens_after: After it.
         records: The record half's report.
         users: The user half's report, or ``None`` when it waited (or was not reached).
-        waited: The user half waited for a due record.
+        waited: The user half waited for an expected record.
         fallback: The fallback-with-holds step's report, when it ran.
         shed: The shed policy's report, when it ran.
         over_budget: The pass ends over the budget while still making progress (a summary or
@@ -395,7 +394,7 @@ def step(
     chain, waiting = _wait(
         state.chain,
         records.responses(output),
-        due=records.record_due(record_state),
+        expected=records.record_expected(record_state),
         count=records.records_written(output),
     )
     # Waiting is only for passes that fit: over the budget the user half makes room now.
@@ -838,11 +837,11 @@ def _anchored(
     return ran.history, ran.state, ran.report
 
 
-def _wait(chain: ChainDecisions, clock: int, *, due: bool, count: int) -> tuple[ChainDecisions, bool]:
-    """Whether the user half waits for a due record on this pass, and the chain's wait state after it."""
+def _wait(chain: ChainDecisions, clock: int, *, expected: bool, count: int) -> tuple[ChainDecisions, bool]:
+    """Whether the user half waits for an expected record on this pass, and the chain's wait state after it."""
     if chain.wait_since is not None and clock < chain.wait_since:
         chain = replace(chain, wait_since=None)  # the clock went back: a restore of an earlier state
-    if not due or chain.declined_behind == count:
+    if not expected or chain.declined_behind == count:
         return replace(chain, wait_since=None), False
     if chain.wait_since is None:
         return replace(chain, wait_since=clock), True

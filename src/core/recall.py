@@ -32,14 +32,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal, TypeAlias, cast
 
+from .checks import AtLeastOne, AtLeastZero, validate
 from .envelope import Count, Schema, opened
 from .grouping import Grouping
 
 #: Consecutive pinned responses without a recall call after which pinning stops.
 IGNORED_LIMIT: Final = 2
+#: Share of the budget above which a record is due (the record strategy's trigger too).
+DEFAULT_TRIGGER_FRACTION: Final = 0.6
+DEFAULT_MIN_GROUPS_BEFORE_REPEAT: Final = 4
+#: The response cap of a pinned request.
+DEFAULT_RECORD_MAX_TOKENS: Final = 4_000
 
 PinKind: TypeAlias = Literal["size", "reforce"]
-PIN_KINDS: Final = ("size", "reforce")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,11 +61,14 @@ class PinRule:
         record_max_tokens: The response cap of a pinned request (``None``: the caller's).
     """
 
-    trigger_tokens: int
-    max_groups_before_record: int | None = None
+    trigger_tokens: AtLeastZero
+    max_groups_before_record: AtLeastOne | None = None
     repeat_records: bool = True
-    min_groups_before_repeat: int = 4
-    record_max_tokens: int | None = None
+    min_groups_before_repeat: AtLeastOne = DEFAULT_MIN_GROUPS_BEFORE_REPEAT
+    record_max_tokens: AtLeastOne | None = DEFAULT_RECORD_MAX_TOKENS
+
+    def __post_init__(self) -> None:
+        validate(self)
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,8 +43,8 @@ from pyrsistent import pvector
 from returns.result import Success
 
 from . import anchored, recall
-from .anchored import AnchoredConfig
-from .checks import require_fraction, require_int
+from .anchored import DEFAULT_KEEP_HEAD_GROUPS, DEFAULT_KEEP_TAIL_GROUPS, AnchoredConfig
+from .checks import AtLeastOne, AtLeastZero, Fraction, validate
 from .effects import Request
 from .envelope import inner
 from .grouping import Grouping, regroup
@@ -75,7 +75,7 @@ HOLD_REASONS: Final = frozenset({HOLD_UNCOVERED, HOLD_UNRECORDED, HOLD_RECORD})
 #: Why the messages of a covered tool group are excluded (written on the messages).
 EXCLUDE_REASON: Final = "tool_summary_anchored"
 
-DEFAULT_TRIGGER_FRACTION: Final = 0.6
+DEFAULT_TRIGGER_FRACTION: Final = recall.DEFAULT_TRIGGER_FRACTION
 DEFAULT_FALLBACK_FRACTION: Final = 0.9
 DEFAULT_COVERAGE_SHARE: Final = 0.8
 DEFAULT_RECORD_TARGET_TOKENS: Final = 2_000
@@ -105,29 +105,22 @@ class RecordConfig:
             after applying the pass (:attr:`RecordReport.fallback` says when).
     """
 
-    max_input_tokens: int
-    keep_head_groups: int = 3
-    keep_tail_groups: int = 4
-    trigger_fraction: float = DEFAULT_TRIGGER_FRACTION
-    fallback_fraction: float = DEFAULT_FALLBACK_FRACTION
-    coverage_share: float = DEFAULT_COVERAGE_SHARE
-    record_target_tokens: int | None = DEFAULT_RECORD_TARGET_TOKENS
+    max_input_tokens: AtLeastOne
+    keep_head_groups: AtLeastZero = DEFAULT_KEEP_HEAD_GROUPS
+    keep_tail_groups: AtLeastZero = DEFAULT_KEEP_TAIL_GROUPS
+    trigger_fraction: Fraction = DEFAULT_TRIGGER_FRACTION
+    fallback_fraction: Fraction = DEFAULT_FALLBACK_FRACTION
+    coverage_share: Fraction = DEFAULT_COVERAGE_SHARE
+    record_target_tokens: AtLeastOne | None = DEFAULT_RECORD_TARGET_TOKENS
     fallback: AnchoredConfig | None = None
 
     def __post_init__(self) -> None:
-        require_int("max_input_tokens", self.max_input_tokens, minimum=1)
-        require_int("keep_head_groups", self.keep_head_groups, minimum=0)
-        require_int("keep_tail_groups", self.keep_tail_groups, minimum=0)
-        require_fraction("trigger_fraction", self.trigger_fraction, low_open=True)
-        require_fraction("fallback_fraction", self.fallback_fraction, low_open=True)
+        validate(self)
         if self.fallback_fraction <= self.trigger_fraction:
             raise ValueError(
                 f"fallback_fraction must be greater than trigger_fraction ({self.trigger_fraction!r}), "
                 f"got {self.fallback_fraction!r}"
             )
-        require_fraction("coverage_share", self.coverage_share, low_open=True)
-        if self.record_target_tokens is not None:
-            require_int("record_target_tokens", self.record_target_tokens, minimum=1)
 
     @property
     def trigger_tokens(self) -> int:
@@ -809,7 +802,7 @@ def take_reforce(decisions: RecordDecisions) -> tuple[bool, RecordDecisions]:
     return True, replace(decisions, ask=replace(ask, taken=True))
 
 
-def reforce_due(decisions: RecordDecisions) -> bool:
+def reforce_pending(decisions: RecordDecisions) -> bool:
     """An ask is outstanding and not yet taken (a preview; nothing is consumed)."""
     return decisions.ask is not None and not decisions.ask.taken
 
@@ -820,7 +813,7 @@ def on_recall(rule: recall.PinRule, state: RecordState, event: recall.Event) -> 
     An outstanding, untaken ask for uncovered groups comes first: the history seen on the
     way out of a call takes it for the next request, so one ask pins one request.
     """
-    if isinstance(event, recall.HistorySeen) and not state.recall.pin_disabled and reforce_due(state.decisions):
+    if isinstance(event, recall.HistorySeen) and not state.recall.pin_disabled and reforce_pending(state.decisions):
         event = replace(event, reforce=True)
     recall_state, action = recall.advance(rule, state.recall, event)
     decisions = state.decisions
@@ -829,8 +822,11 @@ def on_recall(rule: recall.PinRule, state: RecordState, event: recall.Event) -> 
     return RecordState(decisions=decisions, fallback=state.fallback, recall=recall_state), action
 
 
-def record_due(state: RecordState) -> bool:
-    """Is a record outstanding or about to be asked for? (A composition waits on it.)
+def record_expected(state: RecordState) -> bool:
+    """Is a record expected: asked for, or about to be? (A composition waits on it.)
+
+    Not the recall middleware's ``record_due`` preview (would the next request be pinned?):
+    a record is still expected while the pinned request is in flight.
 
     True while an ask for uncovered groups is outstanding, while a pinned request is in
     flight (a pass inside it runs before its record exists), or when the recall protocol

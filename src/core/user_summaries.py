@@ -40,12 +40,12 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Final, Literal, Protocol, TypeAlias, TypeVar
+from typing import Final, Literal, Protocol, TypeAlias, TypeVar, get_args
 
 from pyrsistent import pvector
 from returns.result import Success
 
-from .checks import is_number, require_bool, require_int
+from .checks import AtLeastOne, AtLeastZero, Floor, Fraction, NonEmpty, validate
 from .counting import MESSAGE_OVERHEAD_TOKENS
 from .effects import Answer, DescribeMedia, Request, Summarize, answered, identity, remember
 from .model import MEDIA_KINDS, History, MessageRecord, Part, conversation_indices
@@ -54,11 +54,12 @@ from .user_snapshot import UserSummarySnapshot
 
 Measure = Callable[[str], int]
 SummaryMode: TypeAlias = Literal["recompact", "boundary", "fold"]
+DEFAULT_SUMMARY_MODE: Final[SummaryMode] = "recompact"
 
 USER_SUMMARY_MARKER: Final = "[earlier turns in this conversation, compacted]"
 SUMMARY_ID_PREFIX: Final = "user_summary_"
 FOLD_ID_PREFIX: Final = "user_summary_fold_"
-SUMMARY_MODES: Final = ("recompact", "boundary", "fold")
+SUMMARY_MODES: Final[tuple[SummaryMode, ...]] = get_args(SummaryMode)
 #: Wraps a media description in a transcript: the summarizer must not take it for the user's words.
 MEDIA_DESCRIPTION_PREFIX: Final = "[inferred description of attached media, not the user's words: "
 MEDIA_DESCRIPTION_SUFFIX: Final = "]"
@@ -119,39 +120,21 @@ class UserSummaryConfig:
             cost more than it saves); 0 never declines.
     """
 
-    max_input_tokens: int
-    keep_head_user_turns: int = DEFAULT_KEEP_HEAD_USER_TURNS
-    keep_tail_user_turns: int = DEFAULT_KEEP_TAIL_USER_TURNS
-    trigger_fraction: float = DEFAULT_TRIGGER_FRACTION
-    min_band_share: float = DEFAULT_MIN_BAND_SHARE
-    summary_mode: SummaryMode = "recompact"
-    prompt: str = DEFAULT_PROMPT
-    fold_prompt: str = DEFAULT_FOLD_PROMPT
-    remembered_requests: int = DEFAULT_REMEMBERED_REQUESTS
-    max_summary_input_tokens: int | None = None
+    max_input_tokens: AtLeastOne
+    keep_head_user_turns: AtLeastZero = DEFAULT_KEEP_HEAD_USER_TURNS
+    keep_tail_user_turns: AtLeastZero = DEFAULT_KEEP_TAIL_USER_TURNS
+    trigger_fraction: Fraction = DEFAULT_TRIGGER_FRACTION
+    min_band_share: Floor = DEFAULT_MIN_BAND_SHARE
+    summary_mode: SummaryMode = DEFAULT_SUMMARY_MODE
+    prompt: NonEmpty = DEFAULT_PROMPT
+    fold_prompt: NonEmpty = DEFAULT_FOLD_PROMPT
+    remembered_requests: AtLeastOne = DEFAULT_REMEMBERED_REQUESTS
+    max_summary_input_tokens: AtLeastOne | None = None
     describe_media: bool = False
-    min_gain_fraction: float = 0.0
+    min_gain_fraction: Floor = 0.0
 
     def __post_init__(self) -> None:
-        require_int("max_input_tokens", self.max_input_tokens, minimum=1)
-        require_int("keep_head_user_turns", self.keep_head_user_turns, minimum=0)
-        require_int("keep_tail_user_turns", self.keep_tail_user_turns, minimum=0)
-        if not is_number(self.trigger_fraction) or not 0 < self.trigger_fraction <= 1:
-            raise ValueError(f"trigger_fraction must be in (0, 1], got {self.trigger_fraction!r}")
-        if not is_number(self.min_band_share) or not 0 <= self.min_band_share < 1:
-            raise ValueError(f"min_band_share must be in [0, 1), got {self.min_band_share!r}")
-        if self.summary_mode not in SUMMARY_MODES:
-            raise ValueError(f"summary_mode must be one of {', '.join(SUMMARY_MODES)}, got {self.summary_mode!r}")
-        for name in ("prompt", "fold_prompt"):
-            value: object = getattr(self, name)
-            if not isinstance(value, str) or not value.strip():
-                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-        require_int("remembered_requests", self.remembered_requests, minimum=1)
-        if not is_number(self.min_gain_fraction) or not 0 <= self.min_gain_fraction < 1:
-            raise ValueError(f"chain_gain_fraction must be in [0, 1), got {self.min_gain_fraction!r}")
-        if self.max_summary_input_tokens is not None:
-            require_int("max_summary_input_tokens", self.max_summary_input_tokens, minimum=1)
-        require_bool("describe_media", self.describe_media)
+        validate(self)
 
     @property
     def trigger_tokens(self) -> int:
