@@ -186,9 +186,17 @@ class _Plan:
     notes: dict[int, MessageRecord] | None = None
     #: Notes the input already holds, by id: reused when still right.
     existing_notes: dict[str, MessageRecord] = field(default_factory=dict[str, MessageRecord])
+    #: Holds that do not protect; ``None``: no hold protects (see :func:`run`).
+    releasable: frozenset[str] | None = None
+
+    def shields(self, record: MessageRecord) -> bool:
+        """``record`` may not be made smaller: preserved, or held by a hold that protects."""
+        if record.preserved:
+            return True
+        return self.releasable is not None and record.held is not None and record.held not in self.releasable
 
     def protected(self, group: Group) -> bool:
-        return any(self.records[i].preserved for i in group.members)
+        return any(self.shields(self.records[i]) for i in group.members)
 
 
 def step(
@@ -226,8 +234,13 @@ def run(
     *,
     ceiling: int | None = None,
     memo: object = None,
+    releasable: frozenset[str] | None = None,
 ) -> AnchoredDone:
-    """:func:`step`'s answer, unwrapped: compositions call it directly."""
+    """:func:`step`'s answer, unwrapped: compositions call it directly.
+
+    With ``releasable``, a held message is protected like a preserved one unless its
+    hold is in ``releasable`` (the record rules' holds; see :func:`.records.run_with_holds`).
+    """
     snapshot = state
     grouping = memo if isinstance(memo, Grouping) else None
     limit = config.max_input_tokens if ceiling is None else ceiling
@@ -247,6 +260,7 @@ def run(
     plan = _Plan(
         existing_notes=existing_notes,
         records=records,
+        releasable=releasable,
         tools=lane(band.tools, "tool", snapshot.tools_shed, snapshot.spared_tools, dict(snapshot.shed_sizes)),
         texts=lane(band.texts, "reply", snapshot.texts_shed, snapshot.spared_texts, {}),
     )
@@ -468,7 +482,7 @@ def _shorten_band(
         allowance = config.allowance(position)
         for index in group.members:
             record = records[index]
-            if record.longest_result_text <= allowance or record.preserved:
+            if record.longest_result_text <= allowance or plan.shields(record):
                 continue
             shortened = _shorten_record(record, allowance, measure)
             if shortened is record:

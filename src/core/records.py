@@ -423,20 +423,18 @@ def run_with_holds(
     named in ``releasable`` do not protect, so the rules may shed those groups whole.
     """
     keep = {r.origin: r.held for r in history if r.held is not None}
+    ran = anchored.run(config, state, history, measure, memo=memo, releasable=releasable)
 
-    def view(record: MessageRecord) -> MessageRecord:
-        if record.held is None:
+    def restored(record: MessageRecord) -> MessageRecord:
+        if record.excluded:  # an excluded message keeps no hold; one that protected stays protected
+            if record.held is None:
+                return record
+            return replace(record, held=None, preserved=record.preserved or record.held not in releasable)
+        if record.origin not in keep or (record.held == keep[record.origin] and not record.preserved):
             return record
-        if record.held in releasable:
-            return replace(record, held=None)
-        return replace(record, held=None, preserved=True)
+        return replace(record, held=keep[record.origin], preserved=False)
 
-    ran = anchored.run(config, state, pvector(view(r) for r in history), measure, memo=memo)
-    restored = pvector(
-        replace(r, held=keep[r.origin], preserved=False) if r.origin in keep and not r.excluded else r
-        for r in ran.history
-    )
-    return replace(ran, history=restored)
+    return replace(ran, history=pvector(map(restored, ran.history)))
 
 
 def absorb(state: RecordState, answers: Sequence[tuple[Request, str | None]]) -> RecordState:
