@@ -63,14 +63,14 @@ from .counting import MESSAGE_OVERHEAD_TOKENS
 from .effects import Request, Summarize, answered, identity, remember
 from .envelope import Count, Positive, Text, convert, distinct, error, inner, opened
 from .errors import CompactionBudgetExceeded, SnapshotError
-from .grouping import Grouping, regroup
-from .model import History, MessageRecord, Part, conversation_indices, conversation_records
+from .model import History, MessageRecord, Part
 from .protocol import Done, Needs, StepResult, sent_tokens
 from .records import HOLD_RECORD, RECORD_PREFIX, RecordConfig, RecordReport, RecordState
 from .snapshot import AnchoredSnapshot
 from .user_snapshot import UserSummarySnapshot
 from .user_summaries import UserReport, UserSummaryConfig
 from .values import distinctive_values, word_set
+from .view import View, view
 
 OverflowPolicy: TypeAlias = Literal["shed", "raise"]
 OVERFLOW_POLICIES: Final = ("shed", "raise")
@@ -409,25 +409,28 @@ def step(
 ) -> StepResult[CompositionState, CompositionReport]:
     """One composed pass (see the module docstring); ``memo`` is the last ``Done.memo`` (the record rules')."""
     budget = config.max_input_tokens
-    tokens_before = sent_tokens(history)
     record_memo = memo if isinstance(memo, records.RecordMemo) else None
-    passed = records.rules(config.record_rules, history, state.records.decisions, measure, memo=record_memo)
+    seen = view(history, record_memo.grouping if record_memo else None)
+    tokens_before = seen.sent
+    passed = records.rules(config.record_rules, seen, state.records.decisions, measure, memo=record_memo)
+    assert passed.view is not None
+    seen = passed.view
     output = passed.history
     record_state = replace(state.records, decisions=passed.decisions)
     # When the room is needed (the conversation's largest step would no longer fit beside
     # the prompt), ask for a record of what no record holds yet, before a summary of its own
     # or a shed: the recall middleware pins the next request for it, and the user half waits.
-    roomy = _roomy(config, output, passed.memo.grouping)
+    roomy = _roomy(config, seen)
     if not roomy and not record_state.recall.pin_disabled:
-        record_state = replace(record_state, decisions=records.ask_for_pending(output, record_state.decisions))
+        record_state = replace(record_state, decisions=records.ask_for_pending(seen, record_state.decisions))
     chain, waiting = _wait(
         state.chain,
-        records.responses(output),
+        records.responses(seen.records),
         due=records.record_due(record_state),
-        count=records.records_written(output),
+        count=records.written(seen),
     )
     # Waiting is only for passes that fit: over the budget the user half makes room now.
-    waiting = waiting and sent_tokens(output) <= budget
+    waiting = waiting and seen.sent <= budget
     user_report: UserReport | None = None
     users = state.users
     if not waiting:
@@ -439,9 +442,9 @@ def step(
     elif (replayed := _replayed(config, state.users, output, measure)) is not None:
         # A wait holds back new requests only: a summary the other list made replays here too.
         output, users, user_report = replayed.history, replayed.state, replayed.report
-    replaced = _Replaced(output, chain)
+    replaced = _Replaced(view(output, seen), chain)
     _replay(config, replaced, measure)
-    if sent_tokens(replaced.output) > budget:
+    if replaced.seen.sent > budget:
         request = _next_replacement(config, replaced, measure)
         if request is None and not replaced.failed:
             request = _next_fold(config, replaced, measure)
@@ -451,17 +454,18 @@ def step(
     output, chain = replaced.output, replaced.chain
     fallback_report = shed_report = None
     fallback_state, shed_state = state.records.fallback, chain.shed
+    band: object = None  # the fallback's grouping of the band, for the shed policy's run
     # Decisions already made replay on every pass, whatever the size (so both lists and a
     # copy agree); new ones are made only over the budget.
-    if sent_tokens(output) > budget or _decided(fallback_state):
+    if replaced.seen.sent > budget or _decided(fallback_state):
         fallback_config = config.records.fallback
         assert fallback_config is not None
-        output = records.hold_unrecorded(output)
-        output, fallback_state, fallback_report = _anchored(
-            fallback_config, fallback_state, output, measure, frozenset()
-        )
+        output = records.hold_unrecorded(replaced.seen)
+        ran = records.run_with_holds(fallback_config, fallback_state, output, measure)
+        output, fallback_state, fallback_report, band = ran.history, ran.state, ran.report, ran.memo
     if config.overflow_policy == "shed" and (sent_tokens(output) > budget or _decided(shed_state)):
-        output, shed_state, shed_report = _anchored(config.shed, shed_state, output, measure, _SHEDDABLE)
+        ran = records.run_with_holds(config.shed, shed_state, output, measure, releasable=_SHEDDABLE, memo=band)
+        output, shed_state, shed_report = ran.history, ran.state, ran.report
     tokens_after = sent_tokens(output)
     # The user half makes one bounded request per pass: when it made progress the next pass
     # continues from it (failing now would keep its summary off the list for ever).
@@ -571,15 +575,11 @@ def _declined(users: UserSummarySnapshot, output: History) -> user_summaries.Use
     return Done(history=output, state=users, report=report)
 
 
-def _roomy(config: CompositionConfig, output: History, grouping: Grouping | None) -> bool:
-    """The largest step the conversation has taken (its largest group, excluded ones too) still fits.
-
-    ``grouping`` is the record rules' grouping of the same conversation (``regroup`` reuses it).
-    """
-    conversation = conversation_records(output)
-    groups = regroup(conversation, grouping).all
-    largest = max((sum(conversation[i].tokens for i in g.members) for g in groups), default=0)
-    return sent_tokens(output) + largest <= config.max_input_tokens
+def _roomy(config: CompositionConfig, seen: View) -> bool:
+    """The largest step the conversation has taken (its largest group, excluded ones too) still fits."""
+    conversation = seen.records
+    largest = max((sum(conversation[i].tokens for i in g.members) for g in seen.grouping.all), default=0)
+    return seen.sent + largest <= config.max_input_tokens
 
 
 #: The request kinds the chain asks for, and the kind of replacement each judges.
@@ -614,12 +614,20 @@ def check(config: CompositionConfig, state: CompositionState, history: History) 
 class _Replaced:
     """Working state of the record-replacement step (local to :func:`step`)."""
 
-    output: History
+    seen: View  # of the output so far
     chain: ChainDecisions
     applied: int = 0
     folded: int = 0
     refused: set[str] = field(default_factory=set[str])
     failed: set[str] = field(default_factory=set[str])
+
+    @property
+    def output(self) -> History:
+        return self.seen.history
+
+    def put(self, output: History) -> None:
+        """Continue from ``output`` (a replacement or a fold applied)."""
+        self.seen = view(output, self.seen)
 
 
 @dataclass(frozen=True, slots=True)
@@ -630,18 +638,16 @@ class _Record:
     run: int = 0  # records form one run: any prefix of them may be replaced together
 
 
-def _active_records(output: History, measure: anchored.Measure) -> list[_Record]:
+def _active_records(seen: View, measure: anchored.Measure) -> list[_Record]:
     """The conversation's active records that a replacement may stand for, oldest first.
 
     Only records whose group holds nothing else (a recall call and its result, or a
     written record): a replacement excludes the whole group, and a tool call made beside
     the recall call has a result no replacement quotes.
     """
-    indices = conversation_indices(output)
-    conversation = [output[i] for i in indices]
-    recall_ids = records.recall_call_ids(conversation)
+    output, indices, conversation, recall_ids = seen.history, seen.indices, seen.records, seen.recall_ids
     mixed: set[int] = set()
-    for group in regroup(conversation).all:
+    for group in seen.grouping.all:
         for member in group.members:
             record = conversation[member]
             calls_other = any(name != records.RECALL_TOOL_NAME for name in record.call_names)
@@ -723,7 +729,7 @@ def _replay(config: CompositionConfig, work: _Replaced, measure: anchored.Measur
         if judged.kind == "fold":
             _replay_fold(config, work, judged, measure)
             continue
-        items = _active_records(work.output, measure)[: judged.sources]
+        items = _active_records(work.seen, measure)[: judged.sources]
         if len(items) < judged.sources:
             continue
         if not any(
@@ -732,7 +738,7 @@ def _replay(config: CompositionConfig, work: _Replaced, measure: anchored.Measur
         ):
             continue
         if _acceptable(judged.text, items, measure):
-            work.output = _apply_replacement(work.output, items, judged, measure)
+            work.put(_apply_replacement(work.seen, items, judged, measure))
             work.applied += 1
         else:
             work.refused.add(judged.identity)
@@ -754,7 +760,7 @@ def _next_replacement(config: CompositionConfig, work: _Replaced, measure: ancho
     the next user turn, and while it stands nothing more is asked on this pass (the
     summarizer just failed: no retry storm); after it, the same request is asked again.
     """
-    items = _active_records(work.output, measure)
+    items = _active_records(work.seen, measure)
     limit = config.users.summary_input_limit
     turns = user_summaries.user_turns(work.output)
     kept = sum(1 for r in work.chain.replacements if r.text is not None and r.kind != "fold")
@@ -823,7 +829,7 @@ def _replay_fold(config: CompositionConfig, work: _Replaced, judged: Replacement
     if _fold_request(config.users.fold_prompt, items, judged.replacement_id).identity != judged.identity:
         return
     if _fold_acceptable(judged.text, items, judged.replacement_id, measure):
-        work.output = _apply_fold(work.output, items, judged, measure)
+        work.put(_apply_fold(work.output, items, judged, measure))
         work.folded += 1
     else:
         work.refused.add(judged.identity)
@@ -873,17 +879,14 @@ def _apply_fold(output: History, items: Sequence[_Summary], judged: Replacement,
     return pvector(rebuilt)
 
 
-def _apply_replacement(
-    output: History, items: Sequence[_Record], judged: Replacement, measure: anchored.Measure
-) -> History:
+def _apply_replacement(seen: View, items: Sequence[_Record], judged: Replacement, measure: anchored.Measure) -> History:
     """Exclude the replaced records with their groups; insert the written record where the first stood."""
     assert judged.text is not None
-    conversation = conversation_indices(output)
+    conversation = seen.indices
     position = {index: k for k, index in enumerate(conversation)}
-    grouping = regroup([output[i] for i in conversation])
     targets = {position[i.index] for i in items}
-    members = sorted(conversation[m] for g in grouping.all if targets & set(g.members) for m in g.members)
-    rebuilt = list(output)
+    members = sorted(conversation[m] for g in seen.grouping.all if targets & set(g.members) for m in g.members)
+    rebuilt = list(seen.history)
     replaced_ids: list[str] = []
     for index in members:
         record = rebuilt[index]
@@ -914,17 +917,6 @@ def _protected_tokens(output: History) -> int:
 def _decided(state: AnchoredSnapshot) -> bool:
     """The anchored rules have shed or committed something that must replay."""
     return bool(state.tools_shed or state.texts_shed or state.shortened)
-
-
-def _anchored(
-    config: AnchoredConfig,
-    state: AnchoredSnapshot,
-    output: History,
-    measure: anchored.Measure,
-    releasable: frozenset[str],
-) -> tuple[History, AnchoredSnapshot, Report]:
-    ran = records.run_with_holds(config, state, output, measure, releasable=releasable)
-    return ran.history, ran.state, ran.report
 
 
 def _wait(chain: ChainDecisions, clock: int, *, due: bool, count: int) -> tuple[ChainDecisions, bool]:

@@ -48,17 +48,17 @@ from .checks import require_fraction, require_int
 from .effects import Request
 from .envelope import inner
 from .grouping import Grouping, regroup
-from .model import Group, History, MessageRecord, Part, conversation_indices, conversation_records
+from .model import Group, History, MessageRecord, Part, conversation_records
 from .protocol import Done, StepResult, sent_tokens
 from .recall import RecallState, RecallStatus
 from .record_decisions import Ask, RecordDecisions
 from .snapshot import AnchoredSnapshot
 from .tables import RowKey, release_rows, repeated_rows, row_keys
 from .values import distinctive_values, name_mentions, word_set
+from .view import RECALL_TOOL_NAME, View, recall_call_ids, view
 
 Measure = Callable[[str], int]
 
-RECALL_TOOL_NAME: Final = "recall_earlier_tool_results"
 RECORD_MARKER: Final = "[recorded by compaction]"
 RECORD_PREAMBLE: Final = (
     "Earlier tool results may have been shortened or removed from this conversation; this is their "
@@ -145,17 +145,6 @@ class RecordConfig:
 # ----------------------------------------------------------------------------------------
 
 
-def recall_call_ids(history: Iterable[MessageRecord]) -> frozenset[str]:
-    """Call ids of every ``recall_earlier_tool_results`` call in ``history``."""
-    return frozenset(
-        part.call_id
-        for record in history
-        if record.has_tool_call and RECALL_TOOL_NAME in record.call_names
-        for part in record.parts
-        if part.call_id and part.name == RECALL_TOOL_NAME
-    )
-
-
 def record_text(record: MessageRecord, recall_ids: frozenset[str]) -> str:
     """The record text ``record`` carries: "" when it is not a record."""
     if record.excluded:
@@ -215,7 +204,7 @@ def recall_status(history: Sequence[MessageRecord], grouping: Grouping | None = 
     )
 
 
-def ask_for_pending(history: History, decisions: RecordDecisions) -> RecordDecisions:
+def ask_for_pending(seen: View, decisions: RecordDecisions) -> RecordDecisions:
     """``decisions`` with an ask for the tool groups after the newest record (none outstanding yet).
 
     A composition near its budget asks for a record of what no record holds yet rather
@@ -224,13 +213,12 @@ def ask_for_pending(history: History, decisions: RecordDecisions) -> RecordDecis
     """
     if decisions.ask is not None:
         return decisions
-    records = conversation_records(history)
-    recall_ids = recall_call_ids(records)
+    records, recall_ids = seen.records, seen.recall_ids
     found = [k for k, r in enumerate(records) if is_record(r, recall_ids)]
     newest = found[-1] if found else -1
     ordinals: list[int] = []
     ordinal = -1
-    for group in regroup(records).all:
+    for group in seen.grouping.all:
         if group.kind != "tool_call":
             continue
         ordinal += 1
@@ -242,7 +230,7 @@ def ask_for_pending(history: History, decisions: RecordDecisions) -> RecordDecis
             ordinals.append(ordinal)
     if not ordinals:
         return decisions
-    ask = Ask(targets=tuple(ordinals), records_at_ask=records_written(records), responses_at_ask=responses(records))
+    ask = Ask(targets=tuple(ordinals), records_at_ask=written(seen), responses_at_ask=responses(records))
     return replace(decisions, ask=ask)
 
 
@@ -369,6 +357,8 @@ class Passed:
     decisions: RecordDecisions
     report: RecordReport
     memo: RecordMemo = field(default_factory=RecordMemo)
+    view: View | None = field(default=None, compare=False, repr=False)
+    """The view of ``history`` (the input's grouping: the rules change only flags and results' text)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -473,7 +463,7 @@ def _memo(memo: object) -> RecordMemo | None:
 
 def rules(
     config: RecordConfig,
-    history: History,
+    history: History | View,
     decisions: RecordDecisions,
     measure: Measure,
     *,
@@ -492,22 +482,23 @@ def rules(
     never changes the answer.
     """
     memo = memo or RecordMemo()
-    conversation = conversation_indices(history)
-    records = [history[i] for i in conversation]
+    seen = history if isinstance(history, View) else view(history, memo.grouping)
+    records = seen.records
     # Every hold is decided afresh on each pass (so both lists agree on what stays): the
     # holds this pass gives, by index into ``records``; any other hold is released.
     holds: dict[int, str] = {}
-    tokens_before = sent_tokens(history)
+    tokens_before = seen.sent
     triggered = tokens_before > config.trigger_tokens
-    recall_ids = recall_call_ids(records)
+    recall_ids = seen.recall_ids
     found = [k for k, r in enumerate(records) if is_record(r, recall_ids)]
+    grouping = seen.grouping
     if not found:
         fallback = Fallback.PLAIN if tokens_before >= config.fallback_tokens else Fallback.NONE
         report = RecordReport(tokens_before, tokens_before, triggered=triggered, fallback=fallback)
         output = _with_holds(records, holds)
-        return _done(history, conversation, output, decisions=decisions, report=report, memo=memo)
+        memo = replace(memo, grouping=grouping)
+        return _done(seen, output, decisions=decisions, report=report, memo=memo)
 
-    grouping = regroup(records, memo.grouping)
     text = "\n".join(record_text(records[k], recall_ids) for k in found)
     quoted = _quoted(text, memo.quoted)
     values: dict[str, tuple[str, ...]] = {}
@@ -526,9 +517,7 @@ def rules(
             holds[index] = HOLD_UNCOVERED
     _hold_records(output, grouping, frozenset(found), holds)
 
-    new_decisions, asked = _chain(
-        decisions, {c.ordinal for c in uncovered}, records_written(records), responses(records)
-    )
+    new_decisions, asked = _chain(decisions, {c.ordinal for c in uncovered}, written(seen), responses(records))
     settled = tuple(c.ordinal for c in uncovered if c.ordinal in new_decisions.settled)
     tokens_after = tokens_before + _change(records, output)
     held_unrecorded = 0
@@ -557,7 +546,7 @@ def rules(
         fallback=fallback,
     )
     memo = RecordMemo(grouping=grouping, values=values, quoted=quoted)
-    return _done(history, conversation, output, decisions=new_decisions, report=report, memo=memo)
+    return _done(seen, output, decisions=new_decisions, report=report, memo=memo)
 
 
 def _with_holds(records: Sequence[MessageRecord], holds: Mapping[int, str]) -> list[MessageRecord]:
@@ -597,18 +586,16 @@ def _change(before: Sequence[MessageRecord], after: Sequence[MessageRecord]) -> 
 
 
 def _done(
-    history: History,
-    conversation: Sequence[int],
-    records: Sequence[MessageRecord],
-    *,
-    decisions: RecordDecisions,
-    report: RecordReport,
-    memo: RecordMemo,
+    seen: View, records: Sequence[MessageRecord], *, decisions: RecordDecisions, report: RecordReport, memo: RecordMemo
 ) -> Passed:
-    output = list(history)
-    for index, record in zip(conversation, records, strict=True):
-        output[index] = record
-    return Passed(history=pvector(output), decisions=decisions, report=report, memo=memo)
+    output = seen.history
+    if any(new is not old for new, old in zip(records, seen.records, strict=True)):
+        rebuilt = list(output)
+        for index, record in zip(seen.indices, records, strict=True):
+            rebuilt[index] = record
+        output = pvector(rebuilt)
+    changed = View(output, seen.indices, tuple(records), seen.grouping, seen.recall_ids, sent_tokens(output))
+    return Passed(history=output, decisions=decisions, report=report, memo=memo, view=changed)
 
 
 def _candidates(
@@ -767,6 +754,11 @@ def records_written(history: Iterable[MessageRecord]) -> int:
     return sum(1 for r in conversation if _recall_records(r, recall_ids))
 
 
+def written(seen: View) -> int:
+    """:func:`records_written` of the viewed history."""
+    return sum(1 for r in seen.records if _recall_records(r, seen.recall_ids))
+
+
 def _chain(
     decisions: RecordDecisions, uncovered: set[int], records: int, responses: int
 ) -> tuple[RecordDecisions, tuple[int, ...]]:
@@ -901,7 +893,7 @@ def _keep_unrecorded_holds(output: Sequence[MessageRecord], grouping: Grouping, 
                 holds[index] = HOLD_UNRECORDED
 
 
-def hold_unrecorded(history: History) -> History:
+def hold_unrecorded(seen: View) -> History:
     """``history`` with every tool group that is not held, preserved, recorded or excluded held too.
 
     What a fallback behind a record does first, so it can shed only narration. Excluded
@@ -912,14 +904,12 @@ def hold_unrecorded(history: History) -> History:
     The same holds for records a kept replacement excluded (held as records on that pass).
     History does not say which rule excluded a group, so every excluded one is held.
     """
-    conversation = conversation_indices(history)
-    records = [history[i] for i in conversation]
-    grouping = regroup(records)
+    records = seen.records
     holds = {k: r.held for k, r in enumerate(records) if r.held is not None}
-    if not _hold_unrecorded(records, grouping, recall_call_ids(records), holds, shed_too=True):
-        return history
-    output = list(history)
-    for index, record in zip(conversation, _with_holds(records, holds), strict=True):
+    if not _hold_unrecorded(records, seen.grouping, seen.recall_ids, holds, shed_too=True):
+        return seen.history
+    output = list(seen.history)
+    for index, record in zip(seen.indices, _with_holds(records, holds), strict=True):
         output[index] = record
     return pvector(output)
 
