@@ -42,7 +42,7 @@ from .checks import is_number, require_bool, require_int
 from .counting import MESSAGE_OVERHEAD_TOKENS, Measure
 from .effects import Request
 from .grouping import Grouping, regroup
-from .model import Group, History, MessageRecord, Part
+from .model import Group, History, MessageRecord, Part, flagged
 from .protocol import Done, StepResult, differs, sent_tokens
 from .shorten import shorten
 from .snapshot import AnchoredSnapshot
@@ -407,10 +407,8 @@ def _band(
 
 
 def _reindex(group: Group, indices: Sequence[int]) -> Group:
-    return group._replace(
-        members=tuple(indices[m] for m in group.members),
-        spans=tuple((indices[a], indices[b]) for a, b in group.spans),
-    )
+    members = tuple([indices[m] for m in group.members])
+    return Group(group.kind, members, group.has_reasoning, tuple([(indices[a], indices[b]) for a, b in group.spans]))
 
 
 def _replay_sheds(plan: _Plan) -> None:
@@ -579,7 +577,7 @@ def _exclude(plan: _Plan, group: Group, *, into: list[int] | None) -> None:
         record = plan.records[index]
         if not record.excluded:
             plan.notes = None
-            plan.records[index] = replace(record, excluded=True, reason=EXCLUDE_REASON)
+            plan.records[index] = flagged(record, excluded=True, reason=EXCLUDE_REASON)
             if into is not None and record.origin is not None:
                 into.append(record.origin)
 

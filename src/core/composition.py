@@ -63,7 +63,7 @@ from .counting import MESSAGE_OVERHEAD_TOKENS
 from .effects import Request, Summarize, answered, identity, remember
 from .envelope import Count, Positive, Text, convert, distinct, error, inner, opened
 from .errors import CompactionBudgetExceeded, SnapshotError
-from .model import History, MessageRecord, Part
+from .model import History, MessageRecord, Part, flagged
 from .protocol import Done, Needs, StepResult, sent_tokens
 from .records import HOLD_RECORD, RECORD_PREFIX, RecordConfig, RecordReport, RecordState
 from .snapshot import AnchoredSnapshot
@@ -891,7 +891,7 @@ def _apply_replacement(seen: View, items: Sequence[_Record], judged: Replacement
     for index in members:
         record = rebuilt[index]
         if not record.excluded:
-            rebuilt[index] = replace(record, excluded=True, reason=MERGED_REASON, replaced_by=judged.replacement_id)
+            rebuilt[index] = flagged(record, excluded=True, reason=MERGED_REASON, replaced_by=judged.replacement_id)
             if record.message_id:
                 replaced_ids.append(record.message_id)
     text = _written_text(judged.text)

@@ -48,7 +48,7 @@ from .checks import require_fraction, require_int
 from .effects import Request
 from .envelope import inner
 from .grouping import Grouping, regroup
-from .model import Group, History, MessageRecord, Part, conversation_records
+from .model import Group, History, MessageRecord, Part, conversation_records, flagged
 from .protocol import Done, StepResult, sent_tokens
 from .recall import RecallState, RecallStatus
 from .record_decisions import Ask, RecordDecisions
@@ -419,10 +419,10 @@ def run_with_holds(
         if record.excluded:  # an excluded message keeps no hold; one that protected stays protected
             if record.held is None:
                 return record
-            return replace(record, held=None, preserved=record.preserved or record.held not in releasable)
+            return flagged(record, held=None, preserved=record.preserved or record.held not in releasable)
         if record.origin not in keep or (record.held == keep[record.origin] and not record.preserved):
             return record
-        return replace(record, held=keep[record.origin], preserved=False)
+        return flagged(record, held=keep[record.origin], preserved=False)
 
     return replace(ran, history=pvector(map(restored, ran.history)))
 
@@ -551,7 +551,7 @@ def rules(
 
 def _with_holds(records: Sequence[MessageRecord], holds: Mapping[int, str]) -> list[MessageRecord]:
     """``records`` with exactly the holds in ``holds`` (by index); records whose hold is right stay as they are."""
-    return [r if r.held == holds.get(k) else replace(r, held=holds.get(k)) for k, r in enumerate(records)]
+    return [r if r.held == holds.get(k) else flagged(r, held=holds.get(k)) for k, r in enumerate(records)]
 
 
 def _quoted(
@@ -570,7 +570,7 @@ def _exclude(output: list[MessageRecord], candidates: Sequence[_Candidate]) -> l
         for index in candidate.group.members:
             record = output[index]
             if not record.excluded:
-                output[index] = replace(record, excluded=True, reason=EXCLUDE_REASON)
+                output[index] = flagged(record, excluded=True, reason=EXCLUDE_REASON)
                 if record.origin is not None:
                     origins.append(record.origin)
     return origins
