@@ -151,11 +151,18 @@ AnchoredDone = Done[AnchoredSnapshot, Report]
 
 
 @dataclass(frozen=True, slots=True)
-class _Band:
-    """The conversation's band groups by kind, positions oldest first."""
+class Band:
+    """The conversation's band groups by kind, positions oldest first, with what they were derived from.
+
+    A pass hands it to the next run as its memo (:func:`run`): a run over records that
+    group alike at the same positions reuses it whole. It never changes an answer.
+    """
 
     tools: tuple[Group, ...]
     texts: tuple[Group, ...]
+    grouping: Grouping
+    conversation: tuple[int, ...]
+    keep: tuple[int, int]  # keep_head_groups, keep_tail_groups
 
 
 @dataclass(slots=True)
@@ -211,7 +218,7 @@ def step(
     """One anchored pass over ``history``.
 
     ``ceiling`` (default ``max_input_tokens``) bounds only how far shedding goes;
-    shortening never reads it. ``memo`` is the previous pass's ``Done.memo``, a grouping
+    shortening never reads it. ``memo`` is the previous pass's ``Done.memo``, a band
     that saves work and never changes the answer. The anchored strategy never fails and
     never needs an effect: when the anchors alone exceed the ceiling it answers with
     ``report.overflow`` (honest overflow).
@@ -242,7 +249,7 @@ def run(
     hold is in ``releasable`` (the record rules' holds; see :func:`.records.run_with_holds`).
     """
     snapshot = state
-    grouping = memo if isinstance(memo, Grouping) else None
+    previous = memo if isinstance(memo, Band) else None
     limit = config.max_input_tokens if ceiling is None else ceiling
     records: list[MessageRecord] = []
     existing_notes: dict[str, MessageRecord] = {}
@@ -251,7 +258,7 @@ def run(
             records.append(record)
         elif record.message_id:
             existing_notes[record.message_id] = record
-    band, grouping = _band(config, records, grouping)
+    band = _band(config, records, previous)
     noted = _noted_positions(existing_notes)
 
     def lane(groups: tuple[Group, ...], tag: str, shed: int, spared: tuple[int, ...], sizes: dict[int, int]) -> _Lane:
@@ -296,7 +303,7 @@ def run(
         overflow=tokens_after > limit,
         misplaced=misplaced,
     )
-    return Done(history=pvector(output), state=new_snapshot, report=report, memo=grouping)
+    return Done(history=pvector(output), state=new_snapshot, report=report, memo=band)
 
 
 def _misplaced_notes(plan: _Plan, noted: set[tuple[str, int]]) -> int:
@@ -365,7 +372,7 @@ def check(config: AnchoredConfig, state: AnchoredSnapshot, history: History) -> 
     """
     if any(r.note for r in history):
         return None
-    band, _ = _band(config, [r for r in history if not r.note], None)
+    band = _band(config, [r for r in history if not r.note], None)
     for name, count, limit in (
         ("tools_shed", state.tools_shed, len(band.tools)),
         ("shortened", state.shortened, len(band.tools)),
@@ -379,21 +386,29 @@ def check(config: AnchoredConfig, state: AnchoredSnapshot, history: History) -> 
 def band_groups(config: AnchoredConfig, history: Sequence[MessageRecord]) -> tuple[Group, ...]:
     """The band's groups, with member indices into ``history``, for tests and diagnostics."""
     kept = [i for i, r in enumerate(history) if not r.note]
-    band, _ = _band(config, [history[i] for i in kept], None)
+    band = _band(config, [history[i] for i in kept], None)
     return tuple(sorted((_reindex(g, kept) for g in (*band.tools, *band.texts)), key=lambda g: g.start))
 
 
-def _band(
-    config: AnchoredConfig, records: Sequence[MessageRecord], previous: Grouping | None
-) -> tuple[_Band, Grouping]:
+def _band(config: AnchoredConfig, records: Sequence[MessageRecord], previous: Band | None) -> Band:
     """Band groups by kind, positions oldest first; indices refer to ``records``."""
     # Our own inserts (user-turn summaries, written records) are not groups either: an
     # inserted summary must not move the band's positions, or saved sheds would replay
     # onto other groups.
-    conversation = [i for i, r in enumerate(records) if not r.injected and not r.summary and not r.written_record]
+    conversation = tuple(i for i, r in enumerate(records) if not r.injected and not r.summary and not r.written_record)
     everything = len(conversation) == len(records)
-    grouping = regroup(records if everything else [records[i] for i in conversation], previous)
-    band = grouping.groups(skip_head=config.keep_head_groups, skip_tail=config.keep_tail_groups)
+    grouping = regroup(
+        records if everything else [records[i] for i in conversation], None if previous is None else previous.grouping
+    )
+    keep = (config.keep_head_groups, config.keep_tail_groups)
+    if (
+        previous is not None
+        and previous.keep == keep
+        and previous.conversation == conversation
+        and previous.grouping.all == grouping.all
+    ):
+        return replace(previous, grouping=grouping)
+    band = grouping.groups(skip_head=keep[0], skip_tail=keep[1])
     if not everything:
         band = tuple(_reindex(g, conversation) for g in band)
     tools: list[Group] = []
@@ -403,7 +418,7 @@ def _band(
             tools.append(group)
         elif group.kind == "assistant_text":
             texts.append(group)
-    return _Band(tools=tuple(tools), texts=tuple(texts)), grouping
+    return Band(tuple(tools), tuple(texts), grouping, conversation, keep)
 
 
 def _reindex(group: Group, indices: Sequence[int]) -> Group:

@@ -454,18 +454,18 @@ def step(
     output, chain = replaced.output, replaced.chain
     fallback_report = shed_report = None
     fallback_state, shed_state = state.records.fallback, chain.shed
-    band: object = None  # the fallback's grouping of the band, for the shed policy's run
+    band = record_memo.band if record_memo else None  # the anchored runs' band, reused by the next run
     # Decisions already made replay on every pass, whatever the size (so both lists and a
     # copy agree); new ones are made only over the budget.
     if replaced.seen.sent > budget or _decided(fallback_state):
         fallback_config = config.records.fallback
         assert fallback_config is not None
         output = records.hold_unrecorded(replaced.seen)
-        ran = records.run_with_holds(fallback_config, fallback_state, output, measure)
+        ran = records.run_with_holds(fallback_config, fallback_state, output, measure, memo=band)
         output, fallback_state, fallback_report, band = ran.history, ran.state, ran.report, ran.memo
     if config.overflow_policy == "shed" and (sent_tokens(output) > budget or _decided(shed_state)):
         ran = records.run_with_holds(config.shed, shed_state, output, measure, releasable=_SHEDDABLE, memo=band)
-        output, shed_state, shed_report = ran.history, ran.state, ran.report
+        output, shed_state, shed_report, band = ran.history, ran.state, ran.report, ran.memo
     tokens_after = sent_tokens(output)
     # The user half makes one bounded request per pass: when it made progress the next pass
     # continues from it (failing now would keep its summary off the list for ever).
@@ -504,7 +504,7 @@ def step(
         refused=tuple(sorted(replaced.refused)),
         failed=tuple(sorted(replaced.failed)),
     )
-    return Success(Done(history=output, state=new_state, report=report, memo=passed.memo))
+    return Success(Done(history=output, state=new_state, report=report, memo=replace(passed.memo, band=band)))
 
 
 def _chain_outcome(refused: Sequence[str], failed: Sequence[str]) -> str:
@@ -620,6 +620,7 @@ class _Replaced:
     folded: int = 0
     refused: set[str] = field(default_factory=set[str])
     failed: set[str] = field(default_factory=set[str])
+    records: tuple[View, list[_Record]] | None = None
 
     @property
     def output(self) -> History:
@@ -628,6 +629,12 @@ class _Replaced:
     def put(self, output: History) -> None:
         """Continue from ``output`` (a replacement or a fold applied)."""
         self.seen = view(output, self.seen)
+
+    def active(self, measure: anchored.Measure) -> list[_Record]:
+        """:func:`_active_records` of the output so far (derived once per output)."""
+        if self.records is None or self.records[0] is not self.seen:
+            self.records = (self.seen, _active_records(self.seen, measure))
+        return self.records[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -729,7 +736,7 @@ def _replay(config: CompositionConfig, work: _Replaced, measure: anchored.Measur
         if judged.kind == "fold":
             _replay_fold(config, work, judged, measure)
             continue
-        items = _active_records(work.seen, measure)[: judged.sources]
+        items = work.active(measure)[: judged.sources]
         if len(items) < judged.sources:
             continue
         if not any(
@@ -760,7 +767,7 @@ def _next_replacement(config: CompositionConfig, work: _Replaced, measure: ancho
     the next user turn, and while it stands nothing more is asked on this pass (the
     summarizer just failed: no retry storm); after it, the same request is asked again.
     """
-    items = _active_records(work.seen, measure)
+    items = work.active(measure)
     limit = config.users.summary_input_limit
     turns = user_summaries.user_turns(work.output)
     kept = sum(1 for r in work.chain.replacements if r.text is not None and r.kind != "fold")

@@ -37,7 +37,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Final, cast
+from typing import Final
 
 from pyrsistent import pvector
 from returns.result import Success
@@ -342,11 +342,13 @@ class RecordMemo:
         values: The distinctive values of each tool result text the last pass judged,
             keyed by the text (the shell reuses the same text objects across passes).
         quoted: The records' text of the last pass with its word set and name mentions.
+        band: The last fallback run's band (its ``Done.memo``).
     """
 
     grouping: Grouping | None = None
     values: Mapping[str, tuple[str, ...]] = field(default_factory=dict[str, tuple[str, ...]])
     quoted: tuple[str, frozenset[str], Mapping[str, int]] | None = None
+    band: object = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,14 +381,15 @@ def step(
     answer with every held message protected, so it can shed only what no rule holds.
     ``memo`` is the previous pass's ``Done.memo``; it never changes the answer.
     """
-    record_memo, fallback_memo = cast("tuple[object, object]", memo) if isinstance(memo, tuple) else (None, None)
+    record_memo = memo if isinstance(memo, RecordMemo) else None
     shed = state.fallback
     stands = bool(shed.tools_shed or shed.texts_shed or shed.shortened)
-    passed = rules(config, history, state.decisions, measure, memo=_memo(record_memo), fallback_stands=stands)
+    passed = rules(config, history, state.decisions, measure, memo=record_memo, fallback_stands=stands)
     report, output, fallback_state = passed.report, passed.history, state.fallback
+    band = record_memo.band if record_memo else None
     if report.fallback is not Fallback.NONE and config.fallback is not None:
-        ran = run_with_holds(config.fallback, state.fallback, output, measure, memo=fallback_memo)
-        output, fallback_state, fallback_memo = ran.history, ran.state, ran.memo
+        ran = run_with_holds(config.fallback, state.fallback, output, measure, memo=band)
+        output, fallback_state, band = ran.history, ran.state, ran.memo
         tokens = sent_tokens(output)
         report = replace(
             report,
@@ -394,7 +397,7 @@ def step(
             overflow=report.fallback is Fallback.BEHIND_RECORD and tokens > config.max_input_tokens,
         )
     new_state = RecordState(decisions=passed.decisions, fallback=fallback_state, recall=state.recall)
-    return Success(Done(history=output, state=new_state, report=report, memo=(passed.memo, fallback_memo)))
+    return Success(Done(history=output, state=new_state, report=report, memo=replace(passed.memo, band=band)))
 
 
 def run_with_holds(
@@ -455,10 +458,6 @@ def check(config: RecordConfig, state: RecordState, history: History) -> str | N
     if config.fallback is not None:
         return anchored.check(config.fallback, state.fallback, history)
     return None
-
-
-def _memo(memo: object) -> RecordMemo | None:
-    return memo if isinstance(memo, RecordMemo) else None
 
 
 def rules(
