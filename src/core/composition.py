@@ -80,8 +80,6 @@ RECORD_WAIT_RESPONSES: Final = 2
 _NO_SHORTENING: Final = 2**31 - 1
 #: The holds the shed policy may release: every hold but a record's own.
 _SHEDDABLE: Final = records.HOLD_REASONS - {HOLD_RECORD}
-#: A trigger share every non-empty prompt passes.
-_ANY_SIZE: Final = 1e-9
 #: Why the records a kept replacement stands for are excluded.
 MERGED_REASON: Final = "record_replaced"
 REPLACEMENT_ID_PREFIX: Final = "record_replacement_"
@@ -158,11 +156,6 @@ class CompositionConfig:
         if self.overflow_policy == "raise":
             return replace(self.records, coverage_share=1.0)
         return self.records
-
-    @property
-    def coalesced_users(self) -> UserSummaryConfig:
-        """The user half without its size trigger and break-even gate (see :func:`_user_pass`)."""
-        return replace(self.users, trigger_fraction=_ANY_SIZE, min_gain_fraction=0.0)
 
     @property
     def shed(self) -> AnchoredConfig:
@@ -548,7 +541,7 @@ def _user_pass(
         return answer
     if breaking:
         # The gates off: this pass asks, or applies a remembered answer, if anything can.
-        free = user_summaries.pass_(config.coalesced_users, users, output, measure)
+        free = user_summaries.pass_(config.users, users, output, measure, gates=False)
         return free if isinstance(free, Needs) or free.report.outcome in _APPLIED else answer
     return _replayed(config, users, output, measure) or answer
 
@@ -559,7 +552,7 @@ def _replayed(
     """A remembered summary this list does not show yet, applied whatever the gates; else ``None``."""
     if not _unreplayed(users, output):
         return None
-    free = user_summaries.pass_(config.coalesced_users, users, output, measure)
+    free = user_summaries.pass_(config.users, users, output, measure, gates=False)
     return free if isinstance(free, Done) and free.report.outcome in _APPLIED else None
 
 
