@@ -420,7 +420,7 @@ def step(
         state.chain,
         records.responses(seen.records),
         due=records.record_due(record_state),
-        count=records.written(seen),
+        count=records.records_written(seen.records),
     )
     # Waiting is only for passes that fit: over the budget the user half makes room now.
     waiting = waiting and seen.sent <= budget

@@ -181,56 +181,47 @@ def _is_recall_group(records: Sequence[MessageRecord], group: Group, recall_ids:
     return False
 
 
-def recall_status(history: Sequence[MessageRecord], grouping: Grouping | None = None) -> RecallStatus:
-    """Size, records and new tool material of ``history`` (for the recall middleware)."""
-    records = conversation_records(history)
-    recall_ids = recall_call_ids(records)
+def _pending(seen: View) -> tuple[int, list[tuple[int, Group]]]:
+    """Active records, and (ordinal, group) of every tool group after the newest one that
+    still has an included message and is not a recall group: new tool material."""
+    records, recall_ids = seen.records, seen.recall_ids
     found = [k for k, r in enumerate(records) if is_record(r, recall_ids)]
-    grouping = regroup(records, grouping)
     newest = found[-1] if found else -1
-    pending = sum(
-        1
-        for g in grouping.all
-        if g.kind == "tool_call"
-        and g.start > newest
+    tool_groups = [g for g in seen.grouping.all if g.kind == "tool_call"]
+    return len(found), [
+        (ordinal, g)
+        for ordinal, g in enumerate(tool_groups)
+        if g.start > newest
         and not all(records[i].excluded for i in g.members)
         and not _is_recall_group(records, g, recall_ids)
-    )
-    return RecallStatus(
-        included_tokens=sent_tokens(history),
-        records=len(found),
-        pending_groups=pending,
-        grouping=grouping,
-    )
+    ]
+
+
+def recall_status(history: History, grouping: Grouping | None = None) -> RecallStatus:
+    """Size, records and new tool material of ``history`` (for the recall middleware)."""
+    seen = view(history, grouping)
+    found, pending = _pending(seen)
+    return RecallStatus(included_tokens=seen.sent, records=found, pending_groups=len(pending), grouping=seen.grouping)
 
 
 def ask_for_pending(seen: View, decisions: RecordDecisions) -> RecordDecisions:
     """``decisions`` with an ask for the tool groups after the newest record (none outstanding yet).
 
     A composition near its budget asks for a record of what no record holds yet rather
-    than shed it unrecorded; the recall middleware pins the next request for the ask.
+    than shed it unrecorded; the recall middleware pins the next request for it.
     Unchanged when an ask is outstanding or nothing is pending.
     """
     if decisions.ask is not None:
         return decisions
-    records, recall_ids = seen.records, seen.recall_ids
-    found = [k for k, r in enumerate(records) if is_record(r, recall_ids)]
-    newest = found[-1] if found else -1
-    ordinals: list[int] = []
-    ordinal = -1
-    for group in seen.grouping.all:
-        if group.kind != "tool_call":
-            continue
-        ordinal += 1
-        if group.start <= newest or all(records[i].excluded for i in group.members):
-            continue
-        if _is_recall_group(records, group, recall_ids) or any(records[i].preserved for i in group.members):
-            continue
-        if ordinal not in decisions.settled:
-            ordinals.append(ordinal)
+    records = seen.records
+    ordinals = [
+        ordinal
+        for ordinal, group in _pending(seen)[1]
+        if not any(records[i].preserved for i in group.members) and ordinal not in decisions.settled
+    ]
     if not ordinals:
         return decisions
-    ask = Ask(targets=tuple(ordinals), records_at_ask=written(seen), responses_at_ask=responses(records))
+    ask = Ask(targets=tuple(ordinals), records_at_ask=records_written(records), responses_at_ask=responses(records))
     return replace(decisions, ask=ask)
 
 
@@ -516,7 +507,9 @@ def rules(
             holds[index] = HOLD_UNCOVERED
     _hold_records(output, grouping, frozenset(found), holds)
 
-    new_decisions, asked = _chain(decisions, {c.ordinal for c in uncovered}, written(seen), responses(records))
+    new_decisions, asked = _chain(
+        decisions, {c.ordinal for c in uncovered}, records_written(records), responses(records)
+    )
     settled = tuple(c.ordinal for c in uncovered if c.ordinal in new_decisions.settled)
     tokens_after = tokens_before + _change(records, output)
     held_unrecorded = 0
@@ -751,11 +744,6 @@ def records_written(history: Iterable[MessageRecord]) -> int:
     conversation = conversation_records(history)
     recall_ids = recall_call_ids(conversation)
     return sum(1 for r in conversation if _recall_records(r, recall_ids))
-
-
-def written(seen: View) -> int:
-    """:func:`records_written` of the viewed history."""
-    return sum(1 for r in seen.records if _recall_records(r, seen.recall_ids))
 
 
 def _chain(
