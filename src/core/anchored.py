@@ -155,14 +155,16 @@ class Band:
     """The conversation's band groups by kind, positions oldest first, with what they were derived from.
 
     A pass hands it to the next run as its memo (:func:`run`): a run over records that
-    group alike at the same positions reuses it whole. It never changes an answer.
+    group alike at the same positions reuses the groups it shares with it (the whole band
+    when nothing moved, the prefix when turns were added). It never changes an answer.
     """
 
     tools: tuple[Group, ...]
     texts: tuple[Group, ...]
     grouping: Grouping
-    conversation: tuple[int, ...]
+    conversation: tuple[int, ...]  # indices into the records of the grouped ones
     keep: tuple[int, int]  # keep_head_groups, keep_tail_groups
+    ordered: tuple[Group, ...]  # the band, members indexing the records (tools and texts are its parts)
 
 
 @dataclass(slots=True)
@@ -401,16 +403,18 @@ def _band(config: AnchoredConfig, records: Sequence[MessageRecord], previous: Ba
         records if everything else [records[i] for i in conversation], None if previous is None else previous.grouping
     )
     keep = (config.keep_head_groups, config.keep_tail_groups)
-    if (
-        previous is not None
-        and previous.keep == keep
-        and previous.conversation == conversation
-        and previous.grouping.all == grouping.all
-    ):
-        return replace(previous, grouping=grouping)
     band = grouping.groups(skip_head=keep[0], skip_tail=keep[1])
     if not everything:
-        band = tuple(_reindex(g, conversation) for g in band)
+        # A group the previous band held (the same object at the same position, over the
+        # same indices) is reindexed alike: reuse it.
+        known: tuple[Group, ...] = ()
+        before: tuple[Group, ...] = ()
+        if previous is not None and previous.keep == keep and _extends(conversation, previous.conversation):
+            known, before = previous.ordered, previous.grouping.all[keep[0] :]
+        band = tuple(
+            known[k] if k < len(known) and k < len(before) and before[k] is group else _reindex(group, conversation)
+            for k, group in enumerate(band)
+        )
     tools: list[Group] = []
     texts: list[Group] = []
     for group in band:
@@ -418,7 +422,11 @@ def _band(config: AnchoredConfig, records: Sequence[MessageRecord], previous: Ba
             tools.append(group)
         elif group.kind == "assistant_text":
             texts.append(group)
-    return Band(tuple(tools), tuple(texts), grouping, conversation, keep)
+    return Band(tuple(tools), tuple(texts), grouping, conversation, keep, band)
+
+
+def _extends(indices: tuple[int, ...], prefix: tuple[int, ...]) -> bool:
+    return len(indices) >= len(prefix) and indices[: len(prefix)] == prefix
 
 
 def _reindex(group: Group, indices: Sequence[int]) -> Group:

@@ -890,14 +890,20 @@ def hold_unrecorded(seen: View) -> History:
     excluded results, would rewrite its stored bytes, and the two lists would disagree).
     The same holds for records a kept replacement excluded (held as records on that pass).
     History does not say which rule excluded a group, so every excluded one is held.
+    An excluded message is held the way :func:`run_with_holds` leaves it: protected
+    (preserved) without the hold, which it would only drop again.
     """
     records = seen.records
     holds = {k: r.held for k, r in enumerate(records) if r.held is not None}
     if not _hold_unrecorded(records, seen.grouping, seen.recall_ids, holds, shed_too=True):
         return seen.history
     output = list(seen.history)
-    for index, record in zip(seen.indices, _with_holds(records, holds), strict=True):
-        output[index] = record
+    for k, (index, record) in enumerate(zip(seen.indices, records, strict=True)):
+        hold = holds.get(k)
+        if record.excluded and hold is not None:
+            output[index] = flagged(record, held=None, preserved=True)
+        elif record.held != hold:
+            output[index] = flagged(record, held=hold)
     return pvector(output)
 
 
