@@ -403,13 +403,14 @@ def step(
     """One composed pass (see the module docstring); ``memo`` is the last ``Done.memo`` (the record rules')."""
     budget = config.max_input_tokens
     record_memo = memo if isinstance(memo, records.RecordMemo) else None
-    seen = view(history, record_memo.grouping if record_memo else None)
+    seen = view(history, record_memo.view if record_memo else None)
     tokens_before = seen.sent
     passed = records.rules(config.record_rules, seen, state.records.decisions, measure, memo=record_memo)
-    assert passed.view is not None
-    seen = passed.view
-    output = passed.history
-    record_state = replace(state.records, decisions=passed.decisions)
+    memo = passed.memo
+    assert isinstance(memo, records.RecordMemo)
+    assert memo.view is not None
+    seen, output = memo.view, passed.history
+    record_state = replace(state.records, decisions=passed.state)
     # When the room is needed (the conversation's largest step would no longer fit beside
     # the prompt), ask for a record of what no record holds yet, before a summary of its own
     # or a shed: the recall middleware pins the next request for it, and the user half waits.
@@ -497,7 +498,7 @@ def step(
         refused=tuple(sorted(replaced.refused)),
         failed=tuple(sorted(replaced.failed)),
     )
-    return Success(Done(history=output, state=new_state, report=report, memo=replace(passed.memo, band=band)))
+    return Success(Done(history=output, state=new_state, report=report, memo=replace(memo, band=band)))
 
 
 def _chain_outcome(refused: Sequence[str], failed: Sequence[str]) -> str:

@@ -329,29 +329,18 @@ class RecordMemo:
     a memo from another history (the other list, a restore) only costs a miss.
 
     Attributes:
-        grouping: The last pass's grouping (:func:`~.grouping.regroup` reuses its prefix).
+        view: The view of the rules' output (:mod:`.view`): the next pass regroups from its
+            grouping, and a composition reads it as its pass's view.
         values: The distinctive values of each tool result text the last pass judged,
             keyed by the text (the shell reuses the same text objects across passes).
         quoted: The records' text of the last pass with its word set and name mentions.
         band: The last fallback run's band (its ``Done.memo``).
     """
 
-    grouping: Grouping | None = None
+    view: View | None = None
     values: Mapping[str, tuple[str, ...]] = field(default_factory=dict[str, tuple[str, ...]])
     quoted: tuple[str, frozenset[str], Mapping[str, int]] | None = None
     band: object = None
-
-
-@dataclass(frozen=True, slots=True)
-class Passed:
-    """The record rules' answer before any fallback (see :func:`rules`)."""
-
-    history: History
-    decisions: RecordDecisions
-    report: RecordReport
-    memo: RecordMemo = field(default_factory=RecordMemo)
-    view: View | None = field(default=None, compare=False, repr=False)
-    """The view of ``history`` (the input's grouping: the rules change only flags and results' text)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,6 +365,8 @@ def step(
     shed = state.fallback
     stands = bool(shed.tools_shed or shed.texts_shed or shed.shortened)
     passed = rules(config, history, state.decisions, measure, memo=record_memo, fallback_stands=stands)
+    memo = passed.memo
+    assert isinstance(memo, RecordMemo)
     report, output, fallback_state = passed.report, passed.history, state.fallback
     band = record_memo.band if record_memo else None
     if report.fallback is not Fallback.NONE and config.fallback is not None:
@@ -387,8 +378,8 @@ def step(
             fallback_report=ran.report,
             overflow=report.fallback is Fallback.BEHIND_RECORD and tokens > config.max_input_tokens,
         )
-    new_state = RecordState(decisions=passed.decisions, fallback=fallback_state, recall=state.recall)
-    return Success(Done(history=output, state=new_state, report=report, memo=replace(passed.memo, band=band)))
+    new_state = RecordState(decisions=passed.state, fallback=fallback_state, recall=state.recall)
+    return Success(Done(history=output, state=new_state, report=report, memo=replace(memo, band=band)))
 
 
 def run_with_holds(
@@ -457,9 +448,9 @@ def rules(
     decisions: RecordDecisions,
     measure: Measure,
     *,
-    memo: RecordMemo | None = None,
+    memo: object = None,
     fallback_stands: bool = False,
-) -> Passed:
+) -> Done[RecordDecisions, RecordReport]:
     """The record rules alone (see the module docstring).
 
     ``fallback_stands`` says the in-pass fallback's sheds stand (its decisions shed or
@@ -468,11 +459,11 @@ def rules(
 
     Notes are not conversation: they are neither grouped nor judged. Injected context is
     neither grouped nor judged either, but it counts toward every size rule, because
-    the next request carries it. ``memo`` is the last answer's :attr:`Passed.memo`; it
+    the next request carries it. ``memo`` is the last answer's ``Done.memo``; it
     never changes the answer.
     """
-    memo = memo or RecordMemo()
-    seen = history if isinstance(history, View) else view(history, memo.grouping)
+    memo = memo if isinstance(memo, RecordMemo) else RecordMemo()
+    seen = history if isinstance(history, View) else view(history, memo.view)
     records = seen.records
     # Every hold is decided afresh on each pass (so both lists agree on what stays): the
     # holds this pass gives, by index into ``records``; any other hold is released.
@@ -486,7 +477,6 @@ def rules(
         fallback = Fallback.PLAIN if tokens_before >= config.fallback_tokens else Fallback.NONE
         report = RecordReport(tokens_before, tokens_before, triggered=triggered, fallback=fallback)
         output = _with_holds(records, holds)
-        memo = replace(memo, grouping=grouping)
         return _done(seen, output, decisions=decisions, report=report, memo=memo)
 
     text = "\n".join(record_text(records[k], recall_ids) for k in found)
@@ -537,7 +527,7 @@ def rules(
         held_unrecorded=held_unrecorded,
         fallback=fallback,
     )
-    memo = RecordMemo(grouping=grouping, values=values, quoted=quoted)
+    memo = RecordMemo(values=values, quoted=quoted)
     return _done(seen, output, decisions=new_decisions, report=report, memo=memo)
 
 
@@ -579,7 +569,9 @@ def _change(before: Sequence[MessageRecord], after: Sequence[MessageRecord]) -> 
 
 def _done(
     seen: View, records: Sequence[MessageRecord], *, decisions: RecordDecisions, report: RecordReport, memo: RecordMemo
-) -> Passed:
+) -> Done[RecordDecisions, RecordReport]:
+    """The rules' answer: the decisions are its state; its memo carries the view of its history (the input's
+    grouping: the rules change only flags and results' text)."""
     output = seen.history
     if any(new is not old for new, old in zip(records, seen.records, strict=True)):
         rebuilt = list(output)
@@ -587,7 +579,7 @@ def _done(
             rebuilt[index] = record
         output = pvector(rebuilt)
     changed = View(output, seen.indices, tuple(records), seen.grouping, seen.recall_ids, sent_tokens(output))
-    return Passed(history=output, decisions=decisions, report=report, memo=memo, view=changed)
+    return Done(history=output, state=decisions, report=report, memo=replace(memo, view=changed))
 
 
 def _candidates(
