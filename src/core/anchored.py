@@ -42,7 +42,7 @@ from .checks import AtLeastOne, AtLeastZero, Floor, Fraction, validate
 from .counting import MESSAGE_OVERHEAD_TOKENS, Measure
 from .effects import Request
 from .grouping import Grouping, regroup
-from .model import Group, History, MessageRecord, Part
+from .model import Group, History, MessageRecord, Part, flagged
 from .protocol import Done, StepResult, differs, sent_tokens
 from .shorten import shorten
 from .snapshot import AnchoredSnapshot
@@ -140,11 +140,20 @@ AnchoredDone = Done[AnchoredSnapshot, Report]
 
 
 @dataclass(frozen=True, slots=True)
-class _Band:
-    """The conversation's band groups by kind, positions oldest first."""
+class Band:
+    """The conversation's band groups by kind, positions oldest first, with what they were derived from.
+
+    A pass hands it to the next run as its memo (:func:`run`): a run over records that
+    group alike at the same positions reuses the groups it shares with it (the whole band
+    when nothing moved, the prefix when turns were added). It never changes an answer.
+    """
 
     tools: tuple[Group, ...]
     texts: tuple[Group, ...]
+    grouping: Grouping
+    conversation: tuple[int, ...]  # indices into the records of the grouped ones
+    keep: tuple[int, int]  # keep_head_groups, keep_tail_groups
+    ordered: tuple[Group, ...]  # the band, members indexing the records (tools and texts are its parts)
 
 
 @dataclass(slots=True)
@@ -175,9 +184,17 @@ class _Plan:
     notes: dict[int, MessageRecord] | None = None
     #: Notes the input already holds, by id: reused when still right.
     existing_notes: dict[str, MessageRecord] = field(default_factory=dict[str, MessageRecord])
+    #: Holds that do not protect; ``None``: no hold protects (see :func:`run`).
+    releasable: frozenset[str] | None = None
+
+    def shields(self, record: MessageRecord) -> bool:
+        """``record`` may not be made smaller: preserved, or held by a hold that protects."""
+        if record.preserved:
+            return True
+        return self.releasable is not None and record.held is not None and record.held not in self.releasable
 
     def protected(self, group: Group) -> bool:
-        return any(self.records[i].preserved for i in group.members)
+        return any(self.shields(self.records[i]) for i in group.members)
 
 
 def step(
@@ -192,7 +209,7 @@ def step(
     """One anchored pass over ``history``.
 
     ``ceiling`` (default ``max_input_tokens``) bounds only how far shedding goes;
-    shortening never reads it. ``memo`` is the previous pass's ``Done.memo``, a grouping
+    shortening never reads it. ``memo`` is the previous pass's ``Done.memo``, a band
     that saves work and never changes the answer. The anchored strategy never fails and
     never needs an effect: when the anchors alone exceed the ceiling it answers with
     ``report.overflow`` (honest overflow).
@@ -215,10 +232,15 @@ def run(
     *,
     ceiling: int | None = None,
     memo: object = None,
+    releasable: frozenset[str] | None = None,
 ) -> AnchoredDone:
-    """:func:`step`'s answer, unwrapped: compositions call it directly."""
+    """:func:`step`'s answer, unwrapped: compositions call it directly.
+
+    With ``releasable``, a held message is protected like a preserved one unless its
+    hold is in ``releasable`` (the record rules' holds; see :func:`.records.run_with_holds`).
+    """
     snapshot = state
-    grouping = memo if isinstance(memo, Grouping) else None
+    previous = memo if isinstance(memo, Band) else None
     limit = config.max_input_tokens if ceiling is None else ceiling
     records: list[MessageRecord] = []
     existing_notes: dict[str, MessageRecord] = {}
@@ -227,7 +249,7 @@ def run(
             records.append(record)
         elif record.message_id:
             existing_notes[record.message_id] = record
-    band, grouping = _band(config, records, grouping)
+    band = _band(config, records, previous)
     noted = _noted_positions(existing_notes)
 
     def lane(groups: tuple[Group, ...], tag: str, shed: int, spared: tuple[int, ...], sizes: dict[int, int]) -> _Lane:
@@ -236,6 +258,7 @@ def run(
     plan = _Plan(
         existing_notes=existing_notes,
         records=records,
+        releasable=releasable,
         tools=lane(band.tools, "tool", snapshot.tools_shed, snapshot.spared_tools, dict(snapshot.shed_sizes)),
         texts=lane(band.texts, "reply", snapshot.texts_shed, snapshot.spared_texts, {}),
     )
@@ -271,7 +294,7 @@ def run(
         overflow=tokens_after > limit,
         misplaced=misplaced,
     )
-    return Done(history=pvector(output), state=new_snapshot, report=report, memo=grouping)
+    return Done(history=pvector(output), state=new_snapshot, report=report, memo=band)
 
 
 def _misplaced_notes(plan: _Plan, noted: set[tuple[str, int]]) -> int:
@@ -340,7 +363,7 @@ def check(config: AnchoredConfig, state: AnchoredSnapshot, history: History) -> 
     """
     if any(r.note for r in history):
         return None
-    band, _ = _band(config, [r for r in history if not r.note], None)
+    band = _band(config, [r for r in history if not r.note], None)
     for name, count, limit in (
         ("tools_shed", state.tools_shed, len(band.tools)),
         ("shortened", state.shortened, len(band.tools)),
@@ -354,23 +377,33 @@ def check(config: AnchoredConfig, state: AnchoredSnapshot, history: History) -> 
 def band_groups(config: AnchoredConfig, history: Sequence[MessageRecord]) -> tuple[Group, ...]:
     """The band's groups, with member indices into ``history``, for tests and diagnostics."""
     kept = [i for i, r in enumerate(history) if not r.note]
-    band, _ = _band(config, [history[i] for i in kept], None)
+    band = _band(config, [history[i] for i in kept], None)
     return tuple(sorted((_reindex(g, kept) for g in (*band.tools, *band.texts)), key=lambda g: g.start))
 
 
-def _band(
-    config: AnchoredConfig, records: Sequence[MessageRecord], previous: Grouping | None
-) -> tuple[_Band, Grouping]:
+def _band(config: AnchoredConfig, records: Sequence[MessageRecord], previous: Band | None) -> Band:
     """Band groups by kind, positions oldest first; indices refer to ``records``."""
     # Our own inserts (user-turn summaries, written records) are not groups either: an
     # inserted summary must not move the band's positions, or saved sheds would replay
     # onto other groups.
-    conversation = [i for i, r in enumerate(records) if not r.injected and not r.summary and not r.written_record]
+    conversation = tuple(i for i, r in enumerate(records) if not r.injected and not r.summary and not r.written_record)
     everything = len(conversation) == len(records)
-    grouping = regroup(records if everything else [records[i] for i in conversation], previous)
-    band = grouping.groups(skip_head=config.keep_head_groups, skip_tail=config.keep_tail_groups)
+    grouping = regroup(
+        records if everything else [records[i] for i in conversation], None if previous is None else previous.grouping
+    )
+    keep = (config.keep_head_groups, config.keep_tail_groups)
+    band = grouping.groups(skip_head=keep[0], skip_tail=keep[1])
     if not everything:
-        band = tuple(_reindex(g, conversation) for g in band)
+        # A group the previous band held (the same object at the same position, over the
+        # same indices) is reindexed alike: reuse it.
+        known: tuple[Group, ...] = ()
+        before: tuple[Group, ...] = ()
+        if previous is not None and previous.keep == keep and _extends(conversation, previous.conversation):
+            known, before = previous.ordered, previous.grouping.all[keep[0] :]
+        band = tuple(
+            known[k] if k < len(known) and k < len(before) and before[k] is group else _reindex(group, conversation)
+            for k, group in enumerate(band)
+        )
     tools: list[Group] = []
     texts: list[Group] = []
     for group in band:
@@ -378,14 +411,16 @@ def _band(
             tools.append(group)
         elif group.kind == "assistant_text":
             texts.append(group)
-    return _Band(tools=tuple(tools), texts=tuple(texts)), grouping
+    return Band(tuple(tools), tuple(texts), grouping, conversation, keep, band)
+
+
+def _extends(indices: tuple[int, ...], prefix: tuple[int, ...]) -> bool:
+    return len(indices) >= len(prefix) and indices[: len(prefix)] == prefix
 
 
 def _reindex(group: Group, indices: Sequence[int]) -> Group:
-    return group._replace(
-        members=tuple(indices[m] for m in group.members),
-        spans=tuple((indices[a], indices[b]) for a, b in group.spans),
-    )
+    members = tuple([indices[m] for m in group.members])
+    return Group(group.kind, members, group.has_reasoning, tuple([(indices[a], indices[b]) for a, b in group.spans]))
 
 
 def _replay_sheds(plan: _Plan) -> None:
@@ -457,7 +492,7 @@ def _shorten_band(
         allowance = config.allowance(position)
         for index in group.members:
             record = records[index]
-            if record.longest_result_text <= allowance or record.preserved:
+            if record.longest_result_text <= allowance or plan.shields(record):
                 continue
             shortened = _shorten_record(record, allowance, measure)
             if shortened is record:
@@ -554,7 +589,7 @@ def _exclude(plan: _Plan, group: Group, *, into: list[int] | None) -> None:
         record = plan.records[index]
         if not record.excluded:
             plan.notes = None
-            plan.records[index] = replace(record, excluded=True, reason=EXCLUDE_REASON)
+            plan.records[index] = flagged(record, excluded=True, reason=EXCLUDE_REASON)
             if into is not None and record.origin is not None:
                 into.append(record.origin)
 

@@ -64,14 +64,14 @@ from .counting import MESSAGE_OVERHEAD_TOKENS
 from .effects import Answer, Request, Summarize, answered, find, identity
 from .envelope import Count, Positive, Text, convert, distinct, error, inner, opened
 from .errors import CompactionBudgetExceeded, SnapshotError
-from .grouping import Grouping, regroup
-from .model import History, MessageRecord, Part, conversation_indices, conversation_records
+from .model import History, MessageRecord, Part, flagged
 from .protocol import Done, Needs, StepResult, sent_tokens
 from .records import HOLD_RECORD, RECORD_PREFIX, RecordConfig, RecordReport, RecordState
 from .snapshot import AnchoredSnapshot
 from .user_snapshot import UserSummarySnapshot
 from .user_summaries import UserReport, UserSummaryConfig
 from .values import distinctive_values, word_set
+from .view import View, view
 
 OverflowPolicy: TypeAlias = Literal["shed", "raise"]
 DEFAULT_OVERFLOW_POLICY: Final[OverflowPolicy] = "shed"
@@ -81,8 +81,6 @@ RECORD_WAIT_RESPONSES: Final = 2
 _NO_SHORTENING: Final = 2**31 - 1
 #: The holds the shed policy may release: every hold but a record's own.
 _SHEDDABLE: Final = records.HOLD_REASONS - {HOLD_RECORD}
-#: A trigger share every non-empty prompt passes.
-_ANY_SIZE: Final = 1e-9
 #: Why the records a kept replacement stands for are excluded.
 MERGED_REASON: Final = "record_replaced"
 REPLACEMENT_ID_PREFIX: Final = "record_replacement_"
@@ -156,11 +154,6 @@ class CompositionConfig:
         if self.overflow_policy == "raise":
             return replace(self.records, coverage_share=1.0)
         return self.records
-
-    @property
-    def coalesced_users(self) -> UserSummaryConfig:
-        """The user half without its size trigger and break-even gate (see :func:`_user_pass`)."""
-        return replace(self.users, trigger_fraction=_ANY_SIZE, min_gain_fraction=0.0)
 
     @property
     def shed(self) -> AnchoredConfig:
@@ -380,25 +373,29 @@ def step(
 ) -> StepResult[CompositionState, CompositionReport]:
     """One composed pass (see the module docstring); ``memo`` is the last ``Done.memo`` (the record rules')."""
     budget = config.max_input_tokens
-    tokens_before = sent_tokens(history)
     record_memo = memo if isinstance(memo, records.RecordMemo) else None
-    passed = records.rules(config.record_rules, history, state.records.decisions, measure, memo=record_memo)
-    output = passed.history
-    record_state = replace(state.records, decisions=passed.decisions)
+    seen = view(history, record_memo.view if record_memo else None)
+    tokens_before = seen.sent
+    passed = records.rules(config.record_rules, seen, state.records.decisions, measure, memo=record_memo)
+    memo = passed.memo
+    assert isinstance(memo, records.RecordMemo)
+    assert memo.view is not None
+    seen, output = memo.view, passed.history
+    record_state = replace(state.records, decisions=passed.state)
     # When the room is needed (the conversation's largest step would no longer fit beside
     # the prompt), ask for a record of what no record holds yet, before a summary of its own
     # or a shed: the recall middleware pins the next request for it, and the user half waits.
-    roomy = _roomy(config, output, passed.memo.grouping)
+    roomy = _roomy(config, seen)
     if not roomy and not record_state.recall.pin_disabled:
-        record_state = replace(record_state, decisions=records.ask_for_pending(output, record_state.decisions))
+        record_state = replace(record_state, decisions=records.ask_for_pending(seen, record_state.decisions))
     chain, waiting = _wait(
         state.chain,
-        records.responses(output),
+        records.responses(seen.records),
         expected=records.record_expected(record_state),
-        count=records.records_written(output),
+        count=records.records_written(seen.records),
     )
     # Waiting is only for passes that fit: over the budget the user half makes room now.
-    waiting = waiting and sent_tokens(output) <= budget
+    waiting = waiting and seen.sent <= budget
     user_report: UserReport | None = None
     users = state.users
     if not waiting:
@@ -410,9 +407,9 @@ def step(
     elif (replayed := _replayed(config, state.users, output, measure)) is not None:
         # A wait holds back new requests only: a summary the other list made replays here too.
         output, users, user_report = replayed.history, replayed.state, replayed.report
-    replaced = _Replaced(output, chain)
+    replaced = _Replaced(view(output, seen), chain)
     _replay(config, replaced, measure)
-    if sent_tokens(replaced.output) > budget:
+    if replaced.seen.sent > budget:
         request = _next(config, replaced, measure)
         if request is not None:
             # The next step recomputes everything from the input state and the absorbed answer.
@@ -420,17 +417,18 @@ def step(
     output, chain = replaced.output, replaced.chain
     fallback_report = shed_report = None
     fallback_state, shed_state = state.records.fallback, chain.shed
+    band = record_memo.band if record_memo else None  # the anchored runs' band, reused by the next run
     # Decisions already made replay on every pass, whatever the size (so both lists and a
     # copy agree); new ones are made only over the budget.
-    if sent_tokens(output) > budget or _decided(fallback_state):
+    if replaced.seen.sent > budget or _decided(fallback_state):
         fallback_config = config.records.fallback
         assert fallback_config is not None
-        output = records.hold_unrecorded(output)
-        output, fallback_state, fallback_report = _anchored(
-            fallback_config, fallback_state, output, measure, frozenset()
-        )
+        output = records.hold_unrecorded(replaced.seen)
+        ran = records.run_with_holds(fallback_config, fallback_state, output, measure, memo=band)
+        output, fallback_state, fallback_report, band = ran.history, ran.state, ran.report, ran.memo
     if config.overflow_policy == "shed" and (sent_tokens(output) > budget or _decided(shed_state)):
-        output, shed_state, shed_report = _anchored(config.shed, shed_state, output, measure, _SHEDDABLE)
+        ran = records.run_with_holds(config.shed, shed_state, output, measure, releasable=_SHEDDABLE, memo=band)
+        output, shed_state, shed_report, band = ran.history, ran.state, ran.report, ran.memo
     tokens_after = sent_tokens(output)
     # The user half makes one bounded request per pass: when it made progress the next pass
     # continues from it (failing now would keep its summary off the list for ever).
@@ -469,7 +467,7 @@ def step(
         refused=tuple(sorted(replaced.refused)),
         failed=tuple(sorted(replaced.failed)),
     )
-    return Success(Done(history=output, state=new_state, report=report, memo=passed.memo))
+    return Success(Done(history=output, state=new_state, report=report, memo=replace(memo, band=band)))
 
 
 def _chain_outcome(refused: Sequence[str], failed: Sequence[str]) -> str:
@@ -513,7 +511,7 @@ def _user_pass(
         return answer
     if breaking:
         # The gates off: this pass asks, or applies a remembered answer, if anything can.
-        free = user_summaries.pass_(config.coalesced_users, users, output, measure)
+        free = user_summaries.pass_(config.users, users, output, measure, gates=False)
         return free if isinstance(free, Needs) or free.report.outcome in _APPLIED else answer
     return _replayed(config, users, output, measure) or answer
 
@@ -524,7 +522,7 @@ def _replayed(
     """A remembered summary this list does not show yet, applied whatever the gates; else ``None``."""
     if not _unreplayed(users, output):
         return None
-    free = user_summaries.pass_(config.coalesced_users, users, output, measure)
+    free = user_summaries.pass_(config.users, users, output, measure, gates=False)
     return free if isinstance(free, Done) and free.report.outcome in _APPLIED else None
 
 
@@ -540,15 +538,11 @@ def _declined(users: UserSummarySnapshot, output: History) -> user_summaries.Use
     return Done(history=output, state=users, report=report)
 
 
-def _roomy(config: CompositionConfig, output: History, grouping: Grouping | None) -> bool:
-    """The largest step the conversation has taken (its largest group, excluded ones too) still fits.
-
-    ``grouping`` is the record rules' grouping of the same conversation (``regroup`` reuses it).
-    """
-    conversation = conversation_records(output)
-    groups = regroup(conversation, grouping).all
-    largest = max((sum(conversation[i].tokens for i in g.members) for g in groups), default=0)
-    return sent_tokens(output) + largest <= config.max_input_tokens
+def _roomy(config: CompositionConfig, seen: View) -> bool:
+    """The largest step the conversation has taken (its largest group, excluded ones too) still fits."""
+    conversation = seen.records
+    largest = max((sum(conversation[i].tokens for i in g.members) for g in seen.grouping.all), default=0)
+    return seen.sent + largest <= config.max_input_tokens
 
 
 def absorb(state: CompositionState, answers: Sequence[tuple[Request, str | None]]) -> CompositionState:
@@ -577,11 +571,27 @@ def check(config: CompositionConfig, state: CompositionState, history: History) 
 class _Replaced:
     """Working state of the chain's replacement step (local to :func:`step`)."""
 
-    output: History
+    seen: View  # of the output so far
     chain: ChainDecisions
     kept: Counter[str] = field(default_factory=Counter[str])  # applied on this pass, by id prefix
     refused: set[str] = field(default_factory=set[str])
     failed: set[str] = field(default_factory=set[str])
+    found: dict[object, tuple[View, list[_Item]]] = field(default_factory=dict[object, tuple[View, list["_Item"]]])
+
+    @property
+    def output(self) -> History:
+        return self.seen.history
+
+    def put(self, output: History) -> None:
+        """Continue from ``output`` (a replacement or a fold applied)."""
+        self.seen = view(output, self.seen)
+
+    def items(self, kind: _Kind, measure: anchored.Measure) -> list[_Item]:
+        """``kind``'s items in the output so far (found once per output and finder)."""
+        found = self.found.get(kind.items)
+        if found is None or found[0] is not self.seen:
+            found = self.found[kind.items] = (self.seen, kind.items(self.seen, measure))
+        return found[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -611,24 +621,22 @@ class _Kind:
     label: str  # of the request's identity
     prefix: str  # of the ids it allocates
     minimum: int
-    items: Callable[[History, anchored.Measure], list[_Item]]
+    items: Callable[[View, anchored.Measure], list[_Item]]
     prompts: Callable[[CompositionConfig], list[str]]
     message: Callable[[str, str, anchored.Measure], MessageRecord]  # (answer, id, measure)
     reason: str
 
 
-def _active_records(output: History, measure: anchored.Measure) -> list[_Item]:
+def _active_records(seen: View, measure: anchored.Measure) -> list[_Item]:
     """The conversation's active records that a replacement may stand for, oldest first.
 
     Only records whose group holds nothing else (a recall call and its result, or a
     written record): a replacement excludes the whole group, and a tool call made beside
     the recall call has a result no replacement quotes.
     """
-    indices = conversation_indices(output)
-    conversation = [output[i] for i in indices]
-    recall_ids = records.recall_call_ids(conversation)
+    output, indices, conversation, recall_ids = seen.history, seen.indices, seen.records, seen.recall_ids
     groups: dict[int, tuple[int, ...]] = {}  # history index -> its whole group, for groups of records only
-    for group in regroup(conversation).all:
+    for group in seen.grouping.all:
         members = [conversation[m] for m in group.members]
         calls_other = any(name != records.RECALL_TOOL_NAME for r in members for name in r.call_names)
         answers_other = any(
@@ -646,12 +654,12 @@ def _active_records(output: History, measure: anchored.Measure) -> list[_Item]:
     return found
 
 
-def _standing_summaries(output: History, measure: anchored.Measure) -> list[_Item]:
+def _standing_summaries(seen: View, measure: anchored.Measure) -> list[_Item]:
     """The conversation's standing user summaries (ours, folds included), oldest first."""
     del measure  # a summary's size is its message's
     return [
         _Item(index, user_summaries.summary_body(record), record.tokens, (index,))
-        for index, record in enumerate(output)
+        for index, record in enumerate(seen.history)
         if record.summary and record.role == "user" and not record.excluded and not record.injected
     ]
 
@@ -701,7 +709,7 @@ def _replay(config: CompositionConfig, work: _Replaced, measure: anchored.Measur
         if answer.text is None or answer.sources is None:
             continue  # a failure, not a refusal: :func:`_next` decides when to ask again
         kind = _KINDS[name]
-        items = kind.items(work.output, measure)[: answer.sources]
+        items = work.items(kind, measure)[: answer.sources]
         if len(items) < answer.sources or all(
             _request(kind, prompt, items, "").identity != answer.identity for prompt in kind.prompts(config)
         ):
@@ -710,7 +718,7 @@ def _replay(config: CompositionConfig, work: _Replaced, measure: anchored.Measur
         if message is None:
             work.refused.add(answer.identity)
         else:
-            work.output = _apply(work.output, kind, items, message)
+            work.put(_apply(work.output, kind, items, message))
             work.kept[kind.prefix] += 1
 
 
@@ -743,16 +751,14 @@ def _next(config: CompositionConfig, work: _Replaced, measure: anchored.Measure)
     retry storm); after it, the same request is asked again.
     """
     turns, limit = user_summaries.user_turns(work.output), config.users.summary_input_limit
-    found: dict[object, list[_Item]] = {}  # a finder's items, shared by the kinds that use it
     for name, kind in _KINDS.items():
         if name == "rewrite" and _rewrites(work.chain) >= config.harder_attempts:
             continue
-        if kind.items not in found:
-            found[kind.items] = kind.items(work.output, measure)
+        items = work.items(kind, measure)
         kept = sum(1 for n, a in work.chain.replacements if a.text is not None and _KINDS[n].prefix == kind.prefix)
         number = _next_number(work.output, kind.prefix, kept)
         for prompt in kind.prompts(config):
-            selected = user_summaries.select(prompt, found[kind.items], limit, measure, minimum=kind.minimum)
+            selected = user_summaries.select(prompt, items, limit, measure, minimum=kind.minimum)
             if not selected:
                 continue
             request = _request(kind, prompt, selected, f"{kind.prefix}{number}", turns)
@@ -775,7 +781,7 @@ def _apply(output: History, kind: _Kind, items: Sequence[_Item], message: Messag
     for index in members:
         record = rebuilt[index]
         if not record.excluded:
-            rebuilt[index] = replace(record, excluded=True, reason=kind.reason, replaced_by=message.message_id)
+            rebuilt[index] = flagged(record, excluded=True, reason=kind.reason, replaced_by=message.message_id)
             if record.message_id:
                 replaced_ids.append(record.message_id)
     rebuilt.insert(members[0], replace(message, replaces=tuple(replaced_ids)))
@@ -824,17 +830,6 @@ def _protected_tokens(output: History) -> int:
 def _decided(state: AnchoredSnapshot) -> bool:
     """The anchored rules have shed or committed something that must replay."""
     return bool(state.tools_shed or state.texts_shed or state.shortened)
-
-
-def _anchored(
-    config: AnchoredConfig,
-    state: AnchoredSnapshot,
-    output: History,
-    measure: anchored.Measure,
-    releasable: frozenset[str],
-) -> tuple[History, AnchoredSnapshot, Report]:
-    ran = records.run_with_holds(config, state, output, measure, releasable=releasable)
-    return ran.history, ran.state, ran.report
 
 
 def _wait(chain: ChainDecisions, clock: int, *, expected: bool, count: int) -> tuple[ChainDecisions, bool]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import is_
 
 from .model import Group, GroupKind, MessageRecord
 
@@ -70,8 +69,9 @@ def regroup(records: Sequence[MessageRecord], previous: Grouping | None = None) 
     """Group ``records``, reusing ``previous`` for the prefix they share with it.
 
     The answer is always the same as grouping from scratch; ``previous`` only saves
-    work. Records are compared by identity, so the shell's reuse of unchanged records
-    across passes is what makes the shared prefix long. The regrouped suffix starts at
+    work. Records are compared by :func:`same_shape`, so the shell's reuse of unchanged
+    records across passes, and a sub-step that changes only flags (exclusions, holds),
+    keep the shared prefix long. The regrouped suffix starts at
     the earliest group the new records could extend (a call's group gains its results,
     a run of reasoning-only messages joins a call that follows it). Any linking across
     spans, or a suffix call id the prefix already declared, falls back to a full pass.
@@ -97,7 +97,7 @@ def _reusable_prefix(records: tuple[MessageRecord, ...], previous: Grouping | No
     """Index where regrouping must start: 0 when nothing of ``previous`` can be reused."""
     if previous is None or previous.linked or not previous.all:
         return 0
-    alike = list(map(is_, records, previous.records))  # stops at the shorter of the two
+    alike = list(map(same_shape, records, previous.records))  # stops at the shorter of the two
     same = alike.index(False) if False in alike else len(alike)
     if same == 0:
         return 0
@@ -106,6 +106,23 @@ def _reusable_prefix(records: tuple[MessageRecord, ...], previous: Grouping | No
     while cut > 0 and groups[cut - 1].kind == "assistant_text" and records[groups[cut - 1].start].is_reasoning_only:
         cut -= 1
     return groups[cut].start if cut < len(groups) else len(records)
+
+
+def same_shape(a: MessageRecord, b: MessageRecord) -> bool:
+    """``a`` and ``b`` group alike: only what grouping reads (role, calls, links, reasoning) counts.
+
+    A record that differs only in flags (excluded, held, a reason) or in a result's text
+    has the same shape, so a regrouping after such a change reuses the whole grouping.
+    """
+    if a is b or (a.parts is b.parts and a.role == b.role):
+        return True
+    return (
+        a.role == b.role
+        and a.links == b.links
+        and a.has_tool_call == b.has_tool_call
+        and a.is_reasoning_only == b.is_reasoning_only
+        and a.has_reasoning == b.has_reasoning
+    )
 
 
 def _declared_at(declaration: tuple[int, _Key]) -> int:

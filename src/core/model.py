@@ -8,7 +8,7 @@ back; the core never sees a framework type.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal, NamedTuple, TypeAlias
 
 from pyrsistent import PVector, pvector
@@ -165,6 +165,23 @@ def _links(role: str, parts: tuple[Part, ...]) -> tuple[tuple[str, str, bool], .
         elif part.kind in CALL_KIND_FOR_RESULT:
             found.append((CALL_KIND_FOR_RESULT[part.kind], part.call_id, False))
     return tuple(found)
+
+
+_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(MessageRecord))
+
+
+def flagged(record: MessageRecord, **flags: object) -> MessageRecord:
+    """``record`` with flags changed (``excluded``, ``preserved``, ``held``, ``reason``, ``replaced_by``).
+
+    What ``dataclasses.replace`` answers, at less than half its cost: the fields derived
+    from role and parts are copied, not derived again (a pass changes thousands of flags).
+    """
+    new = object.__new__(MessageRecord)
+    for name in _FIELDS:
+        object.__setattr__(new, name, getattr(record, name))
+    for name, value in flags.items():
+        object.__setattr__(new, name, value)
+    return new
 
 
 History: TypeAlias = PVector[MessageRecord]

@@ -37,7 +37,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Final, cast
+from typing import Final
 
 from pyrsistent import pvector
 from returns.result import Success
@@ -48,17 +48,17 @@ from .checks import AtLeastOne, AtLeastZero, Fraction, validate
 from .effects import Request
 from .envelope import inner
 from .grouping import Grouping, regroup
-from .model import Group, History, MessageRecord, Part, conversation_indices, conversation_records
+from .model import Group, History, MessageRecord, Part, conversation_records, flagged
 from .protocol import Done, StepResult, sent_tokens
 from .recall import RecallState, RecallStatus
 from .record_decisions import Ask, RecordDecisions
 from .snapshot import AnchoredSnapshot
 from .tables import RowKey, release_rows, repeated_rows, row_keys
 from .values import distinctive_values, name_mentions, word_set
+from .view import RECALL_TOOL_NAME, View, recall_call_ids, view
 
 Measure = Callable[[str], int]
 
-RECALL_TOOL_NAME: Final = "recall_earlier_tool_results"
 RECORD_MARKER: Final = "[recorded by compaction]"
 RECORD_PREAMBLE: Final = (
     "Earlier tool results may have been shortened or removed from this conversation; this is their "
@@ -138,17 +138,6 @@ class RecordConfig:
 # ----------------------------------------------------------------------------------------
 
 
-def recall_call_ids(history: Iterable[MessageRecord]) -> frozenset[str]:
-    """Call ids of every ``recall_earlier_tool_results`` call in ``history``."""
-    return frozenset(
-        part.call_id
-        for record in history
-        if record.has_tool_call and RECALL_TOOL_NAME in record.call_names
-        for part in record.parts
-        if part.call_id and part.name == RECALL_TOOL_NAME
-    )
-
-
 def record_text(record: MessageRecord, recall_ids: frozenset[str]) -> str:
     """The record text ``record`` carries: "" when it is not a record."""
     if record.excluded:
@@ -185,54 +174,44 @@ def _is_recall_group(records: Sequence[MessageRecord], group: Group, recall_ids:
     return False
 
 
-def recall_status(history: Sequence[MessageRecord], grouping: Grouping | None = None) -> RecallStatus:
-    """Size, records and new tool material of ``history`` (for the recall middleware)."""
-    records = conversation_records(history)
-    recall_ids = recall_call_ids(records)
+def _pending(seen: View) -> tuple[int, list[tuple[int, Group]]]:
+    """Active records, and (ordinal, group) of every tool group after the newest one that
+    still has an included message and is not a recall group: new tool material."""
+    records, recall_ids = seen.records, seen.recall_ids
     found = [k for k, r in enumerate(records) if is_record(r, recall_ids)]
-    grouping = regroup(records, grouping)
     newest = found[-1] if found else -1
-    pending = sum(
-        1
-        for g in grouping.all
-        if g.kind == "tool_call"
-        and g.start > newest
+    tool_groups = [g for g in seen.grouping.all if g.kind == "tool_call"]
+    return len(found), [
+        (ordinal, g)
+        for ordinal, g in enumerate(tool_groups)
+        if g.start > newest
         and not all(records[i].excluded for i in g.members)
         and not _is_recall_group(records, g, recall_ids)
-    )
-    return RecallStatus(
-        included_tokens=sent_tokens(history),
-        records=len(found),
-        pending_groups=pending,
-        grouping=grouping,
-    )
+    ]
 
 
-def ask_for_pending(history: History, decisions: RecordDecisions) -> RecordDecisions:
+def recall_status(history: History, grouping: Grouping | None = None) -> RecallStatus:
+    """Size, records and new tool material of ``history`` (for the recall middleware)."""
+    seen = view(history, grouping)
+    found, pending = _pending(seen)
+    return RecallStatus(included_tokens=seen.sent, records=found, pending_groups=len(pending), grouping=seen.grouping)
+
+
+def ask_for_pending(seen: View, decisions: RecordDecisions) -> RecordDecisions:
     """``decisions`` with an ask for the tool groups after the newest record (none outstanding yet).
 
     A composition near its budget asks for a record of what no record holds yet rather
-    than shed it unrecorded; the recall middleware pins the next request for the ask.
+    than shed it unrecorded; the recall middleware pins the next request for it.
     Unchanged when an ask is outstanding or nothing is pending.
     """
     if decisions.ask is not None:
         return decisions
-    records = conversation_records(history)
-    recall_ids = recall_call_ids(records)
-    found = [k for k, r in enumerate(records) if is_record(r, recall_ids)]
-    newest = found[-1] if found else -1
-    ordinals: list[int] = []
-    ordinal = -1
-    for group in regroup(records).all:
-        if group.kind != "tool_call":
-            continue
-        ordinal += 1
-        if group.start <= newest or all(records[i].excluded for i in group.members):
-            continue
-        if _is_recall_group(records, group, recall_ids) or any(records[i].preserved for i in group.members):
-            continue
-        if ordinal not in decisions.settled:
-            ordinals.append(ordinal)
+    records = seen.records
+    ordinals = [
+        ordinal
+        for ordinal, group in _pending(seen)[1]
+        if not any(records[i].preserved for i in group.members) and ordinal not in decisions.settled
+    ]
     if not ordinals:
         return decisions
     ask = Ask(targets=tuple(ordinals), records_at_ask=records_written(records), responses_at_ask=responses(records))
@@ -343,25 +322,18 @@ class RecordMemo:
     a memo from another history (the other list, a restore) only costs a miss.
 
     Attributes:
-        grouping: The last pass's grouping (:func:`~.grouping.regroup` reuses its prefix).
+        view: The view of the rules' output (:mod:`.view`): the next pass regroups from its
+            grouping, and a composition reads it as its pass's view.
         values: The distinctive values of each tool result text the last pass judged,
             keyed by the text (the shell reuses the same text objects across passes).
         quoted: The records' text of the last pass with its word set and name mentions.
+        band: The last fallback run's band (its ``Done.memo``).
     """
 
-    grouping: Grouping | None = None
+    view: View | None = None
     values: Mapping[str, tuple[str, ...]] = field(default_factory=dict[str, tuple[str, ...]])
     quoted: tuple[str, frozenset[str], Mapping[str, int]] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Passed:
-    """The record rules' answer before any fallback (see :func:`rules`)."""
-
-    history: History
-    decisions: RecordDecisions
-    report: RecordReport
-    memo: RecordMemo = field(default_factory=RecordMemo)
+    band: object = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,22 +354,25 @@ def step(
     answer with every held message protected, so it can shed only what no rule holds.
     ``memo`` is the previous pass's ``Done.memo``; it never changes the answer.
     """
-    record_memo, fallback_memo = cast("tuple[object, object]", memo) if isinstance(memo, tuple) else (None, None)
+    record_memo = memo if isinstance(memo, RecordMemo) else None
     shed = state.fallback
     stands = bool(shed.tools_shed or shed.texts_shed or shed.shortened)
-    passed = rules(config, history, state.decisions, measure, memo=_memo(record_memo), fallback_stands=stands)
+    passed = rules(config, history, state.decisions, measure, memo=record_memo, fallback_stands=stands)
+    memo = passed.memo
+    assert isinstance(memo, RecordMemo)
     report, output, fallback_state = passed.report, passed.history, state.fallback
+    band = record_memo.band if record_memo else None
     if report.fallback is not Fallback.NONE and config.fallback is not None:
-        ran = run_with_holds(config.fallback, state.fallback, output, measure, memo=fallback_memo)
-        output, fallback_state, fallback_memo = ran.history, ran.state, ran.memo
+        ran = run_with_holds(config.fallback, state.fallback, output, measure, memo=band)
+        output, fallback_state, band = ran.history, ran.state, ran.memo
         tokens = sent_tokens(output)
         report = replace(
             report,
             fallback_report=ran.report,
             overflow=report.fallback is Fallback.BEHIND_RECORD and tokens > config.max_input_tokens,
         )
-    new_state = RecordState(decisions=passed.decisions, fallback=fallback_state, recall=state.recall)
-    return Success(Done(history=output, state=new_state, report=report, memo=(passed.memo, fallback_memo)))
+    new_state = RecordState(decisions=passed.state, fallback=fallback_state, recall=state.recall)
+    return Success(Done(history=output, state=new_state, report=report, memo=replace(memo, band=band)))
 
 
 def run_with_holds(
@@ -416,20 +391,18 @@ def run_with_holds(
     named in ``releasable`` do not protect, so the rules may shed those groups whole.
     """
     keep = {r.origin: r.held for r in history if r.held is not None}
+    ran = anchored.run(config, state, history, measure, memo=memo, releasable=releasable)
 
-    def view(record: MessageRecord) -> MessageRecord:
-        if record.held is None:
+    def restored(record: MessageRecord) -> MessageRecord:
+        if record.excluded:  # an excluded message keeps no hold; one that protected stays protected
+            if record.held is None:
+                return record
+            return flagged(record, held=None, preserved=record.preserved or record.held not in releasable)
+        if record.origin not in keep or (record.held == keep[record.origin] and not record.preserved):
             return record
-        if record.held in releasable:
-            return replace(record, held=None)
-        return replace(record, held=None, preserved=True)
+        return flagged(record, held=keep[record.origin], preserved=False)
 
-    ran = anchored.run(config, state, pvector(view(r) for r in history), measure, memo=memo)
-    restored = pvector(
-        replace(r, held=keep[r.origin], preserved=False) if r.origin in keep and not r.excluded else r
-        for r in ran.history
-    )
-    return replace(ran, history=restored)
+    return replace(ran, history=pvector(map(restored, ran.history)))
 
 
 def absorb(state: RecordState, answers: Sequence[tuple[Request, str | None]]) -> RecordState:
@@ -462,19 +435,15 @@ def check(config: RecordConfig, state: RecordState, history: History) -> str | N
     return None
 
 
-def _memo(memo: object) -> RecordMemo | None:
-    return memo if isinstance(memo, RecordMemo) else None
-
-
 def rules(
     config: RecordConfig,
-    history: History,
+    history: History | View,
     decisions: RecordDecisions,
     measure: Measure,
     *,
-    memo: RecordMemo | None = None,
+    memo: object = None,
     fallback_stands: bool = False,
-) -> Passed:
+) -> Done[RecordDecisions, RecordReport]:
     """The record rules alone (see the module docstring).
 
     ``fallback_stands`` says the in-pass fallback's sheds stand (its decisions shed or
@@ -483,26 +452,26 @@ def rules(
 
     Notes are not conversation: they are neither grouped nor judged. Injected context is
     neither grouped nor judged either, but it counts toward every size rule, because
-    the next request carries it. ``memo`` is the last answer's :attr:`Passed.memo`; it
+    the next request carries it. ``memo`` is the last answer's ``Done.memo``; it
     never changes the answer.
     """
-    memo = memo or RecordMemo()
-    conversation = conversation_indices(history)
-    records = [history[i] for i in conversation]
+    memo = memo if isinstance(memo, RecordMemo) else RecordMemo()
+    seen = history if isinstance(history, View) else view(history, memo.view)
+    records = seen.records
     # Every hold is decided afresh on each pass (so both lists agree on what stays): the
     # holds this pass gives, by index into ``records``; any other hold is released.
     holds: dict[int, str] = {}
-    tokens_before = sent_tokens(history)
+    tokens_before = seen.sent
     triggered = tokens_before > config.trigger_tokens
-    recall_ids = recall_call_ids(records)
+    recall_ids = seen.recall_ids
     found = [k for k, r in enumerate(records) if is_record(r, recall_ids)]
+    grouping = seen.grouping
     if not found:
         fallback = Fallback.PLAIN if tokens_before >= config.fallback_tokens else Fallback.NONE
         report = RecordReport(tokens_before, tokens_before, triggered=triggered, fallback=fallback)
         output = _with_holds(records, holds)
-        return _done(history, conversation, output, decisions=decisions, report=report, memo=memo)
+        return _done(seen, output, decisions=decisions, report=report, memo=memo)
 
-    grouping = regroup(records, memo.grouping)
     text = "\n".join(record_text(records[k], recall_ids) for k in found)
     quoted = _quoted(text, memo.quoted)
     values: dict[str, tuple[str, ...]] = {}
@@ -551,13 +520,13 @@ def rules(
         held_unrecorded=held_unrecorded,
         fallback=fallback,
     )
-    memo = RecordMemo(grouping=grouping, values=values, quoted=quoted)
-    return _done(history, conversation, output, decisions=new_decisions, report=report, memo=memo)
+    memo = RecordMemo(values=values, quoted=quoted)
+    return _done(seen, output, decisions=new_decisions, report=report, memo=memo)
 
 
 def _with_holds(records: Sequence[MessageRecord], holds: Mapping[int, str]) -> list[MessageRecord]:
     """``records`` with exactly the holds in ``holds`` (by index); records whose hold is right stay as they are."""
-    return [r if r.held == holds.get(k) else replace(r, held=holds.get(k)) for k, r in enumerate(records)]
+    return [r if r.held == holds.get(k) else flagged(r, held=holds.get(k)) for k, r in enumerate(records)]
 
 
 def _quoted(
@@ -576,7 +545,7 @@ def _exclude(output: list[MessageRecord], candidates: Sequence[_Candidate]) -> l
         for index in candidate.group.members:
             record = output[index]
             if not record.excluded:
-                output[index] = replace(record, excluded=True, reason=EXCLUDE_REASON)
+                output[index] = flagged(record, excluded=True, reason=EXCLUDE_REASON)
                 if record.origin is not None:
                     origins.append(record.origin)
     return origins
@@ -592,18 +561,18 @@ def _change(before: Sequence[MessageRecord], after: Sequence[MessageRecord]) -> 
 
 
 def _done(
-    history: History,
-    conversation: Sequence[int],
-    records: Sequence[MessageRecord],
-    *,
-    decisions: RecordDecisions,
-    report: RecordReport,
-    memo: RecordMemo,
-) -> Passed:
-    output = list(history)
-    for index, record in zip(conversation, records, strict=True):
-        output[index] = record
-    return Passed(history=pvector(output), decisions=decisions, report=report, memo=memo)
+    seen: View, records: Sequence[MessageRecord], *, decisions: RecordDecisions, report: RecordReport, memo: RecordMemo
+) -> Done[RecordDecisions, RecordReport]:
+    """The rules' answer: the decisions are its state; its memo carries the view of its history (the input's
+    grouping: the rules change only flags and results' text)."""
+    output = seen.history
+    if any(new is not old for new, old in zip(records, seen.records, strict=True)):
+        rebuilt = list(output)
+        for index, record in zip(seen.indices, records, strict=True):
+            rebuilt[index] = record
+        output = pvector(rebuilt)
+    changed = View(output, seen.indices, tuple(records), seen.grouping, seen.recall_ids, sent_tokens(output))
+    return Done(history=output, state=decisions, report=report, memo=replace(memo, view=changed))
 
 
 def _candidates(
@@ -899,7 +868,7 @@ def _keep_unrecorded_holds(output: Sequence[MessageRecord], grouping: Grouping, 
                 holds[index] = HOLD_UNRECORDED
 
 
-def hold_unrecorded(history: History) -> History:
+def hold_unrecorded(seen: View) -> History:
     """``history`` with every tool group that is not held, preserved, recorded or excluded held too.
 
     What a fallback behind a record does first, so it can shed only narration. Excluded
@@ -909,16 +878,20 @@ def hold_unrecorded(history: History) -> History:
     excluded results, would rewrite its stored bytes, and the two lists would disagree).
     The same holds for records a kept replacement excluded (held as records on that pass).
     History does not say which rule excluded a group, so every excluded one is held.
+    An excluded message is held the way :func:`run_with_holds` leaves it: protected
+    (preserved) without the hold, which it would only drop again.
     """
-    conversation = conversation_indices(history)
-    records = [history[i] for i in conversation]
-    grouping = regroup(records)
+    records = seen.records
     holds = {k: r.held for k, r in enumerate(records) if r.held is not None}
-    if not _hold_unrecorded(records, grouping, recall_call_ids(records), holds, shed_too=True):
-        return history
-    output = list(history)
-    for index, record in zip(conversation, _with_holds(records, holds), strict=True):
-        output[index] = record
+    if not _hold_unrecorded(records, seen.grouping, seen.recall_ids, holds, shed_too=True):
+        return seen.history
+    output = list(seen.history)
+    for k, (index, record) in enumerate(zip(seen.indices, records, strict=True)):
+        hold = holds.get(k)
+        if record.excluded and hold is not None:
+            output[index] = flagged(record, held=None, preserved=True)
+        elif record.held != hold:
+            output[index] = flagged(record, held=hold)
     return pvector(output)
 
 

@@ -221,6 +221,7 @@ class _Pass:
     tokens: int  # what is sent (protocol.sent_tokens)
     standing: tuple[int, ...]  # conversation indices of our included summaries
     user_turns: int  # the user's own turns, excluded ones too: grows with the conversation
+    gates: bool = True  # the size trigger and the break-even gate apply
 
     def done(
         self,
@@ -259,9 +260,13 @@ def step(
 
 
 def pass_(
-    config: UserSummaryConfig, snapshot: UserSummarySnapshot, history: History, measure: Measure
+    config: UserSummaryConfig, snapshot: UserSummarySnapshot, history: History, measure: Measure, *, gates: bool = True
 ) -> UserNeeds | UserDone:
-    """:func:`step`'s answer, unwrapped: a composition calls it directly."""
+    """:func:`step`'s answer, unwrapped: a composition calls it directly.
+
+    Without ``gates``, the size trigger and the break-even gate do not apply: any
+    non-empty prompt may be summarised (a composition riding on a break it pays anyway).
+    """
     conversation = conversation_indices(history)
     records = tuple(history[i] for i in conversation)
     p = _Pass(
@@ -274,8 +279,9 @@ def pass_(
         tokens=sent_tokens(history),
         standing=tuple(k for k, r in enumerate(records) if r.summary and not r.excluded and r.role == "user"),
         user_turns=user_turns(records),
+        gates=gates,
     )
-    if p.tokens <= config.trigger_tokens:
+    if p.tokens <= (config.trigger_tokens if gates else 0):
         return p.done(Outcome.BELOW_TRIGGER)
     items: list[_Item] = []
     waiting: list[tuple[_Item, tuple[DescribeMedia, ...]]] = []  # media turns without descriptions yet
@@ -571,7 +577,7 @@ def _below_break_even(p: _Pass, selected: Sequence[_Item]) -> bool:
     Its turns' tokens bound what it can save; everything from the first of them on is
     re-billed by the break. Over the budget the gate is off: room matters more.
     """
-    gain = p.config.min_gain_fraction
+    gain = p.config.min_gain_fraction if p.gates else 0.0
     if gain <= 0 or p.tokens > p.config.max_input_tokens:
         return False
     start = p.conversation[selected[0].index]
