@@ -93,12 +93,12 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
         lacks: see :mod:`maf_compaction.core.ownership`) changes nothing; a WARNING says so
         once, naming the setting that fixes it, and later passes change nothing either.
         """
-        if not messages or self._provider_owned(messages):
+        if not messages:
             return False
-        connection = self._cell.connection
-        connection.bind(messages, type(self).__name__)
-        async with connection.lock:
-            before = self._histories.history(messages, note_kind=NOTE_KIND)
+        async with self._cell.connection.lock:
+            before = self._open(messages)
+            if before is None:
+                return False
             fresh: set[str] = set()
             done = self._step(before)
             rounds = 0
@@ -128,27 +128,29 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
 
     def _run_sync(self, messages: list[Message], **options: object) -> bool:
         """One pass of a strategy that needs no effects (no awaits, so nothing interleaves)."""
-        if not messages or self._provider_owned(messages):
+        before = self._open(messages) if messages else None
+        if before is None:
             return False
-        self._cell.connection.bind(messages, type(self).__name__)
-        before = self._histories.history(messages, note_kind=NOTE_KIND)
         done = self._step(before, options=options)
         if isinstance(done, Needs):
             raise RuntimeError(f"{type(self).__name__} needs effects; await it instead")
         return self._finish(messages, before, done, set())
 
-    def _provider_owned(self, messages: Sequence[Message]) -> bool:
-        """The conversation is kept on the chat client's server (said once per conversation).
+    def _open(self, messages: Sequence[Message]) -> History | None:
+        """The list converted once for the pass, bound to this conversation; ``None`` when the server owns it.
 
-        Once handed a provider's increment, the strategy stays out of the way for good: the next
-        increment may be a lone user message, which would otherwise look like another conversation.
+        A list the chat client's server keeps is said once per conversation: once handed a
+        provider's increment, the strategy stays out of the way for good (the next increment
+        may be a lone user message, which would otherwise look like another conversation).
         """
         connection = self._cell.connection
         if connection.provider_owned:
-            return True
-        orphans = provider_increment(self._histories.history(messages, note_kind=NOTE_KIND))
+            return None
+        history = self._histories.history(messages, note_kind=NOTE_KIND)
+        orphans = provider_increment(history)
         if not orphans:
-            return False
+            connection.bind(messages, type(self).__name__)
+            return history
         connection.provider_owned = True
         logger.warning(
             "%s was handed a provider's increment of the conversation, not the conversation: it starts with the "
@@ -160,7 +162,7 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
             ", ".join(orphans),
             STORE_FALSE_HINT,
         )
-        return True
+        return None
 
     def share_named(self, named: NamedSets) -> None:
         """Remember what was named in ``named`` (kept by the caller across instances of one conversation).
