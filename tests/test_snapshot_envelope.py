@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -615,3 +616,19 @@ def test_an_inconsistent_replacement_is_refused_naming_the_field(entry: dict[str
     data["replacements"] = [{**cast("list[dict[str, object]]", data["replacements"])[0], **entry}]
     with pytest.raises(SnapshotError, match=message):
         chain_from_dict(data)
+
+
+@pytest.mark.parametrize(
+    ("build", "field"),
+    [
+        (lambda: {**RecordDecisions().to_dict(), "settled": (1, "x")}, "settled[1]"),
+        (lambda: {**AnchoredSnapshot().to_dict(), "shed_sizes": [(1, True)]}, "shed_sizes[0][1]"),
+    ],
+)
+def test_a_malformed_value_built_from_tuples_is_named_like_one_read_from_json(
+    build: Callable[[], dict[str, object]], field: str
+) -> None:
+    """A host may hand a state built in Python (tuples, not lists): the error still names the field."""
+    reader = RecordDecisions.from_dict if field.startswith("settled") else AnchoredSnapshot.from_dict
+    with pytest.raises(SnapshotError, match=re.escape(f"snapshot field {field!r}")):
+        reader(build())

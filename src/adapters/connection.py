@@ -1,7 +1,7 @@
 """The shell's connection: one conversation's state value, lock and binding, and the views that share it.
 
 A strategy owns one :class:`Connection` and reads and writes its state through a
-:class:`View`. A composition owns the connection of the conversation and adopts its record
+:class:`StateView`. A composition owns the connection of the conversation and adopts its record
 half, whose view then reads and writes the record part of the composition's one value. The
 recall middleware (through the strategy's ``take_reforce``, a :class:`Reforce` carrying the
 view and the strategy's parameters) and the recall gate (attached by a ``CompactionStack``)
@@ -32,8 +32,9 @@ P = TypeVar("P")
 class Connection(Generic[S]):
     """One conversation: its one state value, its lock and its binding (the shell's connection).
 
-    Strategies, the recall middleware and the gate read and write it through views
-    (:class:`View`), so they share one value and never call into each other. ``value``
+    Strategies, the recall middleware and (once a ``CompactionStack`` attaches it) the gate
+    read and write it through views (:class:`StateView`), so they share one value and never
+    call into each other. ``value``
     is an immutable core value; only the shell replaces it.
     """
 
@@ -114,7 +115,7 @@ def conversation_key(messages: Iterable[Message]) -> tuple[str, ...]:
     return tuple(keys)
 
 
-class View(Generic[P]):
+class StateView(Generic[P]):
     r"""One strategy's part of a conversation's state, read and written through the connection that owns it.
 
     A strategy alone owns its connection and its view is the whole value. A composition
@@ -156,7 +157,7 @@ class Reforce:
 
     __slots__ = ("cell", "config")
 
-    def __init__(self, cell: View[RecordState], config: RecordConfig) -> None:
+    def __init__(self, cell: StateView[RecordState], config: RecordConfig) -> None:
         self.cell = cell
         self.config = config
 

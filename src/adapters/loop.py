@@ -5,8 +5,8 @@ see :mod:`maf_compaction.core.protocol`), the effects it can perform and its pub
 counters. Everything else is here, the same for every strategy:
 
 - The conversation's one state value lives in a :class:`~.connection.Connection` that the
-  strategy reads and writes through its :class:`~.connection.View` (shared with its recall
-  middleware and gate; a composition adopts its record half's view). Direct wiring serves
+  strategy reads and writes through its :class:`~.connection.StateView` (shared with its recall
+  middleware and, in a ``CompactionStack``, its gate; a composition adopts its record half's view). Direct wiring serves
   one conversation per instance.
 - The instance binds to the first conversation it sees and refuses another one loudly;
   concurrent passes on one instance are serialized, never interleaved.
@@ -32,7 +32,7 @@ from ..core.ownership import provider_increment
 from ..core.protocol import CoreStrategy, Done, Needs, differs
 from .apply import apply
 from .base import ConfigT, ConfiguredStrategy
-from .connection import STORE_FALSE_HINT, View
+from .connection import STORE_FALSE_HINT, StateView
 from .convert import HistoryCache
 from .counting import MediaTokenEstimator, Tokenizer, as_estimator
 
@@ -79,7 +79,7 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
         self._estimator: MediaTokenEstimator = as_estimator(tokenizer)
         self._counter = self._estimator.parts
         self._histories = HistoryCache(self._counter, holds=holds)
-        self._cell: View[S] = View(state)
+        self._cell: StateView[S] = StateView(state)
         self._memo: object = None  # the last pass's memo: saves work, never decides
         self._restored = False  # the state came from outside: check it against the first history it meets
         self._named: NamedSets = OrderedDict()

@@ -47,7 +47,7 @@ from ..core.records import (
     recall_status,
     reforce_pending,
 )
-from .connection import Reforce, View
+from .connection import Reforce, StateView
 from .convert import HistoryCache
 from .counting import Tokenizer, as_estimator
 from .loop import NOTE_KIND
@@ -77,7 +77,7 @@ class RecallGate:
     """
 
     def __init__(self) -> None:
-        self._cell: View[RecordState] = View(RecordState())
+        self._cell: StateView[RecordState] = StateView(RecordState())
 
     @property
     def armed(self) -> bool:
@@ -98,7 +98,7 @@ class RecallGate:
         self.disarm()
         return armed
 
-    def attach(self, cell: View[RecordState]) -> None:
+    def attach(self, cell: StateView[RecordState]) -> None:
         """Keep the permission in ``cell``'s recall state from now on (a stack attaches its gate to its strategy)."""
         armed = self.armed
         self._cell = cell
@@ -302,7 +302,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         # Called once per decision, the strategy's own take_reforce as any host callable; the
         # strategy's carries its state view, which this middleware then shares.
         self._reforce = reforce
-        self._cell = View(RecordState())
+        self._cell = StateView(RecordState())
         if isinstance(reforce, Reforce):
             self._agree(reforce.config)
             self._cell = reforce.cell
@@ -328,7 +328,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
                     f"the middleware got {ours!r}"
                 )
 
-    def share(self, cell: View[RecordState], config: RecordConfig | None = None) -> None:
+    def share(self, cell: StateView[RecordState], config: RecordConfig | None = None) -> None:
         """Read and write ``cell`` (a record strategy's state) from now on; see ``bind_recall``."""
         if config is not None:
             self._agree(config)
@@ -336,7 +336,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         cell.value = replace(cell.value, recall=recall)
         self._cell = cell
 
-    def shares(self, cell: View[RecordState]) -> bool:
+    def shares(self, cell: StateView[RecordState]) -> bool:
         """Whether this middleware reads and writes ``cell`` (a record strategy's state)."""
         return self._cell is cell
 

@@ -3,7 +3,7 @@
 A thin adapter over :mod:`maf_compaction.core.records` on the generic shell loop
 (:mod:`.loop`). The conversation's one state value (the record decisions, the default
 fallback's decisions and the recall protocol's state) is read and written through the
-strategy's :class:`~.connection.View`, which the recall middleware wired to
+strategy's :class:`~.connection.StateView`, which the recall middleware wired to
 :attr:`take_reforce` holds too: they read and write one value and never call into each other.
 """
 
@@ -23,7 +23,7 @@ from ..core.protocol import Done, sent_tokens
 from ..core.record_decisions import RecordDecisions
 from ..core.records import Fallback, RecordConfig, RecordReport, RecordState
 from .anchored import AnchoredCompactionStrategy, log_anchored
-from .connection import Reforce, View
+from .connection import Reforce, StateView
 from .convert import HistoryCache
 from .counting import MediaTokenEstimator, PartCounter, Tokenizer
 from .loop import NOTE_KIND, CompactionAdapter
@@ -196,7 +196,7 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         return self._fallback
 
     @property
-    def state_cell(self) -> View[RecordState]:
+    def state_cell(self) -> StateView[RecordState]:
         """This strategy's view of the conversation's one state value, shared with the recall middleware and gate."""
         return self._cell
 

@@ -155,7 +155,7 @@ def _translated(error: msgspec.ValidationError, data: object, prefix: str) -> Sn
         return SnapshotError(f"unknown snapshot field(s) {field!r}")
     value = data
     for key in re.findall(r"[^.\[\]]+", path):
-        value = cast("Any", value)[int(key) if key.isdigit() and isinstance(value, list) else key]
+        value = cast("Any", value)[int(key) if key.isdigit() and isinstance(value, (list, tuple)) else key]
     path = f"{prefix}{'.' if prefix and path[:1] != '[' else ''}{path}" if path else prefix
     words = next((w for p, w in _PROBLEMS if problem.startswith(p)), None)
     said = f"must be {words}, got {shown(value)}" if words else f"{problem} (got {shown(value)})"

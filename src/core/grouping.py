@@ -31,7 +31,7 @@ class Grouping:
     """A grouped history, kept as a value so the next pass regroups only what changed.
 
     Attributes:
-        records: The records that were grouped (compared by identity on the next pass).
+        records: The records that were grouped (compared by shape on the next pass: :func:`same_shape`).
         all: Every group, in order of its first member.
         linked: Some group joins non-contiguous spans (a late result linked to its call).
         declarations: ``(index, (call kind, call id))`` of every linkable declaration.

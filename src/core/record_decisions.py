@@ -80,7 +80,6 @@ class RecordDecisions:
 
 
 DECISIONS_SCHEMA: Final = Schema(DECISIONS_KIND, DECISIONS_VERSION, RecordDecisions)
-SUPPORTED_DECISIONS_VERSIONS: Final = DECISIONS_SCHEMA.supported
 
 
 def _ask(ask: Ask, settled: tuple[int, ...]) -> Ask:

@@ -869,7 +869,7 @@ def _keep_unrecorded_holds(output: Sequence[MessageRecord], grouping: Grouping, 
 
 
 def hold_unrecorded(seen: View) -> History:
-    """``history`` with every tool group that is not held, preserved, recorded or excluded held too.
+    """The view's history with every tool group that is not held, preserved, recorded or excluded held too.
 
     What a fallback behind a record does first, so it can shed only narration. Excluded
     tool groups are held too: a group the composition's shed policy shed was held while

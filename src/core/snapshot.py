@@ -89,7 +89,6 @@ class AnchoredSnapshot:
 
 
 ANCHORED_SCHEMA: Final = Schema(SNAPSHOT_KIND, SNAPSHOT_VERSION, AnchoredSnapshot)
-SUPPORTED_SNAPSHOT_VERSIONS: Final = ANCHORED_SCHEMA.supported
 
 
 def _check(snapshot: AnchoredSnapshot) -> AnchoredSnapshot:

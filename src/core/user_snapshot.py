@@ -75,7 +75,6 @@ class UserSummarySnapshot:
 
 
 USER_SNAPSHOT_SCHEMA: Final = Schema(USER_SNAPSHOT_KIND, USER_SNAPSHOT_VERSION, UserSummarySnapshot)
-SUPPORTED_USER_SNAPSHOT_VERSIONS: Final = USER_SNAPSHOT_SCHEMA.supported
 
 
 def _check(answers: tuple[Answer, ...], name: str, *, descriptions: bool) -> None:
