@@ -44,6 +44,11 @@ then, only while the prompt is over the budget, a last-resort chain:
 
 When what must stay (anchors, records, protected messages, and under ``"raise"`` the
 uncovered results) does not fit, the pass answers ``Failure(CompactionBudgetExceeded)``.
+
+The pass is a configuration of one :mod:`.pipeline`: each step above is a sub-step
+(``_record_rules``, ``_users``, ``_replay`` and ``_ask`` for the replacements and folds,
+``_fallback``, ``_shed``) speaking ``Needs | Done`` over the pass's view, in the order of
+``_STEPS`` for the overflow policy; the budget verdict and the report close it.
 """
 
 from __future__ import annotations
