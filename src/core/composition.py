@@ -44,6 +44,11 @@ then, only while the prompt is over the budget, a last-resort chain:
 
 When what must stay (anchors, records, protected messages, and under ``"raise"`` the
 uncovered results) does not fit, the pass answers ``Failure(CompactionBudgetExceeded)``.
+
+The pass is a configuration of one :mod:`.pipeline`: each step above is a sub-step
+(``_record_rules``, ``_users``, ``_replay`` and ``_ask`` for the replacements and folds,
+``_fallback``, ``_shed``) speaking ``Needs | Done`` over the pass's view, in the order of
+``_STEPS`` for the overflow policy; the budget verdict and the report close it.
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ from typing import Final, Literal, TypeAlias, cast
 from pyrsistent import pvector
 from returns.result import Failure, Success
 
-from . import anchored, records, user_summaries
+from . import anchored, pipeline, records, user_summaries
 from .anchored import AnchoredConfig, Report
 from .checks import AtLeastZero, NonEmpty, validate
 from .counting import MESSAGE_OVERHEAD_TOKENS
@@ -363,6 +368,30 @@ class CompositionReport:
     failed: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class _Pass:
+    """The working state one composed pass threads through its sub-steps.
+
+    Attributes:
+        input: The pass's input state (what a ``Needs`` absorbs into).
+        state: The state after the sub-steps so far.
+        report: The report so far (its token counts and verdict are set at the end).
+        memo: The record rules' memo (the input's, then their answer's).
+        band: The anchored runs' band, handed run to run.
+        roomy: The conversation's largest step still fits (:func:`_roomy`).
+    """
+
+    input: CompositionState
+    state: CompositionState
+    report: CompositionReport
+    memo: records.RecordMemo | None
+    band: object = None
+    roomy: bool = True
+
+
+_Answer: TypeAlias = Needs[CompositionState] | Done[_Pass, None]
+
+
 def step(
     config: CompositionConfig,
     state: CompositionState,
@@ -375,99 +404,160 @@ def step(
     budget = config.max_input_tokens
     record_memo = memo if isinstance(memo, records.RecordMemo) else None
     seen = view(history, record_memo.view if record_memo else None)
-    tokens_before = seen.sent
-    passed = records.rules(config.record_rules, seen, state.records.decisions, measure, memo=record_memo)
-    memo = passed.memo
-    assert isinstance(memo, records.RecordMemo)
-    assert memo.view is not None
-    seen, output = memo.view, passed.history
-    record_state = replace(state.records, decisions=passed.state)
-    # When the room is needed (the conversation's largest step would no longer fit beside
-    # the prompt), ask for a record of what no record holds yet, before a summary of its own
-    # or a shed: the recall middleware pins the next request for it, and the user half waits.
-    roomy = _roomy(config, seen)
-    if not roomy and not record_state.recall.pin_disabled:
-        record_state = replace(record_state, decisions=records.ask_for_pending(seen, record_state.decisions))
-    chain, waiting = _wait(
-        state.chain,
-        records.responses(seen.records),
-        expected=records.record_expected(record_state),
-        count=records.records_written(seen.records),
+    # The record half's report is a placeholder until its sub-step runs.
+    report = CompositionReport(seen.sent, seen.sent, records=RecordReport(seen.sent, seen.sent))
+    band = record_memo.band if record_memo else None
+    ran = pipeline.run(
+        _STEPS[config.overflow_policy], config, _Pass(state, state, report, record_memo, band), seen, measure
     )
-    # Waiting is only for passes that fit: over the budget the user half makes room now.
-    waiting = waiting and seen.sent <= budget
-    user_report: UserReport | None = None
-    users = state.users
-    if not waiting:
-        answer = _user_pass(config, state.users, output, measure, breaking=bool(passed.report.dropped), roomy=roomy)
-        if isinstance(answer, Needs):
-            # The state to absorb into is the input state: the next step recomputes the rest.
-            return Success(Needs(answer.requests, replace(state, users=answer.state)))
-        output, users, user_report = answer.history, answer.state, answer.report
-    elif (replayed := _replayed(config, state.users, output, measure)) is not None:
-        # A wait holds back new requests only: a summary the other list made replays here too.
-        output, users, user_report = replayed.history, replayed.state, replayed.report
-    replaced = _Replaced(view(output, seen), chain)
-    _replay(config, replaced, measure)
-    if replaced.seen.sent > budget:
-        request = _next(config, replaced, measure)
-        if request is not None:
-            # The next step recomputes everything from the input state and the absorbed answer.
-            return Success(Needs((request,), state))
-    output, chain = replaced.output, replaced.chain
-    fallback_report = shed_report = None
-    fallback_state, shed_state = state.records.fallback, chain.shed
-    band = record_memo.band if record_memo else None  # the anchored runs' band, reused by the next run
-    # Decisions already made replay on every pass, whatever the size (so both lists and a
-    # copy agree); new ones are made only over the budget.
-    if replaced.seen.sent > budget or _decided(fallback_state):
-        fallback_config = config.records.fallback
-        assert fallback_config is not None
-        output = records.hold_unrecorded(replaced.seen)
-        ran = records.run_with_holds(fallback_config, fallback_state, output, measure, memo=band)
-        output, fallback_state, fallback_report, band = ran.history, ran.state, ran.report, ran.memo
-    if config.overflow_policy == "shed" and (sent_tokens(output) > budget or _decided(shed_state)):
-        ran = records.run_with_holds(config.shed, shed_state, output, measure, releasable=_SHEDDABLE, memo=band)
-        output, shed_state, shed_report, band = ran.history, ran.state, ran.report, ran.memo
+    if isinstance(ran, Needs):
+        return Success(ran)
+    output, done = ran
     tokens_after = sent_tokens(output)
+    report = replace(done.report, tokens_after=tokens_after, over_budget=tokens_after > budget)
     # The user half makes one bounded request per pass: when it made progress the next pass
     # continues from it (failing now would keep its summary off the list for ever).
-    progressed = user_report is not None and bool(user_report.replaced)
+    progressed = report.users is not None and bool(report.users.replaced)
     if tokens_after > budget and (not progressed or _protected_tokens(output) > budget):
         kept = "anchors, records and protected messages"
         if config.overflow_policy == "raise":
             kept += " and the uncovered results overflow_policy='raise' keeps"
-        refused, failed = tuple(sorted(replaced.refused)), tuple(sorted(replaced.failed))
         return Failure(
             CompactionBudgetExceeded(
                 f"the prompt is {tokens_after} tokens after every step, over the {budget}-token budget: "
-                f"the {kept} alone do not fit{_chain_outcome(refused, failed)}",
+                f"the {kept} alone do not fit{_chain_outcome(report.refused, report.failed)}",
                 needed=tokens_after,
                 budget=budget,
-                refused=refused,
-                failed=failed,
+                refused=report.refused,
+                failed=report.failed,
             )
         )
-    new_state = CompositionState(
-        records=replace(record_state, fallback=fallback_state),
-        users=users,
-        chain=replace(chain, shed=shed_state),
+    assert done.memo is not None
+    return Success(Done(history=output, state=done.state, report=report, memo=replace(done.memo, band=done.band)))
+
+
+def _record_rules(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
+    """The record rules; when the room is needed, an ask for a record of what no record holds yet.
+
+    The ask comes before a summary of the user half's own or a shed: the recall middleware
+    pins the next request for it, and the user half waits (:func:`_users`).
+    """
+    passed = records.rules(config.record_rules, seen, work.state.records.decisions, measure, memo=work.memo)
+    memo = passed.memo
+    assert isinstance(memo, records.RecordMemo)
+    assert memo.view is not None
+    record_state = replace(work.state.records, decisions=passed.state)
+    roomy = _roomy(config, memo.view)
+    if not roomy and not record_state.recall.pin_disabled:
+        record_state = replace(record_state, decisions=records.ask_for_pending(memo.view, record_state.decisions))
+    state = replace(work.state, records=record_state)
+    report = replace(work.report, records=passed.report)
+    return Done(passed.history, replace(work, state=state, report=report, memo=memo, roomy=roomy), None, memo.view)
+
+
+def _users(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
+    """The user half, unless it waits for an expected record (only a pass that fits waits)."""
+    chain, waiting = _wait(
+        work.state.chain,
+        records.responses(seen.records),
+        expected=records.record_expected(work.state.records),
+        count=records.records_written(seen.records),
     )
-    report = CompositionReport(
-        tokens_before=tokens_before,
-        tokens_after=tokens_after,
-        over_budget=tokens_after > budget,
-        records=passed.report,
-        users=user_report,
-        waited=waiting,
-        fallback=fallback_report,
-        shed=shed_report,
-        replaced=replaced.kept[REPLACEMENT_ID_PREFIX],
-        folded=replaced.kept[EMERGENCY_FOLD_ID_PREFIX],
-        refused=tuple(sorted(replaced.refused)),
-        failed=tuple(sorted(replaced.failed)),
+    waiting = waiting and seen.sent <= config.max_input_tokens
+    state, report = replace(work.state, chain=chain), replace(work.report, waited=waiting)
+    if not waiting:
+        breaking = bool(work.report.records.dropped)
+        answer = _user_pass(config, state.users, seen.history, measure, breaking=breaking, roomy=work.roomy)
+        if isinstance(answer, Needs):
+            # The state to absorb into is the input state: the next step recomputes the rest.
+            return Needs(answer.requests, replace(work.input, users=answer.state))
+    else:  # a wait holds back new requests only: a summary the other list made replays here too
+        answer = _replayed(config, state.users, seen.history, measure)
+    if answer is None:
+        return Done(seen.history, replace(work, state=state, report=report), None)
+    state, report = replace(state, users=answer.state), replace(report, users=answer.report)
+    return Done(answer.history, replace(work, state=state, report=report), None)
+
+
+def _replay(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
+    """Apply every kept replacement whose items lead the conversation's, in the order they were kept."""
+    kept, refused = Counter[str](), set[str]()
+    found: dict[object, list[_Item]] = {}  # each kind's items in the output so far, by finder
+    for name, answer in work.state.chain.replacements:
+        if answer.text is None or answer.sources is None:
+            continue  # a failure, not a refusal: :func:`_ask` decides when to ask again
+        kind = _KINDS[name]
+        items = found.get(kind.items)
+        if items is None:
+            items = found[kind.items] = kind.items(seen, measure)
+        items = items[: answer.sources]
+        if len(items) < answer.sources or all(
+            _request(kind, prompt, items, "").identity != answer.identity for prompt in kind.prompts(config)
+        ):
+            continue
+        message = _kept(kind, answer, items, measure)
+        if message is None:
+            refused.add(answer.identity)
+        else:
+            seen, found = view(_apply(seen.history, kind, items, message), seen), {}
+            kept[kind.prefix] += 1
+    report = replace(
+        work.report,
+        replaced=kept[REPLACEMENT_ID_PREFIX],
+        folded=kept[EMERGENCY_FOLD_ID_PREFIX],
+        refused=tuple(sorted(refused)),
     )
-    return Success(Done(history=output, state=new_state, report=report, memo=replace(memo, band=band)))
+    return Done(seen.history, replace(work, report=report), None, seen)
+
+
+def _ask(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
+    """Over the budget, ask for the chain's next replacement (:func:`_next`), if any."""
+    if seen.sent <= config.max_input_tokens:
+        return Done(seen.history, work, None)
+    request, refused, failed = _next(config, work.state.chain, seen, measure)
+    if request is not None:
+        # The next step recomputes everything from the input state and the absorbed answer.
+        return Needs((request,), work.input)
+    report = replace(work.report, refused=tuple(sorted({*work.report.refused, *refused})), failed=failed)
+    return Done(seen.history, replace(work, report=report), None)
+
+
+def _fallback(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
+    """The fallback with holds: every tool group not yet covered held, the anchored rules shed narration only.
+
+    Decisions already made replay on every pass, whatever the size (so both lists and a
+    copy agree); new ones are made only over the budget.
+    """
+    state = work.state.records.fallback
+    if seen.sent <= config.max_input_tokens and not _decided(state):
+        return Done(seen.history, work, None)
+    assert config.records.fallback is not None
+    output = records.hold_unrecorded(seen)
+    ran = records.run_with_holds(config.records.fallback, state, output, measure, memo=work.band)
+    new = replace(work.state, records=replace(work.state.records, fallback=ran.state))
+    report = replace(work.report, fallback=ran.report)
+    return Done(ran.history, replace(work, state=new, report=report, band=ran.memo), None)
+
+
+def _shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
+    """The shed policy: whole unrecorded tool groups leave, oldest band position first (replayed likewise)."""
+    state = work.state.chain.shed
+    if seen.sent <= config.max_input_tokens and not _decided(state):
+        return Done(seen.history, work, None)
+    ran = records.run_with_holds(config.shed, state, seen.history, measure, releasable=_SHEDDABLE, memo=work.band)
+    new = replace(work.state, chain=replace(work.state.chain, shed=ran.state))
+    report = replace(work.report, shed=ran.report)
+    return Done(ran.history, replace(work, state=new, report=report, band=ran.memo), None)
+
+
+#: The composed pass, by overflow policy: the record rules, the user half, the chain's
+#: replacements (replayed, then asked for), the fallback with holds, and the shed policy.
+_STEPS: Final[
+    Mapping[OverflowPolicy, tuple[pipeline.SubStep[CompositionConfig, _Pass, CompositionState, None], ...]]
+] = {
+    "shed": (_record_rules, _users, _replay, _ask, _fallback, _shed),
+    "raise": (_record_rules, _users, _replay, _ask, _fallback),
+}
 
 
 def _chain_outcome(refused: Sequence[str], failed: Sequence[str]) -> str:
@@ -565,33 +655,6 @@ def check(config: CompositionConfig, state: CompositionState, history: History) 
         or anchored.check(config.shed, state.chain.shed, history)
         or user_summaries.colliding_summary_id(state.users, history, field="users.answers")
     )
-
-
-@dataclass(slots=True)
-class _Replaced:
-    """Working state of the chain's replacement step (local to :func:`step`)."""
-
-    seen: View  # of the output so far
-    chain: ChainDecisions
-    kept: Counter[str] = field(default_factory=Counter[str])  # applied on this pass, by id prefix
-    refused: set[str] = field(default_factory=set[str])
-    failed: set[str] = field(default_factory=set[str])
-    found: dict[object, tuple[View, list[_Item]]] = field(default_factory=dict[object, tuple[View, list["_Item"]]])
-
-    @property
-    def output(self) -> History:
-        return self.seen.history
-
-    def put(self, output: History) -> None:
-        """Continue from ``output`` (a replacement or a fold applied)."""
-        self.seen = view(output, self.seen)
-
-    def items(self, kind: _Kind, measure: anchored.Measure) -> list[_Item]:
-        """``kind``'s items in the output so far (found once per output and finder)."""
-        found = self.found.get(kind.items)
-        if found is None or found[0] is not self.seen:
-            found = self.found[kind.items] = (self.seen, kind.items(self.seen, measure))
-        return found[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -703,25 +766,6 @@ def _kept(kind: _Kind, answer: Answer, items: Sequence[_Item], measure: anchored
     return message if all(value in quoted for i in items for value in distinctive_values(i.text)) else None
 
 
-def _replay(config: CompositionConfig, work: _Replaced, measure: anchored.Measure) -> None:
-    """Apply every kept replacement whose items lead the conversation's, in the order they were kept."""
-    for name, answer in work.chain.replacements:
-        if answer.text is None or answer.sources is None:
-            continue  # a failure, not a refusal: :func:`_next` decides when to ask again
-        kind = _KINDS[name]
-        items = work.items(kind, measure)[: answer.sources]
-        if len(items) < answer.sources or all(
-            _request(kind, prompt, items, "").identity != answer.identity for prompt in kind.prompts(config)
-        ):
-            continue
-        message = _kept(kind, answer, items, measure)
-        if message is None:
-            work.refused.add(answer.identity)
-        else:
-            work.put(_apply(work.output, kind, items, message))
-            work.kept[kind.prefix] += 1
-
-
 def _next_number(output: History, prefix: str, kept: int) -> int:
     """The number of the next id with ``prefix``: past the ``kept`` decisions of its kind and every such id in use."""
     used = [r.message_id[len(prefix) :] for r in output if r.message_id and r.message_id.startswith(prefix)]
@@ -738,39 +782,44 @@ def _rewrites(chain: ChainDecisions) -> int:
     return count
 
 
-def _next(config: CompositionConfig, work: _Replaced, measure: anchored.Measure) -> Summarize | None:
-    """The next replacement to ask for while over the budget, or ``None``.
+def _next(
+    config: CompositionConfig, chain: ChainDecisions, seen: View, measure: anchored.Measure
+) -> tuple[Summarize | None, tuple[str, ...], tuple[str, ...]]:
+    """The next replacement to ask for while over the budget (or ``None``), the refusals found, the failure standing.
 
     Each kind in turn: the merge of the oldest records that fit the request bound (two
     at least), the harder rewrites (at most ``harder_attempts`` since the last kept
     merge), then the emergency fold of the oldest standing user summaries (two at least,
     without the fold mode's profitability gate). An identity once judged (kept or
     refused) is never asked for again: kept ones were applied by :func:`_replay`; refused
-    ones are counted in ``work.refused``. A failure stands until the next user turn, and
-    while it stands nothing more is asked on this pass (the summarizer just failed: no
-    retry storm); after it, the same request is asked again.
+    ones are reported. A failure stands until the next user turn, and while it stands
+    nothing more is asked on this pass (the summarizer just failed: no retry storm);
+    after it, the same request is asked again.
     """
-    turns, limit = user_summaries.user_turns(work.output), config.users.summary_input_limit
+    turns, limit = user_summaries.user_turns(seen.history), config.users.summary_input_limit
+    refused: list[str] = []
+    found: dict[object, list[_Item]] = {}  # each kind's items, by finder
     for name, kind in _KINDS.items():
-        if name == "rewrite" and _rewrites(work.chain) >= config.harder_attempts:
+        if name == "rewrite" and _rewrites(chain) >= config.harder_attempts:
             continue
-        items = work.items(kind, measure)
-        kept = sum(1 for n, a in work.chain.replacements if a.text is not None and _KINDS[n].prefix == kind.prefix)
-        number = _next_number(work.output, kind.prefix, kept)
+        items = found.get(kind.items)
+        if items is None:
+            items = found[kind.items] = kind.items(seen, measure)
+        kept = sum(1 for n, a in chain.replacements if a.text is not None and _KINDS[n].prefix == kind.prefix)
+        number = _next_number(seen.history, kind.prefix, kept)
         for prompt in kind.prompts(config):
             selected = user_summaries.select(prompt, items, limit, measure, minimum=kind.minimum)
             if not selected:
                 continue
             request = _request(kind, prompt, selected, f"{kind.prefix}{number}", turns)
-            answer = find([a for _, a in work.chain.replacements], request.identity)
+            answer = find([a for _, a in chain.replacements], request.identity)
             if answer is None or not answer.stands(turns):
-                return request
+                return request, (), ()
             if answer.text is None:
-                work.failed.add(answer.identity)
-                return None
+                return None, tuple(refused), (answer.identity,)
             if _kept(kind, answer, selected, measure) is None:
-                work.refused.add(answer.identity)  # refused once: never asked for again
-    return None
+                refused.append(answer.identity)  # refused once: never asked for again
+    return None, tuple(refused), ()
 
 
 def _apply(output: History, kind: _Kind, items: Sequence[_Item], message: MessageRecord) -> History:

@@ -11,6 +11,9 @@ conversation:
   identity, so the next ``step`` (on this list, the other list, a restored session or
   another replica) finds the answer instead of asking again.
 
+A pass that runs several rules is an ordered tuple of sub-steps speaking the same
+``Needs | Done`` over one view of the history (:mod:`.pipeline`).
+
 The shell's loop is the same for every strategy: convert once, step, perform what is
 needed, absorb, step again, apply once, log (:mod:`maf_compaction.adapters.loop`).
 
