@@ -632,3 +632,19 @@ def test_a_malformed_value_built_from_tuples_is_named_like_one_read_from_json(
     reader = RecordDecisions.from_dict if field.startswith("settled") else AnchoredSnapshot.from_dict
     with pytest.raises(SnapshotError, match=re.escape(f"snapshot field {field!r}")):
         reader(build())
+
+
+def test_a_choice_field_names_the_values_it_allows() -> None:
+    """A wrong choice says which values are allowed (msgspec's own text would not)."""
+    from maf_compaction.core.recall import RecallState, recall_from_dict, recall_to_dict
+
+    stored = recall_to_dict(RecallState())
+    with pytest.raises(SnapshotError, match=r"'next_pin': must be 'reforce', 'size' or null, got 'bogus'"):
+        recall_from_dict({**stored, "next_pin": "bogus"})
+    chain = chain_to_dict(
+        ChainDecisions(replacements=(("merge", Answer("i" * 32, "text", "record_replacement_0", 2)),))
+    )
+    entry = cast("list[dict[str, object]]", chain["replacements"])[0]
+    entry["kind"] = "bogus"
+    with pytest.raises(SnapshotError, match=r"'replacements\[0\]\.kind': must be 'fold', 'merge' or 'rewrite'"):
+        chain_from_dict(chain)

@@ -142,7 +142,30 @@ _PROBLEMS: Final = (
 )
 
 
-def _translated(error: msgspec.ValidationError, data: object, prefix: str) -> SnapshotError:
+def _choices(wire: Any, path: str) -> str | None:
+    """The values the choice field at ``path`` of ``wire`` allows, said in a list ("null, 'a' or 'b'"), or ``None``."""
+    info: Any = msgspec.inspect.type_info(wire)
+    for key in re.findall(r"[^.\[\]]+", path):
+        if isinstance(info, msgspec.inspect.UnionType):
+            info = next(t for t in info.types if not isinstance(t, msgspec.inspect.NoneType))
+        if isinstance(info, msgspec.inspect.StructType):
+            info = next(f.type for f in info.fields if f.encode_name == key)
+        elif isinstance(info, msgspec.inspect.TupleType):
+            info = info.item_types[int(key)]
+        else:
+            info = getattr(info, "item_type", info)
+    options = info.types if isinstance(info, msgspec.inspect.UnionType) else (info,)
+    said = [
+        "null" if isinstance(t, msgspec.inspect.NoneType) else repr(v)
+        for t in options
+        for v in (getattr(t, "values", None) or (None,))
+    ]
+    if not any(isinstance(t, msgspec.inspect.LiteralType) for t in options):
+        return None
+    return said[0] if len(said) == 1 else f"{', '.join(said[:-1])} or {said[-1]}"
+
+
+def _translated(error: msgspec.ValidationError, data: object, prefix: str, wire: Any = None) -> SnapshotError:
     """msgspec's error as a :class:`SnapshotError` naming the field the way every reader does."""
     problem, _, where = str(error).partition(" - at `$")
     path = where.rstrip("`").lstrip(".")
@@ -158,6 +181,8 @@ def _translated(error: msgspec.ValidationError, data: object, prefix: str) -> Sn
         value = cast("Any", value)[int(key) if key.isdigit() and isinstance(value, (list, tuple)) else key]
     path = f"{prefix}{'.' if prefix and path[:1] != '[' else ''}{path}" if path else prefix
     words = next((w for p, w in _PROBLEMS if problem.startswith(p)), None)
+    if problem.startswith("Invalid enum value") and wire is not None:
+        words = _choices(wire, where.rstrip("`").lstrip("."))
     said = f"must be {words}, got {shown(value)}" if words else f"{problem} (got {shown(value)})"
     return SnapshotError(f"snapshot field {path!r}: {said}")
 
@@ -204,10 +229,11 @@ class Schema(Generic[T]):
 
 def convert(data: object, kind: Any, path: str = "") -> Any:
     """``data`` read strictly as ``kind`` (a value type: dataclasses, tuples, annotated scalars)."""
+    wire_type = _wire_type(kind)
     try:
-        msgspec.convert(data, _wire_type(kind), strict=True)
+        msgspec.convert(data, wire_type, strict=True)
     except msgspec.ValidationError as error:
-        raise _translated(error, data, path) from None
+        raise _translated(error, data, path, wire_type) from None
     return msgspec.convert(data, kind, strict=True)
 
 
