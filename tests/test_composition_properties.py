@@ -31,6 +31,7 @@ import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from agent_framework import CharacterEstimatorTokenizer, Message
@@ -313,3 +314,21 @@ def test_the_generator_reaches_every_outcome() -> None:
 
     sample()
     assert all(seen.values()), seen
+
+
+def test_a_summary_inserted_in_the_head_does_not_push_a_tool_group_out_of_it() -> None:
+    """Found by the long profile: a user summary inserted among the record half's head groups moved a tool
+    group out of the head, so the next pass over the same output judged it and excluded it. Our inserts are
+    not head groups (the anchored rules count positions alike)."""
+    stored = json.loads((Path(__file__).parent / "fixtures" / "summary_in_the_record_head.json").read_text())
+    history = [Message.from_dict(m) for m in stored["history"]]
+    case = Case(history, stored["share"], stored["policy"], stored["pinned"], stored["mode"])
+    strategy = build(case, ScriptedSummarizer(extractive))
+    messages = deep_copy_messages(case.history)
+    assert run(strategy, messages) is None
+    assert strategy.last_report is not None
+    assert strategy.last_report.users is not None
+    assert strategy.last_report.users.summary_id == "user_summary_0", "the summary lands in the head"
+    compacted = dump(messages)
+    assert run(strategy, messages) is None
+    assert dump(messages) == compacted

@@ -592,13 +592,17 @@ def _candidates(
     """
     known, seen = values
     found: list[_Candidate] = []
-    ordinal = -1
-    for index, group in enumerate(grouping.all):
+    ordinal = position = -1
+    for group in grouping.all:
+        members = group.members
+        # Our own inserts (user-turn summaries, written records) are not head groups: one
+        # inserted in the head must not push a tool group out of it (the anchored rules
+        # count positions alike), or a pass over its own output would judge that group.
+        position += not all(records[i].summary or records[i].written_record for i in members)
         if group.kind != "tool_call":
             continue
         ordinal += 1
-        members = group.members
-        if index < config.keep_head_groups or members[-1] >= anchor:
+        if position < config.keep_head_groups or members[-1] >= anchor:
             continue
         if any(records[i].preserved for i in members) or all(records[i].excluded for i in members):
             continue  # another component's, or already gone
