@@ -43,7 +43,7 @@ from maf_compaction.adapters.convert import to_history
 from maf_compaction.adapters.counting import as_estimator
 from maf_compaction.core.grouping import group_records
 from maf_compaction.core.record_decisions import Ask, RecordDecisions
-from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_PREFIX, Fallback, RecordConfig, rules
+from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_PREFIX, Fallback, RecordConfig, responses, rules
 from maf_compaction.core.values import distinctive_values
 
 TOKENIZER = CharacterEstimatorTokenizer()
@@ -174,13 +174,11 @@ def test_coverage_is_a_function_of_history_and_records(
     other.restore_decisions(restored)
     first, second = deep_copy_messages(history), deep_copy_messages(history)
     _run(fresh, first)
-    groups = sum(
-        1
-        for g in group_records(to_history(history, as_estimator(TOKENIZER).parts, note_kind="anchored"))
-        if g.kind == "tool_call"
-    )
+    records = to_history(history, as_estimator(TOKENIZER).parts, note_kind="anchored")
+    groups = sum(1 for g in group_records(records) if g.kind == "tool_call")
     named = [*restored.settled, *(restored.ask.targets if restored.ask is not None else ())]
-    if any(ordinal >= groups for ordinal in named):  # decisions about groups this conversation never had
+    later = restored.ask is not None and restored.ask.responses_at_ask > responses(records)
+    if later or any(ordinal >= groups for ordinal in named):  # decisions this conversation cannot have made
         with pytest.raises(SnapshotError):
             _run(other, second)
         return
