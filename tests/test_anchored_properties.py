@@ -183,7 +183,10 @@ def worth_shedding(messages: Sequence[Message], group: Group) -> bool:
     if all(is_excluded(m) for m in members):
         return False
     names = sorted({c.name for m in members for c in m.contents if c.type == "function_call" and c.name})
-    note = f"{TOOL_NOTE_PREFIX} ({', '.join(names)})]" if names else TEXT_NOTE
+    # A tool group whose call is gone (a late result) still leaves a tool note, without names.
+    note = f"{TOOL_NOTE_PREFIX} ({', '.join(names)})]" if names else TOOL_NOTE_PREFIX + "]"
+    if group.kind != "tool_call":
+        note = TEXT_NOTE
     return tokens(members) > MESSAGE_OVERHEAD_TOKENS + ESTIMATOR.count_tokens(note)
 
 
