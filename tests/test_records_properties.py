@@ -28,6 +28,7 @@ import random
 import re
 import string
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -330,6 +331,26 @@ def test_a_pass_over_a_passs_output_changes_nothing(case: tuple[list[Message], l
     strategy = _strategy(budget)
     messages = deep_copy_messages(history)
     _run(strategy, messages)
+    compacted = [m.to_dict() for m in messages]
+    _run(strategy, messages)
+    assert [m.to_dict() for m in messages] == compacted
+
+
+def _fixture(name: str) -> tuple[list[Message], int]:
+    stored = json.loads((Path(__file__).parent / "fixtures" / f"{name}.json").read_text())
+    return [Message.from_dict(m) for m in stored["history"]], stored["budget"]
+
+
+def test_name_coverage_reads_the_same_on_a_pass_over_a_passs_output() -> None:
+    """Found by the long profile: a group without values (a call whose result has not arrived) was judged by
+    name against the candidate groups calling its tool; once a pass excluded the other, covered one, the
+    next pass counted one caller fewer and excluded it too. Groups already excluded count as judged."""
+    history, budget = _fixture("name_coverage_after_a_pass")
+    strategy = _strategy(budget)
+    messages = deep_copy_messages(history)
+    _run(strategy, messages)
+    assert strategy.last_report is not None
+    assert strategy.last_report.uncovered, "the group without values stays"
     compacted = [m.to_dict() for m in messages]
     _run(strategy, messages)
     assert [m.to_dict() for m in messages] == compacted

@@ -475,8 +475,8 @@ def rules(
     text = "\n".join(record_text(records[k], recall_ids) for k in found)
     quoted = _quoted(text, memo.quoted)
     values: dict[str, tuple[str, ...]] = {}
-    candidates = _candidates(config, records, grouping, found[-1], recall_ids, values=(memo.values, values))
-    covered, uncovered = _coverage(config, candidates, quoted)
+    candidates, gone = _candidates(config, records, grouping, found[-1], recall_ids, values=(memo.values, values))
+    covered, uncovered = _coverage(config, candidates, quoted, gone)
     # Tool integrity: an uncovered group found partly excluded (a result that arrived
     # for a call a record covered, or another component's exclusion) goes whole.
     broken = [c for c in uncovered if any(records[i].excluded for i in c.group.members)]
@@ -583,8 +583,11 @@ def _candidates(
     recall_ids: frozenset[str],
     *,
     values: tuple[Mapping[str, tuple[str, ...]], dict[str, tuple[str, ...]]],
-) -> list[_Candidate]:
-    """Tool groups after the head that end before the newest record, ours to judge.
+) -> tuple[list[_Candidate], list[tuple[str, ...]]]:
+    """Tool groups after the head that end before the newest record, ours to judge; and the
+    tool names of each such group already excluded (as one a pass covers is): they still count
+    as judged groups calling those tools, so name coverage reads the same on a pass over a
+    pass's output.
 
     ``values`` is (the last pass's distinctive values by result text, this pass's to
     fill): a group's values are those of its result texts in order, duplicates dropped,
@@ -592,6 +595,7 @@ def _candidates(
     """
     known, seen = values
     found: list[_Candidate] = []
+    gone: list[tuple[str, ...]] = []
     ordinal = position = -1
     for group in grouping.all:
         members = group.members
@@ -604,9 +608,10 @@ def _candidates(
         ordinal += 1
         if position < config.keep_head_groups or members[-1] >= anchor:
             continue
-        if any(records[i].preserved for i in members) or all(records[i].excluded for i in members):
-            continue  # another component's, or already gone
-        if _is_recall_group(records, group, recall_ids):
+        if any(records[i].preserved for i in members) or _is_recall_group(records, group, recall_ids):
+            continue  # another component's, or a recall group
+        if all(records[i].excluded for i in members):  # already gone, judged all the same
+            gone.append(tuple(name for i in members for name in records[i].call_names))
             continue
         texts = [p.text for i in members for p in records[i].parts if p.kind == "function_result" and p.text]
         for text in texts:
@@ -616,17 +621,21 @@ def _candidates(
         group_values = seen[texts[0]] if len(texts) == 1 else tuple(dict.fromkeys(v for t in texts for v in seen[t]))
         names = tuple(name for i in members for name in records[i].call_names)
         found.append(_Candidate(ordinal, group, group_values, names))
-    return found
+    return found, gone
 
 
 def _coverage(
-    config: RecordConfig, candidates: Sequence[_Candidate], record: tuple[str, frozenset[str], Mapping[str, int]]
+    config: RecordConfig,
+    candidates: Sequence[_Candidate],
+    record: tuple[str, frozenset[str], Mapping[str, int]],
+    gone: Sequence[tuple[str, ...]],
 ) -> tuple[list[_Candidate], list[_Candidate]]:
-    """Split candidates into covered and uncovered by the records' (text, word set, name mentions)."""
+    """Split candidates into covered and uncovered by the records' (text, word set, name mentions);
+    ``gone`` holds the tool names of the judged groups already excluded."""
     _, quoted, mentions = record
     callers: dict[str, int] = {}
-    for candidate in candidates:
-        for name in set(candidate.names):
+    for names in [*(c.names for c in candidates), *gone]:
+        for name in set(names):
             callers[name] = callers.get(name, 0) + 1
     covered: list[_Candidate] = []
     uncovered: list[_Candidate] = []
