@@ -30,6 +30,7 @@ import json
 import random
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from agent_framework import Content, Message
@@ -265,6 +266,21 @@ def test_both_lists_and_a_restored_instance_show_the_same_bytes(chunks: Chunks, 
         _run(restored, copies)
         assert restored_client.calls == 0
         assert shown(copies) == shown(done.stored)
+
+
+def test_injected_context_does_not_tip_the_band_share() -> None:
+    """Found by the long profile: the in-call copies (injected context counted) found the band under
+    ``min_band_share`` of the prompt, the stored history over it, so only one list was summarised. The
+    share is of the conversation's own tokens, so both lists decide alike."""
+    stored = json.loads((Path(__file__).parent / "fixtures" / "band_share_injected_context.json").read_text())
+    history = [Message.from_dict(m) for m in stored.pop("history")]
+    strategy = Strategy(tokenizer=TOKENIZER, client=ScriptedSummarizer(), prompt=DEFAULT_PROMPT, **stored)
+    in_call, copies = with_injected_context(history), deep_copy_messages(history)
+    _run(strategy, in_call)
+    assert strategy.last_report is not None
+    assert strategy.last_report.outcome.value == "summarized"
+    _run(strategy, copies)
+    assert shown(in_call) == shown(copies)
 
 
 @given(requirement_chunks(), params(), st.booleans())

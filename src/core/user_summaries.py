@@ -16,7 +16,8 @@ lists and after a restore. The rules, all pure:
   (unless the host gave ``describe_media`` and every description came back usable)
   are protected: they stay verbatim and leave the band.
 - The band must be worth a model call: its tokens at least ``min_band_share`` of the
-  prompt, checked on the whole eligible band.
+  prompt (injected context aside, so both lists decide alike), checked on the whole
+  eligible band.
 - Each request is bounded by ``max_summary_input_tokens`` (instructions plus numbered
   transcript, and the two messages' overhead): the oldest whole items that fit are
   sent, none is truncated, nothing is sent when not even the oldest fits. Newer items
@@ -303,7 +304,10 @@ def pass_(
             run += 1  # until it is described, the turn ends the run a request may cover
     # Worth a call: user turns to summarise (not only our summaries), and enough of them.
     has_turns = bool(waiting) or any(not records[i.index].summary for i in items)
-    if not has_turns or eligible_tokens < math.ceil(p.tokens * config.min_band_share - 1e-9):
+    # Of the conversation's own tokens: context injected into one list only must not tip
+    # the decision, or the two lists would disagree.
+    own = sent_tokens(r for r in history if not r.injected)
+    if not has_turns or eligible_tokens < math.ceil(own * config.min_band_share - 1e-9):
         if config.summary_mode == "fold" and len(p.standing) >= 2:
             return _fold(p)
         return p.done(Outcome.DECLINED, band_tokens=eligible_tokens, protected=protected)
