@@ -283,6 +283,21 @@ def test_injected_context_does_not_tip_the_band_share() -> None:
     assert shown(in_call) == shown(copies)
 
 
+def test_a_summary_made_over_the_trigger_replays_on_the_list_below_it() -> None:
+    """Injected context put only the in-call copies over the trigger: the stored history, below it, still
+    applies the summary they made, so both lists show the same bytes."""
+    stored = json.loads((Path(__file__).parent / "fixtures" / "band_share_injected_context.json").read_text())
+    history = [Message.from_dict(m) for m in stored.pop("history")]
+    stored |= {"max_input_tokens": 2_330, "min_band_share": 0.0}  # trigger 1,165: stored 1,154, in-call 1,182
+    strategy = Strategy(tokenizer=TOKENIZER, client=ScriptedSummarizer(), prompt=DEFAULT_PROMPT, **stored)
+    in_call, copies = with_injected_context(history), deep_copy_messages(history)
+    _run(strategy, in_call)
+    assert strategy.last_report is not None
+    assert strategy.last_report.outcome.value == "summarized"
+    _run(strategy, copies)
+    assert shown(in_call) == shown(copies)
+
+
 @given(requirement_chunks(), params(), st.booleans())
 def test_same_state_any_copy_same_bytes(chunks: Chunks, p: Params, restored: bool) -> None:
     """The same state on any copy of the same conversation gives the same bytes (excluded messages too,

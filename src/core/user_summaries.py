@@ -255,9 +255,20 @@ class _Pass:
 def step(
     config: UserSummaryConfig, state: UserSummarySnapshot, history: History, measure: Measure, *, memo: object = None
 ) -> StepResult[UserSummarySnapshot, UserReport]:
-    """One pass over ``history`` (see the module docstring for the rules); ``memo`` is unused."""
+    """One pass over ``history`` (see the module docstring for the rules); ``memo`` is unused.
+
+    Below the trigger, a remembered summary this list does not show yet is still applied:
+    injected context may put only the other list over the trigger, and both must agree.
+    """
     del memo
-    return Success(pass_(config, state, history, measure))
+    answer = pass_(config, state, history, measure)
+    if isinstance(answer, Done) and answer.report.outcome is Outcome.BELOW_TRIGGER:
+        present = {r.message_id for r in history if r.summary}
+        if any(a.text is not None and a.summary_id not in present for a in state.answers):
+            free = pass_(config, state, history, measure, gates=False)
+            if isinstance(free, Done) and free.report.outcome in (Outcome.SUMMARIZED, Outcome.FOLDED):
+                return Success(free)
+    return Success(answer)
 
 
 def pass_(
