@@ -6,7 +6,8 @@ keep them, cost a model call as rarely as possible, and give identical bytes on 
 lists and after a restore. The rules, all pure:
 
 - Nothing happens at or below ``trigger_fraction`` of the budget (the prompt's size is
-  :func:`~.protocol.sent_tokens`: what the next request carries, injected context too).
+  :func:`~.protocol.sent_tokens`: what the next request carries, injected context too),
+  except that a remembered summary the other list made is applied (:func:`step`).
 - The **anchors** are the first ``keep_head_user_turns`` and the last
   ``keep_tail_user_turns`` user turns (summaries count as turns). The **band** is what
   lies between: in ``recompact`` mode, or before any summary stands, every user turn
