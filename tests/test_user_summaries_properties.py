@@ -30,6 +30,7 @@ import json
 import random
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from agent_framework import Content, Message
@@ -265,6 +266,36 @@ def test_both_lists_and_a_restored_instance_show_the_same_bytes(chunks: Chunks, 
         _run(restored, copies)
         assert restored_client.calls == 0
         assert shown(copies) == shown(done.stored)
+
+
+def test_injected_context_does_not_tip_the_band_share() -> None:
+    """Found by the long profile: the in-call copies (injected context counted) found the band under
+    ``min_band_share`` of the prompt, the stored history over it, so only one list was summarised. The
+    share is of the conversation's own tokens, so both lists decide alike."""
+    stored = json.loads((Path(__file__).parent / "fixtures" / "band_share_injected_context.json").read_text())
+    history = [Message.from_dict(m) for m in stored.pop("history")]
+    strategy = Strategy(tokenizer=TOKENIZER, client=ScriptedSummarizer(), prompt=DEFAULT_PROMPT, **stored)
+    in_call, copies = with_injected_context(history), deep_copy_messages(history)
+    _run(strategy, in_call)
+    assert strategy.last_report is not None
+    assert strategy.last_report.outcome.value == "summarized"
+    _run(strategy, copies)
+    assert shown(in_call) == shown(copies)
+
+
+def test_a_summary_made_over_the_trigger_replays_on_the_list_below_it() -> None:
+    """Injected context put only the in-call copies over the trigger: the stored history, below it, still
+    applies the summary they made, so both lists show the same bytes."""
+    stored = json.loads((Path(__file__).parent / "fixtures" / "band_share_injected_context.json").read_text())
+    history = [Message.from_dict(m) for m in stored.pop("history")]
+    stored |= {"max_input_tokens": 2_330, "min_band_share": 0.0}  # trigger 1,165: stored 1,154, in-call 1,182
+    strategy = Strategy(tokenizer=TOKENIZER, client=ScriptedSummarizer(), prompt=DEFAULT_PROMPT, **stored)
+    in_call, copies = with_injected_context(history), deep_copy_messages(history)
+    _run(strategy, in_call)
+    assert strategy.last_report is not None
+    assert strategy.last_report.outcome.value == "summarized"
+    _run(strategy, copies)
+    assert shown(in_call) == shown(copies)
 
 
 @given(requirement_chunks(), params(), st.booleans())

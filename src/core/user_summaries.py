@@ -6,7 +6,8 @@ keep them, cost a model call as rarely as possible, and give identical bytes on 
 lists and after a restore. The rules, all pure:
 
 - Nothing happens at or below ``trigger_fraction`` of the budget (the prompt's size is
-  :func:`~.protocol.sent_tokens`: what the next request carries, injected context too).
+  :func:`~.protocol.sent_tokens`: what the next request carries, injected context too),
+  except that a remembered summary the other list made is applied (:func:`step`).
 - The **anchors** are the first ``keep_head_user_turns`` and the last
   ``keep_tail_user_turns`` user turns (summaries count as turns). The **band** is what
   lies between: in ``recompact`` mode, or before any summary stands, every user turn
@@ -16,7 +17,8 @@ lists and after a restore. The rules, all pure:
   (unless the host gave ``describe_media`` and every description came back usable)
   are protected: they stay verbatim and leave the band.
 - The band must be worth a model call: its tokens at least ``min_band_share`` of the
-  prompt, checked on the whole eligible band.
+  prompt (injected context aside, so both lists decide alike), checked on the whole
+  eligible band.
 - Each request is bounded by ``max_summary_input_tokens`` (instructions plus numbered
   transcript, and the two messages' overhead): the oldest whole items that fit are
   sent, none is truncated, nothing is sent when not even the oldest fits. Newer items
@@ -254,9 +256,20 @@ class _Pass:
 def step(
     config: UserSummaryConfig, state: UserSummarySnapshot, history: History, measure: Measure, *, memo: object = None
 ) -> StepResult[UserSummarySnapshot, UserReport]:
-    """One pass over ``history`` (see the module docstring for the rules); ``memo`` is unused."""
+    """One pass over ``history`` (see the module docstring for the rules); ``memo`` is unused.
+
+    Below the trigger, a remembered summary this list does not show yet is still applied:
+    injected context may put only the other list over the trigger, and both must agree.
+    """
     del memo
-    return Success(pass_(config, state, history, measure))
+    answer = pass_(config, state, history, measure)
+    if isinstance(answer, Done) and answer.report.outcome is Outcome.BELOW_TRIGGER:
+        present = {r.message_id for r in history if r.summary}
+        if any(a.text is not None and a.summary_id not in present for a in state.answers):
+            free = pass_(config, state, history, measure, gates=False)
+            if isinstance(free, Done) and free.report.outcome in (Outcome.SUMMARIZED, Outcome.FOLDED):
+                return Success(free)
+    return Success(answer)
 
 
 def pass_(
@@ -303,7 +316,10 @@ def pass_(
             run += 1  # until it is described, the turn ends the run a request may cover
     # Worth a call: user turns to summarise (not only our summaries), and enough of them.
     has_turns = bool(waiting) or any(not records[i.index].summary for i in items)
-    if not has_turns or eligible_tokens < math.ceil(p.tokens * config.min_band_share - 1e-9):
+    # Of the conversation's own tokens: context injected into one list only must not tip
+    # the decision, or the two lists would disagree.
+    own = sent_tokens(r for r in history if not r.injected)
+    if not has_turns or eligible_tokens < math.ceil(own * config.min_band_share - 1e-9):
         if config.summary_mode == "fold" and len(p.standing) >= 2:
             return _fold(p)
         return p.done(Outcome.DECLINED, band_tokens=eligible_tokens, protected=protected)
