@@ -472,7 +472,7 @@ def _users(config: CompositionConfig, work: _Pass, seen: View, measure: anchored
             # The state to absorb into is the input state: the next step recomputes the rest.
             return Needs(answer.requests, replace(work.input, users=answer.state))
     else:  # a wait holds back new requests only: a summary the other list made replays here too
-        answer = _replayed(config, state.users, seen.history, measure)
+        answer = user_summaries.replayed(config.users, state.users, seen.history, measure)
     if answer is None:
         return Done(seen.history, replace(work, state=state, report=report), None)
     state, report = replace(state, users=answer.state), replace(report, users=answer.report)
@@ -568,9 +568,6 @@ def _chain_outcome(refused: Sequence[str], failed: Sequence[str]) -> str:
     return f" ({'; '.join(said)})" if said else ""
 
 
-_APPLIED: Final = frozenset({user_summaries.Outcome.SUMMARIZED, user_summaries.Outcome.FOLDED})
-
-
 def _user_pass(
     config: CompositionConfig,
     users: UserSummarySnapshot,
@@ -595,31 +592,15 @@ def _user_pass(
       overflow. Over the budget the user half asks as it would alone.
     """
     if not breaking and roomy:
-        return _replayed(config, users, output, measure) or _declined(users, output)
+        return user_summaries.replayed(config.users, users, output, measure) or _declined(users, output)
     answer = user_summaries.pass_(config.users, users, output, measure)
-    if isinstance(answer, Needs) or answer.report.outcome in _APPLIED:
+    if isinstance(answer, Needs) or answer.report.outcome in user_summaries.APPLIED:
         return answer
     if breaking:
         # The gates off: this pass asks, or applies a remembered answer, if anything can.
         free = user_summaries.pass_(config.users, users, output, measure, gates=False)
-        return free if isinstance(free, Needs) or free.report.outcome in _APPLIED else answer
-    return _replayed(config, users, output, measure) or answer
-
-
-def _replayed(
-    config: CompositionConfig, users: UserSummarySnapshot, output: History, measure: anchored.Measure
-) -> user_summaries.UserDone | None:
-    """A remembered summary this list does not show yet, applied whatever the gates; else ``None``."""
-    if not _unreplayed(users, output):
-        return None
-    free = user_summaries.pass_(config.users, users, output, measure, gates=False)
-    return free if isinstance(free, Done) and free.report.outcome in _APPLIED else None
-
-
-def _unreplayed(users: UserSummarySnapshot, output: History) -> bool:
-    """A remembered summary is not in ``output`` yet (this list has not replayed it)."""
-    present = {r.message_id for r in output if r.summary}
-    return any(a.text is not None and a.summary_id not in present for a in users.answers)
+        return free if isinstance(free, Needs) or free.report.outcome in user_summaries.APPLIED else answer
+    return user_summaries.replayed(config.users, users, output, measure) or answer
 
 
 def _declined(users: UserSummarySnapshot, output: History) -> user_summaries.UserDone:

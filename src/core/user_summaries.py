@@ -167,6 +167,10 @@ class Outcome(Enum):
     """The summarizer failed or answered nothing."""
 
 
+#: The outcomes that put a summary (or a fold) on the list.
+APPLIED: Final = frozenset({Outcome.SUMMARIZED, Outcome.FOLDED})
+
+
 @dataclass(frozen=True, slots=True)
 class UserReport:
     """What a pass did.
@@ -264,12 +268,23 @@ def step(
     del memo
     answer = pass_(config, state, history, measure)
     if isinstance(answer, Done) and answer.report.outcome is Outcome.BELOW_TRIGGER:
-        present = {r.message_id for r in history if r.summary}
-        if any(a.text is not None and a.summary_id not in present for a in state.answers):
-            free = pass_(config, state, history, measure, gates=False)
-            if isinstance(free, Done) and free.report.outcome in (Outcome.SUMMARIZED, Outcome.FOLDED):
-                return Success(free)
+        return Success(replayed(config, state, history, measure) or answer)
     return Success(answer)
+
+
+def replayed(
+    config: UserSummaryConfig, state: UserSummarySnapshot, history: History, measure: Measure
+) -> UserDone | None:
+    """A remembered summary ``history`` does not show yet, applied whatever the gates; else ``None``.
+
+    The other list (or a restored copy) made it: applying it asks nothing new, and both
+    lists must show the same bytes.
+    """
+    present = {r.message_id for r in history if r.summary}
+    if not any(a.text is not None and a.summary_id not in present for a in state.answers):
+        return None
+    free = pass_(config, state, history, measure, gates=False)
+    return free if isinstance(free, Done) and free.report.outcome in APPLIED else None
 
 
 def pass_(
