@@ -386,7 +386,7 @@ def _band(config: AnchoredConfig, records: Sequence[MessageRecord], previous: Ba
     # Our own inserts (user-turn summaries, written records) are not groups either: an
     # inserted summary must not move the band's positions, or saved sheds would replay
     # onto other groups.
-    conversation = tuple(i for i, r in enumerate(records) if not r.injected and not r.summary and not r.written_record)
+    conversation = tuple(i for i, r in enumerate(records) if not r.injected and not r.inserted)
     everything = len(conversation) == len(records)
     grouping = regroup(
         records if everything else [records[i] for i in conversation], None if previous is None else previous.grouping

@@ -137,6 +137,14 @@ class MessageRecord:
     longest_result_text: int = field(init=False, compare=False, repr=False)
     """Text tokens (media excluded) of the largest function result part; 0 without one."""
 
+    @property
+    def inserted(self) -> bool:
+        """A message compaction inserted into the conversation (a user summary or a written record).
+
+        It is never a group of the head or the band: inserting one must not move a position.
+        """
+        return self.summary or self.written_record
+
     def __post_init__(self) -> None:
         kinds = [p.kind for p in self.parts]
         reasoning_only = self.role == "assistant" and bool(kinds) and all(k == "text_reasoning" for k in kinds)

@@ -602,7 +602,7 @@ def _candidates(
         # Our own inserts (user-turn summaries, written records) are not head groups: one
         # inserted in the head must not push a tool group out of it (the anchored rules
         # count positions alike), or a pass over its own output would judge that group.
-        position += not all(records[i].summary or records[i].written_record for i in members)
+        position += not all(records[i].inserted for i in members)
         if group.kind != "tool_call":
             continue
         ordinal += 1
