@@ -34,11 +34,9 @@ from maf_compaction import (
 from maf_compaction.core.composition import (
     ChainDecisions,
     CompositionState,
-    chain_from_dict,
-    chain_to_dict,
 )
 from maf_compaction.core.effects import Answer
-from maf_compaction.core.envelope import MAX_COUNT, Count, Schema, opened
+from maf_compaction.core.envelope import MAX_COUNT, Count, Schema, dump, load, opened
 from snapshot_values import anchored_snapshots, chain_decisions, record_decisions, user_snapshots
 
 Snapshot = AnchoredSnapshot | RecordDecisions | UserSummarySnapshot
@@ -361,12 +359,12 @@ class _Streak:
 
 def test_a_writer_writes_what_its_reader_reads_in_declared_order() -> None:
     """A schema's fields are declared once, on the value: writer and reader cannot drift apart."""
-    schema = Schema("streak", 1, _Streak)
-    assert list(schema.write(_Streak(1))) == ["kind", "version", "streak", "disabled"]
-    assert schema.write(_Streak(1)) == {"kind": "streak", "version": 1, "streak": 1, "disabled": False}
-    assert schema.read(schema.write(_Streak(2, True))) == _Streak(2, True)
+    Schema("streak", 1, _Streak)
+    assert list(dump(_Streak(1))) == ["kind", "version", "streak", "disabled"]
+    assert dump(_Streak(1)) == {"kind": "streak", "version": 1, "streak": 1, "disabled": False}
+    assert load(_Streak, dump(_Streak(2, True))) == _Streak(2, True)
     with pytest.raises(SnapshotError, match="'disabled' is missing"):
-        schema.read({"kind": "streak", "version": 1, "streak": 1})
+        load(_Streak, {"kind": "streak", "version": 1, "streak": 1})
 
 
 def test_a_long_bad_value_is_shown_cut_short() -> None:
@@ -544,18 +542,18 @@ def test_an_ask_for_a_settled_group_is_refused(decisions: RecordDecisions, data:
 
 @given(chain_decisions)
 def test_the_chains_decisions_round_trip_through_the_envelope_and_json(chain: ChainDecisions) -> None:
-    data = json.loads(json.dumps(chain_to_dict(chain)))
-    assert chain_from_dict(data) == chain
+    data = json.loads(json.dumps(dump(chain)))
+    assert ChainDecisions.from_dict(data) == chain
     state = CompositionState(chain=chain)
     assert CompositionState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
 
 
 def test_a_failed_replacement_is_dated_and_a_version_1_failure_still_stands_for_ever() -> None:
     failed = Answer("i" * 32, None, "record_replacement_0", 2, turns=5)
-    data = chain_to_dict(ChainDecisions(replacements=(("merge", failed),)))
+    data = dump(ChainDecisions(replacements=(("merge", failed),)))
     assert data["version"] == 3
     assert cast("list[dict[str, object]]", data["replacements"])[0]["turns"] == 5
-    restored = chain_from_dict(data).replacements[0][1]
+    restored = ChainDecisions.from_dict(data).replacements[0][1]
     assert (restored.stands(5), restored.stands(6)) == (True, False), "a failure stands until the next user turn"
     # Version 1 had no date: its failures were never asked again, and read so they still are not.
     old = {
@@ -566,10 +564,10 @@ def test_a_failed_replacement_is_dated_and_a_version_1_failure_still_stands_for_
             for entry in cast("list[dict[str, object]]", data["replacements"])
         ],
     }
-    legacy = chain_from_dict(old).replacements[0][1]
+    legacy = ChainDecisions.from_dict(old).replacements[0][1]
     assert (legacy.turns, legacy.stands(10**6)) == (None, True)
     with pytest.raises(SnapshotError, match=r"unknown snapshot field\(s\) 'replacements\[0\]\.turns'"):
-        chain_from_dict({**data, "version": 1})
+        ChainDecisions.from_dict({**data, "version": 1})
 
 
 def test_a_version_1_composition_state_reads_unless_a_kept_merge_makes_its_counts_ambiguous() -> None:
@@ -587,20 +585,20 @@ def test_a_version_1_composition_state_reads_unless_a_kept_merge_makes_its_count
 
 def test_an_emergency_fold_reads_from_version_3_only_and_carries_a_fold_id() -> None:
     fold = ("fold", Answer("f" * 32, "folded TL-1", "user_summary_emergency_fold_0", 2))
-    data = chain_to_dict(ChainDecisions(replacements=(fold,)))
+    data = dump(ChainDecisions(replacements=(fold,)))
     assert data["version"] == 3
-    assert chain_from_dict(json.loads(json.dumps(data))).replacements == (fold,)
+    assert ChainDecisions.from_dict(json.loads(json.dumps(data))).replacements == (fold,)
     with pytest.raises(
         SnapshotError, match=r"'replacements\[0\]\.kind': must be one of 'merge', 'rewrite', got 'fold'"
     ):
-        chain_from_dict({**data, "version": 2})
+        ChainDecisions.from_dict({**data, "version": 2})
     entry = cast("list[dict[str, object]]", data["replacements"])[0]
     for bad, message in (
         ({"replacement_id": "record_replacement_0"}, r"must be user_summary_emergency_fold_<n>"),
         ({"sources": 1}, r"'replacements\[0\]\.sources': must be an integer"),
     ):
         with pytest.raises(SnapshotError, match=message):
-            chain_from_dict({**data, "replacements": [{**entry, **bad}]})
+            ChainDecisions.from_dict({**data, "replacements": [{**entry, **bad}]})
 
 
 @pytest.mark.parametrize(
@@ -612,10 +610,10 @@ def test_an_emergency_fold_reads_from_version_3_only_and_carries_a_fold_id() -> 
     ],
 )
 def test_an_inconsistent_replacement_is_refused_naming_the_field(entry: dict[str, object], message: str) -> None:
-    data = chain_to_dict(ChainDecisions(replacements=(("merge", Answer("i" * 32, None, "record_replacement_0", 2)),)))
+    data = dump(ChainDecisions(replacements=(("merge", Answer("i" * 32, None, "record_replacement_0", 2)),)))
     data["replacements"] = [{**cast("list[dict[str, object]]", data["replacements"])[0], **entry}]
     with pytest.raises(SnapshotError, match=message):
-        chain_from_dict(data)
+        ChainDecisions.from_dict(data)
 
 
 @pytest.mark.parametrize(
@@ -636,15 +634,13 @@ def test_a_malformed_value_built_from_tuples_is_named_like_one_read_from_json(
 
 def test_a_choice_field_names_the_values_it_allows() -> None:
     """A wrong choice says which values are allowed (msgspec's own text would not)."""
-    from maf_compaction.core.recall import RecallState, recall_from_dict, recall_to_dict
+    from maf_compaction.core.recall import RecallState
 
-    stored = recall_to_dict(RecallState())
+    stored = dump(RecallState())
     with pytest.raises(SnapshotError, match=r"'next_pin': must be 'reforce', 'size' or null, got 'bogus'"):
-        recall_from_dict({**stored, "next_pin": "bogus"})
-    chain = chain_to_dict(
-        ChainDecisions(replacements=(("merge", Answer("i" * 32, "text", "record_replacement_0", 2)),))
-    )
+        load(RecallState, {**stored, "next_pin": "bogus"})
+    chain = dump(ChainDecisions(replacements=(("merge", Answer("i" * 32, "text", "record_replacement_0", 2)),)))
     entry = cast("list[dict[str, object]]", chain["replacements"])[0]
     entry["kind"] = "bogus"
     with pytest.raises(SnapshotError, match=r"'replacements\[0\]\.kind': must be 'fold', 'merge' or 'rewrite'"):
-        chain_from_dict(chain)
+        ChainDecisions.from_dict(chain)

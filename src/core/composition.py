@@ -67,7 +67,7 @@ from .anchored import AnchoredConfig, Report
 from .checks import AtLeastZero, NonEmpty, validate
 from .counting import MESSAGE_OVERHEAD_TOKENS
 from .effects import Answer, Request, Summarize, answered, find, identity
-from .envelope import Count, Positive, Text, convert, distinct, error, inner, opened
+from .envelope import Count, Positive, Schema, Text, distinct, dump, error, exactly, load, names
 from .errors import CompactionBudgetExceeded, SnapshotError
 from .model import History, MessageRecord, Part, flagged
 from .protocol import Done, Needs, StepResult, sent_tokens
@@ -193,19 +193,19 @@ class ChainDecisions:
             or failed), in order: the kind of request each answered, and its answer.
     """
 
-    wait_since: int | None = None
-    declined_behind: int | None = None
+    wait_since: Count | None = None
+    declined_behind: Count | None = None
     shed: AnchoredSnapshot = field(default_factory=AnchoredSnapshot)
     replacements: tuple[tuple[ReplacementKind, Answer], ...] = ()
 
     def to_dict(self) -> dict[str, object]:
-        """The chain's decisions as a JSON-safe, kind-tagged, versioned dict (see :func:`chain_to_dict`)."""
-        return chain_to_dict(self)
+        """The chain's decisions as a JSON-safe, kind-tagged, versioned dict."""
+        return dump(self)
 
     @classmethod
     def from_dict(cls, data: object, *, keep_head_groups: int | None = None) -> ChainDecisions:
         """Read :meth:`to_dict`'s output strictly (``SnapshotError`` naming the field)."""
-        return chain_from_dict(data, keep_head_groups=keep_head_groups)
+        return load(cls, data, keep_head_groups=keep_head_groups)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,112 +217,82 @@ class CompositionState:
     chain: ChainDecisions = field(default_factory=ChainDecisions)
 
     def to_dict(self) -> dict[str, object]:
-        """The whole state as one JSON-safe, kind-tagged, versioned dict (see :func:`state_to_dict`)."""
-        return state_to_dict(self)
+        """The whole state (both halves, the recall protocol, the chain) as one JSON-safe, versioned dict."""
+        return dump(self)
 
     @classmethod
     def from_dict(cls, data: object, *, keep_head_groups: int | None = None) -> CompositionState:
-        """Read :meth:`to_dict`'s output strictly (see :func:`state_from_dict`)."""
-        return state_from_dict(data, keep_head_groups=keep_head_groups)
+        """Read :meth:`to_dict`'s output strictly; ``keep_head_groups`` checks the anchored positions."""
+        return load(cls, data, keep_head_groups=keep_head_groups)
 
 
-_CHAIN_FIELDS: Final = ("wait_since", "declined_behind", "shed", "replacements")
 #: Version 2 dates failures (``turns``); a version-1 failure has none, so it stands for ever, as it did.
 #: Version 3 adds emergency folds (``kind: "fold"``); the fields are those of version 2.
 CHAIN_VERSION: Final = 3
 #: Version 1 counted the records a merge replaced out of an ask's and a wait's record
 #: count, and a merged record as a model response; version 2 counts records written and
-#: model responses only. The two agree unless a merge was kept (see state_from_dict).
+#: model responses only. The two agree unless a merge was kept (see :func:`_state_checked`).
 COMPOSITION_VERSION: Final = 2
-_COMPOSITION_FIELDS: Final = (*records.RECORD_STATE_FIELDS, "users", "chain")
 
 
-def chain_to_dict(chain: ChainDecisions) -> dict[str, object]:
-    """The chain's decisions as a JSON-safe, kind-tagged, versioned dict."""
-    return {
-        "kind": "chain",
-        "version": CHAIN_VERSION,
-        "wait_since": chain.wait_since,
-        "declined_behind": chain.declined_behind,
-        "shed": chain.shed.to_dict(),
-        "replacements": [
-            {
-                "identity": a.identity,
-                "sources": a.sources,
-                "text": a.text,
-                "replacement_id": a.summary_id,
-                "kind": kind,
-                "turns": a.turns,
-            }
-            for kind, a in chain.replacements
-        ],
-    }
-
-
-def chain_from_dict(data: object, *, keep_head_groups: int | None = None) -> ChainDecisions:
-    """Read :func:`chain_to_dict`'s output strictly (``SnapshotError`` naming the field)."""
-    fields = opened("chain", (1, 2, 3), data, _CHAIN_FIELDS)
+def _undated(stored: Mapping[str, object]) -> Mapping[str, object]:
+    """A version-1 chain: no turns, so a version-1 failure stands for ever."""
+    fields = exactly(stored, names(ChainDecisions))
     entries = fields["replacements"]
-    if fields["version"] == 1 and isinstance(entries, list):  # no turns: a version-1 failure stands for ever
-        upgraded: list[object] = []
-        for index, entry in enumerate(cast("list[object]", entries)):
-            if isinstance(entry, dict) and "turns" in entry:
-                raise SnapshotError(f"unknown snapshot field(s) 'replacements[{index}].turns'")
-            upgraded.append({**cast("dict[str, object]", entry), "turns": None} if isinstance(entry, dict) else entry)
-        entries = upgraded
-    stored: tuple[_StoredReplacement, ...] = convert(entries, tuple[_StoredReplacement, ...], "replacements")
-    for index, r in enumerate(stored):
+    if not isinstance(entries, list):
+        return fields
+    upgraded: list[object] = []
+    for index, entry in enumerate(cast("list[object]", entries)):
+        if isinstance(entry, dict) and "turns" in entry:
+            raise SnapshotError(f"unknown snapshot field(s) 'replacements[{index}].turns'")
+        upgraded.append({**cast("dict[str, object]", entry), "turns": None} if isinstance(entry, dict) else entry)
+    return {**fields, "replacements": upgraded}
+
+
+def _chain_checked(chain: ChainDecisions, version: int, _head: int | None) -> ChainDecisions:
+    for index, (kind, a) in enumerate(chain.replacements):
         here = f"replacements[{index}]"
-        if r.kind == "fold" and cast("int", fields["version"]) < 3:
+        if kind == "fold" and version < 3:
             raise error(f"{here}.kind", "must be one of 'merge', 'rewrite', got 'fold'")
-        if r.text is not None and r.turns is not None:
-            raise error(f"{here}.turns", f"an answer with text carries no turns, got {r.turns}")
-        prefix = _KINDS[r.kind].prefix
-        if re.fullmatch(rf"{prefix}(0|[1-9][0-9]*)", r.replacement_id) is None:
-            raise error(f"{here}.replacement_id", f"must be {prefix}<n>, got {r.replacement_id!r}")
-        if r.kind == "fold" and r.sources < 2:
-            raise error(f"{here}.sources", f"must be an integer in [2, {2**31 - 1}], got {r.sources}")
-    distinct("replacements", [r.identity for r in stored], what="identity")
-    counts = convert({k: fields[k] for k in ("wait_since", "declined_behind")}, _ChainCounts)
-    return ChainDecisions(
-        wait_since=counts.wait_since,
-        declined_behind=counts.declined_behind,
-        shed=AnchoredSnapshot.from_dict(inner(fields, "shed"), keep_head_groups=keep_head_groups),
-        replacements=tuple((r.kind, Answer(r.identity, r.text, r.replacement_id, r.sources, r.turns)) for r in stored),
+        if a.text is not None and a.turns is not None:
+            raise error(f"{here}.turns", f"an answer with text carries no turns, got {a.turns}")
+        prefix = _KINDS[kind].prefix
+        if re.fullmatch(rf"{prefix}(0|[1-9][0-9]*)", cast("str", a.summary_id)) is None:
+            raise error(f"{here}.replacement_id", f"must be {prefix}<n>, got {a.summary_id!r}")
+        if kind == "fold" and cast("int", a.sources) < 2:
+            raise error(f"{here}.sources", f"must be an integer in [2, {2**31 - 1}], got {a.sources}")
+    distinct("replacements", [a.identity for _, a in chain.replacements], what="identity")
+    return chain
+
+
+def _stored(replacements: tuple[tuple[ReplacementKind, Answer], ...]) -> tuple[_StoredReplacement, ...]:
+    return tuple(
+        _StoredReplacement(a.identity, cast("int", a.sources), a.text, cast("str", a.summary_id), k, a.turns)
+        for k, a in replacements
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _ChainCounts:
-    wait_since: Count | None
-    declined_behind: Count | None
+def _answers(stored: tuple[_StoredReplacement, ...]) -> tuple[tuple[ReplacementKind, Answer], ...]:
+    return tuple((r.kind, Answer(r.identity, r.text, r.replacement_id, r.sources, r.turns)) for r in stored)
 
 
-def state_to_dict(state: CompositionState) -> dict[str, object]:
-    """The composition's whole state (both halves, the recall protocol, the chain) as one JSON-safe dict."""
-    return {
-        "kind": "composition",
-        "version": COMPOSITION_VERSION,
-        **records.record_state_fields(state.records),
-        "users": state.users.to_dict(),
-        "chain": chain_to_dict(state.chain),
-    }
+Schema(
+    "chain",
+    CHAIN_VERSION,
+    ChainDecisions,
+    older={1: _undated, 2: None},
+    check=_chain_checked,
+    stored={"replacements": (tuple[_StoredReplacement, ...], _stored, _answers)},
+)
 
 
-def state_from_dict(data: object, *, keep_head_groups: int | None = None) -> CompositionState:
-    """Read :func:`state_to_dict`'s output strictly; ``keep_head_groups`` checks the anchored positions."""
-    fields = opened("composition", (1, 2), data, _COMPOSITION_FIELDS)
-    state = CompositionState(
-        records=records.record_state_from_fields(fields, keep_head_groups=keep_head_groups),
-        users=UserSummarySnapshot.from_dict(inner(fields, "users")),
-        chain=chain_from_dict(inner(fields, "chain"), keep_head_groups=keep_head_groups),
-    )
+def _state_checked(state: CompositionState, version: int, _head: int | None) -> CompositionState:
     chain = state.chain
     merged = any(a.text is not None for _, a in chain.replacements)
     counted = (
         state.records.decisions.ask is not None or chain.wait_since is not None or chain.declined_behind is not None
     )
-    if fields["version"] == 1 and merged and counted:
+    if version == 1 and merged and counted:
         raise error(
             "records",
             "a version-1 snapshot with a kept record merge counts an outstanding ask or wait in records and responses "
@@ -330,6 +300,9 @@ def state_from_dict(data: object, *, keep_head_groups: int | None = None) -> Com
             "compaction state afresh)",
         )
     return state
+
+
+Schema("composition", COMPOSITION_VERSION, CompositionState, older={1: None}, check=_state_checked, flat="records")
 
 
 @dataclass(frozen=True, slots=True)

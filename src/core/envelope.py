@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from types import UnionType
@@ -47,6 +47,7 @@ from typing import Annotated, Any, Final, Generic, TypeGuard, TypeVar, Union, ca
 
 import msgspec
 from msgspec import Meta
+from pyrsistent import pmap
 
 from .errors import SnapshotError, SnapshotVersionError
 
@@ -116,20 +117,10 @@ def _wire_type(tp: Any) -> Any:
 
 @cache
 def wire(cls: type) -> Any:
-    """The msgspec Struct a dataclass ``cls`` is stored as (tagged and versioned when it has a :class:`Schema`)."""
-    hints = get_type_hints(cls, include_extras=True)
-    names = [f.name for f in dataclasses.fields(cls) if f.compare]
-    fields: list[Any] = [(n, _wire_type(hints[n])) for n in names]
-    schema: Schema[Any] | None = SCHEMAS.get(cls)
-    options: dict[str, Any] = {"rename": getattr(cls, "STORED_AS", None)}
-    if schema is not None:
-        fields.insert(0, ("version", int, schema.version))
-        options |= {"tag_field": "kind", "tag": schema.kind}
-    return msgspec.defstruct(f"Stored{cls.__name__}", fields, forbid_unknown_fields=True, kw_only=True, **options)
+    """The msgspec Struct a plain (not enveloped) dataclass ``cls`` is read through."""
+    fields = [(attribute, _wire_type(hint)) for attribute, _, hint in _layout(cls)]
+    return msgspec.defstruct(f"Stored{cls.__name__}", fields, forbid_unknown_fields=True, kw_only=True)
 
-
-#: Every enveloped value class and its schema (filled by :class:`Schema`).
-SCHEMAS: Final[dict[type, Schema[Any]]] = {}
 
 _PROBLEMS: Final = (
     ("Expected `int` >= 1", f"an integer in [1, {MAX_COUNT}]"),
@@ -187,6 +178,15 @@ def _translated(error: msgspec.ValidationError, data: object, prefix: str, wire:
     return SnapshotError(f"snapshot field {path!r}: {said}")
 
 
+#: Reads an older version's header-checked envelope into the current version's fields.
+Upgrade = Callable[[Mapping[str, object]], Mapping[str, object]]
+#: A value's checks once read: ``(value, version, keep_head_groups) -> value`` (may normalise it).
+Check = Callable[[Any, int, "int | None"], Any]
+#: A field stored in another shape: ``(stored type, to stored, from stored)``.
+Codec = tuple[Any, Callable[[Any], Any], Callable[[Any], Any]]
+_EMPTY: Final[Mapping[Any, Any]] = pmap()
+
+
 @dataclass(frozen=True, slots=True)
 class Schema(Generic[T]):
     """How one kind of state value is stored: ``{"kind": kind, "version": version, ...its fields}``.
@@ -195,36 +195,95 @@ class Schema(Generic[T]):
         kind: The ``"kind"`` tag.
         version: The version this build writes.
         type: The frozen dataclass it stores; its annotations are the field types.
-        older: Older versions this build still reads with the same fields.
+        older: Older versions this build still reads, each with its reader (``None``: the same fields).
+        check: The value's consistency checks once read (see :data:`Check`).
+        rename: Fields stored under another name.
+        flat: A field whose value's fields are stored inline, beside this value's own.
+        stored: Fields stored in another shape (see :data:`Codec`).
     """
 
     kind: str
     version: int
     type: type[T]
-    older: tuple[int, ...] = ()
+    older: Mapping[int, Upgrade | None] = _EMPTY
+    check: Check | None = None
+    rename: Mapping[str, str] = _EMPTY
+    flat: str | None = None
+    stored: Mapping[str, Codec] = _EMPTY
 
     def __post_init__(self) -> None:
-        SCHEMAS[self.type] = self
+        if self.kind:  # not the plain dataclasses' layout
+            SCHEMAS[self.type] = self
 
-    @property
-    def supported(self) -> tuple[int, ...]:
-        """Every version this build reads, ascending."""
-        return tuple(sorted({self.version, *self.older}))
 
-    def write(self, value: T) -> dict[str, object]:
-        """``value`` as a JSON-safe dict in its envelope."""
-        stored = msgspec.convert(value, wire(self.type), from_attributes=True)
-        return cast("dict[str, object]", msgspec.json.decode(msgspec.json.encode(stored)))
+#: Every enveloped value class and its schema (filled by :class:`Schema`); plain dataclasses have none.
+SCHEMAS: Final[dict[type, Schema[Any]]] = {}
+_PLAIN: Final[Schema[Any]] = Schema("", 0, object)
 
-    def read(self, data: object) -> T:
-        """Read ``data`` strictly: a mapping, a supported version, this kind, exactly the fields, typed.
 
-        Raises:
-            SnapshotVersionError: The version is not one this build reads.
-            SnapshotError: Anything else is wrong; the message names the field.
-        """
-        names = [f.encode_name for f in msgspec.structs.fields(wire(self.type))][1:]
-        return convert(opened(self.kind, self.supported, data, names), self.type)
+@cache
+def _layout(cls: type) -> tuple[tuple[str, str, Any], ...]:
+    """``(attribute, stored name, type)`` of each stored field of ``cls`` (a ``compare=False`` memo is not)."""
+    schema, hints = SCHEMAS.get(cls, _PLAIN), get_type_hints(cls, include_extras=True)
+    return tuple(
+        (f.name, schema.rename.get(f.name, f.name), hints[f.name]) for f in dataclasses.fields(cls) if f.compare
+    )
+
+
+def names(cls: type) -> tuple[str, ...]:
+    """The stored field names of the enveloped class ``cls``, in order (a flat field's own inline)."""
+    flat = SCHEMAS[cls].flat
+    return tuple(n for attribute, name, hint in _layout(cls) for n in (names(hint) if attribute == flat else (name,)))
+
+
+def dump(value: object) -> Any:
+    """``value`` as JSON-safe data: an enveloped dataclass as its envelope, tuples as lists."""
+    if isinstance(value, tuple):
+        return [dump(v) for v in cast("tuple[object, ...]", value)]
+    if isinstance(value, dict):
+        return dict(cast("dict[str, object]", value))
+    if not dataclasses.is_dataclass(value):
+        return value
+    schema = SCHEMAS.get(type(value), _PLAIN)
+    data: dict[str, object] = {"kind": schema.kind, "version": schema.version} if schema.kind else {}
+    for attribute, name, _ in _layout(type(value)):
+        item = getattr(value, attribute)
+        if attribute == schema.flat:
+            data |= {k: v for k, v in dump(item).items() if k not in ("kind", "version")}
+        else:
+            data[name] = dump(schema.stored[attribute][1](item) if attribute in schema.stored else item)
+    return data
+
+
+def load(cls: type[T], data: object, *, keep_head_groups: int | None = None) -> T:
+    """Read the envelope ``data`` strictly as ``cls`` (``keep_head_groups`` reaches every nested check).
+
+    Raises:
+        SnapshotVersionError: The version is not one this build reads.
+        SnapshotError: Anything else is wrong; the message names the field.
+    """
+    schema: Schema[T] = SCHEMAS[cls]
+    mapping = header(schema.kind, tuple(sorted({schema.version, *schema.older})), data)
+    version = cast("int", mapping["version"])
+    upgrade = schema.older.get(version)
+    fields = exactly(mapping, names(cls)) if upgrade is None else upgrade(mapping)
+    value = _read(cls, fields, keep_head_groups)
+    return value if schema.check is None else schema.check(value, version, keep_head_groups)
+
+
+def _read(cls: type[T], fields: Mapping[str, object], keep_head_groups: int | None) -> T:
+    schema, values = SCHEMAS[cls], dict[str, object]()
+    for attribute, name, hint in _layout(cls):
+        if attribute == schema.flat:
+            values[attribute] = _read(hint, fields, keep_head_groups)
+        elif hint in SCHEMAS:
+            values[attribute] = load(hint, inner(fields, name), keep_head_groups=keep_head_groups)
+        elif attribute in schema.stored:
+            kind, _, into = schema.stored[attribute]
+            values[attribute] = into(convert(fields[name], kind, name))
+        else:
+            values[attribute] = convert(fields[name], hint, name)
+    return cls(**values)
 
 
 def convert(data: object, kind: Any, path: str = "") -> Any:
@@ -245,7 +304,11 @@ def opened(kind: str, supported: tuple[int, ...], data: object, names: Sequence[
             wrote it, or it is not an integer).
         SnapshotError: Anything else about the envelope is wrong.
     """
-    mapping = header(kind, supported, data)
+    return exactly(header(kind, supported, data), names)
+
+
+def exactly(mapping: Mapping[str, object], names: Sequence[str]) -> Mapping[str, object]:
+    """``mapping`` (a header-checked envelope), refused unless it holds exactly the fields ``names``."""
     missing = [n for n in names if n not in mapping]
     if len(missing) == 1:
         raise SnapshotError(f"snapshot field {missing[0]!r} is missing")

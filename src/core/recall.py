@@ -30,10 +30,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Final, Literal, TypeAlias, cast
+from typing import Final, Literal, TypeAlias
 
 from .checks import AtLeastOne, AtLeastZero, validate
-from .envelope import Count, Schema, opened
+from .envelope import Count, Schema, exactly
 from .grouping import Grouping
 
 #: Consecutive pinned responses without a recall call after which pinning stops.
@@ -116,27 +116,13 @@ class RecallState:
     armed: bool = False
 
 
-RECALL_SCHEMA: Final = Schema("recall", 2, RecallState, older=(1,))
-
-
-def recall_to_dict(state: RecallState) -> dict[str, object]:
-    """The recall state as a JSON-safe, kind-tagged, versioned dict."""
-    return RECALL_SCHEMA.write(state)
-
-
-def recall_from_dict(data: object) -> RecallState:
-    """Read :func:`recall_to_dict`'s output strictly (``SnapshotError`` naming the field).
-
-    A version-1 state has no ``armed``: the gate's permission was stored beside it (the
-    stack reader puts it back in).
-    """
-    stored = cast("Mapping[str, object]", data) if isinstance(data, Mapping) else None
-    if stored is not None and stored.get("version") == 1:
-        return RECALL_SCHEMA.read({**opened("recall", (1,), stored, _RECALL_V1_FIELDS), "version": 2, "armed": False})
-    return RECALL_SCHEMA.read(cast("object", data))
+def _v1(stored: Mapping[str, object]) -> Mapping[str, object]:
+    """A version-1 state has no ``armed``: the gate's permission was stored beside it (the stack reads it)."""
+    return {**exactly(stored, _RECALL_V1_FIELDS), "armed": False}
 
 
 _RECALL_V1_FIELDS: Final = ("next_pin", "in_flight", "awaiting_record", "ignored_streak", "pin_disabled", "seen")
+Schema("recall", 2, RecallState, older={1: _v1})
 
 
 # -- events -----------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Final
 
-from .envelope import Count, Schema, distinct, error
+from .envelope import Count, Schema, distinct, dump, error, load
 
 DECISIONS_KIND: Final = "records"
 DECISIONS_VERSION: Final = 1
@@ -57,7 +57,7 @@ class RecordDecisions:
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-safe dict in the one snapshot envelope (``kind``, ``version``, then the fields)."""
-        return DECISIONS_SCHEMA.write(self)
+        return dump(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> RecordDecisions:
@@ -73,13 +73,13 @@ class RecordDecisions:
             SnapshotVersionError: They were written by a newer or unknown schema version.
             SnapshotError: They are malformed or inconsistent.
         """
-        decisions = DECISIONS_SCHEMA.read(data)
-        distinct("settled", decisions.settled)
-        settled = tuple(sorted(decisions.settled))
-        return cls(settled, None if decisions.ask is None else _ask(decisions.ask, settled))
+        return load(cls, data)
 
 
-DECISIONS_SCHEMA: Final = Schema(DECISIONS_KIND, DECISIONS_VERSION, RecordDecisions)
+def _checked(decisions: RecordDecisions, _version: int, _head: int | None) -> RecordDecisions:
+    distinct("settled", decisions.settled)
+    settled = tuple(sorted(decisions.settled))
+    return RecordDecisions(settled, None if decisions.ask is None else _ask(decisions.ask, settled))
 
 
 def _ask(ask: Ask, settled: tuple[int, ...]) -> Ask:
@@ -96,3 +96,6 @@ def _ask(ask: Ask, settled: tuple[int, ...]) -> Ask:
     if overlap:
         raise error("ask.targets", f"position {overlap[0]} is also settled (a settled group is never asked for)")
     return replace(ask, targets=tuple(sorted(ask.targets)))
+
+
+Schema(DECISIONS_KIND, DECISIONS_VERSION, RecordDecisions, check=_checked)

@@ -46,7 +46,7 @@ from . import anchored, recall
 from .anchored import DEFAULT_KEEP_HEAD_GROUPS, DEFAULT_KEEP_TAIL_GROUPS, AnchoredConfig
 from .checks import AtLeastOne, AtLeastZero, Fraction, validate
 from .effects import Request
-from .envelope import inner
+from .envelope import Schema
 from .grouping import Grouping, regroup
 from .model import Group, History, MessageRecord, Part, conversation_records, flagged
 from .protocol import Done, StepResult, sent_tokens
@@ -292,26 +292,7 @@ class RecordState:
     recall: RecallState = field(default_factory=RecallState)
 
 
-#: The fields every envelope holding a record state writes.
-RECORD_STATE_FIELDS: Final = ("records", "fallback", "recall")
-
-
-def record_state_fields(state: RecordState) -> dict[str, object]:
-    """The ``records``, ``fallback`` and ``recall`` fields every envelope holding a record state writes."""
-    return {
-        "records": state.decisions.to_dict(),
-        "fallback": state.fallback.to_dict(),
-        "recall": recall.recall_to_dict(state.recall),
-    }
-
-
-def record_state_from_fields(fields: Mapping[str, object], *, keep_head_groups: int | None = None) -> RecordState:
-    """Read :func:`record_state_fields`' fields of an opened envelope strictly (``SnapshotError`` naming the field)."""
-    return RecordState(
-        decisions=RecordDecisions.from_dict(inner(fields, "records")),
-        fallback=AnchoredSnapshot.from_dict(inner(fields, "fallback"), keep_head_groups=keep_head_groups),
-        recall=recall.recall_from_dict(inner(fields, "recall")),
-    )
+Schema("record_state", 1, RecordState, rename={"decisions": "records"})
 
 
 @dataclass(frozen=True, slots=True)

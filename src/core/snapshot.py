@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Final
 
-from .envelope import Count, Pair, Schema, distinct, error
+from .envelope import Count, Pair, Schema, distinct, dump, error, load
 from .errors import SnapshotError
 
 SNAPSHOT_KIND: Final = "anchored"
@@ -47,7 +47,7 @@ class AnchoredSnapshot:
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-safe dict in the one snapshot envelope (``kind``, ``version``, then the fields)."""
-        return ANCHORED_SCHEMA.write(self)
+        return dump(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object], *, keep_head_groups: int | None = None) -> AnchoredSnapshot:
@@ -61,11 +61,7 @@ class AnchoredSnapshot:
             SnapshotVersionError: It was written by a newer or unknown schema version.
             SnapshotError: It is malformed, inconsistent, or made under another head.
         """
-        snapshot = _check(ANCHORED_SCHEMA.read(data))
-        refused = None if keep_head_groups is None else snapshot.config_error(keep_head_groups=keep_head_groups)
-        if refused is not None:
-            raise refused
-        return snapshot
+        return load(cls, data, keep_head_groups=keep_head_groups)
 
     def config_error(self, *, keep_head_groups: int) -> SnapshotError | None:
         """Why this snapshot cannot be restored into a strategy with ``keep_head_groups``, or ``None``.
@@ -88,17 +84,15 @@ class AnchoredSnapshot:
         )
 
 
-ANCHORED_SCHEMA: Final = Schema(SNAPSHOT_KIND, SNAPSHOT_VERSION, AnchoredSnapshot)
-
-
-def _check(snapshot: AnchoredSnapshot) -> AnchoredSnapshot:
+def _check(snapshot: AnchoredSnapshot, _version: int, keep_head_groups: int | None) -> AnchoredSnapshot:
     """The invariants :func:`~maf_compaction.core.anchored.step` keeps, refused when broken; positions sorted.
 
     - A position list is a set: no duplicates (order carries nothing).
     - A spared position is one a shed passed over, so it lies below its lane's watermark.
     - A size is recorded only for a tool group that was shed: below ``tools_shed`` and
       not spared.
-    - Positions are counted under a head, so a snapshot holding any decision names it.
+    - Positions are counted under a head, so a snapshot holding any decision names it, and
+      it is refused under another ``keep_head_groups`` (see :meth:`AnchoredSnapshot.config_error`).
     """
     distinct("spared_tools", snapshot.spared_tools)
     distinct("spared_texts", snapshot.spared_texts)
@@ -129,4 +123,10 @@ def _check(snapshot: AnchoredSnapshot) -> AnchoredSnapshot:
             "null, but the snapshot holds decisions; their positions mean nothing without the head they were "
             "counted under",
         )
+    refused = None if keep_head_groups is None else snapshot.config_error(keep_head_groups=keep_head_groups)
+    if refused is not None:
+        raise refused
     return snapshot
+
+
+Schema(SNAPSHOT_KIND, SNAPSHOT_VERSION, AnchoredSnapshot, check=_check)

@@ -34,10 +34,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Final, Literal, cast
 
 from .composition import CompositionState
-from .envelope import Text, convert, error, inner, opened
+from .envelope import Schema, Text, convert, dump, error, inner, load, opened
 from .errors import SnapshotError
 from .fingerprint import Parameters, Scalar, differences, digest, is_parameters
-from .records import RECORD_STATE_FIELDS, RecordState, record_state_fields, record_state_from_fields
+from .records import RecordState
 
 StackKind = Literal["records", "composition"]
 STACK_KINDS: Final[tuple[StackKind, ...]] = ("records", "composition")
@@ -163,9 +163,7 @@ class StackState:
 
     def to_dict(self) -> dict[str, object]:
         """The whole state as one JSON-safe, kind-tagged, versioned dict."""
-        state = self.state
-        inner = state.to_dict() if isinstance(state, CompositionState) else record_state_to_dict(state)
-        return {"kind": "stack", "version": 2, "strategy": self.kind, "state": inner}
+        return dump(self)
 
     @classmethod
     def from_dict(cls, data: object, *, kind: StackKind, keep_head_groups: int | None = None) -> StackState:
@@ -183,14 +181,14 @@ class StackState:
             raise error("strategy", f"must be one of {', '.join(STACK_KINDS)}, got {stored!r}")
         if stored != kind:
             raise StackKindError(str(stored), kind)
-        state = fields["state"]
-        if kind == "composition":
-            value: RecordState | CompositionState = CompositionState.from_dict(state, keep_head_groups=keep_head_groups)
-        else:
-            value = record_state_from_dict(state, keep_head_groups=keep_head_groups)
+        state_type = CompositionState if kind == "composition" else RecordState
+        value: RecordState | CompositionState = load(state_type, fields["state"], keep_head_groups=keep_head_groups)
         if version == 1:  # the gate's permission was stored beside the state
             return cls.of(kind, value, convert(inner(fields, "gate"), _Gate, "gate").armed)
         return cls(kind, value)
+
+
+Schema("stack", 2, StackState, rename={"kind": "strategy"})
 
 
 def with_armed(state: RecordState | CompositionState, armed: bool) -> RecordState | CompositionState:
@@ -209,17 +207,6 @@ class _Gate:
 class _Configuration:
     digest: Text
     parameters: dict[str, str | int | float | bool | None]
-
-
-def record_state_to_dict(state: RecordState) -> dict[str, object]:
-    """The record strategy's one state value (decisions, fallback, recall protocol) as a JSON-safe dict."""
-    return {"kind": "record_state", "version": 1, **record_state_fields(state)}
-
-
-def record_state_from_dict(data: object, *, keep_head_groups: int | None = None) -> RecordState:
-    """Read :func:`record_state_to_dict`'s output strictly (``SnapshotError`` naming the field)."""
-    fields = opened("record_state", (1,), data, RECORD_STATE_FIELDS)
-    return record_state_from_fields(fields, keep_head_groups=keep_head_groups)
 
 
 def session_entry_to_dict(configuration: StackConfiguration, stack: Mapping[str, object]) -> dict[str, object]:

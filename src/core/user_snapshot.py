@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from .effects import Answer, find
-from .envelope import Count, Schema, distinct, error, shown
+from .envelope import Count, Schema, distinct, dump, error, load, shown
 
 USER_SNAPSHOT_KIND: Final = "user_summaries"
 USER_SNAPSHOT_VERSION: Final = 1
@@ -50,7 +50,7 @@ class UserSummarySnapshot:
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-safe dict in the one snapshot envelope (``kind``, ``version``, then the fields)."""
-        return USER_SNAPSHOT_SCHEMA.write(self)
+        return dump(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> UserSummarySnapshot:
@@ -68,13 +68,7 @@ class UserSummarySnapshot:
             SnapshotVersionError: It was written by a newer or unknown schema version.
             SnapshotError: It is malformed or inconsistent.
         """
-        snapshot = USER_SNAPSHOT_SCHEMA.read(data)
-        _check(snapshot.answers, "answers", descriptions=False)
-        _check(snapshot.descriptions, "descriptions", descriptions=True)
-        return snapshot
-
-
-USER_SNAPSHOT_SCHEMA: Final = Schema(USER_SNAPSHOT_KIND, USER_SNAPSHOT_VERSION, UserSummarySnapshot)
+        return load(cls, data)
 
 
 def _check(answers: tuple[Answer, ...], name: str, *, descriptions: bool) -> None:
@@ -101,3 +95,12 @@ def _check(answers: tuple[Answer, ...], name: str, *, descriptions: bool) -> Non
             field = "summary_id" if summary_id is not None else "sources"
             raise error(f"{here}.{field}", "a media description carries no summary_id or sources")
     distinct(name, [a.identity for a in answers], what="identity")
+
+
+def _checked(snapshot: UserSummarySnapshot, _version: int, _head: int | None) -> UserSummarySnapshot:
+    _check(snapshot.answers, "answers", descriptions=False)
+    _check(snapshot.descriptions, "descriptions", descriptions=True)
+    return snapshot
+
+
+Schema(USER_SNAPSHOT_KIND, USER_SNAPSHOT_VERSION, UserSummarySnapshot, check=_checked)
