@@ -16,23 +16,25 @@ snapshot with a :class:`SnapshotError` that names the field path, e.g.
 ``snapshot field 'ask.targets': duplicate position 3``.
 
 Usage, for a new kind of state: declare the value once, as a frozen dataclass whose
-annotations carry the constraints, and give it a :class:`Schema`::
+annotations carry the constraints, and declare its envelope once with a :class:`Schema`::
 
     @dataclass(frozen=True, slots=True)
     class RecallState:
         ignored_streak: Count = 0
         pin_disabled: bool = False
 
-    RECALL_SCHEMA = Schema("recall", 1, RecallState)
-    RECALL_SCHEMA.write(state)   # {"kind": "recall", "version": 1, "ignored_streak": 0, ...}
-    RECALL_SCHEMA.read(data)     # header, exactly the fields, types and ranges: msgspec
+    Schema("recall", 1, RecallState)
+    dump(state)              # {"kind": "recall", "version": 1, "ignored_streak": 0, ...}
+    load(RecallState, data)  # header, exactly the fields, types and ranges: msgspec
 
-Values stay dataclasses (not msgspec Structs) because logic code builds and
-``dataclasses.replace``s them everywhere; msgspec reads and writes them through a Struct
-derived from their annotations (:func:`wire`), so no field name is written twice.
-Composite envelopes that nest other envelopes open them with :func:`opened` and read each
-nested value with its own reader; consistency checks a type cannot state (distinct
-positions, watermarks) stay beside each value, raising :func:`error`.
+One :func:`dump` / :func:`load` pair serves every kind: a field whose type has a schema
+is a nested envelope (read with its own header and field paths), any other field is read
+by msgspec through a Struct derived from the annotations (:func:`wire`), so no field name
+is written twice. The schema also declares what a type cannot state: the older versions
+still read (each with its reader), the consistency checks run once a value is read
+(distinct positions, watermarks; raising :func:`error`), and the few fields stored under
+another name, inline (``flat``) or in another shape (``stored``). Values stay dataclasses
+(not msgspec Structs) because logic code builds and ``dataclasses.replace``s them everywhere.
 """
 
 from __future__ import annotations
@@ -95,10 +97,10 @@ def _listed(names: Sequence[object]) -> str:
 # -- msgspec: values declared once, as frozen dataclasses ------------------------------------------------
 #
 # State values stay frozen dataclasses (logic code builds them and ``dataclasses.replace``s them);
-# their annotations (:data:`Count`, :data:`Text`, ...) are the schema. msgspec reads and writes
-# them through a *wire* Struct derived from those annotations: every field required, unknown
-# fields refused, strict types and constraints, and the ``kind`` tag of an enveloped value.
-# A field declared with ``compare=False`` is a memo and is never stored.
+# their annotations (:data:`Count`, :data:`Text`, ...) are the schema. msgspec reads the plain
+# ones (not enveloped) through a *wire* Struct derived from those annotations: every field
+# required, unknown fields refused, strict types and constraints. A field declared with
+# ``compare=False`` is a memo and is never stored.
 
 
 def _wire_type(tp: Any) -> Any:
@@ -156,24 +158,24 @@ def _choices(wire: Any, path: str) -> str | None:
     return said[0] if len(said) == 1 else f"{', '.join(said[:-1])} or {said[-1]}"
 
 
-def _translated(error: msgspec.ValidationError, data: object, prefix: str, wire: Any = None) -> SnapshotError:
+def _translated(error: msgspec.ValidationError, data: object, prefix: str, wire: Any) -> SnapshotError:
     """msgspec's error as a :class:`SnapshotError` naming the field the way every reader does."""
     problem, _, where = str(error).partition(" - at `$")
-    path = where.rstrip("`").lstrip(".")
+    where = where.rstrip("`").lstrip(".")
+    path = f"{prefix}{'.' if prefix and where[:1] != '[' else ''}{where}" if where else prefix
     named = re.fullmatch(r"Object (missing required|contains unknown) field `(.+)`", problem)
     if named is not None:
-        path = f"{prefix}{'.' if prefix and path[:1] != '[' else ''}{path}" if path else prefix
         field = f"{path}.{named[2]}" if path else named[2]
-        if named[1] == "missing required":
-            return SnapshotError(f"snapshot field {field!r} is missing")
-        return SnapshotError(f"unknown snapshot field(s) {field!r}")
+        missing = named[1] == "missing required"
+        return SnapshotError(
+            f"snapshot field {field!r} is missing" if missing else f"unknown snapshot field(s) {field!r}"
+        )
     value = data
-    for key in re.findall(r"[^.\[\]]+", path):
+    for key in re.findall(r"[^.\[\]]+", where):
         value = cast("Any", value)[int(key) if key.isdigit() and isinstance(value, (list, tuple)) else key]
-    path = f"{prefix}{'.' if prefix and path[:1] != '[' else ''}{path}" if path else prefix
     words = next((w for p, w in _PROBLEMS if problem.startswith(p)), None)
-    if problem.startswith("Invalid enum value") and wire is not None:
-        words = _choices(wire, where.rstrip("`").lstrip("."))
+    if problem.startswith("Invalid enum value"):
+        words = _choices(wire, where)
     said = f"must be {words}, got {shown(value)}" if words else f"{problem} (got {shown(value)})"
     return SnapshotError(f"snapshot field {path!r}: {said}")
 

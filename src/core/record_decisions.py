@@ -76,26 +76,24 @@ class RecordDecisions:
         return load(cls, data)
 
 
-def _checked(decisions: RecordDecisions, _version: int, _head: int | None) -> RecordDecisions:
-    distinct("settled", decisions.settled)
-    settled = tuple(sorted(decisions.settled))
-    return RecordDecisions(settled, None if decisions.ask is None else _ask(decisions.ask, settled))
+def _check(decisions: RecordDecisions, _version: int, _head: int | None) -> RecordDecisions:
+    """Stored decisions, checked against the invariants the ask chain keeps; positions sorted.
 
-
-def _ask(ask: Ask, settled: tuple[int, ...]) -> Ask:
-    """A stored ask, checked against the invariants the ask chain keeps.
-
-    An ask is made for the uncovered groups that are not settled, and continued for
-    the rest of its own batch only, so it names at least one group and none that is
-    settled (a settled group is never asked for again).
+    Settled groups are a set. An ask is made for the uncovered groups that are not
+    settled, and continued for the rest of its own batch only, so it names at least one
+    group and none that is settled (a settled group is never asked for again).
     """
-    distinct("ask.targets", ask.targets)
-    if not ask.targets:
-        raise error("ask.targets", "must name at least one group")
-    overlap = sorted(set(ask.targets) & set(settled))
-    if overlap:
-        raise error("ask.targets", f"position {overlap[0]} is also settled (a settled group is never asked for)")
-    return replace(ask, targets=tuple(sorted(ask.targets)))
+    distinct("settled", decisions.settled)
+    ask = decisions.ask
+    if ask is not None:
+        distinct("ask.targets", ask.targets)
+        if not ask.targets:
+            raise error("ask.targets", "must name at least one group")
+        overlap = sorted(set(ask.targets) & set(decisions.settled))
+        if overlap:
+            raise error("ask.targets", f"position {overlap[0]} is also settled (a settled group is never asked for)")
+        ask = replace(ask, targets=tuple(sorted(ask.targets)))
+    return RecordDecisions(tuple(sorted(decisions.settled)), ask)
 
 
-Schema(DECISIONS_KIND, DECISIONS_VERSION, RecordDecisions, check=_checked)
+Schema(DECISIONS_KIND, DECISIONS_VERSION, RecordDecisions, check=_check)

@@ -71,7 +71,7 @@ class UserSummarySnapshot:
         return load(cls, data)
 
 
-def _check(answers: tuple[Answer, ...], name: str, *, descriptions: bool) -> None:
+def _check(snapshot: UserSummarySnapshot, _version: int, _head: int | None) -> UserSummarySnapshot:
     """Stored answers, checked against what :func:`~maf_compaction.core.user_summaries.absorb` writes.
 
     - One answer per identity: absorbing an answer replaces the one it supersedes, so a
@@ -81,26 +81,23 @@ def _check(answers: tuple[Answer, ...], name: str, *, descriptions: bool) -> Non
     - A summary's id is one the user half allocates (:data:`SUMMARY_ID_FORMAT`): any
       other would be written onto the conversation as a message id nobody chose.
     """
-    for index, answer in enumerate(answers):
-        here = f"{name}[{index}]"
-        if answer.text is not None and answer.turns is not None:
-            raise error(f"{here}.turns", f"an answer with text carries no turns, got {answer.turns}")
-        summary_id = answer.summary_id
-        if summary_id is not None and not descriptions and SUMMARY_ID_FORMAT.fullmatch(summary_id) is None:
-            raise error(
-                f"{here}.summary_id",
-                f"must be 'user_summary_<n>' or 'user_summary_fold_<n>', got {shown(summary_id)}",
-            )
-        if descriptions and (summary_id is not None or answer.sources is not None):
-            field = "summary_id" if summary_id is not None else "sources"
-            raise error(f"{here}.{field}", "a media description carries no summary_id or sources")
-    distinct(name, [a.identity for a in answers], what="identity")
-
-
-def _checked(snapshot: UserSummarySnapshot, _version: int, _head: int | None) -> UserSummarySnapshot:
-    _check(snapshot.answers, "answers", descriptions=False)
-    _check(snapshot.descriptions, "descriptions", descriptions=True)
+    for name, answers in (("answers", snapshot.answers), ("descriptions", snapshot.descriptions)):
+        descriptions = name == "descriptions"
+        for index, answer in enumerate(answers):
+            here = f"{name}[{index}]"
+            if answer.text is not None and answer.turns is not None:
+                raise error(f"{here}.turns", f"an answer with text carries no turns, got {answer.turns}")
+            summary_id = answer.summary_id
+            if summary_id is not None and not descriptions and SUMMARY_ID_FORMAT.fullmatch(summary_id) is None:
+                raise error(
+                    f"{here}.summary_id",
+                    f"must be 'user_summary_<n>' or 'user_summary_fold_<n>', got {shown(summary_id)}",
+                )
+            if descriptions and (summary_id is not None or answer.sources is not None):
+                field = "summary_id" if summary_id is not None else "sources"
+                raise error(f"{here}.{field}", "a media description carries no summary_id or sources")
+        distinct(name, [a.identity for a in answers], what="identity")
     return snapshot
 
 
-Schema(USER_SNAPSHOT_KIND, USER_SNAPSHOT_VERSION, UserSummarySnapshot, check=_checked)
+Schema(USER_SNAPSHOT_KIND, USER_SNAPSHOT_VERSION, UserSummarySnapshot, check=_check)
