@@ -103,6 +103,7 @@ def _listed(names: Sequence[object]) -> str:
 # ``compare=False`` is a memo and is never stored.
 
 
+@cache
 def _wire_type(tp: Any) -> Any:
     """``tp`` with every dataclass in it replaced by its wire Struct."""
     if dataclasses.is_dataclass(tp):
@@ -240,10 +241,8 @@ def names(cls: type) -> tuple[str, ...]:
 
 def dump(value: object) -> Any:
     """``value`` as JSON-safe data: an enveloped dataclass as its envelope, tuples as lists."""
-    if isinstance(value, tuple):
+    if isinstance(value, (tuple, list)):
         return [dump(v) for v in cast("tuple[object, ...]", value)]
-    if isinstance(value, dict):
-        return dict(cast("dict[str, object]", value))
     if not dataclasses.is_dataclass(value):
         return value
     schema = SCHEMAS.get(type(value), _PLAIN)
