@@ -341,14 +341,15 @@ def test_todays_dicts_are_byte_compatible() -> None:
 
 def test_an_older_layout_is_read_when_declared() -> None:
     """An envelope reads an older version's fields when a kind declares it (the hook new kinds migrate by)."""
-    old = opened("recall", (1, 2), {"kind": "recall", "version": 1, "streak": 2}, ("streak",))
+    layouts = {1: ("streak",), 2: ("streak", "disabled")}
+    old = opened("recall", layouts, {"kind": "recall", "version": 1, "streak": 2})
     assert old["streak"] == 2
     with pytest.raises(SnapshotError, match="'disabled' is missing"):
-        opened("recall", (1, 2), {"kind": "recall", "version": 2, "streak": 2}, ("streak", "disabled"))
+        opened("recall", layouts, {"kind": "recall", "version": 2, "streak": 2})
     with pytest.raises(SnapshotError, match="unknown snapshot field"):
-        opened("recall", (1, 2), {"kind": "recall", "version": 1, "streak": 2, "disabled": True}, ("streak",))
+        opened("recall", layouts, {"kind": "recall", "version": 1, "streak": 2, "disabled": True})
     with pytest.raises(SnapshotVersionError):
-        opened("recall", (1, 2), {"kind": "recall", "version": 3, "streak": 2, "disabled": True}, ("streak",))
+        opened("recall", layouts, {"kind": "recall", "version": 3, "streak": 2, "disabled": True})
 
 
 @dataclass(frozen=True)

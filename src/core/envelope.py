@@ -297,15 +297,16 @@ def convert(data: object, kind: Any, path: str = "") -> Any:
     return msgspec.convert(data, kind, strict=True)
 
 
-def opened(kind: str, supported: tuple[int, ...], data: object, names: Sequence[str]) -> Mapping[str, object]:
-    """An envelope's fields: a mapping, a supported ``version``, then ``kind``, then exactly ``names``.
+def opened(kind: str, layouts: Mapping[int, Sequence[str]], data: object) -> Mapping[str, object]:
+    """An envelope's fields: a mapping, a ``version`` of ``layouts``, then ``kind``, then exactly its fields.
 
     Raises:
-        SnapshotVersionError: The version is missing from ``supported`` (a newer build
-            wrote it, or it is not an integer).
+        SnapshotVersionError: The version is not in ``layouts`` (a newer build wrote it,
+            or it is not an integer).
         SnapshotError: Anything else about the envelope is wrong.
     """
-    return exactly(header(kind, supported, data), names)
+    mapping = header(kind, tuple(sorted(layouts)), data)
+    return exactly(mapping, layouts[cast("int", mapping["version"])])
 
 
 def exactly(mapping: Mapping[str, object], names: Sequence[str]) -> Mapping[str, object]:

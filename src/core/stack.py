@@ -174,8 +174,7 @@ class StackState:
             SnapshotVersionError: It (or a state inside it) was written by a newer schema.
             SnapshotError: It is malformed; the message names the field.
         """
-        version = cast("Mapping[str, object]", data).get("version") if isinstance(data, Mapping) else None
-        fields = opened("stack", (1, 2), cast("object", data), STACK_FIELDS.get(cast("int", version), ()))
+        fields = opened("stack", STACK_FIELDS, data)
         stored = fields["strategy"]
         if stored not in STACK_KINDS:
             raise error("strategy", f"must be one of {', '.join(STACK_KINDS)}, got {stored!r}")
@@ -183,7 +182,7 @@ class StackState:
             raise StackKindError(str(stored), kind)
         state_type = CompositionState if kind == "composition" else RecordState
         value: RecordState | CompositionState = load(state_type, fields["state"], keep_head_groups=keep_head_groups)
-        if version == 1:  # the gate's permission was stored beside the state
+        if fields["version"] == 1:  # the gate's permission was stored beside the state
             return cls.of(kind, value, convert(inner(fields, "gate"), _Gate, "gate").armed)
         return cls(kind, value)
 
@@ -219,14 +218,12 @@ def session_entry_from_dict(data: object) -> tuple[StackConfiguration | None, Ma
 
     The configuration is ``None`` for a version 1 entry, which named its writer instead.
     """
-    version = cast("Mapping[str, object]", data).get("version") if isinstance(data, Mapping) else None
-    fields = opened("session_compaction", (1, 2), cast("object", data), SESSION_FIELDS.get(cast("int", version), ()))
+    fields = opened("session_compaction", SESSION_FIELDS, data)
     stack = inner(fields, "stack")
-    if version == 1:
+    if fields["version"] == 1:
         convert(fields["registry"], Text, "registry")
         return None, stack
-    raw = inner(fields, "configuration")
-    stored = convert(raw, _Configuration, "configuration")
+    stored = convert(inner(fields, "configuration"), _Configuration, "configuration")
     parameters = stored.parameters
     if not is_parameters(parameters):
         raise error("configuration.parameters", "must be an object of parameter names to JSON scalars")
