@@ -276,7 +276,7 @@ def _answers(stored: tuple[_StoredReplacement, ...]) -> tuple[tuple[ReplacementK
     return tuple((r.kind, Answer(r.identity, r.text, r.replacement_id, r.sources, r.turns)) for r in stored)
 
 
-Schema(
+CHAIN_SCHEMA: Final = Schema(
     "chain",
     CHAIN_VERSION,
     ChainDecisions,
@@ -302,7 +302,9 @@ def _state_checked(state: CompositionState, version: int, _head: int | None) -> 
     return state
 
 
-Schema("composition", COMPOSITION_VERSION, CompositionState, older={1: None}, check=_state_checked, flat="records")
+COMPOSITION_SCHEMA: Final = Schema(
+    "composition", COMPOSITION_VERSION, CompositionState, older={1: None}, check=_state_checked, flat="records"
+)
 
 
 @dataclass(frozen=True, slots=True)

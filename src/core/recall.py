@@ -122,7 +122,7 @@ def _v1(stored: Mapping[str, object]) -> Mapping[str, object]:
 
 
 _RECALL_V1_FIELDS: Final = ("next_pin", "in_flight", "awaiting_record", "ignored_streak", "pin_disabled", "seen")
-Schema("recall", 2, RecallState, older={1: _v1})
+RECALL_SCHEMA: Final = Schema("recall", 2, RecallState, older={1: _v1})
 
 
 # -- events -----------------------------------------------------------------------------------

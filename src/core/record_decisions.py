@@ -96,4 +96,4 @@ def _check(decisions: RecordDecisions, _version: int, _head: int | None) -> Reco
     return RecordDecisions(tuple(sorted(decisions.settled)), ask)
 
 
-Schema(DECISIONS_KIND, DECISIONS_VERSION, RecordDecisions, check=_check)
+DECISIONS_SCHEMA: Final = Schema(DECISIONS_KIND, DECISIONS_VERSION, RecordDecisions, check=_check)

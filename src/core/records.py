@@ -292,7 +292,7 @@ class RecordState:
     recall: RecallState = field(default_factory=RecallState)
 
 
-Schema("record_state", 1, RecordState, rename={"decisions": "records"})
+RECORD_STATE_SCHEMA: Final = Schema("record_state", 1, RecordState, rename={"decisions": "records"})
 
 
 @dataclass(frozen=True, slots=True)

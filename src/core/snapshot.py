@@ -129,4 +129,4 @@ def _check(snapshot: AnchoredSnapshot, _version: int, keep_head_groups: int | No
     return snapshot
 
 
-Schema(SNAPSHOT_KIND, SNAPSHOT_VERSION, AnchoredSnapshot, check=_check)
+ANCHORED_SCHEMA: Final = Schema(SNAPSHOT_KIND, SNAPSHOT_VERSION, AnchoredSnapshot, check=_check)

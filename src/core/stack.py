@@ -187,7 +187,8 @@ class StackState:
         return cls(kind, value)
 
 
-Schema("stack", 2, StackState, rename={"kind": "strategy"})
+#: Written by :func:`~.envelope.dump`; read by :meth:`StackState.from_dict`, which reads the state the builder makes.
+STACK_SCHEMA: Final = Schema("stack", 2, StackState, rename={"kind": "strategy"})
 
 
 def with_armed(state: RecordState | CompositionState, armed: bool) -> RecordState | CompositionState:

@@ -100,4 +100,4 @@ def _check(snapshot: UserSummarySnapshot, _version: int, _head: int | None) -> U
     return snapshot
 
 
-Schema(USER_SNAPSHOT_KIND, USER_SNAPSHOT_VERSION, UserSummarySnapshot, check=_check)
+USER_SNAPSHOT_SCHEMA: Final = Schema(USER_SNAPSHOT_KIND, USER_SNAPSHOT_VERSION, UserSummarySnapshot, check=_check)
