@@ -249,6 +249,19 @@ class _Phase:
     streaming: bool = False
     #: Why the phase's stream was dropped (set by its finalizer; the phase is ended at the next safe point).
     dropped: str | None = None
+    token: Token[_Phase | None] | None = None
+
+    def __enter__(self) -> _Phase:
+        """Mark this phase as the current task's, so a phase nested in it (same session, same task) shares it."""
+        self.token = _CURRENT.set(self)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        """Unmark it (in the same task) and close it, unless its stream holds it open (see ``watch_stream``)."""
+        assert self.token is not None
+        _CURRENT.reset(self.token)
+        if not self.streaming:
+            self.registry.close(self)
 
 
 @dataclass(slots=True)
@@ -412,16 +425,11 @@ class SessionCompactionRegistry:
             StackKindError, SnapshotVersionError, SnapshotError: The stored state cannot
                 be read (nothing is written then).
         """
-        opened = self.open(session, name)
-        token = self.enter(opened)  # so a phase nested in this one (same session, same task) shares its stack
-        try:
+        with self.open(session, name) as opened:
             yield opened.entry.stack
-        finally:
-            self.leave(token)
-            self.close(opened)
 
     def open(self, session: AgentSession | None, name: str) -> _Phase:
-        """Open a phase (see :meth:`phase`); :meth:`close` it exactly once."""
+        """Open a phase (see :meth:`phase`); use it as a context manager, or :meth:`close` it exactly once."""
         if not isinstance(session, AgentSession):
             raise ValueError(
                 f"{name} needs the run's AgentSession (got {session!r}): pass session=... to agent.run; a session "
@@ -577,16 +585,6 @@ class SessionCompactionRegistry:
             self._save(phase.session, phase.entry)
         finally:
             del self._open[phase.session.session_id]
-
-    @staticmethod
-    def enter(phase: _Phase) -> Token[_Phase | None]:
-        """Mark ``phase`` as the current task's phase; returns the token :meth:`leave` takes."""
-        return _CURRENT.set(phase)
-
-    @staticmethod
-    def leave(token: Token[_Phase | None]) -> None:
-        """Undo :meth:`enter` (in the same task)."""
-        _CURRENT.reset(token)
 
     # -- reading and writing -----------------------------------------------------------------
 
@@ -759,10 +757,7 @@ class SessionCompactionProvider(ContextProvider):
                 source_id=self.source_id,
                 history_source_id=_history_source(agent),
             )
-            if before:
-                await inner.before_run(agent=agent, session=session, context=context, state=state)
-            else:
-                await inner.after_run(agent=agent, session=session, context=context, state=state)
+            await getattr(inner, hook)(agent=agent, session=session, context=context, state=state)
 
 
 def _history_source(agent: Any) -> str:
@@ -808,10 +803,7 @@ class SessionToolResultRecallMiddleware(ChatMiddleware):
             RuntimeError: Another phase of the session is open in this process.
         """
         registry = self._registry
-        opened = registry.open(context.session, "SessionToolResultRecallMiddleware")
-        token = registry.enter(opened)
-        streaming = False
-        try:
+        with registry.open(context.session, "SessionToolResultRecallMiddleware") as opened:
             stack = opened.entry.stack
             if self.compact_before:
                 context.kwargs["compaction_strategy"] = stack.strategy
@@ -820,13 +812,8 @@ class SessionToolResultRecallMiddleware(ChatMiddleware):
             if isinstance(result, ResponseStream):
                 # The recall middleware judges a forced stream as it is consumed: the phase
                 # (and the session) stays open until then, and the state is written at its end.
-                streaming = True
                 context.result = result.with_cleanup_hook(lambda: registry.close(opened))  # pyright: ignore[reportUnknownMemberType]
                 registry.watch_stream(opened, result)
-        finally:
-            registry.leave(token)
-            if not streaming:
-                registry.close(opened)
 
 
 def make_session_recall_tool(
