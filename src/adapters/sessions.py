@@ -498,15 +498,11 @@ class SessionCompactionRegistry:
         """Keep ``phase`` open while ``stream`` is alive: it ends when the stream is consumed or closed (the
         caller's cleanup hook) or garbage-collected (abandoned by its consumer)."""
         phase.streaming = True
-        finalizer = weakref.finalize(stream, self._dropped, phase, "its stream was dropped before it was consumed")
+        # Garbage collection may run the finalizer inside any operation of this registry (or on another thread),
+        # so it only marks the phase; the registry ends it, state written, at its next safe point: the next phase
+        # it opens, of any session (:meth:`_end_dropped`).
+        finalizer = weakref.finalize(stream, setattr, phase, "dropped", "its stream was dropped before it was consumed")
         finalizer.atexit = False  # at interpreter exit there is no session left to write
-
-    @staticmethod
-    def _dropped(phase: _Phase, why: str) -> None:
-        """A stream's finalizer: garbage collection may run it inside any operation of this registry (or on
-        another thread), so it only marks the phase; the registry ends it, state written, at its next safe
-        point: the next phase it opens, of any session (:meth:`_end_dropped`)."""
-        phase.dropped = why
 
     def _end_dropped(self) -> None:
         """End every open phase whose stream was dropped (its state written, as on any exit)."""
