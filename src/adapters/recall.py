@@ -59,7 +59,7 @@ NOT_NEEDED_REPLY: Final = "No record is needed now: nothing was recorded and not
 #: The record size the tool asks for: the record strategy's ``record_target_tokens`` default.
 DEFAULT_TARGET_TOKENS: Final = records_core.DEFAULT_RECORD_TARGET_TOKENS
 #: Exceptions that stop a run on purpose, or before the request was sent (a compaction pass that
-#: cannot fit the budget): they are never retried and never judged as the provider's.
+#: cannot fit the budget): like cancellation, they are never retried and never judged as the provider's.
 _ABORTS: Final = (MiddlewareTermination, MiddlewareFailure, CompactionBudgetExceeded)
 
 
@@ -453,17 +453,14 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         context.options = self._pinned_options(caller_options, pin)
         try:
             await call_next()
-        except _ABORTS:
-            self._advance(machine.ForcedAborted(pin.kind))
-            raise
-        except Exception as exc:
+        except BaseException as exc:
+            if isinstance(exc, _ABORTS) or not isinstance(exc, Exception):  # cancellation too: the pin is not spent
+                self._advance(machine.ForcedAborted(pin.kind))
+                raise
             self._fail(exc)
             await self._retry(context, call_next, caller_options, caller_messages)
             self._decide(context.messages)
             return
-        except BaseException:  # cancellation: the pin is not spent
-            self._advance(machine.ForcedAborted(pin.kind))
-            raise
         finally:
             if context.options is not caller_options:
                 context.options = caller_options
@@ -506,10 +503,10 @@ class ToolResultRecallMiddleware(ChatMiddleware):
                 async for update in inner:
                     held.append(update)
                 response = await inner.get_final_response()
-            except _ABORTS:
-                self._advance(machine.ForcedAborted(pin))
-                raise
-            except Exception as exc:
+            except BaseException as exc:
+                if isinstance(exc, _ABORTS) or not isinstance(exc, Exception):
+                    self._advance(machine.ForcedAborted(pin))
+                    raise
                 self._fail(exc)
                 outer = context.result
                 stream = await self._retry(context, call_next, caller_options, caller_messages)
@@ -521,9 +518,6 @@ class ToolResultRecallMiddleware(ChatMiddleware):
                     async for update in stream:
                         yield update
                 return
-            except BaseException:
-                self._advance(machine.ForcedAborted(pin))
-                raise
             self._judge(response)
             outcome.response = response
             for update in held:
