@@ -115,9 +115,9 @@ class CompactionStack:
 
     def __init__(self, strategy: Strategy, gate: RecallGate, recall: ToolResultRecallMiddleware) -> None:
         if isinstance(strategy, ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy):
-            records, kind = strategy.tool_results, "composition"
+            records, kind, halves = strategy.tool_results, "composition", strategy.strategies
         elif isinstance(strategy, ToolResultAnchoredSummarizationCompactionStrategy):
-            records, kind = strategy, "records"
+            records, kind, halves = strategy, "records", ()
         else:
             raise ValueError(
                 "strategy must be a ToolResultAnchoredSummarizationCompactionStrategy or a "
@@ -140,6 +140,7 @@ class CompactionStack:
         self._gate = gate
         self._recall = recall
         self._kind: StackKind = kind
+        self._halves: tuple[object, ...] = halves
 
     @property
     def strategy(self) -> Strategy:
@@ -168,9 +169,7 @@ class CompactionStack:
 
     def state(self) -> StackState:
         """The stack's whole behavioural state (an immutable value)."""
-        strategy = self._strategy
-        composed = isinstance(strategy, ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy)
-        return StackState(self._kind, strategy.decision_state() if composed else strategy.state_cell.value)
+        return StackState(self._kind, self._records.state_cell.connection.value)  # the conversation's one value
 
     def restore(self, state: StackState) -> None:
         """Continue from ``state``; the next pass checks it against its history.
@@ -219,11 +218,7 @@ class CompactionStack:
 
     def parts(self) -> tuple[object, ...]:
         """Every stateful instance of the stack (a builder must make fresh ones for each stack)."""
-        strategy = self._strategy
-        halves: tuple[object, ...] = ()
-        if isinstance(strategy, ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy):
-            halves = (strategy.tool_results, strategy.user_turns)
-        return (strategy, *halves, self._gate, self._recall)
+        return (self._strategy, *self._halves, self._gate, self._recall)
 
 
 @dataclass(slots=True)
