@@ -264,6 +264,14 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             value raises ``ValueError`` naming both); a host that wraps ``take_reforce``
             calls ``strategy.bind_recall(middleware)`` to share the state.
 
+    Attributes:
+        forced_calls: Pinned requests sent (aborted ones included).
+        reforced_calls: Pinned requests whose pin came from ``reforce``.
+        ignored_forced_calls: Forced responses without a recall call (truncated ones included):
+            noncompliance, not its cause.
+        failed_forced_calls: Forced requests that raised an ordinary exception (each was retried unpinned).
+        records_truncated: Forced responses that ended at the response cap (``finish_reason == "length"``).
+
     Raises:
         ValueError: A parameter is outside its range (the message names it).
     """
@@ -309,11 +317,11 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         self._histories = HistoryCache(as_estimator(tokenizer).parts)
         self._grouping: Grouping | None = None  # the last status's grouping: a memo, never a decision
         self._session_id: str | None = None
-        self._forced_calls = 0
-        self._reforced_calls = 0
-        self._ignored_forced_calls = 0
-        self._failed_forced_calls = 0
-        self._records_truncated = 0
+        self.forced_calls = 0
+        self.reforced_calls = 0
+        self.ignored_forced_calls = 0
+        self.failed_forced_calls = 0
+        self.records_truncated = 0
 
     def _agree(self, config: RecordConfig) -> None:
         """The strategy whose state this middleware shares has this middleware's budget and trigger."""
@@ -361,31 +369,6 @@ class ToolResultRecallMiddleware(ChatMiddleware):
     def pin_rule(self) -> PinRule:
         """The pin rule's bounds: its trigger in tokens, the tool-group bounds, the pinned response cap."""
         return self._rule
-
-    @property
-    def forced_calls(self) -> int:
-        """Pinned requests sent (aborted ones included)."""
-        return self._forced_calls
-
-    @property
-    def reforced_calls(self) -> int:
-        """Pinned requests whose pin came from ``reforce``."""
-        return self._reforced_calls
-
-    @property
-    def ignored_forced_calls(self) -> int:
-        """Forced responses without a recall call (truncated ones included): noncompliance, not its cause."""
-        return self._ignored_forced_calls
-
-    @property
-    def failed_forced_calls(self) -> int:
-        """Forced requests that raised an ordinary exception (each was retried unpinned)."""
-        return self._failed_forced_calls
-
-    @property
-    def records_truncated(self) -> int:
-        """Forced responses that ended at the response cap (``finish_reason == "length"``)."""
-        return self._records_truncated
 
     @property
     def pin_disabled(self) -> bool:
@@ -447,9 +430,9 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         caller_options = context.options
         caller_messages = list(context.messages)
         self._arm()
-        self._forced_calls += 1
+        self.forced_calls += 1
         if pin.kind == "reforce":
-            self._reforced_calls += 1
+            self.reforced_calls += 1
         context.options = self._pinned_options(caller_options, pin)
         try:
             await call_next()
@@ -582,7 +565,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         return options
 
     def _fail(self, exc: Exception) -> None:
-        self._failed_forced_calls += 1
+        self.failed_forced_calls += 1
         self._advance(machine.ForcedFailed())
         self._release()
         logger.warning(
@@ -596,10 +579,10 @@ class ToolResultRecallMiddleware(ChatMiddleware):
     def _judge(self, response: ChatResponse) -> None:
         """The provider-support verdict on one complete forced response."""
         if response.finish_reason == "length":
-            self._records_truncated += 1
+            self.records_truncated += 1
         called = _calls_recall(response)
         if not called:
-            self._ignored_forced_calls += 1
+            self.ignored_forced_calls += 1
         action = self._advance(machine.ForcedResponse(called_recall=called))
         if isinstance(action, machine.Disable):
             logger.warning(
