@@ -336,10 +336,9 @@ class ToolResultRecallMiddleware(ChatMiddleware):
                     f"the middleware got {ours!r}"
                 )
 
-    def share(self, cell: StateView[RecordState], config: RecordConfig | None = None) -> None:
-        """Read and write ``cell`` (a record strategy's state) from now on; see ``bind_recall``."""
-        if config is not None:
-            self._agree(config)
+    def share(self, cell: StateView[RecordState], config: RecordConfig) -> None:
+        """Read and write ``cell`` (the state of a record strategy configured by ``config``); see ``bind_recall``."""
+        self._agree(config)
         recall = replace(self._cell.value.recall, armed=cell.value.recall.armed)
         cell.value = replace(cell.value, recall=recall)
         self._cell = cell
