@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from agent_framework import Message
 from returns.result import Failure
@@ -31,7 +31,6 @@ from ..core.model import History
 from ..core.ownership import provider_increment
 from ..core.protocol import CoreStrategy, Done, Needs, differs
 from .apply import apply
-from .base import ConfigT, ConfiguredStrategy
 from .connection import STORE_FALSE_HINT, StateView
 from .convert import HistoryCache
 from .counting import MediaTokenEstimator, Tokenizer, as_estimator
@@ -45,6 +44,14 @@ _WARNED_SETS = 256
 
 S = TypeVar("S")
 R = TypeVar("R")
+
+
+class _Budgeted(Protocol):
+    @property
+    def max_input_tokens(self) -> int: ...
+
+
+ConfigT = TypeVar("ConfigT", bound=_Budgeted)
 #: The excluded sets already named, per reason (most recent last; see ``CompactionAdapter.share_named``).
 NamedSets = OrderedDict[tuple[str, frozenset[str]], None]
 
@@ -60,7 +67,7 @@ def describe(before: History, messages: Sequence[Message], origin: int) -> str:
     return f"<{message.role} message {ordinal + 1} of the conversation{suffix}>"
 
 
-class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
+class CompactionAdapter(Generic[ConfigT, S, R]):
     """The framework's ``CompactionStrategy`` over one core strategy (the generic shell).
 
     Subclasses set ``core`` and call :meth:`_setup`; they may override :meth:`_perform`
@@ -83,6 +90,21 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
         self._memo: object = None  # the last pass's memo: saves work, never decides
         self._restored = False  # the state came from outside: check it against the first history it meets
         self._named: NamedSets = OrderedDict()
+
+    @property
+    def config(self) -> ConfigT:
+        """The validated parameters."""
+        return self._config
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer given at construction (the framework reads it for its own logs)."""
+        return self._tokenizer
+
+    @property
+    def max_input_tokens(self) -> int:
+        """The input budget."""
+        return self._config.max_input_tokens
 
     # -- the pass -----------------------------------------------------------------------------
 
