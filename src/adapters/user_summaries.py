@@ -11,7 +11,6 @@ another replica replays a summary instead of asking for it again.
 from __future__ import annotations
 
 import copy
-import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -208,8 +207,7 @@ class UserTurnAnchoredSummarizationCompactionStrategy(
         message = messages[request.origin]
         self.media_descriptions += 1
         try:
-            pending = hook(copy.deepcopy(message.contents[request.part]), copy.deepcopy(message))
-            text = await pending if inspect.isawaitable(pending) else pending
+            text = await hook(copy.deepcopy(message.contents[request.part]), copy.deepcopy(message))
         except Exception as error:  # the host's hook; cancellation propagates
             self.media_description_failures += 1
             logger.warning(
