@@ -24,7 +24,6 @@ from ..core.checks import Floor, Fraction, validate
 from ..core.composition import CompositionConfig, CompositionReport, CompositionState, OverflowPolicy
 from ..core.effects import Request, Summarize
 from ..core.errors import CompactionBudgetExceeded
-from ..core.model import History
 from ..core.records import RecordConfig
 from ..core.settle import settle
 from .anchored import AnchoredCompactionStrategy, log_anchored
@@ -270,14 +269,12 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             self.replacements_failed += 1  # the user half's WARNING says why; it is asked again after a new turn
         return answer
 
-    def _observe(
-        self, report: CompositionReport, before: History, messages: Sequence[Message], fresh: set[str]
-    ) -> None:
+    def _observe(self, report: CompositionReport, asked: set[str]) -> None:
         self.passes += 1
         self.last_report = report
-        self._tool_results._observe(report.records, before, messages, fresh)  # pyright: ignore[reportPrivateUsage]
+        self._tool_results._observe(report.records, asked)  # pyright: ignore[reportPrivateUsage]
         if report.users is not None:
-            self._user_turns._observe(report.users, before, messages, fresh)  # pyright: ignore[reportPrivateUsage]
+            self._user_turns._observe(report.users, asked)  # pyright: ignore[reportPrivateUsage]
         if report.waited:
             self.user_passes_waited += 1
         if report.over_budget:

@@ -226,7 +226,7 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
         self._write(done.state)
         self._memo = done.memo
         changed = differs(before, done.history)
-        self._observe(done.report, before, messages, fresh)
+        self._observe(done.report, fresh)
         if changed:
             self._name_exclusions(before, done.history, messages)  # named as the list was handed in
             apply(messages, before, done.history, note_kind=NOTE_KIND)
@@ -238,8 +238,9 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
         """Perform one effect request; ``None`` records a failure."""
         raise NotImplementedError(f"{type(self).__name__} performs no {type(request).__name__}")
 
-    def _observe(self, report: R, before: History, messages: Sequence[Message], fresh: set[str]) -> None:
-        """Update counters and log what the report says (exclusions are named by the loop)."""
+    def _observe(self, report: R, asked: set[str]) -> None:
+        """Update counters and log what the report says (``asked``: the requests this pass asked; the loop names
+        every exclusion)."""
 
     async def _after(self, messages: list[Message], done: Done[S, R], changed: bool) -> bool:
         """Work on the applied list after the pass; returns whether anything changed."""

@@ -261,8 +261,8 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
 
     # -- bookkeeping -------------------------------------------------------------------------
 
-    def _observe(self, report: RecordReport, before: Any, messages: Sequence[Message], fresh: set[str]) -> None:
-        del before, messages, fresh
+    def _observe(self, report: RecordReport, asked: set[str]) -> None:
+        del asked
         self.passes += 1
         self.last_report = report
         if report.records:
