@@ -21,12 +21,9 @@ from ..core.anchored import AnchoredConfig, Report
 from ..core.checks import AtLeastOne, require
 from ..core.snapshot import AnchoredSnapshot
 from .counting import Tokenizer
-from .loop import NOTE_KIND, CompactionAdapter
+from .loop import CompactionAdapter
 
 logger = logging.getLogger("maf_compaction")
-
-EXCLUDE_REASON = core.EXCLUDE_REASON
-__all__ = ["NOTE_KIND", "AnchoredCompactionStrategy", "MinimumGainAnchoredCompactionStrategy"]
 
 
 class AnchoredCompactionStrategy(CompactionAdapter[AnchoredConfig, AnchoredSnapshot, Report]):

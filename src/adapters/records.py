@@ -31,9 +31,6 @@ from .recall import ToolResultRecallMiddleware
 
 logger = logging.getLogger("maf_compaction")
 
-#: Why the messages of a covered tool group are excluded.
-EXCLUDE_REASON = core.EXCLUDE_REASON
-
 
 class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[RecordConfig, RecordState, RecordReport]):
     """Let tool results leave the prompt once a record quotes their exact values.
