@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -19,15 +19,11 @@ from agent_framework import Message
 from ..core import anchored as core
 from ..core.anchored import AnchoredConfig, Report
 from ..core.checks import AtLeastOne, require
-from ..core.model import History
 from ..core.snapshot import AnchoredSnapshot
 from .counting import Tokenizer
-from .loop import NOTE_KIND, CompactionAdapter
+from .loop import CompactionAdapter
 
 logger = logging.getLogger("maf_compaction")
-
-EXCLUDE_REASON = core.EXCLUDE_REASON
-__all__ = ["NOTE_KIND", "AnchoredCompactionStrategy", "MinimumGainAnchoredCompactionStrategy"]
 
 
 class AnchoredCompactionStrategy(CompactionAdapter[AnchoredConfig, AnchoredSnapshot, Report]):
@@ -132,8 +128,8 @@ class AnchoredCompactionStrategy(CompactionAdapter[AnchoredConfig, AnchoredSnaps
         data = snapshot.to_dict() if isinstance(snapshot, AnchoredSnapshot) else snapshot
         self.restore_state(AnchoredSnapshot.from_dict(data, keep_head_groups=self._config.keep_head_groups))
 
-    def _observe(self, report: Report, before: History, messages: Sequence[Message], fresh: set[str]) -> None:
-        del before, messages, fresh
+    def _observe(self, report: Report, asked: set[str]) -> None:
+        del asked
         overflowing = self.last_report is not None and self.last_report.overflow
         self.passes += 1
         self.last_report = report

@@ -24,7 +24,6 @@ from ..core.checks import Floor, Fraction, validate
 from ..core.composition import CompositionConfig, CompositionReport, CompositionState, OverflowPolicy
 from ..core.effects import Request, Summarize
 from ..core.errors import CompactionBudgetExceeded
-from ..core.model import History
 from ..core.records import RecordConfig
 from ..core.settle import settle
 from .anchored import AnchoredCompactionStrategy, log_anchored
@@ -67,12 +66,17 @@ def _record_rules(
             f"tool_results' fallback must have the record half's keep_head_groups ({config.keep_head_groups}): "
             f"the head is one for every rule, got {anchored.keep_head_groups}"
         )
-    if not (fallback.tokenizer is tokenizer or fallback.tokenizer == tokenizer):
-        raise ValueError(
-            "tokenizer must be the same tokenizer as tool_results' fallback's (every size rule compares counts of "
-            f"one tokenizer), got {tokenizer!r} and fallback.tokenizer {fallback.tokenizer!r}"
-        )
+    _require_same_tokenizer("tool_results' fallback", fallback.tokenizer, tokenizer)
     return replace(config, fallback=anchored)
+
+
+def _require_same_tokenizer(name: str, theirs: Tokenizer, tokenizer: Tokenizer) -> None:
+    """Every size rule compares counts of one tokenizer: ``name``'s must be the composition's."""
+    if not (theirs is tokenizer or theirs == tokenizer):
+        raise ValueError(
+            f"tokenizer must be the same tokenizer as {name}'s (every size rule compares counts of one tokenizer), "
+            f"got {tokenizer!r} and {name}.tokenizer {theirs!r}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,12 +179,8 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
                 "user_turns must keep remembered_requests >= 2 in the boundary and fold modes (a composed pass "
                 f"asks for a summary on one list and replays it on the other), got {users.remembered_requests}"
             )
-        for name, half in (("tool_results", tool_results), ("user_turns", user_turns)):
-            if not (half.tokenizer is tokenizer or half.tokenizer == tokenizer):
-                raise ValueError(
-                    f"tokenizer must be the same tokenizer as {name}'s (every size rule compares counts of one "
-                    f"tokenizer), got {tokenizer!r} and {name}.tokenizer {half.tokenizer!r}"
-                )
+        _require_same_tokenizer("tool_results", tool_results.tokenizer, tokenizer)
+        _require_same_tokenizer("user_turns", user_turns.tokenizer, tokenizer)
         trigger = tool_results.trigger_fraction if user_trigger_fraction is None else user_trigger_fraction
         validate(_Chain(trigger, chain_gain_fraction))
         config = CompositionConfig(
@@ -269,14 +269,12 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             self.replacements_failed += 1  # the user half's WARNING says why; it is asked again after a new turn
         return answer
 
-    def _observe(
-        self, report: CompositionReport, before: History, messages: Sequence[Message], fresh: set[str]
-    ) -> None:
+    def _observe(self, report: CompositionReport, asked: set[str]) -> None:
         self.passes += 1
         self.last_report = report
-        self._tool_results._observe(report.records, before, messages, fresh)  # pyright: ignore[reportPrivateUsage]
+        self._tool_results._observe(report.records, asked)  # pyright: ignore[reportPrivateUsage]
         if report.users is not None:
-            self._user_turns._observe(report.users, before, messages, fresh)  # pyright: ignore[reportPrivateUsage]
+            self._user_turns._observe(report.users, asked)  # pyright: ignore[reportPrivateUsage]
         if report.waited:
             self.user_passes_waited += 1
         if report.over_budget:

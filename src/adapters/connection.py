@@ -43,14 +43,8 @@ class Connection(Generic[S]):
         self.conversation: tuple[str, ...] | None = None
         #: The chat client keeps the conversation on the server: passes change nothing (said once).
         self.provider_owned = False
-        self._lock: asyncio.Lock | None = None
-
-    @property
-    def lock(self) -> asyncio.Lock:
-        """Serializes passes on this conversation (created on first use, in the running loop)."""
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        return self._lock
+        #: Serializes passes on this conversation (an asyncio lock binds to a loop only when first contended).
+        self.lock = asyncio.Lock()
 
     def bind(self, messages: Sequence[Message], owner: str) -> None:
         """Bind to the conversation ``messages`` belong to; refuse another one.

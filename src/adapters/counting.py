@@ -184,10 +184,6 @@ class PartCounter:
         self._estimator = estimator
         self._tokens: OrderedDict[tuple[int, str], int] = OrderedDict()
 
-    def measure(self, text: str) -> int:
-        """Tokens of ``text`` (cached); the core's injected ``measure``."""
-        return self._count(text)
-
     def parts(self, message: Message, *, where: str = "message") -> tuple[Part, ...]:
         """The message's parts on the counting basis.
 
@@ -234,14 +230,15 @@ class PartCounter:
         return Part(
             kind=kind,
             text=text,
-            tokens=self._count(text) + media,
+            tokens=self.measure(text) + media,
             media_tokens=media,
             call_id=content.call_id,
             name=name,
             structured=structured,
         )
 
-    def _count(self, text: str) -> int:
+    def measure(self, text: str) -> int:
+        """Tokens of ``text`` (cached); the core's injected ``measure``."""
         if not text:
             return 0
         key = (basis.BASIS_VERSION, text)

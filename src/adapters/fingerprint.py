@@ -77,7 +77,7 @@ def stack_parameters(stack: CompactionStack) -> dict[str, Scalar]:
     """Every parameter of ``stack`` that changes a decision, by its dotted path."""
     strategy = stack.strategy
     found: dict[str, Scalar] = {"kind": stack.kind}
-    found.update(flatten(_configured(strategy), "strategy"))
+    found.update(flatten(strategy.config, "strategy"))
     host_fallback = stack.tool_results.host_fallback
     if host_fallback is not None:
         config = _configured(host_fallback)

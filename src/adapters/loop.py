@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from agent_framework import Message
 from returns.result import Failure
@@ -31,7 +31,6 @@ from ..core.model import History
 from ..core.ownership import provider_increment
 from ..core.protocol import CoreStrategy, Done, Needs, differs
 from .apply import apply
-from .base import ConfigT, ConfiguredStrategy
 from .connection import STORE_FALSE_HINT, StateView
 from .convert import HistoryCache
 from .counting import MediaTokenEstimator, Tokenizer, as_estimator
@@ -45,6 +44,14 @@ _WARNED_SETS = 256
 
 S = TypeVar("S")
 R = TypeVar("R")
+
+
+class _Budgeted(Protocol):
+    @property
+    def max_input_tokens(self) -> int: ...
+
+
+ConfigT = TypeVar("ConfigT", bound=_Budgeted)
 #: The excluded sets already named, per reason (most recent last; see ``CompactionAdapter.share_named``).
 NamedSets = OrderedDict[tuple[str, frozenset[str]], None]
 
@@ -60,7 +67,7 @@ def describe(before: History, messages: Sequence[Message], origin: int) -> str:
     return f"<{message.role} message {ordinal + 1} of the conversation{suffix}>"
 
 
-class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
+class CompactionAdapter(Generic[ConfigT, S, R]):
     """The framework's ``CompactionStrategy`` over one core strategy (the generic shell).
 
     Subclasses set ``core`` and call :meth:`_setup`; they may override :meth:`_perform`
@@ -83,6 +90,21 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
         self._memo: object = None  # the last pass's memo: saves work, never decides
         self._restored = False  # the state came from outside: check it against the first history it meets
         self._named: NamedSets = OrderedDict()
+
+    @property
+    def config(self) -> ConfigT:
+        """The validated parameters."""
+        return self._config
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The tokenizer given at construction (the framework reads it for its own logs)."""
+        return self._tokenizer
+
+    @property
+    def max_input_tokens(self) -> int:
+        """The input budget."""
+        return self._config.max_input_tokens
 
     # -- the pass -----------------------------------------------------------------------------
 
@@ -204,7 +226,7 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
         self._write(done.state)
         self._memo = done.memo
         changed = differs(before, done.history)
-        self._observe(done.report, before, messages, fresh)
+        self._observe(done.report, fresh)
         if changed:
             self._name_exclusions(before, done.history, messages)  # named as the list was handed in
             apply(messages, before, done.history, note_kind=NOTE_KIND)
@@ -216,8 +238,9 @@ class CompactionAdapter(ConfiguredStrategy[ConfigT], Generic[ConfigT, S, R]):
         """Perform one effect request; ``None`` records a failure."""
         raise NotImplementedError(f"{type(self).__name__} performs no {type(request).__name__}")
 
-    def _observe(self, report: R, before: History, messages: Sequence[Message], fresh: set[str]) -> None:
-        """Update counters and log what the report says (exclusions are named by the loop)."""
+    def _observe(self, report: R, asked: set[str]) -> None:
+        """Update counters and log what the report says (``asked``: the requests this pass asked; the loop names
+        every exclusion)."""
 
     async def _after(self, messages: list[Message], done: Done[S, R], changed: bool) -> bool:
         """Work on the applied list after the pass; returns whether anything changed."""

@@ -59,7 +59,7 @@ NOT_NEEDED_REPLY: Final = "No record is needed now: nothing was recorded and not
 #: The record size the tool asks for: the record strategy's ``record_target_tokens`` default.
 DEFAULT_TARGET_TOKENS: Final = records_core.DEFAULT_RECORD_TARGET_TOKENS
 #: Exceptions that stop a run on purpose, or before the request was sent (a compaction pass that
-#: cannot fit the budget): they are never retried and never judged as the provider's.
+#: cannot fit the budget): like cancellation, they are never retried and never judged as the provider's.
 _ABORTS: Final = (MiddlewareTermination, MiddlewareFailure, CompactionBudgetExceeded)
 
 
@@ -264,6 +264,14 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             value raises ``ValueError`` naming both); a host that wraps ``take_reforce``
             calls ``strategy.bind_recall(middleware)`` to share the state.
 
+    Attributes:
+        forced_calls: Pinned requests sent (aborted ones included).
+        reforced_calls: Pinned requests whose pin came from ``reforce``.
+        ignored_forced_calls: Forced responses without a recall call (truncated ones included):
+            noncompliance, not its cause.
+        failed_forced_calls: Forced requests that raised an ordinary exception (each was retried unpinned).
+        records_truncated: Forced responses that ended at the response cap (``finish_reason == "length"``).
+
     Raises:
         ValueError: A parameter is outside its range (the message names it).
     """
@@ -309,11 +317,11 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         self._histories = HistoryCache(as_estimator(tokenizer).parts)
         self._grouping: Grouping | None = None  # the last status's grouping: a memo, never a decision
         self._session_id: str | None = None
-        self._forced_calls = 0
-        self._reforced_calls = 0
-        self._ignored_forced_calls = 0
-        self._failed_forced_calls = 0
-        self._records_truncated = 0
+        self.forced_calls = 0
+        self.reforced_calls = 0
+        self.ignored_forced_calls = 0
+        self.failed_forced_calls = 0
+        self.records_truncated = 0
 
     def _agree(self, config: RecordConfig) -> None:
         """The strategy whose state this middleware shares has this middleware's budget and trigger."""
@@ -328,10 +336,9 @@ class ToolResultRecallMiddleware(ChatMiddleware):
                     f"the middleware got {ours!r}"
                 )
 
-    def share(self, cell: StateView[RecordState], config: RecordConfig | None = None) -> None:
-        """Read and write ``cell`` (a record strategy's state) from now on; see ``bind_recall``."""
-        if config is not None:
-            self._agree(config)
+    def share(self, cell: StateView[RecordState], config: RecordConfig) -> None:
+        """Read and write ``cell`` (the state of a record strategy configured by ``config``); see ``bind_recall``."""
+        self._agree(config)
         recall = replace(self._cell.value.recall, armed=cell.value.recall.armed)
         cell.value = replace(cell.value, recall=recall)
         self._cell = cell
@@ -361,31 +368,6 @@ class ToolResultRecallMiddleware(ChatMiddleware):
     def pin_rule(self) -> PinRule:
         """The pin rule's bounds: its trigger in tokens, the tool-group bounds, the pinned response cap."""
         return self._rule
-
-    @property
-    def forced_calls(self) -> int:
-        """Pinned requests sent (aborted ones included)."""
-        return self._forced_calls
-
-    @property
-    def reforced_calls(self) -> int:
-        """Pinned requests whose pin came from ``reforce``."""
-        return self._reforced_calls
-
-    @property
-    def ignored_forced_calls(self) -> int:
-        """Forced responses without a recall call (truncated ones included): noncompliance, not its cause."""
-        return self._ignored_forced_calls
-
-    @property
-    def failed_forced_calls(self) -> int:
-        """Forced requests that raised an ordinary exception (each was retried unpinned)."""
-        return self._failed_forced_calls
-
-    @property
-    def records_truncated(self) -> int:
-        """Forced responses that ended at the response cap (``finish_reason == "length"``)."""
-        return self._records_truncated
 
     @property
     def pin_disabled(self) -> bool:
@@ -447,23 +429,20 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         caller_options = context.options
         caller_messages = list(context.messages)
         self._arm()
-        self._forced_calls += 1
+        self.forced_calls += 1
         if pin.kind == "reforce":
-            self._reforced_calls += 1
+            self.reforced_calls += 1
         context.options = self._pinned_options(caller_options, pin)
         try:
             await call_next()
-        except _ABORTS:
-            self._advance(machine.ForcedAborted(pin.kind))
-            raise
-        except Exception as exc:
+        except BaseException as exc:
+            if isinstance(exc, _ABORTS) or not isinstance(exc, Exception):  # cancellation too: the pin is not spent
+                self._advance(machine.ForcedAborted(pin.kind))
+                raise
             self._fail(exc)
             await self._retry(context, call_next, caller_options, caller_messages)
             self._decide(context.messages)
             return
-        except BaseException:  # cancellation: the pin is not spent
-            self._advance(machine.ForcedAborted(pin.kind))
-            raise
         finally:
             if context.options is not caller_options:
                 context.options = caller_options
@@ -506,10 +485,10 @@ class ToolResultRecallMiddleware(ChatMiddleware):
                 async for update in inner:
                     held.append(update)
                 response = await inner.get_final_response()
-            except _ABORTS:
-                self._advance(machine.ForcedAborted(pin))
-                raise
-            except Exception as exc:
+            except BaseException as exc:
+                if isinstance(exc, _ABORTS) or not isinstance(exc, Exception):
+                    self._advance(machine.ForcedAborted(pin))
+                    raise
                 self._fail(exc)
                 outer = context.result
                 stream = await self._retry(context, call_next, caller_options, caller_messages)
@@ -521,9 +500,6 @@ class ToolResultRecallMiddleware(ChatMiddleware):
                     async for update in stream:
                         yield update
                 return
-            except BaseException:
-                self._advance(machine.ForcedAborted(pin))
-                raise
             self._judge(response)
             outcome.response = response
             for update in held:
@@ -588,7 +564,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         return options
 
     def _fail(self, exc: Exception) -> None:
-        self._failed_forced_calls += 1
+        self.failed_forced_calls += 1
         self._advance(machine.ForcedFailed())
         self._release()
         logger.warning(
@@ -602,10 +578,10 @@ class ToolResultRecallMiddleware(ChatMiddleware):
     def _judge(self, response: ChatResponse) -> None:
         """The provider-support verdict on one complete forced response."""
         if response.finish_reason == "length":
-            self._records_truncated += 1
+            self.records_truncated += 1
         called = _calls_recall(response)
         if not called:
-            self._ignored_forced_calls += 1
+            self.ignored_forced_calls += 1
         action = self._advance(machine.ForcedResponse(called_recall=called))
         if isinstance(action, machine.Disable):
             logger.warning(

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
-from agent_framework import CompactionStrategy, Message
+from agent_framework import CharacterEstimatorTokenizer, CompactionStrategy, Message
 
 from ..core import records as core
 from ..core.anchored import DEFAULT_KEEP_HEAD_GROUPS, DEFAULT_KEEP_TAIL_GROUPS, AnchoredConfig
@@ -24,15 +24,12 @@ from ..core.record_decisions import RecordDecisions
 from ..core.records import Fallback, RecordConfig, RecordReport, RecordState
 from .anchored import AnchoredCompactionStrategy, log_anchored
 from .connection import Reforce, StateView
-from .convert import HistoryCache
+from .convert import to_history
 from .counting import MediaTokenEstimator, PartCounter, Tokenizer
 from .loop import NOTE_KIND, CompactionAdapter
 from .recall import ToolResultRecallMiddleware
 
 logger = logging.getLogger("maf_compaction")
-
-#: Why the messages of a covered tool group are excluded.
-EXCLUDE_REASON = core.EXCLUDE_REASON
 
 
 class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[RecordConfig, RecordState, RecordReport]):
@@ -261,8 +258,8 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
 
     # -- bookkeeping -------------------------------------------------------------------------
 
-    def _observe(self, report: RecordReport, before: Any, messages: Sequence[Message], fresh: set[str]) -> None:
-        del before, messages, fresh
+    def _observe(self, report: RecordReport, asked: set[str]) -> None:
+        del asked
         self.passes += 1
         self.last_report = report
         if report.records:
@@ -327,15 +324,8 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
             )
 
 
-class _NoTokens:
-    """A tokenizer for reading records: the record rule needs no counts."""
-
-    def count_tokens(self, text: str) -> int:
-        del text
-        return 0
-
-
-_READER = PartCounter(MediaTokenEstimator(_NoTokens()))
+#: Reads messages for :func:`record_text` (the record rule needs no exact counts).
+_READER = PartCounter(MediaTokenEstimator(CharacterEstimatorTokenizer()))
 
 
 def record_text(message: Message, messages: Sequence[Message] | None = None) -> str:
@@ -352,10 +342,9 @@ def record_text(message: Message, messages: Sequence[Message] | None = None) -> 
     """
     if not isinstance(message, Message):  # pyright: ignore[reportUnnecessaryIsInstance]
         raise TypeError(f"message must be an agent_framework Message, got {message!r}")
-    cache = HistoryCache(_READER)
-    record = cache.history([message], note_kind=NOTE_KIND)[0]
+    record = to_history([message], _READER, note_kind=NOTE_KIND)[0]
     if messages is None:
         recall_ids = frozenset(p.call_id for p in record.parts if p.call_id)
     else:
-        recall_ids = core.recall_call_ids(HistoryCache(_READER).history(messages, note_kind=NOTE_KIND))
+        recall_ids = core.recall_call_ids(to_history(messages, _READER, note_kind=NOTE_KIND))
     return core.record_text(record, recall_ids)

@@ -115,9 +115,9 @@ class CompactionStack:
 
     def __init__(self, strategy: Strategy, gate: RecallGate, recall: ToolResultRecallMiddleware) -> None:
         if isinstance(strategy, ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy):
-            records, kind = strategy.tool_results, "composition"
+            records, kind, halves = strategy.tool_results, "composition", strategy.strategies
         elif isinstance(strategy, ToolResultAnchoredSummarizationCompactionStrategy):
-            records, kind = strategy, "records"
+            records, kind, halves = strategy, "records", ()
         else:
             raise ValueError(
                 "strategy must be a ToolResultAnchoredSummarizationCompactionStrategy or a "
@@ -140,6 +140,7 @@ class CompactionStack:
         self._gate = gate
         self._recall = recall
         self._kind: StackKind = kind
+        self._halves: tuple[object, ...] = halves
 
     @property
     def strategy(self) -> Strategy:
@@ -168,9 +169,7 @@ class CompactionStack:
 
     def state(self) -> StackState:
         """The stack's whole behavioural state (an immutable value)."""
-        strategy = self._strategy
-        composed = isinstance(strategy, ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy)
-        return StackState(self._kind, strategy.decision_state() if composed else strategy.state_cell.value)
+        return StackState(self._kind, self._records.state_cell.connection.value)  # the conversation's one value
 
     def restore(self, state: StackState) -> None:
         """Continue from ``state``; the next pass checks it against its history.
@@ -219,11 +218,7 @@ class CompactionStack:
 
     def parts(self) -> tuple[object, ...]:
         """Every stateful instance of the stack (a builder must make fresh ones for each stack)."""
-        strategy = self._strategy
-        halves: tuple[object, ...] = ()
-        if isinstance(strategy, ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy):
-            halves = (strategy.tool_results, strategy.user_turns)
-        return (strategy, *halves, self._gate, self._recall)
+        return (self._strategy, *self._halves, self._gate, self._recall)
 
 
 @dataclass(slots=True)
@@ -249,6 +244,19 @@ class _Phase:
     streaming: bool = False
     #: Why the phase's stream was dropped (set by its finalizer; the phase is ended at the next safe point).
     dropped: str | None = None
+    token: Token[_Phase | None] | None = None
+
+    def __enter__(self) -> _Phase:
+        """Mark this phase as the current task's, so a phase nested in it (same session, same task) shares it."""
+        self.token = _CURRENT.set(self)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        """Unmark it (in the same task) and close it, unless its stream holds it open (see ``watch_stream``)."""
+        assert self.token is not None
+        _CURRENT.reset(self.token)
+        if not self.streaming:
+            self.registry.close(self)
 
 
 @dataclass(slots=True)
@@ -412,16 +420,11 @@ class SessionCompactionRegistry:
             StackKindError, SnapshotVersionError, SnapshotError: The stored state cannot
                 be read (nothing is written then).
         """
-        opened = self.open(session, name)
-        token = self.enter(opened)  # so a phase nested in this one (same session, same task) shares its stack
-        try:
+        with self.open(session, name) as opened:
             yield opened.entry.stack
-        finally:
-            self.leave(token)
-            self.close(opened)
 
     def open(self, session: AgentSession | None, name: str) -> _Phase:
-        """Open a phase (see :meth:`phase`); :meth:`close` it exactly once."""
+        """Open a phase (see :meth:`phase`); use it as a context manager, or :meth:`close` it exactly once."""
         if not isinstance(session, AgentSession):
             raise ValueError(
                 f"{name} needs the run's AgentSession (got {session!r}): pass session=... to agent.run; a session "
@@ -490,15 +493,11 @@ class SessionCompactionRegistry:
         """Keep ``phase`` open while ``stream`` is alive: it ends when the stream is consumed or closed (the
         caller's cleanup hook) or garbage-collected (abandoned by its consumer)."""
         phase.streaming = True
-        finalizer = weakref.finalize(stream, self._dropped, phase, "its stream was dropped before it was consumed")
+        # Garbage collection may run the finalizer inside any operation of this registry (or on another thread),
+        # so it only marks the phase; the registry ends it, state written, at its next safe point: the next phase
+        # it opens, of any session (:meth:`_end_dropped`).
+        finalizer = weakref.finalize(stream, setattr, phase, "dropped", "its stream was dropped before it was consumed")
         finalizer.atexit = False  # at interpreter exit there is no session left to write
-
-    @staticmethod
-    def _dropped(phase: _Phase, why: str) -> None:
-        """A stream's finalizer: garbage collection may run it inside any operation of this registry (or on
-        another thread), so it only marks the phase; the registry ends it, state written, at its next safe
-        point: the next phase it opens, of any session (:meth:`_end_dropped`)."""
-        phase.dropped = why
 
     def _end_dropped(self) -> None:
         """End every open phase whose stream was dropped (its state written, as on any exit)."""
@@ -577,16 +576,6 @@ class SessionCompactionRegistry:
             self._save(phase.session, phase.entry)
         finally:
             del self._open[phase.session.session_id]
-
-    @staticmethod
-    def enter(phase: _Phase) -> Token[_Phase | None]:
-        """Mark ``phase`` as the current task's phase; returns the token :meth:`leave` takes."""
-        return _CURRENT.set(phase)
-
-    @staticmethod
-    def leave(token: Token[_Phase | None]) -> None:
-        """Undo :meth:`enter` (in the same task)."""
-        _CURRENT.reset(token)
 
     # -- reading and writing -----------------------------------------------------------------
 
@@ -759,10 +748,7 @@ class SessionCompactionProvider(ContextProvider):
                 source_id=self.source_id,
                 history_source_id=_history_source(agent),
             )
-            if before:
-                await inner.before_run(agent=agent, session=session, context=context, state=state)
-            else:
-                await inner.after_run(agent=agent, session=session, context=context, state=state)
+            await getattr(inner, hook)(agent=agent, session=session, context=context, state=state)
 
 
 def _history_source(agent: Any) -> str:
@@ -808,10 +794,7 @@ class SessionToolResultRecallMiddleware(ChatMiddleware):
             RuntimeError: Another phase of the session is open in this process.
         """
         registry = self._registry
-        opened = registry.open(context.session, "SessionToolResultRecallMiddleware")
-        token = registry.enter(opened)
-        streaming = False
-        try:
+        with registry.open(context.session, "SessionToolResultRecallMiddleware") as opened:
             stack = opened.entry.stack
             if self.compact_before:
                 context.kwargs["compaction_strategy"] = stack.strategy
@@ -820,13 +803,8 @@ class SessionToolResultRecallMiddleware(ChatMiddleware):
             if isinstance(result, ResponseStream):
                 # The recall middleware judges a forced stream as it is consumed: the phase
                 # (and the session) stays open until then, and the state is written at its end.
-                streaming = True
                 context.result = result.with_cleanup_hook(lambda: registry.close(opened))  # pyright: ignore[reportUnknownMemberType]
                 registry.watch_stream(opened, result)
-        finally:
-            registry.leave(token)
-            if not streaming:
-                registry.close(opened)
 
 
 def make_session_recall_tool(

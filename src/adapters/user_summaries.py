@@ -11,7 +11,6 @@ another replica replays a summary instead of asking for it again.
 from __future__ import annotations
 
 import copy
-import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -21,7 +20,6 @@ from agent_framework import Content, Message
 from ..core import user_summaries as core
 from ..core.checks import require_async_callable
 from ..core.effects import DescribeMedia, Request, Summarize
-from ..core.model import History
 from ..core.user_snapshot import UserSummarySnapshot
 from ..core.user_summaries import Outcome, SummaryMode, UserReport, UserSummaryConfig
 from .counting import Tokenizer
@@ -208,8 +206,7 @@ class UserTurnAnchoredSummarizationCompactionStrategy(
         message = messages[request.origin]
         self.media_descriptions += 1
         try:
-            pending = hook(copy.deepcopy(message.contents[request.part]), copy.deepcopy(message))
-            text = await pending if inspect.isawaitable(pending) else pending
+            text = await hook(copy.deepcopy(message.contents[request.part]), copy.deepcopy(message))
         except Exception as error:  # the host's hook; cancellation propagates
             self.media_description_failures += 1
             logger.warning(
@@ -243,11 +240,8 @@ class UserTurnAnchoredSummarizationCompactionStrategy(
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
-    def _observe(self, report: UserReport, before: History, messages: Sequence[Message], fresh: set[str]) -> None:
-        del before, messages
-        self._record(report, fresh=report.request in fresh)
-
-    def _record(self, report: UserReport, *, fresh: bool) -> None:
+    def _observe(self, report: UserReport, asked: set[str]) -> None:
+        fresh = report.request in asked  # answered in this pass, not replayed from the state
         self._nothing_fits = self.last_report is not None and self.last_report.outcome is Outcome.NOTHING_FITS
         self.passes += 1
         self.last_report = report
