@@ -59,7 +59,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal, TypeAlias, cast
 
-from pyrsistent import pvector
 from returns.result import Failure, Success
 
 from . import anchored, pipeline, records, user_summaries
@@ -69,7 +68,7 @@ from .counting import MESSAGE_OVERHEAD_TOKENS
 from .effects import Answer, Request, Summarize, answered, find, identity
 from .envelope import Count, Positive, Text, convert, distinct, error, inner, opened
 from .errors import CompactionBudgetExceeded, SnapshotError
-from .model import History, MessageRecord, Part, flagged
+from .model import History, MessageRecord, Part
 from .protocol import Done, Needs, StepResult, sent_tokens
 from .records import HOLD_RECORD, RECORD_PREFIX, RecordConfig, RecordReport, RecordState
 from .snapshot import AnchoredSnapshot
@@ -499,7 +498,8 @@ def _replay(config: CompositionConfig, work: _Pass, seen: View, measure: anchore
         if message is None:
             refused.add(answer.identity)
         else:
-            seen, found = view(_apply(seen.history, kind, items, message), seen), {}
+            applied = user_summaries.apply(seen.history, (m for i in items for m in i.members), kind.reason, message)
+            seen, found = view(applied, seen), {}
             kept[kind.prefix] += 1
     report = replace(
         work.report,
@@ -658,7 +658,8 @@ class _Kind:
     the answer kept only when smaller than what it replaces AND quoting every distinctive
     value of it (:func:`_kept`), else refused for good, and a failure standing until the
     next user turn; a kept answer applied by excluding what its items stand for (linked
-    to it, with ``reason``) and inserting its message where the first stood (:func:`_apply`).
+    to it, with ``reason``) and inserting its message where the first stood
+    (:func:`.user_summaries.apply`).
     """
 
     request: Literal["merge", "rewrite", "emergency_fold"]  # :attr:`Summarize.kind`
@@ -801,21 +802,6 @@ def _next(
             if _kept(kind, answer, selected, measure) is None:
                 refused.append(answer.identity)  # refused once: never asked for again
     return None, tuple(refused), ()
-
-
-def _apply(output: History, kind: _Kind, items: Sequence[_Item], message: MessageRecord) -> History:
-    """Exclude what ``items`` stand for (linked to ``message``); insert ``message`` where the first stood."""
-    members = sorted({m for item in items for m in item.members})
-    rebuilt = list(output)
-    replaced_ids: list[str] = []
-    for index in members:
-        record = rebuilt[index]
-        if not record.excluded:
-            rebuilt[index] = flagged(record, excluded=True, reason=kind.reason, replaced_by=message.message_id)
-            if record.message_id:
-                replaced_ids.append(record.message_id)
-    rebuilt.insert(members[0], replace(message, replaces=tuple(replaced_ids)))
-    return pvector(rebuilt)
 
 
 _MERGE: Final = _Kind(

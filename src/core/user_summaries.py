@@ -50,7 +50,7 @@ from returns.result import Success
 from .checks import AtLeastOne, AtLeastZero, Floor, Fraction, NonEmpty, validate
 from .counting import MESSAGE_OVERHEAD_TOKENS
 from .effects import Answer, DescribeMedia, Request, Summarize, answered, identity, remember
-from .model import MEDIA_KINDS, History, MessageRecord, Part, conversation_indices
+from .model import MEDIA_KINDS, History, MessageRecord, Part, conversation_indices, flagged
 from .protocol import Done, Needs, StepResult, sent_tokens
 from .user_snapshot import UserSummarySnapshot
 
@@ -579,27 +579,35 @@ def _ask(
     replaced_tokens = sum(p.records[i.index].tokens for i in selected)
     if summary.tokens >= replaced_tokens:
         return done(Outcome.REFUSED)
-    output = list(p.history)
-    origins: list[int] = []
     reason = FOLD_EXCLUDE_REASON if kind == "fold" else EXCLUDE_REASON
-    for item in selected:
-        position = p.conversation[item.index]
-        original = output[position]
-        output[position] = replace(original, excluded=True, reason=reason, replaced_by=summary_id)
-        if original.origin is not None:
-            origins.append(original.origin)
-    replaces = tuple(output[p.conversation[i.index]].message_id or "" for i in selected)
-    summary = replace(summary, replaces=tuple(i for i in replaces if i))
-    output.insert(p.conversation[selected[0].index], summary)
+    output = apply(p.history, [p.conversation[i.index] for i in selected], reason, summary)
     standing = [r for r in output if r.summary and not r.excluded and not r.injected]
     report = replace(
         done(Outcome.FOLDED if kind == "fold" else Outcome.SUMMARIZED).report,
-        replaced=tuple(origins),
+        replaced=tuple(o for i in selected if (o := p.records[i.index].origin) is not None),
         tokens_after=p.tokens - replaced_tokens + summary.tokens,
         standing=len(standing),
         summary_tokens=sum(r.tokens for r in standing),
     )
-    return Done(history=pvector(output), state=p.kept(), report=report)
+    return Done(history=output, state=p.kept(), report=report)
+
+
+def apply(history: History, members: Iterable[int], reason: str, message: MessageRecord) -> History:
+    """Exclude the messages at ``members`` (linked to ``message``, with ``reason``); insert ``message`` at the first.
+
+    One rule for every replacement: a user summary, a fold, a record merge or rewrite.
+    """
+    indices = sorted(set(members))
+    rebuilt = list(history)
+    replaced_ids: list[str] = []
+    for index in indices:
+        record = rebuilt[index]
+        if not record.excluded:
+            rebuilt[index] = flagged(record, excluded=True, reason=reason, replaced_by=message.message_id)
+            if record.message_id:
+                replaced_ids.append(record.message_id)
+    rebuilt.insert(indices[0], replace(message, replaces=tuple(replaced_ids)))
+    return pvector(rebuilt)
 
 
 def _below_break_even(p: _Pass, selected: Sequence[_Item]) -> bool:
