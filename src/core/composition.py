@@ -65,7 +65,7 @@ from . import anchored, pipeline, records, user_summaries
 from .anchored import AnchoredConfig, Report
 from .checks import AtLeastZero, NonEmpty, validate
 from .counting import MESSAGE_OVERHEAD_TOKENS
-from .effects import Answer, Request, Summarize, answered, find, identity
+from .effects import Answer, Request, Summarize, answered, standing
 from .envelope import Count, Positive, Text, convert, distinct, error, inner, opened
 from .errors import CompactionBudgetExceeded, SnapshotError
 from .model import History, MessageRecord, Part
@@ -481,7 +481,7 @@ def _users(config: CompositionConfig, work: _Pass, seen: View, measure: anchored
 def _replay(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
     """Apply every kept replacement whose items lead the conversation's, in the order they were kept."""
     kept, refused = Counter[str](), set[str]()
-    found: dict[object, list[_Item]] = {}  # each kind's items in the output so far, by finder
+    found: dict[object, list[user_summaries.Item]] = {}  # each kind's items in the output so far, by finder
     for name, answer in work.state.chain.replacements:
         if answer.text is None or answer.sources is None:
             continue  # a failure, not a refusal: :func:`_ask` decides when to ask again
@@ -491,7 +491,8 @@ def _replay(config: CompositionConfig, work: _Pass, seen: View, measure: anchore
             items = found[kind.items] = kind.items(seen, measure)
         items = items[: answer.sources]
         if len(items) < answer.sources or all(
-            _request(kind, prompt, items, "").identity != answer.identity for prompt in kind.prompts(config)
+            user_summaries.request(kind.request, prompt, items, "", 0, label=kind.label).identity != answer.identity
+            for prompt in kind.prompts(config)
         ):
             continue
         message = _kept(kind, answer, items, measure)
@@ -639,17 +640,6 @@ def check(config: CompositionConfig, state: CompositionState, history: History) 
 
 
 @dataclass(frozen=True, slots=True)
-class _Item:
-    """What a replacement may stand for: an active record, or a standing user summary."""
-
-    index: int  # into the history
-    text: str  # its body: a record's values without the record prefix, a summary without its marker
-    tokens: int  # its size as a message (a record's as a written record)
-    members: tuple[int, ...]  # what leaves the prompt with it: a record's whole group, a summary alone
-    run: int = 0  # items form one run: any prefix of them may be replaced together
-
-
-@dataclass(frozen=True, slots=True)
 class _Kind:
     """One kind of replacement the chain asks for; every kind follows one rule.
 
@@ -666,13 +656,13 @@ class _Kind:
     label: str  # of the request's identity
     prefix: str  # of the ids it allocates
     minimum: int
-    items: Callable[[View, anchored.Measure], list[_Item]]
+    items: Callable[[View, anchored.Measure], list[user_summaries.Item]]
     prompts: Callable[[CompositionConfig], list[str]]
     message: Callable[[str, str, anchored.Measure], MessageRecord]  # (answer, id, measure)
     reason: str
 
 
-def _active_records(seen: View, measure: anchored.Measure) -> list[_Item]:
+def _active_records(seen: View, measure: anchored.Measure) -> list[user_summaries.Item]:
     """The conversation's active records that a replacement may stand for, oldest first.
 
     Only records whose group holds nothing else (a recall call and its result, or a
@@ -690,20 +680,20 @@ def _active_records(seen: View, measure: anchored.Measure) -> list[_Item]:
         if not calls_other and not answers_other:
             whole = tuple(indices[m] for m in group.members)
             groups.update(dict.fromkeys(whole, whole))
-    found: list[_Item] = []
+    found: list[user_summaries.Item] = []
     for index in sorted(groups):
         text = records.record_text(output[index], recall_ids)
         if text:
             body = text.split(records.RECORD_MARKER, 1)[-1].removeprefix(" " + records.RECORD_PREAMBLE).strip()
-            found.append(_Item(index, body, _written(body, "", measure).tokens, groups[index]))
+            found.append(user_summaries.Item(index, body, _written(body, "", measure).tokens, groups[index]))
     return found
 
 
-def _standing_summaries(seen: View, measure: anchored.Measure) -> list[_Item]:
+def _standing_summaries(seen: View, measure: anchored.Measure) -> list[user_summaries.Item]:
     """The conversation's standing user summaries (ours, folds included), oldest first."""
     del measure  # a summary's size is its message's
     return [
-        _Item(index, user_summaries.summary_body(record), record.tokens, (index,))
+        user_summaries.Item(index, user_summaries.summary_body(record), record.tokens, (index,))
         for index, record in enumerate(seen.history)
         if record.summary and record.role == "user" and not record.excluded and not record.injected
     ]
@@ -723,21 +713,9 @@ def _written(answer: str, record_id: str, measure: anchored.Measure) -> MessageR
     )
 
 
-def _request(kind: _Kind, prompt: str, items: Sequence[_Item], summary_id: str, turns: int = 0) -> Summarize:
-    """The summarizer request of ``kind`` for ``items``, keyed by what it replaces."""
-    transcript = user_summaries.numbered(items)
-    return Summarize(
-        identity=identity(kind.label, prompt, len(items), transcript),
-        prompt=prompt,
-        transcript=transcript,
-        sources=len(items),
-        summary_id=summary_id,
-        kind=kind.request,
-        turns=turns,
-    )
-
-
-def _kept(kind: _Kind, answer: Answer, items: Sequence[_Item], measure: anchored.Measure) -> MessageRecord | None:
+def _kept(
+    kind: _Kind, answer: Answer, items: Sequence[user_summaries.Item], measure: anchored.Measure
+) -> MessageRecord | None:
     """The message ``answer`` becomes if kept: smaller than ``items`` (like for like) AND quoting all their values."""
     if not answer.text or not answer.text.strip() or answer.summary_id is None:
         return None
@@ -780,7 +758,7 @@ def _next(
     """
     turns, limit = user_summaries.user_turns(seen.history), config.users.summary_input_limit
     refused: list[str] = []
-    found: dict[object, list[_Item]] = {}  # each kind's items, by finder
+    found: dict[object, list[user_summaries.Item]] = {}  # each kind's items, by finder
     for name, kind in _KINDS.items():
         if name == "rewrite" and _rewrites(chain) >= config.harder_attempts:
             continue
@@ -793,9 +771,11 @@ def _next(
             selected = user_summaries.select(prompt, items, limit, measure, minimum=kind.minimum)
             if not selected:
                 continue
-            request = _request(kind, prompt, selected, f"{kind.prefix}{number}", turns)
-            answer = find([a for _, a in chain.replacements], request.identity)
-            if answer is None or not answer.stands(turns):
+            request = user_summaries.request(
+                kind.request, prompt, selected, f"{kind.prefix}{number}", turns, label=kind.label
+            )
+            answer = standing([a for _, a in chain.replacements], request.identity, turns)
+            if answer is None:
                 return request, (), ()
             if answer.text is None:
                 return None, tuple(refused), (answer.identity,)
