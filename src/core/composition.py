@@ -64,11 +64,10 @@ from returns.result import Failure, Success
 from . import anchored, pipeline, records, user_summaries
 from .anchored import AnchoredConfig, Report
 from .checks import AtLeastZero, NonEmpty, validate
-from .counting import MESSAGE_OVERHEAD_TOKENS
 from .effects import Answer, Request, Summarize, answered, standing
 from .envelope import Count, Positive, Text, convert, distinct, error, inner, opened
 from .errors import CompactionBudgetExceeded, SnapshotError
-from .model import History, MessageRecord, Part
+from .model import History, MessageRecord
 from .protocol import Done, Needs, StepResult, sent_tokens
 from .records import HOLD_RECORD, RECORD_PREFIX, RecordConfig, RecordReport, RecordState
 from .snapshot import AnchoredSnapshot
@@ -702,15 +701,7 @@ def _standing_summaries(seen: View, measure: anchored.Measure) -> list[user_summ
 def _written(answer: str, record_id: str, measure: anchored.Measure) -> MessageRecord:
     """The written record a merge's or a rewrite's ``answer`` becomes."""
     text = f"{RECORD_PREFIX}\n{answer.strip()}"
-    text_tokens = measure(text)
-    return MessageRecord(
-        role="assistant",
-        parts=(Part(kind="text", text=text, tokens=text_tokens),),
-        tokens=MESSAGE_OVERHEAD_TOKENS + text_tokens,
-        message_id=record_id,
-        written_record=True,
-        held=HOLD_RECORD,
-    )
+    return user_summaries.message("assistant", text, record_id, measure, written_record=True, held=HOLD_RECORD)
 
 
 def _kept(

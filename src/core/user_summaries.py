@@ -537,15 +537,16 @@ def summary_text(answer: str) -> str:
 
 def summary_record(answer: str, summary_id: str, measure: Measure) -> MessageRecord:
     """The user message a summarizer's ``answer`` becomes (a summary, a fold, an emergency fold)."""
-    text = summary_text(answer)
-    text_tokens = measure(text)
-    return MessageRecord(
-        role="user",
-        parts=(Part(kind="text", text=text, tokens=text_tokens),),
-        tokens=MESSAGE_OVERHEAD_TOKENS + text_tokens,
-        message_id=summary_id,
-        summary=True,
+    return message("user", summary_text(answer), summary_id, measure, summary=True)
+
+
+def message(role: str, text: str, message_id: str, measure: Measure, **flags: object) -> MessageRecord:
+    """A one-text message compaction inserts (a summary, a written record), counted with its overhead."""
+    tokens = measure(text)
+    made = MessageRecord(
+        role, (Part(kind="text", text=text, tokens=tokens),), MESSAGE_OVERHEAD_TOKENS + tokens, message_id
     )
+    return flagged(made, **flags)
 
 
 def _ask(
