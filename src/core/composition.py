@@ -717,12 +717,6 @@ def _kept(
     return message if all(value in quoted for i in items for value in distinctive_values(i.text)) else None
 
 
-def _next_number(output: History, prefix: str, kept: int) -> int:
-    """The number of the next id with ``prefix``: past the ``kept`` decisions of its kind and every such id in use."""
-    used = [r.message_id[len(prefix) :] for r in output if r.message_id and r.message_id.startswith(prefix)]
-    return max([kept, *(int(suffix) + 1 for suffix in used if suffix.isdigit())])
-
-
 def _rewrites(chain: ChainDecisions) -> int:
     """Harder rewrites answered (kept or refused) since the last merge answered: ``harder_attempts`` at most."""
     count = 0
@@ -757,14 +751,12 @@ def _next(
         if items is None:
             items = found[kind.items] = kind.items(seen, measure)
         kept = sum(1 for n, a in chain.replacements if a.text is not None and _KINDS[n].prefix == kind.prefix)
-        number = _next_number(seen.history, kind.prefix, kept)
+        summary_id = user_summaries.next_id(kind.prefix, kept, seen.history)
         for prompt in kind.prompts(config):
             selected = user_summaries.select(prompt, items, limit, measure, minimum=kind.minimum)
             if not selected:
                 continue
-            request = user_summaries.request(
-                kind.request, prompt, selected, f"{kind.prefix}{number}", turns, label=kind.label
-            )
+            request = user_summaries.request(kind.request, prompt, selected, summary_id, turns, label=kind.label)
             answer = standing([a for _, a in chain.replacements], request.identity, turns)
             if answer is None:
                 return request, (), ()

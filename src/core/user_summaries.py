@@ -363,7 +363,7 @@ def pass_(
         selected = select(config.prompt, items, config.summary_input_limit, measure)
     if not selected:
         return p.done(Outcome.NOTHING_FITS, band_tokens=eligible_tokens, protected=protected)
-    summary_id = _next_id(SUMMARY_ID_PREFIX, snapshot.compactions, records, exclude_prefix=FOLD_ID_PREFIX)
+    summary_id = next_id(SUMMARY_ID_PREFIX, snapshot.compactions, records)
     return _ask(p, "summary", selected, summary_id, band_tokens=eligible_tokens, protected=protected)
 
 
@@ -515,19 +515,11 @@ def request(
     )
 
 
-def _next_id(prefix: str, count: int, records: Iterable[MessageRecord], *, exclude_prefix: str | None = None) -> str:
-    """``<prefix><n>``: past every count and every id in history, so ids never collide."""
-    taken = {r.message_id for r in records if r.message_id}
-    highest = count
-    for message_id in taken:
-        if message_id.startswith(prefix) and not (exclude_prefix and message_id.startswith(exclude_prefix)):
-            match = _ID_SUFFIX.search(message_id[len(prefix) :])
-            if match is not None and match.group(1) == message_id[len(prefix) :]:
-                highest = max(highest, int(match.group(1)) + 1)
-    number = highest
-    while f"{prefix}{number}" in taken:
-        number += 1
-    return f"{prefix}{number}"
+def next_id(prefix: str, count: int, records: Iterable[MessageRecord]) -> str:
+    """``<prefix><n>``: past ``count`` (the ids of its kind answered) and every ``<prefix><digits>`` id in use,
+    so ids never collide (another kind's ids, ``user_summary_fold_<n>`` under ``user_summary_``, are not numbers)."""
+    used = [r.message_id[len(prefix) :] for r in records if r.message_id and r.message_id.startswith(prefix)]
+    return f"{prefix}{max([count, *(int(suffix) + 1 for suffix in used if suffix.isdecimal())])}"
 
 
 def summary_text(answer: str) -> str:
@@ -637,7 +629,7 @@ def _fold(p: _Pass) -> UserNeeds | UserDone:
     behind = sum(r.tokens for r in p.history[start:] if not r.excluded and not r.injected)
     if saving < math.ceil(behind * config.min_band_share - 1e-9):
         return p.done(Outcome.DECLINED)
-    fold_id = _next_id(FOLD_ID_PREFIX, p.snapshot.folds, records)
+    fold_id = next_id(FOLD_ID_PREFIX, p.snapshot.folds, records)
     return _ask(p, "fold", selected, fold_id, band_tokens=sum(sizes), protected=0)
 
 
