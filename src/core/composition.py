@@ -529,7 +529,7 @@ def _fallback(config: CompositionConfig, work: _Pass, seen: View, measure: ancho
     copy agree); new ones are made only over the budget.
     """
     state = work.state.records.fallback
-    if seen.sent <= config.max_input_tokens and not _decided(state):
+    if seen.sent <= config.max_input_tokens and not records.decided(state):
         return Done(seen.history, work, None)
     assert config.records.fallback is not None
     output = records.hold_unrecorded(seen)
@@ -542,7 +542,7 @@ def _fallback(config: CompositionConfig, work: _Pass, seen: View, measure: ancho
 def _shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
     """The shed policy: whole unrecorded tool groups leave, oldest band position first (replayed likewise)."""
     state = work.state.chain.shed
-    if seen.sent <= config.max_input_tokens and not _decided(state):
+    if seen.sent <= config.max_input_tokens and not records.decided(state):
         return Done(seen.history, work, None)
     ran = records.run_with_holds(config.shed, state, seen.history, measure, releasable=_SHEDDABLE, memo=work.band)
     new = replace(work.state, chain=replace(work.state.chain, shed=ran.state))
@@ -804,11 +804,6 @@ _CHAIN_KINDS: Final[Mapping[str, ReplacementKind]] = {kind.request: name for nam
 def _protected_tokens(output: History) -> int:
     """What no step may remove: records, host-preserved messages and injected context."""
     return sum(r.tokens for r in output if not r.excluded and (r.held == HOLD_RECORD or r.preserved or r.injected))
-
-
-def _decided(state: AnchoredSnapshot) -> bool:
-    """The anchored rules have shed or committed something that must replay."""
-    return bool(state.tools_shed or state.texts_shed or state.shortened)
 
 
 def _wait(chain: ChainDecisions, clock: int, *, expected: bool, count: int) -> tuple[ChainDecisions, bool]:
