@@ -59,17 +59,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal, TypeAlias, cast
 
-from pyrsistent import pvector
 from returns.result import Failure, Success
 
 from . import anchored, pipeline, records, user_summaries
 from .anchored import AnchoredConfig, Report
 from .checks import AtLeastZero, NonEmpty, validate
-from .counting import MESSAGE_OVERHEAD_TOKENS
-from .effects import Answer, Request, Summarize, answered, find, identity
+from .effects import Answer, Request, Summarize, answered, standing
 from .envelope import Count, Positive, Schema, Text, distinct, dump, error, exactly, load, names
 from .errors import CompactionBudgetExceeded, SnapshotError
-from .model import History, MessageRecord, Part, flagged
+from .model import History, MessageRecord
 from .protocol import Done, Needs, StepResult, sent_tokens
 from .records import HOLD_RECORD, RECORD_PREFIX, RecordConfig, RecordReport, RecordState
 from .snapshot import AnchoredSnapshot
@@ -457,7 +455,7 @@ def _users(config: CompositionConfig, work: _Pass, seen: View, measure: anchored
 def _replay(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
     """Apply every kept replacement whose items lead the conversation's, in the order they were kept."""
     kept, refused = Counter[str](), set[str]()
-    found: dict[object, list[_Item]] = {}  # each kind's items in the output so far, by finder
+    found: dict[object, list[user_summaries.Item]] = {}  # each kind's items in the output so far, by finder
     for name, answer in work.state.chain.replacements:
         if answer.text is None or answer.sources is None:
             continue  # a failure, not a refusal: :func:`_ask` decides when to ask again
@@ -467,14 +465,16 @@ def _replay(config: CompositionConfig, work: _Pass, seen: View, measure: anchore
             items = found[kind.items] = kind.items(seen, measure)
         items = items[: answer.sources]
         if len(items) < answer.sources or all(
-            _request(kind, prompt, items, "").identity != answer.identity for prompt in kind.prompts(config)
+            user_summaries.request(kind.request, prompt, items, "", 0, label=kind.label).identity != answer.identity
+            for prompt in kind.prompts(config)
         ):
             continue
         message = _kept(kind, answer, items, measure)
         if message is None:
             refused.add(answer.identity)
         else:
-            seen, found = view(_apply(seen.history, kind, items, message), seen), {}
+            applied = user_summaries.apply(seen.history, (m for i in items for m in i.members), kind.reason, message)
+            seen, found = view(applied, seen), {}
             kept[kind.prefix] += 1
     report = replace(
         work.report,
@@ -504,7 +504,7 @@ def _fallback(config: CompositionConfig, work: _Pass, seen: View, measure: ancho
     copy agree); new ones are made only over the budget.
     """
     state = work.state.records.fallback
-    if seen.sent <= config.max_input_tokens and not _decided(state):
+    if seen.sent <= config.max_input_tokens and not records.decided(state):
         return Done(seen.history, work, None)
     assert config.records.fallback is not None
     output = records.hold_unrecorded(seen)
@@ -517,7 +517,7 @@ def _fallback(config: CompositionConfig, work: _Pass, seen: View, measure: ancho
 def _shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
     """The shed policy: whole unrecorded tool groups leave, oldest band position first (replayed likewise)."""
     state = work.state.chain.shed
-    if seen.sent <= config.max_input_tokens and not _decided(state):
+    if seen.sent <= config.max_input_tokens and not records.decided(state):
         return Done(seen.history, work, None)
     ran = records.run_with_holds(config.shed, state, seen.history, measure, releasable=_SHEDDABLE, memo=work.band)
     new = replace(work.state, chain=replace(work.state.chain, shed=ran.state))
@@ -614,17 +614,6 @@ def check(config: CompositionConfig, state: CompositionState, history: History) 
 
 
 @dataclass(frozen=True, slots=True)
-class _Item:
-    """What a replacement may stand for: an active record, or a standing user summary."""
-
-    index: int  # into the history
-    text: str  # its body: a record's values without the record prefix, a summary without its marker
-    tokens: int  # its size as a message (a record's as a written record)
-    members: tuple[int, ...]  # what leaves the prompt with it: a record's whole group, a summary alone
-    run: int = 0  # items form one run: any prefix of them may be replaced together
-
-
-@dataclass(frozen=True, slots=True)
 class _Kind:
     """One kind of replacement the chain asks for; every kind follows one rule.
 
@@ -633,20 +622,21 @@ class _Kind:
     the answer kept only when smaller than what it replaces AND quoting every distinctive
     value of it (:func:`_kept`), else refused for good, and a failure standing until the
     next user turn; a kept answer applied by excluding what its items stand for (linked
-    to it, with ``reason``) and inserting its message where the first stood (:func:`_apply`).
+    to it, with ``reason``) and inserting its message where the first stood
+    (:func:`.user_summaries.apply`).
     """
 
     request: Literal["merge", "rewrite", "emergency_fold"]  # :attr:`Summarize.kind`
     label: str  # of the request's identity
     prefix: str  # of the ids it allocates
     minimum: int
-    items: Callable[[View, anchored.Measure], list[_Item]]
+    items: Callable[[View, anchored.Measure], list[user_summaries.Item]]
     prompts: Callable[[CompositionConfig], list[str]]
     message: Callable[[str, str, anchored.Measure], MessageRecord]  # (answer, id, measure)
     reason: str
 
 
-def _active_records(seen: View, measure: anchored.Measure) -> list[_Item]:
+def _active_records(seen: View, measure: anchored.Measure) -> list[user_summaries.Item]:
     """The conversation's active records that a replacement may stand for, oldest first.
 
     Only records whose group holds nothing else (a recall call and its result, or a
@@ -664,20 +654,20 @@ def _active_records(seen: View, measure: anchored.Measure) -> list[_Item]:
         if not calls_other and not answers_other:
             whole = tuple(indices[m] for m in group.members)
             groups.update(dict.fromkeys(whole, whole))
-    found: list[_Item] = []
+    found: list[user_summaries.Item] = []
     for index in sorted(groups):
         text = records.record_text(output[index], recall_ids)
         if text:
             body = text.split(records.RECORD_MARKER, 1)[-1].removeprefix(" " + records.RECORD_PREAMBLE).strip()
-            found.append(_Item(index, body, _written(body, "", measure).tokens, groups[index]))
+            found.append(user_summaries.Item(index, body, _written(body, "", measure).tokens, groups[index]))
     return found
 
 
-def _standing_summaries(seen: View, measure: anchored.Measure) -> list[_Item]:
+def _standing_summaries(seen: View, measure: anchored.Measure) -> list[user_summaries.Item]:
     """The conversation's standing user summaries (ours, folds included), oldest first."""
     del measure  # a summary's size is its message's
     return [
-        _Item(index, user_summaries.summary_body(record), record.tokens, (index,))
+        user_summaries.Item(index, user_summaries.summary_body(record), record.tokens, (index,))
         for index, record in enumerate(seen.history)
         if record.summary and record.role == "user" and not record.excluded and not record.injected
     ]
@@ -686,32 +676,12 @@ def _standing_summaries(seen: View, measure: anchored.Measure) -> list[_Item]:
 def _written(answer: str, record_id: str, measure: anchored.Measure) -> MessageRecord:
     """The written record a merge's or a rewrite's ``answer`` becomes."""
     text = f"{RECORD_PREFIX}\n{answer.strip()}"
-    text_tokens = measure(text)
-    return MessageRecord(
-        role="assistant",
-        parts=(Part(kind="text", text=text, tokens=text_tokens),),
-        tokens=MESSAGE_OVERHEAD_TOKENS + text_tokens,
-        message_id=record_id,
-        written_record=True,
-        held=HOLD_RECORD,
-    )
+    return user_summaries.message("assistant", text, record_id, measure, written_record=True, held=HOLD_RECORD)
 
 
-def _request(kind: _Kind, prompt: str, items: Sequence[_Item], summary_id: str, turns: int = 0) -> Summarize:
-    """The summarizer request of ``kind`` for ``items``, keyed by what it replaces."""
-    transcript = user_summaries.numbered(items)
-    return Summarize(
-        identity=identity(kind.label, prompt, len(items), transcript),
-        prompt=prompt,
-        transcript=transcript,
-        sources=len(items),
-        summary_id=summary_id,
-        kind=kind.request,
-        turns=turns,
-    )
-
-
-def _kept(kind: _Kind, answer: Answer, items: Sequence[_Item], measure: anchored.Measure) -> MessageRecord | None:
+def _kept(
+    kind: _Kind, answer: Answer, items: Sequence[user_summaries.Item], measure: anchored.Measure
+) -> MessageRecord | None:
     """The message ``answer`` becomes if kept: smaller than ``items`` (like for like) AND quoting all their values."""
     if not answer.text or not answer.text.strip() or answer.summary_id is None:
         return None
@@ -720,12 +690,6 @@ def _kept(kind: _Kind, answer: Answer, items: Sequence[_Item], measure: anchored
         return None
     quoted = word_set(answer.text)
     return message if all(value in quoted for i in items for value in distinctive_values(i.text)) else None
-
-
-def _next_number(output: History, prefix: str, kept: int) -> int:
-    """The number of the next id with ``prefix``: past the ``kept`` decisions of its kind and every such id in use."""
-    used = [r.message_id[len(prefix) :] for r in output if r.message_id and r.message_id.startswith(prefix)]
-    return max([kept, *(int(suffix) + 1 for suffix in used if suffix.isdigit())])
 
 
 def _rewrites(chain: ChainDecisions) -> int:
@@ -754,7 +718,7 @@ def _next(
     """
     turns, limit = user_summaries.user_turns(seen.history), config.users.summary_input_limit
     refused: list[str] = []
-    found: dict[object, list[_Item]] = {}  # each kind's items, by finder
+    found: dict[object, list[user_summaries.Item]] = {}  # each kind's items, by finder
     for name, kind in _KINDS.items():
         if name == "rewrite" and _rewrites(chain) >= config.harder_attempts:
             continue
@@ -762,35 +726,20 @@ def _next(
         if items is None:
             items = found[kind.items] = kind.items(seen, measure)
         kept = sum(1 for n, a in chain.replacements if a.text is not None and _KINDS[n].prefix == kind.prefix)
-        number = _next_number(seen.history, kind.prefix, kept)
+        summary_id = user_summaries.next_id(kind.prefix, kept, seen.history)
         for prompt in kind.prompts(config):
             selected = user_summaries.select(prompt, items, limit, measure, minimum=kind.minimum)
             if not selected:
                 continue
-            request = _request(kind, prompt, selected, f"{kind.prefix}{number}", turns)
-            answer = find([a for _, a in chain.replacements], request.identity)
-            if answer is None or not answer.stands(turns):
+            request = user_summaries.request(kind.request, prompt, selected, summary_id, turns, label=kind.label)
+            answer = standing([a for _, a in chain.replacements], request.identity, turns)
+            if answer is None:
                 return request, (), ()
             if answer.text is None:
                 return None, tuple(refused), (answer.identity,)
             if _kept(kind, answer, selected, measure) is None:
                 refused.append(answer.identity)  # refused once: never asked for again
     return None, tuple(refused), ()
-
-
-def _apply(output: History, kind: _Kind, items: Sequence[_Item], message: MessageRecord) -> History:
-    """Exclude what ``items`` stand for (linked to ``message``); insert ``message`` where the first stood."""
-    members = sorted({m for item in items for m in item.members})
-    rebuilt = list(output)
-    replaced_ids: list[str] = []
-    for index in members:
-        record = rebuilt[index]
-        if not record.excluded:
-            rebuilt[index] = flagged(record, excluded=True, reason=kind.reason, replaced_by=message.message_id)
-            if record.message_id:
-                replaced_ids.append(record.message_id)
-    rebuilt.insert(members[0], replace(message, replaces=tuple(replaced_ids)))
-    return pvector(rebuilt)
 
 
 _MERGE: Final = _Kind(
@@ -830,11 +779,6 @@ _CHAIN_KINDS: Final[Mapping[str, ReplacementKind]] = {kind.request: name for nam
 def _protected_tokens(output: History) -> int:
     """What no step may remove: records, host-preserved messages and injected context."""
     return sum(r.tokens for r in output if not r.excluded and (r.held == HOLD_RECORD or r.preserved or r.injected))
-
-
-def _decided(state: AnchoredSnapshot) -> bool:
-    """The anchored rules have shed or committed something that must replay."""
-    return bool(state.tools_shed or state.texts_shed or state.shortened)
 
 
 def _wait(chain: ChainDecisions, clock: int, *, expected: bool, count: int) -> tuple[ChainDecisions, bool]:

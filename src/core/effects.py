@@ -26,6 +26,10 @@ def identity(kind: str, *fields: object) -> str:
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:32]
 
 
+#: What a :class:`Summarize` asks for (see :attr:`Summarize.kind`).
+SummaryKind: TypeAlias = Literal["summary", "fold", "merge", "rewrite", "emergency_fold"]
+
+
 @dataclass(frozen=True, slots=True)
 class Summarize:
     """Ask the summarizer for one summary.
@@ -51,7 +55,7 @@ class Summarize:
     transcript: str
     sources: int
     summary_id: str
-    kind: Literal["summary", "fold", "merge", "rewrite", "emergency_fold"] = "summary"
+    kind: SummaryKind = "summary"
     turns: int = 0
 
 
@@ -123,6 +127,13 @@ def answered(request: Request, text: str | None) -> Answer:
 def find(table: Sequence[A], identity: str) -> A | None:
     """The answer in ``table`` to the request ``identity``, if any (the newest: see :func:`remember`)."""
     return next((answer for answer in reversed(table) if answer.identity == identity), None)
+
+
+def standing(table: Sequence[Answer], identity: str, turns: int) -> Answer | None:
+    """The answer in ``table`` to the request ``identity``, unless it is a failure from an earlier state
+    (one with fewer than ``turns`` user turns): that request is asked again."""
+    answer = find(table, identity)
+    return answer if answer is not None and answer.stands(turns) else None
 
 
 def remember(table: Sequence[A], answer: A) -> tuple[A, ...]:

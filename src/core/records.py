@@ -336,8 +336,7 @@ def step(
     ``memo`` is the previous pass's ``Done.memo``; it never changes the answer.
     """
     record_memo = memo if isinstance(memo, RecordMemo) else None
-    shed = state.fallback
-    stands = bool(shed.tools_shed or shed.texts_shed or shed.shortened)
+    stands = decided(state.fallback)
     passed = rules(config, history, state.decisions, measure, memo=record_memo, fallback_stands=stands)
     memo = passed.memo
     assert isinstance(memo, RecordMemo)
@@ -346,14 +345,15 @@ def step(
     if report.fallback is not Fallback.NONE and config.fallback is not None:
         ran = run_with_holds(config.fallback, state.fallback, output, measure, memo=band)
         output, fallback_state, band = ran.history, ran.state, ran.memo
-        tokens = sent_tokens(output)
-        report = replace(
-            report,
-            fallback_report=ran.report,
-            overflow=report.fallback is Fallback.BEHIND_RECORD and tokens > config.max_input_tokens,
-        )
+        overflow = report.fallback is Fallback.BEHIND_RECORD and sent_tokens(output) > config.max_input_tokens
+        report = replace(report, fallback_report=ran.report, overflow=overflow)
     new_state = RecordState(decisions=passed.state, fallback=fallback_state, recall=state.recall)
     return Success(Done(history=output, state=new_state, report=report, memo=replace(memo, band=band)))
+
+
+def decided(state: AnchoredSnapshot) -> bool:
+    """The anchored rules have shed or committed something that must replay (their sheds stand)."""
+    return bool(state.tools_shed or state.texts_shed or state.shortened)
 
 
 def run_with_holds(

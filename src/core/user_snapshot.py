@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from .effects import Answer, find
+from .effects import Answer
 from .envelope import Count, Schema, distinct, dump, error, load, shown
 
 USER_SNAPSHOT_KIND: Final = "user_summaries"
@@ -39,14 +39,6 @@ class UserSummarySnapshot:
     descriptions: tuple[Answer, ...] = ()
     compactions: Count = 0
     folds: Count = 0
-
-    def answer(self, identity: str) -> Answer | None:
-        """The remembered summary answer for ``identity``, if any."""
-        return find(self.answers, identity)
-
-    def description(self, identity: str) -> Answer | None:
-        """The remembered description for ``identity``, if any."""
-        return find(self.descriptions, identity)
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-safe dict in the one snapshot envelope (``kind``, ``version``, then the fields)."""

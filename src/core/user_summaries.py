@@ -42,15 +42,15 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Final, Literal, Protocol, TypeAlias, TypeVar, get_args
+from typing import Final, Literal, TypeAlias, get_args
 
 from pyrsistent import pvector
 from returns.result import Success
 
 from .checks import AtLeastOne, AtLeastZero, Floor, Fraction, NonEmpty, validate
 from .counting import MESSAGE_OVERHEAD_TOKENS
-from .effects import Answer, DescribeMedia, Request, Summarize, answered, identity, remember
-from .model import MEDIA_KINDS, History, MessageRecord, Part, conversation_indices
+from .effects import DescribeMedia, Request, Summarize, SummaryKind, answered, identity, remember, standing
+from .model import MEDIA_KINDS, History, MessageRecord, Part, conversation_indices, flagged
 from .protocol import Done, Needs, StepResult, sent_tokens
 from .user_snapshot import UserSummarySnapshot
 
@@ -205,13 +205,24 @@ UserNeeds = Needs[UserSummarySnapshot]
 
 
 @dataclass(frozen=True, slots=True)
-class _Item:
-    """One band item: a user turn or one of our summaries, as the summarizer will read it."""
+class Item:
+    """What a summary, a fold or a record replacement may stand for, as the summarizer will read it.
 
-    index: int  # into the conversation records
+    Attributes:
+        index: Where it stands: into the conversation's records (the user half's band) or
+            the history (the composition's chain).
+        text: Its body: a user turn's words, a summary without its marker, a record's values.
+        tokens: Its size as a message (a record's as a written record).
+        members: The history indices that leave the prompt with it (the chain's: a record's
+            whole group, a summary alone).
+        run: Runs are split by turns that stay verbatim; a request never spans two.
+    """
+
+    index: int
     text: str
     tokens: int
-    run: int = 0  # runs are split by turns that stay verbatim; a summary never spans two
+    members: tuple[int, ...] = ()
+    run: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,8 +322,8 @@ def pass_(
     )
     if p.tokens <= (config.trigger_tokens if gates else 0):
         return p.done(Outcome.BELOW_TRIGGER)
-    items: list[_Item] = []
-    waiting: list[tuple[_Item, tuple[DescribeMedia, ...]]] = []  # media turns without descriptions yet
+    items: list[Item] = []
+    waiting: list[tuple[Item, tuple[DescribeMedia, ...]]] = []  # media turns without descriptions yet
     eligible_tokens = 0
     protected = 0
     run = 0
@@ -323,10 +334,10 @@ def pass_(
             run += 1
             continue
         eligible_tokens += records[k].tokens
-        if isinstance(item, _Item):
+        if isinstance(item, Item):
             items.append(replace(item, run=run))
         else:
-            stand_in = _Item(k, "", records[k].tokens, run)
+            stand_in = Item(k, "", records[k].tokens, run=run)
             waiting.append((stand_in, tuple(replace(d, turns=p.user_turns) for d in item)))
             run += 1  # until it is described, the turn ends the run a request may cover
     # Worth a call: user turns to summarise (not only our summaries), and enough of them.
@@ -352,7 +363,7 @@ def pass_(
         selected = select(config.prompt, items, config.summary_input_limit, measure)
     if not selected:
         return p.done(Outcome.NOTHING_FITS, band_tokens=eligible_tokens, protected=protected)
-    summary_id = _next_id(SUMMARY_ID_PREFIX, snapshot.compactions, records, exclude_prefix=FOLD_ID_PREFIX)
+    summary_id = next_id(SUMMARY_ID_PREFIX, snapshot.compactions, records)
     return _ask(p, "summary", selected, summary_id, band_tokens=eligible_tokens, protected=protected)
 
 
@@ -366,8 +377,8 @@ def user_turns(history: Iterable[MessageRecord]) -> int:
 
 def _reachable_descriptions(
     config: UserSummaryConfig,
-    items: Sequence[_Item],
-    waiting: Sequence[tuple[_Item, tuple[DescribeMedia, ...]]],
+    items: Sequence[Item],
+    waiting: Sequence[tuple[Item, tuple[DescribeMedia, ...]]],
     measure: Measure,
 ) -> tuple[DescribeMedia, ...]:
     """Descriptions of the media turns this pass's request could reach, oldest first.
@@ -411,10 +422,10 @@ def _item(
     measure: Measure,
     *,
     turns: int,
-) -> _Item | list[DescribeMedia] | None:
+) -> Item | list[DescribeMedia] | None:
     """The band item ``record`` makes, the descriptions it still needs, or ``None`` if protected."""
     if record.summary:
-        return _Item(index, summary_body(record), record.tokens)
+        return Item(index, summary_body(record), record.tokens)
     if record.preserved:
         return None
     pieces: list[str] = []
@@ -424,9 +435,7 @@ def _item(
             pieces.append(part.text)
         elif part.kind in MEDIA_KINDS and config.describe_media:
             key = media_identity(record, number)
-            answer = snapshot.description(key)
-            if answer is not None and not answer.stands(turns):
-                answer = None  # it failed in an earlier conversation state: ask again
+            answer = standing(snapshot.descriptions, key, turns)  # a failure of an earlier state is asked again
             if answer is None:
                 if record.origin is None:
                     return None  # nothing to hand the host
@@ -441,7 +450,7 @@ def _item(
     if needed:
         return needed
     text = "\n".join(p for p in pieces if p)
-    return _Item(index, text, record.tokens) if text.strip() else None
+    return Item(index, text, record.tokens) if text.strip() else None
 
 
 def media_identity(record: MessageRecord, part: int) -> str:
@@ -456,25 +465,12 @@ def summary_body(record: MessageRecord) -> str:
     return text[len(USER_SUMMARY_MARKER) :].lstrip("\n") if text.startswith(USER_SUMMARY_MARKER) else text
 
 
-class Selectable(Protocol):
-    """An item a bounded request may carry: its text, and the run it belongs to."""
-
-    @property
-    def text(self) -> str: ...
-
-    @property
-    def run(self) -> int: ...
-
-
-ItemT = TypeVar("ItemT", bound=Selectable)
-
-
-def numbered(items: Sequence[Selectable]) -> str:
+def numbered(items: Sequence[Item]) -> str:
     """The request's transcript: the items' texts, numbered from 1."""
     return "\n".join(f"{number}. {item.text}" for number, item in enumerate(items, start=1))
 
 
-def select(prompt: str, items: Sequence[ItemT], limit: int, measure: Measure, *, minimum: int = 1) -> list[ItemT]:
+def select(prompt: str, items: Sequence[Item], limit: int, measure: Measure, *, minimum: int = 1) -> list[Item]:
     """The oldest whole items whose request (instructions plus transcript) fits ``limit``.
 
     Items are added while the sum of their standalone counts fits and they belong to the
@@ -485,7 +481,7 @@ def select(prompt: str, items: Sequence[ItemT], limit: int, measure: Measure, *,
     """
     framing = 2 * MESSAGE_OVERHEAD_TOKENS
     budget = limit - measure(prompt) - framing
-    chosen: list[ItemT] = []
+    chosen: list[Item] = []
     used = 0
     for number, item in enumerate(items, start=1):
         cost = measure(f"{number}. {item.text}")
@@ -498,37 +494,32 @@ def select(prompt: str, items: Sequence[ItemT], limit: int, measure: Measure, *,
     return chosen if len(chosen) >= minimum else []
 
 
-def _request(kind: Literal["summary", "fold"], prompt: str, items: Sequence[_Item], summary_id: str) -> Summarize:
+def request(
+    kind: SummaryKind, prompt: str, items: Sequence[Item], summary_id: str, turns: int, *, label: str | None = None
+) -> Summarize:
+    """The summarizer request of ``kind`` for ``items``, keyed by what it replaces.
+
+    The user half keys it by (kind, prompt, transcript, count), the chain by (``label``,
+    prompt, count, transcript): answers are stored under those identities.
+    """
     transcript = numbered(items)
+    key = (kind, prompt, transcript, len(items)) if label is None else (label, prompt, len(items), transcript)
     return Summarize(
-        identity=identity(kind, prompt, transcript, len(items)),
+        identity=identity(*key),
         prompt=prompt,
         transcript=transcript,
         sources=len(items),
         summary_id=summary_id,
         kind=kind,
+        turns=turns,
     )
 
 
-def _next_id(prefix: str, count: int, records: Iterable[MessageRecord], *, exclude_prefix: str | None = None) -> str:
-    """``<prefix><n>``: past every count and every id in history, so ids never collide."""
-    taken = {r.message_id for r in records if r.message_id}
-    highest = count
-    for message_id in taken:
-        if message_id.startswith(prefix) and not (exclude_prefix and message_id.startswith(exclude_prefix)):
-            match = _ID_SUFFIX.search(message_id[len(prefix) :])
-            if match is not None and match.group(1) == message_id[len(prefix) :]:
-                highest = max(highest, int(match.group(1)) + 1)
-    number = highest
-    while f"{prefix}{number}" in taken:
-        number += 1
-    return f"{prefix}{number}"
-
-
-def _standing_answer(snapshot: UserSummarySnapshot, request: Summarize) -> Answer | None:
-    """The remembered answer to ``request``, unless it is a failure from an earlier state."""
-    answer = snapshot.answer(request.identity)
-    return answer if answer is not None and answer.stands(request.turns) else None
+def next_id(prefix: str, count: int, records: Iterable[MessageRecord]) -> str:
+    """``<prefix><n>``: past ``count`` (the ids of its kind answered) and every ``<prefix><digits>`` id in use,
+    so ids never collide (another kind's ids, ``user_summary_fold_<n>`` under ``user_summary_``, are not numbers)."""
+    used = [r.message_id[len(prefix) :] for r in records if r.message_id and r.message_id.startswith(prefix)]
+    return f"{prefix}{max([count, *(int(suffix) + 1 for suffix in used if suffix.isdecimal())])}"
 
 
 def summary_text(answer: str) -> str:
@@ -538,21 +529,22 @@ def summary_text(answer: str) -> str:
 
 def summary_record(answer: str, summary_id: str, measure: Measure) -> MessageRecord:
     """The user message a summarizer's ``answer`` becomes (a summary, a fold, an emergency fold)."""
-    text = summary_text(answer)
-    text_tokens = measure(text)
-    return MessageRecord(
-        role="user",
-        parts=(Part(kind="text", text=text, tokens=text_tokens),),
-        tokens=MESSAGE_OVERHEAD_TOKENS + text_tokens,
-        message_id=summary_id,
-        summary=True,
+    return message("user", summary_text(answer), summary_id, measure, summary=True)
+
+
+def message(role: str, text: str, message_id: str, measure: Measure, **flags: object) -> MessageRecord:
+    """A one-text message compaction inserts (a summary, a written record), counted with its overhead."""
+    tokens = measure(text)
+    made = MessageRecord(
+        role, (Part(kind="text", text=text, tokens=tokens),), MESSAGE_OVERHEAD_TOKENS + tokens, message_id
     )
+    return flagged(made, **flags)
 
 
 def _ask(
     p: _Pass,
     kind: Literal["summary", "fold"],
-    selected: Sequence[_Item],
+    selected: Sequence[Item],
     summary_id: str,
     *,
     band_tokens: int,
@@ -562,15 +554,15 @@ def _ask(
     prompt = p.config.fold_prompt if kind == "fold" else p.config.prompt
     if _below_break_even(p, selected):
         return p.done(Outcome.DECLINED, band_tokens=band_tokens, protected=protected)
-    request = replace(_request(kind, prompt, selected, summary_id), turns=p.user_turns)
-    answer = _standing_answer(p.snapshot, request)
+    asked = request(kind, prompt, selected, summary_id, p.user_turns)
+    answer = standing(p.snapshot.answers, asked.identity, asked.turns)
     if answer is None:
-        return Needs((request,), p.snapshot)
-    summary_id = answer.summary_id or request.summary_id
+        return Needs((asked,), p.snapshot)
+    summary_id = answer.summary_id or asked.summary_id
 
     def done(outcome: Outcome) -> UserDone:
         return p.done(
-            outcome, request=request.identity, summary_id=summary_id, band_tokens=band_tokens, protected=protected
+            outcome, request=asked.identity, summary_id=summary_id, band_tokens=band_tokens, protected=protected
         )
 
     if not answer.text or not answer.text.strip():
@@ -579,30 +571,38 @@ def _ask(
     replaced_tokens = sum(p.records[i.index].tokens for i in selected)
     if summary.tokens >= replaced_tokens:
         return done(Outcome.REFUSED)
-    output = list(p.history)
-    origins: list[int] = []
     reason = FOLD_EXCLUDE_REASON if kind == "fold" else EXCLUDE_REASON
-    for item in selected:
-        position = p.conversation[item.index]
-        original = output[position]
-        output[position] = replace(original, excluded=True, reason=reason, replaced_by=summary_id)
-        if original.origin is not None:
-            origins.append(original.origin)
-    replaces = tuple(output[p.conversation[i.index]].message_id or "" for i in selected)
-    summary = replace(summary, replaces=tuple(i for i in replaces if i))
-    output.insert(p.conversation[selected[0].index], summary)
-    standing = [r for r in output if r.summary and not r.excluded and not r.injected]
+    output = apply(p.history, [p.conversation[i.index] for i in selected], reason, summary)
+    summaries = [r for r in output if r.summary and not r.excluded and not r.injected]
     report = replace(
         done(Outcome.FOLDED if kind == "fold" else Outcome.SUMMARIZED).report,
-        replaced=tuple(origins),
+        replaced=tuple(o for i in selected if (o := p.records[i.index].origin) is not None),
         tokens_after=p.tokens - replaced_tokens + summary.tokens,
-        standing=len(standing),
-        summary_tokens=sum(r.tokens for r in standing),
+        standing=len(summaries),
+        summary_tokens=sum(r.tokens for r in summaries),
     )
-    return Done(history=pvector(output), state=p.kept(), report=report)
+    return Done(history=output, state=p.kept(), report=report)
 
 
-def _below_break_even(p: _Pass, selected: Sequence[_Item]) -> bool:
+def apply(history: History, members: Iterable[int], reason: str, message: MessageRecord) -> History:
+    """Exclude the messages at ``members`` (linked to ``message``, with ``reason``); insert ``message`` at the first.
+
+    One rule for every replacement: a user summary, a fold, a record merge or rewrite.
+    """
+    indices = sorted(set(members))
+    rebuilt = list(history)
+    replaced_ids: list[str] = []
+    for index in indices:
+        record = rebuilt[index]
+        if not record.excluded:
+            rebuilt[index] = flagged(record, excluded=True, reason=reason, replaced_by=message.message_id)
+            if record.message_id:
+                replaced_ids.append(record.message_id)
+    rebuilt.insert(indices[0], replace(message, replaces=tuple(replaced_ids)))
+    return pvector(rebuilt)
+
+
+def _below_break_even(p: _Pass, selected: Sequence[Item]) -> bool:
     """While the prompt fits, would the summary save less than ``min_gain_fraction`` of what lies behind it?
 
     Its turns' tokens bound what it can save; everything from the first of them on is
@@ -619,7 +619,7 @@ def _below_break_even(p: _Pass, selected: Sequence[_Item]) -> bool:
 def _fold(p: _Pass) -> UserNeeds | UserDone:
     """Fold the oldest standing summaries that fit, if the saving pays for the break it causes."""
     config, records = p.config, p.records
-    items = [_Item(k, summary_body(records[k]), records[k].tokens) for k in p.standing]
+    items = [Item(k, summary_body(records[k]), records[k].tokens) for k in p.standing]
     selected = select(config.fold_prompt, items, config.summary_input_limit, p.measure, minimum=2)
     if not selected:
         return p.done(Outcome.NOTHING_FITS)
@@ -629,7 +629,7 @@ def _fold(p: _Pass) -> UserNeeds | UserDone:
     behind = sum(r.tokens for r in p.history[start:] if not r.excluded and not r.injected)
     if saving < math.ceil(behind * config.min_band_share - 1e-9):
         return p.done(Outcome.DECLINED)
-    fold_id = _next_id(FOLD_ID_PREFIX, p.snapshot.folds, records)
+    fold_id = next_id(FOLD_ID_PREFIX, p.snapshot.folds, records)
     return _ask(p, "fold", selected, fold_id, band_tokens=sum(sizes), protected=0)
 
 
