@@ -34,9 +34,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 from agent_framework import CharacterEstimatorTokenizer, Message
 from agent_framework._compaction import EXCLUDE_REASON_KEY
-from hypothesis import given
+from hypothesis import given, reproduce_failure
 from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn
 
@@ -244,6 +245,19 @@ def test_a_pass_over_a_passs_output_changes_nothing(case: Case) -> None:
     compacted = dump(messages)
     assert run(strategy, messages) is None
     assert dump(messages) == compacted
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="Known defect (found by HYPOTHESIS_PROFILE=long, present at 83b52ff, before this session): when the user band "
+    "holds two runs of turns (split by a group that stays verbatim), a pass summarises only the oldest run, so "
+    "the next pass over its output summarises the other one under the budget instead of changing nothing",
+)
+@reproduce_failure("6.170.17", b"AXicc2RwZGR0ZIAgBhgDwiZTgBFdCIMHpYBKGSAcJ8YtWA1jdOREU4tqNRAaQZkMjFCDgZAZLAIAF+MV6w==")
+@given(cases())
+def test_a_band_of_two_runs_is_summarised_in_one_pass(case: Case) -> None:
+    test_a_pass_over_a_passs_output_changes_nothing.hypothesis.inner_test(case)  # type: ignore[attr-defined]
 
 
 @given(cases())
