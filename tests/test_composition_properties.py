@@ -250,8 +250,8 @@ def test_a_pass_over_a_passs_output_changes_nothing(case: Case) -> None:
 @pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
-    reason="Known defect (found by HYPOTHESIS_PROFILE=long, present at 83b52ff, before this session): when the user band "
-    "holds two runs of turns (split by a group that stays verbatim), a pass summarises only the oldest run, so "
+    reason="Known defect (found by HYPOTHESIS_PROFILE=long, present at 83b52ff, before this session): when the user "
+    "band holds two runs of turns (split by a group that stays verbatim), a pass summarises only the oldest run, so "
     "the next pass over its output summarises the other one under the budget instead of changing nothing",
 )
 @reproduce_failure("6.170.17", b"AXicc2RwZGR0ZIAgBhgDwiZTgBFdCIMHpYBKGSAcJ8YtWA1jdOREU4tqNRAaQZkMjFCDgZAZLAIAF+MV6w==")
