@@ -1,0 +1,64 @@
+"""Distilling a tool result to the lines that carry its distinctive values.
+
+The safety net under the records: when a tool group must leave the prompt and no
+record covers it (the model ignored the pin, a request failed, a record came back
+incomplete), the facts need not go with it. A result's facts are its distinctive
+values (:mod:`.values`: the identifiers, codes, versions and dates a paraphrase cannot
+keep), and in the results agents read they sit on a few lines among many. So the
+result is cut to those lines, verbatim and in order, under one marker line that says
+how many lines were left out. No model is asked, so it cannot be refused or ignored.
+
+The rule reads only the text, so it gives the same bytes on every pass and on every
+copy of the conversation. A distilled text starts with the marker and is never
+distilled again. The text's first line stays as its title (what the result is), and
+a Markdown table keeps its heading and separator rows above any row it keeps, so a
+kept row still reads under its column names.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from .tables import tables
+from .values import distinctive_values
+
+MARKER_TEMPLATE: Final = (
+    "[compacted: {left:,} line(s) of this result without distinctive values were left out; "
+    "the {kept:,} below are kept verbatim and in order]"
+)
+_MARKER: Final = re.compile(
+    r"\[compacted: [\d,]+ line\(s\) of this result without distinctive values were left out; "
+    r"the [\d,]+ below are kept verbatim and in order\]"
+)
+
+
+def is_distilled(text: str) -> bool:
+    """``text`` starts with the distillation marker line."""
+    return _MARKER.fullmatch(text.split("\n", 1)[0]) is not None
+
+
+def distill(text: str) -> str:
+    """``text`` cut to its title line and the lines with distinctive values, under a marker.
+
+    Returns ``text`` itself (the same object) when it is already distilled or when no
+    line would be left out. Every distinctive value of ``text`` is still in the result
+    (a value lies within one line), and the kept lines keep their order and bytes.
+    """
+    if is_distilled(text):
+        return text
+    lines = text.split("\n")
+    keep = {index for index, line in enumerate(lines) if distinctive_values(line)}
+    title = next((index for index, line in enumerate(lines) if line.strip()), None)
+    if title is not None:
+        keep.add(title)
+    for table in tables(text):
+        if any(index in keep for index, _ in table.rows):
+            heading = table.end - len(table.rows) - 2
+            keep.update((heading, heading + 1))
+    left = sum(1 for index, line in enumerate(lines) if index not in keep and line.strip())
+    if not left:
+        return text
+    kept = [lines[index] for index in sorted(keep)]
+    marker = MARKER_TEMPLATE.format(kept=len(kept), left=left)
+    return "\n".join([marker, *kept])
