@@ -682,15 +682,23 @@ def test_snapshot_round_trips_through_its_dict() -> None:
 def test_snapshot_dict_names_its_kind_and_version() -> None:
     assert AnchoredSnapshot(tools_shed=3, spared_tools=(1,)).to_dict() == {
         "kind": "anchored",
-        "version": 1,
+        "version": 2,
         "tools_shed": 3,
         "texts_shed": 0,
         "shortened": 0,
         "spared_tools": [1],
         "spared_texts": [],
         "shed_sizes": [],
+        "distilled": [],
         "keep_head_groups": None,
     }
+
+
+def test_a_version_1_snapshot_reads_as_nothing_distilled() -> None:
+    data = {**AnchoredSnapshot(tools_shed=3, spared_tools=(1,), keep_head_groups=3).to_dict(), "version": 1}
+    del data["distilled"]
+
+    assert AnchoredSnapshot.from_dict(data) == AnchoredSnapshot(tools_shed=3, spared_tools=(1,), keep_head_groups=3)
 
 
 def test_snapshot_dict_without_spared_positions_is_refused_naming_them() -> None:

@@ -40,6 +40,7 @@ from returns.result import Success
 
 from .checks import AtLeastOne, AtLeastZero, Floor, Fraction, validate
 from .counting import MESSAGE_OVERHEAD_TOKENS, Measure
+from .distill import distill
 from .effects import Request
 from .grouping import Grouping, regroup
 from .model import Group, History, MessageRecord, Part, flagged
@@ -122,6 +123,8 @@ class Report:
         misplaced: Notes of earlier sheds stand where the group at their position is
             not excluded: the list lost messages (a history provider that drops excluded
             messages). Positions cannot be trusted, so the pass neither replayed nor shed.
+        distilled: Origins of the results this pass newly cut to the lines that carry
+            their distinctive values (the safety net under the records; see :func:`run`).
     """
 
     tokens_before: int
@@ -134,6 +137,7 @@ class Report:
     declined: bool = False
     overflow: bool = False
     misplaced: int = 0
+    distilled: tuple[int, ...] = ()
 
 
 AnchoredDone = Done[AnchoredSnapshot, Report]
@@ -186,6 +190,11 @@ class _Plan:
     existing_notes: dict[str, MessageRecord] = field(default_factory=dict[str, MessageRecord])
     #: Holds that do not protect; ``None``: no hold protects (see :func:`run`).
     releasable: frozenset[str] | None = None
+    #: Holds whose groups may be distilled over the budget (see :func:`run`).
+    distillable: frozenset[str] = frozenset()
+    #: Band tool positions distilled (replayed or new).
+    distilled: set[int] = field(default_factory=set[int])
+    newly_distilled: list[int] = field(default_factory=list[int])
 
     def shields(self, record: MessageRecord) -> bool:
         """``record`` may not be made smaller: preserved, or held by a hold that protects."""
@@ -233,11 +242,19 @@ def run(
     ceiling: int | None = None,
     memo: object = None,
     releasable: frozenset[str] | None = None,
+    distillable: frozenset[str] = frozenset(),
 ) -> AnchoredDone:
     """:func:`step`'s answer, unwrapped: compositions call it directly.
 
     With ``releasable``, a held message is protected like a preserved one unless its
     hold is in ``releasable`` (the record rules' holds; see :func:`.records.run_with_holds`).
+
+    With ``distillable`` (hold reasons of groups no record covers), the safety net: over
+    the ceiling, such groups are distilled oldest first, down to the low-water mark,
+    before any group is shed. A distilled result keeps its title and every line with a
+    distinctive value, verbatim, under a marker (:func:`.distill.distill`); the position
+    is remembered and replayed like a shed, so every list and every later pass gives the
+    same bytes.
     """
     snapshot = state
     previous = memo if isinstance(memo, Band) else None
@@ -259,6 +276,7 @@ def run(
         existing_notes=existing_notes,
         records=records,
         releasable=releasable,
+        distillable=distillable,
         tools=lane(band.tools, "tool", snapshot.tools_shed, snapshot.spared_tools, dict(snapshot.shed_sizes)),
         texts=lane(band.texts, "reply", snapshot.texts_shed, snapshot.spared_texts, {}),
     )
@@ -269,6 +287,11 @@ def run(
         config, plan, committed=snapshot.shortened, measure=measure, limit=limit
     )
     if not misplaced:
+        for position in snapshot.distilled:
+            if position < len(plan.tools.groups):
+                _distill_group(plan, plan.tools.groups[position], measure, into=None)
+                plan.distilled.add(position)
+        _distill_to_low_water(config, plan, measure, limit)
         _shed_to_low_water(config, plan, measure, limit)
 
     output = _with_notes(plan, measure)
@@ -280,6 +303,7 @@ def run(
         spared_tools=tuple(sorted(plan.tools.spared)),
         spared_texts=tuple(sorted(plan.texts.spared)),
         shed_sizes=tuple(sorted(plan.tools.sizes.items())),
+        distilled=tuple(sorted(plan.distilled)),
         keep_head_groups=config.keep_head_groups,
     )
     report = Report(
@@ -293,6 +317,7 @@ def run(
         declined=declined,
         overflow=tokens_after > limit,
         misplaced=misplaced,
+        distilled=tuple(plan.newly_distilled),
     )
     return Done(history=pvector(output), state=new_snapshot, report=report, memo=band)
 
@@ -371,6 +396,9 @@ def check(config: AnchoredConfig, state: AnchoredSnapshot, history: History) -> 
     ):
         if count > limit:
             return f"snapshot field {name!r} is {count}, but this conversation's band holds {limit} such group(s)"
+    beyond = [p for p in state.distilled if p >= len(band.tools)]
+    if beyond:
+        return f"snapshot field 'distilled' names band position {beyond[0]}, but the band holds {len(band.tools)}"
     return None
 
 
@@ -581,6 +609,60 @@ def _shed_to_low_water(config: AnchoredConfig, plan: _Plan, measure: Measure, li
             if lane is plan.tools:
                 lane.sizes[position] = len(group.members)
             total -= freed - note.tokens
+
+
+def _distill_to_low_water(config: AnchoredConfig, plan: _Plan, measure: Measure, limit: int) -> None:
+    """Distill the groups no record covers, oldest first, down to the low-water mark, only when over ``limit``."""
+    total = _prompt_tokens(plan, measure) if plan.distillable else 0
+    if total <= limit:
+        return
+    low_water = math.floor(limit * config.low_water_fraction)
+    for position, group in enumerate(plan.tools.groups):
+        if total <= low_water:
+            return
+        if position in plan.distilled or not _distillable(plan, group) or _all_excluded(plan.records, group.members):
+            continue
+        freed = _distill_group(plan, group, measure, into=plan.newly_distilled)
+        if freed:
+            plan.distilled.add(position)
+            total -= freed
+
+
+def _distillable(plan: _Plan, group: Group) -> bool:
+    """Every member is held for a reason in ``plan.distillable`` (none preserved, none held otherwise)."""
+    return all(plan.records[i].held in plan.distillable and not plan.records[i].preserved for i in group.members)
+
+
+def _distill_group(plan: _Plan, group: Group, measure: Measure, *, into: list[int] | None) -> int:
+    """Distill the group's plain-text results; returns the included tokens freed.
+
+    Excluded members are distilled too, so a state gives the same stored bytes on every
+    copy of the conversation. Origins of changed included members go ``into`` a report list.
+    """
+    freed = 0
+    for index in group.members:
+        record = plan.records[index]
+        parts = tuple(_distilled(part, measure) for part in record.parts)
+        if all(a is b for a, b in zip(parts, record.parts, strict=True)):
+            continue
+        tokens = record.tokens - sum(p.tokens for p in record.parts) + sum(p.tokens for p in parts)
+        plan.records[index] = replace(record, parts=parts, tokens=tokens)
+        if not record.excluded:
+            freed += record.tokens - tokens
+            if into is not None and record.origin is not None:
+                into.append(record.origin)
+    return freed
+
+
+def _distilled(part: Part, measure: Measure) -> Part:
+    """A plain-text result cut to its value lines, when that makes it smaller; else ``part`` itself."""
+    if part.kind != "function_result" or part.structured:
+        return part
+    text = distill(part.text)
+    if text is part.text:
+        return part
+    tokens = measure(text) + part.media_tokens
+    return replace(part, text=text, tokens=tokens) if tokens < part.tokens else part
 
 
 def _exclude(plan: _Plan, group: Group, *, into: list[int] | None) -> None:

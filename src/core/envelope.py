@@ -331,18 +331,22 @@ def inner(data: Mapping[str, object], name: str) -> Mapping[str, object]:
 
 
 def header(kind: str, supported: tuple[int, ...], data: object) -> Mapping[str, object]:
-    """Check an envelope's header: a mapping, a supported ``version``, then ``kind``."""
+    """Check an envelope's header: a mapping, its ``kind``, then a supported ``version``.
+
+    The kind comes first: a version counts only within its kind, so another kind's
+    version says nothing about this reader's.
+    """
     if not isinstance(data, Mapping):
         raise SnapshotError(f"{_a(kind)} snapshot must be a mapping, got {type(data).__name__}")
     mapping = cast("Mapping[str, object]", data)
+    if mapping.get("kind") != kind:
+        got = "no kind" if "kind" not in mapping else f"kind {shown(mapping.get('kind'))}"
+        raise SnapshotError(f"expected {_a(kind)} snapshot, got {got}")
     if "version" not in mapping:
         raise SnapshotError(f"snapshot field 'version' is missing ({_a(kind)} snapshot names its version)")
     version = mapping["version"]
     if not is_int(version) or version not in supported:
         raise SnapshotVersionError(version, supported, kind=kind)
-    if mapping.get("kind") != kind:
-        got = "no kind" if "kind" not in mapping else f"kind {shown(mapping.get('kind'))}"
-        raise SnapshotError(f"expected {_a(kind)} snapshot, got {got}")
     return mapping
 
 

@@ -11,11 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Final
 
-from .envelope import Count, Pair, Schema, distinct, dump, error, load
+from .envelope import Count, Pair, Schema, distinct, dump, error, exactly, load, names
 from .errors import SnapshotError
 
 SNAPSHOT_KIND: Final = "anchored"
-SNAPSHOT_VERSION: Final = 1
+SNAPSHOT_VERSION: Final = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +33,9 @@ class AnchoredSnapshot:
         shed_sizes: ``(position, members)`` of each shed tool group when it was shed.
             A group that grows since (a result arriving for a shed call, a tool message
             joining its run) is shed whole again, and the newcomers are reported.
+        distilled: Positions of band tool groups whose results were cut to the lines
+            that carry their distinctive values (:mod:`.distill`): groups no record
+            covered, distilled over the budget before any shed was considered.
         keep_head_groups: The head size the positions were counted under (``None``
             before the first pass); positions mean nothing under another head.
     """
@@ -43,6 +46,7 @@ class AnchoredSnapshot:
     spared_tools: tuple[Count, ...] = ()
     spared_texts: tuple[Count, ...] = ()
     shed_sizes: tuple[Pair, ...] = ()
+    distilled: tuple[Count, ...] = ()
     keep_head_groups: Count | None = None
 
     def to_dict(self) -> dict[str, object]:
@@ -97,8 +101,10 @@ def _check(snapshot: AnchoredSnapshot, _version: int, keep_head_groups: int | No
     distinct("spared_tools", snapshot.spared_tools)
     distinct("spared_texts", snapshot.spared_texts)
     distinct("shed_sizes", [p for p, _ in snapshot.shed_sizes])
+    distinct("distilled", snapshot.distilled)
     snapshot = replace(
         snapshot,
+        distilled=tuple(sorted(snapshot.distilled)),
         spared_tools=tuple(sorted(snapshot.spared_tools)),
         spared_texts=tuple(sorted(snapshot.spared_texts)),
         shed_sizes=tuple(sorted(snapshot.shed_sizes)),
@@ -116,7 +122,7 @@ def _check(snapshot: AnchoredSnapshot, _version: int, keep_head_groups: int | No
             raise error("shed_sizes", f"position {position} is not below tools_shed={snapshot.tools_shed}")
         if position in spared_tools:
             raise error("shed_sizes", f"position {position} is spared, so it was never shed")
-    decided = snapshot.tools_shed or snapshot.texts_shed or snapshot.shortened
+    decided = snapshot.tools_shed or snapshot.texts_shed or snapshot.shortened or snapshot.distilled
     if snapshot.keep_head_groups is None and decided:
         raise error(
             "keep_head_groups",
@@ -129,4 +135,11 @@ def _check(snapshot: AnchoredSnapshot, _version: int, keep_head_groups: int | No
     return snapshot
 
 
-ANCHORED_SCHEMA: Final = Schema(SNAPSHOT_KIND, SNAPSHOT_VERSION, AnchoredSnapshot, check=_check)
+def _undistilled(stored: Mapping[str, object]) -> Mapping[str, object]:
+    """Version 1 had no distillation: nothing was distilled."""
+    return {**exactly(stored, [n for n in names(AnchoredSnapshot) if n != "distilled"]), "distilled": []}
+
+
+ANCHORED_SCHEMA: Final = Schema(
+    SNAPSHOT_KIND, SNAPSHOT_VERSION, AnchoredSnapshot, older={1: _undistilled}, check=_check
+)
