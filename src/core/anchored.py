@@ -190,8 +190,8 @@ class _Plan:
     existing_notes: dict[str, MessageRecord] = field(default_factory=dict[str, MessageRecord])
     #: Holds that do not protect; ``None``: no hold protects (see :func:`run`).
     releasable: frozenset[str] | None = None
-    #: Holds whose groups may be distilled over the budget (see :func:`run`).
-    distillable: frozenset[str] = frozenset()
+    #: Holds whose groups may be distilled over the budget, ``None`` for no hold (see :func:`run`).
+    distillable: frozenset[str | None] = frozenset()
     #: Band tool positions distilled (replayed or new).
     distilled: set[int] = field(default_factory=set[int])
     newly_distilled: list[int] = field(default_factory=list[int])
@@ -242,14 +242,15 @@ def run(
     ceiling: int | None = None,
     memo: object = None,
     releasable: frozenset[str] | None = None,
-    distillable: frozenset[str] = frozenset(),
+    distillable: frozenset[str | None] = frozenset(),
 ) -> AnchoredDone:
     """:func:`step`'s answer, unwrapped: compositions call it directly.
 
     With ``releasable``, a held message is protected like a preserved one unless its
     hold is in ``releasable`` (the record rules' holds; see :func:`.records.run_with_holds`).
 
-    With ``distillable`` (hold reasons of groups no record covers), the safety net: over
+    With ``distillable`` (hold reasons of groups no record covers; ``None`` for groups
+    not held at all, where no record exists), the safety net: over
     the ceiling, such groups are distilled oldest first, down to the low-water mark,
     before any group is shed. A distilled result keeps its title and every line with a
     distinctive value, verbatim, under a marker (:func:`.distill.distill`); the position
@@ -629,7 +630,7 @@ def _distill_to_low_water(config: AnchoredConfig, plan: _Plan, measure: Measure,
 
 
 def _distillable(plan: _Plan, group: Group) -> bool:
-    """Every member is held for a reason in ``plan.distillable`` (none preserved, none held otherwise)."""
+    """Every member's hold (or ``None``) is in ``plan.distillable``, and none is preserved."""
     return all(plan.records[i].held in plan.distillable and not plan.records[i].preserved for i in group.members)
 
 
