@@ -37,6 +37,7 @@ from maf_compaction import (
 from maf_compaction.adapters.convert import EXCLUDED_KEY, NOTE_KEY, PRESERVED_KEY, SUMMARY_KEY
 from maf_compaction.core.anchored import TOOL_NOTE_PREFIX
 from maf_compaction.core.composition import CompositionState
+from maf_compaction.core.distill import is_distilled
 from maf_compaction.core.effects import Answer
 from maf_compaction.core.errors import SnapshotError
 from maf_compaction.core.recall import RecallState
@@ -56,19 +57,20 @@ PAD = "please keep the layout we agreed on and make sure the export stays readab
 # ----------------------------------------------------------------------------- conversations
 
 
-def lookup_text(n: int, lines: int = 20) -> str:
-    """A lookup result: filler and two planted codes."""
-    body = [f"# lookup {n}"]
-    body += [f"code_{n}_{i}=TL-{n:02d}{i:04d}" if i % 10 == 5 else FILLER for i in range(lines)]
+def lookup_text(n: int, lines: int = 20, *, dense: bool = False) -> str:
+    """A lookup result: filler and two planted codes (``dense``: a code on every line, so the safety net
+    cannot make it smaller and only a shed can)."""
+    body = [f"# lookup {n} of run RUN-{n:04d}"] if dense else [f"# lookup {n}"]
+    body += [f"code_{n}_{i}=TL-{n:02d}{i:04d}" if dense or i % 10 == 5 else FILLER for i in range(lines)]
     return "\n".join(body)
 
 
-def quote(n: int) -> str:
+def quote(n: int, *, dense: bool = False) -> str:
     """What a faithful record quotes of lookup ``n``."""
-    return "\n".join(line for line in lookup_text(n).split("\n") if distinctive_values(line))
+    return "\n".join(line for line in lookup_text(n, dense=dense).split("\n") if distinctive_values(line))
 
 
-def lookup_round(n: int, *, pad: int = 2, narration: int = 0) -> list[Message]:
+def lookup_round(n: int, *, pad: int = 2, narration: int = 0, dense: bool = False) -> list[Message]:
     """Requirement ``n`` (a user turn), lookup ``n`` (call and result), the assistant's narration."""
     call_id = f"call_{n}"
     return [
@@ -78,14 +80,18 @@ def lookup_round(n: int, *, pad: int = 2, narration: int = 0) -> list[Message]:
             [Content.from_function_call(call_id=call_id, name="lookup", arguments={"n": n})],
             message_id=f"c{n}",
         ),
-        Message("tool", [Content.from_function_result(call_id=call_id, result=lookup_text(n))], message_id=f"r{n}"),
+        Message(
+            "tool",
+            [Content.from_function_result(call_id=call_id, result=lookup_text(n, dense=dense))],
+            message_id=f"r{n}",
+        ),
         Message("assistant", [f"Lookup {n} is done. " + " ".join([FILLER] * narration)], message_id=f"n{n}"),
     ]
 
 
-def record(covers: Sequence[int], *, number: int = 1) -> list[Message]:
+def record(covers: Sequence[int], *, number: int = 1, dense: bool = False) -> list[Message]:
     """A record the model wrote through the recall tool, quoting the lookups ``covers``."""
-    body = "\n".join(quote(n) for n in covers)
+    body = "\n".join(quote(n, dense=dense) for n in covers)
     call_id = f"recall_{number}"
     return [
         Message(
@@ -101,15 +107,17 @@ def record(covers: Sequence[int], *, number: int = 1) -> list[Message]:
     ]
 
 
-def conversation(lookups: int = 6, *, covers: Sequence[int] = (), pad: int = 2, narration: int = 0) -> list[Message]:
+def conversation(
+    lookups: int = 6, *, covers: Sequence[int] = (), pad: int = 2, narration: int = 0, dense: bool = False
+) -> list[Message]:
     messages = [
         Message("system", ["You audit deployments."], message_id="sys"),
         Message("user", ["Task: reconcile the deployments."], message_id="task"),
     ]
     for n in range(lookups):
-        messages += lookup_round(n, pad=pad, narration=narration)
+        messages += lookup_round(n, pad=pad, narration=narration, dense=dense)
     if covers:
-        messages += record(covers)
+        messages += record(covers, dense=dense)
     messages.append(Message("user", ["Now report what you found."], message_id="last"))
     return messages
 
@@ -600,10 +608,25 @@ def test_a_wait_is_dropped_when_the_clock_goes_back_after_a_restore() -> None:
 # ----------------------------------------------------------------------------- the fallback with holds
 
 
-def test_the_fallback_with_holds_sheds_only_narration() -> None:
+def test_the_fallback_with_holds_distills_held_results_before_it_sheds_narration() -> None:
+    """Over the budget, the held band results are cut to their value lines first (the safety net); when that
+    is not enough, narration goes, and never a held group."""
     messages = conversation(8, covers=(0, 1, 2), narration=12)
     _, after_records = measured(messages)
     strategy = build(after_records - 200, overflow_policy="raise")
+    run(strategy, messages)
+    assert [m.message_id for m in messages if excluded(m)] == ["c0", "r0", "c1", "r1", "c2", "r2"]
+    distilled = [m.message_id for m in messages if is_distilled(str(m.contents[0].result or ""))]
+    assert distilled == ["r3", "r4", "r5", "r6"]  # the band's held results; r7 is in the tail
+    for n in range(3, 8):
+        kept = str(by_id(messages, f"r{n}").contents[0].result)
+        assert all(v in kept for v in distinctive_values(lookup_text(n)))
+
+
+def test_the_fallback_with_holds_sheds_only_narration() -> None:
+    messages = conversation(8, covers=(0, 1, 2), narration=12)
+    _, after_records = measured(messages)
+    strategy = build(after_records - 1_600, overflow_policy="raise")
     run(strategy, messages)
     report = strategy.last_report
     assert report is not None
@@ -622,12 +645,12 @@ def test_the_fallback_with_holds_sheds_only_narration() -> None:
 
 def test_an_explicit_fallback_without_narration_shedding_makes_the_fallback_step_shed_none() -> None:
     """The fallback's own parameters run in the fallback step: ``collapse_assistant_text=False`` sheds no narration."""
-    messages = conversation(8, covers=(0, 1, 2), narration=12)
+    messages = conversation(8, covers=(0, 1, 2), narration=12, dense=True)
     _, after_records = measured(messages)
     fallback = AnchoredCompactionStrategy(
-        max_input_tokens=after_records - 200, tokenizer=TOKENIZER, collapse_assistant_text=False
+        max_input_tokens=after_records - 600, tokenizer=TOKENIZER, collapse_assistant_text=False
     )
-    strategy = build(after_records - 200, overflow_policy="shed", records={"fallback": fallback})
+    strategy = build(after_records - 600, overflow_policy="shed", records={"fallback": fallback})
     copy = deep_copy_messages(messages)
     run(strategy, copy)
     report = strategy.last_report
@@ -637,7 +660,7 @@ def test_an_explicit_fallback_without_narration_shedding_makes_the_fallback_step
     narration = [m.message_id for m in copy if excluded(m) and (m.message_id or "").startswith("n")]
     assert narration == []
     # The default fallback sheds narration on the same conversation (the parameter made the difference).
-    default = build(after_records - 200, overflow_policy="shed")
+    default = build(after_records - 600, overflow_policy="shed")
     run(default, messages)
     assert default.last_report is not None
     assert default.last_report.fallback is not None
@@ -664,10 +687,14 @@ def test_an_explicit_fallbacks_tail_is_the_shed_steps_tail() -> None:
 
 
 def _over_by_groups(groups: int) -> tuple[int, list[Message]]:
-    """A budget that the record half and the fallback leave ``groups`` uncovered lookups over."""
-    messages = conversation(6, covers=(0, 1, 2))
+    """A budget that the record half and the fallback leave ``groups`` uncovered lookups over.
+
+    Every result line carries a code, so the safety net cannot make a result smaller: only
+    the overflow policy can make room (tests/test_safety_net.py covers the net).
+    """
+    messages = conversation(6, covers=(0, 1, 2), dense=True)
     _, after_records = measured(messages)
-    uncovered = TOKENIZER.count_tokens(lookup_text(3))
+    uncovered = TOKENIZER.count_tokens(lookup_text(3, dense=True))
     return after_records - uncovered * groups + uncovered // 2, messages
 
 
@@ -718,12 +745,12 @@ def test_a_shed_replays_on_the_other_list_and_after_a_restore() -> None:
     budget, messages = _over_by_groups(1)
     strategy = build_without_user_band(budget)
     run(strategy, messages)
-    other = conversation(6, covers=(0, 1, 2))
+    other = conversation(6, covers=(0, 1, 2), dense=True)
     run(strategy, other)
     assert dump(other) == dump(messages)
     restored = build_without_user_band(budget)
     restored.restore_state(strategy.decision_state())
-    third = conversation(6, covers=(0, 1, 2))
+    third = conversation(6, covers=(0, 1, 2), dense=True)
     run(restored, third)
     assert dump(third) == dump(messages)
 

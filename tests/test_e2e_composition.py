@@ -24,7 +24,7 @@ import logging
 import re
 import tempfile
 from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import pytest
@@ -295,12 +295,16 @@ async def test_whatever_left_the_prompt_unrecorded_and_unsummarized_is_named_in_
 
 async def test_raise_reaches_the_host_through_the_harness_where_shed_would_shed() -> None:
     """README wiring, fill 3.0, records that quote 70% of the values: ``"raise"`` keeps the partly quoted lookups
-    until they no longer fit and ends the run with the error; with faithful records fill 3.0 completes."""
+    until they no longer fit and ends the run with the error; with faithful records fill 3.0 completes.
+
+    The lookups are number-dense logs (a value on every line), so the safety net, which cuts an uncovered
+    result to its value lines, cannot make room either (on the default lookups it does: see
+    tests/test_safety_net.py).
+    """
+    dense = load_scenario(replace(SETTINGS, dense_values=True), 3.0, SEED)
     with tempfile.TemporaryDirectory(prefix="maf-e2e-composition-") as directory, contextlib.chdir(directory):
         with pytest.raises(CompactionBudgetExceeded) as raised:
-            await _play(
-                SCENARIOS[3.0], HARNESSES["no-todo-no-mode"], stream=False, repeat=4, policy="raise", record_quality=0.7
-            )
+            await _play(dense, HARNESSES["no-todo-no-mode"], stream=False, repeat=4, policy="raise", record_quality=0.7)
         fits = await _play(SCENARIOS[3.0], HARNESSES["no-todo-no-mode"], stream=False, repeat=4, policy="raise")
     assert raised.value.needed > raised.value.budget
     assert fits.strategy.budget_failures == 0

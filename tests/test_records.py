@@ -29,6 +29,7 @@ from maf_compaction import (
     record_text,
 )
 from maf_compaction.adapters.convert import HOLD_KEY, PRESERVED_KEY, WRITTEN_RECORD_KEY
+from maf_compaction.core.distill import is_distilled
 from maf_compaction.core.record_decisions import Ask
 from maf_compaction.core.records import HOLD_RECORD, HOLD_UNCOVERED, HOLD_UNRECORDED, RECALL_TOOL_NAME, RECORD_PREFIX
 from maf_compaction.core.tables import PARTIAL_MARKER_PREFIX
@@ -528,7 +529,7 @@ def test_without_a_record_it_waits_until_the_fallback_fraction() -> None:
     assert not any(hold(m) for m in messages)  # the plain fallback holds nothing
 
 
-def test_behind_a_record_over_budget_everything_unrecorded_is_held_and_a_warning_says_so(
+def test_behind_a_record_over_budget_everything_unrecorded_is_held_and_band_results_are_distilled(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     messages = conversation(6)
@@ -542,12 +543,33 @@ def test_behind_a_record_over_budget_everything_unrecorded_is_held_and_a_warning
     assert hold(result_of(messages, "call_2")) == HOLD_UNCOVERED
     assert hold(result_of(messages, "recall_1")) == HOLD_RECORD
     assert s.fallbacks_held_after_record == 1
-    assert s.overflows == 1
-    assert any("behind a record" in r.getMessage() for r in caplog.records)
-    # The anchored fallback sheds only narration: every held result is intact.
+    assert s.overflows == 0
+    # The anchored fallback sheds no held group. The safety net cut the band's held results to their
+    # value lines (every value kept, verbatim); the head and the tail are untouched.
     for n in (0, 2, 3, 4, 5, 9):
         assert not excluded(result_of(messages, f"call_{n}"))
-        assert result_of(messages, f"call_{n}").contents[0].result == lookup_text(n)
+        text = result_of(messages, f"call_{n}").contents[0].result
+        assert is_distilled(text) == (n in (2, 3, 4, 5))
+        assert all(v in text for v in distinctive_values(lookup_text(n)))
+        assert original_results(result_of(messages, f"call_{n}")).get(f"call_{n}", text) == lookup_text(n)
+    named = [r.getMessage() for r in caplog.records if "cut 4 tool result(s) that no record covers" in r.getMessage()]
+    assert len(named) == 1
+    assert "call call_2" in named[0]
+
+
+def test_behind_a_record_a_prompt_the_net_cannot_fit_overflows_and_a_warning_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    messages = conversation(6)
+    messages += recall(quote_all(lookup_text(1)))
+    messages += lookup(9)
+    s = strategy(1_500)
+    with caplog.at_level(logging.WARNING, logger="maf_compaction"):
+        run(s, messages)
+    assert s.overflows == 1
+    assert any("behind a record" in r.getMessage() for r in caplog.records)
+    for n in (0, 2, 3, 4, 5, 9):  # nothing unrecorded is shed
+        assert not excluded(result_of(messages, f"call_{n}"))
 
 
 def test_holds_are_released_when_no_longer_needed() -> None:

@@ -25,6 +25,7 @@ from agent_framework import Message
 from returns.result import Failure
 
 from ..core.checks import require_tokenizer
+from ..core.distill import newly_distilled
 from ..core.effects import Request
 from ..core.errors import SnapshotError
 from ..core.model import History
@@ -258,12 +259,8 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
             by_reason.setdefault(record.reason or "", []).append(origin)
         for reason, origins in by_reason.items():
             names = [describe(before, messages, origin) for origin in origins]
-            key = (reason, frozenset(names))
-            if key in self._named:
+            if not self._first_naming(reason, names):
                 continue
-            self._named[key] = None
-            if len(self._named) > _WARNED_SETS:
-                self._named.popitem(last=False)
             level = logging.INFO if reason in self.linked_reasons else logging.WARNING
             logger.log(
                 level,
@@ -273,6 +270,26 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
                 EXCLUSION_CAUSES.get(reason, reason or "no reason given"),
                 ", ".join(names),
             )
+        distilled = [describe(before, messages, origin) for origin in newly_distilled(before, after)]
+        if distilled and self._first_naming("distilled", distilled):
+            logger.warning(
+                "%s cut %d tool result(s) that no record covers to their first line and the lines that carry "
+                "distinctive values, verbatim, to fit the budget (a marker in each says how many lines were left "
+                "out; the full text stays on the message, see original_results): %s",
+                type(self).__name__,
+                len(distilled),
+                ", ".join(distilled),
+            )
+
+    def _first_naming(self, reason: str, names: Sequence[str]) -> bool:
+        """Whether this set of messages is named for this reason for the first time (both lists name it once)."""
+        key = (reason, frozenset(names))
+        if key in self._named:
+            return False
+        self._named[key] = None
+        if len(self._named) > _WARNED_SETS:
+            self._named.popitem(last=False)
+        return True
 
 
 #: What each exclusion reason means, for the log line that names the messages.

@@ -508,7 +508,9 @@ def _fallback(config: CompositionConfig, work: _Pass, seen: View, measure: ancho
         return Done(seen.history, work, None)
     assert config.records.fallback is not None
     output = records.hold_unrecorded(seen)
-    ran = records.run_with_holds(config.records.fallback, state, output, measure, memo=work.band)
+    ran = records.run_with_holds(
+        config.records.fallback, state, output, measure, memo=work.band, distillable=records.DISTILLABLE
+    )
     new = replace(work.state, records=replace(work.state.records, fallback=ran.state))
     report = replace(work.report, fallback=ran.report)
     return Done(ran.history, replace(work, state=new, report=report, band=ran.memo), None)

@@ -18,8 +18,10 @@ kept row still reads under its column names.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Sequence
 from typing import Final
 
+from .model import MessageRecord
 from .tables import tables
 from .values import distinctive_values
 
@@ -62,3 +64,18 @@ def distill(text: str) -> str:
     kept = [lines[index] for index in sorted(keep)]
     marker = MARKER_TEMPLATE.format(kept=len(kept), left=left)
     return "\n".join([marker, *kept])
+
+
+def newly_distilled(before: Sequence[MessageRecord], after: Iterable[MessageRecord]) -> list[int]:
+    """Origins (indices into ``before``) of the included results a pass distilled, for the shell to name."""
+    found: list[int] = []
+    for record in after:
+        origin = record.origin
+        if origin is None or record.excluded or not _distilled(record) or _distilled(before[origin]):
+            continue
+        found.append(origin)
+    return found
+
+
+def _distilled(record: MessageRecord) -> bool:
+    return any(p.kind == "function_result" and is_distilled(p.text) for p in record.parts)

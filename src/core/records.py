@@ -45,6 +45,7 @@ from returns.result import Success
 from . import anchored, recall
 from .anchored import DEFAULT_KEEP_HEAD_GROUPS, DEFAULT_KEEP_TAIL_GROUPS, AnchoredConfig
 from .checks import AtLeastOne, AtLeastZero, Fraction, validate
+from .distill import is_distilled
 from .effects import Request
 from .envelope import Schema
 from .grouping import Grouping, regroup
@@ -72,6 +73,9 @@ HOLD_UNCOVERED: Final = "tool_summary_uncovered"
 HOLD_UNRECORDED: Final = "tool_summary_unrecorded"
 HOLD_RECORD: Final = "tool_summary_record"
 HOLD_REASONS: Final = frozenset({HOLD_UNCOVERED, HOLD_UNRECORDED, HOLD_RECORD})
+#: Groups the safety net may distill over the budget: no record covers them (held as
+#: uncovered or unrecorded, or not held at all when no record exists yet).
+DISTILLABLE: Final[frozenset[str | None]] = frozenset({None, HOLD_UNCOVERED, HOLD_UNRECORDED})
 #: Why the messages of a covered tool group are excluded (written on the messages).
 EXCLUDE_REASON: Final = "tool_summary_anchored"
 
@@ -343,7 +347,7 @@ def step(
     report, output, fallback_state = passed.report, passed.history, state.fallback
     band = record_memo.band if record_memo else None
     if report.fallback is not Fallback.NONE and config.fallback is not None:
-        ran = run_with_holds(config.fallback, state.fallback, output, measure, memo=band)
+        ran = run_with_holds(config.fallback, state.fallback, output, measure, memo=band, distillable=DISTILLABLE)
         output, fallback_state, band = ran.history, ran.state, ran.memo
         overflow = report.fallback is Fallback.BEHIND_RECORD and sent_tokens(output) > config.max_input_tokens
         report = replace(report, fallback_report=ran.report, overflow=overflow)
@@ -353,7 +357,7 @@ def step(
 
 def decided(state: AnchoredSnapshot) -> bool:
     """The anchored rules have shed or committed something that must replay (their sheds stand)."""
-    return bool(state.tools_shed or state.texts_shed or state.shortened)
+    return bool(state.tools_shed or state.texts_shed or state.shortened or state.distilled)
 
 
 def run_with_holds(
@@ -363,6 +367,7 @@ def run_with_holds(
     measure: Measure,
     *,
     releasable: frozenset[str] = frozenset(),
+    distillable: frozenset[str | None] = frozenset(),
     memo: object = None,
 ) -> anchored.AnchoredDone:
     """The anchored rules on ``history`` with every held message protected, except holds in ``releasable``.
@@ -370,9 +375,11 @@ def run_with_holds(
     A hold is ours, not the host's preserve: the anchored rules see a held message as
     preserved, and the hold comes back on every message still included afterwards. Holds
     named in ``releasable`` do not protect, so the rules may shed those groups whole.
+    Groups whose holds are in ``distillable`` are distilled over the budget before any
+    shed (the safety net; see :func:`.anchored.run`).
     """
     keep = {r.origin: r.held for r in history if r.held is not None}
-    ran = anchored.run(config, state, history, measure, memo=memo, releasable=releasable)
+    ran = anchored.run(config, state, history, measure, memo=memo, releasable=releasable, distillable=distillable)
 
     def restored(record: MessageRecord) -> MessageRecord:
         if record.excluded:  # an excluded message keeps no hold; one that protected stays protected
@@ -687,7 +694,9 @@ def _released_parts(
     out: list[Part] = []
     released = 0
     for part in parts:
-        if part.kind != "function_result" or part.structured or "|" not in part.text:
+        # A distilled result is the safety net's final form (every value already kept): releasing
+        # rows from it later would change bytes a pass over its own output must keep.
+        if part.kind != "function_result" or part.structured or "|" not in part.text or is_distilled(part.text):
             out.append(part)
             continue
         text, count = release_rows(part.text, quoted, ambiguous)
