@@ -61,6 +61,11 @@ COMPOSITION_ROWS: Final = (
 )
 
 
+#: The rows the safety net's tables compare: the control, the framework's default, our record rows.
+NET_ROWS: Final = ("none", "context_window", "tool_summary_anchored", "tool_and_user_summary_anchored")
+_NET_FILLS: Final = (1.5, 3.0)
+
+
 @dataclass(frozen=True, slots=True)
 class Run:
     """A pinned bench run: settings, rows, fills and seeds, and the command line that makes it."""
@@ -88,6 +93,19 @@ RUNS: Final[Mapping[str, Run]] = {
         COMPOSITION_ROWS,
         command="python -m maf_compaction.bench --seeds 1 --cache openai-free-tool-choice "
         f"--rows {','.join(COMPOSITION_ROWS)}",
+    ),
+    "ignore-pin": Run(
+        Settings(ignore_pin=True),
+        NET_ROWS,
+        fills=_NET_FILLS,
+        command=f"python -m maf_compaction.bench --seeds 1 --fill 1.5,3.0 --ignore-pin --rows {','.join(NET_ROWS)}",
+    ),
+    "record-quality-0.5": Run(
+        Settings(record_quality=0.5),
+        NET_ROWS,
+        fills=_NET_FILLS,
+        command="python -m maf_compaction.bench --seeds 1 --fill 1.5,3.0 --record-quality 0.5 "
+        f"--rows {','.join(NET_ROWS)}",
     ),
     "anthropic": Run(
         Settings(cache="anthropic", profile="anthropic-5m"),
@@ -268,6 +286,19 @@ def render_records(run: Run, summaries: Sequence[RowSummary]) -> str:
     return "\n".join([_source_line(run, "Row `tool_summary_anchored` of "), "", *_markdown(header, rows), ""])
 
 
+def render_safety_net(run: Run, summaries: Sequence[RowSummary]) -> str:
+    """Our record rows beside the framework's default when the model does not write complete records."""
+    header = ["fill", "row", "cost vs none", "hit%", "max/window", "DQ", "facts kept"]
+    rows: list[list[str]] = []
+    for fill, by_row in _by_fill(summaries).items():
+        for name in run.rows[1:]:
+            s = by_row[name]
+            vs = "-" if s.vs_none is None else f"{s.vs_none:.2f}x"
+            cells = [f"{s.hit * 100:.1f}%", f"{s.max_prompt_share:.2f}", _dq(s), f"{s.facts_kept:g}/{s.facts_total}"]
+            rows.append([f"{fill:.1f}", f"`{name}`", vs, *cells])
+    return "\n".join([_source_line(run), "", *_markdown(header, rows), ""])
+
+
 _MODES: Final = {
     "user_summary_anchored": "`recompact`",
     "user_summary_anchored_boundary": "`boundary`",
@@ -356,6 +387,10 @@ REGIONS: Final[Mapping[str, Region]] = {
     ),
     "composition-anthropic": Region(
         "anthropic", render_composition, "docs/composition.md: the composition under Anthropic's cache rules"
+    ),
+    "net-ignore-pin": Region("ignore-pin", render_safety_net, "docs/records.md: a model that ignores every pin"),
+    "net-record-quality": Region(
+        "record-quality-0.5", render_safety_net, "docs/records.md: records that quote half the values"
     ),
 }
 
