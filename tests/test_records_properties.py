@@ -354,3 +354,17 @@ def test_name_coverage_reads_the_same_on_a_pass_over_a_passs_output() -> None:
     compacted = [m.to_dict() for m in messages]
     _run(strategy, messages)
     assert [m.to_dict() for m in messages] == compacted
+
+
+def test_the_fallbacks_sheds_on_the_copies_replay_on_the_stored_history() -> None:
+    """Found by the long profile: the in-call copies' injected context put the pass over the budget, so the
+    fallback behind the record shed a reply there; the stored history, within it, ran no fallback and kept
+    the reply. The fallback's decisions replay on every pass while they stand, whatever the size."""
+    history, budget = _fixture("fallback_sheds_on_the_copies")
+    strategy = _strategy(budget)
+    copies = with_injected_context(history)
+    stored = deep_copy_messages(history)
+    _run(strategy, copies)
+    _run(strategy, stored)
+    assert any(m.additional_properties.get(EXCLUDE_REASON_KEY) == "anchored_compaction" for m in stored)
+    assert _shown(copies) == _shown(stored)

@@ -346,7 +346,9 @@ def step(
     assert isinstance(memo, RecordMemo)
     report, output, fallback_state = passed.report, passed.history, state.fallback
     band = record_memo.band if record_memo else None
-    if report.fallback is not Fallback.NONE and config.fallback is not None:
+    # The fallback's decisions replay on every pass while they stand, whatever the size, so
+    # both lists agree (the in-call copies carry injected context the stored history lacks).
+    if (report.fallback is not Fallback.NONE or stands) and config.fallback is not None:
         ran = run_with_holds(config.fallback, state.fallback, output, measure, memo=band, distillable=DISTILLABLE)
         output, fallback_state, band = ran.history, ran.state, ran.memo
         overflow = report.fallback is Fallback.BEHIND_RECORD and sent_tokens(output) > config.max_input_tokens
@@ -489,8 +491,8 @@ def rules(
     if tokens_after > config.max_input_tokens:
         fallback = Fallback.BEHIND_RECORD
         held_unrecorded = _hold_unrecorded(output, grouping, recall_ids, holds)
-    elif fallback_stands:  # a group the fallback behind a record held stays held while its sheds stand
-        _keep_unrecorded_holds(output, grouping, holds)
+    elif fallback_stands:  # the fallback replays its sheds under the holds it ran with
+        _hold_unrecorded(output, grouping, recall_ids, holds)
     output = _with_holds(output, holds)
     report = RecordReport(
         tokens_before=tokens_before,
@@ -853,22 +855,6 @@ def _hold_unrecorded(
             holds[index] = HOLD_UNRECORDED
         held += 1
     return held
-
-
-def _keep_unrecorded_holds(output: Sequence[MessageRecord], grouping: Grouping, holds: dict[int, str]) -> None:
-    """Hold again (in ``holds``) every included tool group that already carries the unrecorded hold.
-
-    A pass the fallback ran on held it; the next pass, now within the budget, does not
-    run the fallback, and releasing the hold would rewrite the stored bytes of that
-    pass's output (a pass over its own output must change nothing).
-    """
-    for group in grouping.all:
-        members = group.members
-        if group.kind != "tool_call" or any(holds.get(i) or output[i].excluded for i in members):
-            continue
-        if all(output[i].held == HOLD_UNRECORDED for i in members):
-            for index in members:
-                holds[index] = HOLD_UNRECORDED
 
 
 def hold_unrecorded(seen: View) -> History:
