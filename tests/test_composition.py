@@ -37,7 +37,7 @@ from maf_compaction import (
 from maf_compaction.adapters.convert import EXCLUDED_KEY, NOTE_KEY, PRESERVED_KEY, SUMMARY_KEY
 from maf_compaction.core.anchored import TOOL_NOTE_PREFIX
 from maf_compaction.core.composition import CompositionState
-from maf_compaction.core.distill import is_distilled
+from maf_compaction.core.distill import is_distilled, is_remnant
 from maf_compaction.core.effects import Answer
 from maf_compaction.core.errors import SnapshotError
 from maf_compaction.core.recall import RecallState
@@ -450,7 +450,11 @@ def test_under_raise_a_group_leaves_only_when_every_value_is_quoted(policy: str,
     ]
     run(build(100_000, overflow_policy=policy), messages)
     assert {"c1", "r1", "c2", "r2"} <= set(excluded_ids(messages)), "fully quoted groups leave under both"
-    assert ("r0" in excluded_ids(messages)) is leaves
+    assert "r0" not in excluded_ids(messages)
+    # Under "shed" the group is covered at 80%: only its remnant stays, the code the record does not quote.
+    left = str(by_id(messages, "r0").contents[0].result)
+    assert is_remnant(left) is leaves
+    assert quoted[4] in left
 
 
 # ----------------------------------------------------------------------------- the user half

@@ -29,7 +29,7 @@ from maf_compaction import (
     record_text,
 )
 from maf_compaction.adapters.convert import HOLD_KEY, PRESERVED_KEY, WRITTEN_RECORD_KEY
-from maf_compaction.core.distill import is_distilled
+from maf_compaction.core.distill import is_distilled, is_remnant
 from maf_compaction.core.record_decisions import Ask
 from maf_compaction.core.records import HOLD_RECORD, HOLD_UNCOVERED, HOLD_UNRECORDED, RECALL_TOOL_NAME, RECORD_PREFIX
 from maf_compaction.core.tables import PARTIAL_MARKER_PREFIX
@@ -308,7 +308,12 @@ def test_coverage_needs_the_configured_share_of_distinct_values_with_case() -> N
         messages += recall(" ".join(f"AB-{i:04d}" for i in range(quoted)))
         s = strategy(coverage_share=share)
         run(s, messages)
-        assert dropped(messages, "call_1") is covered, (quoted, share)
+        # Covered: the group leaves, or, quoted in part, leaves a remnant of the values the record does not quote.
+        left = result_of(messages, "call_1").contents[0].result
+        assert (dropped(messages, "call_1") or is_remnant(left)) is covered, (quoted, share)
+        assert dropped(messages, "call_1") is (covered and quoted == 10), (quoted, share)
+        if covered and quoted < 10:  # the unquoted values, and the title line (what the result is)
+            assert distinctive_values(left) == ("AB-0000", *(f"AB-{i:04d}" for i in range(quoted, 10)))
     messages = conversation(2)
     messages[-2].contents[0].result = text
     messages[-2].contents[0].items = [Content.from_text(text)]
@@ -334,7 +339,10 @@ def test_the_smallest_coverage_share_still_needs_one_quoted_value() -> None:
     messages = conversation(2)
     messages += recall("code_1_5=TL-010005")  # one of lookup 1's values
     run(strategy(coverage_share=0.01), messages)
-    assert dropped(messages, "call_1")
+    left = result_of(messages, "call_1").contents[0].result
+    assert is_remnant(left)  # covered: only what the record does not quote stays
+    assert "TL-010005" not in left
+    assert set(distinctive_values(lookup_text(1))) - {"TL-010005"} <= set(distinctive_values(left))
 
 
 def test_groups_without_values_are_covered_by_tool_name_mentions() -> None:

@@ -295,9 +295,9 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
 #: What each exclusion reason means, for the log line that names the messages.
 EXCLUSION_CAUSES: dict[str, str] = {
     "anchored_compaction": "shed to fit the budget, or to keep earlier sheds whole, with a note in their place",
-    # Coverage is a share (coverage_share, 0.8 by default; a composition under "raise" asks for every value).
-    "tool_summary_anchored": "records quote at least coverage_share of each group's distinct values; a value "
-    "they do not quote leaves the prompt with it",
+    # A group quoted in part (at least coverage_share) keeps a remnant with the values the records do not quote.
+    "tool_summary_anchored": "records quote every distinct value of each group (or name its tool, for a group "
+    "without values), or the message completes a group they cover",
     "user_turn_summarized": "replaced by a user-turn summary that links to them",
     "user_summaries_folded": "folded into a newer summary that links to them",
     "record_replaced": "replaced by a written record that quotes every value and links to them",

@@ -40,7 +40,8 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
     be reconstructed). On each pass with a record, a tool group after the head that ends
     before the newest record leaves the prompt when the records quote at least
     ``coverage_share`` of its distinct distinctive values (words of four or more
-    characters with a digit, compared with case). Uncovered groups are held, so nothing
+    characters with a digit, compared with case); a group quoted in part keeps a remnant,
+    the lines with the values the records do not quote. Uncovered groups are held, so nothing
     unrecorded is lost, and asked for again once (:attr:`take_reforce`); a batch asked
     for without success is settled: held until a later record quotes it. A result larger
     than ``record_target_tokens`` may instead release the Markdown table rows a record

@@ -18,7 +18,7 @@ kept row still reads under its column names.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Final
 
 from .model import MessageRecord
@@ -35,6 +35,21 @@ _MARKER: Final = re.compile(
 )
 
 
+REMNANT_TEMPLATE: Final = (
+    "[compacted: the compaction record quotes this result's other values; kept here, verbatim and in order, "
+    "the {kept:,} line(s) with values it does not quote; {left:,} other line(s) were left out]"
+)
+_REMNANT: Final = re.compile(
+    r"\[compacted: the compaction record quotes this result's other values; kept here, verbatim and in order, "
+    r"the [\d,]+ line\(s\) with values it does not quote; [\d,]+ other line\(s\) were left out\]"
+)
+
+
+def is_remnant(text: str) -> bool:
+    """``text`` starts with the remnant marker line (see :func:`remnant`)."""
+    return _REMNANT.fullmatch(text.split("\n", 1)[0]) is not None
+
+
 def is_distilled(text: str) -> bool:
     """``text`` starts with the distillation marker line."""
     return _MARKER.fullmatch(text.split("\n", 1)[0]) is not None
@@ -43,14 +58,28 @@ def is_distilled(text: str) -> bool:
 def distill(text: str) -> str:
     """``text`` cut to its title line and the lines with distinctive values, under a marker.
 
-    Returns ``text`` itself (the same object) when it is already distilled or when no
-    line would be left out. Every distinctive value of ``text`` is still in the result
+    Returns ``text`` itself (the same object) when it is already distilled or a remnant
+    (:func:`remnant`), or when no line would be left out. Every distinctive value of ``text`` is still in the result
     (a value lies within one line), and the kept lines keep their order and bytes.
     """
-    if is_distilled(text):
+    if is_distilled(text) or is_remnant(text):  # a remnant is already cut to values no record quotes
         return text
+    return _cut(text, lambda line: bool(distinctive_values(line)), MARKER_TEMPLATE)
+
+
+def remnant(text: str, quoted: Collection[str]) -> str:
+    """What stays of a result the records cover in part: its title line and the lines with a value they do not quote.
+
+    A record that quotes ``coverage_share`` of a group's values covers it, and the group
+    leaves the prompt; the values it does not quote would leave with it. This keeps them,
+    verbatim, under a marker. Returns ``text`` itself when no line would be left out.
+    """
+    return _cut(text, lambda line: any(v not in quoted for v in distinctive_values(line)), REMNANT_TEMPLATE)
+
+
+def _cut(text: str, wanted: Callable[[str], bool], template: str) -> str:
     lines = text.split("\n")
-    keep = {index for index, line in enumerate(lines) if distinctive_values(line)}
+    keep = {index for index, line in enumerate(lines) if wanted(line)}
     title = next((index for index, line in enumerate(lines) if line.strip()), None)
     if title is not None:
         keep.add(title)
@@ -62,7 +91,7 @@ def distill(text: str) -> str:
     if not left:
         return text
     kept = [lines[index] for index in sorted(keep)]
-    marker = MARKER_TEMPLATE.format(kept=len(kept), left=left)
+    marker = template.format(kept=len(kept), left=left)
     return "\n".join([marker, *kept])
 
 

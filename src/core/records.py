@@ -45,7 +45,7 @@ from returns.result import Success
 from . import anchored, recall
 from .anchored import DEFAULT_KEEP_HEAD_GROUPS, DEFAULT_KEEP_TAIL_GROUPS, AnchoredConfig
 from .checks import AtLeastOne, AtLeastZero, Fraction, validate
-from .distill import is_distilled
+from .distill import is_distilled, is_remnant, remnant
 from .effects import Request
 from .envelope import Schema
 from .grouping import Grouping, regroup
@@ -246,7 +246,8 @@ class RecordReport:
         tokens_after: Prompt tokens after the pass (before any fallback).
         triggered: The prompt was over the trigger.
         records: Active records in the conversation.
-        covered: Ordinals of the tool groups the records cover (left the prompt).
+        covered: Ordinals of the tool groups the records cover (left the prompt, or left a
+            remnant: see ``remnants``).
         dropped: Origins of messages this pass newly excluded because a record covers them.
         joined: Origins of messages excluded to keep a tool group whole: the rest of an
             uncovered group found partly excluded (a late result for a covered call).
@@ -254,6 +255,8 @@ class RecordReport:
         settled: Ordinals of uncovered groups held for good.
         asked: Ordinals of a new ask made on this pass (empty when none).
         rows_released: Table rows this pass newly released from held results.
+        remnants: Results of groups the records cover in part, cut on this pass to their
+            title line and the lines with a value the records do not quote (the rest left).
         unreachable: Held groups whose cheapest sufficient value text exceeds
             ``record_target_tokens`` (a diagnostic estimate).
         held_unrecorded: Groups held so the fallback behind a record leaves them whole.
@@ -274,6 +277,7 @@ class RecordReport:
     settled: tuple[int, ...] = ()
     asked: tuple[int, ...] = ()
     rows_released: int = 0
+    remnants: int = 0
     unreachable: int = 0
     held_unrecorded: int = 0
     fallback: Fallback = Fallback.NONE
@@ -471,8 +475,12 @@ def rules(
     # for a call a record covered, or another component's exclusion) goes whole.
     broken = [c for c in uncovered if any(records[i].excluded for i in c.group.members)]
     uncovered = [c for c in uncovered if c not in broken]
+    # A group the records cover in part leaves only what they quote: the lines with a value
+    # they do not quote stay, as its remnant (the group counts as covered: it is not asked for).
+    partial = [c for c in covered if any(v not in quoted[1] for v in c.values)]
     output = list(records)
-    dropped = _exclude(output, covered)
+    dropped = _exclude(output, [c for c in covered if c not in partial])
+    remnants = _keep_remnants(output, partial, quoted[1], measure)
     joined = _exclude(output, broken)
     rows = _release_rows(config, output, uncovered, text, measure=measure, recall_ids=recall_ids)
     for candidate in uncovered:
@@ -506,6 +514,7 @@ def rules(
         settled=settled,
         asked=asked,
         rows_released=rows,
+        remnants=remnants,
         unreachable=_unreachable(config, uncovered, measure),
         held_unrecorded=held_unrecorded,
         fallback=fallback,
@@ -603,7 +612,7 @@ def _candidates(
         if all(records[i].excluded for i in members):  # already gone, judged all the same
             gone.append(tuple(name for i in members for name in records[i].call_names))
             continue
-        texts = [p.text for i in members for p in records[i].parts if p.kind == "function_result" and p.text]
+        texts = [_judged_text(p) for i in members for p in records[i].parts if p.kind == "function_result" and p.text]
         for text in texts:
             if text not in seen:
                 cached = known.get(text)
@@ -612,6 +621,35 @@ def _candidates(
         names = tuple(name for i in members for name in records[i].call_names)
         found.append(_Candidate(ordinal, group, group_values, names))
     return found, gone
+
+
+def _judged_text(part: Part) -> str:
+    """The text a result is judged by: a remnant's original (so a pass over a pass's output judges alike)."""
+    return part.original if part.original is not None and is_remnant(part.text) else part.text
+
+
+def _keep_remnants(
+    output: list[MessageRecord], partial: Sequence[_Candidate], quoted: frozenset[str], measure: Measure
+) -> int:
+    """Cut the included plain-text results of ``partial`` groups to their remnants, in ``output``; how many changed."""
+    changed = 0
+    for candidate in partial:
+        for index in candidate.group.members:
+            record = output[index]
+            if record.excluded:
+                continue
+            parts: list[Part] = []
+            for part in record.parts:
+                if part.kind != "function_result" or part.structured or not part.text:
+                    parts.append(part)
+                    continue
+                text = remnant(_judged_text(part), quoted)
+                same = text == part.text
+                parts.append(part if same else replace(part, text=text, tokens=measure(text) + part.media_tokens))
+                changed += not same
+            tokens = record.tokens - sum(p.tokens for p in record.parts) + sum(p.tokens for p in parts)
+            output[index] = replace(record, parts=tuple(parts), tokens=tokens)
+    return changed
 
 
 def _coverage(
