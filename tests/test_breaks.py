@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 from agent_framework import Content, Message
 
-from maf_compaction.bench.breaks import Break, RowCauses, break_cause, causes_table, named_loop_messages, tally
+from maf_compaction.bench.breaks import (
+    Break,
+    RowCauses,
+    break_cause,
+    causes_table,
+    named_loop_messages,
+    regions,
+    render_page,
+    tally,
+)
 from maf_compaction.bench.rendering import RenderedRequest, opaque, render_message
 from maf_compaction.bench.runner import Cell, Settings, play_cell
 
@@ -106,3 +116,11 @@ async def test_the_controls_breaks_on_the_wire_are_the_loops_unnamed_messages(ki
     assert fixed.breaks == 0
     assert fixed.break_causes == {}
     assert fixed.cost <= result.cost
+
+
+def test_the_committed_wire_cache_tables_are_current() -> None:
+    """docs/wire-cache.md's tables are what ``python -m maf_compaction.bench.breaks --write`` writes."""
+    page = Path(__file__).resolve().parents[1] / "docs" / "wire-cache.md"
+    text = page.read_text(encoding="utf-8")
+    assert [name for name, _, _ in regions(text)] == ["wire", "named"]
+    assert render_page(text) == text
