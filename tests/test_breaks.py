@@ -103,6 +103,13 @@ def test_tally_and_table() -> None:
     ]
 
 
+async def test_the_streaming_path_sends_the_loops_messages_unnamed_on_every_request() -> None:
+    """Streaming names copies of the answer at the run's end: the Chat control never breaks."""
+    result, _ = await play_cell(Cell("none", 1.5, 1), Settings(client="openai-chat", stream=True))
+    assert result.breaks == 0
+    assert result.break_causes == {}
+
+
 @pytest.mark.parametrize("kind", ["openai-chat", "openai-responses"])
 async def test_the_controls_breaks_on_the_wire_are_the_loops_unnamed_messages(kind: str) -> None:
     """Chat replays a tool loop's assistant message with a name the loop did not send; the patch fixes it."""
