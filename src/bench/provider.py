@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
 
+from .breaks import Break, break_cause
 from .rendering import MESSAGE_LAYER_FIELDS, OPAQUE_MARKER, RenderedRequest, common_prefix
 from .simulator import AnthropicCache, OpenAICache, PriceProfile, Salt, bill
 
@@ -73,6 +74,8 @@ class CallRecord:
         over_window: The request exceeded the context window (a DQ).
         broke: The request is not a prefix extension of the previous request of its kind.
         pinned: The request's ``tool_choice`` forces a function (a pinned record).
+        cause: When the call broke, the first element that differs from the previous request
+            (:func:`~.breaks.break_cause`); ``None`` otherwise.
     """
 
     kind: CallKind
@@ -85,6 +88,7 @@ class CallRecord:
     over_window: bool
     broke: bool
     pinned: bool = False
+    cause: Break | None = None
 
 
 @dataclass(slots=True)
@@ -113,7 +117,9 @@ class SimulatedProvider:
     )
     _openai: OpenAICache = field(default_factory=OpenAICache)
     _anthropic: AnthropicCache = field(default_factory=AnthropicCache)
-    _previous: dict[CallKind, tuple[str, ...]] = field(default_factory=dict[CallKind, tuple[str, ...]])
+    _previous: dict[CallKind, tuple[tuple[str, ...], RenderedRequest]] = field(
+        default_factory=dict[CallKind, tuple[tuple[str, ...], RenderedRequest]]
+    )
 
     def __post_init__(self) -> None:
         if self.cache not in CACHE_KINDS:
@@ -194,8 +200,10 @@ class SimulatedProvider:
             result = self._openai.lookup_and_store(layout.tokens, layout.salts)
         output_tokens = self.count(output)
         previous, entries = self._previous.get(kind), layout.identity
-        broke = previous is not None and common_prefix(previous, entries) < len(previous)
-        self._previous[kind] = entries
+        broke = previous is not None and common_prefix(previous[0], entries) < len(previous[0])
+        ignored = ("tool_choice",) if self.cache == "openai-free-tool-choice" else ()
+        cause = break_cause(previous[1], request, ignore_head=ignored) if broke and previous is not None else None
+        self._previous[kind] = (entries, request)
         record = CallRecord(
             kind=kind,
             turn=self.turn,
@@ -207,6 +215,7 @@ class SimulatedProvider:
             over_window=result.input_tokens > self.window,
             broke=broke,
             pinned='"mode":"required"' in dict(request.head).get("tool_choice", ""),
+            cause=cause,
         )
         self.calls.append(record)
         if self.keep_requests:

@@ -23,6 +23,7 @@ from agent_framework import AgentSession, CompactionStrategy, Content, Message, 
 
 from ..adapters.tiktoken import TiktokenTokenizer
 from . import workload_file
+from .breaks import tally
 from .client import SimulatedChatClient, media_contents, scenario_tools
 from .lost import LostFact, collect_warnings, lost_facts
 from .model import ModelOptions, ScriptedModel, context_text
@@ -120,6 +121,7 @@ class CellResult:
         floor: Dollars of each model call's new input and its output alone (see ``_floor``).
         pinned_cost: Dollars of the model calls whose ``tool_choice`` forced a function (pinned records).
         summarizer_cost: Dollars of the summarizer calls.
+        break_causes: Of :attr:`breaks`, how many each cause accounts for (``docs/wire-cache.md``).
     """
 
     row: str
@@ -152,6 +154,7 @@ class CellResult:
     floor: float = 0.0
     pinned_cost: float = 0.0
     summarizer_cost: float = 0.0
+    break_causes: dict[str, int] = field(default_factory=dict[str, int])
 
     @property
     def hit(self) -> float:
@@ -358,6 +361,7 @@ def _fill_figures(
         else:
             result.summarizer_calls += 1
             result.summarizer_cost += call.cost
+    result.break_causes = tally(call.cause for call in calls if call.kind == "model")
     text = _included_text(stored)
     values = {f.value for f in scenario.facts}
     result.facts_total = len(values)
