@@ -537,15 +537,19 @@ def test_without_a_record_it_waits_until_the_fallback_fraction() -> None:
     assert not any(hold(m) for m in messages)  # the plain fallback holds nothing
 
 
+def _behind_a_record(budget: int, caplog: pytest.LogCaptureFixture) -> tuple[Strategy, list[Message]]:
+    """Six lookups, a record of lookup 1, lookup 9 after it; one pass under ``budget``, WARNINGs captured."""
+    messages = [*conversation(6), *recall(quote_all(lookup_text(1))), *lookup(9)]
+    s = strategy(budget)
+    with caplog.at_level(logging.WARNING, logger="maf_compaction"):
+        run(s, messages)
+    return s, messages
+
+
 def test_behind_a_record_over_budget_everything_unrecorded_is_held_and_band_results_are_distilled(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    messages = conversation(6)
-    messages += recall(quote_all(lookup_text(1)))
-    messages += lookup(9)
-    s = strategy(3_000)
-    with caplog.at_level(logging.WARNING, logger="maf_compaction"):
-        run(s, messages)
+    s, messages = _behind_a_record(3_000, caplog)
     assert hold(result_of(messages, "call_0")) == HOLD_UNRECORDED  # the head
     assert hold(result_of(messages, "call_9")) == HOLD_UNRECORDED  # after the record
     assert hold(result_of(messages, "call_2")) == HOLD_UNCOVERED
@@ -568,12 +572,7 @@ def test_behind_a_record_over_budget_everything_unrecorded_is_held_and_band_resu
 def test_behind_a_record_a_prompt_the_net_cannot_fit_overflows_and_a_warning_says_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    messages = conversation(6)
-    messages += recall(quote_all(lookup_text(1)))
-    messages += lookup(9)
-    s = strategy(1_500)
-    with caplog.at_level(logging.WARNING, logger="maf_compaction"):
-        run(s, messages)
+    s, messages = _behind_a_record(1_500, caplog)
     assert s.overflows == 1
     assert any("behind a record" in r.getMessage() for r in caplog.records)
     for n in (0, 2, 3, 4, 5, 9):  # nothing unrecorded is shed
