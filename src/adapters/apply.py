@@ -9,6 +9,8 @@ list to match. Nothing here decides anything.
 
 from __future__ import annotations
 
+import copy
+
 from agent_framework import Message
 from agent_framework._compaction import EXCLUDE_REASON_KEY, EXCLUDED_KEY
 
@@ -63,11 +65,43 @@ def apply(messages: list[Message], before: History, after: History, *, note_kind
     messages[:] = updated
 
 
-def _note_message(record: MessageRecord, existing: dict[str | None, Message], note_kind: str) -> Message:
+def render(messages: list[Message], before: History, view: History, *, note_kind: str) -> list[Message]:
+    """The messages a request over ``view`` sends (the included ones, in order), leaving ``messages`` untouched.
+
+    What :func:`apply` followed by the framework's projection would send, built without
+    changing a message: a message whose results ``view`` rewrites is sent as a copy.
+    """
+    notes = {messages[r.origin].message_id: messages[r.origin] for r in before if r.note and r.origin is not None}
+    sent: list[Message] = []
+    for record in view:
+        if record.excluded:
+            continue
+        if record.origin is None:
+            if record.summary:
+                sent.append(_summary_message(record))
+            elif record.written_record:
+                sent.append(_written_record_message(record))
+            else:
+                sent.append(_note_message(record, notes, note_kind, touch=False))
+            continue
+        message = messages[record.origin]
+        source = before[record.origin]
+        if record.parts is not source.parts:
+            message = copy.copy(message)
+            message.additional_properties = dict(message.additional_properties)
+            rewrite_results(message, source.parts, record.parts)
+        sent.append(message)
+    return sent
+
+
+def _note_message(
+    record: MessageRecord, existing: dict[str | None, Message], note_kind: str, *, touch: bool = True
+) -> Message:
     text = record.parts[0].text
     found = existing.get(record.message_id)
     if found is not None and found.text == text:
-        found.additional_properties[EXCLUDED_KEY] = False
+        if touch:
+            found.additional_properties[EXCLUDED_KEY] = False
         return found
     return Message(
         "assistant",

@@ -45,6 +45,9 @@ class Connection(Generic[S]):
         self.provider_owned = False
         #: Serializes passes on this conversation (an asyncio lock binds to a loop only when first contended).
         self.lock = asyncio.Lock()
+        #: The head (chat client, options) of the conversation's last unpinned request, as the recall
+        #: middleware saw it sent: a request over the cached prefix repeats it (``adapters.aligned``).
+        self.head: Any = None
 
     def bind(self, messages: Sequence[Message], owner: str) -> None:
         """Bind to the conversation ``messages`` belong to; refuse another one.

@@ -26,12 +26,13 @@ from returns.result import Failure
 
 from ..core.checks import require_tokenizer
 from ..core.distill import newly_distilled
-from ..core.effects import Request
+from ..core.effects import Aligned, Request
 from ..core.errors import SnapshotError
 from ..core.model import History
 from ..core.ownership import provider_increment
 from ..core.protocol import CoreStrategy, Done, Needs, differs
-from .apply import apply
+from .aligned import ask_over_prefix
+from .apply import apply, render
 from .connection import STORE_FALSE_HINT, StateView
 from .convert import HistoryCache
 from .counting import MediaTokenEstimator, Tokenizer, as_estimator
@@ -91,6 +92,9 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
         self._memo: object = None  # the last pass's memo: saves work, never decides
         self._restored = False  # the state came from outside: check it against the first history it meets
         self._named: NamedSets = OrderedDict()
+        #: Requests sent over the cached prefix (records asked that way), and those that failed or got no text.
+        self.prefix_requests = 0
+        self.failed_prefix_requests = 0
 
     @property
     def config(self) -> ConfigT:
@@ -136,7 +140,7 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
                         f"maf_compaction: {type(self).__name__} asked again for an answer it already has ({kinds}) "
                         f"after {rounds - 1} round(s); this is a bug, please report it"
                     )
-                answers = [(request, await self._perform(request, messages)) for request in done.requests]
+                answers = [(request, await self._answer(request, messages, before)) for request in done.requests]
                 fresh |= asked
                 absorbed = self.core.absorb(done.state, answers)
                 try:
@@ -232,6 +236,16 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
             self._name_exclusions(before, done.history, messages)  # named as the list was handed in
             apply(messages, before, done.history, note_kind=NOTE_KIND)
         return changed
+
+    async def _answer(self, request: Request, messages: list[Message], before: History) -> str | None:
+        """Perform one effect request: over the cached prefix here, any other through :meth:`_perform`."""
+        if not isinstance(request, Aligned):
+            return await self._perform(request, messages)
+        self.prefix_requests += 1
+        sent = render(messages, before, request.view, note_kind=NOTE_KIND)
+        text = await ask_over_prefix(self._cell.connection.head, sent, request, type(self).__name__)
+        self.failed_prefix_requests += text is None
+        return text
 
     # -- what subclasses supply -------------------------------------------------------------
 

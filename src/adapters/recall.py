@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from agent_framework import (
     ChatContext,
@@ -47,6 +47,7 @@ from ..core.records import (
     recall_status,
     reforce_pending,
 )
+from .aligned import SentHead
 from .connection import Reforce, StateView
 from .convert import HistoryCache
 from .counting import Tokenizer, as_estimator
@@ -58,6 +59,9 @@ logger = logging.getLogger("maf_compaction")
 NOT_NEEDED_REPLY: Final = "No record is needed now: nothing was recorded and nothing was removed."
 #: The record size the tool asks for: the record strategy's ``record_target_tokens`` default.
 DEFAULT_TARGET_TOKENS: Final = records_core.DEFAULT_RECORD_TARGET_TOKENS
+#: How a record is asked for: a pinned request (``tool_choice`` names the recall tool), or the
+#: conversation's own request plus one instruction, sent by the compaction pass (its input is cached).
+RecordRequest = Literal["pinned", "cached_prefix"]
 #: Exceptions that stop a run on purpose, or before the request was sent (a compaction pass that
 #: cannot fit the budget): like cancellation, they are never retried and never judged as the provider's.
 _ABORTS: Final = (MiddlewareTermination, MiddlewareFailure, CompactionBudgetExceeded)
@@ -289,8 +293,10 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         repeat_records: bool = True,
         min_groups_before_repeat: int = machine.DEFAULT_MIN_GROUPS_BEFORE_REPEAT,
         reforce: Callable[[], bool] | None = None,
+        record_request: RecordRequest = "pinned",
     ) -> None:
         validate(_Budget(max_input_tokens, trigger_fraction))
+        require("record_request", record_request, RecordRequest)
         require_sync_callable("arm", arm, kind="a callable taking no arguments")
         for name, value in (("disarm", disarm), ("reforce", reforce)):
             if value is not None:
@@ -304,6 +310,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             repeat_records=repeat_records,
             min_groups_before_repeat=min_groups_before_repeat,
             record_max_tokens=record_max_tokens,
+            aligned=record_request == "cached_prefix",
         )
         self._arm = arm
         self._disarm = disarm
@@ -421,6 +428,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         if not isinstance(action, machine.Pin):
             self._release()
             await call_next()
+            self._sent(context)
             self._decide(context.messages)
             return
         await self._forced(context, call_next, action)
@@ -552,6 +560,10 @@ class ToolResultRecallMiddleware(ChatMiddleware):
                 "session registry to serve many sessions."
             )
 
+    def _sent(self, context: ChatContext) -> None:
+        """Remember the head of the request just sent unpinned: a record asked over the cached prefix repeats it."""
+        self._cell.connection.head = SentHead.of(context.client, context.options)
+
     def _release(self) -> None:
         if self._disarm is not None:
             self._disarm()
@@ -596,7 +608,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         status = recall_status(history, self._grouping)
         self._grouping = status.grouping
         # The reforce callable is asked once per decision, and never while forcing is disabled.
-        reforce = self._reforce is not None and not self._cell.value.recall.pin_disabled and bool(self._reforce())
+        reforce = self._reforce is not None and bool(self._reforce())
         self._advance(machine.HistorySeen(status, reforce=reforce))
 
 

@@ -177,7 +177,9 @@ class UserTurnAnchoredSummarizationCompactionStrategy(
     async def _perform(self, request: Request, messages: Sequence[Message]) -> str | None:
         if isinstance(request, Summarize):
             return await self._summarize(request)
-        return await self._describe_media(request, messages)
+        if isinstance(request, DescribeMedia):
+            return await self._describe_media(request, messages)
+        return await super()._perform(request, messages)
 
     async def _summarize(self, request: Summarize) -> str | None:
         self.summarizer_calls += 1

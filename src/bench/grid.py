@@ -164,6 +164,11 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     sim.add_argument("--summary-quality", type=_share, default=1.0, help="share of values a summary keeps")
     sim.add_argument("--ignore-pin", action="store_true", help="the model ignores a pinned record request")
     sim.add_argument(
+        "--ignore-instruction",
+        action="store_true",
+        help="the model ignores an instruction to write a record (a record asked over the cached prefix)",
+    )
+    sim.add_argument(
         "--client",
         choices=CLIENT_MODES,
         default="inprocess",

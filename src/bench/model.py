@@ -35,12 +35,16 @@ class ModelOptions:
         record_quality: Share of value lines a record keeps, in [0, 1].
         summary_quality: Share of value lines a summary keeps, in [0, 1].
         ignore_pin: Answer a pinned request as if it were not pinned.
+        ignore_instruction: Answer a request that ends with an instruction to write a record
+            (one asked over the cached prefix) as if the instruction were not there: the
+            model carries on with the task.
         seed: Seeds which lines a lower quality drops.
     """
 
     record_quality: float = 1.0
     summary_quality: float = 1.0
     ignore_pin: bool = False
+    ignore_instruction: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -117,6 +121,16 @@ def pinned_function(tool_choice: object) -> str | None:
     return None
 
 
+#: What an instruction to write a record says (a model reads any instruction; the script
+#: recognises this one, and answers it no better than a pinned request: the same knobs).
+_RECORD_REQUEST: Final = re.compile(r"\bWrite a record of\b", re.IGNORECASE)
+
+
+def asks_for_record(message: Message) -> bool:
+    """``message`` is a user message instructing the model to write a record of earlier tool results."""
+    return message.role == "user" and bool(_RECORD_REQUEST.search(message.text or ""))
+
+
 class ScriptedModel:
     """Plays a scenario; see the module docstring for the rules.
 
@@ -143,6 +157,12 @@ class ScriptedModel:
             return Message("assistant", [self.summary(messages, max_tokens)])
         if pinned_function(tool_choice) == RECALL_TOOL and not self.options.ignore_pin:
             return Message("assistant", [self._record_call(messages, max_tokens)])
+        if messages and asks_for_record(messages[-1]):
+            if self.options.ignore_instruction:
+                return self.respond(messages[:-1], tool_choice=tool_choice, max_tokens=max_tokens)
+            # A model follows the instruction with what it can read: the record of every visible
+            # tool result, as good as a pinned one (the same quality knob).
+            return Message("assistant", [self.record(messages[:-1], max_tokens)])
         found = self._current_turn(messages)
         if found is None:
             return Message("assistant", ["Understood."])

@@ -26,7 +26,7 @@ from agent_framework import (
 
 from ..adapters.anchored import AnchoredCompactionStrategy, MinimumGainAnchoredCompactionStrategy
 from ..adapters.composition import ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
-from ..adapters.recall import RecallGate, ToolResultRecallMiddleware, make_recall_tool
+from ..adapters.recall import RecallGate, RecordRequest, ToolResultRecallMiddleware, make_recall_tool
 from ..adapters.records import ToolResultAnchoredSummarizationCompactionStrategy
 from ..adapters.tiktoken import TiktokenTokenizer
 from ..adapters.user_summaries import UserTurnAnchoredSummarizationCompactionStrategy
@@ -82,7 +82,11 @@ def _both(strategy: CompactionStrategy) -> RowSetup:
 
 
 def _recall_wiring(
-    context: RowContext, records: ToolResultAnchoredSummarizationCompactionStrategy, *, min_groups_before_repeat: int
+    context: RowContext,
+    records: ToolResultAnchoredSummarizationCompactionStrategy,
+    *,
+    min_groups_before_repeat: int,
+    record_request: RecordRequest = "pinned",
 ) -> tuple[ToolResultRecallMiddleware, Any]:
     """The README's recall wiring for a record half: a gate, its middleware and the recall tool."""
     gate = RecallGate()
@@ -95,11 +99,18 @@ def _recall_wiring(
         record_max_tokens=4_000,
         min_groups_before_repeat=min_groups_before_repeat,
         reforce=records.take_reforce,
+        record_request=record_request,
     )
     return recall, make_recall_tool(gate, target_tokens=2_000)
 
 
-def record_row(context: RowContext, *, min_groups_before_repeat: int = 2, **strategy_options: Any) -> RowSetup:
+def record_row(
+    context: RowContext,
+    *,
+    min_groups_before_repeat: int = 2,
+    record_request: RecordRequest = "pinned",
+    **strategy_options: Any,
+) -> RowSetup:
     """The record strategy wired as the README wires it: strategy, gate, recall tool, middleware.
 
     ``min_groups_before_repeat`` is 2 rather than the README's 4 because the generated
@@ -110,7 +121,9 @@ def record_row(context: RowContext, *, min_groups_before_repeat: int = 2, **stra
     strategy = ToolResultAnchoredSummarizationCompactionStrategy(
         max_input_tokens=context.budget, tokenizer=context.tokenizer, **strategy_options
     )
-    recall, recall_tool = _recall_wiring(context, strategy, min_groups_before_repeat=min_groups_before_repeat)
+    recall, recall_tool = _recall_wiring(
+        context, strategy, min_groups_before_repeat=min_groups_before_repeat, record_request=record_request
+    )
 
     def counters() -> dict[str, float]:
         return {
@@ -128,6 +141,8 @@ def record_row(context: RowContext, *, min_groups_before_repeat: int = 2, **stra
             "failed_forced_calls": recall.failed_forced_calls,
             "records_truncated": recall.records_truncated,
             "pin_disabled": int(recall.pin_disabled),
+            "prefix_requests": strategy.prefix_requests,
+            "failed_prefix_requests": strategy.failed_prefix_requests,
         }
 
     return RowSetup(before=strategy, after=strategy, middleware=[recall], tools=[recall_tool], counters=counters)
@@ -153,7 +168,13 @@ def user_summary_row(context: RowContext, **strategy_options: Any) -> RowSetup:
     return RowSetup(before=strategy, after=strategy, counters=counters)
 
 
-def composed_row(context: RowContext, *, summary_mode: str = "boundary", overflow_policy: str = "shed") -> RowSetup:
+def composed_row(
+    context: RowContext,
+    *,
+    summary_mode: str = "boundary",
+    overflow_policy: str = "shed",
+    record_request: RecordRequest = "pinned",
+) -> RowSetup:
     """The composition wired as the README wires it: both halves, the gate, the recall tool and its middleware.
 
     ``min_groups_before_repeat`` is 2 for the reason :func:`record_row` gives.
@@ -174,7 +195,7 @@ def composed_row(context: RowContext, *, summary_mode: str = "boundary", overflo
         user_turns=users,
         overflow_policy=overflow_policy,  # type: ignore[arg-type]
     )
-    recall, recall_tool = _recall_wiring(context, records, min_groups_before_repeat=2)
+    recall, recall_tool = _recall_wiring(context, records, min_groups_before_repeat=2, record_request=record_request)
 
     def counters() -> dict[str, float]:
         return {
@@ -188,6 +209,9 @@ def composed_row(context: RowContext, *, summary_mode: str = "boundary", overflo
             "shed_events": strategy.shed_events,
             "budget_failures": strategy.budget_failures,
             "summarizer_calls": users.summarizer_calls,
+            "forced_calls": recall.forced_calls,
+            "prefix_requests": strategy.prefix_requests,
+            "failed_prefix_requests": strategy.failed_prefix_requests,
         }
 
     return RowSetup(before=strategy, after=strategy, middleware=[recall], tools=[recall_tool], counters=counters)
@@ -240,6 +264,11 @@ _BUILT_IN: Final[Mapping[str, tuple[RowFactory, str]]] = {
         "ToolResultAnchoredSummarizationCompactionStrategy(budget) + RecallGate, "
         "make_recall_tool, ToolResultRecallMiddleware(min_groups_before_repeat=2): the README's wiring",
     ),
+    "tool_summary_anchored_prefix": (
+        lambda c: record_row(c, record_request="cached_prefix"),
+        "ToolResultAnchoredSummarizationCompactionStrategy(budget) + the recall wiring with "
+        "ToolResultRecallMiddleware(record_request='cached_prefix'): every record asked over the cached prefix",
+    ),
     "user_summary_anchored": (
         user_summary_row,
         "UserTurnAnchoredSummarizationCompactionStrategy(budget, summarizer): recompact mode",
@@ -256,6 +285,11 @@ _BUILT_IN: Final[Mapping[str, tuple[RowFactory, str]]] = {
         composed_row,
         "ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(records, users in boundary mode) + the "
         "recall wiring: the README's composition",
+    ),
+    "tool_and_user_summary_anchored_prefix": (
+        lambda c: composed_row(c, record_request="cached_prefix"),
+        "ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(...) with its records asked over the cached "
+        "prefix (ToolResultRecallMiddleware(record_request='cached_prefix'))",
     ),
     "tool_and_user_summary_anchored_recompact": (
         lambda c: composed_row(c, summary_mode="recompact"),

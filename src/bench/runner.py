@@ -66,6 +66,7 @@ class Settings:
     record_quality: float = 1.0
     summary_quality: float = 1.0
     ignore_pin: bool = False
+    ignore_instruction: bool = False
     client: ClientMode = "inprocess"
     stream: bool = False
     workload: str | None = None
@@ -249,7 +250,8 @@ async def play_cell(
         cache=settings.cache,
         keep_requests=keep_requests,
     )
-    qualities = {name: getattr(settings, name) for name in ("record_quality", "summary_quality", "ignore_pin")}
+    knobs = ("record_quality", "summary_quality", "ignore_pin", "ignore_instruction")
+    qualities = {name: getattr(settings, name) for name in knobs}
     model = ScriptedModel(scenario, ModelOptions(seed=cell.seed, **qualities))
     result = CellResult(row=cell.row, fill=cell.fill, seed=cell.seed, window=settings.context_window)
     if factory is None:

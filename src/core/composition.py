@@ -64,7 +64,7 @@ from returns.result import Failure, Success
 from . import anchored, pipeline, records, user_summaries
 from .anchored import AnchoredConfig, Report
 from .checks import AtLeastZero, NonEmpty, validate
-from .effects import Answer, Request, Summarize, answered, standing
+from .effects import Aligned, Answer, Request, Summarize, answered, standing
 from .envelope import Count, Positive, Schema, Text, distinct, dump, error, exactly, load, names
 from .errors import CompactionBudgetExceeded, SnapshotError
 from .model import History, MessageRecord
@@ -376,6 +376,7 @@ def step(
     """One composed pass (see the module docstring); ``memo`` is the last ``Done.memo`` (the record rules')."""
     budget = config.max_input_tokens
     record_memo = memo if isinstance(memo, records.RecordMemo) else None
+    history = records.place_written(history, state.records.written, measure)
     seen = view(history, record_memo.view if record_memo else None)
     # The record half's report is a placeholder until its sub-step runs.
     report = CompositionReport(seen.sent, seen.sent, records=RecordReport(seen.sent, seen.sent))
@@ -421,7 +422,7 @@ def _record_rules(config: CompositionConfig, work: _Pass, seen: View, measure: a
     assert memo.view is not None
     record_state = replace(work.state.records, decisions=passed.state)
     roomy = _roomy(config, memo.view)
-    if not roomy and not record_state.recall.pin_disabled:
+    if not roomy:  # pinned, or asked over the cached prefix once pinning is disabled
         record_state = replace(record_state, decisions=records.ask_for_pending(memo.view, record_state.decisions))
     state = replace(work.state, records=record_state)
     report = replace(work.report, records=passed.report)
@@ -527,13 +528,22 @@ def _shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.
     return Done(ran.history, replace(work, state=new, report=report, band=ran.memo), None)
 
 
+def _record_over_prefix(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
+    """A record due on this request, asked over the cached prefix: the request is this pass's output
+    (every standing decision replayed, so it repeats the last request) plus one instruction."""
+    del config, measure
+    asked = records.ask_aligned(seen.history, work.state.records)
+    return Done(seen.history, work, None) if asked is None else Needs((asked,), work.input)
+
+
 #: The composed pass, by overflow policy: the record rules, the user half, the chain's
-#: replacements (replayed, then asked for), the fallback with holds, and the shed policy.
+#: replacements (replayed, then asked for), the fallback with holds, the shed policy, and
+#: last (over the output every other sub-step made) a record asked over the cached prefix.
 _STEPS: Final[
     Mapping[OverflowPolicy, tuple[pipeline.SubStep[CompositionConfig, _Pass, CompositionState, None], ...]]
 ] = {
-    "shed": (_record_rules, _users, _replay, _ask, _fallback, _shed),
-    "raise": (_record_rules, _users, _replay, _ask, _fallback),
+    "shed": (_record_rules, _users, _replay, _ask, _fallback, _shed, _record_over_prefix),
+    "raise": (_record_rules, _users, _replay, _ask, _fallback, _record_over_prefix),
 }
 
 
@@ -596,14 +606,18 @@ def _roomy(config: CompositionConfig, seen: View) -> bool:
 def absorb(state: CompositionState, answers: Sequence[tuple[Request, str | None]]) -> CompositionState:
     """Record replacements and emergency folds go to the chain (judged on the next step); the rest to the user half."""
     chain, others = state.chain, list[tuple[Request, str | None]]()
+    record_state = records.absorb(state.records, answers)
     for request, text in answers:
+        if isinstance(request, Aligned):
+            continue
         if not isinstance(request, Summarize) or request.kind not in _CHAIN_KINDS:
             others.append((request, text))
             continue
         a = answered(request, text)  # it supersedes an earlier answer to the same request
         kept = tuple(entry for entry in chain.replacements if entry[1].identity != a.identity)
         chain = replace(chain, replacements=(*kept, (_CHAIN_KINDS[request.kind], a)))
-    return replace(state, users=user_summaries.absorb(state.users, others) if others else state.users, chain=chain)
+    users = user_summaries.absorb(state.users, others) if others else state.users
+    return replace(state, users=users, chain=chain, records=record_state)
 
 
 def check(config: CompositionConfig, state: CompositionState, history: History) -> str | None:

@@ -14,10 +14,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeAlias, TypeVar
 
 from .envelope import Count, Positive, Text
+from .model import History, history
 
 
 def identity(kind: str, *fields: object) -> str:
@@ -77,7 +78,41 @@ class DescribeMedia:
     turns: int = 0
 
 
-Request: TypeAlias = Summarize | DescribeMedia
+@dataclass(frozen=True, slots=True)
+class Aligned:
+    """Ask the conversation's own model for one text over its cached prefix.
+
+    The shell sends the request the conversation sends now (``view``: this pass's
+    history under the decisions that stand, which repeats the last request byte for byte
+    and adds what arrived since) with the head of the last request (instructions, tools,
+    ``tool_choice``, options) unchanged, and appends ``instruction`` as one user message
+    at the end. Nothing before the instruction differs from what the provider cached, so
+    the request's input is read from the cache. The request itself never enters history;
+    the answer does, as what ``kind`` says.
+
+    Attributes:
+        identity: The request's identity (see the module docstring): the instruction and
+            the tool results the view shows.
+        instruction: The one message appended at the end.
+        record_id: The id the answer will carry if kept (allocated with the request).
+        after: The call id of the newest tool result the view shows: a kept record is
+            placed right after the message that holds it, on every later pass.
+        kind: What the answer becomes: ``"record"``, a written record of the tool results.
+        turns: User turns in the conversation when the request was made (see
+            :attr:`Summarize.turns`).
+        view: The history to send (not part of the request's identity).
+    """
+
+    identity: str
+    instruction: str
+    record_id: str
+    after: str
+    kind: Literal["record"] = "record"
+    turns: int = 0
+    view: History = field(default_factory=history, compare=False, repr=False)
+
+
+Request: TypeAlias = Summarize | DescribeMedia | Aligned
 
 
 class _Keyed(Protocol):
@@ -121,6 +156,8 @@ def answered(request: Request, text: str | None) -> Answer:
     turns = None if clean is not None else request.turns  # a failure stands for this conversation state
     if isinstance(request, DescribeMedia):
         return Answer(request.identity, clean, turns=turns)
+    if isinstance(request, Aligned):
+        return Answer(request.identity, clean, summary_id=request.record_id, turns=turns)
     return Answer(request.identity, clean, summary_id=request.summary_id, sources=request.sources, turns=turns)
 
 

@@ -12,15 +12,22 @@ event               what changes                                                
 ==================  ==========================================================  ==========
 HistorySeen         the next request's pin: an outstanding re-force ask first,  TakeAsk /
                     else the pin rule (a re-force pin not yet spent stands);    Nothing
-                    nothing once pinning is disabled
-RequestStarting     the decided pin is spent on this request                    Pin /
-                                                                                Unpinned
+                    an ask over the cached prefix is over
+RequestStarting     the decided pin is spent on this request: pinned, or asked  Pin /
+                    over the cached prefix (``PinRule.aligned``, or pinning     Unpinned
+                    disabled) by the pass inside it
 ForcedReturned      the forced call returned: its record is awaited             Nothing
 ForcedResponse      the streak of pinned responses without a recall call;       Disable /
                     two in a row disable pinning                                Nothing
 ForcedFailed        pinning is disabled; the request is retried unpinned once   RetryUnpinned
 ForcedAborted       cancellation or a middleware abort: the pin is not spent    Nothing
 ==================  ==========================================================  ==========
+
+A record due on a request can instead be asked for over the cached prefix: the request is
+sent as the caller asked, and the compaction pass inside it (which reads ``asking``)
+sends the conversation's own request plus one instruction (:class:`.effects.Aligned`).
+That is the route once the provider ignored two pins or a pinned request failed, and for
+every record when the host chose it.
 
 The state is one small value per conversation, shared with the record strategy (the
 re-force ask lives in its decisions), and persisted with them.
@@ -59,6 +66,9 @@ class PinRule:
         repeat_records: Ask for later records at all.
         min_groups_before_repeat: New tool groups a later size-triggered record waits for.
         record_max_tokens: The response cap of a pinned request (``None``: the caller's).
+        aligned: Ask for every record over the cached prefix (the conversation's request
+            plus one instruction, asked by the compaction pass) instead of pinning. Records
+            are asked for that way anyway once pinning is disabled.
     """
 
     trigger_tokens: AtLeastZero
@@ -66,6 +76,7 @@ class PinRule:
     repeat_records: bool = True
     min_groups_before_repeat: AtLeastOne = DEFAULT_MIN_GROUPS_BEFORE_REPEAT
     record_max_tokens: AtLeastOne | None = DEFAULT_RECORD_MAX_TOKENS
+    aligned: bool = False
 
     def __post_init__(self) -> None:
         validate(self)
@@ -105,6 +116,9 @@ class RecallState:
         seen: What the last :class:`HistorySeen` reported (for the ``record_due`` preview).
         armed: The recall gate's one-shot permission to record (the middleware arms it for a
             pinned request; the recall tool spends it). Version 1 kept it beside the state.
+        asking: A record is due on this request and is asked for over the cached prefix
+            (the compaction pass inside the request asks, then clears it), with why.
+            Versions 1 and 2 had no such field.
     """
 
     next_pin: PinKind | None = None
@@ -114,15 +128,21 @@ class RecallState:
     pin_disabled: bool = False
     seen: RecallStatus | None = None
     armed: bool = False
+    asking: PinKind | None = None
 
 
 def _v1(stored: Mapping[str, object]) -> Mapping[str, object]:
     """A version-1 state has no ``armed``: the gate's permission was stored beside it (the stack reads it)."""
-    return {**exactly(stored, _RECALL_V1_FIELDS), "armed": False}
+    return {**exactly(stored, _RECALL_V1_FIELDS), "armed": False, "asking": None}
+
+
+def _v2(stored: Mapping[str, object]) -> Mapping[str, object]:
+    """A version-2 state asked for no record over the cached prefix."""
+    return {**exactly(stored, (*_RECALL_V1_FIELDS, "armed")), "asking": None}
 
 
 _RECALL_V1_FIELDS: Final = ("next_pin", "in_flight", "awaiting_record", "ignored_streak", "pin_disabled", "seen")
-RECALL_SCHEMA: Final = Schema("recall", 2, RecallState, older={1: _v1})
+RECALL_SCHEMA: Final = Schema("recall", 3, RecallState, older={1: _v1, 2: _v2})
 
 
 # -- events -----------------------------------------------------------------------------------
@@ -234,20 +254,21 @@ Action: TypeAlias = Pin | Unpinned | TakeAsk | Disable | RetryUnpinned | Nothing
 def advance(rule: PinRule, state: RecallState, event: Event) -> tuple[RecallState, Action]:
     """The state after ``event`` and what the middleware must do (see the module table)."""
     if isinstance(event, HistorySeen):
-        seen = replace(event.status, grouping=None)
-        if state.pin_disabled:
-            return replace(state, next_pin=None, awaiting_record=False, seen=seen), Nothing()
+        # The pass inside the request that asked over the cached prefix has run (or never will).
+        seen, state = replace(event.status, grouping=None), replace(state, asking=None, awaiting_record=False)
         if event.reforce:
-            return replace(state, next_pin="reforce", awaiting_record=False, seen=seen), TakeAsk()
+            return replace(state, next_pin="reforce", seen=seen), TakeAsk()
         # A re-force pin stands until a request spends it: its ask is already taken, and a second
         # run's history seen meanwhile (two runs on one conversation) must not drop it.
         pin: PinKind | None = "size" if pin_due(rule, event.status) else None
         if state.next_pin == "reforce":
             pin = "reforce"
-        return replace(state, next_pin=pin, awaiting_record=False, seen=seen), Nothing()
+        return replace(state, next_pin=pin, seen=seen), Nothing()
     if isinstance(event, RequestStarting):
-        if state.next_pin is None or state.pin_disabled:
-            return replace(state, next_pin=None), Unpinned()
+        if state.next_pin is None:
+            return state, Unpinned()
+        if rule.aligned or state.pin_disabled:  # asked for by the pass inside this request, not pinned
+            return replace(state, next_pin=None, asking=state.next_pin), Unpinned()
         return replace(state, next_pin=None, in_flight=True), Pin(rule.record_max_tokens, state.next_pin)
     if isinstance(event, ForcedReturned):
         return replace(state, in_flight=False, awaiting_record=True), Nothing()
@@ -262,13 +283,12 @@ def advance(rule: PinRule, state: RecallState, event: Event) -> tuple[RecallStat
 
 
 def record_due(rule: PinRule, state: RecallState, *, reforce_pending: bool) -> bool:
-    """Would the next request be pinned? A preview: nothing is consumed.
+    """Would a record be asked for on the next request (pinned, or over the cached prefix)? A preview:
+    nothing is consumed.
 
     A pin already decided counts; an outstanding, untaken re-force ask counts; otherwise
     the pin rule on the last history seen.
     """
-    if state.pin_disabled:
-        return False
     if state.next_pin is not None:
         return True
     if state.seen is None:

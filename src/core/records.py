@@ -45,12 +45,13 @@ from returns.result import Success
 from . import anchored, recall
 from .anchored import DEFAULT_KEEP_HEAD_GROUPS, DEFAULT_KEEP_TAIL_GROUPS, AnchoredConfig
 from .checks import AtLeastOne, AtLeastZero, Fraction, validate
+from .counting import MESSAGE_OVERHEAD_TOKENS
 from .distill import is_distilled, is_remnant, remnant
-from .effects import Request
-from .envelope import Schema
+from .effects import Aligned, Request, identity
+from .envelope import Schema, Text, exactly
 from .grouping import Grouping, regroup
 from .model import Group, History, MessageRecord, Part, conversation_records, flagged
-from .protocol import Done, StepResult, sent_tokens
+from .protocol import Done, Needs, StepResult, sent_tokens
 from .recall import RecallState, RecallStatus
 from .record_decisions import Ask, RecordDecisions
 from .snapshot import AnchoredSnapshot
@@ -85,6 +86,25 @@ DEFAULT_COVERAGE_SHARE: Final = 0.8
 DEFAULT_RECORD_TARGET_TOKENS: Final = 2_000
 #: Responses after an ask without a new record before the ask is judged failed.
 ASK_RESPONSES: Final = 2
+#: What a record must hold: the recall tool's description and the instruction of a record
+#: asked for over the cached prefix say it in these words.
+RECORD_GUIDANCE: Final = (
+    "Everything from the earlier tool results, grouped by the tool that produced it, so that "
+    "nothing is lost unnoticed. Quote verbatim every value that cannot be reconstructed: identifiers, "
+    "codes, names, numbers, paths, URLs, versions, states and timestamps. Copy Markdown table rows "
+    "verbatim, under their column heading and separator rows. Keep findings and conclusions as stated. "
+    "Carry over unchanged any summary a tool wrote. Briefly summarise the rest. Include only what was "
+    "actually present. When forced to choose, prefer exactness over brevity."
+)
+#: The one message a record asked for over the cached prefix appends to the conversation's request.
+RECORD_INSTRUCTION: Final = (
+    "[compaction request] Do not continue the task and do not call a tool for it. Write a record of "
+    "what must survive from the earlier tool results in this conversation, so that it stays available "
+    "after those results are removed to save space. Answer with the record only (or with one "
+    f"{RECALL_TOOL_NAME} call whose values argument holds it). The record holds: {RECORD_GUIDANCE}"
+)
+#: The id prefix of records written over the cached prefix (a merge's or a rewrite's have others).
+ALIGNED_RECORD_ID_PREFIX: Final = "compaction_record_"
 
 _SHARE_TOLERANCE: Final = 1e-9
 
@@ -293,14 +313,43 @@ class RecordState:
         decisions: What history cannot show: settled groups and the outstanding ask.
         fallback: The in-pass anchored fallback's decisions.
         recall: The recall protocol's state, shared with the recall middleware.
+        written: Records the model wrote over the cached prefix, oldest first: each is
+            placed in the history on every pass (version 1 had none).
     """
 
     decisions: RecordDecisions = field(default_factory=RecordDecisions)
     fallback: AnchoredSnapshot = field(default_factory=AnchoredSnapshot)
     recall: RecallState = field(default_factory=RecallState)
+    written: tuple[AlignedRecord, ...] = ()
 
 
-RECORD_STATE_SCHEMA: Final = Schema("record_state", 1, RecordState, rename={"decisions": "records"})
+@dataclass(frozen=True, slots=True)
+class AlignedRecord:
+    """A record the model wrote when asked over the cached prefix (:class:`.effects.Aligned`).
+
+    Attributes:
+        identity: The request's identity (asked once: both lists, a restore and another
+            replica find it here).
+        text: The record as the model wrote it (without our marker).
+        record_id: The id of the written record's message.
+        after: The call id of the newest tool result the request showed: the record stands
+            right after the message that holds it.
+    """
+
+    identity: Text
+    text: Text
+    record_id: Text
+    after: Text
+
+
+def _record_state_v1(stored: Mapping[str, object]) -> Mapping[str, object]:
+    """A version-1 state has no records written over the cached prefix."""
+    return {**exactly(stored, ("records", "fallback", "recall")), "written": []}
+
+
+RECORD_STATE_SCHEMA: Final = Schema(
+    "record_state", 2, RecordState, rename={"decisions": "records"}, older={1: _record_state_v1}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,6 +393,7 @@ def step(
     ``memo`` is the previous pass's ``Done.memo``; it never changes the answer.
     """
     record_memo = memo if isinstance(memo, RecordMemo) else None
+    history = place_written(history, state.written, measure)
     stands = decided(state.fallback)
     passed = rules(config, history, state.decisions, measure, memo=record_memo, fallback_stands=stands)
     memo = passed.memo
@@ -357,7 +407,10 @@ def step(
         output, fallback_state, band = ran.history, ran.state, ran.memo
         overflow = report.fallback is Fallback.BEHIND_RECORD and sent_tokens(output) > config.max_input_tokens
         report = replace(report, fallback_report=ran.report, overflow=overflow)
-    new_state = RecordState(decisions=passed.state, fallback=fallback_state, recall=state.recall)
+    asked = ask_aligned(output, state)
+    if asked is not None:
+        return Success(Needs((asked,), state))
+    new_state = replace(state, decisions=passed.state, fallback=fallback_state)
     return Success(Done(history=output, state=new_state, report=report, memo=replace(memo, band=band)))
 
 
@@ -400,10 +453,113 @@ def run_with_holds(
 
 
 def absorb(state: RecordState, answers: Sequence[tuple[Request, str | None]]) -> RecordState:
-    """The record strategy asks for no effect within a pass (records arrive through the
-    recall protocol), so there is nothing to absorb."""
-    del answers
-    return state
+    """``state`` with the answers to records asked over the cached prefix (the only effect it asks for)."""
+    written = absorb_written(state.written, answers)
+    if not any(isinstance(request, Aligned) for request, _ in answers):
+        return state
+    return replace(state, written=written, recall=replace(state.recall, asking=None))
+
+
+# ----------------------------------------------------------------------------------------
+# Records over the cached prefix
+# ----------------------------------------------------------------------------------------
+
+
+def ask_aligned(view: History, state: RecordState) -> Aligned | None:
+    """The record to ask for over the cached prefix on this pass, or ``None``.
+
+    Asked when the recall protocol says a record is due on this request
+    (``recall.asking``) and the view shows a tool result no such record was asked over:
+    the request is the view plus :data:`RECORD_INSTRUCTION`. Its identity is the
+    instruction and the call ids of the results shown, so both lists and a restored or
+    another replica's pass find the answer instead of asking again.
+    """
+    if state.recall.asking is None:
+        return None
+    shown = _shown_results(view)
+    if not shown:
+        return None
+    key = identity("aligned_record", RECORD_INSTRUCTION, shown)
+    if any(w.identity == key for w in state.written):
+        return None
+    turns = sum(1 for r in view if r.role == "user" and not (r.injected or r.note or r.summary))
+    record_id = f"{ALIGNED_RECORD_ID_PREFIX}{key[:16]}"
+    return Aligned(key, RECORD_INSTRUCTION, record_id, after=shown[-1], turns=turns, view=view)
+
+
+def _shown_results(view: History) -> list[str]:
+    """Call ids of the tool results ``view`` sends (recall results aside), in order."""
+    recall_ids = recall_call_ids([r for r in view if not r.injected and not r.note])
+    return [
+        part.call_id
+        for record in view
+        if not record.excluded and not record.injected and record.role == "tool"
+        for part in record.parts
+        if part.kind == "function_result" and part.call_id and part.call_id not in recall_ids
+    ]
+
+
+def absorb_written(
+    written: tuple[AlignedRecord, ...], answers: Sequence[tuple[Request, str | None]]
+) -> tuple[AlignedRecord, ...]:
+    """``written`` with each kept answer to an :class:`.effects.Aligned` request.
+
+    An answer is kept when it quotes at least one distinctive value of the tool results
+    its request showed: a reply that ignored the instruction (small talk, a refusal, a
+    tool call the shell did not take as a record) is no record, and the coverage rule
+    then finds nothing it covers. A failure is not kept; the ask is over either way.
+    """
+    for request, text in answers:
+        if not isinstance(request, Aligned) or not text or any(w.identity == request.identity for w in written):
+            continue
+        body = text.strip().removeprefix(RECORD_PREFIX).strip()
+        shown = {
+            value
+            for record in request.view
+            if not record.excluded and record.role == "tool"
+            for part in record.parts
+            if part.kind == "function_result"
+            for value in distinctive_values(part.text)
+        }
+        if body and shown & word_set(body):
+            written = (*written, AlignedRecord(request.identity, body, request.record_id, request.after))
+    return written
+
+
+def written_record(body: str, record_id: str, measure: Measure) -> MessageRecord:
+    """The message a record compaction writes becomes: our marker, then ``body``; held in the prompt."""
+    text = f"{RECORD_PREFIX}\n{body.strip()}"
+    tokens = measure(text)
+    made = MessageRecord(
+        "assistant", (Part(kind="text", text=text, tokens=tokens),), MESSAGE_OVERHEAD_TOKENS + tokens, record_id
+    )
+    return flagged(made, written_record=True, held=HOLD_RECORD)
+
+
+def place_written(history: History, written: Sequence[AlignedRecord], measure: Measure) -> History:
+    """``history`` with each record of ``written`` right after the message holding its ``after`` result.
+
+    A record whose result this history lacks (a list that never held it) is not placed;
+    one already in the history (a list the shell applied an earlier pass to) is not placed twice.
+    """
+    if not written:
+        return history
+    present = {r.message_id for r in history if r.written_record}
+    by_call: dict[str, list[AlignedRecord]] = {}
+    for record in written:
+        if record.record_id not in present:
+            by_call.setdefault(record.after, []).append(record)
+    if not by_call:
+        return history
+    output: list[MessageRecord] = []
+    for record in history:
+        output.append(record)
+        if record.role != "tool" or record.injected:
+            continue
+        for part in record.parts:
+            for found in by_call.pop(part.call_id or "", ()):
+                output.append(written_record(found.text, found.record_id, measure))
+    return pvector(output)
 
 
 def check(config: RecordConfig, state: RecordState, history: History) -> str | None:
@@ -771,7 +927,12 @@ def records_written(history: Iterable[MessageRecord]) -> int:
     """
     conversation = conversation_records(history)
     recall_ids = recall_call_ids(conversation)
-    return sum(1 for r in conversation if _recall_records(r, recall_ids))
+    return sum(
+        1
+        for r in conversation
+        if _recall_records(r, recall_ids)
+        or (r.written_record and (r.message_id or "").startswith(ALIGNED_RECORD_ID_PREFIX))
+    )
 
 
 def _chain(
@@ -831,7 +992,7 @@ def on_recall(rule: recall.PinRule, state: RecordState, event: recall.Event) -> 
     decisions = state.decisions
     if isinstance(action, recall.TakeAsk):
         _, decisions = take_reforce(decisions)
-    return RecordState(decisions=decisions, fallback=state.fallback, recall=recall_state), action
+    return replace(state, decisions=decisions, recall=recall_state), action
 
 
 def record_expected(state: RecordState) -> bool:
@@ -842,13 +1003,16 @@ def record_expected(state: RecordState) -> bool:
 
     True while an ask for uncovered groups is outstanding, while a pinned request is in
     flight (a pass inside it runs before its record exists), or when the recall protocol
-    has decided to pin the next request; never once pinning is disabled (no record will
-    be forced, so nothing is worth waiting for).
+    has decided to ask for one on the next request (pinned, or over the cached prefix, the
+    route once pinning is disabled), or while this request asks over the cached prefix.
     """
     recall = state.recall
-    if recall.pin_disabled:
-        return False
-    return state.decisions.ask is not None or recall.next_pin is not None or recall.in_flight
+    return (
+        state.decisions.ask is not None
+        or recall.next_pin is not None
+        or recall.in_flight
+        or recall.asking is not None
+    )
 
 
 def _hold_records(

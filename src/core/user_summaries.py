@@ -679,6 +679,8 @@ def absorb(state: UserSummarySnapshot, answers: Sequence[tuple[Request, str | No
     kept, descriptions = snapshot.answers, snapshot.descriptions
     compactions, folds = snapshot.compactions, snapshot.folds
     for request, text in answers:
+        if not isinstance(request, DescribeMedia | Summarize):
+            continue  # the record half's (a composition's user half never asks over the cached prefix)
         answer = answered(request, text)
         if isinstance(request, DescribeMedia):
             descriptions = remember(descriptions, answer)

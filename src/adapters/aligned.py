@@ -1,0 +1,120 @@
+"""Requests over the cached prefix: the conversation's own request, plus one instruction.
+
+The core asks for them as :class:`~maf_compaction.core.effects.Aligned` effects. The
+shell sends the messages the pass would send under the decisions that stand (the last
+request, byte for byte, and what arrived since) with the head of the conversation's last
+unpinned request as the recall middleware saw it sent (its chat client and options:
+instructions, tools, ``tool_choice``, the rest), and one user message at the end. The
+request goes to the chat client's own provider layer: no function loop runs a tool the
+model calls, no middleware sees it, and nothing of it enters history but the answer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from agent_framework import BaseChatClient, ChatResponse, Message
+
+from ..core.effects import Aligned
+from ..core.records import RECALL_TOOL_NAME
+
+logger = logging.getLogger("maf_compaction")
+
+
+@dataclass(frozen=True, slots=True)
+class SentHead:
+    """The head of a request as it was sent: the chat client and the options it was sent with.
+
+    The client is held weakly: a conversation's state must not keep its agent's client
+    (and, through the client's middleware, a whole replica) alive.
+
+    Attributes:
+        client_ref: The chat client the request went through, weakly.
+        options: A copy of its options (the function loop changes its own dict later).
+    """
+
+    client_ref: Callable[[], Any]
+    options: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, client: Any, options: Mapping[str, Any] | None) -> SentHead:
+        """The head of a request sent through ``client`` with ``options`` (copied)."""
+        try:
+            client_ref: Callable[[], Any] = weakref.ref(client)
+        except TypeError:  # a client that cannot be referenced weakly is held
+            client_ref = lambda: client  # noqa: E731
+        return cls(client_ref, dict(options or {}))
+
+
+class _Unchanged:
+    """A compaction strategy that changes nothing: a client-level strategy must not run on our request."""
+
+    async def __call__(self, messages: list[Message]) -> bool:
+        del messages
+        return False
+
+
+async def ask_over_prefix(head: SentHead | None, sent: Sequence[Message], request: Aligned, owner: str) -> str | None:
+    """Send ``sent`` plus ``request.instruction`` with ``head``; the answer's text, or ``None`` on a failure.
+
+    A recall call in the answer counts as its ``values`` argument; otherwise the answer's
+    text. An ordinary exception is a failure (logged, never raised: history stays as it
+    is and the safety net keeps what no record covers); cancellation propagates.
+    """
+    if head is None:
+        logger.warning(
+            "%s could not ask for a record over the cached prefix: no request of this conversation has been "
+            "seen sent yet (install ToolResultRecallMiddleware on the agent); the tool results stay as they are",
+            owner,
+        )
+        return None
+    client = head.client_ref()
+    if client is None:
+        logger.warning("%s could not ask for a record over the cached prefix: the agent's chat client is gone", owner)
+        return None
+    messages = [*sent, Message("user", [request.instruction])]
+    strategy = _Unchanged() if getattr(client, "compaction_strategy", None) is not None else None
+    try:
+        # The provider layer itself: the function loop would run a tool the model calls, and the client's
+        # middleware belongs to the agent's own requests.
+        pending: Any = BaseChatClient.get_response(
+            client, messages, stream=False, options=cast("Any", dict(head.options)), compaction_strategy=strategy
+        )
+        response: ChatResponse = await pending
+    except Exception as error:  # the provider is outside our control; cancellation propagates
+        logger.warning(
+            "%s asked for a record over the cached prefix and the request failed (%s: %s); the tool results stay "
+            "as they are",
+            owner,
+            type(error).__name__,
+            error,
+        )
+        return None
+    text = answer_text(response)
+    if text is None:
+        logger.warning("%s asked for a record over the cached prefix and got no text; nothing was recorded", owner)
+    return text
+
+
+def answer_text(response: ChatResponse) -> str | None:
+    """The record in ``response``: a recall call's ``values`` argument, else the response's text."""
+    for message in response.messages:
+        for content in message.contents:
+            if content.type == "function_call" and content.name == RECALL_TOOL_NAME:
+                arguments: object = content.arguments
+                if isinstance(arguments, str):
+                    try:
+                        arguments = json.loads(arguments)
+                    except ValueError:
+                        return arguments.strip() or None
+                if isinstance(arguments, Mapping):
+                    values = arguments.get("values")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+                    if isinstance(values, str) and values.strip():
+                        return values
+    text = response.text
+    return text if isinstance(text, str) and text.strip() else None
