@@ -20,7 +20,7 @@ from typing import Any, cast
 
 from agent_framework import BaseChatClient, ChatResponse, Message
 
-from ..core.effects import Aligned
+from ..core.effects import Aligned, Summarize
 from ..core.records import RECALL_TOOL_NAME
 
 logger = logging.getLogger("maf_compaction")
@@ -59,23 +59,27 @@ class _Unchanged:
         return False
 
 
-async def ask_over_prefix(head: SentHead | None, sent: Sequence[Message], request: Aligned, owner: str) -> str | None:
+async def ask_over_prefix(
+    head: SentHead | None, sent: Sequence[Message], request: Aligned | Summarize, owner: str
+) -> str | None:
     """Send ``sent`` plus ``request.instruction`` with ``head``; the answer's text, or ``None`` on a failure.
 
     A recall call in the answer counts as its ``values`` argument; otherwise the answer's
     text. An ordinary exception is a failure (logged, never raised: history stays as it
-    is and the safety net keeps what no record covers); cancellation propagates.
+    is, and what no record or summary replaces stays or is kept by the safety net);
+    cancellation propagates.
     """
-    if head is None:
+    what = "a record" if isinstance(request, Aligned) else f"a {request.kind}"
+    stays = "the tool results stay as they are" if isinstance(request, Aligned) else "the turns stay as they are"
+    client = head.client_ref() if head is not None else None
+    if head is None or client is None:
         logger.warning(
-            "%s could not ask for a record over the cached prefix: no request of this conversation has been "
-            "seen sent yet (install ToolResultRecallMiddleware on the agent); the tool results stay as they are",
+            "%s could not ask for %s over the cached prefix: no request of this conversation has been seen sent "
+            "(install ToolResultRecallMiddleware on the agent), or its chat client is gone; %s",
             owner,
+            what,
+            stays,
         )
-        return None
-    client = head.client_ref()
-    if client is None:
-        logger.warning("%s could not ask for a record over the cached prefix: the agent's chat client is gone", owner)
         return None
     messages = [*sent, Message("user", [request.instruction])]
     strategy = _Unchanged() if getattr(client, "compaction_strategy", None) is not None else None
@@ -88,23 +92,32 @@ async def ask_over_prefix(head: SentHead | None, sent: Sequence[Message], reques
         response: ChatResponse = await pending
     except Exception as error:  # the provider is outside our control; cancellation propagates
         logger.warning(
-            "%s asked for a record over the cached prefix and the request failed (%s: %s); the tool results stay "
-            "as they are",
+            "%s asked for %s over the cached prefix and the request failed (%s: %s); %s",
             owner,
+            what,
             type(error).__name__,
             error,
+            stays,
         )
         return None
     text = answer_text(response)
     if text is None:
-        logger.warning("%s asked for a record over the cached prefix and got no text; nothing was recorded", owner)
+        logger.warning("%s asked for %s over the cached prefix and got no text; %s", owner, what, stays)
     return text
 
 
 def answer_text(response: ChatResponse) -> str | None:
-    """The record in ``response``: a recall call's ``values`` argument, else the response's text."""
+    """What ``response`` answers: a recall call's ``values`` argument, else its text, else the calls it made.
+
+    A call of any other tool is a model that went on with the task instead of following
+    the instruction: it is answered as a line naming the call, which the core judges (it
+    quotes nothing it was asked about), and no tool runs.
+    """
+    calls: list[str] = []
     for message in response.messages:
         for content in message.contents:
+            if content.type == "function_call" and content.name != RECALL_TOOL_NAME:
+                calls.append(f"[a call of {content.name}]")
             if content.type == "function_call" and content.name == RECALL_TOOL_NAME:
                 arguments: object = content.arguments
                 if isinstance(arguments, str):
@@ -117,4 +130,6 @@ def answer_text(response: ChatResponse) -> str | None:
                     if isinstance(values, str) and values.strip():
                         return values
     text = response.text
-    return text if isinstance(text, str) and text.strip() else None
+    if isinstance(text, str) and text.strip():
+        return text
+    return " ".join(calls) or None

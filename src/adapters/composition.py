@@ -21,7 +21,13 @@ from ..core import records as records_core
 from ..core import user_summaries
 from ..core.anchored import DEFAULT_MIN_GAIN_FRACTION
 from ..core.checks import Floor, Fraction, validate
-from ..core.composition import CompositionConfig, CompositionReport, CompositionState, OverflowPolicy
+from ..core.composition import (
+    CompositionConfig,
+    CompositionReport,
+    CompositionState,
+    OverflowPolicy,
+    SummaryRequest,
+)
 from ..core.effects import Request, Summarize
 from ..core.errors import CompactionBudgetExceeded
 from ..core.records import RecordConfig
@@ -130,6 +136,12 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             of everything behind them (its prefix break would cost more than it saves). A
             summary that rides on a record's break is not gated.
         overflow_policy: ``"shed"`` (default) or ``"raise"``.
+        summary_request: How the user half's summaries and folds are asked for:
+            ``"summarizer"`` (default) sends ``user_turns``' client the items;
+            ``"cached_prefix"`` sends the conversation's own request (read from the
+            provider's cache) plus one instruction naming the items, through the agent's
+            chat client, as the recall middleware saw it sent (the summarizer client is
+            used while no request has been seen, or when an item is outside what fits).
 
     Attributes:
         passes: Passes run, over both lists.
@@ -164,6 +176,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         merge_prompt: str | None = None,
         chain_gain_fraction: float = DEFAULT_MIN_GAIN_FRACTION,
         overflow_policy: OverflowPolicy = core.DEFAULT_OVERFLOW_POLICY,
+        summary_request: SummaryRequest = "summarizer",
     ) -> None:
         if not isinstance(tool_results, ToolResultAnchoredSummarizationCompactionStrategy):
             raise ValueError(
@@ -189,6 +202,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             overflow_policy=overflow_policy,
             merge_prompt=core.DEFAULT_MERGE_PROMPT if merge_prompt is None else merge_prompt,
             harder_attempts=harder_attempts,
+            summary_request=summary_request,
         )
         half = tool_results.state_cell
         self._setup(config, tokenizer, CompositionState(records=half.value), holds=records_core.HOLD_REASONS)
@@ -199,6 +213,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         self.merge_prompt = merge_prompt
         self.chain_gain_fraction = float(chain_gain_fraction)
         self.overflow_policy: OverflowPolicy = overflow_policy
+        self.summary_request: SummaryRequest = summary_request
         self.passes = 0
         self.user_passes_waited = 0
         self.fallbacks_after_record = 0

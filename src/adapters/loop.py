@@ -26,7 +26,7 @@ from returns.result import Failure
 
 from ..core.checks import require_tokenizer
 from ..core.distill import newly_distilled
-from ..core.effects import Aligned, Request
+from ..core.effects import Aligned, Request, Summarize
 from ..core.errors import SnapshotError
 from ..core.model import History
 from ..core.ownership import provider_increment
@@ -239,11 +239,15 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
 
     async def _answer(self, request: Request, messages: list[Message], before: History) -> str | None:
         """Perform one effect request: over the cached prefix here, any other through :meth:`_perform`."""
-        if not isinstance(request, Aligned):
+        head = self._cell.connection.head
+        if isinstance(request, Summarize) and (request.view is None or head is None):
+            return await self._perform(request, messages)  # the summarizer's request (no request seen sent yet)
+        if not isinstance(request, Aligned | Summarize):
             return await self._perform(request, messages)
+        assert request.view is not None
         self.prefix_requests += 1
         sent = render(messages, before, request.view, note_kind=NOTE_KIND)
-        text = await ask_over_prefix(self._cell.connection.head, sent, request, type(self).__name__)
+        text = await ask_over_prefix(head, sent, request, type(self).__name__)
         self.failed_prefix_requests += text is None
         return text
 

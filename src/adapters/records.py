@@ -22,6 +22,7 @@ from ..core.checks import require_async_callable
 from ..core.protocol import Done, sent_tokens
 from ..core.record_decisions import RecordDecisions
 from ..core.records import Fallback, RecordConfig, RecordReport, RecordState
+from ..core.settle import settle
 from .anchored import AnchoredCompactionStrategy, log_anchored
 from .connection import Reforce, StateView
 from .convert import to_history
@@ -243,6 +244,10 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         # A value is read back through its dict, so it is checked exactly like a stored one.
         data = decisions.to_dict() if isinstance(decisions, RecordDecisions) else decisions
         self.restore_state(replace(self._cell.value, decisions=RecordDecisions.from_dict(data)))
+
+    def _write(self, state: RecordState) -> None:
+        # The middleware may have moved the shared state while the pass awaited a request over the cached prefix.
+        self._cell.value = settle(state, self._cell.value)
 
     async def _after(self, messages: list[Message], done: Done[RecordState, RecordReport], changed: bool) -> bool:
         """Run the host's own fallback on the applied list, when the pass calls for it."""

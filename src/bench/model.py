@@ -126,6 +126,21 @@ def pinned_function(tool_choice: object) -> str | None:
 _RECORD_REQUEST: Final = re.compile(r"\bWrite a record of\b", re.IGNORECASE)
 
 
+#: What an instruction to summarise named earlier messages says, and how it names them.
+_SUMMARY_REQUEST: Final = re.compile(r"\bearlier messages of this conversation, named by their opening words\b")
+_NAMED: Final = re.compile(r"^\d+\. \u00ab(.*)\u00bb$", re.MULTILINE)
+
+
+def asks_for_summary(message: Message) -> bool:
+    """``message`` is a user message instructing the model to summarise earlier messages it names."""
+    return message.role == "user" and bool(_SUMMARY_REQUEST.search(message.text or ""))
+
+
+def _named_items(text: str) -> list[str]:
+    """The opening words an instruction names its items by, in order."""
+    return _NAMED.findall(text)
+
+
 def asks_for_record(message: Message) -> bool:
     """``message`` is a user message instructing the model to write a record of earlier tool results."""
     return message.role == "user" and bool(_RECORD_REQUEST.search(message.text or ""))
@@ -157,9 +172,15 @@ class ScriptedModel:
             return Message("assistant", [self.summary(messages, max_tokens)])
         if pinned_function(tool_choice) == RECALL_TOOL and not self.options.ignore_pin:
             return Message("assistant", [self._record_call(messages, max_tokens)])
-        if messages and asks_for_record(messages[-1]):
+        if messages and (asks_for_record(messages[-1]) or asks_for_summary(messages[-1])):
             if self.options.ignore_instruction:
                 return self.respond(messages[:-1], tool_choice=tool_choice, max_tokens=max_tokens)
+            if asks_for_summary(messages[-1]):
+                # A model finds the messages the instruction names and summarises them, as well as
+                # the summarizer would (the same quality knob).
+                named = _named_items(messages[-1].text or "")
+                items = [m for m in messages[:-1] if m.role == "user" and any(o in (m.text or "") for o in named)]
+                return Message("assistant", [self.summary(items, max_tokens, named=len(named))])
             # A model follows the instruction with what it can read: the record of every visible
             # tool result, as good as a pinned one (the same quality knob).
             return Message("assistant", [self.record(messages[:-1], max_tokens)])
@@ -193,12 +214,13 @@ class ScriptedModel:
         answer = "Values: " + (", ".join(seen) if seen else "none visible") + "."
         return answer + (f" I cannot see {missing} of the values asked for." if missing else "")
 
-    def summary(self, messages: Sequence[Message], max_tokens: int | None) -> str:
+    def summary(self, messages: Sequence[Message], max_tokens: int | None, *, named: int | None = None) -> str:
         """An extractive summary: the value-bearing lines of the transcript, in order.
 
-        Its first line says how many numbered items it covers: a model rewrites its
-        summary when its input changes, so re-summarising a summary with new turns gives
-        new bytes even when the new turns add no value line.
+        Its first line says how many numbered items it covers (``named`` when the items
+        were named by an instruction rather than numbered in a transcript): a model
+        rewrites its summary when its input changes, so re-summarising a summary with new
+        turns gives new bytes even when the new turns add no value line.
         """
         lines: list[str] = []
         items = 0
@@ -209,6 +231,7 @@ class ScriptedModel:
                 items += bool(_NUMBERED_ITEM.match(line))
                 if self._carries_value(line) or _KEEP_WORDS.search(line):
                     lines.append(line.strip())
+        items = items if named is None else named
         kept = [line for line in lines if self._keeps(line, self.options.summary_quality, "summary")]
         title = (
             f"Summary of the earlier conversation ({items} items):" if items else "Summary of the earlier conversation:"

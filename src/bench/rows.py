@@ -174,6 +174,7 @@ def composed_row(
     summary_mode: str = "boundary",
     overflow_policy: str = "shed",
     record_request: RecordRequest = "pinned",
+    summary_request: str = "summarizer",
 ) -> RowSetup:
     """The composition wired as the README wires it: both halves, the gate, the recall tool and its middleware.
 
@@ -194,6 +195,7 @@ def composed_row(
         tool_results=records,
         user_turns=users,
         overflow_policy=overflow_policy,  # type: ignore[arg-type]
+        summary_request=summary_request,  # type: ignore[arg-type]
     )
     recall, recall_tool = _recall_wiring(context, records, min_groups_before_repeat=2, record_request=record_request)
 
@@ -287,9 +289,9 @@ _BUILT_IN: Final[Mapping[str, tuple[RowFactory, str]]] = {
         "recall wiring: the README's composition",
     ),
     "tool_and_user_summary_anchored_prefix": (
-        lambda c: composed_row(c, record_request="cached_prefix"),
-        "ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(...) with its records asked over the cached "
-        "prefix (ToolResultRecallMiddleware(record_request='cached_prefix'))",
+        lambda c: composed_row(c, record_request="cached_prefix", summary_request="cached_prefix"),
+        "ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(..., summary_request='cached_prefix') with "
+        "ToolResultRecallMiddleware(record_request='cached_prefix'): records and summaries over the cached prefix",
     ),
     "tool_and_user_summary_anchored_recompact": (
         lambda c: composed_row(c, summary_mode="recompact"),

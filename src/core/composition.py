@@ -61,7 +61,7 @@ from typing import Final, Literal, TypeAlias, cast
 
 from returns.result import Failure, Success
 
-from . import anchored, pipeline, records, user_summaries
+from . import anchored, pipeline, recall, records, user_summaries
 from .anchored import AnchoredConfig, Report
 from .checks import AtLeastZero, NonEmpty, validate
 from .effects import Aligned, Answer, Request, Summarize, answered, standing
@@ -91,6 +91,8 @@ REPLACEMENT_ID_PREFIX: Final = "record_replacement_"
 #: ``user_summary_fold_<n>``), which it allocates without seeing the chain's.
 EMERGENCY_FOLD_ID_PREFIX: Final = "user_summary_emergency_fold_"
 ReplacementKind: TypeAlias = Literal["merge", "rewrite", "fold"]
+#: How the user half's summaries are asked for (:attr:`CompositionConfig.summary_request`).
+SummaryRequest: TypeAlias = Literal["summarizer", "cached_prefix"]
 DEFAULT_HARDER_ATTEMPTS: Final = 2
 
 DEFAULT_MERGE_PROMPT: Final = (
@@ -123,6 +125,12 @@ class CompositionConfig:
             ``"raise"`` records must quote every value of a group (:attr:`record_rules`).
         merge_prompt: The instructions for merging records.
         harder_attempts: Harder rewrites of the merged record the chain may ask for.
+        summary_request: How the user half's summaries and folds are asked for:
+            ``"summarizer"`` sends the summarizer ``[system(prompt), user(transcript)]``;
+            ``"cached_prefix"`` sends the conversation's own request plus one instruction
+            that names the items by their opening words (read from the provider's cache),
+            through the agent's client, falling back to the summarizer when that cannot be
+            sent (no request seen yet, or an item outside what fits the budget).
     """
 
     records: RecordConfig
@@ -130,6 +138,7 @@ class CompositionConfig:
     overflow_policy: OverflowPolicy = DEFAULT_OVERFLOW_POLICY
     merge_prompt: NonEmpty = DEFAULT_MERGE_PROMPT
     harder_attempts: AtLeastZero = DEFAULT_HARDER_ATTEMPTS
+    summary_request: SummaryRequest = "summarizer"
 
     def __post_init__(self) -> None:
         validate(self)
@@ -230,7 +239,9 @@ CHAIN_VERSION: Final = 3
 #: Version 1 counted the records a merge replaced out of an ask's and a wait's record
 #: count, and a merged record as a model response; version 2 counts records written and
 #: model responses only. The two agree unless a merge was kept (see :func:`_state_checked`).
-COMPOSITION_VERSION: Final = 2
+#: Version 3 adds the record half's ``written`` (records written over the cached prefix; the
+#: record half's state is stored inline, so its new field is the composition's too).
+COMPOSITION_VERSION: Final = 3
 
 
 def _undated(stored: Mapping[str, object]) -> Mapping[str, object]:
@@ -300,8 +311,18 @@ def _state_checked(state: CompositionState, version: int, _head: int | None) -> 
     return state
 
 
+def _unwritten(stored: Mapping[str, object]) -> Mapping[str, object]:
+    """A version-1 or version-2 state: no record was written over the cached prefix."""
+    return {**exactly(stored, tuple(n for n in names(CompositionState) if n != "written")), "written": []}
+
+
 COMPOSITION_SCHEMA: Final = Schema(
-    "composition", COMPOSITION_VERSION, CompositionState, older={1: None}, check=_state_checked, flat="records"
+    "composition",
+    COMPOSITION_VERSION,
+    CompositionState,
+    older={1: _unwritten, 2: _unwritten},
+    check=_state_checked,
+    flat="records",
 )
 
 
@@ -352,6 +373,8 @@ class _Pass:
         memo: The record rules' memo (the input's, then their answer's).
         band: The anchored runs' band, handed run to run.
         roomy: The conversation's largest step still fits (:func:`_roomy`).
+        replay_only: Ask for nothing new: the pass only replays what was decided (the
+            prompt as it stands, which a request over the cached prefix repeats).
     """
 
     input: CompositionState
@@ -360,6 +383,7 @@ class _Pass:
     memo: records.RecordMemo | None
     band: object = None
     roomy: bool = True
+    replay_only: bool = False
 
 
 _Answer: TypeAlias = Needs[CompositionState] | Done[_Pass, None]
@@ -372,20 +396,26 @@ def step(
     measure: anchored.Measure,
     *,
     memo: object = None,
+    replay_only: bool = False,
 ) -> StepResult[CompositionState, CompositionReport]:
-    """One composed pass (see the module docstring); ``memo`` is the last ``Done.memo`` (the record rules')."""
+    """One composed pass (see the module docstring); ``memo`` is the last ``Done.memo`` (the record rules').
+
+    With ``replay_only`` the pass asks for nothing new (the prompt as it stands: see :func:`_standing`).
+    """
     budget = config.max_input_tokens
     record_memo = memo if isinstance(memo, records.RecordMemo) else None
-    history = records.place_written(history, state.records.written, measure)
+    given, history = history, records.place_written(history, state.records.written, measure)
+    asked = records.ask_over_standing(state.records, lambda: _standing(config, state, given, measure), budget, measure)
+    if asked is not None:
+        return Success(Needs((asked,), state))
     seen = view(history, record_memo.view if record_memo else None)
     # The record half's report is a placeholder until its sub-step runs.
     report = CompositionReport(seen.sent, seen.sent, records=RecordReport(seen.sent, seen.sent))
     band = record_memo.band if record_memo else None
-    ran = pipeline.run(
-        _STEPS[config.overflow_policy], config, _Pass(state, state, report, record_memo, band), seen, measure
-    )
+    work = _Pass(state, state, report, record_memo, band, replay_only=replay_only)
+    ran = pipeline.run(_STEPS[config.overflow_policy], config, work, seen, measure)
     if isinstance(ran, Needs):
-        return Success(ran)
+        return Success(_over_prefix(config, state, given, measure, ran))
     output, done = ran
     tokens_after = sent_tokens(output)
     report = replace(done.report, tokens_after=tokens_after, over_budget=tokens_after > budget)
@@ -408,6 +438,52 @@ def step(
         )
     assert done.memo is not None
     return Success(Done(history=output, state=done.state, report=report, memo=replace(done.memo, band=done.band)))
+
+
+def _over_prefix(
+    config: CompositionConfig,
+    state: CompositionState,
+    history: History,
+    measure: anchored.Measure,
+    needs: Needs[CompositionState],
+) -> Needs[CompositionState]:
+    """``needs`` with the user half's summaries and folds sent over the cached prefix, when configured.
+
+    The prefix is the prompt as it stands (every decision made before replayed: the last
+    request and what arrived since), cut between groups to fit the budget with the
+    instruction; a request whose items it does not hold stays with the summarizer.
+    """
+    if config.summary_request != "cached_prefix" or state.records.recall.prefix_disabled:
+        return needs
+    wanted = [r for r in needs.requests if isinstance(r, Summarize) and r.kind in ("summary", "fold")]
+    # A record asked on this pass (it stands at the conversation's end) is not yet in the cached request.
+    here = records.originals(history)
+    earlier = tuple(w for w in state.records.written if w.after != here)
+    before = replace(state, records=replace(state.records, written=earlier))
+    standing = _standing(config, before, history, measure) if wanted else None
+    if standing is None:
+        return needs
+    requests: list[Request] = []
+    for request in needs.requests:
+        sent = None
+        if request in wanted:
+            assert isinstance(request, Summarize)
+            size = measure(request.prompt) + sum(measure(o) for o in request.openings) + 64
+            fitting = records.fitting_prefix(standing, config.max_input_tokens - size)
+            sent = None if fitting is None else user_summaries.over_prefix(request, fitting)
+        requests.append(sent or request)
+    return replace(needs, requests=tuple(requests))
+
+
+def _standing(
+    config: CompositionConfig, state: CompositionState, history: History, measure: anchored.Measure
+) -> History | None:
+    """The prompt as it stands: the pass with every budget out of reach (only decisions made before replay)."""
+    users = replace(config.users, max_input_tokens=records.unbounded(config.records).max_input_tokens)
+    quiet = replace(config, records=records.unbounded(config.records), users=users, summary_request="summarizer")
+    ran = step(quiet, replace(state, records=records.calm(state.records)), history, measure, replay_only=True)
+    done = ran.unwrap() if isinstance(ran, Success) else None
+    return done.history if isinstance(done, Done) else None
 
 
 def _record_rules(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
@@ -437,7 +513,7 @@ def _users(config: CompositionConfig, work: _Pass, seen: View, measure: anchored
         expected=records.record_expected(work.state.records),
         count=records.records_written(seen.records),
     )
-    waiting = waiting and seen.sent <= config.max_input_tokens
+    waiting = (waiting and seen.sent <= config.max_input_tokens) or work.replay_only
     state, report = replace(work.state, chain=chain), replace(work.report, waited=waiting)
     if not waiting:
         breaking = bool(work.report.records.dropped)
@@ -532,7 +608,7 @@ def _record_over_prefix(config: CompositionConfig, work: _Pass, seen: View, meas
     """A record due on this request, asked over the cached prefix: the request is this pass's output
     (every standing decision replayed, so it repeats the last request) plus one instruction."""
     del config, measure
-    asked = records.ask_aligned(seen.history, work.state.records)
+    asked = records.ask_aligned(seen.history, work.state.records, seen.history)
     return Done(seen.history, work, None) if asked is None else Needs((asked,), work.input)
 
 
@@ -607,9 +683,17 @@ def absorb(state: CompositionState, answers: Sequence[tuple[Request, str | None]
     """Record replacements and emergency folds go to the chain (judged on the next step); the rest to the user half."""
     chain, others = state.chain, list[tuple[Request, str | None]]()
     record_state = records.absorb(state.records, answers)
-    for request, text in answers:
+    for request, given in answers:
         if isinstance(request, Aligned):
             continue
+        text = given
+        if isinstance(request, Summarize) and request.view is not None and given is not None and given.strip():
+            # Asked over the cached prefix: an answer that ignored the instruction is no summary.
+            followed = user_summaries.follows(request, given)
+            record_state = replace(
+                record_state, recall=recall.judged_instruction(record_state.recall, followed=followed)
+            )
+            text = given if followed else None
         if not isinstance(request, Summarize) or request.kind not in _CHAIN_KINDS:
             others.append((request, text))
             continue

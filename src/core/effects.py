@@ -49,6 +49,14 @@ class Summarize:
             for the composition's fold of user summaries over the budget.
         turns: User turns in the conversation when the request was made: a failed
             answer is replayed (not retried) until the conversation has more.
+        openings: The opening words of each item, in order: a request over the cached
+            prefix names the items by them instead of repeating them.
+        instruction: Set with ``view``: the one message a request over the cached prefix
+            appends (the prompt, then the items by their opening words).
+        view: When set, the request goes over the cached prefix (see :class:`Aligned`):
+            these messages, then ``instruction``; otherwise to the summarizer as
+            ``[system(prompt), user(transcript)]``. Neither is part of the identity: the
+            answer is the same summary either way.
     """
 
     identity: str
@@ -58,6 +66,9 @@ class Summarize:
     summary_id: str
     kind: SummaryKind = "summary"
     turns: int = 0
+    openings: tuple[str, ...] = field(default=(), compare=False)
+    instruction: str = field(default="", compare=False)
+    view: History | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +106,9 @@ class Aligned:
             the tool results the view shows.
         instruction: The one message appended at the end.
         record_id: The id the answer will carry if kept (allocated with the request).
-        after: The call id of the newest tool result the view shows: a kept record is
-            placed right after the message that holds it, on every later pass.
+        after: How many messages of the conversation (injected context and compaction's
+            own aside) precede the record: a kept record stands right after them, on every
+            later pass (at the end of the conversation as it was when asked).
         kind: What the answer becomes: ``"record"``, a written record of the tool results.
         turns: User turns in the conversation when the request was made (see
             :attr:`Summarize.turns`).
@@ -106,7 +118,7 @@ class Aligned:
     identity: str
     instruction: str
     record_id: str
-    after: str
+    after: int
     kind: Literal["record"] = "record"
     turns: int = 0
     view: History = field(default_factory=history, compare=False, repr=False)

@@ -15,7 +15,8 @@ HistorySeen         the next request's pin: an outstanding re-force ask first,  
                     an ask over the cached prefix is over
 RequestStarting     the decided pin is spent on this request: pinned, or asked  Pin /
                     over the cached prefix (``PinRule.aligned``, or pinning     Unpinned
-                    disabled) by the pass inside it
+                    disabled) by the pass inside it, unless the model ignored
+                    two such instructions (then pinned, if pinning is left)
 ForcedReturned      the forced call returned: its record is awaited             Nothing
 ForcedResponse      the streak of pinned responses without a recall call;       Disable /
                     two in a row disable pinning                                Nothing
@@ -119,6 +120,11 @@ class RecallState:
         asking: A record is due on this request and is asked for over the cached prefix
             (the compaction pass inside the request asks, then clears it), with why.
             Versions 1 and 2 had no such field.
+        ignored_instructions: Consecutive answers to requests over the cached prefix that did
+            not follow the instruction (no value of what they were asked about).
+        prefix_disabled: The model ignored two such instructions in a row: no more requests
+            over the cached prefix for this conversation (records are pinned again unless
+            pinning is disabled too; summaries go to the summarizer).
     """
 
     next_pin: PinKind | None = None
@@ -129,19 +135,23 @@ class RecallState:
     seen: RecallStatus | None = None
     armed: bool = False
     asking: PinKind | None = None
+    ignored_instructions: Count = 0
+    prefix_disabled: bool = False
 
 
 def _v1(stored: Mapping[str, object]) -> Mapping[str, object]:
     """A version-1 state has no ``armed``: the gate's permission was stored beside it (the stack reads it)."""
-    return {**exactly(stored, _RECALL_V1_FIELDS), "armed": False, "asking": None}
+    return {**exactly(stored, _RECALL_V1_FIELDS), "armed": False, **_V3_DEFAULTS}
 
 
 def _v2(stored: Mapping[str, object]) -> Mapping[str, object]:
     """A version-2 state asked for no record over the cached prefix."""
-    return {**exactly(stored, (*_RECALL_V1_FIELDS, "armed")), "asking": None}
+    return {**exactly(stored, (*_RECALL_V1_FIELDS, "armed")), **_V3_DEFAULTS}
 
 
 _RECALL_V1_FIELDS: Final = ("next_pin", "in_flight", "awaiting_record", "ignored_streak", "pin_disabled", "seen")
+#: What version 3 added, as an older state had it: nothing asked or judged over the cached prefix.
+_V3_DEFAULTS: Final = {"asking": None, "ignored_instructions": 0, "prefix_disabled": False}
 RECALL_SCHEMA: Final = Schema("recall", 3, RecallState, older={1: _v1, 2: _v2})
 
 
@@ -267,8 +277,10 @@ def advance(rule: PinRule, state: RecallState, event: Event) -> tuple[RecallStat
     if isinstance(event, RequestStarting):
         if state.next_pin is None:
             return state, Unpinned()
-        if rule.aligned or state.pin_disabled:  # asked for by the pass inside this request, not pinned
+        if (rule.aligned or state.pin_disabled) and not state.prefix_disabled:  # asked by the pass inside it
             return replace(state, next_pin=None, asking=state.next_pin), Unpinned()
+        if state.pin_disabled:  # neither route is left: the safety net keeps what no record covers
+            return replace(state, next_pin=None), Unpinned()
         return replace(state, next_pin=None, in_flight=True), Pin(rule.record_max_tokens, state.next_pin)
     if isinstance(event, ForcedReturned):
         return replace(state, in_flight=False, awaiting_record=True), Nothing()
@@ -282,6 +294,12 @@ def advance(rule: PinRule, state: RecallState, event: Event) -> tuple[RecallStat
     return replace(state, next_pin=event.pin, in_flight=False, awaiting_record=False), Nothing()
 
 
+def judged_instruction(state: RecallState, *, followed: bool) -> RecallState:
+    """``state`` after an answer to a request over the cached prefix: two ignored in a row disable the route."""
+    streak = 0 if followed else state.ignored_instructions + 1
+    return replace(state, ignored_instructions=streak, prefix_disabled=state.prefix_disabled or streak >= IGNORED_LIMIT)
+
+
 def record_due(rule: PinRule, state: RecallState, *, reforce_pending: bool) -> bool:
     """Would a record be asked for on the next request (pinned, or over the cached prefix)? A preview:
     nothing is consumed.
@@ -289,6 +307,8 @@ def record_due(rule: PinRule, state: RecallState, *, reforce_pending: bool) -> b
     A pin already decided counts; an outstanding, untaken re-force ask counts; otherwise
     the pin rule on the last history seen.
     """
+    if state.pin_disabled and state.prefix_disabled:
+        return False
     if state.next_pin is not None:
         return True
     if state.seen is None:

@@ -48,7 +48,7 @@ from .checks import AtLeastOne, AtLeastZero, Fraction, validate
 from .counting import MESSAGE_OVERHEAD_TOKENS
 from .distill import is_distilled, is_remnant, remnant
 from .effects import Aligned, Request, identity
-from .envelope import Schema, Text, exactly
+from .envelope import Count, Schema, Text, exactly
 from .grouping import Grouping, regroup
 from .model import Group, History, MessageRecord, Part, conversation_records, flagged
 from .protocol import Done, Needs, StepResult, sent_tokens
@@ -332,14 +332,16 @@ class AlignedRecord:
             replica find it here).
         text: The record as the model wrote it (without our marker).
         record_id: The id of the written record's message.
-        after: The call id of the newest tool result the request showed: the record stands
-            right after the message that holds it.
+        after: How many messages of the conversation (injected context and compaction's own
+            messages aside) stood before the record when it was asked: it stands right after
+            them, at the end of the conversation as it was, so the prompt before it is the
+            request the provider cached.
     """
 
     identity: Text
     text: Text
     record_id: Text
-    after: Text
+    after: Count
 
 
 def _record_state_v1(stored: Mapping[str, object]) -> Mapping[str, object]:
@@ -392,8 +394,11 @@ def step(
     answer with every held message protected, so it can shed only what no rule holds.
     ``memo`` is the previous pass's ``Done.memo``; it never changes the answer.
     """
+    given, history = history, place_written(history, state.written, measure)
+    asked = ask_over_standing(state, lambda: _standing(config, state, given, measure), config.max_input_tokens, measure)
+    if asked is not None:
+        return Success(Needs((asked,), state))
     record_memo = memo if isinstance(memo, RecordMemo) else None
-    history = place_written(history, state.written, measure)
     stands = decided(state.fallback)
     passed = rules(config, history, state.decisions, measure, memo=record_memo, fallback_stands=stands)
     memo = passed.memo
@@ -407,7 +412,7 @@ def step(
         output, fallback_state, band = ran.history, ran.state, ran.memo
         overflow = report.fallback is Fallback.BEHIND_RECORD and sent_tokens(output) > config.max_input_tokens
         report = replace(report, fallback_report=ran.report, overflow=overflow)
-    asked = ask_aligned(output, state)
+    asked = ask_aligned(output, state, output)
     if asked is not None:
         return Success(Needs((asked,), state))
     new_state = replace(state, decisions=passed.state, fallback=fallback_state)
@@ -453,11 +458,23 @@ def run_with_holds(
 
 
 def absorb(state: RecordState, answers: Sequence[tuple[Request, str | None]]) -> RecordState:
-    """``state`` with the answers to records asked over the cached prefix (the only effect it asks for)."""
-    written = absorb_written(state.written, answers)
-    if not any(isinstance(request, Aligned) for request, _ in answers):
-        return state
-    return replace(state, written=written, recall=replace(state.recall, asking=None))
+    """``state`` with the answers to records asked over the cached prefix (the only effect it asks for).
+
+    The ask is over either way. An answer that came back without a record (no value of
+    what it was shown: the model ignored the instruction) counts towards the verdict that
+    disables the route (:func:`.recall.judged_instruction`); a failure does not.
+    """
+    written, recall_state = state.written, state.recall
+    for request, text in answers:
+        if not isinstance(request, Aligned):
+            continue
+        kept = None if any(w.identity == request.identity for w in written) else _kept_record(request, text)
+        if kept is not None:
+            written = (*written, kept)
+        if text is not None and text.strip():
+            recall_state = recall.judged_instruction(recall_state, followed=kept is not None)
+        recall_state = replace(recall_state, asking=None)
+    return replace(state, written=written, recall=recall_state)
 
 
 # ----------------------------------------------------------------------------------------
@@ -465,14 +482,84 @@ def absorb(state: RecordState, answers: Sequence[tuple[Request, str | None]]) ->
 # ----------------------------------------------------------------------------------------
 
 
-def ask_aligned(view: History, state: RecordState) -> Aligned | None:
+#: The budget of a pass that makes no new decision: every rule that decides something new
+#: is relative to the budget, and decisions already made replay whatever the size.
+_UNBOUNDED: Final = 2**40
+
+
+def unbounded(config: RecordConfig) -> RecordConfig:
+    """``config`` with a budget no prompt reaches: a pass with it only replays the decisions that stand."""
+    fallback = config.fallback and replace(config.fallback, max_input_tokens=_UNBOUNDED)
+    return replace(config, max_input_tokens=_UNBOUNDED, fallback=fallback)
+
+
+def ask_over_standing(
+    state: RecordState, standing: Callable[[], History | None], budget: int, measure: Measure
+) -> Aligned | None:
+    """A record due on this request, asked over the prompt as it stands, before the pass decides anything new.
+
+    ``standing`` makes the standing prompt: what a pass makes when nothing new is decided
+    (the pass with :func:`unbounded` budgets: every decision made before replays), which is
+    the last request byte for byte and what arrived since, so the provider reads it from
+    its cache. It is asked over only when it fits ``budget`` with the instruction (the
+    request must fit the window with the caller's output reservation); otherwise the pass
+    compacts first and asks over its output (:func:`ask_aligned` at the pass's end).
+    """
+    if state.recall.asking is None:
+        return None
+    whole = standing()
+    if whole is None:
+        return None
+    fitting = fitting_prefix(whole, budget - measure(RECORD_INSTRUCTION) - MESSAGE_OVERHEAD_TOKENS)
+    return None if fitting is None else ask_aligned(fitting, state, whole)
+
+
+def fitting_prefix(prompt: History, budget: int) -> History | None:
+    """The longest prefix of ``prompt`` that ends between two groups and sends at most ``budget`` tokens.
+
+    A prefix of a prompt the provider cached is cached too, so a request over it plus an
+    instruction is read from the cache; cutting between groups never separates a tool
+    call from its result. ``None`` when not even the first group fits.
+    """
+    if sent_tokens(prompt) <= budget:
+        return prompt
+    seen = view(prompt)
+    spans = sorted((seen.indices[g.members[0]], seen.indices[g.members[-1]]) for g in seen.grouping.all if g.members)
+    cuts: list[int] = []  # prompt indices where a cut separates no group
+    reach = -1
+    for first, last in spans:
+        if reach < first and first > 0:  # no earlier group reaches past this one's start
+            cuts.append(first)
+        reach = max(reach, last)
+    sizes = [0]
+    for record in prompt:
+        sizes.append(sizes[-1] + (0 if record.excluded else record.tokens))
+    for cut in reversed(cuts):
+        if sizes[cut] <= budget:
+            return pvector(prompt[:cut])
+    return None
+
+
+def calm(state: RecordState) -> RecordState:
+    """``state`` asking nothing over the cached prefix (the standing prompt's pass)."""
+    return replace(state, recall=replace(state.recall, asking=None))
+
+
+def _standing(config: RecordConfig, state: RecordState, history: History, measure: Measure) -> History | None:
+    ran = step(unbounded(config), calm(state), history, measure)
+    done = ran.unwrap() if isinstance(ran, Success) else None
+    return done.history if isinstance(done, Done) else None
+
+
+def ask_aligned(view: History, state: RecordState, conversation: History) -> Aligned | None:
     """The record to ask for over the cached prefix on this pass, or ``None``.
 
     Asked when the recall protocol says a record is due on this request
     (``recall.asking``) and the view shows a tool result no such record was asked over:
     the request is the view plus :data:`RECORD_INSTRUCTION`. Its identity is the
     instruction and the call ids of the results shown, so both lists and a restored or
-    another replica's pass find the answer instead of asking again.
+    another replica's pass find the answer instead of asking again. The record will stand
+    at the end of ``conversation`` as it is now.
     """
     if state.recall.asking is None:
         return None
@@ -484,7 +571,17 @@ def ask_aligned(view: History, state: RecordState) -> Aligned | None:
         return None
     turns = sum(1 for r in view if r.role == "user" and not (r.injected or r.note or r.summary))
     record_id = f"{ALIGNED_RECORD_ID_PREFIX}{key[:16]}"
-    return Aligned(key, RECORD_INSTRUCTION, record_id, after=shown[-1], turns=turns, view=view)
+    return Aligned(key, RECORD_INSTRUCTION, record_id, after=originals(conversation), turns=turns, view=view)
+
+
+def _original(record: MessageRecord) -> bool:
+    """A message of the conversation itself: not injected context, not a note, summary or written record of ours."""
+    return not (record.injected or record.note or record.inserted)
+
+
+def originals(history: Iterable[MessageRecord]) -> int:
+    """How many messages of the conversation itself ``history`` holds (see :func:`_original`)."""
+    return sum(1 for record in history if _original(record))
 
 
 def _shown_results(view: History) -> list[str]:
@@ -499,31 +596,25 @@ def _shown_results(view: History) -> list[str]:
     ]
 
 
-def absorb_written(
-    written: tuple[AlignedRecord, ...], answers: Sequence[tuple[Request, str | None]]
-) -> tuple[AlignedRecord, ...]:
-    """``written`` with each kept answer to an :class:`.effects.Aligned` request.
+def _kept_record(request: Aligned, text: str | None) -> AlignedRecord | None:
+    """The record an answer to ``request`` becomes, or ``None``.
 
-    An answer is kept when it quotes at least one distinctive value of the tool results
-    its request showed: a reply that ignored the instruction (small talk, a refusal, a
-    tool call the shell did not take as a record) is no record, and the coverage rule
-    then finds nothing it covers. A failure is not kept; the ask is over either way.
+    Kept when it quotes at least one distinctive value of the tool results its request
+    showed: a reply that ignored the instruction (small talk, a refusal, a call of another
+    tool) is no record, and the coverage rule would find nothing it covers.
     """
-    for request, text in answers:
-        if not isinstance(request, Aligned) or not text or any(w.identity == request.identity for w in written):
-            continue
-        body = text.strip().removeprefix(RECORD_PREFIX).strip()
-        shown = {
-            value
-            for record in request.view
-            if not record.excluded and record.role == "tool"
-            for part in record.parts
-            if part.kind == "function_result"
-            for value in distinctive_values(part.text)
-        }
-        if body and shown & word_set(body):
-            written = (*written, AlignedRecord(request.identity, body, request.record_id, request.after))
-    return written
+    body = (text or "").strip().removeprefix(RECORD_PREFIX).strip()
+    if not body:
+        return None
+    shown = {
+        value
+        for record in request.view
+        if not record.excluded and record.role == "tool"
+        for part in record.parts
+        if part.kind == "function_result"
+        for value in distinctive_values(part.text)
+    }
+    return AlignedRecord(request.identity, body, request.record_id, request.after) if shown & word_set(body) else None
 
 
 def written_record(body: str, record_id: str, measure: Measure) -> MessageRecord:
@@ -537,27 +628,28 @@ def written_record(body: str, record_id: str, measure: Measure) -> MessageRecord
 
 
 def place_written(history: History, written: Sequence[AlignedRecord], measure: Measure) -> History:
-    """``history`` with each record of ``written`` right after the message holding its ``after`` result.
+    """``history`` with each record of ``written`` right after the first ``after`` messages of the conversation.
 
-    A record whose result this history lacks (a list that never held it) is not placed;
-    one already in the history (a list the shell applied an earlier pass to) is not placed twice.
+    A record whose place this history does not reach (a list that never held those
+    messages) is not placed; one already in the history (a list the shell applied an
+    earlier pass to) is not placed twice.
     """
     if not written:
         return history
     present = {r.message_id for r in history if r.written_record}
-    by_call: dict[str, list[AlignedRecord]] = {}
+    by_place: dict[int, list[AlignedRecord]] = {}
     for record in written:
         if record.record_id not in present:
-            by_call.setdefault(record.after, []).append(record)
-    if not by_call:
+            by_place.setdefault(record.after, []).append(record)
+    if not by_place:
         return history
     output: list[MessageRecord] = []
+    count = 0
     for record in history:
         output.append(record)
-        if record.role != "tool" or record.injected:
-            continue
-        for part in record.parts:
-            for found in by_call.pop(part.call_id or "", ()):
+        if _original(record):
+            count += 1
+            for found in by_place.pop(count, ()):
                 output.append(written_record(found.text, found.record_id, measure))
     return pvector(output)
 
@@ -1008,10 +1100,7 @@ def record_expected(state: RecordState) -> bool:
     """
     recall = state.recall
     return (
-        state.decisions.ask is not None
-        or recall.next_pin is not None
-        or recall.in_flight
-        or recall.asking is not None
+        state.decisions.ask is not None or recall.next_pin is not None or recall.in_flight or recall.asking is not None
     )
 
 

@@ -2,10 +2,13 @@
 
 A pass reads the conversation's state, may await effects (the summarizer), and writes its
 result back. The recall middleware shares that state and may move it meanwhile, but only
-in two ways: the recall protocol's state (which a pass never changes) and the ``taken``
-flag of the outstanding ask (``take_reforce``: False to True, once per ask). The rule:
+in two ways: the recall protocol's state and the ``taken`` flag of the outstanding ask
+(``take_reforce``: False to True, once per ask). A pass changes the recall protocol's
+state only where it asks over the cached prefix: it spends ``asking`` and judges whether
+the model followed the instruction. The rule:
 
-- the recall protocol's state is the middleware's: the current one stands;
+- the recall protocol's state is the middleware's: the current one stands, with the
+  pass's ask spent and its verdict on the instructions (a disabled route stays disabled);
 - every decision is the pass's, except that an ask the pass still holds stays taken when
   the middleware took that same ask meanwhile (one ask pins one request).
 
@@ -35,4 +38,11 @@ def settle(passed: RecordState, current: RecordState) -> RecordState:
     ask, meanwhile = decisions.ask, current.decisions.ask
     if ask is not None and not ask.taken and meanwhile is not None and meanwhile.taken and same_ask(ask, meanwhile):
         decisions = replace(decisions, ask=replace(ask, taken=True))
-    return replace(passed, decisions=decisions, recall=current.recall)
+    mine, theirs = passed.recall, current.recall
+    recall = replace(
+        theirs,
+        asking=None if mine.asking is None else theirs.asking,
+        ignored_instructions=mine.ignored_instructions,
+        prefix_disabled=mine.prefix_disabled or theirs.prefix_disabled,
+    )
+    return replace(passed, decisions=decisions, recall=recall)

@@ -53,6 +53,7 @@ from .effects import DescribeMedia, Request, Summarize, SummaryKind, answered, i
 from .model import MEDIA_KINDS, History, MessageRecord, Part, conversation_indices, flagged
 from .protocol import Done, Needs, StepResult, sent_tokens
 from .user_snapshot import UserSummarySnapshot
+from .values import distinctive_values, word_set
 
 Measure = Callable[[str], int]
 SummaryMode: TypeAlias = Literal["recompact", "boundary", "fold"]
@@ -512,7 +513,53 @@ def request(
         summary_id=summary_id,
         kind=kind,
         turns=turns,
+        openings=tuple(opening(item.text) for item in items),
     )
+
+
+#: How much of an item's first line a request over the cached prefix quotes to name it.
+OPENING_CHARACTERS: Final = 80
+
+
+def opening(text: str) -> str:
+    """The words that name an item in a request over the cached prefix: its first non-blank line, cut short."""
+    line = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return line if len(line) <= OPENING_CHARACTERS else line[:OPENING_CHARACTERS].rstrip()
+
+
+#: What a summary asked over the cached prefix says after the summarizer's prompt.
+PREFIX_ITEMS_HEADING: Final = (
+    "The numbered items are these earlier messages of this conversation, named by their opening words:"
+)
+
+
+def follows(request: Summarize, answer: str) -> bool:
+    """Whether ``answer`` to ``request`` (asked over the cached prefix) is a summary of its items at all.
+
+    A model that ignored the instruction answers about something else: it quotes none of
+    the items' distinctive values (when they have some) and, for items without values,
+    shares no word of four letters or more with them.
+    """
+    values = distinctive_values(request.transcript)
+    if values:
+        return bool(set(values) & word_set(answer))
+    words = {w.lower() for w in re.findall(r"[A-Za-z]{4,}", request.transcript)}
+    return bool(words & {w.lower() for w in re.findall(r"[A-Za-z]{4,}", answer)})
+
+
+def over_prefix(request: Summarize, view: History) -> Summarize | None:
+    """``request`` sent over ``view`` (the cached prefix) plus one instruction, or ``None`` when ``view``
+    lacks an item (every item must be an included message of ``view`` the instruction can name)."""
+    texts = [
+        "\n".join(p.text for p in r.parts)
+        for r in view
+        if r.role == "user" and not r.excluded and not r.injected and not r.note
+    ]
+    if not request.openings or not all(any(o in text for text in texts) for o in request.openings):
+        return None
+    named = "\n".join(f"{number}. \u00ab{o}\u00bb" for number, o in enumerate(request.openings, 1))
+    instruction = f"[compaction request] Do not continue the task. {request.prompt}\n\n{PREFIX_ITEMS_HEADING}\n{named}"
+    return replace(request, instruction=instruction, view=view)
 
 
 def next_id(prefix: str, count: int, records: Iterable[MessageRecord]) -> str:
