@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
 
+from ..core.effects import COMPACTION_REQUEST
 from .breaks import Break, break_cause
 from .rendering import MESSAGE_LAYER_FIELDS, OPAQUE_MARKER, RenderedRequest, common_prefix
 from .simulator import AnthropicCache, OpenAICache, PriceProfile, Salt, bill
@@ -203,7 +204,10 @@ class SimulatedProvider:
         broke = previous is not None and common_prefix(previous[0], entries) < len(previous[0])
         ignored = ("tool_choice",) if self.cache == "openai-free-tool-choice" else ()
         cause = break_cause(previous[1], request, ignore_head=ignored) if broke and previous is not None else None
-        self._previous[kind] = (entries, request)
+        # A request over the cached prefix ends with our instruction, which the next request never
+        # repeats: the next one is judged against what came before the instruction.
+        asked = bool(entries) and entries[-1].startswith(f"<|user|> {COMPACTION_REQUEST}")
+        self._previous[kind] = (entries[:-1] if asked else entries, request)
         record = CallRecord(
             kind=kind,
             turn=self.turn,

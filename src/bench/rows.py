@@ -108,7 +108,7 @@ def record_row(
     context: RowContext,
     *,
     min_groups_before_repeat: int = 2,
-    record_request: RecordRequest = "pinned",
+    record_request: RecordRequest = "cached_prefix",
     **strategy_options: Any,
 ) -> RowSetup:
     """The record strategy wired as the README wires it: strategy, gate, recall tool, middleware.
@@ -173,8 +173,8 @@ def composed_row(
     *,
     summary_mode: str = "boundary",
     overflow_policy: str = "shed",
-    record_request: RecordRequest = "pinned",
-    summary_request: str = "summarizer",
+    record_request: RecordRequest = "cached_prefix",
+    summary_request: str = "cached_prefix",
 ) -> RowSetup:
     """The composition wired as the README wires it: both halves, the gate, the recall tool and its middleware.
 
@@ -263,13 +263,12 @@ _BUILT_IN: Final[Mapping[str, tuple[RowFactory, str]]] = {
     ),
     "tool_summary_anchored": (
         record_row,
-        "ToolResultAnchoredSummarizationCompactionStrategy(budget) + RecallGate, "
-        "make_recall_tool, ToolResultRecallMiddleware(min_groups_before_repeat=2): the README's wiring",
+        "ToolResultAnchoredSummarizationCompactionStrategy(budget) + RecallGate, make_recall_tool, "
+        "ToolResultRecallMiddleware(min_groups_before_repeat=2, record_request='cached_prefix'): the README's wiring",
     ),
-    "tool_summary_anchored_prefix": (
-        lambda c: record_row(c, record_request="cached_prefix"),
-        "ToolResultAnchoredSummarizationCompactionStrategy(budget) + the recall wiring with "
-        "ToolResultRecallMiddleware(record_request='cached_prefix'): every record asked over the cached prefix",
+    "tool_summary_anchored_pinned": (
+        lambda c: record_row(c, record_request="pinned"),
+        "the same with record_request='pinned': each record asked by pinning tool_choice to the recall tool",
     ),
     "user_summary_anchored": (
         user_summary_row,
@@ -285,13 +284,13 @@ _BUILT_IN: Final[Mapping[str, tuple[RowFactory, str]]] = {
     ),
     "tool_and_user_summary_anchored": (
         composed_row,
-        "ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(records, users in boundary mode) + the "
-        "recall wiring: the README's composition",
+        "ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(records, users in boundary mode, "
+        "summary_request='cached_prefix') + the recall wiring with record_request='cached_prefix': the README's "
+        "composition",
     ),
-    "tool_and_user_summary_anchored_prefix": (
-        lambda c: composed_row(c, record_request="cached_prefix", summary_request="cached_prefix"),
-        "ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(..., summary_request='cached_prefix') with "
-        "ToolResultRecallMiddleware(record_request='cached_prefix'): records and summaries over the cached prefix",
+    "tool_and_user_summary_anchored_pinned": (
+        lambda c: composed_row(c, record_request="pinned", summary_request="summarizer"),
+        "the same with records pinned and summaries sent to the summarizer client (the earlier request shapes)",
     ),
     "tool_and_user_summary_anchored_recompact": (
         lambda c: composed_row(c, summary_mode="recompact"),

@@ -15,7 +15,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, TypeAlias, TypeVar
+from typing import Final, Literal, Protocol, TypeAlias, TypeVar
 
 from .envelope import Count, Positive, Text
 from .model import History, history
@@ -87,6 +87,10 @@ class DescribeMedia:
     origin: int
     part: int
     turns: int = 0
+
+
+#: How every instruction a request over the cached prefix appends begins.
+COMPACTION_REQUEST: Final = "[compaction request]"
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,7 @@ from .anchored import DEFAULT_KEEP_HEAD_GROUPS, DEFAULT_KEEP_TAIL_GROUPS, Anchor
 from .checks import AtLeastOne, AtLeastZero, Fraction, validate
 from .counting import MESSAGE_OVERHEAD_TOKENS
 from .distill import is_distilled, is_remnant, remnant
-from .effects import Aligned, Request, identity
+from .effects import COMPACTION_REQUEST, Aligned, Request, identity
 from .envelope import Count, Schema, Text, exactly
 from .grouping import Grouping, regroup
 from .model import Group, History, MessageRecord, Part, conversation_records, flagged
@@ -98,7 +98,7 @@ RECORD_GUIDANCE: Final = (
 )
 #: The one message a record asked for over the cached prefix appends to the conversation's request.
 RECORD_INSTRUCTION: Final = (
-    "[compaction request] Do not continue the task and do not call a tool for it. Write a record of "
+    f"{COMPACTION_REQUEST} Do not continue the task and do not call a tool for it. Write a record of "
     "what must survive from the earlier tool results in this conversation, so that it stays available "
     "after those results are removed to save space. Answer with the record only (or with one "
     f"{RECALL_TOOL_NAME} call whose values argument holds it). The record holds: {RECORD_GUIDANCE}"

@@ -49,7 +49,17 @@ from returns.result import Success
 
 from .checks import AtLeastOne, AtLeastZero, Floor, Fraction, NonEmpty, validate
 from .counting import MESSAGE_OVERHEAD_TOKENS
-from .effects import DescribeMedia, Request, Summarize, SummaryKind, answered, identity, remember, standing
+from .effects import (
+    COMPACTION_REQUEST,
+    DescribeMedia,
+    Request,
+    Summarize,
+    SummaryKind,
+    answered,
+    identity,
+    remember,
+    standing,
+)
 from .model import MEDIA_KINDS, History, MessageRecord, Part, conversation_indices, flagged
 from .protocol import Done, Needs, StepResult, sent_tokens
 from .user_snapshot import UserSummarySnapshot
@@ -536,15 +546,13 @@ PREFIX_ITEMS_HEADING: Final = (
 def follows(request: Summarize, answer: str) -> bool:
     """Whether ``answer`` to ``request`` (asked over the cached prefix) is a summary of its items at all.
 
-    A model that ignored the instruction answers about something else: it quotes none of
-    the items' distinctive values (when they have some) and, for items without values,
-    shares no word of four letters or more with them.
+    A model that ignored the instruction answers about something else: when the items
+    carry distinctive values it quotes none of them. Items without values cannot be
+    told apart from a reply about something else, so any text is taken for them (it is
+    linked from the summary like any other, and what it replaces stays in stored history).
     """
     values = distinctive_values(request.transcript)
-    if values:
-        return bool(set(values) & word_set(answer))
-    words = {w.lower() for w in re.findall(r"[A-Za-z]{4,}", request.transcript)}
-    return bool(words & {w.lower() for w in re.findall(r"[A-Za-z]{4,}", answer)})
+    return bool(set(values) & word_set(answer)) if values else bool(answer.strip())
 
 
 def over_prefix(request: Summarize, view: History) -> Summarize | None:
@@ -558,7 +566,7 @@ def over_prefix(request: Summarize, view: History) -> Summarize | None:
     if not request.openings or not all(any(o in text for text in texts) for o in request.openings):
         return None
     named = "\n".join(f"{number}. \u00ab{o}\u00bb" for number, o in enumerate(request.openings, 1))
-    instruction = f"[compaction request] Do not continue the task. {request.prompt}\n\n{PREFIX_ITEMS_HEADING}\n{named}"
+    instruction = f"{COMPACTION_REQUEST} Do not continue the task. {request.prompt}\n\n{PREFIX_ITEMS_HEADING}\n{named}"
     return replace(request, instruction=instruction, view=view)
 
 
