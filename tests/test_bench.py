@@ -671,44 +671,57 @@ def test_workload_and_session_errors_are_clean(tmp_path: Path, capsys: pytest.Ca
     assert "--facts goes with --session" in err
 
 
-# -- the record row (tool_summary_anchored) ----------------------------------------------
+# -- the record rows (tool_summary_anchored: the README's wiring; tool_summary_anchored_pinned) ----------------
 
-RECORD_ROW = "tool_summary_anchored"
-_RECORD_CELLS: dict[bool, CellResult] = {}
-
-
-async def _record_cell(*, ignore_pin: bool = False) -> CellResult:
-    """The record row at fill 1.5, seed 1, on the default 32K window (once per session of tests)."""
-    if ignore_pin not in _RECORD_CELLS:
-        _RECORD_CELLS[ignore_pin] = await run_cell(Cell(RECORD_ROW, 1.5, 1), Settings(ignore_pin=ignore_pin))
-    return _RECORD_CELLS[ignore_pin]
+RECORD_ROW = "tool_summary_anchored"  # records asked over the cached prefix (record_request="cached_prefix")
+PINNED_ROW = "tool_summary_anchored_pinned"  # records asked by pinning tool_choice (record_request="pinned")
+_RECORD_CELLS: dict[tuple[str, bool], CellResult] = {}
 
 
-async def test_the_record_row_is_built_in_and_keeps_every_fact_within_the_window() -> None:
-    assert RECORD_ROW in ROWS
-    assert RECORD_ROW in ROW_DESCRIPTIONS
+async def _record_cell(row: str = RECORD_ROW, *, ignore_pin: bool = False) -> CellResult:
+    """A record row at fill 1.5, seed 1, on the default 32K window (once per session of tests)."""
+    key = (row, ignore_pin)
+    if key not in _RECORD_CELLS:
+        _RECORD_CELLS[key] = await run_cell(Cell(row, 1.5, 1), Settings(ignore_pin=ignore_pin))
+    return _RECORD_CELLS[key]
+
+
+@pytest.mark.parametrize(("row", "asked_by"), [(RECORD_ROW, "prefix_requests"), (PINNED_ROW, "forced_calls")])
+async def test_the_record_row_is_built_in_and_keeps_every_fact_within_the_window(row: str, asked_by: str) -> None:
+    """Each route asks for its records its own way only, and loses nothing."""
+    assert row in ROWS
+    assert row in ROW_DESCRIPTIONS
     assert list(ROWS) == list(ROW_DESCRIPTIONS), "every row has a description, in table order"
-    result = await _record_cell()
+    result = await _record_cell(row)
     assert result.error is None, result.error
     assert result.dq == 0, f"{result.dq} request(s) over the window"
     assert result.facts_kept == result.facts_total, f"facts kept {result.facts_kept}/{result.facts_total}"
     assert result.accuracy == 1.0
     counters = result.counters
-    assert counters["forced_calls"] >= 1, counters
-    assert counters["records"] >= 1, counters
+    other = "forced_calls" if asked_by == "prefix_requests" else "prefix_requests"
+    assert counters[asked_by] >= 1, counters
+    assert counters[other] == 0, counters
+    assert counters["records"] == counters[asked_by], counters  # each ask answered with a record
     assert counters["groups_covered"] >= 4, counters
     assert counters["pin_disabled"] == 0, counters
+    assert counters["failed_prefix_requests"] == 0, counters
 
 
-async def test_the_record_row_reports_a_route_that_ignores_the_pin() -> None:
-    result = await _record_cell(ignore_pin=True)
+async def test_the_pinned_record_row_reports_a_route_that_ignores_the_pin() -> None:
+    """Two ignored pins disable forcing; every later record is asked over the cached prefix, and written."""
+    result = await _record_cell(PINNED_ROW, ignore_pin=True)
     assert result.error is None, result.error
     counters = result.counters
     assert counters["pin_disabled"] == 1, counters
     assert counters["ignored_forced_calls"] == 2, counters
     assert counters["forced_calls"] == 2, counters
-    assert counters["records"] == 0, counters
-    assert result.dq == 0, f"{result.dq} request(s) over the window: the fallback should keep the prompt inside"
+    assert counters["prefix_requests"] >= 1, counters
+    assert counters["failed_prefix_requests"] == 0, counters
+    assert counters["records"] == counters["prefix_requests"], counters  # each answer kept as a record
+    assert counters["groups_covered"] >= 4, counters
+    # Until the first record the anchored fallback kept the prompt in the window.
+    assert counters["fallbacks"] >= 1, counters
+    assert result.dq == 0, f"{result.dq} request(s) over the window"
 
 
 def test_the_command_writes_and_prints_the_record_rows_counters(
@@ -721,7 +734,7 @@ def test_the_command_writes_and_prints_the_record_rows_counters(
     data = json.loads(report.read_text())
     cells = {c["row"]: c for c in data["cells"]}
     counters = cells[RECORD_ROW]["counters"]
-    assert counters["forced_calls"] >= 1
+    assert counters["prefix_requests"] >= 1
     assert counters["records"] >= 1
     assert counters["groups_covered"] >= 4
     assert cells["none"]["counters"] == {}
@@ -734,6 +747,6 @@ def test_the_command_writes_and_prints_the_record_rows_counters(
     assert len(blocks) == 1, f"one counters block expected (the record row's), got {blocks}"
     block = " ".join(blocks[0].split())  # wrapped at 120 columns
     assert block.startswith(f"{RECORD_ROW} (mean per seed): ")
-    assert f"forced calls {counters['forced_calls']:g}" in block
+    assert f"prefix requests {counters['prefix_requests']:g}" in block
     assert f"groups covered {counters['groups_covered']:g}" in block
     assert max(len(line) for line in blocks[0].splitlines()) <= 120

@@ -869,15 +869,23 @@ def test_a_pass_that_raises_never_repeats_its_summarizer_request() -> None:
     assert len(set(transcripts)) == len(transcripts), f"{summarizer.calls} calls for {len(set(transcripts))} request(s)"
 
 
-def test_no_wait_once_forcing_is_disabled() -> None:
+@pytest.mark.parametrize(
+    ("recall_state", "waits"),
+    [
+        (RecallState(pin_disabled=True), True),  # the record comes over the cached prefix instead
+        (RecallState(pin_disabled=True, prefix_disabled=True), False),  # no route is left: nothing to wait for
+    ],
+    ids=["pins-disabled", "both-routes-disabled"],
+)
+def test_the_user_half_waits_only_while_a_record_can_still_come(recall_state: RecallState, waits: bool) -> None:
     summarizer = ScriptedSummarizer(extractive)
     messages = conversation(6, covers=(0, 1, 2))
     messages += user_rounds(10, start=10, pad=8)
     strategy = build(int(measured(messages)[1] / 0.8), summarizer=summarizer)
     cell = strategy.tool_results.state_cell
-    cell.value = replace(cell.value, recall=RecallState(pin_disabled=True))
+    cell.value = replace(cell.value, recall=recall_state)
     run(strategy, messages)
     assert strategy.last_report is not None
     assert strategy.last_report.records.asked == (3, 4, 5), "the record half asks for the uncovered lookups"
-    assert not strategy.last_report.waited
-    assert summarizer.calls == 1
+    assert strategy.last_report.waited is waits
+    assert summarizer.calls == (0 if waits else 1)

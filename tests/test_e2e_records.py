@@ -3,23 +3,27 @@
 The generated workload at fill 1.5 on a 32K window (``runner.load_scenario(Settings(), 1.5, 1)``:
 six lookups of about 4,800 tokens each between filler turns, then closing probes) is played by
 the scripted model behind the simulated provider. The agent is built by
-``create_harness_agent`` with the README wiring of the record strategy (the bench row
-``tool_summary_anchored``: the strategy in both compaction phases, the recall tool, the gate
-and the recall middleware), once with the harness defaults on (todo and mode providers, file
-memory in a temporary directory; web search off, the simulated provider has none) and once
-with ``disable_todo=True, disable_mode=True``.
+``create_harness_agent`` with the README wiring of the record strategy with its records pinned
+(the bench row ``tool_summary_anchored_pinned``: the strategy in both compaction phases, the
+recall tool, the gate and the recall middleware with ``record_request="pinned"``; the README's
+own default, row ``tool_summary_anchored``, asks over the cached prefix), once with the harness
+defaults on (todo and mode providers, file memory in a temporary directory; web search off, the
+simulated provider has none) and once with ``disable_todo=True, disable_mode=True``.
 
 The client records every request as it arrives (after the harness loaded history and the
 strategy compacted it): its text as the model reads it, the call ids it carries, its options
 and whether forcing was already disabled. Nothing in the framework is mocked.
 
 Terms: a request is *pinned* when its ``tool_choice`` requires ``recall_earlier_tool_results``.
+A request *asks over the cached prefix* when it ends with one user message holding
+``RECORD_INSTRUCTION`` (the record strategy's own request, sent once pinning is disabled).
 A record's *event* is the first request that carries the record.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import tempfile
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,14 +54,14 @@ from maf_compaction.bench.rows import ROWS, RowContext, RowSetup, setup_of
 from maf_compaction.bench.runner import Settings, load_scenario, run_turn, stored_messages
 from maf_compaction.bench.scenario import LOOKUP_TOOL, ToolCall
 from maf_compaction.bench.simulator import get_profile
-from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_PREFIX
+from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_INSTRUCTION, RECORD_PREFIX
 from offline_tokenizers import offline_tiktoken
 
 SETTINGS: Final = Settings()  # a 32,000-token window, 2,048 output tokens
 FILL: Final = 1.5
 SEED: Final = 1
 SCENARIO: Final = load_scenario(SETTINGS, FILL, SEED)
-ROW: Final = "tool_summary_anchored"
+ROW: Final = "tool_summary_anchored_pinned"
 EXCLUDE_REASON: Final = "tool_summary_anchored"
 PIN: Final = {"mode": "required", "required_function_name": RECALL_TOOL_NAME}
 RECORD_MAX_TOKENS: Final = 4_000  # the README wiring's cap on the forced response
@@ -86,6 +90,9 @@ class Sent:
         options: The request's options (a copy).
         stream: The call was a streaming call.
         pin_disabled: The recall middleware had already disabled forcing when it arrived.
+        wire: Each message's role and contents, serialized on arrival (what the provider reads).
+        injected: Indices in ``wire`` of the context the agent's context providers added to this run
+            (the todo list), which is not conversation history.
     """
 
     text: str
@@ -93,10 +100,54 @@ class Sent:
     options: Mapping[str, Any]
     stream: bool
     pin_disabled: bool
+    wire: tuple[str, ...] = ()
+    injected: tuple[int, ...] = ()
 
     @property
     def pinned(self) -> bool:
         return self.options.get("tool_choice") == PIN
+
+    @property
+    def asks_over_prefix(self) -> bool:
+        """The request ends with one user message that holds the record instruction, and nothing else."""
+        return self.wire[-1:] == _wire([Message("user", [RECORD_INSTRUCTION])])
+
+    @property
+    def conversation(self) -> tuple[str, ...]:
+        """``wire`` without the run's injected context."""
+        return tuple(w for k, w in enumerate(self.wire) if k not in self.injected)
+
+    @property
+    def context(self) -> tuple[tuple[int, str], ...]:
+        """The run's injected context, with its positions."""
+        return tuple((k, self.wire[k]) for k in self.injected)
+
+    @property
+    def head(self) -> tuple[object, ...]:
+        """What the provider reads of the options: instructions, tool names, tool_choice and max_tokens."""
+        tools = tuple(str(getattr(t, "name", t)) for t in self.options.get("tools") or ())
+        return (
+            self.options.get("instructions"),
+            tools,
+            self.options.get("tool_choice"),
+            self.options.get("max_tokens"),
+        )
+
+
+#: The history provider's source id: messages attributed to any other source are a run's injected context.
+HISTORY_SOURCE: Final = "in_memory"
+
+
+def _injected(message: Message) -> bool:
+    source = (message.additional_properties.get("_attribution") or {}).get("source_id")
+    return source is not None and source != HISTORY_SOURCE
+
+
+def _wire(messages: Sequence[Message]) -> tuple[str, ...]:
+    return tuple(
+        json.dumps({"role": m.role, "contents": [c.to_dict() for c in m.contents]}, sort_keys=True, default=str)
+        for m in messages
+    )
 
 
 class RecordingClient(SimulatedChatClient):
@@ -117,6 +168,8 @@ class RecordingClient(SimulatedChatClient):
                 options=dict(options),
                 stream=stream,
                 pin_disabled=self.recall is not None and self.recall.pin_disabled,
+                wire=_wire(messages),
+                injected=tuple(k for k, m in enumerate(messages) if _injected(m)),
             )
         )
         return super()._inner_get_response(messages=messages, stream=stream, options=options, **kwargs)
@@ -450,7 +503,8 @@ async def test_an_ignored_pin_disables_forcing_after_two_forced_requests(harness
     result = await run(harness, ignore_pin=True)
     recall, strategy = result.recall, result.strategy
     pinned = result.pinned
-    print(f"{harness}, pin ignored: {len(result.sent)} requests, pinned at {pinned}")
+    asked = [i for i, s in enumerate(result.sent) if s.asks_over_prefix]
+    print(f"{harness}, pin ignored: {len(result.sent)} requests, pinned at {pinned}, asked over the prefix at {asked}")
     assert recall.pin_disabled, "forcing should be disabled after two ignored pins"
     assert recall.forced_calls == 2, f"forced_calls {recall.forced_calls}, expected 2"
     assert recall.ignored_forced_calls == 2, f"ignored_forced_calls {recall.ignored_forced_calls}, expected 2"
@@ -462,8 +516,56 @@ async def test_an_ignored_pin_disables_forcing_after_two_forced_requests(harness
     assert not on, f"forcing was already disabled at requests {on}"
     assert not off, f"forcing was not disabled yet at requests {off}, after the second forced request {second}"
     assert second < len(result.sent) - 1, "the run should go on after forcing is disabled"
-    assert not result.records(), "no record may exist when the route ignores the pin"
+    assert not result.records(), "no recall call may record anything when the route ignores the pin"
     assert not any(RECALL_TOOL_NAME in (c.name or "") for m in result.stored for c in m.contents)
-    assert strategy.records_found == 0
+
+    # From then on every due record is asked over the cached prefix, never pinned.
+    assert asked, "no record was asked over the cached prefix after forcing was disabled"
+    assert all(i > second for i in asked), f"asked over the prefix at {asked}, before forcing was disabled"
+    assert (strategy.prefix_requests, strategy.failed_prefix_requests) == (len(asked), 0)
+    for i in asked:
+        request, last, following = result.sent[i], result.sent[i - 1], result.sent[i + 1]
+        assert not last.asks_over_prefix
+        assert not following.asks_over_prefix
+        # The conversation's last request byte for byte, what arrived since (its answer, the new user turn that
+        # the conversation's next request ends with), then the instruction alone ...
+        sent, before = request.conversation, last.conversation
+        assert sent[: len(before)] == before, f"request {i} does not repeat request {i - 1}"
+        arrived = [json.loads(m)["role"] for m in sent[len(before) : -1]]
+        assert arrived == ["assistant", "user"], f"request {i} adds {arrived} before the instruction"
+        assert request.wire[-2] in following.wire, f"request {i + 1} does not send the user turn request {i} ends with"
+        # ... with this run's injected context (the todo list, with the harness defaults) where the conversation's
+        # next request has it, and the head of the last request: its options, the caller's own.
+        assert request.context == following.context
+        assert request.options == last.options, f"request {i} does not repeat the head of request {i - 1}"
+        assert request.head == following.head
+        assert request.options.get("tool_choice") == "auto"
+        assert request.options.get("max_tokens") == SETTINGS.max_output_tokens
+
+    # Each answer is a written record in stored history (included), quoting the planted codes of the newest lookup
+    # its request showed, and carried by every request from the conversation's next one on.
+    written = [(k, text) for k, m in enumerate(result.stored) if m.role == "assistant" and (text := record_text(m))]
+    assert len(written) == len(asked), f"{len(written)} written record(s) for {len(asked)} request(s)"
+    lookups = {call_id: n for n, (call_id, _) in _lookup_positions(result).items()}
+    for (index, text), i in zip(written, asked, strict=True):
+        assert text.startswith(RECORD_PREFIX)
+        assert not result.stored[index].additional_properties.get(EXCLUDED_KEY), f"written record {index} is excluded"
+        shown = [
+            lookups[c["call_id"]]
+            for m in result.sent[i].wire
+            for c in json.loads(m)["contents"]
+            if c["type"] == "function_result" and c.get("call_id") in lookups
+        ]
+        assert shown, f"request {i} shows no lookup result"
+        lookup = shown[-1]
+        missing = [f.value for f in SCENARIO.facts if f.scope == f"lookup {lookup}" and f.value not in text]
+        assert not missing, f"the record asked at request {i} misses codes of lookup {lookup}: {missing}"
+        body = text.removeprefix(RECORD_PREFIX).strip()
+        lacking = [k for k in range(i + 1, len(result.sent)) if body not in result.sent[k].text]
+        assert not lacking, f"requests after {i} lack the record written from it: {lacking}"
+    assert not any(RECORD_INSTRUCTION in (m.text or "") for m in result.stored), "the instruction entered history"
+    assert strategy.records_found == 1
+    assert len(result.covered_lookups()) >= MIN_COVERED_LOOKUPS
+    # Before the first record the anchored fallback kept the prompt in the window.
     assert strategy.fallbacks_used > 0, "without a record the anchored fallback must keep the prompt in the window"
     _no_request_exceeds_the_window(result)

@@ -16,6 +16,7 @@ none do.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from agent_framework import (
     ChatMiddleware,
     ChatResponse,
     ChatResponseUpdate,
+    CompactionStrategy,
     Content,
     FinishReasonLiteral,
     Message,
@@ -52,7 +54,7 @@ from maf_compaction.adapters.recall import (
     make_recall_tool,
 )
 from maf_compaction.adapters.records import ToolResultAnchoredSummarizationCompactionStrategy
-from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_MARKER, RECORD_PREFIX
+from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_INSTRUCTION, RECORD_MARKER, RECORD_PREFIX
 from maf_compaction.errors import CompactionBudgetExceeded
 
 TOKENIZER = CharacterEstimatorTokenizer()
@@ -91,16 +93,31 @@ class Turn:
 
 @dataclass(frozen=True)
 class Request:
-    """One request as the provider received it."""
+    """One request as the provider received it (``sent``: each message's role and contents, serialized on arrival)."""
 
     number: int
     messages: tuple[Message, ...]
     options: dict[str, Any]
     stream: bool
+    sent: tuple[str, ...] = ()
 
     @property
     def forced(self) -> bool:
         return self.options.get("tool_choice") == PIN
+
+    @property
+    def asks_for_record(self) -> bool:
+        """The request ends with one user message holding the instruction to write a record (over the cached prefix)."""
+        last = self.messages[-1]
+        return last.role == "user" and [c.text for c in last.contents] == [RECORD_INSTRUCTION]
+
+
+def wire(messages: Sequence[Message]) -> tuple[str, ...]:
+    """What the provider reads of ``messages``: each one's role and contents, serialized."""
+    return tuple(
+        json.dumps({"role": m.role, "contents": [c.to_dict() for c in m.contents]}, sort_keys=True, default=str)
+        for m in messages
+    )
 
 
 Step = Turn | Callable[[Request], Turn]
@@ -147,7 +164,7 @@ class ScriptedClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelemetry
         self, *, messages: Sequence[Message], stream: bool, options: Mapping[str, Any], **kwargs: Any
     ) -> Awaitable[ChatResponse] | ResponseStream[ChatResponseUpdate, ChatResponse]:
         number = len(self.requests) + 1
-        request = Request(number, tuple(messages), dict(options), stream)
+        request = Request(number, tuple(messages), dict(options), stream, wire(messages))
         self.requests.append(request)
         step = self.script.pop(0) if self.script else say("done")
         turn = step(request) if callable(step) else step
@@ -238,10 +255,12 @@ def stack(
     middleware: Sequence[Any] = (),
     inner_middleware: Sequence[Any] = (),
     default_options: dict[str, Any] | None = None,
+    compaction: CompactionStrategy | None = None,
     **recall_options: Any,
 ) -> Stack:
-    """A conversation with the recall middleware; ``middleware`` wraps it, ``inner_middleware`` runs inside it."""
-    client = ScriptedClient(script)
+    """A conversation with the recall middleware; ``middleware`` wraps it, ``inner_middleware`` runs inside it;
+    ``compaction`` is the client's compaction strategy (it runs inside every request, below the middleware)."""
+    client = ScriptedClient(script, compaction_strategy=compaction)
     gate = RecallGate()
     options: dict[str, Any] = {"trigger_fraction": 1.0, **recall_options}
     recall = ToolResultRecallMiddleware(
@@ -658,22 +677,75 @@ async def test_harness_pins_the_first_call_of_the_next_run(stream: bool, harness
 # --- rule 4: the verdict on forced responses ------------------------------------------------------
 
 
+#: The record strategy's budget and trigger when it runs inside the requests: 10 tokens, so a size-triggered record
+#: is due once a lookup result is in the prompt, and no prompt comes near the budget (nothing else is compacted).
+RECORD_BUDGET = 10_000
+RECORD_TRIGGER = 0.001
+RECORD_VALUES = "lookup: code=XR-7"
+
+
+def ignores_pins(request: Request) -> Turn:
+    """A model that never honours a pin but follows an instruction to write a record: a lookup for a user turn,
+    text after a tool result, the record when the request ends with the instruction."""
+    if request.asks_for_record:
+        return say(RECORD_VALUES)
+    return say("noted") if request.messages[-1].role == "tool" else lookup_call()
+
+
 @MODES
 async def test_two_ignored_pins_in_a_row_disable_forcing(stream: bool, warnings_seen: list[str]) -> None:
-    # Each run: a lookup (its exit pins the next call), then the forced call, answered in text.
-    run = stack([lookup_call(), ignore(say("no")), lookup_call(), ignore(say("still no")), lookup_call(), say("a")])
-    await run.ask(stream=stream)
+    """Two ignored pins disable forcing; the next due record is asked over the cached prefix instead: the
+    conversation's last request byte for byte, what arrived since and one instruction, with the caller's head."""
+    strategy = ToolResultAnchoredSummarizationCompactionStrategy(
+        max_input_tokens=RECORD_BUDGET, tokenizer=TOKENIZER, trigger_fraction=RECORD_TRIGGER
+    )
+    run = stack(
+        [ignores_pins] * 12,
+        budget=RECORD_BUDGET,
+        trigger_fraction=RECORD_TRIGGER,
+        reforce=strategy.take_reforce,
+        compaction=strategy,
+    )
+    requests = run.client.requests
+    await run.ask(stream=stream)  # a lookup and its result: the exit with the result pins the next run's first call
+    await run.ask(stream=stream)  # pinned, ignored (a lookup again): streak 1
     assert (run.recall.ignored_forced_calls, run.recall.pin_disabled) == (1, False)
     assert not warnings_seen
-    await run.ask(stream=stream)  # the unpinned lookup between the two did not reset the streak
+    await run.ask(stream=stream)  # the unpinned request between the two did not reset the streak
     assert (run.recall.ignored_forced_calls, run.recall.pin_disabled) == (2, True)
     assert any("did not call it; forcing recall is disabled" in w for w in warnings_seen)
-    assert not run.recall.record_due()
+    assert [r.forced for r in requests] == [False, False, True, False, True, False]
+    # the two ignored responses carried the cap; the other requests keep the caller's own options
+    assert [r.options.get("max_tokens") for r in requests] == [None, None, 4_000, None, 4_000, None]
+    assert run.recall.record_due()  # still due: asked over the cached prefix from now on, not pinned
+    assert strategy.prefix_requests == 0
+    last = requests[-1]
+
     await run.ask(stream=stream)
-    assert [r.forced for r in run.client.requests] == [False, True, False, True, False, False]
-    # the two ignored responses carried the cap; later requests keep the caller's own options
-    assert [r.options.get("max_tokens") for r in run.client.requests] == [None, 4_000, None, 4_000, None, None]
+    assert not any(r.forced for r in requests[6:]), "a request was pinned after forcing was disabled"
     assert run.recall.forced_calls == 2
+    assert [r.number for r in requests if r.asks_for_record] == [7]
+    prefix, following = requests[6], requests[7]
+    # The conversation's last request byte for byte, then what arrived since (its answer and the new user turn),
+    # then the instruction alone: the provider reads everything before the instruction from its cache.
+    assert prefix.sent[: len(last.sent)] == last.sent
+    assert [m.role for m in prefix.messages[len(last.messages) :]] == ["assistant", "user", "user"]
+    assert prefix.messages[len(last.messages)].text == "noted"
+    assert prefix.sent[-2] in following.sent  # the user turn the conversation's request sends too
+    # ... with the head the caller sent: the same tools, instructions and tool_choice, no cap; never streamed.
+    assert prefix.options == last.options == following.options
+    assert "max_tokens" not in prefix.options
+    assert not prefix.stream
+    assert (strategy.prefix_requests, strategy.failed_prefix_requests) == (1, 0)
+    # The answer is a record: it stands in the conversation's request, which no longer carries the lookups it
+    # covers (the first lookup, in the head, stays); the instruction never enters history.
+    written = [m.text for m in following.messages if m.text.startswith(RECORD_PREFIX)]
+    assert written == [f"{RECORD_PREFIX}\n{RECORD_VALUES}"]
+    assert [sum(m.role == "tool" for m in r.messages) for r in (prefix, following)] == [3, 1]
+    assert not any(r.asks_for_record for r in requests[7:])
+    assert not any(RECORD_INSTRUCTION in (m.text or "") for m in run.stored())
+    assert not record_results(run.stored())  # no recall call: nothing was pinned
+    assert not run.recall.record_due()  # the record arrived: the next one waits for new groups
 
 
 async def test_a_recall_call_resets_the_streak() -> None:
@@ -958,16 +1030,24 @@ async def test_reforce_is_consumed_once_per_pin_and_only_peeked_by_record_due() 
     assert run.recall.record_due()  # a decided pin is due even though nothing is pending
 
 
-async def test_a_disabled_pin_asks_nothing_of_reforce() -> None:
+async def test_a_disabled_pin_still_takes_reforce_asks_and_never_pins() -> None:
+    """Once pinning is disabled the re-force ask is still taken (its record is asked over the cached prefix by the
+    pass inside the next request), and no request is pinned again."""
     strategy = RecordStrategy()
-    run = stack([lookup_call(), fail("before"), say("retried"), say("x")], reforce=strategy.take_reforce)
-    await run.ask()
+    run = stack([lookup_call(), fail("before"), say("retried"), say("x"), say("y")], reforce=strategy.take_reforce)
+    await run.ask()  # the pinned request fails: pinning is disabled and the request retried once unpinned
+    assert run.recall.pin_disabled
+    assert [r.forced for r in run.client.requests] == [False, True, False]
     taken = strategy.taken
     strategy.asks = 1
-    assert not run.recall.record_due()
+    assert run.recall.record_due()  # the size record the retry's exit decided is still due, over the prefix
+    assert (strategy.taken, strategy.asks) == (taken, 1)  # a preview consumes nothing
     await run.ask()
-    assert (strategy.taken, strategy.asks) == (taken, 1)
-    assert not run.client.requests[-1].forced
+    assert (strategy.taken, strategy.asks) == (taken + 1, 0)  # the exit took the ask although pinning is disabled
+    assert run.recall.record_due()  # the re-force record it decided is due on the next request
+    await run.ask()
+    assert [r.forced for r in run.client.requests] == [False, True, False, False, False]
+    assert (run.recall.forced_calls, run.recall.reforced_calls) == (1, 0)
 
 
 # --- rule 8: forget_pending ---------------------------------------------------------------------------

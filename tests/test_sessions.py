@@ -58,6 +58,7 @@ from maf_compaction import (
     SessionToolResultRecallMiddleware,
     SnapshotError,
     SnapshotVersionError,
+    StackConfigurationError,
     StackKindError,
     ToolResultAnchoredSummarizationCompactionStrategy,
     ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy,
@@ -676,7 +677,7 @@ def test_a_stack_kind_mismatch_raises_stack_kind_error_naming_both() -> None:
         ((), 3, "session_compaction"),
         (("stack",), 9, "stack"),
         (("stack", "state"), 5, "record_state"),
-        (("stack", "state", "recall"), 3, "recall"),
+        (("stack", "state", "recall"), 4, "recall"),  # version 3 is this release's (``asking``)
     ],
     ids=["session-envelope", "stack", "record-state", "recall"],
 )
@@ -699,6 +700,37 @@ def test_a_newer_version_raises_snapshot_version_error_naming_it(
     assert (raised.value.version, raised.value.kind) == (version, kind)
     assert "upgrade maf-compaction" in str(raised.value)
     assert session.state[KEY] == stored, "a refused phase wrote"
+
+
+def _routed_stack(record_request: Any) -> CompactionStack:
+    """The README's record-strategy stack with the recall middleware's ``record_request``."""
+    records = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=TINY, tokenizer=TOKENIZER)
+    gate = RecallGate()
+    recall = ToolResultRecallMiddleware(
+        max_input_tokens=TINY,
+        tokenizer=TOKENIZER,
+        arm=gate.arm,
+        disarm=gate.disarm,
+        trigger_fraction=records.trigger_fraction,
+        reforce=records.take_reforce,
+        record_request=record_request,
+    )
+    return CompactionStack(records, gate, recall)
+
+
+def test_the_request_shape_is_no_part_of_the_configuration() -> None:
+    """How records are asked for (``record_request``) changes no decision: both shapes have the fingerprint an
+    earlier release wrote, and a session stored under one continues under the other."""
+    pinned, prefix = _routed_stack("pinned").configuration(), _routed_stack("cached_prefix").configuration()
+    assert pinned == records_stack().configuration() == prefix
+    assert not any("aligned" in name for name in pinned.parameters)
+    stored = _dead_registry_entry(lambda: _routed_stack("pinned"))
+    session = AgentSession()
+    session.state[KEY] = copy.deepcopy(stored)
+    with SessionCompactionRegistry(lambda: _routed_stack("cached_prefix")).phase(session):
+        pass
+    with SessionCompactionRegistry(records_stack).phase(session):
+        pass
 
 
 def _mutations() -> list[tuple[str, Callable[[dict[str, Any]], object], str]]:

@@ -581,10 +581,12 @@ def test_a_version_1_composition_state_reads_unless_a_kept_merge_makes_its_count
     unmerged = CompositionState(chain=ChainDecisions(wait_since=3))
     for state in (calm, unmerged):
         data = {**state.to_dict(), "version": 1}
+        data.pop("written")  # version 3 added the records written over the cached prefix
         assert CompositionState.from_dict(json.loads(json.dumps(data))) == state, "the two layouts agree here"
     assert CompositionState.from_dict(waiting.to_dict()) == waiting
+    older = {name: value for name, value in waiting.to_dict().items() if name != "written"}
     with pytest.raises(SnapshotError, match=r"snapshot field 'records': a version-1 snapshot with a kept record merge"):
-        CompositionState.from_dict({**waiting.to_dict(), "version": 1})
+        CompositionState.from_dict({**older, "version": 1})
 
 
 def test_an_emergency_fold_reads_from_version_3_only_and_carries_a_fold_id() -> None:

@@ -3,7 +3,9 @@
 The parameters are read from the configured values themselves, never from a hand-written
 list: the strategy's core config (the composition's holds both halves' and the record
 half's in-pass fallback), the configuration of a fallback strategy the host gave the record
-half, the recall middleware's pin rule, and the tokenizer's identity.
+half, the recall middleware's pin rule, and the tokenizer's identity. The one list is of
+parameters left out (``_REQUEST_SHAPES``): how records and summaries are asked for changes no
+decision, so a session continues when the host changes it.
 
 A tokenizer is known by its class and the settings it declares with a ``decision_identity()``
 method (``TiktokenTokenizer`` names its encoding, not the file it was loaded from;
@@ -23,6 +25,11 @@ if TYPE_CHECKING:
 
 #: How deep wrapped tokenizers are followed.
 _DEPTH = 4
+#: Parameters that say how a request is made, not what a decision means: the request shape of
+#: records (``record_request``) and of the composition's summaries (``summary_request``). A
+#: state written under one shape continues under the other (its records and summaries replay
+#: however they were asked for), so they are no part of the fingerprint.
+_REQUEST_SHAPES: frozenset[str] = frozenset({"recall.pin_rule.aligned", "strategy.summary_request"})
 
 
 def _qualified(value: object) -> str:
@@ -90,4 +97,4 @@ def stack_parameters(stack: CompactionStack) -> dict[str, Scalar]:
     found["recall.max_input_tokens"] = recall.max_input_tokens
     found["recall.trigger_fraction"] = recall.trigger_fraction
     found.update(tokenizer_identity(strategy.tokenizer))
-    return found
+    return {name: value for name, value in found.items() if name not in _REQUEST_SHAPES}

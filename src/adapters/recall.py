@@ -1,14 +1,16 @@
-"""Recall: the tool the model writes records with, its gate, and the middleware that pins it.
+"""Recall: the tool the model writes records with, its gate, and the middleware that asks for records.
 
-A compaction pass cannot ask the model for anything: it runs inside a model call. So the
-record strategy's request for a record travels as a *pin*: on its way out of one model
-call, :class:`ToolResultRecallMiddleware` reads the loaded history and decides whether the
-NEXT call must be forced to call ``recall_earlier_tool_results``. The forced call carries
-only a named ``tool_choice`` (and a response cap); no instruction or message is injected,
+On its way out of each model call, :class:`ToolResultRecallMiddleware` reads the loaded
+history and decides whether a record is due on the NEXT call. The record is then asked for
+one of two ways. Over the cached prefix (``record_request="cached_prefix"``): the compaction
+pass inside that call sends the conversation's own request plus one instruction (the
+middleware remembers the head every unpinned request was sent with), and the answer becomes
+a written record. Pinned (``"pinned"``): the call is forced to call
+``recall_earlier_tool_results``; it carries only a named ``tool_choice`` (and a response cap),
 because the tool's description (:func:`make_recall_tool`) is the whole prompt for the record.
 
 The tool is registered with the agent for good, and the framework cannot hide a tool from
-the model, so :class:`RecallGate` keeps it inert unless the middleware armed it for the
+the model, so :class:`RecallGate` keeps it inert unless the middleware armed it for a
 forced request.
 """
 
@@ -227,17 +229,25 @@ class ToolResultRecallMiddleware(ChatMiddleware):
     ``call_next`` returns) and decides whether the NEXT call is forced. The first rule
     that matches decides:
 
-    1. forcing is disabled (the provider ignored two pins in a row, or a forced request
-       failed): no pin;
-    2. ``reforce()`` returns True (the record strategy asks again for uncovered groups): pin;
-    3. ``max_groups_before_record`` is set and at least that many tool groups arrived
+    1. ``reforce()`` returns True (the record strategy asks again for uncovered groups): pin;
+    2. ``max_groups_before_record`` is set and at least that many tool groups arrived
        since the newest record: pin, even below the size trigger;
-    4. a record exists and ``repeat_records`` is off, or fewer than
+    3. a record exists and ``repeat_records`` is off, or fewer than
        ``min_groups_before_repeat`` tool groups arrived since it: no pin;
-    5. otherwise pin iff the prompt exceeds ``int(max_input_tokens * trigger_fraction)``.
+    4. otherwise pin iff the prompt exceeds ``int(max_input_tokens * trigger_fraction)``.
 
     So the first size-triggered record is asked for at once, later ones only once enough
     new tool material exists to be worth a record.
+
+    A decided pin is spent one of two ways (``record_request``). ``"cached_prefix"``: the
+    request goes out as the caller asked, and the compaction pass inside it asks for the
+    record with the conversation's own request plus one instruction (read from the
+    provider's cache); this middleware remembers, after every unpinned request, the head it
+    was sent with (client and options), which that request repeats. ``"pinned"``: the
+    request is forced to call the recall tool. Pinned records fall back to the cached
+    prefix once pins are disabled (two forced responses without a recall call, or a
+    forced request that failed); records over the cached prefix fall back to pins after
+    two answers that ignored the instruction; with both disabled no record is asked for.
 
     A forced call gets a new options dict (the caller's own is the function loop's dict
     and is never changed) with ``tool_choice`` naming the recall tool and, when
@@ -261,7 +271,9 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         repeat_records: Ask for further size-triggered records after the first.
         min_groups_before_repeat: New tool groups a further size-triggered record waits for.
         reforce: A callable returning True once per wanted record, called once per
-            decision (never for the :meth:`record_due` preview). The record strategy's
+            decision (never for the :meth:`record_due` preview).
+        record_request: ``"pinned"`` (default) or ``"cached_prefix"``: how a due record is
+            asked for (see above). The record strategy's
             ``take_reforce`` also makes the middleware share the strategy's state (the
             preview then reads its outstanding ask for uncovered groups), and its
             ``max_input_tokens`` and ``trigger_fraction`` must be the strategy's (another
@@ -389,7 +401,8 @@ class ToolResultRecallMiddleware(ChatMiddleware):
     # --- public decisions ----------------------------------------------------------------
 
     def record_due(self) -> bool:
-        """Whether the next request would be pinned, without consuming anything.
+        """Whether a record would be asked for on the next request (pinned or over the cached prefix), without
+        consuming anything.
 
         Answers from the last history seen (``False`` before any call): a pin already
         decided counts, and so does the record strategy's outstanding ask when this
@@ -607,7 +620,8 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         history = self._histories.history(messages, note_kind=NOTE_KIND)
         status = recall_status(history, self._grouping)
         self._grouping = status.grouping
-        # The reforce callable is asked once per decision, and never while forcing is disabled.
+        # The reforce callable is asked once per decision (a record asked for while pins are disabled goes over
+        # the cached prefix).
         reforce = self._reforce is not None and bool(self._reforce())
         self._advance(machine.HistorySeen(status, reforce=reforce))
 

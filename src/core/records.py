@@ -1096,9 +1096,12 @@ def record_expected(state: RecordState) -> bool:
     True while an ask for uncovered groups is outstanding, while a pinned request is in
     flight (a pass inside it runs before its record exists), or when the recall protocol
     has decided to ask for one on the next request (pinned, or over the cached prefix, the
-    route once pinning is disabled), or while this request asks over the cached prefix.
+    route once pinning is disabled), or while this request asks over the cached prefix;
+    never once both routes are disabled.
     """
     recall = state.recall
+    if recall.pin_disabled and recall.prefix_disabled:
+        return False  # neither route is left: nothing is worth waiting for
     return (
         state.decisions.ask is not None or recall.next_pin is not None or recall.in_flight or recall.asking is not None
     )
