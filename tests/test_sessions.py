@@ -58,7 +58,6 @@ from maf_compaction import (
     SessionToolResultRecallMiddleware,
     SnapshotError,
     SnapshotVersionError,
-    StackConfigurationError,
     StackKindError,
     ToolResultAnchoredSummarizationCompactionStrategy,
     ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy,
