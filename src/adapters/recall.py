@@ -437,6 +437,10 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             RuntimeError: The call belongs to another session than the first one seen.
         """
         self._bind(context)
+        if self._cell.connection.head is None:
+            # A conversation this instance has not seen sent (a restore, a new replica, a rebuilt stack): the
+            # caller's head until the request has gone out (providers may add instructions and tools on the way).
+            self._sent(context)
         action = self._advance(machine.RequestStarting())
         if not isinstance(action, machine.Pin):
             self._release()

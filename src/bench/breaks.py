@@ -30,7 +30,14 @@ from .rendering import OPAQUE_MARKER, RenderedRequest, common_prefix
 #: A message entry's role line, with the participant ``name`` a Chat request may carry.
 _ROLE_LINE: Final = re.compile(r"\A<\|(\w+)(?: name=([^|]*))?\|>")
 #: The rows, clients and cell ``docs/wire-cache.md`` tabulates.
-DOC_ROWS: Final = ("none", "context_window", "tool_summary_anchored", "tool_and_user_summary_anchored")
+DOC_ROWS: Final = (
+    "none",
+    "context_window",
+    "tool_summary_anchored",
+    "tool_summary_anchored_pinned",
+    "tool_and_user_summary_anchored",
+    "tool_and_user_summary_anchored_pinned",
+)
 DOC_CLIENTS: Final = ("openai-chat", "openai-responses")
 DOC_FILL: Final = 1.5
 DOC_SEED: Final = 1

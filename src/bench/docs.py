@@ -46,6 +46,7 @@ USER_HEAVY_ROWS: Final = (
     "user_summary_anchored_boundary",
     "user_summary_anchored_fold",
     "tool_and_user_summary_anchored",
+    "tool_and_user_summary_anchored_pinned",
     "tool_and_user_summary_anchored_recompact",
 )
 
@@ -55,14 +56,24 @@ COMPOSITION_ROWS: Final = (
     "none",
     "context_window",
     "tool_summary_anchored",
+    "tool_summary_anchored_pinned",
     "user_summary_anchored_boundary",
     "tool_and_user_summary_anchored",
+    "tool_and_user_summary_anchored_pinned",
     "tool_and_user_summary_anchored_recompact",
 )
 
 
-#: The rows the safety net's tables compare: the control, the framework's default, our record rows.
-NET_ROWS: Final = ("none", "context_window", "tool_summary_anchored", "tool_and_user_summary_anchored")
+#: The rows the safety net's tables compare: the control, the framework's default, our record rows in both
+#: request shapes (over the cached prefix, the README's wiring; pinned).
+NET_ROWS: Final = (
+    "none",
+    "context_window",
+    "tool_summary_anchored",
+    "tool_summary_anchored_pinned",
+    "tool_and_user_summary_anchored",
+    "tool_and_user_summary_anchored_pinned",
+)
 _NET_FILLS: Final = (1.5, 3.0)
 
 
@@ -99,6 +110,13 @@ RUNS: Final[Mapping[str, Run]] = {
         NET_ROWS,
         fills=_NET_FILLS,
         command=f"python -m maf_compaction.bench --seeds 1 --fill 1.5,3.0 --ignore-pin --rows {','.join(NET_ROWS)}",
+    ),
+    "ignore-instruction": Run(
+        Settings(ignore_instruction=True),
+        NET_ROWS,
+        fills=_NET_FILLS,
+        command="python -m maf_compaction.bench --seeds 1 --fill 1.5,3.0 --ignore-instruction "
+        f"--rows {','.join(NET_ROWS)}",
     ),
     "record-quality-0.5": Run(
         Settings(record_quality=0.5),
@@ -211,8 +229,11 @@ _README_ROWS: Final = {
     "none": "no compaction",
     "context_window": "framework default (`context_window`)",
     "anchored": "`AnchoredCompactionStrategy`",
-    "tool_summary_anchored": "`ToolResultAnchoredSummarizationCompactionStrategy`",
-    "tool_and_user_summary_anchored": "`ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy`",
+    "tool_summary_anchored": "`ToolResultAnchoredSummarizationCompactionStrategy`, over the cached prefix",
+    "tool_summary_anchored_pinned": "the same, records pinned",
+    "tool_and_user_summary_anchored": "`ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy`, over the "
+    "cached prefix",
+    "tool_and_user_summary_anchored_pinned": "the same, records pinned, summaries to the summarizer",
 }
 
 
@@ -389,6 +410,11 @@ REGIONS: Final[Mapping[str, Region]] = {
         "anthropic", render_composition, "docs/composition.md: the composition under Anthropic's cache rules"
     ),
     "net-ignore-pin": Region("ignore-pin", render_safety_net, "docs/records.md: a model that ignores every pin"),
+    "net-ignore-instruction": Region(
+        "ignore-instruction",
+        render_safety_net,
+        "docs/records.md: a model that ignores every instruction asked over the cached prefix",
+    ),
     "net-record-quality": Region(
         "record-quality-0.5", render_safety_net, "docs/records.md: records that quote half the values"
     ),

@@ -519,9 +519,12 @@ def _shorten_band(
     records = plan.records
     for position, group in enumerate(plan.tools.groups):
         allowance = config.allowance(position)
+        # A group no record covers is the safety net's: cut to its value lines over the budget, never
+        # shortened by position (which would cut values from its middle).
+        netted = bool(plan.distillable) and _distillable(plan, group)
         for index in group.members:
             record = records[index]
-            if record.longest_result_text <= allowance or plan.shields(record):
+            if netted or record.longest_result_text <= allowance or plan.shields(record):
                 continue
             shortened = _shorten_record(record, allowance, measure)
             if shortened is record:

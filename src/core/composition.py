@@ -457,7 +457,7 @@ def _over_prefix(
         return needs
     wanted = [r for r in needs.requests if isinstance(r, Summarize) and r.kind in ("summary", "fold")]
     # A record asked on this pass (it stands at the conversation's end) is not yet in the cached request.
-    here = records.originals(history)
+    here = records.record_place(history)
     earlier = tuple(w for w in state.records.written if w.after != here)
     before = replace(state, records=replace(state.records, written=earlier))
     standing = _standing(config, before, history, measure) if wanted else None
@@ -687,9 +687,10 @@ def absorb(state: CompositionState, answers: Sequence[tuple[Request, str | None]
         if isinstance(request, Aligned):
             continue
         text = given
-        if isinstance(request, Summarize) and request.view is not None and given is not None and given.strip():
-            # Asked over the cached prefix: an answer that ignored the instruction is no summary.
-            followed = user_summaries.follows(request, given)
+        if isinstance(request, Summarize) and request.view is not None:
+            # Asked over the cached prefix: an answer that ignored the instruction is no summary, and it
+            # counts towards giving the route up, as a failed request does.
+            followed = given is not None and user_summaries.follows(request, given)
             record_state = replace(
                 record_state, recall=recall.judged_instruction(record_state.recall, followed=followed)
             )

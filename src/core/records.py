@@ -461,8 +461,8 @@ def absorb(state: RecordState, answers: Sequence[tuple[Request, str | None]]) ->
     """``state`` with the answers to records asked over the cached prefix (the only effect it asks for).
 
     The ask is over either way. An answer that came back without a record (no value of
-    what it was shown: the model ignored the instruction) counts towards the verdict that
-    disables the route (:func:`.recall.judged_instruction`); a failure does not.
+    what it was shown: the model ignored the instruction), and a failed request, count
+    towards the verdict that disables the route (:func:`.recall.judged_instruction`).
     """
     written, recall_state = state.written, state.recall
     for request, text in answers:
@@ -471,8 +471,8 @@ def absorb(state: RecordState, answers: Sequence[tuple[Request, str | None]]) ->
         kept = None if any(w.identity == request.identity for w in written) else _kept_record(request, text)
         if kept is not None:
             written = (*written, kept)
-        if text is not None and text.strip():
-            recall_state = recall.judged_instruction(recall_state, followed=kept is not None)
+        # A failed request counts like an ignored one: a route that keeps failing is given up, as a pin is.
+        recall_state = recall.judged_instruction(recall_state, followed=kept is not None)
         recall_state = replace(recall_state, asking=None)
     return replace(state, written=written, recall=recall_state)
 
@@ -571,7 +571,22 @@ def ask_aligned(view: History, state: RecordState, conversation: History) -> Ali
         return None
     turns = sum(1 for r in view if r.role == "user" and not (r.injected or r.note or r.summary))
     record_id = f"{ALIGNED_RECORD_ID_PREFIX}{key[:16]}"
-    return Aligned(key, RECORD_INSTRUCTION, record_id, after=originals(conversation), turns=turns, view=view)
+    return Aligned(key, RECORD_INSTRUCTION, record_id, after=record_place(conversation), turns=turns, view=view)
+
+
+def record_place(conversation: History) -> int:
+    """How many of the conversation's own messages precede its newest group: where a record asked now stands.
+
+    Right before the newest group (the user's message, or the newest tool call and its
+    results), so every request still ends with what the conversation ends with (a
+    request ending with an assistant message would read as a reply to continue), and what
+    precedes the record is the part of the prompt the provider already cached.
+    """
+    seen = view(conversation)
+    if not seen.grouping.all:
+        return originals(conversation)
+    start = max(seen.indices[group.members[0]] for group in seen.grouping.all if group.members)
+    return originals(conversation[:start])
 
 
 def _original(record: MessageRecord) -> bool:
