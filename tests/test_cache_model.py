@@ -18,7 +18,7 @@ import pytest
 
 from maf_compaction.bench import runner
 from maf_compaction.bench.provider import CACHE_KINDS, CACHE_RULES, CacheKind, CallRecord, SimulatedProvider
-from maf_compaction.bench.rendering import RenderedRequest, canonical_head, opaque
+from maf_compaction.bench.rendering import RenderedRequest, asks_over_prefix, canonical_head, opaque
 from maf_compaction.bench.runner import Cell, ClientMode, Settings, play_cell
 from maf_compaction.bench.simulator import get_profile
 from offline_tokenizers import offline_tiktoken
@@ -135,17 +135,23 @@ def test_every_rule_is_described_for_the_reports() -> None:
 # -- one workload, in process and over the wire ----------------------------------------
 
 SETTINGS = Settings(context_window=8_192, max_output_tokens=1_024, tool_turns=3, markers_per_tool=3)
-CELL = Cell("tool_and_user_summary_anchored", 1.5, 1)
-_RUNS: dict[ClientMode, list[tuple[str, RenderedRequest]]] = {}
+#: The composition in both request shapes: over the cached prefix (the README's wiring) and pinned with a summarizer.
+ROWS = ("tool_and_user_summary_anchored", "tool_and_user_summary_anchored_pinned")
+_RUNS: dict[tuple[str, ClientMode], list[tuple[str, RenderedRequest]]] = {}
 
 
-def played(client: ClientMode) -> list[tuple[str, RenderedRequest]]:
-    """Every request of the composition row's run through ``client``: (kind, canonical request)."""
-    if client not in _RUNS:
+def played(client: ClientMode, row: str = ROWS[0]) -> list[tuple[str, RenderedRequest]]:
+    """Every request of a composition row's run through ``client``: (kind, canonical request)."""
+    if (row, client) not in _RUNS:
         settings = replace(SETTINGS, client=client)
-        _, used = asyncio.run(play_cell(CELL, settings, keep_requests=True))
-        _RUNS[client] = [(call.kind, sent) for call, sent in zip(used.calls, used.requests, strict=True)]
-    return _RUNS[client]
+        _, used = asyncio.run(play_cell(Cell(row, 1.5, 1), settings, keep_requests=True))
+        _RUNS[row, client] = [(call.kind, sent) for call, sent in zip(used.calls, used.requests, strict=True)]
+    return _RUNS[row, client]
+
+
+def asks_over_the_prefix(sent: RenderedRequest) -> bool:
+    """The request ends with our instruction: a record or a summary asked over the cached prefix."""
+    return bool(sent.messages) and asks_over_prefix(sent.messages[-1])
 
 
 def priced(run: Sequence[tuple[str, RenderedRequest]], cache: CacheKind) -> list[CallRecord]:
@@ -166,17 +172,23 @@ def tools_delta(local: RenderedRequest, wire: RenderedRequest) -> int:
 OPAQUE_ENTRY = re.compile("^\x00opaque:[0-9a-f]+\x00$")
 
 
+@pytest.mark.parametrize("row", ROWS)
 @pytest.mark.parametrize("cache", CACHE_KINDS)
-def test_responses_wire_agrees_with_in_process_call_by_call(cache: CacheKind) -> None:
+def test_responses_wire_agrees_with_in_process_call_by_call(cache: CacheKind, row: str) -> None:
     """Bound: the Responses client adds ``"additionalProperties": false`` to each tool's parameters
     and replays each answer's opaque reasoning item (identity, zero tokens). Its tool entry is the
     only text that differs, so with the wire's tool entry in the in-process request every call
     costs the same input, cached and written tokens and breaks alike; the raw input differs by
     exactly the tool entry's extra tokens."""
-    local, wire = played("inprocess"), played("openai-responses")
+    local, wire = played("inprocess", row), played("openai-responses", row)
     assert [kind for kind, _ in wire] == [kind for kind, _ in local]
-    assert any(dict(sent.head).get("tool_choice") == FORCED for _, sent in local)  # pinned records were asked
-    assert any(kind == "summarizer" for kind, _ in local)
+    if row.endswith("_pinned"):
+        assert any(dict(sent.head).get("tool_choice") == FORCED for _, sent in local)  # pinned records were asked
+        assert any(kind == "summarizer" for kind, _ in local)
+    else:  # records and summaries asked over the cached prefix, none pinned, no summarizer call
+        assert any(asks_over_the_prefix(sent) for _, sent in local)
+        assert not any(dict(sent.head).get("tool_choice") == FORCED for _, sent in local)
+        assert all(kind == "model" for kind, _ in local)
     for (_, here), (_, there) in zip(local, wire, strict=True):
         assert (here.instructions, here.head, here.media) == (there.instructions, there.head, there.media)
         assert tuple(m for m in there.messages if not OPAQUE_ENTRY.match(m)) == here.messages
@@ -202,12 +214,13 @@ def without_names(sent: RenderedRequest) -> RenderedRequest:
     return replace(sent, messages=tuple(NAMED.sub(r"<|\1|>", m) for m in sent.messages))
 
 
+@pytest.mark.parametrize("row", ROWS)
 @pytest.mark.parametrize("cache", CACHE_KINDS)
-def test_chat_wire_agrees_with_in_process_call_by_call(cache: CacheKind) -> None:
+def test_chat_wire_agrees_with_in_process_call_by_call(cache: CacheKind, row: str) -> None:
     """Bound: the Chat Completions client adds a participant ``name`` to assistant messages it
     replays from history (not within the tool loop); a name is model-facing on that API, so the
     raw wire differs by exactly the names' tokens, and with the names left out it agrees exactly."""
-    local, wire = played("inprocess"), played("openai-chat")
+    local, wire = played("inprocess", row), played("openai-chat", row)
     assert [kind for kind, _ in wire] == [kind for kind, _ in local]
     plain = [(kind, without_names(sent)) for kind, sent in wire]
     for a, b in zip(priced(local, cache), priced(plain, cache), strict=True):

@@ -6,9 +6,10 @@ sends the conversation's request as it stands (the previous model request byte f
 what arrived since, or a prefix of it cut between groups when that does not fit the budget
 with the instruction; the previous request's options) plus one user message holding
 ``RECORD_INSTRUCTION``, through the agent's chat client at its provider layer. The answer,
-when it quotes a value of the results shown, becomes a written record placed at the
-conversation's end as it was when asked. Two answers in a row that ignore the instruction
-end the route (records are pinned again); a failing request is no verdict.
+when it quotes a value of the results shown, becomes a written record placed right before
+the conversation's newest group as it was when asked (its user message, or its newest tool
+call and results: a request never ends with the record). Two answers in a row that ignore
+the instruction, or two failed requests, end the route (records are pinned again).
 
 Tests marked ``xfail(strict=True)`` are findings: their reasons say what was sent and what
 was expected.
@@ -561,7 +562,9 @@ async def test_no_request_is_pinned_and_each_record_request_is_the_last_request_
     prefix of them cut between groups), then one instruction; the previous request's options unchanged.
 
     The framework names the agent on a reply it stores after a run (``author_name``), which the conversation's own
-    next request shows too: authors are compared against stored history, not against the previous request.
+    next request shows too: authors are compared against stored history, not against the previous request. A
+    record asked on a run's follow-up request shows the run's call and result as that request carries them (not
+    yet named: the run is not stored yet).
     """
     run = await played(kind, stream=stream, harness=harness)
     assert len(asked(run.sent)) >= 2, f"expected two records asked over the cached prefix, got {asked(run.sent)}"
@@ -570,28 +573,38 @@ async def test_no_request_is_pinned_and_each_record_request_is_the_last_request_
     assert set(run.invoked) <= set(range(TURNS)), "a tool ran that the conversation did not call"
 
 
-BUG_RECORD_ENDS_THE_REQUEST: Final = (
-    "a record asked on a request whose conversation ends with the user's question (a turn's first request) is "
-    "placed at the conversation's end as it was (records.place_written after originals(conversation)): right "
-    "after the question, so the conversation's request the model then answers ends with the written record (an "
-    "assistant message) instead of the user's question, e.g. request 10 of the records run ends [user 'question "
-    "4: ...', assistant '[recorded by compaction] ...']. The model reads its turn as taken: the scripted model "
-    "answers without the lookup the question needs (lookups 4 and 9 are never made); an API that reads a "
-    "trailing assistant message as a prefill continues the record"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=BUG_RECORD_ENDS_THE_REQUEST)
 @pytest.mark.parametrize("kind", KINDS)
 async def test_the_conversations_requests_still_end_with_what_the_conversation_ends_with(kind: Kind) -> None:
+    """A record stands right before the conversation's newest group, never at its end: each turn's two requests
+    end with the turn's question, then with its lookup's result; a written record is always followed by a
+    message of the conversation itself (the question, or the call of the group that was newest when it was
+    asked); and every question gets its lookup."""
     run = await played(kind)
-    ending = [
-        s.number
-        for s in run.sent
-        if not s.asks_record and role_of(s.messages[-1]) == "assistant" and s.texts[-1].startswith(RECORD_MARKER)
-    ]
-    assert not ending, f"requests {ending} end with the written record, not with the question or a tool result"
+    own = [s for s in run.sent if not s.asks_record]
+    endings = [(_turn_of(s), role_of(s.messages[-1]), _ending(s.messages[-1])) for s in own]
+    expected = [e for n in range(TURNS) for e in ((n, "user", question(n)), (n, "tool", f"call_{n}"))]
+    assert endings == expected, "a request of the conversation does not end with what the conversation ends with"
+    for s in own:
+        for k, text in enumerate(s.texts):
+            if not text.startswith(RECORD_MARKER):
+                continue
+            assert k + 1 < len(s.messages), f"request {s.number} ends with a written record"
+            following = s.messages[k + 1]
+            assert not s.texts[k + 1].startswith(RECORD_MARKER), f"request {s.number}: two records in a row"
+            assert role_of(following) == "user" or [c for c in content_of(following) if c["type"] == "function_call"], (
+                f"request {s.number}: the record is not followed by the conversation's question or call"
+            )
+    assert asked(run.sent), "no record was asked"
     assert run.invoked == list(range(TURNS)), "a question went without its lookup"
+
+
+def _ending(rendered: str) -> str:
+    """A user message's text, or the call id of a tool message's one result."""
+    contents = content_of(rendered)
+    if role_of(rendered) == "user":
+        return "".join(c["text"] for c in contents if c["type"] == "text")
+    (result,) = [c["call_id"] for c in contents if c["type"] == "function_result"]
+    return result
 
 
 async def test_a_record_due_with_the_fallback_is_asked_over_the_request_as_it_stands() -> None:
@@ -624,7 +637,16 @@ def check_record_requests(run: Conversation) -> None:
         context, own = _split(ask.messages[:-1], known)
         assert context == _split(carrier.messages, known)[0]
         before = _split(previous.messages, known)[1]
-        assert all(m in stored for m in own), "a message of the record request is not as stored"
+        # Each message as stored, except what arrived within the run the record request rides on (the function
+        # loop's call and result after the run's question, when the record is asked on the run's follow-up
+        # request): the framework names the agent on those only when it stores the run, so they stand as the
+        # request the pass ran in carries them, byte for byte, and differ from stored history by the author.
+        carrier_run = carrier.messages[max(k for k, m in enumerate(carrier.messages) if _is_question(m)) + 1 :]
+        unstored = [m for m in own if m not in stored]
+        assert all(m in carrier_run for m in unstored), "a message of the record request is not as stored"
+        for m in unstored:
+            assert json.loads(m)["author"] is None
+            assert role_of(m) in ("assistant", "tool")
         # The prompt as it stands: the previous request's messages, then what arrived since (exactly as stored;
         # what compaction wrote later aside), up to the conversation's end when the pass ran.
         standing = _standing(before, _split(carrier.messages, known)[1], stored, ours, own)
@@ -661,6 +683,13 @@ def _standing(before: list[str], carrier: list[str], stored: list[str], ours: se
     last = next(m for m in reversed(carrier) if m not in ours)
     end = anonymous.index(_anonymous(last))
     return [*before, *history[start + 1 : end + 1]]
+
+
+def _is_question(rendered: str) -> bool:
+    """A user's question of the scripted conversation."""
+    return role_of(rendered) == "user" and any(
+        c["type"] == "text" and _QUESTION.match(c["text"]) for c in content_of(rendered)
+    )
 
 
 def _ours(message: Message) -> bool:
@@ -837,9 +866,12 @@ def _wire_text(item: Mapping[str, Any]) -> str:
 
 
 @pytest.mark.parametrize("kind", KINDS)
-async def test_the_answer_enters_history_as_a_written_record_at_the_conversations_end_as_it_was(kind: Kind) -> None:
-    """The record stands right after the last message the conversation had when it was asked (so the prompt
-    before it is the request the provider cached), in stored history and in the request of the same pass."""
+async def test_the_answer_enters_history_as_a_written_record_right_before_the_conversations_newest_group(
+    kind: Kind,
+) -> None:
+    """The record stands right before the newest group the conversation had when it was asked (its question, or
+    its newest lookup call and result; so the prompt before it is the request the provider cached, and the request
+    still ends with what the conversation ends with), in stored history and in the request of the same pass."""
     run = await played(kind)
     stored = run.stored()
     asks = asked(run.sent)
@@ -854,14 +886,21 @@ async def test_the_answer_enters_history_as_a_written_record_at_the_conversation
         assert message.text.startswith(RECORD_MARKER)
         assert (message.message_id or "").startswith("compaction_record_")
         assert not excluded(message), "a written record is held in the prompt"
-        # Where it stands: after the conversation's last message when the pass ran (the last message of the
-        # request the pass ran in, before the record), in both lists.
+        # Where it stands: before the conversation's newest group when the pass ran (the last group of the
+        # request the pass ran in: its question, or its lookup call and result), in both lists.
         carrier = run.sent[i + 1]
         rendered = render(message)
         assert rendered in carrier.messages, f"request {carrier.number} lacks the record it asked for"
         at = carrier.messages.index(rendered)
+        newest = carrier.messages[at + 1 :]
+        assert [role_of(m) for m in newest] in (["user"], ["assistant", "tool"]), (
+            f"request {carrier.number}: the record does not stand right before the newest group"
+        )
         before = next(m for m in reversed(stored[:index]) if not _ours(m))
         assert _anonymous(render(before)) == _anonymous(carrier.messages[at - 1])
+        # What follows it in stored history is that group (a summary the user half wrote later aside).
+        after = [m for m in stored[index + 1 :] if not _ours(m)][: len(newest)]
+        assert list(map(_anonymous, map(render, after))) == list(map(_anonymous, newest))
         # The answer is in history only as the record.
         assert [m for m in stored if answer in (m.text or "")] == [message]
     # The request itself never is: no instruction, no reply to it (small talk, a call), only what compaction wrote.
@@ -872,19 +911,41 @@ async def test_the_answer_enters_history_as_a_written_record_at_the_conversation
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_covered_groups_leave_the_prompt_on_the_recording_pass_and_stay_out(kind: Kind) -> None:
+    """The groups a record was shown that stand before it leave the prompt on the pass that asked, for good. The
+    record stands right before the conversation's newest group: when that group is the newest lookup, the record
+    was shown its result but does not judge it (it stands after the record), so it stays in the prompt until a
+    later record covers it."""
     run = await played(kind)
     sent, stored = run.sent, run.stored()
+    asks = asked(sent)
     covered_before: set[str] = set()
-    for i in asked(sent):
+    newest_kept: set[str] = set()
+    for n, i in enumerate(asks):
         shown = set(result_ids(sent[i].messages))
-        covered = shown - covered_before
-        assert covered, f"record request {sent[i].number} showed no new result"
         record = f"{RECORD_PREFIX}\n{run.client.answers[i]}"
+        carrier = sent[i + 1]
+        assert record in carrier.texts, f"request {carrier.number} lacks the record"
+        after_record = carrier.messages[carrier.texts.index(record) + 1 :]
+        # After the record: only the conversation's newest group (the question, or the lookup call and result).
+        assert [role_of(m) for m in after_record] in (["user"], ["assistant", "tool"])
+        newest = set(result_ids(after_record)) & shown
+        covered = shown - covered_before - newest
+        assert covered, f"record request {sent[i].number} showed no new result before its place"
         # The pass that asked applies the record to the request it runs in, and every later request keeps it so.
         for later in sent[i + 1 :]:
             assert not covered & later.call_ids, f"request {later.number} still carries {covered & later.call_ids}"
             assert record in later.texts, f"request {later.number} lacks the record"
+        # The newest group stays, whole, until the next record request (which is shown it again).
+        until = asks[n + 1] if n + 1 < len(asks) else len(sent)
+        for later in sent[i + 1 : until + 1]:
+            assert newest <= later.call_ids, f"request {later.number} lost {newest - later.call_ids}"
+        newest_kept |= newest
         covered_before |= covered
+    # The records run's last record is asked on turn 8's follow-up request, over lookup 8's result: it stands
+    # before that group, which stays (no later record); the composition's records are asked on turns' first
+    # requests, before the question.
+    assert newest_kept == ({"call_8"} if kind == "records" else set())
+    assert not newest_kept & covered_before
     lookups = {f"call_{n}" for n in range(TURNS)}
     assert covered_before, "no group was covered"
     assert covered_before < lookups, "the newest lookups stay until a record covers them"
@@ -956,20 +1017,10 @@ async def test_a_restored_session_continues_with_identical_requests_and_asks_not
         assert _stored_form(second) == _stored_form(reference)
 
 
-BUG_HEAD_NOT_RESTORED: Final = (
-    "Connection.head (the head of the last unpinned request, adapters/aligned.SentHead) is set only after a request "
-    "returns (ToolResultRecallMiddleware._sent) and is not part of the stack's state: a stack restored from "
-    "CompactionStack.to_dict/from_dict has head=None, so a record due on its first request is not asked "
-    "(WARNING 'could not ask for a record over the cached prefix: no request of this conversation has been seen "
-    "sent (install ToolResultRecallMiddleware on the agent), or its chat client is gone'), the request goes out "
-    "without the record, and the record is asked one request later: the requests differ from the uninterrupted "
-    "conversation's"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=BUG_HEAD_NOT_RESTORED)
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_record_due_on_the_first_request_after_a_restore_is_asked_on_it(kind: Kind) -> None:
+    """A restored stack has seen no request sent: the record due on its first request is asked with the head of
+    the caller's request (taken on the way in), so the requests are the uninterrupted conversation's."""
     reference = await played(kind)
     due = boundaries(reference, due=True)
     assert due, "the conversation has a record due on a turn's first request"
@@ -979,17 +1030,9 @@ async def test_a_record_due_on_the_first_request_after_a_restore_is_asked_on_it(
         assert [s.canonical for s in second.sent] == [s.canonical for s in reference.sent[len(first.sent) :]]
 
 
-BUG_REGISTRY: Final = (
-    "SessionCompactionRegistry builds (or restores) a stack per phase when it is not cached "
-    "(max_cached_sessions=0, an eviction, another replica): the fresh stack's Connection.head is None, so every "
-    "record is 'asked' with no head (WARNING 'no request of this conversation has been seen sent'), nothing "
-    "is ever recorded over the cached prefix, and the session's requests differ from the private stack's"
-)
-
-
 @pytest.mark.parametrize(
     "cached",
-    [8, pytest.param(0, marks=pytest.mark.xfail(strict=True, reason=BUG_REGISTRY))],
+    [8, 0],
     ids=["stack-cached", "stack-restored-every-phase"],
 )
 async def test_a_session_served_through_the_registry_asks_like_the_private_stack(cached: int) -> None:
@@ -1043,14 +1086,16 @@ async def test_a_failing_record_request_records_nothing_warns_and_the_turn_compl
     kind: Kind, warnings_seen: list[str]
 ) -> None:
     """The provider raises on every record request: each is a WARNING naming the strategy and the error, nothing
-    is recorded, every turn completes, and history is exactly what an answer without text leaves (a failure is
-    no verdict on the model: the route stays, and the record is asked again when due)."""
-    failing = await conversation(kind, client=Provider(Script(record_answer="raise"))).play(range(6))
-    silent = await conversation(kind, client=Provider(Script(record_answer="empty"))).play(range(6))
-    asks = asked(failing.sent)
-    assert len(asks) >= 2, "no record was asked again after a failure"
+    is recorded over the cached prefix, every turn completes, and history is exactly what answers without text
+    leave. A failure counts like an ignored answer: after two in a row the route is given up (no request over the
+    cached prefix after that) and the next records are pinned."""
+    failing = await conversation(kind, client=Provider(Script(record_answer="raise"))).play(range(TURNS))
+    silent = await conversation(kind, client=Provider(Script(record_answer="empty"))).play(range(TURNS))
+    sent, stored = failing.sent, failing.stored()
+    asks = asked(sent)
+    assert len(asks) == 2, f"record requests at {asks}: two failures in a row end the route"
     strategy = failing.stack.strategy
-    assert strategy.failed_prefix_requests == strategy.prefix_requests == len(asks)
+    assert strategy.failed_prefix_requests == strategy.prefix_requests == 2
     named = [
         w
         for w in warnings_seen
@@ -1059,18 +1104,33 @@ async def test_a_failing_record_request_records_nothing_warns_and_the_turn_compl
         and "(ScriptError: the record request failed at the provider)" in w
     ]
     assert len(named) == len(asks), f"{len(asks)} failed request(s), {len(named)} warning(s)"
-    assert failing.replies == [f"done with item {n}" for n in range(6)]
-    assert failing.invoked == list(range(6))
-    assert not written_records(failing.stored())
     state = failing.records.state_cell.value
+    assert state.recall.prefix_disabled
+    assert state.recall.ignored_instructions == 2
     assert state.written == ()
-    assert not state.recall.prefix_disabled
-    assert state.recall.ignored_instructions == 0
-    assert not [m for m in failing.stored() if RECORD_INSTRUCTION in (m.text or "")]
-    assert len(failing.stored()) == 4 * 6
+    assert not written_records(stored)
+    # The next records are pinned (the scripted model obeys pins), and the model's recall calls write them.
+    pinned = [i for i, s in enumerate(sent) if s.pinned]
+    assert pinned, "no record was pinned once the route was off"
+    assert min(pinned) > asks[1]
+    assert failing.stack.recall.forced_calls == len(pinned)
+    assert any(c.type == "function_result" and RECORD_MARKER in str(c.result) for m in stored for c in m.contents), (
+        "no pinned record was written"
+    )
+    assert failing.replies == [f"done with item {n}" for n in range(TURNS)]
+    # A turn whose first request is pinned answers with the recall call instead of its lookup (the scripted model).
+    assert failing.invoked == [n for n in range(TURNS) if n not in _pinned_questions(sent)]
+    # Nothing of the failed requests enters history, and history holds every result whole.
+    assert not [m for m in stored if RECORD_INSTRUCTION in (m.text or "")]
+    assert len([m for m in stored if not _ours(m)]) == 4 * TURNS  # the composition's user summaries aside
     _results_intact(failing)
     assert _stored_form(failing) == _stored_form(silent)
     assert [s.canonical for s in failing.sent] == [s.canonical for s in silent.sent]
+
+
+def _pinned_questions(sent: Sequence[Sent]) -> set[int]:
+    """Turns whose first request (the one ending with the user's question) was pinned to the recall tool."""
+    return {_turn_of(s) for s in sent if s.pinned and _is_question(s.messages[-1])}
 
 
 async def test_a_cancelled_record_request_propagates_and_the_conversation_goes_on() -> None:
@@ -1130,26 +1190,39 @@ async def test_answers_that_ignore_the_instruction_record_nothing_and_two_hand_r
     _results_intact(run)
 
 
-BUG_SHORTENED_VALUES: Final = (
-    "with no record kept (instruction and pins ignored), the fallback shortens tool results no record covers "
-    "(core/shorten: head and tail kept, the middle cut; anchored.run shortens the band before it distills) and "
-    "the cut drops value lines; the safety net later distills the already shortened text ('[compacted: 13 "
-    "line(s) ... the 4 below are kept ...]' with XR-0110 gone), so the values are lost: request 12 lacks "
-    "XR-0110, XR-0205, XR-0210, XR-0305, XR-0310, XR-0315 (and the last request 21 of the 40 planted values)"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=BUG_SHORTENED_VALUES)
 async def test_when_no_record_is_kept_the_safety_net_keeps_every_value_in_the_prompt() -> None:
-    """The model ignores both routes (the instruction and the pin): only the safety net is left."""
+    """The model ignores both routes (the instruction and the pin): only the safety net is left. A group no record
+    covers is never shortened by position: the safety net cuts it to its value lines, so every value of every
+    lookup made stays in each turn's last request."""
     script = Script(record_answer="small_talk", obey_pins=False)
     run = await conversation(client=Provider(script)).play(range(TURNS))
     assert not written_records(run.stored())
+    # A turn whose first request is pinned is answered with text, without its lookup: its values never exist.
+    skipped = _pinned_questions(run.sent)
+    assert skipped, "no turn's first request was pinned"
+    assert run.invoked == [n for n in range(TURNS) if n not in skipped]
     for count, _, _ in run.turn_ends:
         last = run.sent[count - 1]
-        turns = _turn_of(last) + 1
-        missing = [v for n in range(turns) for v in distinctive_values(lookup_result(n)) if v not in prompt_of(last)]
+        made = [n for n in run.invoked if n <= _turn_of(last)]
+        missing = [v for n in made for v in distinctive_values(lookup_result(n)) if v not in prompt_of(last)]
         assert not missing, f"request {last.number} lacks {missing}"
+        # Each result is whole, or the safety net's cut: its first line and its value lines, verbatim and in order.
+        for rendered in last.messages:
+            for c in content_of(rendered):
+                if c["type"] != "function_result" or not str(c["call_id"]).startswith("call_"):
+                    continue
+                whole = lookup_result(int(str(c["call_id"]).removeprefix("call_")))
+                lines = whole.splitlines()
+                kept = [lines[0], *(line for line in lines[1:] if line != FILLER)]
+                assert c["result"] in (whole, _CUT_MARKER.format(len(lines) - len(kept), len(kept)) + "\n".join(kept))
+    assert "[compacted:" in prompt_of(run.sent[-1]), "the safety net cut nothing: the test proves nothing"
+
+
+#: The marker line the safety net puts before a result it cut to its value lines.
+_CUT_MARKER: Final = (
+    "[compacted: {} line(s) of this result without distinctive values were left out; the {} below are kept "
+    "verbatim and in order]\n"
+)
 
 
 # --- 5. after two ignored pins ---------------------------------------------------------------------------
@@ -1285,13 +1358,29 @@ def _asking() -> RecordState:
     return RecordState(recall=RecallState(asking="size"))
 
 
-@given(conversations(), st.lists(st.integers(0, 30), max_size=4))
+#: How a drawn conversation ends when the record is asked: with the turn's answer (as drawn), a new question, or a
+#: new question and its lookup (a run's follow-up request).
+Ending = Literal["answer", "question", "call"]
+ENDINGS: Final[tuple[Ending, ...]] = ("answer", "question", "call")
+
+
+def _ended(view: History, ending: Ending) -> History:
+    """``view`` ending as ``ending`` says."""
+    extra: list[MessageRecord] = [] if ending == "answer" else [_text_record("user", "question 50", "u50")]
+    if ending == "call":
+        extra += _group(50)
+    return history([*view, *extra])
+
+
+@given(conversations(), st.lists(st.integers(0, 30), max_size=4), st.sampled_from(ENDINGS))
 def test_the_asks_identity_and_place_are_the_same_on_a_copy_with_injected_context(
-    case: tuple[History, list[str]], positions: list[int]
+    case: tuple[History, list[str]], positions: list[int], ending: Ending
 ) -> None:
     """The in-call copy carries a provider's context the stored history lacks: the ask is the same ask on
-    both lists (its identity, record id and place), and once answered it is not asked again on either."""
-    view, _ = case
+    both lists (its identity, record id and place), and once answered it is not asked again on either. Its place
+    is right before the conversation's newest group: the question, the lookup call and its results, or the
+    answer (each message but a call and its results is a group of its own)."""
+    view = _ended(case[0], ending)
     plain = history(r for r in view if not r.injected)
     copy = list(view)
     for k, position in enumerate(positions):  # another list: context at other places
@@ -1302,7 +1391,8 @@ def test_the_asks_identity_and_place_are_the_same_on_a_copy_with_injected_contex
     assert isinstance(other, Aligned)
     assert (one.identity, one.record_id, one.after) == (other.identity, other.record_id, other.after)
     assert one.instruction == RECORD_INSTRUCTION
-    assert one.after == _originals(plain)
+    newest = len(plain) - (2 if ending == "call" else 1)  # where the newest group starts
+    assert one.after == _originals(plain[:newest])
     done = RecordState(
         recall=RecallState(asking="size"),
         written=(AlignedRecord(one.identity, "lookup values: XR-0000", one.record_id, one.after),),

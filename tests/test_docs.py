@@ -47,7 +47,7 @@ def test_every_generated_region_is_used_and_marked() -> None:
     assert found == {
         "README.md": ["readme", "readme-free-tool-choice", "readme-anthropic"],
         "docs/bench.md": ["demo", "user-heavy"],
-        "docs/records.md": ["net-ignore-pin", "net-record-quality", "records"],
+        "docs/records.md": ["net-ignore-pin", "net-ignore-instruction", "net-record-quality", "records"],
         "docs/user-summaries.md": ["user-modes"],
         "docs/composition.md": ["composition", "composition-free-tool-choice", "composition-anthropic"],
     }

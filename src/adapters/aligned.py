@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from agent_framework import BaseChatClient, ChatResponse, Message
+from agent_framework._sessions import is_local_history_conversation_id
 
 from ..core.effects import Aligned, Summarize
 from ..core.records import RECALL_TOOL_NAME
@@ -43,12 +44,19 @@ class SentHead:
 
     @classmethod
     def of(cls, client: Any, options: Mapping[str, Any] | None) -> SentHead:
-        """The head of a request sent through ``client`` with ``options`` (copied)."""
+        """The head of a request sent through ``client`` with ``options`` (copied).
+
+        The framework's local-history marker (a ``conversation_id`` the function loop sets
+        within a run and strips before the provider) is left out: the provider never sees it.
+        """
         try:
             client_ref: Callable[[], Any] = weakref.ref(client)
         except TypeError:  # a client that cannot be referenced weakly is held
             client_ref = lambda: client  # noqa: E731
-        return cls(client_ref, dict(options or {}))
+        copied = dict(options or {})
+        if is_local_history_conversation_id(copied.get("conversation_id")):
+            del copied["conversation_id"]
+        return cls(client_ref, copied)
 
 
 class _Unchanged:

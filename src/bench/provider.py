@@ -10,9 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
 
-from ..core.effects import COMPACTION_REQUEST
 from .breaks import Break, break_cause
-from .rendering import MESSAGE_LAYER_FIELDS, OPAQUE_MARKER, RenderedRequest, common_prefix
+from .rendering import MESSAGE_LAYER_FIELDS, OPAQUE_MARKER, RenderedRequest, asks_over_prefix, common_prefix
 from .simulator import AnthropicCache, OpenAICache, PriceProfile, Salt, bill
 
 CacheKind = Literal["openai", "openai-free-tool-choice", "anthropic"]
@@ -206,7 +205,7 @@ class SimulatedProvider:
         cause = break_cause(previous[1], request, ignore_head=ignored) if broke and previous is not None else None
         # A request over the cached prefix ends with our instruction, which the next request never
         # repeats: the next one is judged against what came before the instruction.
-        asked = bool(entries) and entries[-1].startswith(f"<|user|> {COMPACTION_REQUEST}")
+        asked = bool(request.messages) and asks_over_prefix(request.messages[-1])
         self._previous[kind] = (entries[:-1] if asked else entries, request)
         record = CallRecord(
             kind=kind,

@@ -151,6 +151,18 @@ class RecordConfig:
         """Prompt size above which records are asked for and applied."""
         return int(self.max_input_tokens * self.trigger_fraction)
 
+    def prefix_tokens(self, recall_state: RecallState) -> int:
+        """The most a request over the cached prefix sends, instruction included.
+
+        As much as the conversation's last request sent (the recall protocol saw it: the
+        provider took a request that large with this head), and at least the fallback's
+        share of the budget; never more than the budget. A request carries more than its
+        messages (instructions, tool schemas), so filling the budget itself could pass the
+        window where the conversation's own requests do not.
+        """
+        seen = recall_state.seen.included_tokens if recall_state.seen is not None else 0
+        return min(self.max_input_tokens, max(int(self.max_input_tokens * self.fallback_fraction), seen))
+
     @property
     def fallback_tokens(self) -> int:
         """Prompt size from which the strategy stops waiting for a first record."""
@@ -395,7 +407,9 @@ def step(
     ``memo`` is the previous pass's ``Done.memo``; it never changes the answer.
     """
     given, history = history, place_written(history, state.written, measure)
-    asked = ask_over_standing(state, lambda: _standing(config, state, given, measure), config.max_input_tokens, measure)
+    asked = ask_over_standing(
+        state, lambda: _standing(config, state, given, measure), config.prefix_tokens(state.recall), measure
+    )
     if asked is not None:
         return Success(Needs((asked,), state))
     record_memo = memo if isinstance(memo, RecordMemo) else None
@@ -494,23 +508,25 @@ def unbounded(config: RecordConfig) -> RecordConfig:
 
 
 def ask_over_standing(
-    state: RecordState, standing: Callable[[], History | None], budget: int, measure: Measure
+    state: RecordState, standing: Callable[[], History | None], limit: int, measure: Measure
 ) -> Aligned | None:
     """A record due on this request, asked over the prompt as it stands, before the pass decides anything new.
 
     ``standing`` makes the standing prompt: what a pass makes when nothing new is decided
     (the pass with :func:`unbounded` budgets: every decision made before replays), which is
     the last request byte for byte and what arrived since, so the provider reads it from
-    its cache. It is asked over only when it fits ``budget`` with the instruction (the
-    request must fit the window with the caller's output reservation); otherwise the pass
-    compacts first and asks over its output (:func:`ask_aligned` at the pass's end).
+    its cache. It is cut between groups (:func:`fitting_prefix`) to send at most ``limit``
+    tokens with the instruction (:meth:`RecordConfig.prefix_tokens`: the request must fit
+    the window with the caller's output reservation and what it carries beside its
+    messages); when not even its first group fits, the pass compacts first and asks over
+    its output (:func:`ask_aligned` at the pass's end).
     """
     if state.recall.asking is None:
         return None
     whole = standing()
     if whole is None:
         return None
-    fitting = fitting_prefix(whole, budget - measure(RECORD_INSTRUCTION) - MESSAGE_OVERHEAD_TOKENS)
+    fitting = fitting_prefix(whole, limit - measure(RECORD_INSTRUCTION) - MESSAGE_OVERHEAD_TOKENS)
     return None if fitting is None else ask_aligned(fitting, state, whole)
 
 
