@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Final
 
 from .args import positive_int, program_name
+from .breaks import DOC_ROWS
 from .report import COLUMNS, _cells, row_figures, verdict  # pyright: ignore[reportPrivateUsage]
 from .rows import ROWS
 from .runner import Cell, CellResult, RowSummary, Settings, run_batches, run_grid, summarize
@@ -65,15 +66,8 @@ COMPOSITION_ROWS: Final = (
 
 
 #: The rows the safety net's tables compare: the control, the framework's default, our record rows in both
-#: request shapes (over the cached prefix, the README's wiring; pinned).
-NET_ROWS: Final = (
-    "none",
-    "context_window",
-    "tool_summary_anchored",
-    "tool_summary_anchored_pinned",
-    "tool_and_user_summary_anchored",
-    "tool_and_user_summary_anchored_pinned",
-)
+#: request shapes (over the cached prefix, the README's wiring; pinned): the rows docs/wire-cache.md tabulates.
+NET_ROWS: Final = DOC_ROWS
 _NET_FILLS: Final = (1.5, 3.0)
 
 
