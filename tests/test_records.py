@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from agent_framework import CharacterEstimatorTokenizer, Content, Message
+from pyrsistent import pvector
 
 from maf_compaction import (
     AnchoredCompactionStrategy,
@@ -29,7 +30,9 @@ from maf_compaction import (
     record_text,
 )
 from maf_compaction.adapters.convert import HOLD_KEY, PRESERVED_KEY, WRITTEN_RECORD_KEY
+from maf_compaction.core import records as records_core
 from maf_compaction.core.distill import is_distilled, is_remnant
+from maf_compaction.core.model import MessageRecord, Part
 from maf_compaction.core.record_decisions import Ask
 from maf_compaction.core.records import HOLD_RECORD, HOLD_UNCOVERED, HOLD_UNRECORDED, RECALL_TOOL_NAME, RECORD_PREFIX
 from maf_compaction.core.tables import PARTIAL_MARKER_PREFIX
@@ -818,3 +821,25 @@ def test_a_host_preserved_record_keeps_its_preserve_flag() -> None:
     run(strategy(1_000_000), messages)
     assert record.additional_properties.get(PRESERVED_KEY) is True
     assert hold(record) is None
+
+
+def test_a_restored_record_state_placing_a_record_past_the_conversation_is_refused_naming_the_field() -> None:
+    """A record written over the cached prefix that stands after more messages than the conversation has belongs
+    to another conversation: the check the shell runs before a restored state's first pass names the field."""
+    history = pvector(
+        [
+            MessageRecord("user", (Part("text", "question 0", 2),), 6, "u0"),
+            MessageRecord("assistant", (Part("text", "answer 0", 2),), 6, "a0"),
+        ]
+    )
+    config = records_core.RecordConfig(max_input_tokens=1_000)
+
+    def state(after: int) -> records_core.RecordState:
+        written = records_core.AlignedRecord("i" * 32, "TL-000001", "compaction_record_x", after)
+        return records_core.RecordState(written=(written,))
+
+    assert records_core.check(config, state(2), history) is None
+    problem = records_core.check(config, state(3), history)
+    assert problem is not None
+    assert "'written[0].after'" in problem
+    assert "this conversation has 2" in problem

@@ -686,8 +686,16 @@ def place_written(history: History, written: Sequence[AlignedRecord], measure: M
 
 
 def check(config: RecordConfig, state: RecordState, history: History) -> str | None:
-    """Why ``state`` cannot be this conversation's, or ``None``: ordinals must name its tool groups."""
+    """Why ``state`` cannot be this conversation's, or ``None``: ordinals must name its tool groups, and a
+    record written over the cached prefix must stand within its messages."""
     records = conversation_records(history)
+    own = originals(history)
+    for number, written in enumerate(state.written):
+        if written.after > own:
+            return (
+                f"snapshot field 'written[{number}].after' places a record after {written.after} messages, "
+                f"but this conversation has {own}"
+            )
     groups = sum(1 for g in regroup(records).all if g.kind == "tool_call")
     decisions = state.decisions
     named = [("settled", o) for o in decisions.settled]
