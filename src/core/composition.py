@@ -405,8 +405,9 @@ def step(
     budget = config.max_input_tokens
     record_memo = memo if isinstance(memo, records.RecordMemo) else None
     given, history = history, records.place_written(history, state.records.written, measure)
-    limit = config.records.prefix_tokens(state.records.recall)
-    asked = records.ask_over_standing(state.records, lambda: _standing(config, state, given, measure), limit, measure)
+    asked = records.ask_over_standing(
+        config.records, state.records, lambda: _standing(config, state, given, measure), measure
+    )
     if asked is not None:
         return Success(Needs((asked,), state))
     seen = view(history, record_memo.view if record_memo else None)
@@ -470,7 +471,7 @@ def _over_prefix(
         if request in wanted:
             assert isinstance(request, Summarize)
             size = measure(request.prompt) + sum(measure(o) for o in request.openings) + 64
-            fitting = records.fitting_prefix(standing, config.records.prefix_tokens(state.records.recall) - size)
+            fitting = records.fitting_prefix(standing, config.records.prefix_tokens(state.records.recall, size))
             sent = None if fitting is None else user_summaries.over_prefix(request, fitting)
         requests.append(sent or request)
     return replace(needs, requests=tuple(requests))

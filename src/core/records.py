@@ -151,17 +151,21 @@ class RecordConfig:
         """Prompt size above which records are asked for and applied."""
         return int(self.max_input_tokens * self.trigger_fraction)
 
-    def prefix_tokens(self, recall_state: RecallState) -> int:
-        """The most a request over the cached prefix sends, instruction included.
+    def prefix_tokens(self, recall_state: RecallState, instruction: int) -> int:
+        """The most the messages of a request over the cached prefix send, beside its ``instruction`` tokens.
 
-        As much as the conversation's last request sent (the recall protocol saw it: the
-        provider took a request that large with this head), and at least the fallback's
-        share of the budget; never more than the budget. A request carries more than its
-        messages (instructions, tool schemas), so filling the budget itself could pass the
-        window where the conversation's own requests do not.
+        What the conversation's last request sent (the recall protocol saw it on the way out):
+        the prompt as it stands is that request byte for byte and then what arrived since, so
+        the request repeats exactly what the provider cached and nothing it must write anew
+        (a provider that bills cache writes writes the new part once, for the conversation's
+        next request), and it is no larger than a request the provider took with this head.
+        Never past the budget with the instruction; before any request was seen, the
+        fallback's share of the budget (a margin for what a request carries beside its messages).
         """
-        seen = recall_state.seen.included_tokens if recall_state.seen is not None else 0
-        return min(self.max_input_tokens, max(int(self.max_input_tokens * self.fallback_fraction), seen))
+        room = self.max_input_tokens - instruction
+        if recall_state.seen is None:
+            return min(room, int(self.max_input_tokens * self.fallback_fraction) - instruction)
+        return min(room, recall_state.seen.included_tokens)
 
     @property
     def fallback_tokens(self) -> int:
@@ -407,9 +411,7 @@ def step(
     ``memo`` is the previous pass's ``Done.memo``; it never changes the answer.
     """
     given, history = history, place_written(history, state.written, measure)
-    asked = ask_over_standing(
-        state, lambda: _standing(config, state, given, measure), config.prefix_tokens(state.recall), measure
-    )
+    asked = ask_over_standing(config, state, lambda: _standing(config, state, given, measure), measure)
     if asked is not None:
         return Success(Needs((asked,), state))
     record_memo = memo if isinstance(memo, RecordMemo) else None
@@ -508,25 +510,24 @@ def unbounded(config: RecordConfig) -> RecordConfig:
 
 
 def ask_over_standing(
-    state: RecordState, standing: Callable[[], History | None], limit: int, measure: Measure
+    config: RecordConfig, state: RecordState, standing: Callable[[], History | None], measure: Measure
 ) -> Aligned | None:
     """A record due on this request, asked over the prompt as it stands, before the pass decides anything new.
 
     ``standing`` makes the standing prompt: what a pass makes when nothing new is decided
     (the pass with :func:`unbounded` budgets: every decision made before replays), which is
     the last request byte for byte and what arrived since, so the provider reads it from
-    its cache. It is cut between groups (:func:`fitting_prefix`) to send at most ``limit``
-    tokens with the instruction (:meth:`RecordConfig.prefix_tokens`: the request must fit
-    the window with the caller's output reservation and what it carries beside its
-    messages); when not even its first group fits, the pass compacts first and asks over
-    its output (:func:`ask_aligned` at the pass's end).
+    its cache. It is cut between groups (:func:`fitting_prefix`) to what the last request
+    sent (:meth:`RecordConfig.prefix_tokens`); when not even its first group fits, the pass
+    compacts first and asks over its output (:func:`ask_aligned` at the pass's end).
     """
     if state.recall.asking is None:
         return None
     whole = standing()
     if whole is None:
         return None
-    fitting = fitting_prefix(whole, limit - measure(RECORD_INSTRUCTION) - MESSAGE_OVERHEAD_TOKENS)
+    limit = config.prefix_tokens(state.recall, measure(RECORD_INSTRUCTION) + MESSAGE_OVERHEAD_TOKENS)
+    fitting = fitting_prefix(whole, limit)
     return None if fitting is None else ask_aligned(fitting, state, whole)
 
 
