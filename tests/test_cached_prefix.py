@@ -2,9 +2,10 @@
 
 A record due on a request is asked for, with ``ToolResultRecallMiddleware(...,
 record_request="cached_prefix")`` (and once pins are disabled), by the compaction pass: it
-sends the conversation's request as it stands (the previous model request byte for byte and
-what arrived since, or a prefix of it cut between groups when that does not fit the budget
-with the instruction; the previous request's options) plus one user message holding
+sends what the conversation's last request sent, no more (the prompt as it stands, which is
+that request byte for byte and then what arrived since, cut between groups to the last
+request's size and to the budget with the instruction: what arrived since is left for the
+conversation's next request; the previous request's options) plus one user message holding
 ``RECORD_INSTRUCTION``, through the agent's chat client at its provider layer. The answer,
 when it quotes a value of the results shown, becomes a written record placed right before
 the conversation's newest group as it was when asked (its user message, or its newest tool
@@ -64,6 +65,7 @@ from hypothesis import strategies as st
 
 from maf_compaction import (
     CompactionStack,
+    MediaTokenEstimator,
     RecallGate,
     SessionCompactionProvider,
     SessionCompactionRegistry,
@@ -103,6 +105,10 @@ from maf_compaction.errors import SnapshotError
 from offline_tokenizers import offline_tiktoken
 
 TOKENIZER: Final = CharacterEstimatorTokenizer()
+#: The strategies' counting of a message (they wrap ``TOKENIZER`` in it); a request's size sums its messages.
+ESTIMATOR: Final = MediaTokenEstimator(TOKENIZER)
+#: The tokens of the instruction a request over the cached prefix ends with (one user message).
+INSTRUCTION_TOKENS: Final = ESTIMATOR.count_message_tokens(Message("user", [Content.from_text(RECORD_INSTRUCTION)]))
 PIN: Final = {"mode": "required", "required_function_name": RECALL_TOOL_NAME}
 #: The input budget (CharacterEstimatorTokenizer: four characters a token). A lookup result is about
 #: 280 tokens: the first record is due in the fourth turn, the next ones four groups later.
@@ -173,6 +179,7 @@ class Sent:
         call_ids: Call ids of every call and result in the request.
         options: A copy of the request's options.
         stream: It was a streaming call.
+        tokens: Each message's tokens as the strategies count them (:data:`ESTIMATOR`).
     """
 
     number: int
@@ -183,6 +190,12 @@ class Sent:
     call_ids: frozenset[str]
     options: Mapping[str, Any]
     stream: bool
+    tokens: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        """The tokens the request's messages send (the strategies' counting; the head aside)."""
+        return sum(self.tokens)
 
     @property
     def asks_record(self) -> bool:
@@ -275,6 +288,7 @@ class Provider(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelemetryLayer,
             call_ids=frozenset(c.call_id for m in messages for c in m.contents if c.call_id),
             options=dict(options),
             stream=stream,
+            tokens=tuple(ESTIMATOR.count_message_tokens(m) for m in messages),
         )
         self.requests.append(sent)
         self.answers.append("")
@@ -555,11 +569,14 @@ def _cell_id(kind: Kind, stream: bool, harness: bool) -> str:
 
 
 @pytest.mark.parametrize(("kind", "stream", "harness"), CELLS, ids=[_cell_id(*c) for c in CELLS])
-async def test_no_request_is_pinned_and_each_record_request_is_the_last_request_plus_arrivals_plus_the_instruction(
+async def test_no_request_is_pinned_and_each_record_request_is_the_last_request_plus_the_instruction(
     kind: Kind, stream: bool, harness: bool
 ) -> None:
-    """At ``_inner_get_response``: the previous request's messages and what arrived since, exactly as stored (or a
-    prefix of them cut between groups), then one instruction; the previous request's options unchanged.
+    """At ``_inner_get_response``: the longest prefix, cut between groups, of the prompt as it stands (the previous
+    request's messages, then what arrived since, exactly as stored) whose messages send no more than the previous
+    request's did and fit the budget with the instruction (the strategy's tokenizer counting), then one
+    instruction; the previous request's options unchanged. So the previous request's messages (a provider's context
+    aside) or, when they do not fit the budget with the instruction, a prefix of them; never what arrived since.
 
     The framework names the agent on a reply it stores after a run (``author_name``), which the conversation's own
     next request shows too: authors are compared against stored history, not against the previous request. A
@@ -609,16 +626,27 @@ def _ending(rendered: str) -> str:
 
 async def test_a_record_due_with_the_fallback_is_asked_over_the_request_as_it_stands() -> None:
     """The fallback is due (over ``fallback_fraction``) on the request a record rides on: the record is asked over
-    the request as it stands, before the pass decides anything new, and covers the results whole."""
+    the prompt as it stands, before the pass decides anything new, cut to what the last request sent (the fallback's
+    share of the budget bounds nothing once a request was seen): request 8 whole, without turn 3's answer and
+    question 4, which arrived since. The record covers the four lookups whole and stands before question 4."""
     run = await conversation(fallback_fraction=0.75).play(range(6))
-    assert asked(run.sent), "no record was asked"
     check_record_requests(run)
-    assert len(asked(run.sent)) == 1, f"one record covers the lookups; asked at {asked(run.sent)}"
+    sent, stored = run.sent, run.stored()
+    assert asked(sent) == [8], f"one record covers the lookups; asked at {asked(sent)}"
+    ask, last = sent[8], sent[7]
+    assert list(map(_anonymous, ask.messages[:-1])) == list(map(_anonymous, last.messages))
+    assert ask.size - INSTRUCTION_TOKENS == last.size == prefix_limit(run, last)
+    assert ask.size > int(BUDGET * 0.75), "the request over the cached prefix kept to the fallback's share"
+    assert ask.call_ids == {f"call_{n}" for n in range(4)}
+    ((index, _),) = written_records(stored)
+    assert stored[index - 1].text == "done with item 3"
+    assert stored[index + 1].text == question(4)
     assert run.records.groups_covered == 4
 
 
 def check_record_requests(run: Conversation) -> None:
-    """See the test above: no pin, and each record request repeats the conversation's request."""
+    """See the test above: no pin, and each record request repeats the conversation's last request (or the longest
+    prefix of it, cut between groups, that fits :func:`prefix_limit`)."""
     sent = run.sent
     assert not [s.number for s in sent if s.pinned], "a request was pinned to the recall tool"
     assert all(s.options.get("tool_choice") in (None, "auto") for s in sent)
@@ -632,6 +660,7 @@ def check_record_requests(run: Conversation) -> None:
         ask, previous, carrier = sent[i], sent[i - 1], sent[i + 1]
         assert not previous.asks_record
         assert not carrier.asks_record
+        sizes = _sizes(stored_messages, previous, ask, carrier)
         # Context the agent's providers add to a call (the harness's todo list joins a run's first call) is
         # never stored: the record request carries the context of the call it rides on.
         context, own = _split(ask.messages[:-1], known)
@@ -650,16 +679,25 @@ def check_record_requests(run: Conversation) -> None:
         # The prompt as it stands: the previous request's messages, then what arrived since (exactly as stored;
         # what compaction wrote later aside), up to the conversation's end when the pass ran.
         standing = _standing(before, _split(carrier.messages, known)[1], stored, ours, own)
-        # The record request is that prompt, or (when it does not fit the budget with the instruction) a prefix of
-        # it that ends between two groups.
+        # The record request is the longest prefix of that prompt, ending between two groups, whose messages fit
+        # the limit: the group the cut leaves out would pass it. What arrived since the previous request is never
+        # sent (the previous request's size is the limit); the previous request's messages are, whole, when they fit
+        # the budget with the instruction (and no context of the call the record rides on adds to them).
         assert list(map(_anonymous, own)) == list(map(_anonymous, standing[: len(own)])), (
-            f"request {ask.number} is not request {previous.number} and what arrived since"
+            f"request {ask.number} is not a prefix of request {previous.number} and what arrived since"
         )
-        if len(own) < len(standing):
-            assert role_of(standing[len(own)]) != "tool", "the cut separates a call from its result"
-            assert not [c for c in content_of(own[-1]) if c["type"] == "function_call"]
-        else:
-            assert len(own) > len(before), f"nothing arrived between request {previous.number} and the record request"
+        assert ask.tokens[-1] == INSTRUCTION_TOKENS
+        limit, sends = prefix_limit(run, previous), ask.size - INSTRUCTION_TOKENS
+        assert sends <= limit, f"request {ask.number} sends {sends} tokens besides the instruction, over {limit}"
+        assert len(own) <= len(before) < len(standing), f"request {ask.number} sends what arrived since"
+        assert role_of(standing[len(own)]) != "tool", "the cut separates a call from its result"
+        assert not [c for c in content_of(own[-1]) if c["type"] == "function_call"]
+        left_out = sum(sizes[_anonymous(m)] for m in _group_at(standing, len(own)))
+        assert sends + left_out > limit, (
+            f"request {ask.number} ({sends} tokens) leaves out a group of {left_out} that fits {limit}"
+        )
+        if not context and previous.size <= run.records.max_input_tokens - INSTRUCTION_TOKENS:
+            assert len(own) == len(before), f"request {ask.number} is not request {previous.number} whole"
         # And exactly one instruction, a plain user message at the end.
         assert role_of(ask.messages[-1]) == "user"
         assert content_of(ask.messages[-1]) == [
@@ -673,6 +711,32 @@ def check_record_requests(run: Conversation) -> None:
         assert ask.options.get("instructions"), "the instructions did not reach the record request"
         assert {tool_spec(t)["name"] for t in ask.options["tools"]} >= {"lookup", RECALL_TOOL_NAME}
         assert ask.stream is False, "a record request is sent whole"
+
+
+def prefix_limit(run: Conversation, last: Sent) -> int:
+    """The most the messages of a request over the cached prefix may send after ``last``, the conversation's last
+    request (by the strategy's tokenizer, the instruction aside): what ``last`` sent, and never past the budget with
+    the instruction."""
+    return min(run.records.max_input_tokens - INSTRUCTION_TOKENS, last.size)
+
+
+def _sizes(stored: Sequence[Message], *requests: Sent) -> dict[str, int]:
+    """Tokens of every message of ``stored`` and ``requests``, by its rendering without author (the same message
+    counts the same wherever it stands; an author is no prompt text the strategies count)."""
+    sizes: dict[str, int] = {}
+    measured = [(render(m), ESTIMATOR.count_message_tokens(m)) for m in stored]
+    for rendered, tokens in [*measured, *((m, t) for r in requests for m, t in zip(r.messages, r.tokens, strict=True))]:
+        assert sizes.setdefault(_anonymous(rendered), tokens) == tokens, f"one message counts two sizes: {rendered}"
+    return sizes
+
+
+def _group_at(prompt: Sequence[str], k: int) -> list[str]:
+    """The group starting at ``prompt[k]``: a tool call and the results after it, or one message."""
+    end = k + 1
+    if any(c["type"] == "function_call" for c in content_of(prompt[k])):
+        while end < len(prompt) and role_of(prompt[end]) == "tool":
+            end += 1
+    return list(prompt[k:end])
 
 
 def _standing(before: list[str], carrier: list[str], stored: list[str], ours: set[str], own: list[str]) -> list[str]:
@@ -707,16 +771,92 @@ def _anonymous(rendered: str) -> str:
     return json.dumps({**json.loads(rendered), "author": None}, sort_keys=True)
 
 
+class Watching(Provider):
+    """The scripted provider, which also keeps the recall state each record request was asked with."""
+
+    def __init__(self, script: Script | None = None) -> None:
+        super().__init__(script)
+        #: The stack whose record strategy asks (set once the conversation is built).
+        self.stack: CompactionStack | None = None
+        #: By the 0-based index of a request that asks for a record: the recall state when it arrived.
+        self.recall_at: dict[int, RecallState] = {}
+
+    def _inner_get_response(
+        self, *, messages: Sequence[Message], stream: bool, options: Mapping[str, Any], **kwargs: Any
+    ) -> Awaitable[ChatResponse] | ResponseStream[ChatResponseUpdate, ChatResponse]:
+        if self.stack is not None and messages and messages[-1].text == RECORD_INSTRUCTION:
+            self.recall_at[len(self.requests)] = self.stack.tool_results.state_cell.value.recall
+        return super()._inner_get_response(messages=messages, stream=stream, options=options, **kwargs)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_request_over_the_cached_prefix_sends_at_most_what_the_last_request_sent(kind: Kind) -> None:
+    """The rule itself. The messages of a request over the cached prefix send at most
+    ``RecordConfig.prefix_tokens(recall_state, instruction)`` tokens (the strategy's tokenizer): what the
+    conversation's last request sent (the recall middleware's last ``HistorySeen``), never past the budget with the
+    instruction; before any request was seen, the fallback's share of the budget less the instruction. So with room
+    the record request is the last request whole, not what arrived since; when the last request does not fit the
+    budget with the instruction (the records run's request 17), it is the longest prefix of it, cut between groups,
+    that does. The fallback's share bounds nothing once a request was seen: with ``fallback_fraction=0.7`` the
+    conversation sends exactly what it sends with ``0.9``."""
+    client = Watching()
+    run = conversation(kind, client=client, fallback_fraction=0.7)
+    client.stack = run.stack
+    await run.play(range(TURNS))
+    check_record_requests(run)
+    sent, room = run.sent, BUDGET - INSTRUCTION_TOKENS
+    assert [s.canonical for s in sent] == [s.canonical for s in (await played(kind)).sent]
+    asks = asked(sent)
+    assert asks == ([8, 17, 19] if kind == "records" else [8, 17]), f"records asked at {asks}"
+    config = run.records.config
+    assert config.prefix_tokens(RecallState(), INSTRUCTION_TOKENS) == int(BUDGET * 0.7) - INSTRUCTION_TOKENS
+    for i in asks:
+        ask, last = sent[i], sent[i - 1]
+        recall = client.recall_at[i]
+        assert recall.seen is not None
+        assert recall.seen.included_tokens == last.size, "the recall state did not see the last request's size"
+        limit = config.prefix_tokens(recall, INSTRUCTION_TOKENS)
+        assert limit == prefix_limit(run, last) == min(room, last.size)
+        sends, own = ask.size - INSTRUCTION_TOKENS, ask.messages[:-1]
+        assert sends <= last.size, f"request {ask.number} sends {sends} tokens, request {last.number} {last.size}"
+        assert ask.size <= BUDGET
+        assert list(map(_anonymous, own)) == list(map(_anonymous, last.messages[: len(own)])), (
+            f"request {ask.number} is no prefix of request {last.number}"
+        )
+        assert ask.options == last.options
+        if last.size <= room:  # with room: the last request whole, and nothing that arrived since
+            assert len(own) == len(last.messages)
+            assert sends == last.size
+            assert not (sent[i + 1].call_ids - last.call_ids) & ask.call_ids
+            continue
+        # Past the room: the longest prefix of the last request, cut between groups, that fits it.
+        assert len(own) < len(last.messages)
+        assert role_of(last.messages[len(own)]) != "tool", "the cut separates a call from its result"
+        assert not [c for c in content_of(own[-1]) if c["type"] == "function_call"], "the cut follows a call"
+        left_out = len(_group_at(last.messages, len(own)))
+        assert sends + sum(last.tokens[len(own) : len(own) + left_out]) > room, "a shorter cut than needed"
+    pressed = [i for i in asks if sent[i - 1].size > room]
+    assert pressed == ([17] if kind == "records" else [])
+    if kind == "records":  # request 18 leaves out lookup 7, the last group of request 17
+        assert sent[17].messages[:-1] == sent[16].messages[:-2]
+        assert "call_7" in sent[16].call_ids - sent[17].call_ids
+
+
 async def test_the_first_record_request_is_what_a_conversation_that_keeps_no_record_sends_next() -> None:
     """Until the first record, a conversation whose model ignores the instruction is the same conversation:
-    its next request is the record request without the instruction (content ids aside: another run)."""
+    its next request is the record request without the instruction, then what arrived since the request before
+    it (turn 3's answer and question 4), which the record request does not send (content ids aside: another run)."""
     faithful = await played("records")
     ignoring = await conversation(client=Provider(Script(record_answer="small_talk"))).play(range(6))
     first = asked(faithful.sent)[0]
     assert asked(ignoring.sent)[0] == first
     assert [s.canonical for s in ignoring.sent[: first + 1]] == [s.canonical for s in faithful.sent[: first + 1]]
     ask, following = faithful.sent[first], ignoring.sent[first + 1]
-    assert following.canonical == (*ask.canonical[:-2], ask.canonical[-1])
+    cut = len(ask.canonical) - 2  # the record request's messages, its instruction and head aside
+    assert following.canonical[:cut] == ask.canonical[:cut]
+    assert following.canonical[-1] == ask.canonical[-1]
+    arrived = following.canonical[cut:-1]
+    assert [c["text"] for m in arrived for c in content_of(m)] == ["done with item 3", question(4)]
 
 
 def _turn_of(sent: Sent) -> int:
@@ -762,8 +902,9 @@ async def test_on_the_wire_the_record_request_repeats_the_last_body_and_appends_
     kind: ClientKind, stream: bool
 ) -> None:
     """The JSON bodies the real client sent: the record request's input (Responses) or messages (Chat
-    Completions) start with the previous body's, item for item, then what arrived since and one user item with
-    the instruction; every other field is the previous body's (``stream`` aside).
+    Completions) are the previous body's, item for item (or a prefix of them cut between groups, when they do not
+    fit the budget with the instruction; never what arrived since), then one user item with the instruction;
+    every other field is the previous body's (``stream`` aside).
 
     Two fields the framework itself changes between a run's requests and the next run's (it re-ids a stored
     function call item, and names the agent on a stored reply) are compared apart: a Responses item's ``id``
@@ -803,10 +944,9 @@ async def test_on_the_wire_the_record_request_repeats_the_last_body_and_appends_
         ask, previous = bodies[i], bodies[i - 1]
         items, before = ask[key], previous[key]
         own = items[:-1]
-        if len(own) > len(before):  # the previous body and what arrived since
-            assert _stable(own[: len(before)]) == _stable(before), f"request {i + 1} does not repeat request {i}"
-        else:  # a prefix of it, cut between groups to fit the budget with the instruction
-            assert _stable(own) == _stable(before[: len(own)]), f"request {i + 1} is no prefix of request {i}"
+        assert len(own) <= len(before), f"request {i + 1} sends more than request {i}"
+        assert _stable(own) == _stable(before[: len(own)]), f"request {i + 1} is no prefix of request {i}"
+        if len(own) < len(before):  # cut between groups to fit the budget with the instruction
             assert not _wire_result(before[len(own)]), "the cut separates a call from its result"
             assert not _wire_call(own[-1]), "the cut separates a call from its result"
             assert own[-1].get("type") != "reasoning", "the cut separates reasoning from what it reasoned"
@@ -819,6 +959,8 @@ async def test_on_the_wire_the_record_request_repeats_the_last_body_and_appends_
         assert head.get("instructions" if kind == "openai-responses" else "model")
         assert not ask.get("stream")
         assert bool(previous.get("stream")) is stream
+    whole = [i for i in asks if len(bodies[i][key]) == len(bodies[i - 1][key]) + 1]
+    assert whole, "no record request repeats the previous body whole"
     # The answer became a record: the next body carries it, and no longer the results it covers.
     after = bodies[asks[0] + 1][key]
     assert any(RECORD_MARKER in _wire_text(item) for item in after)
@@ -911,41 +1053,63 @@ async def test_the_answer_enters_history_as_a_written_record_right_before_the_co
 
 @pytest.mark.parametrize("kind", KINDS)
 async def test_covered_groups_leave_the_prompt_on_the_recording_pass_and_stay_out(kind: Kind) -> None:
-    """The groups a record was shown that stand before it leave the prompt on the pass that asked, for good. The
-    record stands right before the conversation's newest group: when that group is the newest lookup, the record
-    was shown its result but does not judge it (it stands after the record), so it stays in the prompt until a
-    later record covers it."""
+    """The groups a record was shown leave the prompt on the pass that asked, for good. The record stands right
+    before the conversation's newest group, which arrived since the last request and so was never shown (a record
+    request sends what the last request sent, no more): a lookup there stays in the prompt until a later record
+    covers it. When the last request does not fit the budget with the instruction, the record request is cut
+    before its last groups: the groups it was not shown stand before the record and stay in the prompt, whole,
+    until the next record request shows them."""
     run = await played(kind)
     sent, stored = run.sent, run.stored()
     asks = asked(sent)
     covered_before: set[str] = set()
     newest_kept: set[str] = set()
+    unshown_kept: set[str] = set()
     for n, i in enumerate(asks):
         shown = set(result_ids(sent[i].messages))
         record = f"{RECORD_PREFIX}\n{run.client.answers[i]}"
         carrier = sent[i + 1]
         assert record in carrier.texts, f"request {carrier.number} lacks the record"
         after_record = carrier.messages[carrier.texts.index(record) + 1 :]
-        # After the record: only the conversation's newest group (the question, or the lookup call and result).
+        # After the record: only the conversation's newest group (the question, or the lookup call and result),
+        # which the record request did not show.
         assert [role_of(m) for m in after_record] in (["user"], ["assistant", "tool"])
-        newest = set(result_ids(after_record)) & shown
-        covered = shown - covered_before - newest
-        assert covered, f"record request {sent[i].number} showed no new result before its place"
+        newest = set(result_ids(after_record))
+        assert not newest & shown, f"record request {sent[i].number} showed the newest group {newest}"
+        unshown = set(result_ids(carrier.messages[: carrier.texts.index(record)])) - shown
+        covered = shown - covered_before
+        assert covered, f"record request {sent[i].number} showed no new result"
         # The pass that asked applies the record to the request it runs in, and every later request keeps it so.
         for later in sent[i + 1 :]:
             assert not covered & later.call_ids, f"request {later.number} still carries {covered & later.call_ids}"
             assert record in later.texts, f"request {later.number} lacks the record"
-        # The newest group stays, whole, until the next record request (which is shown it again).
+        # The newest group, and the groups the record was not shown, stay, whole, until the next record request
+        # (which is shown them).
         until = asks[n + 1] if n + 1 < len(asks) else len(sent)
         for later in sent[i + 1 : until + 1]:
-            assert newest <= later.call_ids, f"request {later.number} lost {newest - later.call_ids}"
+            kept = newest | unshown
+            assert kept <= later.call_ids, f"request {later.number} lost {kept - later.call_ids}"
+        if unshown:
+            assert until < len(sent), f"no record request after request {carrier.number} shows {unshown}"
+            assert unshown <= set(result_ids(sent[until].messages))
         newest_kept |= newest
+        unshown_kept |= unshown
         covered_before |= covered
-    # The records run's last record is asked on turn 8's follow-up request, over lookup 8's result: it stands
-    # before that group, which stays (no later record); the composition's records are asked on turns' first
-    # requests, before the question.
-    assert newest_kept == ({"call_8"} if kind == "records" else set())
+    # Records: the second record is asked on turn 8's first request over request 17 cut before lookup 7's group
+    # (request 17 sent more than the budget leaves beside the instruction): it stands before question 8, after
+    # lookup 7. The last record is asked on turn 8's follow-up request over request 19 whole: it covers lookup 7 and
+    # stands before lookup 8's group, which stays (no later record). Composition: the user half's summaries keep the
+    # last request smaller; the second record is asked over request 17 whole, covers lookups 4 to 7 and stands
+    # before question 8; there is no third.
+    if kind == "records":
+        assert [sent[i].number for i in asks] == [9, 18, 20]
+        assert sent[16].size > BUDGET - INSTRUCTION_TOKENS
+        assert (unshown_kept, newest_kept) == ({"call_7"}, {"call_8"})
+    else:
+        assert [sent[i].number for i in asks] == [9, 18]
+        assert (unshown_kept, newest_kept) == (set(), set())
     assert not newest_kept & covered_before
+    assert unshown_kept <= covered_before, "a group a record was not shown stayed uncovered"
     lookups = {f"call_{n}" for n in range(TURNS)}
     assert covered_before, "no group was covered"
     assert covered_before < lookups, "the newest lookups stay until a record covers them"
