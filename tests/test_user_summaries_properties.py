@@ -357,6 +357,7 @@ def test_the_core_is_pure(chunks: Chunks, p: Params, data: st.DataObject) -> Non
             if isinstance(request, Summarize):
                 text = extractive([Message("user", [request.transcript])])
             else:
+                assert isinstance(request, DescribeMedia), "the user strategy asks for nothing over the cached prefix"
                 text = f"an attachment ({request.part})"
             answers.append((request, None if fails else text))
         absorbed = absorb(snapshot, answers)
