@@ -703,18 +703,7 @@ def test_a_newer_version_raises_snapshot_version_error_naming_it(
 
 def _routed_stack(record_request: Any) -> CompactionStack:
     """The README's record-strategy stack with the recall middleware's ``record_request``."""
-    records = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=TINY, tokenizer=TOKENIZER)
-    gate = RecallGate()
-    recall = ToolResultRecallMiddleware(
-        max_input_tokens=TINY,
-        tokenizer=TOKENIZER,
-        arm=gate.arm,
-        disarm=gate.disarm,
-        trigger_fraction=records.trigger_fraction,
-        reforce=records.take_reforce,
-        record_request=record_request,
-    )
-    return CompactionStack(records, gate, recall)
+    return make_builder("records", TINY, TOKENIZER, None, record_request=record_request)()
 
 
 def test_the_request_shape_is_no_part_of_the_configuration() -> None:

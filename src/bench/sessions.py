@@ -62,7 +62,7 @@ from agent_framework._compaction import TokenizerProtocol, apply_compaction  # p
 from agent_framework._feature_stage import ExperimentalWarning  # pyright: ignore[reportPrivateUsage]
 
 from ..adapters.composition import ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
-from ..adapters.recall import RecallGate, ToolResultRecallMiddleware
+from ..adapters.recall import RecallGate, RecordRequest, ToolResultRecallMiddleware
 from ..adapters.records import ToolResultAnchoredSummarizationCompactionStrategy
 from ..adapters.sessions import (
     DEFAULT_STATE_KEY,
@@ -74,7 +74,7 @@ from ..adapters.sessions import (
 )
 from ..adapters.tiktoken import TiktokenTokenizer
 from ..adapters.user_summaries import UserTurnAnchoredSummarizationCompactionStrategy
-from ..core.composition import OverflowPolicy
+from ..core.composition import OverflowPolicy, SummaryRequest
 from .args import install_hint, positive_int, program_name
 from .client import SimulatedChatClient, scenario_tools
 from .model import ModelOptions, ScriptedModel
@@ -163,11 +163,16 @@ def make_builder(
     summarizer: Any,
     *,
     overflow_policy: OverflowPolicy = "shed",
+    record_request: RecordRequest = "pinned",
+    summary_request: SummaryRequest = "summarizer",
 ) -> Callable[[], CompactionStack]:
     """The README's ``build_compaction`` for ``kind`` (the record half alone, or the composition).
 
     The one definition of that builder for the bench and the tests (the README's own text is
-    pasted as is only where a test checks the README).
+    pasted as is only where a test checks the README). The README asks records
+    (``record_request``) and the composition's summaries (``summary_request``) over the cached
+    prefix; the defaults are the earlier shapes (pinned records, summaries to the summarizer),
+    which the session bench and the session tests were measured and written with.
     """
 
     def build() -> CompactionStack:
@@ -185,7 +190,11 @@ def make_builder(
                 remembered_requests=2,
             )
             strategy = ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
-                tokenizer=tokenizer, tool_results=records, user_turns=users, overflow_policy=overflow_policy
+                tokenizer=tokenizer,
+                tool_results=records,
+                user_turns=users,
+                overflow_policy=overflow_policy,
+                summary_request=summary_request,
             )
         gate = RecallGate()
         recall = ToolResultRecallMiddleware(
@@ -195,6 +204,7 @@ def make_builder(
             disarm=gate.disarm,
             trigger_fraction=records.trigger_fraction,
             reforce=records.take_reforce,
+            record_request=record_request,
         )
         return CompactionStack(strategy, gate, recall)
 
