@@ -1,0 +1,893 @@
+"""The composition's user-turn summaries asked over the cached prefix, proven with the framework's own parts.
+
+With ``ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(..., summary_request="cached_prefix")`` and
+the recall middleware installed (``record_request="cached_prefix"``), a summary of earlier user turns is not sent
+to the summarizer client: the pass sends the conversation's own request as the provider cached it (a prefix of
+the last request, cut between groups, at most its size) plus one user message, ``[compaction request] Do not
+continue the task. <prompt>`` followed by :data:`PREFIX_ITEMS_HEADING` and the turns named by their opening words,
+through the agent's chat client at its provider layer. The answer is judged like a summarizer answer (the same
+request identity, smaller than the turns it replaces) and must quote a value of the turns when they carry any;
+an ignored answer or a failure counts towards ``RecallState.ignored_instructions``, and two in a row send later
+summaries to the summarizer client. A pass that runs before any request went through the recall middleware (a
+``CompactionProvider`` compacting a loaded session before the run), or without the middleware, has no head to repeat:
+the summarizer client answers. Inside a request the middleware already holds the caller's head, so even the first
+request's summary goes over the prompt as it stands (cut to the fallback's share of the budget).
+
+The parts are the ones ``tests/test_cached_prefix.py`` uses (imported from it): ``create_harness_agent`` (todo,
+mode, file memory and web search off) over the framework's client layers (function invocation, chat middleware,
+telemetry over ``BaseChatClient``) with a scripted provider call that records every request as it arrives, the
+README's recall wiring, sessions, and snapshots through JSON. The scripted model here (:class:`Model`) also answers
+summary instructions: faithfully (the values of the turns the instruction names, found by their opening words:
+exactly what the summarizer client answers for the same turns), or in one of the ways a model ignores it.
+
+Two conversations are played. In the first, every turn is a question that carries a ticket and a date (distinctive
+values), a ``lookup`` call and a short answer: records and summaries are both asked over the cached prefix. In the
+second, every turn is a note with a ticket and a date and the model only acknowledges it: no tool runs, so the
+user half's summaries are the only requests over the cached prefix (the first note is long: the head anchor, never
+summarised, and the conversation's largest step, so the user half asks for room several turns before the prompt
+reaches the budget).
+
+Tests marked ``xfail(strict=True)`` are findings: their reasons say what was sent and what was expected.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+import pytest
+from agent_framework import (
+    Agent,
+    AgentSession,
+    ChatResponse,
+    CompactionProvider,
+    Content,
+    InMemoryHistoryProvider,
+    Message,
+    create_harness_agent,
+)
+from agent_framework._compaction import EXCLUDE_REASON_KEY, EXCLUDED_KEY
+
+from maf_compaction import (
+    CompactionBudgetExceeded,
+    CompactionStack,
+    RecallGate,
+    ToolResultAnchoredSummarizationCompactionStrategy,
+    ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy,
+    ToolResultRecallMiddleware,
+    UserTurnAnchoredSummarizationCompactionStrategy,
+    make_recall_tool,
+)
+from maf_compaction.adapters.convert import SUMMARIZED_BY_KEY, SUMMARY_KEY, SUMMARY_OF_KEY, is_summary
+from maf_compaction.core.composition import SummaryRequest
+from maf_compaction.core.effects import COMPACTION_REQUEST
+from maf_compaction.core.recall import RecallState
+from maf_compaction.core.records import RECORD_MARKER
+from maf_compaction.core.user_summaries import (
+    DEFAULT_PROMPT,
+    EXCLUDE_REASON,
+    OPENING_CHARACTERS,
+    PREFIX_ITEMS_HEADING,
+    USER_SUMMARY_MARKER,
+)
+from maf_compaction.core.values import distinctive_values
+from test_cached_prefix import (
+    BUDGET,
+    ESTIMATOR,
+    HARNESS_OFF,
+    SMALL_TALK,
+    TOKENIZER,
+    Capture,
+    Conversation,
+    Provider,
+    Script,
+    ScriptError,
+    Sent,
+    Summarizer,
+    agent_for,
+    content_of,
+    excluded,
+    make_lookup,
+    question,
+    render,
+    role_of,
+)
+
+#: Turns of the lookup conversation: two summaries are asked in it, each riding on a record's break.
+TURNS: Final = 10
+#: Turns of the note conversation: the user half asks for room from turn 11 on.
+NOTES: Final = 16
+#: How the shell words an answer that called a tool instead of answering (``adapters.aligned.answer_text``).
+CALL_MARK: Final = "[a call of"
+
+#: How the scripted model answers a summary instruction (see :class:`Model`).
+SummaryAnswer = Literal["faithful", "small_talk", "continue", "tool", "empty", "raise", "verbose"]
+IGNORING: Final[tuple[SummaryAnswer, ...]] = ("small_talk", "continue", "tool", "empty", "raise")
+
+_NAMED: Final = re.compile(r"^\d+\. \u00ab(.*)\u00bb$", re.MULTILINE)
+_NOTE: Final = re.compile(r"^note (\d+):")
+
+
+def fact_question(n: int) -> str:
+    """The lookup conversation's turn ``n``: the scripted question (``question n: ...``), with a ticket and a date."""
+    return f"{question(n)}Requirement: ticket TK-{n:02d}A{n:02d} must ship by 2025-04-{n + 10:02d}."
+
+
+def note(n: int) -> str:
+    """The note conversation's turn ``n``: a ticket and a date, then background (the first note is long)."""
+    return f"note {n}: keep ticket NT-{n:02d}C{n:02d} open until 2025-06-{n + 1:02d}; " + "background detail. " * (
+        120 if n == 0 else 12
+    )
+
+
+def values_of(texts: Sequence[str]) -> str:
+    """What a faithful summary of ``texts`` says: their distinctive values, in order (as :class:`Summarizer`)."""
+    return "Summary: " + " ".join(distinctive_values(" ".join(texts)))
+
+
+def named(instruction: str) -> list[str]:
+    """The opening words a summary instruction names its turns by, in order."""
+    return _NAMED.findall(instruction)
+
+
+def opening(text: str) -> str:
+    """How a turn is named: its first line, at most :data:`OPENING_CHARACTERS` characters."""
+    line = text.strip().splitlines()[0].strip()
+    return line[:OPENING_CHARACTERS].rstrip()
+
+
+def instruction_for(openings: Sequence[str]) -> str:
+    """The summary instruction that names ``openings`` (the user half's default prompt)."""
+    items = "\n".join(f"{k}. \u00ab{o}\u00bb" for k, o in enumerate(openings, start=1))
+    return f"{COMPACTION_REQUEST} Do not continue the task. {DEFAULT_PROMPT}\n\n{PREFIX_ITEMS_HEADING}\n{items}"
+
+
+@dataclass(frozen=True)
+class Model(Script):
+    """:class:`Script`, which also answers a summary instruction and acknowledges notes.
+
+    ``summary_answer``: ``"faithful"`` finds the user messages the instruction names (by their opening words) and
+    answers their values, as :class:`Summarizer` does for the same turns; ``"small_talk"`` answers without them;
+    ``"continue"`` answers as if the instruction were not there (the bench's ``ignore_instruction``); ``"tool"``
+    calls ``lookup``; ``"empty"`` answers nothing; ``"raise"`` fails; ``"verbose"`` quotes the values and pads them
+    past the size of the turns. A note is acknowledged (``noted <n>``), pinned or not.
+    """
+
+    summary_answer: SummaryAnswer = "faithful"
+
+    def answer(self, messages: Sequence[Message], *, pinned: bool) -> list[Content]:
+        last = messages[-1]
+        if last.role == "user" and asks_summary_text(last.text or ""):
+            return self._summary(messages)
+        found = _NOTE.match(last.text or "") if last.role == "user" else None
+        if found:
+            return [Content.from_text(f"noted {found.group(1)}")]
+        return super().answer(messages, pinned=pinned)
+
+    def _summary(self, messages: Sequence[Message]) -> list[Content]:
+        mode = self.summary_answer
+        if mode == "raise":
+            raise ScriptError("the summary request failed at the provider")
+        if mode == "small_talk":
+            return [Content.from_text(SMALL_TALK)]
+        if mode == "continue":
+            return self.answer(messages[:-1], pinned=False)
+        if mode == "tool":
+            return [Content.from_function_call("stray_summary", "lookup", arguments={"n": 77})]
+        if mode == "empty":
+            return [Content.from_text("")]
+        openings = named(messages[-1].text or "")
+        items = [m.text or "" for m in messages[:-1] if m.role == "user" and any(o in (m.text or "") for o in openings)]
+        text = values_of(items)
+        if mode == "verbose":
+            text += " " + " ".join(f"(restated: {item})" for item in items)
+        return [Content.from_text(text)]
+
+
+def asks_summary_text(text: str) -> bool:
+    """``text`` is a summary instruction sent over the cached prefix."""
+    return text.startswith(COMPACTION_REQUEST) and PREFIX_ITEMS_HEADING in text
+
+
+def asks_summary(sent: Sent) -> bool:
+    """The request ends with a summary instruction."""
+    return bool(sent.texts) and asks_summary_text(sent.texts[-1])
+
+
+def over_prefix(sent: Sent) -> bool:
+    """The request was sent over the cached prefix (a record or a summary instruction at its end)."""
+    return sent.asks_record or asks_summary(sent)
+
+
+def summary_asks(sent: Sequence[Sent]) -> list[int]:
+    """0-based indices of the requests that asked for a summary over the cached prefix."""
+    return [i for i, s in enumerate(sent) if asks_summary(s)]
+
+
+def canonical(sent: Sequence[Sent]) -> list[tuple[str, ...]]:
+    return [s.canonical for s in sent]
+
+
+# --- wiring ---------------------------------------------------------------------------------------------------
+
+
+def build(summary_request: SummaryRequest, summarizer: Summarizer) -> CompactionStack:
+    """The README's "Both halves" wiring on the test budget: both halves, the gate, the recall middleware."""
+    records = ToolResultAnchoredSummarizationCompactionStrategy(
+        max_input_tokens=BUDGET, tokenizer=TOKENIZER, keep_head_groups=1, keep_tail_groups=1
+    )
+    users = UserTurnAnchoredSummarizationCompactionStrategy(
+        max_input_tokens=BUDGET,
+        tokenizer=TOKENIZER,
+        client=summarizer,
+        summary_mode="boundary",
+        remembered_requests=2,
+    )
+    strategy = ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
+        tokenizer=TOKENIZER, tool_results=records, user_turns=users, summary_request=summary_request
+    )
+    gate = RecallGate()
+    recall = ToolResultRecallMiddleware(
+        max_input_tokens=BUDGET,
+        tokenizer=TOKENIZER,
+        arm=gate.arm,
+        disarm=gate.disarm,
+        trigger_fraction=records.trigger_fraction,
+        reforce=records.take_reforce,
+        record_request="cached_prefix",
+    )
+    return CompactionStack(strategy, gate, recall)
+
+
+def composition(stack: CompactionStack) -> ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy:
+    strategy = stack.strategy
+    assert isinstance(strategy, ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy)
+    return strategy
+
+
+@dataclass
+class Talk(Conversation):
+    """A conversation of :func:`fact_question` (or :func:`note`) turns, with the user half's summarizer client."""
+
+    summarizer: Summarizer = field(default_factory=Summarizer)
+    words: Callable[[int], str] = fact_question
+    summary_request: SummaryRequest = "cached_prefix"
+
+    async def turn(self, n: int, *, stream: bool = False) -> None:
+        if stream:
+            run = self.agent.run(self.words(n), session=self.session, stream=True)
+            async for _ in run:
+                pass
+            response = await run.get_final_response()
+        else:
+            response = await self.agent.run(self.words(n), session=self.session)
+        self.replies.append(response.text)
+        included = [m for m in self.stored() if not excluded(m)]
+        self.turn_ends.append((len(self.sent), [render(m) for m in included], [m.message_id for m in included]))
+
+    async def play(self, turns: range, *, stream: bool = False) -> Talk:
+        await super().play(turns, stream=stream)
+        return self
+
+    @property
+    def strategy(self) -> ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy:
+        return composition(self.stack)
+
+
+def talk(
+    summary_request: SummaryRequest = "cached_prefix",
+    *,
+    model: Model | None = None,
+    words: Callable[[int], str] = fact_question,
+    middleware: bool = True,
+    summarizer: Summarizer | None = None,
+) -> Talk:
+    """A conversation through ``create_harness_agent``; without ``middleware`` neither the recall middleware nor the
+    recall tool is installed."""
+    client = Provider(model or Model())
+    summarizer = summarizer if summarizer is not None else Summarizer()
+    stack = build(summary_request, summarizer)
+    invoked: list[int] = []
+    if middleware:
+        agent = agent_for(client, stack, invoked, HARNESS_OFF)
+    else:
+        agent = create_harness_agent(
+            client,
+            agent_instructions="Answer from the lookups.",
+            tools=[make_lookup(invoked)],
+            before_compaction_strategy=stack.strategy,
+            after_compaction_strategy=stack.strategy,
+            tokenizer=TOKENIZER,
+            disable_web_search=True,
+            disable_file_memory=True,
+            **HARNESS_OFF,
+        )
+    session = agent.create_session()
+    return Talk(
+        client, stack, agent, session, invoked, summarizer=summarizer, words=words, summary_request=summary_request
+    )
+
+
+def restored(old: Talk) -> Talk:
+    """A fresh replica of ``old``: new provider, summarizer, stack and agent; session and stack state through JSON."""
+    client = Provider(old.client.script)
+    summarizer = Summarizer()
+    data = json.loads(json.dumps(old.stack.to_dict()))
+    session = AgentSession.from_dict(json.loads(json.dumps(old.session.to_dict())))
+    stack = build(old.summary_request, summarizer).from_dict(data)
+    invoked: list[int] = []
+    agent = agent_for(client, stack, invoked, HARNESS_OFF)
+    return Talk(
+        client,
+        stack,
+        agent,
+        session,
+        invoked,
+        summarizer=summarizer,
+        words=old.words,
+        summary_request=old.summary_request,
+    )
+
+
+_PLAYED: dict[tuple[object, ...], Talk] = {}
+
+
+async def played(
+    summary_request: SummaryRequest = "cached_prefix",
+    *,
+    stream: bool = False,
+    answer: SummaryAnswer = "faithful",
+    words: Callable[[int], str] = fact_question,
+    turns: int = TURNS,
+) -> Talk:
+    """A conversation played once per test session (runs are deterministic)."""
+    key = (summary_request, stream, answer, words, turns)
+    if key not in _PLAYED:
+        run = talk(summary_request, model=Model(summary_answer=answer), words=words)
+        _PLAYED[key] = await run.play(range(turns), stream=stream)
+    return _PLAYED[key]
+
+
+def stored_form(run: Conversation) -> list[tuple[object, ...]]:
+    """Stored history as compaction left it: every message (content ids aside), its id, exclusion and links."""
+    keys = (EXCLUDED_KEY, EXCLUDE_REASON_KEY, SUMMARIZED_BY_KEY, SUMMARY_KEY, SUMMARY_OF_KEY)
+    return [
+        (render(m, ids=False), m.message_id, *(json.dumps(m.additional_properties.get(k)) for k in keys))
+        for m in run.stored()
+    ]
+
+
+def facts_kept(run: Talk, turns: range) -> list[str]:
+    """Values of the turns played that no included stored message carries (a turn or a summary)."""
+    included = "\n".join(m.text or "" for m in run.stored() if not excluded(m))
+    return [v for n in turns for v in distinctive_values(run.words(n)) if v not in included]
+
+
+def last_request_before(sent: Sequence[Sent], i: int) -> Sent:
+    """The conversation's last request before request ``i`` (requests over the cached prefix aside)."""
+    return sent[max(j for j in range(i) if not over_prefix(sent[j]))]
+
+
+def _group_at(prompt: Sequence[str], k: int) -> list[str]:
+    """The group starting at ``prompt[k]``: a tool call and the results after it, or one message."""
+    end = k + 1
+    if any(c["type"] == "function_call" for c in content_of(prompt[k])):
+        while end < len(prompt) and role_of(prompt[end]) == "tool":
+            end += 1
+    return list(prompt[k:end])
+
+
+@pytest.fixture
+def warnings_seen() -> Iterator[list[str]]:
+    handler = Capture()
+    logger = logging.getLogger("maf_compaction")
+    logger.addHandler(handler)
+    yield handler.messages
+    logger.removeHandler(handler)
+
+
+# --- 1. summaries over the cached prefix: the request, the answer, history ----------------------------------------
+
+
+def check_summary_requests(run: Talk) -> list[int]:
+    """Each summary request is a prefix of the conversation's last request (cut between groups, at most its size,
+    within the budget) plus exactly one instruction naming the summarised turns; the last request's head; sent whole.
+    Returns the summary requests' indices."""
+    sent = run.sent
+    asks = summary_asks(sent)
+    measure = ESTIMATOR.parts.measure
+    for i in asks:
+        ask = sent[i]
+        last = last_request_before(sent, i)
+        own = ask.messages[:-1]
+        # The conversation's request as the provider cached it: a prefix of the last request, cut between groups.
+        assert own, f"request {ask.number} sends nothing before the instruction"
+        assert len(own) <= len(last.messages)
+        assert list(own) == list(last.messages[: len(own)]), (
+            f"request {ask.number} is no prefix of request {last.number}"
+        )
+        assert not [c for c in content_of(own[-1]) if c["type"] == "function_call"], "the cut follows a call"
+        sends = ask.size - ask.tokens[-1]
+        assert sends <= last.size, f"request {ask.number} sends {sends} tokens, request {last.number} {last.size}"
+        assert ask.size <= BUDGET, f"request {ask.number} is {ask.size} tokens, over the {BUDGET}-token budget"
+        if len(own) < len(last.messages):
+            assert role_of(last.messages[len(own)]) != "tool", "the cut separates a call from its result"
+            # The longest such prefix: the group the cut leaves out would pass what the request may send.
+            # What the pass lets it send (``RecordConfig.prefix_tokens``): the last request's size, and the budget
+            # less the instruction as the pass estimates it before writing it (the prompt, the openings, a margin).
+            estimate = measure(DEFAULT_PROMPT) + sum(measure(o) for o in named(ask.texts[-1])) + 64
+            limit = min(BUDGET - estimate, last.size)
+            left_out = _group_at(last.messages, len(own))
+            assert sends + sum(last.tokens[len(own) : len(own) + len(left_out)]) > limit, (
+                f"request {ask.number} leaves out a group that fits"
+            )
+        # Exactly one instruction, a plain user message at the end, naming each turn by its opening words.
+        assert sum(t.startswith(COMPACTION_REQUEST) for t in ask.texts) == 1
+        assert role_of(ask.messages[-1]) == "user"
+        openings = named(ask.texts[-1])
+        assert openings, f"request {ask.number} names no turn"
+        assert content_of(ask.messages[-1]) == [
+            {"type": "text", "text": instruction_for(openings), "additional_properties": {}}
+        ]
+        users = [t for t, m in zip(ask.texts[:-1], own, strict=True) if role_of(m) == "user"]
+        for o in openings:
+            assert [t for t in users if opening(t) == o] == [t for t in users if o in t], f"«{o}» is ambiguous"
+            assert [t for t in users if opening(t) == o], f"request {ask.number} names «{o}», which it does not send"
+        # The head of the conversation's last (unpinned) request, unchanged; sent whole.
+        assert not last.pinned
+        assert ask.options == last.options, f"request {ask.number} changed the head"
+        assert ask.options.get("instructions"), "the instructions did not reach the summary request"
+        assert ask.stream is False
+    return asks
+
+
+CELLS: Final = [False, True]
+
+
+@pytest.mark.parametrize("stream", CELLS, ids=["blocking", "stream"])
+async def test_summaries_are_asked_over_the_cached_prefix_and_the_summarizer_is_never_called(stream: bool) -> None:
+    run = await played(stream=stream)
+    asks = check_summary_requests(run)
+    assert len(asks) == 2, f"summary requests over the cached prefix at {asks}"
+    whole = [len(run.sent[i].messages) - 1 == len(last_request_before(run.sent, i).messages) for i in asks]
+    assert whole == [True, False], "expected the last request whole, then a cut of it (the rule's two cases)"
+    assert run.summarizer.calls == 0
+    assert run.strategy.user_turns.summarizer_calls == 0
+    assert run.strategy.user_turns.user_compactions == len(asks)
+    assert run.strategy.prefix_requests == sum(1 for s in run.sent if over_prefix(s))
+    assert run.strategy.failed_prefix_requests == 0
+    assert not [s.number for s in run.sent if s.pinned], "a request was pinned"
+    # Each rides on a record asked on the same pass, and that record (in the conversation's next request, not yet in
+    # the cached one) is not in the summary's view.
+    for i in asks:
+        assert run.sent[i - 1].asks_record, f"request {i + 1} does not follow a record request"
+        last, following = last_request_before(run.sent, i), run.sent[i + 1]
+        new = {r for r in following.ids if (r or "").startswith("compaction_record_")} - set(last.ids)
+        assert new, f"request {following.number} carries no new record"
+        assert not new & set(run.sent[i].ids), "the summary's view holds the record asked on its pass"
+        assert not [t for t in run.sent[i].texts if t.startswith(RECORD_MARKER) and t not in last.texts]
+    # No tool runs for a request over the cached prefix, and every question got its lookup.
+    assert run.invoked == list(range(TURNS))
+    assert run.replies == [f"done with item {n}" for n in range(TURNS)]
+    state = run.stack.tool_results.state_cell.value.recall
+    assert (state.ignored_instructions, state.prefix_disabled) == (0, False)
+    if stream:  # the same conversation as the blocking run (the framework renders a streamed call's arguments apart)
+        blocking = await played()
+        assert asks == summary_asks(blocking.sent)
+        assert [s.texts for s in run.sent] == [s.texts for s in blocking.sent]
+        assert run.client.answers == blocking.client.answers
+
+
+async def test_each_answer_enters_history_as_a_user_summary_linked_to_the_turns_it_replaces() -> None:
+    run = await played()
+    sent, stored = run.sent, run.stored()
+    asks = summary_asks(sent)
+    by_id = {m.message_id: m for m in stored}
+    summaries = [m for m in stored if is_summary(m)]
+    assert [m.text for m in summaries] == [f"{USER_SUMMARY_MARKER}\n{run.client.answers[i]}" for i in asks]
+    for summary, i in zip(summaries, asks, strict=True):
+        assert summary.role == "user"
+        replaced = summary.additional_properties[SUMMARY_OF_KEY]
+        turns = [by_id[r] for r in replaced]
+        assert [opening(t.text or "") for t in turns] == named(sent[i].texts[-1]), (
+            f"request {sent[i].number} does not name the turns its summary replaces"
+        )
+        assert run.client.answers[i] == values_of([t.text or "" for t in turns])
+        for t in turns:
+            assert t.role == "user"
+            assert excluded(t)
+            assert t.additional_properties.get(EXCLUDE_REASON_KEY) == EXCLUDE_REASON
+            assert t.additional_properties.get(SUMMARIZED_BY_KEY) == summary.message_id
+        assert stored.index(summary) + 1 == stored.index(turns[0]), "the summary does not stand where its turns began"
+    # The instruction and anything of its request never enter history; every fact of every turn stays.
+    for m in stored:
+        assert COMPACTION_REQUEST not in (m.text or "")
+        assert PREFIX_ITEMS_HEADING not in (m.text or "")
+    assert not facts_kept(run, range(TURNS))
+    # Each request of the conversation after a summary carries it, and none of the turns it replaced.
+    for summary, i in zip(summaries, asks, strict=True):
+        following = [s for s in sent[i + 1 :] if not over_prefix(s)]
+        gone = set(summary.additional_properties[SUMMARY_OF_KEY])
+        for later in following:
+            assert summary.text in later.texts
+            assert not gone & set(later.ids)
+
+
+async def test_the_summaries_and_the_conversation_are_those_of_the_summarizer_route() -> None:
+    """The same run with ``summary_request="summarizer"``: the same requests of the conversation, the same answers
+    under the same request identities, the same history, byte for byte (content ids aside); only who was asked
+    differs."""
+    prefix, summarizer = await played(), await played("summarizer")
+    assert summarizer.summarizer.calls == len(summary_asks(prefix.sent)) == 2
+    assert not summary_asks(summarizer.sent)
+    assert canonical([s for s in prefix.sent if not asks_summary(s)]) == canonical(summarizer.sent)
+    assert stored_form(prefix) == stored_form(summarizer)
+
+    def answers(run: Talk) -> list[tuple[object, ...]]:
+        state = run.strategy.decision_state().users
+        return [(a.identity, a.text, a.summary_id, a.sources, a.turns) for a in state.answers]
+
+    assert answers(prefix) == answers(summarizer)
+    assert [a[1] for a in answers(prefix)] == [prefix.client.answers[i] for i in summary_asks(prefix.sent)]
+    assert prefix.strategy.user_turns.user_compactions == summarizer.strategy.user_turns.user_compactions
+
+
+class VerboseSummarizer(Summarizer):
+    """A summarizer client that answers as :class:`Model` does with ``summary_answer="verbose"``."""
+
+    def _inner_get_response(
+        self, *, messages: Sequence[Message], stream: bool, options: Mapping[str, Any], **kwargs: Any
+    ) -> Awaitable[ChatResponse]:
+        self.calls += 1
+        lines = (messages[-1].text or "").splitlines()
+        items = [line.split(". ", 1)[1] for line in lines if re.match(r"^\d+\. ", line)]
+        text = values_of(items) + " " + " ".join(f"(restated: {item})" for item in items)
+
+        async def answer() -> ChatResponse:
+            return ChatResponse(messages=[Message("assistant", [Content.from_text(text)])])
+
+        return answer()
+
+
+async def test_an_answer_larger_than_its_turns_is_refused_as_a_summarizer_answer_would_be() -> None:
+    """The answer quotes the values (it followed the instruction) but is not smaller than the turns: refused and
+    remembered (never asked for again), the route stays on; the summarizer route with a summarizer that answers
+    alike sends the same conversation and keeps the same history."""
+    run = await talk(model=Model(summary_answer="verbose")).play(range(TURNS))
+    other = await talk("summarizer", summarizer=VerboseSummarizer()).play(range(TURNS))
+    asks = summary_asks(run.sent)
+    assert len(asks) == other.summarizer.calls == 2
+    assert not [m for m in run.stored() if is_summary(m)]
+    assert run.strategy.user_turns.user_compactions == 0
+    answers = run.strategy.decision_state().users.answers
+    assert [a.text for a in answers] == [run.client.answers[i] for i in asks], "a refusal was not remembered"
+    instructions = [run.sent[i].texts[-1] for i in asks]
+    assert len(set(instructions)) == len(instructions), "a refused summary was asked for again"
+    state = run.stack.tool_results.state_cell.value.recall
+    assert (state.ignored_instructions, state.prefix_disabled) == (0, False)
+    assert run.summarizer.calls == 0
+    assert not facts_kept(run, range(TURNS))
+    assert canonical([s for s in run.sent if not asks_summary(s)]) == canonical(other.sent)
+    assert stored_form(run) == stored_form(other)
+    assert answers == other.strategy.decision_state().users.answers
+
+
+# --- 2. no request seen: the summarizer client ------------------------------------------------------------------
+
+
+async def test_without_the_recall_middleware_summaries_go_to_the_summarizer() -> None:
+    """No middleware saw a request, so there is no head to repeat: every summary goes to the summarizer client, and
+    the conversation is the one the cached-prefix route sends."""
+    run = await talk(words=note, middleware=False).play(range(NOTES))
+    reference = await played(words=note, turns=NOTES)
+    assert not [s for s in run.sent if over_prefix(s)]
+    assert run.strategy.prefix_requests == 0
+    assert run.summarizer.calls == run.strategy.user_turns.user_compactions >= 1
+    # The same messages in every request (the head differs only by the recall tool, not installed here).
+    others = [s for s in reference.sent if not asks_summary(s)]
+    assert [s.canonical[:-1] for s in run.sent] == [s.canonical[:-1] for s in others]
+    assert [m.text for m in run.stored() if is_summary(m)] == [m.text for m in reference.stored() if is_summary(m)]
+    assert not facts_kept(run, range(NOTES))
+
+
+def long_note(n: int) -> str:
+    """A note of a conversation a host loads into a new session (twelve of them pass the budget)."""
+    return note(n) + "more background. " * 18
+
+
+def loaded_notes() -> list[Message]:
+    """Twelve long notes and their acknowledgements, as a host loads them into a session before its first run."""
+    return [m for n in range(12) for m in (Message("user", [long_note(n)]), Message("assistant", [f"noted {n}"]))]
+
+
+class RecordingSummarizer(Summarizer):
+    """:class:`Summarizer`, which also keeps the transcript of every request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.transcripts: list[str] = []
+
+    def _inner_get_response(
+        self, *, messages: Sequence[Message], stream: bool, options: Mapping[str, Any], **kwargs: Any
+    ) -> Awaitable[ChatResponse]:
+        self.transcripts.append(messages[-1].text or "")
+        return super()._inner_get_response(messages=messages, stream=stream, options=options, **kwargs)
+
+
+def transcript_openings(transcript: str) -> list[str]:
+    """The turns a summarizer transcript numbers, by their opening words."""
+    return [opening(line.split(". ", 1)[1]) for line in transcript.splitlines() if re.match(r"^\d+\. ", line)]
+
+
+async def test_a_pass_before_any_request_asks_the_summarizer_then_summaries_go_over_the_prefix() -> None:
+    """An ``Agent`` whose ``CompactionProvider`` compacts the loaded history before the run, so before any request
+    went out through the recall middleware, over a session that already holds twelve long notes: there is no head to
+    repeat, and that summary goes to the summarizer client (the same summary the harness asks over the prompt inside
+    the first request: see the next test). Once requests were seen, the next summary goes over the cached prefix."""
+    client = Provider(Model())
+    summarizer = RecordingSummarizer()
+    stack = build("cached_prefix", summarizer)
+    history = InMemoryHistoryProvider()
+    compaction = CompactionProvider(
+        before_strategy=stack.strategy,
+        after_strategy=stack.strategy,
+        tokenizer=TOKENIZER,
+        history_source_id=history.source_id,
+    )
+    invoked: list[int] = []
+    agent = Agent(
+        client,
+        instructions="Answer from the lookups.",
+        tools=[make_lookup(invoked), make_recall_tool(stack.gate)],
+        middleware=[stack.recall],
+        context_providers=[history, compaction],
+    )
+    session = agent.create_session()
+    session.state[history.source_id] = {"messages": loaded_notes()}
+    run = Talk(client, stack, agent, session, invoked, summarizer=summarizer, words=long_note)
+    assert stack.tool_results.state_cell.value.recall.seen is None
+    await run.turn(12)
+    assert summarizer.calls == 1, "the summary of the loaded turns did not go to the summarizer"
+    assert not [s for s in run.sent if over_prefix(s)]
+    assert run.strategy.prefix_requests == 0
+    (summary,) = [m for m in run.stored() if is_summary(m)]
+    assert summary.text == f"{USER_SUMMARY_MARKER}\n{values_of([long_note(n) for n in range(1, 6)])}"
+    assert summary.text in run.sent[0].texts, "the first request lacks the summary"
+    inside = await asked_inside_the_first_request()
+    assert transcript_openings(summarizer.transcripts[0]) == named(inside.sent[0].texts[-1]), (
+        "the pass before the run and the pass inside the first request ask different summaries"
+    )
+    await run.play(range(13, 18))
+    asks = summary_asks(run.sent)
+    assert asks, "no summary went over the cached prefix once requests were seen"
+    assert summarizer.calls == 1
+    check_summary_requests(run)
+    assert invoked == []
+    assert not facts_kept(run, range(18))
+
+
+async def asked_inside_the_first_request() -> Talk:
+    """The loaded notes in ``create_harness_agent``'s session, and the first turn after them."""
+    run = talk(words=long_note)
+    run.session.state["in_memory"] = {"messages": loaded_notes()}
+    return await run.play(range(12, 13))
+
+
+async def test_inside_the_first_request_the_summary_goes_over_the_prompt_with_the_callers_head() -> None:
+    """The harness compacts inside the request, after the recall middleware took the caller's head on the way in:
+    before any request was seen sent, the summary is asked over the prompt as it stands with that head, cut between
+    groups to the fallback's share of the budget (``RecordConfig.prefix_tokens`` without a request seen), and the
+    summarizer client is not called."""
+    run = await asked_inside_the_first_request()
+    sent = run.sent
+    assert summary_asks(sent) == [0]
+    ask, first = sent[0], sent[1]
+    assert run.summarizer.calls == 0
+    own = ask.texts[:-1]
+    loaded = [m.text for m in loaded_notes()]
+    assert list(own) == loaded[: len(own)], "the summary request is no prefix of the loaded conversation"
+    assert len(own) < len(loaded)
+    measure = ESTIMATOR.parts.measure
+    estimate = measure(DEFAULT_PROMPT) + sum(measure(o) for o in named(ask.texts[-1])) + 64
+    limit = run.stack.tool_results.config.prefix_tokens(RecallState(), estimate)
+    assert limit == int(BUDGET * 0.9) - estimate
+    sends = ask.size - ask.tokens[-1]
+    assert sends <= limit < sends + ESTIMATOR.count_message_tokens(loaded_notes()[len(own)])
+    assert ask.options == first.options, "the summary request does not carry the caller's head"
+    assert ask.texts[-1] == instruction_for([opening(long_note(n)) for n in range(1, 6)])
+    (summary,) = [m for m in run.stored() if is_summary(m)]
+    assert summary.text == f"{USER_SUMMARY_MARKER}\n{run.client.answers[0]}"
+    assert summary.text in first.texts
+
+
+# --- 3. a model that ignores the instruction ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("answer", IGNORING)
+async def test_after_two_ignored_instructions_summaries_go_to_the_summarizer(
+    answer: SummaryAnswer, warnings_seen: list[str]
+) -> None:
+    """Small talk, the task continued, a tool call, nothing, or a failed request: no summary, nothing of the answer
+    in history, no tool run; the second such answer in a row gives the route up, and the next summary goes to the
+    summarizer client, whose answer becomes the summary. Every fact stays."""
+    run = await talk(model=Model(summary_answer=answer), words=note).play(range(NOTES))
+    faithful = await played(words=note, turns=NOTES)
+    sent, stored = run.sent, run.stored()
+    asks = summary_asks(sent)
+    assert len(asks) == 2, f"summary requests over the cached prefix at {asks}"
+    assert asks[0] == summary_asks(faithful.sent)[0], "the first summary was not asked where the faithful run asks"
+    check_summary_requests(run)
+    state = run.stack.tool_results.state_cell.value.recall
+    assert (state.ignored_instructions, state.prefix_disabled) == (2, True)
+    assert run.strategy.prefix_requests == 2
+    assert run.strategy.failed_prefix_requests == (2 if answer in ("raise", "empty") else 0)
+    assert run.summarizer.calls >= 1, "no summary went to the summarizer client after the route was given up"
+    summaries = [m for m in stored if is_summary(m)]
+    assert summaries, "the summarizer's answer did not become a summary"
+    assert all(m.text.startswith(f"{USER_SUMMARY_MARKER}\nSummary: ") for m in summaries)
+    assert not summary_asks(sent[asks[1] + 1 :]), "a summary was asked over the cached prefix after the route was off"
+    # Nothing of the ignored answers or their requests enters history, and no tool ran.
+    text = "\n".join(render(m) for m in stored)
+    for left_out in (SMALL_TALK, CALL_MARK, "stray_summary", COMPACTION_REQUEST, PREFIX_ITEMS_HEADING):
+        assert left_out not in text
+    assert run.invoked == []
+    assert run.replies == [f"noted {n}" for n in range(NOTES)]
+    assert not facts_kept(run, range(NOTES))
+    if answer == "raise":
+        failed = [w for w in warnings_seen if "asked for a summary over the cached prefix and the request failed" in w]
+        assert len(failed) == 2
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "Finding: the ignored-instruction streak is shared with records. In the lookup conversation (16 turns) the "
+        "model answers every summary instruction with small talk and every record instruction faithfully: the summary "
+        "requests 9, 20, 29, 36 and 39 are all ignored, but a record asked between each two of them (requests 17, 19, "
+        "26, 28, 33, 35, 38) is followed and resets RecallState.ignored_instructions to 0, so prefix_disabled is never "
+        "set: three summaries are asked over the cached prefix after the second ignored one, and none of the "
+        "conversation's summaries goes to the summarizer client on that account."
+    ),
+)
+async def test_two_ignored_summary_instructions_give_the_route_up_even_between_followed_records() -> None:
+    run = await played(answer="small_talk", turns=16)
+    asks = summary_asks(run.sent)
+    assert len(asks) >= 2
+    assert not summary_asks(run.sent[asks[1] + 1 :]), (
+        f"summaries asked over the cached prefix after two ignored ones: requests {[i + 1 for i in asks]}"
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=CompactionBudgetExceeded,
+    reason=(
+        "Bug: an ignored answer that gives the route up leaves the summary as a failure standing until the next user "
+        "turn, so the summarizer client is not asked on that pass. Note conversation with notes of equal size, every "
+        "summary instruction answered with small talk: request 12 (turn 11) is ignored; at turn 12 the prompt is 2,129 "
+        "tokens, over the 2,000-token budget, the same summary is asked over the cached prefix again (request 14), "
+        "ignored, prefix_disabled is set, and the pass raises CompactionBudgetExceeded ('the prompt is 2129 tokens "
+        "after every step') with 0 summarizer calls, though the summarizer client would have answered."
+    ),
+)
+async def test_the_answer_that_gives_the_route_up_leaves_the_summary_to_the_summarizer_on_the_same_pass() -> None:
+    def even(n: int) -> str:
+        return f"note {n}: keep ticket NT-{n:02d}C{n:02d} open until 2025-06-{n + 1:02d}; " + "background detail. " * 30
+
+    run = talk(model=Model(summary_answer="small_talk"), words=even)
+    await run.play(range(NOTES))
+    assert run.summarizer.calls >= 1
+    assert not facts_kept(run, range(NOTES))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "Bug: an answer that calls a tool is taken for a summary of turns without distinctive values. Lookup "
+        "conversation with the scripted questions (no values), the model answers the summary instruction with a "
+        "lookup call: answer_text turns it into '[a call of lookup]', user_summaries.follows accepts any text for "
+        "turns without values, and the stored summaries user_summary_0 and user_summary_1 read '[earlier turns in "
+        "this conversation, compacted]\\n[a call of lookup]', replacing questions 1 to 7 (excluded) in every later "
+        "request. answer_text's own docstring calls such an answer a model that went on with the task."
+    ),
+)
+async def test_a_tool_call_is_never_taken_for_a_summary() -> None:
+    run = await talk(model=Model(summary_answer="tool"), words=question).play(range(TURNS))
+    assert summary_asks(run.sent), "no summary was asked"
+    summaries = [m.text for m in run.stored() if is_summary(m)]
+    assert not [s for s in summaries if CALL_MARK in s], f"tool calls became summaries: {summaries}"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "Bug (record route, seen in a run with summaries over the cached prefix): when the prefix cut to the last "
+        "request's size shows no unrecorded result (the only one is the newest lookup, which the cut leaves out), "
+        "ask_over_standing asks nothing and the record is asked at the pass's end over the whole output, uncut. Lookup "
+        "conversation, summaries answered with small talk, turn 14's first request: the last request (41, 1,915 "
+        "tokens) does not fit the budget with the 231-token instruction, the cut to 1,769 leaves out lookup 13, the "
+        "only unrecorded group, and request 42 (a record request) then sends 1,979 tokens besides the instruction, "
+        "2,210 in all: over the 2,000-token budget and more than request 41 sent (it sends what arrived since: turn "
+        "13's answer and question 14)."
+    ),
+)
+async def test_every_request_over_the_cached_prefix_repeats_at_most_the_last_request_and_fits_the_budget() -> None:
+    run = await played(answer="small_talk", turns=16)
+    for i, ask in enumerate(run.sent):
+        if over_prefix(ask):
+            last = last_request_before(run.sent, i)
+            sends = ask.size - ask.tokens[-1]
+            assert sends <= last.size, f"request {ask.number} sends {sends} tokens, request {last.number} {last.size}"
+            assert ask.size <= BUDGET, f"request {ask.number} is {ask.size} tokens"
+
+
+# --- 4. parameters ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["bogus", "", "Cached_Prefix", "pinned", None, 1])
+def test_summary_request_is_validated(value: Any) -> None:
+    records = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=BUDGET, tokenizer=TOKENIZER)
+    users = UserTurnAnchoredSummarizationCompactionStrategy(
+        max_input_tokens=BUDGET,
+        tokenizer=TOKENIZER,
+        client=Summarizer(),
+        summary_mode="boundary",
+        remembered_requests=2,
+    )
+    with pytest.raises(ValueError, match="summary_request") as raised:
+        ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
+            tokenizer=TOKENIZER, tool_results=records, user_turns=users, summary_request=value
+        )
+    message = str(raised.value)
+    assert "summarizer" in message
+    assert "cached_prefix" in message
+    assert repr(value) in message
+    for allowed in ("summarizer", "cached_prefix"):
+        made = ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
+            tokenizer=TOKENIZER, tool_results=records, user_turns=users, summary_request=allowed
+        )
+        assert made.summary_request == made.config.summary_request == allowed
+
+
+@pytest.mark.parametrize("value", ["bogus", "", "summarizer", None])
+def test_record_request_is_validated(value: Any) -> None:
+    gate = RecallGate()
+    with pytest.raises(ValueError, match="record_request") as raised:
+        ToolResultRecallMiddleware(
+            max_input_tokens=BUDGET, tokenizer=TOKENIZER, arm=gate.arm, disarm=gate.disarm, record_request=value
+        )
+    message = str(raised.value)
+    assert "pinned" in message
+    assert "cached_prefix" in message
+    assert repr(value) in message
+
+
+# --- 5. restores ---------------------------------------------------------------------------------------------------
+
+
+async def test_a_restored_session_continues_with_identical_requests_and_asks_no_summary_twice() -> None:
+    """At every turn boundary the session (``AgentSession.to_dict``) and the stack (``CompactionStack.to_dict``) go
+    through JSON to a fresh replica: its requests are the uninterrupted conversation's, byte for byte (content ids
+    aside), summaries over the cached prefix included, and no summary is asked again (of the model or the
+    summarizer client)."""
+    reference = await played()
+    for boundary in range(1, TURNS):
+        first = await talk().play(range(boundary))
+        assert canonical(first.sent) == canonical(reference.sent[: len(first.sent)])
+        second = await restored(first).play(range(boundary, TURNS))
+        rest = reference.sent[len(first.sent) :]
+        pairs = enumerate(zip(canonical(second.sent), canonical(rest), strict=False))
+        differs = next((k for k, (a, b) in pairs if a != b), None)
+        assert canonical(second.sent) == canonical(rest), (
+            f"restored after turn {boundary}: request {len(first.sent) + (differs or 0) + 1} differs"
+        )
+        asks = summary_asks(first.sent) + [len(first.sent) + i for i in summary_asks(second.sent)]
+        assert asks == summary_asks(reference.sent), f"restored after turn {boundary}: summaries asked at {asks}"
+        assert first.summarizer.calls == second.summarizer.calls == 0
+        assert stored_form(second) == stored_form(reference)
+        answers = second.strategy.decision_state().users.answers
+        assert len({a.identity for a in answers}) == len(answers)
