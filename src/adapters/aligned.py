@@ -21,7 +21,7 @@ from typing import Any, cast
 from agent_framework import BaseChatClient, ChatResponse, Message
 from agent_framework._sessions import is_local_history_conversation_id
 
-from ..core.effects import Aligned, Summarize
+from ..core.effects import CALLED_INSTEAD, Aligned, Summarize
 from ..core.records import RECALL_TOOL_NAME
 
 logger = logging.getLogger("maf_compaction")
@@ -125,7 +125,7 @@ def answer_text(response: ChatResponse) -> str | None:
     for message in response.messages:
         for content in message.contents:
             if content.type == "function_call" and content.name != RECALL_TOOL_NAME:
-                calls.append(f"[a call of {content.name}]")
+                calls.append(f"{CALLED_INSTEAD}{content.name}]")
             if content.type == "function_call" and content.name == RECALL_TOOL_NAME:
                 arguments: object = content.arguments
                 if isinstance(arguments, str):

@@ -58,6 +58,11 @@ ConfigT = TypeVar("ConfigT", bound=_Budgeted)
 NamedSets = OrderedDict[tuple[str, frozenset[str]], None]
 
 
+def _over_prefix(request: Request) -> bool:
+    """``request`` goes over the cached prefix (a record, or a summary that carries its view)."""
+    return isinstance(request, Aligned) or (isinstance(request, Summarize) and request.view is not None)
+
+
 def describe(before: History, messages: Sequence[Message], origin: int) -> str:
     """Name a message in a log line: its id, or a description that stays true when notes move it."""
     message = messages[origin]
@@ -126,12 +131,13 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
             before = self._open(messages)
             if before is None:
                 return False
-            fresh: set[str] = set()
+            fresh: set[tuple[str, bool]] = set()
             done = self._step(before)
             rounds = 0
             while isinstance(done, Needs):
                 rounds += 1
-                asked = {r.identity for r in done.requests}
+                # A request over the cached prefix and the same request to the summarizer are two attempts.
+                asked = {(r.identity, _over_prefix(r)) for r in done.requests}
                 # Every round must ask something new (identities are finite: media parts, then
                 # one summary), so the loop ends; asking again for an answer it has is a bug.
                 if asked <= fresh:
@@ -150,7 +156,7 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
                     # that cannot count an answer): keep them, so no request is sent twice.
                     self._write(absorbed)
                     raise
-            changed = self._finish(messages, before, done, fresh)
+            changed = self._finish(messages, before, done, {identity for identity, _ in fresh})
             return await self._after(messages, done, changed)
 
     def _run_sync(self, messages: list[Message], **options: object) -> bool:

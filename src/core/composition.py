@@ -61,7 +61,7 @@ from typing import Final, Literal, TypeAlias, cast
 
 from returns.result import Failure, Success
 
-from . import anchored, pipeline, recall, records, user_summaries
+from . import anchored, pipeline, records, user_summaries
 from .anchored import AnchoredConfig, Report
 from .checks import AtLeastZero, NonEmpty, validate
 from .effects import Aligned, Answer, Request, Summarize, answered, standing
@@ -455,7 +455,10 @@ def _over_prefix(
     request and what arrived since), cut between groups to fit the budget with the
     instruction; a request whose items it does not hold stays with the summarizer.
     """
-    if config.summary_request != "cached_prefix" or state.records.recall.prefix_disabled:
+    recall_state = state.records.recall
+    if config.summary_request != "cached_prefix" or recall_state.prefix_disabled:
+        return needs
+    if recall_state.summaries_prefix_disabled:
         return needs
     wanted = [r for r in needs.requests if isinstance(r, Summarize) and r.kind in ("summary", "fold")]
     # A record asked on this pass (it stands at the conversation's end) is not yet in the cached request.
@@ -609,8 +612,7 @@ def _shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.
 def _record_over_prefix(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
     """A record due on this request, asked over the cached prefix: the request is this pass's output
     (every standing decision replayed, so it repeats the last request) plus one instruction."""
-    del config, measure
-    asked = records.ask_aligned(seen.history, work.state.records, seen.history)
+    asked = records.ask_over_output(config.records, work.state.records, seen.history, measure)
     return Done(seen.history, work, None) if asked is None else Needs((asked,), work.input)
 
 
@@ -689,14 +691,12 @@ def absorb(state: CompositionState, answers: Sequence[tuple[Request, str | None]
         if isinstance(request, Aligned):
             continue
         text = given
-        if isinstance(request, Summarize) and request.view is not None:
-            # Asked over the cached prefix: an answer that ignored the instruction is no summary, and it
-            # counts towards giving the route up, as a failed request does.
-            followed = given is not None and user_summaries.follows(request, given)
-            record_state = replace(
-                record_state, recall=recall.judged_instruction(record_state.recall, followed=followed)
-            )
-            text = given if followed else None
+        ignored = given is None or (isinstance(request, Summarize) and not user_summaries.follows(request, given))
+        if isinstance(request, Summarize) and request.view is not None and ignored:
+            # Asked over the cached prefix: an answer that ignored the instruction is no summary. It is not
+            # kept (not even as a failure): the summaries go to the summarizer from now on, this one at once.
+            record_state = replace(record_state, recall=replace(record_state.recall, summaries_prefix_disabled=True))
+            continue
         if not isinstance(request, Summarize) or request.kind not in _CHAIN_KINDS:
             others.append((request, text))
             continue

@@ -91,6 +91,9 @@ class DescribeMedia:
 
 #: How every instruction a request over the cached prefix appends begins.
 COMPACTION_REQUEST: Final = "[compaction request]"
+#: How the shell reports an answer over the cached prefix that called a tool instead (``[a call of NAME]``):
+#: no record and no summary, whatever it is asked about.
+CALLED_INSTEAD: Final = "[a call of "
 
 
 @dataclass(frozen=True, slots=True)

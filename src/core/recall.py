@@ -122,9 +122,11 @@ class RecallState:
             Versions 1 and 2 had no such field.
         ignored_instructions: Consecutive answers to requests over the cached prefix that did
             not follow the instruction (no value of what they were asked about).
-        prefix_disabled: The model ignored two such instructions in a row: no more requests
-            over the cached prefix for this conversation (records are pinned again unless
-            pinning is disabled too; summaries go to the summarizer).
+        prefix_disabled: The model ignored two such instructions for records in a row: no more
+            requests over the cached prefix for this conversation (records are pinned again
+            unless pinning is disabled too; summaries go to the summarizer).
+        summaries_prefix_disabled: A summary asked over the cached prefix was ignored or failed:
+            summaries go to the summarizer from then on (the same request at once).
     """
 
     next_pin: PinKind | None = None
@@ -137,6 +139,7 @@ class RecallState:
     asking: PinKind | None = None
     ignored_instructions: Count = 0
     prefix_disabled: bool = False
+    summaries_prefix_disabled: bool = False
 
 
 def _v1(stored: Mapping[str, object]) -> Mapping[str, object]:
@@ -151,7 +154,12 @@ def _v2(stored: Mapping[str, object]) -> Mapping[str, object]:
 
 _RECALL_V1_FIELDS: Final = ("next_pin", "in_flight", "awaiting_record", "ignored_streak", "pin_disabled", "seen")
 #: What version 3 added, as an older state had it: nothing asked or judged over the cached prefix.
-_V3_DEFAULTS: Final = {"asking": None, "ignored_instructions": 0, "prefix_disabled": False}
+_V3_DEFAULTS: Final = {
+    "asking": None,
+    "ignored_instructions": 0,
+    "prefix_disabled": False,
+    "summaries_prefix_disabled": False,
+}
 RECALL_SCHEMA: Final = Schema("recall", 3, RecallState, older={1: _v1, 2: _v2})
 
 

@@ -428,7 +428,7 @@ def step(
         output, fallback_state, band = ran.history, ran.state, ran.memo
         overflow = report.fallback is Fallback.BEHIND_RECORD and sent_tokens(output) > config.max_input_tokens
         report = replace(report, fallback_report=ran.report, overflow=overflow)
-    asked = ask_aligned(output, state, output)
+    asked = ask_over_output(config, state, output, measure)
     if asked is not None:
         return Success(Needs((asked,), state))
     new_state = replace(state, decisions=passed.state, fallback=fallback_state)
@@ -566,6 +566,17 @@ def _standing(config: RecordConfig, state: RecordState, history: History, measur
     ran = step(unbounded(config), calm(state), history, measure)
     done = ran.unwrap() if isinstance(ran, Success) else None
     return done.history if isinstance(done, Done) else None
+
+
+def ask_over_output(config: RecordConfig, state: RecordState, output: History, measure: Measure) -> Aligned | None:
+    """A record still due at the pass's end, asked over its output cut to :meth:`RecordConfig.prefix_tokens`
+    (the prompt as it stands could show no result yet unrecorded within that size)."""
+    if state.recall.asking is None:
+        return None
+    fitting = fitting_prefix(
+        output, config.prefix_tokens(state.recall, measure(RECORD_INSTRUCTION) + MESSAGE_OVERHEAD_TOKENS)
+    )
+    return None if fitting is None else ask_aligned(fitting, state, output)
 
 
 def ask_aligned(view: History, state: RecordState, conversation: History) -> Aligned | None:

@@ -44,5 +44,6 @@ def settle(passed: RecordState, current: RecordState) -> RecordState:
         asking=None if mine.asking is None else theirs.asking,
         ignored_instructions=mine.ignored_instructions,
         prefix_disabled=mine.prefix_disabled or theirs.prefix_disabled,
+        summaries_prefix_disabled=mine.summaries_prefix_disabled or theirs.summaries_prefix_disabled,
     )
     return replace(passed, decisions=decisions, recall=recall)

@@ -50,6 +50,7 @@ from returns.result import Success
 from .checks import AtLeastOne, AtLeastZero, Floor, Fraction, NonEmpty, validate
 from .counting import MESSAGE_OVERHEAD_TOKENS
 from .effects import (
+    CALLED_INSTEAD,
     COMPACTION_REQUEST,
     DescribeMedia,
     Request,
@@ -551,6 +552,8 @@ def follows(request: Summarize, answer: str) -> bool:
     told apart from a reply about something else, so any text is taken for them (it is
     linked from the summary like any other, and what it replaces stays in stored history).
     """
+    if answer.lstrip().startswith(CALLED_INSTEAD):
+        return False  # the model called a tool instead
     values = distinctive_values(request.transcript)
     return bool(set(values) & word_set(answer)) if values else bool(answer.strip())
 
