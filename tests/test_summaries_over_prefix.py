@@ -6,12 +6,15 @@ to the summarizer client: the pass sends the conversation's own request as the p
 the last request, cut between groups, at most its size) plus one user message, ``[compaction request] Do not
 continue the task. <prompt>`` followed by :data:`PREFIX_ITEMS_HEADING` and the turns named by their opening words,
 through the agent's chat client at its provider layer. The answer is judged like a summarizer answer (the same
-request identity, smaller than the turns it replaces) and must quote a value of the turns when they carry any;
-an ignored answer or a failure counts towards ``RecallState.ignored_instructions``, and two in a row send later
-summaries to the summarizer client. A pass that runs before any request went through the recall middleware (a
-``CompactionProvider`` compacting a loaded session before the run), or without the middleware, has no head to repeat:
-the summarizer client answers. Inside a request the middleware already holds the caller's head, so even the first
-request's summary goes over the prompt as it stands (cut to the fallback's share of the budget).
+request identity, smaller than the turns it replaces) and must quote a value of the turns when they carry any (an
+answer that called a tool is never a summary). Summaries have their own verdict: one ignored answer or failure is
+not kept (not even as a failure) and sets ``RecallState.summaries_prefix_disabled``, the same summary goes to the
+summarizer client on the same pass and every later one follows it there, while records keep going over the cached
+prefix (their own streak, ``ignored_instructions`` and ``prefix_disabled``, is not touched). A pass that runs before
+any request went through the recall middleware (a ``CompactionProvider`` compacting a loaded session before the
+run), or without the middleware, has no head to repeat: the summarizer client answers. Inside a request the
+middleware already holds the caller's head, so even the first request's summary goes over the prompt as it stands
+(cut to the fallback's share of the budget).
 
 The parts are the ones ``tests/test_cached_prefix.py`` uses (imported from it): ``create_harness_agent`` (todo,
 mode, file memory and web search off) over the framework's client layers (function invocation, chat middleware,
@@ -26,8 +29,6 @@ second, every turn is a note with a ticket and a date and the model only acknowl
 user half's summaries are the only requests over the cached prefix (the first note is long: the head anchor, never
 summarised, and the conversation's largest step, so the user half asks for room several turns before the prompt
 reaches the budget).
-
-Tests marked ``xfail(strict=True)`` are findings: their reasons say what was sent and what was expected.
 """
 
 from __future__ import annotations
@@ -53,7 +54,6 @@ from agent_framework import (
 from agent_framework._compaction import EXCLUDE_REASON_KEY, EXCLUDED_KEY
 
 from maf_compaction import (
-    CompactionBudgetExceeded,
     CompactionStack,
     RecallGate,
     ToolResultAnchoredSummarizationCompactionStrategy,
@@ -84,6 +84,7 @@ from test_cached_prefix import (
     Capture,
     Conversation,
     Provider,
+    RecordAnswer,
     Script,
     ScriptError,
     Sent,
@@ -707,122 +708,191 @@ async def test_inside_the_first_request_the_summary_goes_over_the_prompt_with_th
 # --- 3. a model that ignores the instruction ---------------------------------------------------------------------
 
 
+# --- 3. a model that ignores the instruction ---------------------------------------------------------------------
+
+
+def summarizer_summaries(run: Talk) -> list[Message]:
+    """The stored summaries, each checked to be what the summarizer client answers for the turns it replaces."""
+    by_id = {m.message_id: m for m in run.stored()}
+    summaries = [m for m in run.stored() if is_summary(m)]
+    for summary in summaries:
+        turns = [by_id[r].text or "" for r in summary.additional_properties[SUMMARY_OF_KEY]]
+        assert summary.text == f"{USER_SUMMARY_MARKER}\n{values_of(turns)}".rstrip(), (
+            f"{summary.message_id} is not the summarizer's answer for its turns: {summary.text!r}"
+        )
+    return summaries
+
+
+def check_given_to_the_summarizer(run: Talk, ask: int) -> None:
+    """The summary asked over the cached prefix at request index ``ask`` was not kept: the same summary (the same
+    turns) went to the summarizer client on the same pass (its first call), and the conversation's request that
+    follows, in the same turn, carries the summarizer's answer."""
+    summarizer = run.summarizer
+    assert isinstance(summarizer, RecordingSummarizer)
+    openings = named(run.sent[ask].texts[-1])
+    assert summarizer.transcripts, "the summarizer client was not asked"
+    assert transcript_openings(summarizer.transcripts[0]) == openings, "the summarizer was asked another summary"
+    following = run.sent[ask + 1]
+    assert not over_prefix(following)
+    turn = next(k for k, (end, _, _) in enumerate(run.turn_ends) if ask < end)
+    assert ask + 1 < run.turn_ends[turn][0], "the summarizer's summary did not reach the same turn's next request"
+    by_id = {m.message_id: m for m in run.stored()}
+    (summary,) = [
+        m
+        for m in summarizer_summaries(run)
+        if [opening(by_id[r].text or "") for r in m.additional_properties[SUMMARY_OF_KEY]] == openings
+    ]
+    assert summary.text in following.texts, f"request {following.number} lacks the summarizer's summary"
+    assert not set(summary.additional_properties[SUMMARY_OF_KEY]) & set(following.ids)
+
+
+def check_ignored_answer_left_out(run: Talk) -> None:
+    """Nothing of an ignored answer or of its request entered history."""
+    text = "\n".join(render(m) for m in run.stored())
+    for left_out in (SMALL_TALK, CALL_MARK, "stray_summary", COMPACTION_REQUEST, PREFIX_ITEMS_HEADING):
+        assert left_out not in text, f"{left_out!r} entered history"
+
+
 @pytest.mark.parametrize("answer", IGNORING)
-async def test_after_two_ignored_instructions_summaries_go_to_the_summarizer(
+async def test_one_ignored_or_failed_summary_goes_to_the_summarizer_on_the_same_pass_and_so_do_all_later_ones(
     answer: SummaryAnswer, warnings_seen: list[str]
 ) -> None:
-    """Small talk, the task continued, a tool call, nothing, or a failed request: no summary, nothing of the answer
-    in history, no tool run; the second such answer in a row gives the route up, and the next summary goes to the
-    summarizer client, whose answer becomes the summary. Every fact stays."""
-    run = await talk(model=Model(summary_answer=answer), words=note).play(range(NOTES))
+    """Small talk, the task continued, a tool call, nothing, or a failed request, for the first summary asked over the
+    cached prefix: no summary is kept of it (not even a failure), ``summaries_prefix_disabled`` is set, and the same
+    summary goes to the summarizer client at once, whose answer enters history; every later summary goes there too.
+    The record route's own streak is untouched, no tool runs, and the conversation and its history are those of the
+    run whose model follows the instruction (whose answer is the summarizer's, byte for byte)."""
+    run = await talk(model=Model(summary_answer=answer), words=note, summarizer=RecordingSummarizer()).play(
+        range(NOTES)
+    )
     faithful = await played(words=note, turns=NOTES)
-    sent, stored = run.sent, run.stored()
+    sent = run.sent
     asks = summary_asks(sent)
-    assert len(asks) == 2, f"summary requests over the cached prefix at {asks}"
-    assert asks[0] == summary_asks(faithful.sent)[0], "the first summary was not asked where the faithful run asks"
+    assert asks == summary_asks(faithful.sent)[:1], f"summary requests over the cached prefix at {asks}"
     check_summary_requests(run)
+    check_given_to_the_summarizer(run, asks[0])
     state = run.stack.tool_results.state_cell.value.recall
-    assert (state.ignored_instructions, state.prefix_disabled) == (2, True)
-    assert run.strategy.prefix_requests == 2
-    assert run.strategy.failed_prefix_requests == (2 if answer in ("raise", "empty") else 0)
-    assert run.summarizer.calls >= 1, "no summary went to the summarizer client after the route was given up"
-    summaries = [m for m in stored if is_summary(m)]
-    assert summaries, "the summarizer's answer did not become a summary"
-    assert all(m.text.startswith(f"{USER_SUMMARY_MARKER}\nSummary: ") for m in summaries)
-    assert not summary_asks(sent[asks[1] + 1 :]), "a summary was asked over the cached prefix after the route was off"
-    # Nothing of the ignored answers or their requests enters history, and no tool ran.
-    text = "\n".join(render(m) for m in stored)
-    for left_out in (SMALL_TALK, CALL_MARK, "stray_summary", COMPACTION_REQUEST, PREFIX_ITEMS_HEADING):
-        assert left_out not in text
+    assert (state.summaries_prefix_disabled, state.prefix_disabled, state.ignored_instructions) == (True, False, 0)
+    assert run.strategy.prefix_requests == 1
+    assert run.strategy.failed_prefix_requests == (1 if answer in ("raise", "empty") else 0)
+    summaries = summarizer_summaries(run)
+    assert run.summarizer.calls == run.strategy.user_turns.user_compactions == len(summaries) >= 1
+    assert run.strategy.decision_state().users.answers == faithful.strategy.decision_state().users.answers
+    assert canonical([s for s in sent if not asks_summary(s)]) == canonical(
+        [s for s in faithful.sent if not asks_summary(s)]
+    )
+    assert stored_form(run) == stored_form(faithful)
+    check_ignored_answer_left_out(run)
     assert run.invoked == []
     assert run.replies == [f"noted {n}" for n in range(NOTES)]
     assert not facts_kept(run, range(NOTES))
-    if answer == "raise":
-        failed = [w for w in warnings_seen if "asked for a summary over the cached prefix and the request failed" in w]
-        assert len(failed) == 2
+    failed = [w for w in warnings_seen if "asked for a summary over the cached prefix and the request failed" in w]
+    assert len(failed) == (1 if answer == "raise" else 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "Finding: the ignored-instruction streak is shared with records. In the lookup conversation (16 turns) the "
-        "model answers every summary instruction with small talk and every record instruction faithfully: the summary "
-        "requests 9, 20, 29, 36 and 39 are all ignored, but a record asked between each two of them (requests 17, 19, "
-        "26, 28, 33, 35, 38) is followed and resets RecallState.ignored_instructions to 0, so prefix_disabled is never "
-        "set: three summaries are asked over the cached prefix after the second ignored one, and none of the "
-        "conversation's summaries goes to the summarizer client on that account."
-    ),
+@pytest.mark.parametrize(
+    ("record_answer", "summary_answer"), [("text", "small_talk"), ("small_talk", "faithful")], ids=["summary", "record"]
 )
-async def test_two_ignored_summary_instructions_give_the_route_up_even_between_followed_records() -> None:
-    run = await played(answer="small_talk", turns=16)
-    asks = summary_asks(run.sent)
-    assert len(asks) >= 2
-    assert not summary_asks(run.sent[asks[1] + 1 :]), (
-        f"summaries asked over the cached prefix after two ignored ones: requests {[i + 1 for i in asks]}"
-    )
+async def test_summaries_and_records_each_have_their_own_verdict(
+    record_answer: RecordAnswer, summary_answer: SummaryAnswer
+) -> None:
+    """Lookup conversation, 16 turns. A model that ignores summary instructions and follows record instructions
+    gives up only the summaries' route (one strike): every record, before and after, is still asked over the cached
+    prefix and followed, and ``prefix_disabled`` stays off. A model that ignores record instructions and follows
+    summary instructions gives up the records' route after two in a row (``prefix_disabled``, which sends summaries
+    to the summarizer as well), and ``summaries_prefix_disabled`` stays off: no summary answer was judged ignored."""
+    run = await talk(model=Model(summary_answer=summary_answer, record_answer=record_answer)).play(range(16))
+    sent = run.sent
+    state = run.stack.tool_results.state_cell.value.recall
+    asks = summary_asks(sent)
+    records = [i for i, s in enumerate(sent) if s.asks_record]
+    summaries = summarizer_summaries(run)
+    assert run.summarizer.calls == run.strategy.user_turns.user_compactions == len(summaries) >= 2
+    check_ignored_answer_left_out(run)
+    assert not facts_kept(run, range(16))
+    if summary_answer == "small_talk":
+        assert (state.summaries_prefix_disabled, state.prefix_disabled, state.ignored_instructions) == (True, False, 0)
+        assert len(asks) == 1, f"summaries asked over the cached prefix after the first was ignored: {asks}"
+        later = [i for i in records if i > asks[0]]
+        assert len(later) >= 2, "no record went over the cached prefix after the summaries' route was given up"
+        assert all(run.client.answers[i].startswith("lookup values: XR-") for i in records)
+        assert not [s.number for s in sent if s.pinned], "a record was pinned"
+        assert run.invoked == list(range(16))
+    else:
+        assert (state.summaries_prefix_disabled, state.prefix_disabled, state.ignored_instructions) == (False, True, 2)
+        assert asks == []
+        assert len(records) == 2
+        assert [run.client.answers[i] for i in records] == [SMALL_TALK, SMALL_TALK]
+        assert not [s for s in sent[records[-1] + 1 :] if over_prefix(s)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=CompactionBudgetExceeded,
-    reason=(
-        "Bug: an ignored answer that gives the route up leaves the summary as a failure standing until the next user "
-        "turn, so the summarizer client is not asked on that pass. Note conversation with notes of equal size, every "
-        "summary instruction answered with small talk: request 12 (turn 11) is ignored; at turn 12 the prompt is 2,129 "
-        "tokens, over the 2,000-token budget, the same summary is asked over the cached prefix again (request 14), "
-        "ignored, prefix_disabled is set, and the pass raises CompactionBudgetExceeded ('the prompt is 2129 tokens "
-        "after every step') with 0 summarizer calls, though the summarizer client would have answered."
-    ),
-)
-async def test_the_answer_that_gives_the_route_up_leaves_the_summary_to_the_summarizer_on_the_same_pass() -> None:
+async def test_an_ignored_summary_over_a_prompt_past_the_budget_is_answered_by_the_summarizer_on_the_same_pass() -> (
+    None
+):
+    """Notes of equal size, every summary instruction answered with small talk: the first summary over the cached
+    prefix is ignored, and the summarizer client answers it in the same pass, so no later turn passes the budget and
+    no ``CompactionBudgetExceeded`` is raised (before the fix the ignored summary stood as a failure until the next
+    turn, whose prompt of 2,129 tokens was asked over the prefix again, ignored, and raised)."""
+
     def even(n: int) -> str:
         return f"note {n}: keep ticket NT-{n:02d}C{n:02d} open until 2025-06-{n + 1:02d}; " + "background detail. " * 30
 
-    run = talk(model=Model(summary_answer="small_talk"), words=even)
+    run = talk(model=Model(summary_answer="small_talk"), words=even, summarizer=RecordingSummarizer())
     await run.play(range(NOTES))
-    assert run.summarizer.calls >= 1
+    asks = summary_asks(run.sent)
+    assert len(asks) == 1, f"summary requests over the cached prefix at {asks}"
+    check_summary_requests(run)
+    check_given_to_the_summarizer(run, asks[0])
+    assert run.summarizer.calls == run.strategy.user_turns.user_compactions == len(summarizer_summaries(run)) >= 2
+    assert all(s.size <= BUDGET for s in run.sent), [s.number for s in run.sent if s.size > BUDGET]
+    state = run.stack.tool_results.state_cell.value.recall
+    assert (state.summaries_prefix_disabled, state.prefix_disabled) == (True, False)
+    check_ignored_answer_left_out(run)
+    assert run.replies == [f"noted {n}" for n in range(NOTES)]
     assert not facts_kept(run, range(NOTES))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "Bug: an answer that calls a tool is taken for a summary of turns without distinctive values. Lookup "
-        "conversation with the scripted questions (no values), the model answers the summary instruction with a "
-        "lookup call: answer_text turns it into '[a call of lookup]', user_summaries.follows accepts any text for "
-        "turns without values, and the stored summaries user_summary_0 and user_summary_1 read '[earlier turns in "
-        "this conversation, compacted]\\n[a call of lookup]', replacing questions 1 to 7 (excluded) in every later "
-        "request. answer_text's own docstring calls such an answer a model that went on with the task."
-    ),
-)
 async def test_a_tool_call_is_never_taken_for_a_summary() -> None:
-    run = await talk(model=Model(summary_answer="tool"), words=question).play(range(TURNS))
-    assert summary_asks(run.sent), "no summary was asked"
-    summaries = [m.text for m in run.stored() if is_summary(m)]
-    assert not [s for s in summaries if CALL_MARK in s], f"tool calls became summaries: {summaries}"
+    """The scripted questions carry no value, so any text would do for a summary of them; the model answers the
+    instruction with a ``lookup`` call, which the shell words ``[a call of lookup]``: that is no summary, the same
+    summary goes to the summarizer client on the same pass, no tool runs for it, and no stored message says it."""
+    run = await talk(model=Model(summary_answer="tool"), words=question, summarizer=RecordingSummarizer()).play(
+        range(TURNS)
+    )
+    asks = summary_asks(run.sent)
+    assert len(asks) == 1, f"summary requests over the cached prefix at {asks}"
+    assert run.client.answers[asks[0]] == "", "the model answered the instruction with text, not a call"
+    check_given_to_the_summarizer(run, asks[0])
+    state = run.stack.tool_results.state_cell.value.recall
+    assert (state.summaries_prefix_disabled, state.prefix_disabled) == (True, False)
+    assert run.summarizer.calls == run.strategy.user_turns.user_compactions == len(summarizer_summaries(run)) >= 1
+    check_ignored_answer_left_out(run)
+    assert run.invoked == list(range(TURNS)), "a tool ran for the summary request"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "Bug (record route, seen in a run with summaries over the cached prefix): when the prefix cut to the last "
-        "request's size shows no unrecorded result (the only one is the newest lookup, which the cut leaves out), "
-        "ask_over_standing asks nothing and the record is asked at the pass's end over the whole output, uncut. Lookup "
-        "conversation, summaries answered with small talk, turn 14's first request: the last request (41, 1,915 "
-        "tokens) does not fit the budget with the 231-token instruction, the cut to 1,769 leaves out lookup 13, the "
-        "only unrecorded group, and request 42 (a record request) then sends 1,979 tokens besides the instruction, "
-        "2,210 in all: over the 2,000-token budget and more than request 41 sent (it sends what arrived since: turn "
-        "13's answer and question 14)."
-    ),
+@pytest.mark.parametrize(
+    ("summary_answer", "chatty"), [("faithful", frozenset({3, 9})), ("small_talk", frozenset({12}))]
 )
-async def test_every_request_over_the_cached_prefix_repeats_at_most_the_last_request_and_fits_the_budget() -> None:
-    run = await played(answer="small_talk", turns=16)
-    for i, ask in enumerate(run.sent):
-        if over_prefix(ask):
-            last = last_request_before(run.sent, i)
-            sends = ask.size - ask.tokens[-1]
-            assert sends <= last.size, f"request {ask.number} sends {sends} tokens, request {last.number} {last.size}"
-            assert ask.size <= BUDGET, f"request {ask.number} is {ask.size} tokens"
+async def test_every_request_over_the_cached_prefix_repeats_at_most_the_last_request_and_fits_the_budget(
+    summary_answer: SummaryAnswer, chatty: frozenset[int]
+) -> None:
+    """Lookup conversation, 16 turns, with long answers at the ``chatty`` turns: a record still due at a pass's end
+    whose only unrecorded result the cut to the last request's size leaves out is not asked over the whole output
+    (``records.ask_over_output``). Every request over the cached prefix, record or summary, sends at most what the
+    conversation's last request sent and fits the budget with its instruction. (Before the fix these runs sent record
+    requests of 2,096 to 2,204 tokens, over the 2,000-token budget.)"""
+    run = await talk(model=Model(summary_answer=summary_answer, chatty_turns=chatty)).play(range(16))
+    over = [i for i, s in enumerate(run.sent) if over_prefix(s)]
+    assert [i for i in over if run.sent[i].asks_record], "no record was asked over the cached prefix"
+    assert summary_asks(run.sent), "no summary was asked over the cached prefix"
+    for i in over:
+        ask = run.sent[i]
+        last = last_request_before(run.sent, i)
+        sends = ask.size - ask.tokens[-1]
+        assert sends <= last.size, f"request {ask.number} sends {sends} tokens, request {last.number} {last.size}"
+        assert ask.size <= BUDGET, f"request {ask.number} is {ask.size} tokens"
+    check_summary_requests(run)
+    assert not facts_kept(run, range(16))
 
 
 # --- 4. parameters ------------------------------------------------------------------------------------------------
