@@ -66,14 +66,10 @@ from hypothesis import strategies as st
 from maf_compaction import (
     CompactionStack,
     MediaTokenEstimator,
-    RecallGate,
     SessionCompactionProvider,
     SessionCompactionRegistry,
     SessionToolResultRecallMiddleware,
     ToolResultAnchoredSummarizationCompactionStrategy,
-    ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy,
-    ToolResultRecallMiddleware,
-    UserTurnAnchoredSummarizationCompactionStrategy,
     make_recall_tool,
     make_session_recall_tool,
     original_results,
@@ -84,6 +80,7 @@ from maf_compaction.bench.model import ScriptedModel, pinned_function
 from maf_compaction.bench.provider import SimulatedProvider
 from maf_compaction.bench.rendering import tool_spec
 from maf_compaction.bench.scenario import GeneratorOptions, generate
+from maf_compaction.bench.sessions import make_builder
 from maf_compaction.bench.simulator import get_profile
 from maf_compaction.core.effects import Aligned
 from maf_compaction.core.envelope import dump, load
@@ -355,37 +352,16 @@ def build_stack(
     kind: Kind, record_request: Literal["pinned", "cached_prefix"], *, fallback_fraction: float = 0.9
 ) -> CompactionStack:
     """The README's stack: the record strategy (alone, or in the composition), its gate and recall middleware."""
-    budget = BUDGET
-    records = ToolResultAnchoredSummarizationCompactionStrategy(
-        max_input_tokens=budget,
-        tokenizer=TOKENIZER,
+    return make_builder(
+        kind,
+        BUDGET,
+        TOKENIZER,
+        Summarizer(),
+        record_request=record_request,
         keep_head_groups=1,
         keep_tail_groups=1,
         fallback_fraction=fallback_fraction,
-    )
-    strategy: Any = records
-    if kind == "composition":
-        users = UserTurnAnchoredSummarizationCompactionStrategy(
-            max_input_tokens=budget,
-            tokenizer=TOKENIZER,
-            client=Summarizer(),
-            summary_mode="boundary",
-            remembered_requests=2,
-        )
-        strategy = ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
-            tokenizer=TOKENIZER, tool_results=records, user_turns=users
-        )
-    gate = RecallGate()
-    recall = ToolResultRecallMiddleware(
-        max_input_tokens=budget,
-        tokenizer=TOKENIZER,
-        arm=gate.arm,
-        disarm=gate.disarm,
-        trigger_fraction=records.trigger_fraction,
-        reforce=records.take_reforce,
-        record_request=record_request,
-    )
-    return CompactionStack(strategy, gate, recall)
+    )()
 
 
 def make_lookup(invoked: list[int]) -> FunctionTool:

@@ -63,6 +63,7 @@ from maf_compaction import (
     make_recall_tool,
 )
 from maf_compaction.adapters.convert import SUMMARIZED_BY_KEY, SUMMARY_KEY, SUMMARY_OF_KEY, is_summary
+from maf_compaction.bench.sessions import make_builder
 from maf_compaction.core.composition import SummaryRequest
 from maf_compaction.core.effects import COMPACTION_REQUEST
 from maf_compaction.core.recall import RecallState
@@ -218,30 +219,16 @@ def canonical(sent: Sequence[Sent]) -> list[tuple[str, ...]]:
 
 def build(summary_request: SummaryRequest, summarizer: Summarizer) -> CompactionStack:
     """The README's "Both halves" wiring on the test budget: both halves, the gate, the recall middleware."""
-    records = ToolResultAnchoredSummarizationCompactionStrategy(
-        max_input_tokens=BUDGET, tokenizer=TOKENIZER, keep_head_groups=1, keep_tail_groups=1
-    )
-    users = UserTurnAnchoredSummarizationCompactionStrategy(
-        max_input_tokens=BUDGET,
-        tokenizer=TOKENIZER,
-        client=summarizer,
-        summary_mode="boundary",
-        remembered_requests=2,
-    )
-    strategy = ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
-        tokenizer=TOKENIZER, tool_results=records, user_turns=users, summary_request=summary_request
-    )
-    gate = RecallGate()
-    recall = ToolResultRecallMiddleware(
-        max_input_tokens=BUDGET,
-        tokenizer=TOKENIZER,
-        arm=gate.arm,
-        disarm=gate.disarm,
-        trigger_fraction=records.trigger_fraction,
-        reforce=records.take_reforce,
+    return make_builder(
+        "composition",
+        BUDGET,
+        TOKENIZER,
+        summarizer,
         record_request="cached_prefix",
-    )
-    return CompactionStack(strategy, gate, recall)
+        summary_request=summary_request,
+        keep_head_groups=1,
+        keep_tail_groups=1,
+    )()
 
 
 def composition(stack: CompactionStack) -> ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy:

@@ -165,6 +165,7 @@ def make_builder(
     overflow_policy: OverflowPolicy = "shed",
     record_request: RecordRequest = "pinned",
     summary_request: SummaryRequest = "summarizer",
+    **record_options: Any,
 ) -> Callable[[], CompactionStack]:
     """The README's ``build_compaction`` for ``kind`` (the record half alone, or the composition).
 
@@ -173,10 +174,13 @@ def make_builder(
     (``record_request``) and the composition's summaries (``summary_request``) over the cached
     prefix; the defaults are the earlier shapes (pinned records, summaries to the summarizer),
     which the session bench and the session tests were measured and written with.
+    ``record_options`` go to the record strategy (``keep_head_groups=1``, say).
     """
 
     def build() -> CompactionStack:
-        records = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=budget, tokenizer=tokenizer)
+        records = ToolResultAnchoredSummarizationCompactionStrategy(
+            max_input_tokens=budget, tokenizer=tokenizer, **record_options
+        )
         strategy: (
             ToolResultAnchoredSummarizationCompactionStrategy
             | ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
