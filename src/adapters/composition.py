@@ -157,6 +157,8 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             summarizer raised or answered nothing); a failure stands until the next user turn,
             then the request is asked again.
         budget_failures: Passes that raised ``CompactionBudgetExceeded``.
+        prefix_requests: Records and summaries asked over the cached prefix.
+        failed_prefix_requests: Of those, requests that failed or came back without text.
         last_report: What the last pass did, or ``None``.
     """
 

@@ -92,6 +92,9 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         fallbacks_after_record: Passes whose fallback behind a record changed something.
         fallbacks_held_after_record: Passes that held unrecorded groups for the fallback.
         overflows: Passes that ended over the budget behind a record.
+        prefix_requests: Records asked over the cached prefix (with ``ToolResultRecallMiddleware(
+            record_request="cached_prefix")``, or once pins are disabled).
+        failed_prefix_requests: Of those, requests that failed or came back without text.
     """
 
     core: ClassVar[object] = core
