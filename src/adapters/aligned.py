@@ -1,8 +1,8 @@
 """Requests over the cached prefix: the conversation's own request, plus one instruction.
 
-The core asks for them as :class:`~maf_compaction.core.effects.Aligned` effects. The
-shell sends the messages the pass would send under the decisions that stand (the last
-request, byte for byte, and what arrived since) with the head of the conversation's last
+The core asks for them as :class:`~maf_compaction.core.effects.Aligned` effects (and
+``Summarize`` effects that carry a view). The shell sends the messages of the view (the
+conversation's last request, byte for byte, as the core cut it) with the head of the last
 unpinned request as the recall middleware saw it sent (its chat client and options:
 instructions, tools, ``tool_choice``, the rest), and one user message at the end. The
 request goes to the chat client's own provider layer: no function loop runs a tool the

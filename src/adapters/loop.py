@@ -246,10 +246,9 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
     async def _answer(self, request: Request, messages: list[Message], before: History) -> str | None:
         """Perform one effect request: over the cached prefix here, any other through :meth:`_perform`."""
         head = self._cell.connection.head
-        if isinstance(request, Summarize) and (request.view is None or head is None):
-            return await self._perform(request, messages)  # the summarizer's request (no request seen sent yet)
-        if not isinstance(request, Aligned | Summarize):
-            return await self._perform(request, messages)
+        if not _over_prefix(request) or (isinstance(request, Summarize) and head is None):
+            return await self._perform(request, messages)  # a summary goes to the summarizer until a request is seen
+        assert isinstance(request, Aligned | Summarize)
         assert request.view is not None
         self.prefix_requests += 1
         sent = render(messages, before, request.view, note_kind=NOTE_KIND)

@@ -69,7 +69,7 @@ from .envelope import Count, Positive, Schema, Text, distinct, dump, error, exac
 from .errors import CompactionBudgetExceeded, SnapshotError
 from .model import History, MessageRecord
 from .protocol import Done, Needs, StepResult, sent_tokens
-from .records import HOLD_RECORD, RECORD_PREFIX, RecordConfig, RecordReport, RecordState
+from .records import HOLD_RECORD, RecordConfig, RecordReport, RecordState
 from .snapshot import AnchoredSnapshot
 from .user_snapshot import UserSummarySnapshot
 from .user_summaries import UserReport, UserSummaryConfig
@@ -452,8 +452,9 @@ def _over_prefix(
     """``needs`` with the user half's summaries and folds sent over the cached prefix, when configured.
 
     The prefix is the prompt as it stands (every decision made before replayed: the last
-    request and what arrived since), cut between groups to fit the budget with the
-    instruction; a request whose items it does not hold stays with the summarizer.
+    request and what arrived since), cut between groups to what the last request sent
+    (:meth:`.records.RecordConfig.prefix_tokens`); a request whose items it does not hold
+    stays with the summarizer.
     """
     recall_state = state.records.recall
     if config.summary_request != "cached_prefix" or recall_state.prefix_disabled:
@@ -461,7 +462,7 @@ def _over_prefix(
     if recall_state.summaries_prefix_disabled:
         return needs
     wanted = [r for r in needs.requests if isinstance(r, Summarize) and r.kind in ("summary", "fold")]
-    # A record asked on this pass (it stands at the conversation's end) is not yet in the cached request.
+    # A record asked on this pass (it stands before the conversation's newest group) is not in the cached request.
     here = records.record_place(history)
     earlier = tuple(w for w in state.records.written if w.after != here)
     before = replace(state, records=replace(state.records, written=earlier))
@@ -610,9 +611,9 @@ def _shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.
 
 
 def _record_over_prefix(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
-    """A record due on this request, asked over the cached prefix: the request is this pass's output
-    (every standing decision replayed, so it repeats the last request) plus one instruction."""
-    asked = records.ask_over_output(config.records, work.state.records, seen.history, measure)
+    """A record still due at the pass's end (the prompt as it stands showed nothing unrecorded within what the
+    last request sent), asked over this pass's output cut the same way (:func:`.records.ask_over`)."""
+    asked = records.ask_over(config.records, work.state.records, seen.history, measure)
     return Done(seen.history, work, None) if asked is None else Needs((asked,), work.input)
 
 
@@ -691,8 +692,11 @@ def absorb(state: CompositionState, answers: Sequence[tuple[Request, str | None]
         if isinstance(request, Aligned):
             continue
         text = given
-        ignored = given is None or (isinstance(request, Summarize) and not user_summaries.follows(request, given))
-        if isinstance(request, Summarize) and request.view is not None and ignored:
+        if (
+            isinstance(request, Summarize)
+            and request.view is not None
+            and (given is None or not user_summaries.follows(request, given))
+        ):
             # Asked over the cached prefix: an answer that ignored the instruction is no summary. It is not
             # kept (not even as a failure): the summaries go to the summarizer from now on, this one at once.
             record_state = replace(record_state, recall=replace(record_state.recall, summaries_prefix_disabled=True))
@@ -762,7 +766,9 @@ def _active_records(seen: View, measure: anchored.Measure) -> list[user_summarie
         text = records.record_text(output[index], recall_ids)
         if text:
             body = text.split(records.RECORD_MARKER, 1)[-1].removeprefix(" " + records.RECORD_PREAMBLE).strip()
-            found.append(user_summaries.Item(index, body, _written(body, "", measure).tokens, groups[index]))
+            found.append(
+                user_summaries.Item(index, body, records.written_record(body, "", measure).tokens, groups[index])
+            )
     return found
 
 
@@ -774,12 +780,6 @@ def _standing_summaries(seen: View, measure: anchored.Measure) -> list[user_summ
         for index, record in enumerate(seen.history)
         if record.summary and record.role == "user" and not record.excluded and not record.injected
     ]
-
-
-def _written(answer: str, record_id: str, measure: anchored.Measure) -> MessageRecord:
-    """The written record a merge's or a rewrite's ``answer`` becomes."""
-    text = f"{RECORD_PREFIX}\n{answer.strip()}"
-    return user_summaries.message("assistant", text, record_id, measure, written_record=True, held=HOLD_RECORD)
 
 
 def _kept(
@@ -852,7 +852,7 @@ _MERGE: Final = _Kind(
     minimum=2,
     items=_active_records,
     prompts=lambda config: [config.merge_prompt],
-    message=_written,
+    message=records.written_record,
     reason=MERGED_REASON,
 )
 

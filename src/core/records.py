@@ -42,7 +42,7 @@ from typing import Final
 from pyrsistent import pvector
 from returns.result import Success
 
-from . import anchored, recall
+from . import anchored, recall, user_summaries
 from .anchored import DEFAULT_KEEP_HEAD_GROUPS, DEFAULT_KEEP_TAIL_GROUPS, AnchoredConfig
 from .checks import AtLeastOne, AtLeastZero, Fraction, validate
 from .counting import MESSAGE_OVERHEAD_TOKENS
@@ -349,9 +349,8 @@ class AlignedRecord:
         text: The record as the model wrote it (without our marker).
         record_id: The id of the written record's message.
         after: How many messages of the conversation (injected context and compaction's own
-            messages aside) stood before the record when it was asked: it stands right after
-            them, at the end of the conversation as it was, so the prompt before it is the
-            request the provider cached.
+            messages aside) precede the record: it stands right after them, before the
+            conversation's newest group as it was when asked (:func:`record_place`).
     """
 
     identity: Text
@@ -428,7 +427,7 @@ def step(
         output, fallback_state, band = ran.history, ran.state, ran.memo
         overflow = report.fallback is Fallback.BEHIND_RECORD and sent_tokens(output) > config.max_input_tokens
         report = replace(report, fallback_report=ran.report, overflow=overflow)
-    asked = ask_over_output(config, state, output, measure)
+    asked = ask_over(config, state, output, measure)
     if asked is not None:
         return Success(Needs((asked,), state))
     new_state = replace(state, decisions=passed.state, fallback=fallback_state)
@@ -518,17 +517,13 @@ def ask_over_standing(
     (the pass with :func:`unbounded` budgets: every decision made before replays), which is
     the last request byte for byte and what arrived since, so the provider reads it from
     its cache. It is cut between groups (:func:`fitting_prefix`) to what the last request
-    sent (:meth:`RecordConfig.prefix_tokens`); when not even its first group fits, the pass
-    compacts first and asks over its output (:func:`ask_aligned` at the pass's end).
+    sent (:meth:`RecordConfig.prefix_tokens`); when that shows nothing unrecorded, the pass
+    decides first and asks over its output at its end (:func:`ask_over`).
     """
     if state.recall.asking is None:
         return None
     whole = standing()
-    if whole is None:
-        return None
-    limit = config.prefix_tokens(state.recall, measure(RECORD_INSTRUCTION) + MESSAGE_OVERHEAD_TOKENS)
-    fitting = fitting_prefix(whole, limit)
-    return None if fitting is None else ask_aligned(fitting, state, whole)
+    return None if whole is None else ask_over(config, state, whole, measure)
 
 
 def fitting_prefix(prompt: History, budget: int) -> History | None:
@@ -568,15 +563,15 @@ def _standing(config: RecordConfig, state: RecordState, history: History, measur
     return done.history if isinstance(done, Done) else None
 
 
-def ask_over_output(config: RecordConfig, state: RecordState, output: History, measure: Measure) -> Aligned | None:
-    """A record still due at the pass's end, asked over its output cut to :meth:`RecordConfig.prefix_tokens`
-    (the prompt as it stands could show no result yet unrecorded within that size)."""
+def ask_over(config: RecordConfig, state: RecordState, prompt: History, measure: Measure) -> Aligned | None:
+    """The record due on this request, asked over ``prompt`` cut between groups to what the last request sent
+    (:meth:`RecordConfig.prefix_tokens`), or ``None``: the prompt as it stands before the pass decides
+    anything new (:func:`ask_over_standing`), or the pass's output when that showed nothing unrecorded."""
     if state.recall.asking is None:
         return None
-    fitting = fitting_prefix(
-        output, config.prefix_tokens(state.recall, measure(RECORD_INSTRUCTION) + MESSAGE_OVERHEAD_TOKENS)
-    )
-    return None if fitting is None else ask_aligned(fitting, state, output)
+    limit = config.prefix_tokens(state.recall, measure(RECORD_INSTRUCTION) + MESSAGE_OVERHEAD_TOKENS)
+    fitting = fitting_prefix(prompt, limit)
+    return None if fitting is None else ask_aligned(fitting, state, prompt)
 
 
 def ask_aligned(view: History, state: RecordState, conversation: History) -> Aligned | None:
@@ -587,7 +582,7 @@ def ask_aligned(view: History, state: RecordState, conversation: History) -> Ali
     the request is the view plus :data:`RECORD_INSTRUCTION`. Its identity is the
     instruction and the call ids of the results shown, so both lists and a restored or
     another replica's pass find the answer instead of asking again. The record will stand
-    at the end of ``conversation`` as it is now.
+    before ``conversation``'s newest group (:func:`record_place`).
     """
     if state.recall.asking is None:
         return None
@@ -661,13 +656,10 @@ def _kept_record(request: Aligned, text: str | None) -> AlignedRecord | None:
 
 
 def written_record(body: str, record_id: str, measure: Measure) -> MessageRecord:
-    """The message a record compaction writes becomes: our marker, then ``body``; held in the prompt."""
+    """The message a record compaction writes becomes (over the cached prefix, or a composition's merge or
+    rewrite): our marker, then ``body``; held in the prompt."""
     text = f"{RECORD_PREFIX}\n{body.strip()}"
-    tokens = measure(text)
-    made = MessageRecord(
-        "assistant", (Part(kind="text", text=text, tokens=tokens),), MESSAGE_OVERHEAD_TOKENS + tokens, record_id
-    )
-    return flagged(made, written_record=True, held=HOLD_RECORD)
+    return user_summaries.message("assistant", text, record_id, measure, written_record=True, held=HOLD_RECORD)
 
 
 def place_written(history: History, written: Sequence[AlignedRecord], measure: Measure) -> History:
