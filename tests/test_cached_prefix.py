@@ -85,7 +85,7 @@ from maf_compaction.bench.simulator import get_profile
 from maf_compaction.core.effects import Aligned
 from maf_compaction.core.envelope import dump, load
 from maf_compaction.core.model import History, MessageRecord, Part, flagged, history
-from maf_compaction.core.recall import RecallState
+from maf_compaction.core.recall import Pin, RecallState
 from maf_compaction.core.records import (
     EXCLUDE_REASON,
     RECALL_TOOL_NAME,
@@ -1228,7 +1228,7 @@ async def test_a_failing_record_request_records_nothing_warns_and_the_turn_compl
     """The provider raises on every record request: each is a WARNING naming the strategy and the error, nothing
     is recorded over the cached prefix, every turn completes, and history is exactly what answers without text
     leave. A failure counts like an ignored answer: after two in a row the route is given up (no request over the
-    cached prefix after that) and the next records are pinned."""
+    cached prefix after that), and a host that asks over the cached prefix never pins: the safety net is left."""
     failing = await conversation(kind, client=Provider(Script(record_answer="raise"))).play(range(TURNS))
     silent = await conversation(kind, client=Provider(Script(record_answer="empty"))).play(range(TURNS))
     sent, stored = failing.sent, failing.stored()
@@ -1249,17 +1249,12 @@ async def test_a_failing_record_request_records_nothing_warns_and_the_turn_compl
     assert state.recall.ignored_instructions == 2
     assert state.written == ()
     assert not written_records(stored)
-    # The next records are pinned (the scripted model obeys pins), and the model's recall calls write them.
-    pinned = [i for i, s in enumerate(sent) if s.pinned]
-    assert pinned, "no record was pinned once the route was off"
-    assert min(pinned) > asks[1]
-    assert failing.stack.recall.forced_calls == len(pinned)
-    assert any(c.type == "function_result" and RECORD_MARKER in str(c.result) for m in stored for c in m.contents), (
-        "no pinned record was written"
-    )
+    # No request is pinned after it: no route is left.
+    assert state.recall.pin_disabled
+    assert not [s for s in sent if s.pinned]
+    assert failing.stack.recall.forced_calls == 0
     assert failing.replies == [f"done with item {n}" for n in range(TURNS)]
-    # A turn whose first request is pinned answers with the recall call instead of its lookup (the scripted model).
-    assert failing.invoked == [n for n in range(TURNS) if n not in _pinned_questions(sent)]
+    assert failing.invoked == list(range(TURNS))
     # Nothing of the failed requests enters history, and history holds every result whole.
     assert not [m for m in stored if RECORD_INSTRUCTION in (m.text or "")]
     assert len([m for m in stored if not _ours(m)]) == 4 * TURNS  # the composition's user summaries aside
@@ -1298,17 +1293,19 @@ async def test_a_cancelled_record_request_propagates_and_the_conversation_goes_o
 
 
 @pytest.mark.parametrize("mode", ["small_talk", "tool"])
-async def test_answers_that_ignore_the_instruction_record_nothing_and_two_hand_records_back_to_pins(
+async def test_answers_that_ignore_the_instruction_record_nothing_and_two_leave_the_safety_net(
     mode: RecordAnswer, warnings_seen: list[str]
 ) -> None:
     """Small talk, or a call of the scenario's tool: no record, the call never runs, nothing of either enters
-    history, the run goes on; after two such answers in a row the route is off and records are pinned again."""
+    history, the run goes on; after two such answers in a row the route is off, and a host that asks over the
+    cached prefix never pins: no route is left, and the safety net keeps every value in the prompt."""
     run = await conversation(client=Provider(Script(record_answer=mode))).play(range(TURNS))
     sent, stored = run.sent, run.stored()
     asks = asked(sent)
     assert len(asks) == 2, f"record requests at {asks}: two ignored in a row end the route"
     state = run.records.state_cell.value
     assert state.recall.prefix_disabled
+    assert state.recall.pin_disabled, "a host that asks over the cached prefix has no pin to fall back to"
     assert state.written == ()
     assert not written_records(stored)
     assert run.replies == [f"done with item {n}" for n in range(TURNS)]
@@ -1319,14 +1316,12 @@ async def test_answers_that_ignore_the_instruction_record_nothing_and_two_hand_r
         assert left_out not in stored_text
     assert not [w for w in warnings_seen if "got no text" in w], "an answer was taken for no answer"
     assert run.records.failed_prefix_requests == 0
-    # The next records are pinned, and the model's recall calls write them.
-    pinned = [i for i, s in enumerate(sent) if s.pinned]
-    assert pinned, "no record was pinned once the route was off"
-    assert min(pinned) > asks[1]
-    assert run.stack.recall.forced_calls == len(pinned)
-    assert any(c.type == "function_result" and RECORD_MARKER in str(c.result) for m in stored for c in m.contents), (
-        "no pinned record was written"
-    )
+    assert not [s for s in sent if s.pinned], "a request was pinned"
+    assert run.stack.recall.forced_calls == 0
+    last = prompt_of(sent[-1])
+    missing = [v for n in run.invoked for v in distinctive_values(lookup_result(n)) if v not in last]
+    assert not missing, f"the last request lacks {missing}"
+    assert "[compacted:" in last, "the safety net cut nothing: the test proves nothing"
     _results_intact(run)
 
 
@@ -1337,10 +1332,9 @@ async def test_when_no_record_is_kept_the_safety_net_keeps_every_value_in_the_pr
     script = Script(record_answer="small_talk", obey_pins=False)
     run = await conversation(client=Provider(script)).play(range(TURNS))
     assert not written_records(run.stored())
-    # A turn whose first request is pinned is answered with text, without its lookup: its values never exist.
-    skipped = _pinned_questions(run.sent)
-    assert skipped, "no turn's first request was pinned"
-    assert run.invoked == [n for n in range(TURNS) if n not in skipped]
+    # A host that asks over the cached prefix never pins: every turn makes its lookup.
+    assert not _pinned_questions(run.sent)
+    assert run.invoked == list(range(TURNS))
     for count, _, _ in run.turn_ends:
         last = run.sent[count - 1]
         made = [n for n in run.invoked if n <= _turn_of(last)]
@@ -1387,6 +1381,42 @@ async def test_after_two_ignored_pins_the_next_record_is_asked_over_the_cached_p
         assert not sent[i].pinned
         assert render_options(sent[i].options) == render_options(sent[i + 1].options)
     assert run.records.groups_covered > 0
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["host-asks-over-the-prefix", "host-pins"])
+def test_once_the_prefix_route_is_off_only_a_pinning_host_pins(aligned: bool) -> None:
+    """The pure protocol. Two ignored instructions disable the cached prefix. A host that pins (its pins still
+    honoured) pins the next record; a host that asks over the cached prefix never pins: its next request start
+    disables pinning too, no route is left, and no record is due or expected (the safety net takes over)."""
+    from maf_compaction.core.recall import (
+        HistorySeen,
+        PinRule,
+        RecallStatus,
+        RequestStarting,
+        Unpinned,
+        advance,
+        judged_instruction,
+        no_route,
+        record_due,
+    )
+
+    rule = PinRule(trigger_tokens=1_000, aligned=aligned)
+    state = judged_instruction(judged_instruction(RecallState(), followed=False), followed=False)
+    assert state.prefix_disabled
+    assert not state.pin_disabled
+    state, _ = advance(rule, state, HistorySeen(RecallStatus(included_tokens=5_000, records=0, pending_groups=3)))
+    assert state.next_pin == "size"
+    state, action = advance(rule, state, RequestStarting())
+    assert state.next_pin is None
+    assert state.asking is None, "asked over the cached prefix after that route was disabled"
+    if aligned:
+        assert action == Unpinned()
+        assert state.pin_disabled
+        assert no_route(state)
+        assert not record_due(rule, state, reforce_pending=True)
+    else:
+        assert isinstance(action, Pin)
+        assert not no_route(state)
 
 
 async def test_a_recall_call_in_the_answer_is_recorded_and_never_run() -> None:

@@ -627,6 +627,36 @@ def test_the_fallback_with_holds_distills_held_results_before_it_sheds_narration
         assert all(v in kept for v in distinctive_values(lookup_text(n)))
 
 
+@pytest.mark.parametrize("routes_left", [True, False], ids=["a-route-left", "no-route-left"])
+def test_with_no_route_to_a_record_the_safety_net_cuts_every_band_group_past_the_trigger_at_once(
+    routes_left: bool,
+) -> None:
+    """Under the budget but past the record trigger, no record yet. While a record can still be asked for, the
+    results wait for it, whole. Once neither route is left (pins and the cached prefix disabled), the safety net
+    takes the record's place: in one pass every band result is cut to its value lines (one break, as one record
+    would have covered them all), the tail's stay whole, no summary is asked for, and every value stays."""
+    messages = conversation(8)
+    size, _ = measured(messages)
+    strategy = build(int(size / 0.7), summarizer=ScriptedSummarizer(extractive))  # the trigger is 0.6 of it
+    if not routes_left:
+        cell = strategy.tool_results.state_cell
+        cell.value = replace(cell.value, recall=RecallState(pin_disabled=True, prefix_disabled=True))
+    run(strategy, messages)
+    distilled = [m.message_id for m in messages if is_distilled(str(m.contents[0].result or ""))]
+    if routes_left:
+        assert distilled == []
+        return
+    assert distilled == [f"r{n}" for n in range(7)]  # every band result: the tail's (r7) stays whole
+    assert not excluded_ids(messages)
+    for n in range(8):
+        kept = str(by_id(messages, f"r{n}").contents[0].result)
+        assert all(v in kept for v in distinctive_values(lookup_text(n)))
+    # The next pass (and one over a longer conversation) replays the same bytes.
+    before = [m.to_dict() for m in messages]
+    run(strategy, messages)
+    assert [m.to_dict() for m in messages] == before
+
+
 def test_the_fallback_with_holds_sheds_only_narration() -> None:
     messages = conversation(8, covers=(0, 1, 2), narration=12)
     _, after_records = measured(messages)

@@ -13,6 +13,7 @@ import copy
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -31,8 +32,9 @@ from maf_compaction import (
 )
 from maf_compaction.adapters.convert import HOLD_KEY, PRESERVED_KEY, WRITTEN_RECORD_KEY
 from maf_compaction.core import records as records_core
-from maf_compaction.core.distill import is_distilled, is_remnant
+from maf_compaction.core.distill import distill, is_distilled, is_remnant
 from maf_compaction.core.model import MessageRecord, Part
+from maf_compaction.core.recall import RecallState
 from maf_compaction.core.record_decisions import Ask
 from maf_compaction.core.records import HOLD_RECORD, HOLD_UNCOVERED, HOLD_UNRECORDED, RECALL_TOOL_NAME, RECORD_PREFIX
 from maf_compaction.core.tables import PARTIAL_MARKER_PREFIX
@@ -572,6 +574,65 @@ def test_behind_a_record_over_budget_everything_unrecorded_is_held_and_band_resu
     assert "call call_2" in named[0]
 
 
+def test_a_record_that_quotes_a_group_too_thinly_cuts_it_to_its_value_lines_at_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A record quoting one of lookup 2's six values (below coverage_share) and none of lookup 3's: lookup 2 is
+    cut on this very pass (the record's break) to its title and value lines, every value kept verbatim, named in a
+    WARNING; it is not held and not asked for again. Lookup 3 stays whole, held, and is asked for."""
+    messages = conversation(5)
+    one = next(v for v in distinctive_values(lookup_text(2)))
+    messages += recall(f"lookup 2 gave {one}")
+    s = strategy()
+    with caplog.at_level(logging.WARNING, logger="maf_compaction"):
+        run(s, messages)
+    thin = result_of(messages, "call_2")
+    text = thin.contents[0].result or ""
+    assert is_distilled(text)
+    assert all(v in text for v in distinctive_values(lookup_text(2)))
+    assert FILLER not in text
+    assert hold(thin) is None
+    assert original_results(thin)["call_2"] == lookup_text(2)
+    assert result_of(messages, "call_3").contents[0].result == lookup_text(3)
+    assert hold(result_of(messages, "call_3")) == HOLD_UNCOVERED
+    report = s.last_report
+    assert report is not None
+    assert report.thin == (2,)
+    assert 2 in report.covered
+    assert 2 not in report.asked
+    assert 3 in report.asked
+    assert report.distilled == 1
+    named = [r.getMessage() for r in caplog.records if "cut 1 tool result(s) that no record covers" in r.getMessage()]
+    assert len(named) == 1
+    assert "call call_2" in named[0]
+
+
+def test_with_no_route_to_a_record_the_safety_net_cuts_the_band_past_the_trigger() -> None:
+    """No record, pins and the cached prefix disabled, the prompt past the record trigger but under the budget:
+    the record strategy lets the safety net take the record's place, every band result cut to its value lines
+    in one pass (the head's and the tail's whole); with a route left, the results wait for a record."""
+    for routes_left in (True, False):
+        messages = conversation(8)
+        s = strategy(int(_size(messages) / 0.7))  # the trigger is 0.6 of the budget
+        if not routes_left:
+            cell = s.state_cell
+            cell.value = replace(cell.value, recall=RecallState(pin_disabled=True, prefix_disabled=True))
+        run(s, messages)
+        cut = [n for n in range(8) if is_distilled(result_of(messages, f"call_{n}").contents[0].result or "")]
+        assert cut == ([] if routes_left else list(range(1, 7))), routes_left
+        for n in range(8):
+            kept = result_of(messages, f"call_{n}").contents[0].result or ""
+            assert all(v in kept for v in distinctive_values(lookup_text(n)))
+
+
+def _size(messages: Sequence[Message]) -> int:
+    probe = strategy(10**9)
+    copied = [Message.from_dict(m.to_dict()) for m in messages]
+    run(probe, copied)
+    assert probe.last_report is not None
+    return probe.last_report.tokens_before
+
+
 def test_behind_a_record_a_prompt_the_net_cannot_fit_overflows_and_a_warning_says_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -637,7 +698,13 @@ def test_quoted_rows_of_a_large_result_are_released_headings_and_others_stay() -
     assert "PX-000102" not in marker
     assert s.rows_released == 2
     assert not excluded(result_of(messages, "big"))  # whole-group coverage was not reached
-    assert hold(result_of(messages, "big")) == HOLD_UNCOVERED
+    # Quoted below coverage_share: after the release, the result keeps only its lines with a value (not held,
+    # not asked for again: every value it does not quote stays, verbatim).
+    assert hold(result_of(messages, "big")) is None
+    assert is_distilled(text)
+    assert FILLER not in text
+    assert s.last_report is not None
+    assert s.last_report.thin == (1,)
     assert original_results(result_of(messages, "big"))["big"] == big_result()
     # The set of values is unchanged, so coverage reads the same after the release.
     assert set(distinctive_values(text)) == set(distinctive_values(big_result()))
@@ -662,8 +729,12 @@ def test_quoted_rows_of_a_large_result_are_released_headings_and_others_stay() -
 )
 def test_rows_that_do_not_qualify_stay(case: str, body: str, rows: list[str]) -> None:
     s, messages = partial_setup(big_result(rows), body)
-    assert released_text(messages) == big_result(rows), case
+    text = released_text(messages)
     assert s.rows_released == 0
+    # No row leaves; a record that quotes some value cuts the result to its lines with a value.
+    quoted = any(v in words(body) for v in distinctive_values(big_result(rows)))
+    assert text == (distill(big_result(rows)) if quoted else big_result(rows)), case
+    assert all(row in text for row in rows if distinctive_values(row)), case
 
 
 def test_rows_repeated_anywhere_in_the_loaded_results_stay() -> None:
@@ -680,7 +751,8 @@ def test_rows_repeated_anywhere_in_the_loaded_results_stay() -> None:
 def test_small_groups_and_non_string_results_keep_the_whole_group_rule() -> None:
     body = "\n".join(TABLE)
     s, messages = partial_setup(big_result(), body, record_target_tokens=100_000)
-    assert released_text(messages) == big_result()
+    # No row is released from a small result; quoted below the share, it keeps its lines with a value.
+    assert released_text(messages) == distill(big_result())
     assert s.rows_released == 0
     structured = json.dumps({"rows": TABLE, "pad": [FILLER] * 60})
     s, messages = partial_setup(structured, body)
@@ -703,7 +775,7 @@ def test_small_groups_and_non_string_results_keep_the_whole_group_rule() -> None
 
 def test_target_none_disables_partial_release_and_the_estimate() -> None:
     s, messages = partial_setup(big_result(), "\n".join(TABLE), record_target_tokens=None)
-    assert released_text(messages) == big_result()
+    assert released_text(messages) == distill(big_result())
     assert s.rows_released == 0
     assert s.groups_held_unreachable_coverage == 0
 
@@ -716,14 +788,17 @@ def test_partial_rows_are_recomputed_from_history_alone() -> None:
     s = strategy(record_target_tokens=200)
     run(s, again)
     assert released_text(again) == released_text(first)
-    # A later record quoting another row extends the same marker.
+    # A group is judged once, by the first record after it that quotes it: a later record quoting another row
+    # changes none of its bytes (the cached prefix up to it stays valid).
     again += recall("\n".join([*TABLE[:2], TABLE[3]]), call_id="recall_2")
     run(s, again)
     text = released_text(again)
+    assert text == released_text(first)
     markers = [line for line in text.split("\n") if line.startswith(PARTIAL_MARKER_PREFIX)]
     assert len(markers) == 1
     assert "PX-000101" in markers[0]
-    assert "PX-000102" in markers[0]
+    assert "PX-000102" not in markers[0]
+    assert "| 2 | PX-000102 | bo |" in text
 
 
 def test_unreachable_coverage_estimate_counts_held_groups_whose_values_exceed_the_target() -> None:

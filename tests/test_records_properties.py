@@ -14,6 +14,7 @@ sentence each:
 - between record events an append-only extension keeps the earlier prompt as a prefix;
 - the in-call copies (with injected context) and the stored history agree;
 - a partial release keeps a result's set of values, so coverage reads the same;
+- a group is judged once: a later record never changes the bytes of a group an earlier one judged;
 - decisions survive a JSON round trip unchanged;
 - the memo a pass hands the next (of this history or any other) never changes an answer.
 """
@@ -288,6 +289,30 @@ def test_a_rewritten_result_keeps_every_value_the_records_do_not_quote(
                     assert kept == had
 
 
+@given(recorded(), st.data())
+def test_a_later_record_never_changes_a_group_an_earlier_record_judged(
+    case: tuple[list[Message], list[Message]], data: st.DataObject
+) -> None:
+    """A group is judged by the first record after it that quotes it: left, a remnant, or cut to its value lines.
+    A second record, after more turns, quoting any share of every result, changes none of its bytes (the cached
+    prefix up to it stays valid)."""
+    history, extension = case
+    strategy = _strategy()
+    stored = deep_copy_messages(history)
+    _run(strategy, stored)
+    report = strategy.last_report
+    assert report is not None
+    before = [_shown([m]) for m in stored]
+    later = data.draw(records_for([*history, *extension], number=2))
+    grown = [*stored, *deep_copy_messages(extension), *later]
+    _run(strategy, grown)
+    counter = as_estimator(TOKENIZER).parts
+    groups = [g for g in group_records(to_history(history, counter, note_kind="anchored")) if g.kind == "tool_call"]
+    for ordinal in report.covered:
+        for index in groups[ordinal].members:
+            assert _shown([grown[index]]) == before[index], f"group {ordinal} changed: {describe(history)}"
+
+
 @given(recorded(), recorded(), decisions, st.sampled_from([1_000_000, 2_000, 600]))
 def test_a_memo_never_changes_the_answer(
     case: tuple[list[Message], list[Message]],
@@ -315,21 +340,23 @@ def test_decisions_survive_a_json_round_trip(value: RecordDecisions) -> None:
 
 def test_the_generator_makes_records_that_cover_and_records_that_do_not() -> None:
     """The properties above are not vacuous: over a fixed sample, both outcomes occur."""
-    covered = uncovered = released = 0
+    covered = thin = uncovered = released = 0
 
     @given(recorded())
     def sample(case: tuple[list[Message], list[Message]]) -> None:
-        nonlocal covered, uncovered, released
+        nonlocal covered, thin, uncovered, released
         strategy = _strategy()
         _run(strategy, deep_copy_messages(case[0]))
         report = strategy.last_report
         assert report is not None
-        covered += len(report.covered)
+        covered += len(report.covered) - len(report.thin)
+        thin += len(report.thin)
         uncovered += len(report.uncovered)
         released += report.rows_released
 
     sample()
     assert covered > 0
+    assert thin > 0
     assert uncovered > 0
     assert released > 0
 

@@ -794,7 +794,10 @@ async def test_summaries_and_records_each_have_their_own_verdict(
     asks = summary_asks(sent)
     records = [i for i, s in enumerate(sent) if s.asks_record]
     summaries = summarizer_summaries(run)
-    assert run.summarizer.calls == run.strategy.user_turns.user_compactions == len(summaries) >= 2
+    # With the records' route given up, the safety net cuts the lookups to their value lines past the record
+    # trigger, so fewer summaries are needed.
+    least = 2 if summary_answer == "small_talk" else 1
+    assert run.summarizer.calls == run.strategy.user_turns.user_compactions == len(summaries) >= least
     check_ignored_answer_left_out(run)
     assert not facts_kept(run, range(16))
     if summary_answer == "small_talk":

@@ -297,8 +297,9 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
         if distilled and self._first_naming("distilled", distilled):
             logger.warning(
                 "%s cut %d tool result(s) that no record covers to their first line and the lines that carry "
-                "distinctive values, verbatim, to fit the budget (a marker in each says how many lines were left "
-                "out; the full text stays on the message, see original_results): %s",
+                "distinctive values, verbatim (a record quoted too few of their values, no record can be asked for, "
+                "or the prompt must fit the budget; a marker in each says how many lines were left out; the full "
+                "text stays on the message, see original_results): %s",
                 type(self).__name__,
                 len(distilled),
                 ", ".join(distilled),

@@ -243,6 +243,7 @@ def run(
     memo: object = None,
     releasable: frozenset[str] | None = None,
     distillable: frozenset[str | None] = frozenset(),
+    distill_ceiling: int | None = None,
 ) -> AnchoredDone:
     """:func:`step`'s answer, unwrapped: compositions call it directly.
 
@@ -255,7 +256,9 @@ def run(
     before any group is shed. A distilled result keeps its title and every line with a
     distinctive value, verbatim, under a marker (:func:`.distill.distill`); the position
     is remembered and replayed like a shed, so every list and every later pass gives the
-    same bytes.
+    same bytes. With ``distill_ceiling`` as well (the record trigger, once no record can be
+    asked for), over that ceiling every such band group is distilled at once, where a record
+    would have covered them all in one break; shedding still waits for the ceiling.
     """
     snapshot = state
     previous = memo if isinstance(memo, Band) else None
@@ -292,6 +295,8 @@ def run(
             if position < len(plan.tools.groups):
                 _distill_group(plan, plan.tools.groups[position], measure, into=None)
                 plan.distilled.add(position)
+        if distill_ceiling is not None and _prompt_tokens(plan, measure) > distill_ceiling:
+            _distill_to_low_water(config, plan, measure, distill_ceiling, low_water=0)
         _distill_to_low_water(config, plan, measure, limit)
         _shed_to_low_water(config, plan, measure, limit)
 
@@ -615,12 +620,15 @@ def _shed_to_low_water(config: AnchoredConfig, plan: _Plan, measure: Measure, li
             total -= freed - note.tokens
 
 
-def _distill_to_low_water(config: AnchoredConfig, plan: _Plan, measure: Measure, limit: int) -> None:
-    """Distill the groups no record covers, oldest first, down to the low-water mark, only when over ``limit``."""
+def _distill_to_low_water(
+    config: AnchoredConfig, plan: _Plan, measure: Measure, limit: int, *, low_water: int | None = None
+) -> None:
+    """Distill the groups no record covers, oldest first, down to the low-water mark (``low_water``, by default
+    ``limit``'s), only when over ``limit``."""
     total = _prompt_tokens(plan, measure) if plan.distillable else 0
     if total <= limit:
         return
-    low_water = math.floor(limit * config.low_water_fraction)
+    low_water = math.floor(limit * config.low_water_fraction) if low_water is None else low_water
     for position, group in enumerate(plan.tools.groups):
         if total <= low_water:
             return

@@ -69,6 +69,7 @@ from .envelope import Count, Positive, Schema, Text, distinct, dump, error, exac
 from .errors import CompactionBudgetExceeded, SnapshotError
 from .model import History, MessageRecord
 from .protocol import Done, Needs, StepResult, sent_tokens
+from .recall import no_route
 from .records import HOLD_RECORD, RecordConfig, RecordReport, RecordState
 from .snapshot import AnchoredSnapshot
 from .user_snapshot import UserSummarySnapshot
@@ -522,7 +523,9 @@ def _users(config: CompositionConfig, work: _Pass, seen: View, measure: anchored
     waiting = (waiting and seen.sent <= config.max_input_tokens) or work.replay_only
     state, report = replace(work.state, chain=chain), replace(work.report, waited=waiting)
     if not waiting:
-        breaking = bool(work.report.records.dropped)
+        # The record half's own break this pass: groups newly excluded, or cut to what stays of them.
+        passed = work.report.records
+        breaking = bool(passed.dropped or passed.remnants or passed.distilled)
         answer = _user_pass(config, state.users, seen.history, measure, breaking=breaking, roomy=work.roomy)
         if isinstance(answer, Needs):
             # The state to absorb into is the input state: the next step recomputes the rest.
@@ -584,19 +587,38 @@ def _fallback(config: CompositionConfig, work: _Pass, seen: View, measure: ancho
     """The fallback with holds: every tool group not yet covered held, the anchored rules shed narration only.
 
     Decisions already made replay on every pass, whatever the size (so both lists and a
-    copy agree); new ones are made only over the budget.
+    copy agree); new ones are made only over the budget (or past the record trigger once no route to a record is left:
+    :func:`_net_ceiling`).
     """
     state = work.state.records.fallback
-    if seen.sent <= config.max_input_tokens and not records.decided(state):
+    netted = _net_ceiling(config, work)
+    if seen.sent <= config.max_input_tokens and not records.decided(state) and not _netting(config, work, seen):
         return Done(seen.history, work, None)
     assert config.records.fallback is not None
     output = records.hold_unrecorded(seen)
     ran = records.run_with_holds(
-        config.records.fallback, state, output, measure, memo=work.band, distillable=records.DISTILLABLE
+        config.records.fallback,
+        state,
+        output,
+        measure,
+        memo=work.band,
+        distillable=records.DISTILLABLE,
+        distill_ceiling=netted,
     )
     new = replace(work.state, records=replace(work.state.records, fallback=ran.state))
     report = replace(work.report, fallback=ran.report)
     return Done(ran.history, replace(work, state=new, report=report, band=ran.memo), None)
+
+
+def _net_ceiling(config: CompositionConfig, work: _Pass) -> int | None:
+    """With no route to a record left, the safety net takes the record's place past its trigger (all at once)."""
+    return config.records.trigger_tokens if no_route(work.state.records.recall) else None
+
+
+def _netting(config: CompositionConfig, work: _Pass, seen: View) -> bool:
+    """The safety net distills on this pass in the record's place (:func:`_net_ceiling`)."""
+    ceiling = _net_ceiling(config, work)
+    return ceiling is not None and seen.sent > ceiling
 
 
 def _shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:

@@ -16,7 +16,8 @@ HistorySeen         the next request's pin: an outstanding re-force ask first,  
 RequestStarting     the decided pin is spent on this request: pinned, or asked  Pin /
                     over the cached prefix (``PinRule.aligned``, or pinning     Unpinned
                     disabled) by the pass inside it, unless the model ignored
-                    two such instructions (then pinned, if pinning is left)
+                    two such instructions (then pinned, if the host pins and
+                    pinning is left)
 ForcedReturned      the forced call returned: its record is awaited             Nothing
 ForcedResponse      the streak of pinned responses without a recall call;       Disable /
                     two in a row disable pinning                                Nothing
@@ -113,7 +114,8 @@ class RecallState:
         awaiting_record: The last completed call was forced; its record is not judged yet.
         ignored_streak: Consecutive pinned responses without a recall call.
         pin_disabled: The provider ignored two pins in a row, or a forced request failed:
-            no more pins for this conversation (the verdict describes the provider).
+            no more pins for this conversation (the verdict describes the provider); also set
+            once asking over the cached prefix is disabled for a host that chose it (it never pins).
         seen: What the last :class:`HistorySeen` reported (for the ``record_due`` preview).
         armed: The recall gate's one-shot permission to record (the middleware arms it for a
             pinned request; the recall tool spends it). Version 1 kept it beside the state.
@@ -123,8 +125,8 @@ class RecallState:
         ignored_instructions: Consecutive answers to requests over the cached prefix that did
             not follow the instruction (no value of what they were asked about).
         prefix_disabled: The model ignored two such instructions for records in a row: no more
-            requests over the cached prefix for this conversation (records are pinned again
-            unless pinning is disabled too; summaries go to the summarizer).
+            requests over the cached prefix for this conversation (records are pinned again when
+            the host pins and pinning is not disabled; summaries go to the summarizer).
         summaries_prefix_disabled: A summary asked over the cached prefix was ignored or failed:
             summaries go to the summarizer from then on (the same request at once).
     """
@@ -283,11 +285,15 @@ def advance(rule: PinRule, state: RecallState, event: Event) -> tuple[RecallStat
             pin = "reforce"
         return replace(state, next_pin=pin, seen=seen), Nothing()
     if isinstance(event, RequestStarting):
+        if rule.aligned and state.prefix_disabled and not state.pin_disabled:
+            # A host that asks over the cached prefix never pins: with that route disabled, neither
+            # is left, and the safety net keeps what no record covers (see :func:`no_route`).
+            state = replace(state, pin_disabled=True)
         if state.next_pin is None:
             return state, Unpinned()
         if (rule.aligned or state.pin_disabled) and not state.prefix_disabled:  # asked by the pass inside it
             return replace(state, next_pin=None, asking=state.next_pin), Unpinned()
-        if state.pin_disabled:  # neither route is left: the safety net keeps what no record covers
+        if state.pin_disabled:  # neither route is left
             return replace(state, next_pin=None), Unpinned()
         return replace(state, next_pin=None, in_flight=True), Pin(rule.record_max_tokens, state.next_pin)
     if isinstance(event, ForcedReturned):
@@ -300,6 +306,16 @@ def advance(rule: PinRule, state: RecallState, event: Event) -> tuple[RecallStat
     if isinstance(event, ForcedFailed):
         return replace(state, in_flight=False, awaiting_record=False, pin_disabled=True), RetryUnpinned()
     return replace(state, next_pin=event.pin, in_flight=False, awaiting_record=False), Nothing()
+
+
+def no_route(state: RecallState) -> bool:
+    """No record can be asked for in this conversation: pinning is disabled (the provider ignored two pins, a
+    pinned request failed, or the host asks over the cached prefix) and so is asking over the cached prefix.
+
+    The record strategies then let the safety net take the record's place: past the record
+    trigger, every band tool group no record covers is cut to its value lines at once.
+    """
+    return state.pin_disabled and state.prefix_disabled
 
 
 def judged_instruction(state: RecallState, *, followed: bool) -> RecallState:
@@ -315,7 +331,7 @@ def record_due(rule: PinRule, state: RecallState, *, reforce_pending: bool) -> b
     A pin already decided counts; an outstanding, untaken re-force ask counts; otherwise
     the pin rule on the last history seen.
     """
-    if state.pin_disabled and state.prefix_disabled:
+    if no_route(state):
         return False
     if state.next_pin is not None:
         return True

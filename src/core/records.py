@@ -16,19 +16,25 @@ records and the :class:`~.record_decisions.RecordDecisions`:
 - Once a record exists, every pass applies the records, whatever the prompt's size, so
   the prompt is a function of the history and its records alone and changes only when
   a record arrives: every tool group after the head that ends before the newest record is
-  judged by **coverage**: its distinct distinctive values (:mod:`.values`) must appear in
-  the union of all records, at least ``ceil(n * coverage_share)`` of them; a group
-  without values is covered when each tool it called is mentioned by name at least as
-  often as candidate groups call it. Covered groups leave the prompt. Uncovered groups
-  are **held** (the fallback must not shrink them); a group larger than
-  ``record_target_tokens`` first releases the table rows the record quotes verbatim
-  (:mod:`.tables`).
+  judged by **coverage**, once: by the first record after it that quotes any of its
+  distinct distinctive values (:mod:`.values`), with every record before that one (a
+  later record never changes what stays of it). At least ``ceil(n * coverage_share)`` of
+  them quoted covers it, and it leaves the prompt (or leaves a remnant of the values they
+  do not quote). Fewer make it **thin**: it is cut on that pass to its lines with a value
+  (the safety net's form, :mod:`.distill`), after a group larger than
+  ``record_target_tokens`` released the table rows the records quote verbatim
+  (:mod:`.tables`). A group without values is covered when each tool it called is
+  mentioned by name at least as often as candidate groups call it. A group no record
+  after it quotes is uncovered and **held** (the fallback must not shrink it).
 - Uncovered groups are **asked** for once per batch (the middleware re-forces one
   request); an ask ends when a new record arrives or after two responses without one.
   When it ends with none of its batch covered, the batch is **settled**: held for good,
   released only when a later record quotes it.
 - If the prompt is still over the budget, every remaining tool group is held too and
   the shell runs the fallback behind the record, which can then shed only narration.
+- When no record can be asked for at all (:func:`.recall.no_route`), the fallback's safety
+  net takes the record's place past the trigger: every band group no record covers is
+  cut to its value lines in one pass.
 """
 
 from __future__ import annotations
@@ -46,13 +52,13 @@ from . import anchored, recall, user_summaries
 from .anchored import DEFAULT_KEEP_HEAD_GROUPS, DEFAULT_KEEP_TAIL_GROUPS, AnchoredConfig
 from .checks import AtLeastOne, AtLeastZero, Fraction, validate
 from .counting import MESSAGE_OVERHEAD_TOKENS
-from .distill import is_distilled, is_remnant, remnant
+from .distill import distill, is_distilled, is_remnant, remnant
 from .effects import COMPACTION_REQUEST, Aligned, Request, identity
 from .envelope import Count, Schema, Text, exactly
 from .grouping import Grouping, regroup
 from .model import Group, History, MessageRecord, Part, conversation_records, flagged
 from .protocol import Done, Needs, StepResult, sent_tokens
-from .recall import RecallState, RecallStatus
+from .recall import RecallState, RecallStatus, no_route
 from .record_decisions import Ask, RecordDecisions
 from .snapshot import AnchoredSnapshot
 from .tables import RowKey, release_rows, repeated_rows, row_keys
@@ -283,16 +289,20 @@ class RecordReport:
         triggered: The prompt was over the trigger.
         records: Active records in the conversation.
         covered: Ordinals of the tool groups the records cover (left the prompt, or left a
-            remnant: see ``remnants``).
+            remnant: see ``remnants``), and of those they quote too thinly (see ``thin``).
         dropped: Origins of messages this pass newly excluded because a record covers them.
         joined: Origins of messages excluded to keep a tool group whole: the rest of an
             uncovered group found partly excluded (a late result for a covered call).
-        uncovered: Ordinals of candidate groups the records do not cover (held).
+        thin: Ordinals of the groups the records quote below ``coverage_share``: cut to their
+            value lines (see ``distilled``), not held, not asked for.
+        uncovered: Ordinals of candidate groups no record after them quotes (held).
         settled: Ordinals of uncovered groups held for good.
         asked: Ordinals of a new ask made on this pass (empty when none).
         rows_released: Table rows this pass newly released from held results.
         remnants: Results of groups the records cover in part, cut on this pass to their
             title line and the lines with a value the records do not quote (the rest left).
+        distilled: Results of groups the records quote below ``coverage_share``, cut on
+            this pass to their title line and every line with a value (the safety net's form).
         unreachable: Held groups whose cheapest sufficient value text exceeds
             ``record_target_tokens`` (a diagnostic estimate).
         held_unrecorded: Groups held so the fallback behind a record leaves them whole.
@@ -309,11 +319,13 @@ class RecordReport:
     covered: tuple[int, ...] = ()
     dropped: tuple[int, ...] = ()
     joined: tuple[int, ...] = ()
+    thin: tuple[int, ...] = ()
     uncovered: tuple[int, ...] = ()
     settled: tuple[int, ...] = ()
     asked: tuple[int, ...] = ()
     rows_released: int = 0
     remnants: int = 0
+    distilled: int = 0
     unreachable: int = 0
     held_unrecorded: int = 0
     fallback: Fallback = Fallback.NONE
@@ -382,12 +394,15 @@ class RecordMemo:
         values: The distinctive values of each tool result text the last pass judged,
             keyed by the text (the shell reuses the same text objects across passes).
         quoted: The records' text of the last pass with its word set and name mentions.
+        judges: The records' texts of the last pass with the words of each and every record
+            before it (:func:`_judges`).
         band: The last fallback run's band (its ``Done.memo``).
     """
 
     view: View | None = None
     values: Mapping[str, tuple[str, ...]] = field(default_factory=dict[str, tuple[str, ...]])
     quoted: tuple[str, frozenset[str], Mapping[str, int]] | None = None
+    judges: tuple[tuple[str, ...], tuple[frozenset[str], ...]] | None = None
     band: object = None
 
 
@@ -422,8 +437,19 @@ def step(
     band = record_memo.band if record_memo else None
     # The fallback's decisions replay on every pass while they stand, whatever the size, so
     # both lists agree (the in-call copies carry injected context the stored history lacks).
-    if (report.fallback is not Fallback.NONE or stands) and config.fallback is not None:
-        ran = run_with_holds(config.fallback, state.fallback, output, measure, memo=band, distillable=DISTILLABLE)
+    # With no route to a record left, the safety net takes the record's place past its trigger.
+    netted = config.trigger_tokens if no_route(state.recall) else None
+    due = report.fallback is not Fallback.NONE or stands or (netted is not None and report.tokens_after > netted)
+    if due and config.fallback is not None:
+        ran = run_with_holds(
+            config.fallback,
+            state.fallback,
+            output,
+            measure,
+            memo=band,
+            distillable=DISTILLABLE,
+            distill_ceiling=netted,
+        )
         output, fallback_state, band = ran.history, ran.state, ran.memo
         overflow = report.fallback is Fallback.BEHIND_RECORD and sent_tokens(output) > config.max_input_tokens
         report = replace(report, fallback_report=ran.report, overflow=overflow)
@@ -447,6 +473,7 @@ def run_with_holds(
     *,
     releasable: frozenset[str] = frozenset(),
     distillable: frozenset[str | None] = frozenset(),
+    distill_ceiling: int | None = None,
     memo: object = None,
 ) -> anchored.AnchoredDone:
     """The anchored rules on ``history`` with every held message protected, except holds in ``releasable``.
@@ -455,10 +482,19 @@ def run_with_holds(
     preserved, and the hold comes back on every message still included afterwards. Holds
     named in ``releasable`` do not protect, so the rules may shed those groups whole.
     Groups whose holds are in ``distillable`` are distilled over the budget before any
-    shed (the safety net; see :func:`.anchored.run`).
+    shed (the safety net; see :func:`.anchored.run`), and all at once over ``distill_ceiling``.
     """
     keep = {r.origin: r.held for r in history if r.held is not None}
-    ran = anchored.run(config, state, history, measure, memo=memo, releasable=releasable, distillable=distillable)
+    ran = anchored.run(
+        config,
+        state,
+        history,
+        measure,
+        memo=memo,
+        releasable=releasable,
+        distillable=distillable,
+        distill_ceiling=distill_ceiling,
+    )
 
     def restored(record: MessageRecord) -> MessageRecord:
         if record.excluded:  # an excluded message keeps no hold; one that protected stays protected
@@ -757,23 +793,31 @@ def rules(
         output = _with_holds(records, holds)
         return _done(seen, output, decisions=decisions, report=report, memo=memo)
 
-    text = "\n".join(record_text(records[k], recall_ids) for k in found)
+    texts = tuple(record_text(records[k], recall_ids) for k in found)
+    text = "\n".join(texts)
     quoted = _quoted(text, memo.quoted)
+    judges = _judges(texts, memo.judges)
     values: dict[str, tuple[str, ...]] = {}
     candidates, gone = _candidates(config, records, grouping, found[-1], recall_ids, values=(memo.values, values))
-    covered, uncovered = _coverage(config, candidates, quoted, gone)
+    covered, weak, uncovered = _coverage(config, candidates, quoted, gone, list(zip(found, judges[1], strict=True)))
     # Tool integrity: an uncovered group found partly excluded (a result that arrived
     # for a call a record covered, or another component's exclusion) goes whole.
     broken = [c for c in uncovered if any(records[i].excluded for i in c.group.members)]
     uncovered = [c for c in uncovered if c not in broken]
     # A group the records cover in part leaves only what they quote: the lines with a value
     # they do not quote stay, as its remnant (the group counts as covered: it is not asked for).
-    partial = [c for c in covered if any(v not in quoted[1] for v in c.values)]
+    partial = [(c, words) for c, words in covered if any(v not in words for v in c.values)]
     output = list(records)
-    dropped = _exclude(output, [c for c in covered if c not in partial])
-    remnants = _keep_remnants(output, partial, quoted[1], measure)
+    dropped = _exclude(output, [c for c, words in covered if all(v in words for v in c.values)])
+    remnants = _keep_remnants(output, partial, measure)
+    # A group quoted too thinly: a large result first releases the table rows the judging records quote
+    # verbatim, then every result keeps only its lines with a value (the marker names what left).
+    rows = sum(
+        _release_rows(config, output, [c], "\n".join(texts[: k + 1]), measure=measure, recall_ids=recall_ids)
+        for c, k in weak
+    )
+    distilled = _keep_remnants(output, [(c, None) for c, _ in weak], measure)
     joined = _exclude(output, broken)
-    rows = _release_rows(config, output, uncovered, text, measure=measure, recall_ids=recall_ids)
     for candidate in uncovered:
         for index in candidate.group.members:
             holds[index] = HOLD_UNCOVERED
@@ -798,19 +842,21 @@ def rules(
         tokens_after=tokens_after,
         triggered=triggered,
         records=len(found),
-        covered=tuple(c.ordinal for c in covered),
+        covered=tuple(sorted([c.ordinal for c, _ in covered] + [c.ordinal for c, _ in weak])),
         dropped=tuple(dropped),
         joined=tuple(joined),
+        thin=tuple(c.ordinal for c, _ in weak),
         uncovered=tuple(c.ordinal for c in uncovered),
         settled=settled,
         asked=asked,
         rows_released=rows,
         remnants=remnants,
+        distilled=distilled,
         unreachable=_unreachable(config, uncovered, measure),
         held_unrecorded=held_unrecorded,
         fallback=fallback,
     )
-    memo = RecordMemo(values=values, quoted=quoted)
+    memo = RecordMemo(values=values, quoted=quoted, judges=judges)
     return _done(seen, output, decisions=new_decisions, report=report, memo=memo)
 
 
@@ -920,11 +966,16 @@ def _judged_text(part: Part) -> str:
 
 
 def _keep_remnants(
-    output: list[MessageRecord], partial: Sequence[_Candidate], quoted: frozenset[str], measure: Measure
+    output: list[MessageRecord], groups: Sequence[tuple[_Candidate, frozenset[str] | None]], measure: Measure
 ) -> int:
-    """Cut the included plain-text results of ``partial`` groups to their remnants, in ``output``; how many changed."""
+    """Cut the included plain-text results of each group to what stays of it, in ``output``; how many changed.
+
+    A group paired with the words of the records that judged it keeps its remnant (the lines
+    with a value they do not quote); one paired with ``None`` is distilled (every line with
+    a value: the records quoted too few of its values to stand for it).
+    """
     changed = 0
-    for candidate in partial:
+    for candidate, words in groups:
         for index in candidate.group.members:
             record = output[index]
             if record.excluded:
@@ -934,7 +985,8 @@ def _keep_remnants(
                 if part.kind != "function_result" or part.structured or not part.text:
                     parts.append(part)
                     continue
-                text = remnant(_judged_text(part), quoted)
+                judged = _judged_text(part)
+                text = distill(judged) if words is None else remnant(judged, words)
                 same = text == part.text
                 parts.append(part if same else replace(part, text=text, tokens=measure(text) + part.media_tokens))
                 changed += not same
@@ -948,25 +1000,70 @@ def _coverage(
     candidates: Sequence[_Candidate],
     record: tuple[str, frozenset[str], Mapping[str, int]],
     gone: Sequence[tuple[str, ...]],
-) -> tuple[list[_Candidate], list[_Candidate]]:
-    """Split candidates into covered and uncovered by the records' (text, word set, name mentions);
-    ``gone`` holds the tool names of the judged groups already excluded."""
-    _, quoted, mentions = record
+    judges: Sequence[tuple[int, frozenset[str]]],
+) -> tuple[list[tuple[_Candidate, frozenset[str]]], list[tuple[_Candidate, int]], list[_Candidate]]:
+    """Split candidates into covered (with the words that judged each), quoted too thinly (with the number of
+    the record that judged each, counted from 0), and uncovered.
+
+    ``record`` is the records' (text, word set, name mentions); ``gone`` holds the tool
+    names of the judged groups already excluded; ``judges`` pairs each record's index
+    with the words of it and every record before it. A group with values is judged once,
+    by the first record after it that quotes any of them, with the records up to that one
+    (:func:`_judge`): a later record never changes what stays of it. A group without values
+    is covered when each tool it called is named as often as candidate groups call it.
+    """
+    _, _, mentions = record
     callers: dict[str, int] = {}
     for names in [*(c.names for c in candidates), *gone]:
         for name in set(names):
             callers[name] = callers.get(name, 0) + 1
-    covered: list[_Candidate] = []
+    covered: list[tuple[_Candidate, frozenset[str]]] = []
+    weak: list[tuple[_Candidate, int]] = []
     uncovered: list[_Candidate] = []
     for candidate in candidates:
         if candidate.values:
+            judge = _judge(candidate, judges)
+            if judge is None:
+                uncovered.append(candidate)
+                continue
+            words = judges[judge][1]
             needed = math.ceil(len(candidate.values) * config.coverage_share - _SHARE_TOLERANCE)
-            ok = sum(1 for v in candidate.values if v in quoted) >= needed
+            if sum(1 for v in candidate.values if v in words) >= needed:
+                covered.append((candidate, words))
+            else:
+                weak.append((candidate, judge))
+            continue
+        names = set(candidate.names)
+        if names and all(mentions.get(n.lower(), 0) >= callers[n] for n in names):
+            covered.append((candidate, frozenset()))
         else:
-            names = set(candidate.names)
-            ok = bool(names) and all(mentions.get(n.lower(), 0) >= callers[n] for n in names)
-        (covered if ok else uncovered).append(candidate)
-    return covered, uncovered
+            uncovered.append(candidate)
+    return covered, weak, uncovered
+
+
+def _judge(candidate: _Candidate, judges: Sequence[tuple[int, frozenset[str]]]) -> int | None:
+    """Which record judges ``candidate`` (counted from 0): the first after it that quotes, with the records
+    before it, any of its values; ``None`` when no record after it does."""
+    last = candidate.group.members[-1]
+    for number, (position, words) in enumerate(judges):
+        if position > last and any(v in words for v in candidate.values):
+            return number
+    return None
+
+
+def _judges(
+    texts: tuple[str, ...], memo: tuple[tuple[str, ...], tuple[frozenset[str], ...]] | None
+) -> tuple[tuple[str, ...], tuple[frozenset[str], ...]]:
+    """The records' ``texts`` with the words of each record and every record before it (the memo's, when it
+    read the same texts; a new record after them extends it)."""
+    if memo is not None and memo[0] == texts:
+        return memo
+    known = memo[1] if memo is not None and texts[: len(memo[0])] == memo[0] else ()
+    cumulative = list(known)
+    empty: frozenset[str] = frozenset()
+    for text in texts[len(known) :]:
+        cumulative.append(word_set(text) | (cumulative[-1] if cumulative else empty))
+    return texts, tuple(cumulative)
 
 
 def _release_rows(
@@ -1143,7 +1240,7 @@ def record_expected(state: RecordState) -> bool:
     never once both routes are disabled.
     """
     recall = state.recall
-    if recall.pin_disabled and recall.prefix_disabled:
+    if no_route(recall):
         return False  # neither route is left: nothing is worth waiting for
     return (
         state.decisions.ask is not None or recall.next_pin is not None or recall.in_flight or recall.asking is not None
