@@ -584,6 +584,21 @@ def test_no_new_wait_starts_behind_the_same_record_but_one_does_behind_a_new_rec
     assert strategy.last_report.waited, "a new record is a new wait"
 
 
+def test_a_chain_that_goes_on_after_a_partial_record_waits_two_responses_from_its_new_ask() -> None:
+    """A record covers part of an ask's batch and the chain asks again for the rest: the user half waits for that
+    record two responses from the new ask (so its summary rides on that record's break), not from the first."""
+    from maf_compaction.core.composition import ChainDecisions, _wait  # pyright: ignore[reportPrivateUsage]
+
+    started = ChainDecisions(wait_since=24)
+    assert _wait(started, 26, expected=True, count=3) == (replace(started, wait_since=None, declined_behind=3), False)
+    assert _wait(started, 26, expected=True, count=3, asked_at=26) == (started, True)
+    assert _wait(started, 27, expected=True, count=3, asked_at=26) == (started, True)
+    declined = _wait(started, 28, expected=True, count=3, asked_at=26)
+    assert declined == (replace(started, wait_since=None, declined_behind=3), False)
+    # An ask from the future of this clock (a restored, older history) does not extend the wait.
+    assert _wait(started, 26, expected=True, count=3, asked_at=30)[1] is False
+
+
 def test_a_wait_is_dropped_when_the_clock_goes_back_after_a_restore() -> None:
     long = chat(12)
     for n in range(6):

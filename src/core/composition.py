@@ -9,7 +9,7 @@ then, only while the prompt is over the budget, a last-resort chain:
 2. **User half** (:mod:`.user_summaries`), unless it is waiting for a record that is
    expected: a record about to be written would change what the summary must carry. Only a
    pass that fits the budget waits (over it the user half makes room now). The wait
-   lasts at most two model responses, never starts again behind the same record, and
+   lasts at most two model responses from the ask it waits for, never starts again behind the same record, and
    is dropped when the conversation's clock goes back (a restore). Every break of the
    cached prefix is paid again by the next request, so the user half asks where a break
    costs least (:func:`_user_pass`): on the pass where a record newly excludes tool
@@ -514,11 +514,13 @@ def _record_rules(config: CompositionConfig, work: _Pass, seen: View, measure: a
 
 def _users(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
     """The user half, unless it waits for an expected record (only a pass that fits waits)."""
+    ask = work.state.records.decisions.ask
     chain, waiting = _wait(
         work.state.chain,
         records.responses(seen.records),
         expected=records.record_expected(work.state.records),
         count=records.records_written(seen.records),
+        asked_at=None if ask is None else ask.responses_at_ask,
     )
     waiting = (waiting and seen.sent <= config.max_input_tokens) or work.replay_only
     state, report = replace(work.state, chain=chain), replace(work.report, waited=waiting)
@@ -906,14 +908,22 @@ def _protected_tokens(output: History) -> int:
     return sum(r.tokens for r in output if not r.excluded and (r.held == HOLD_RECORD or r.preserved or r.injected))
 
 
-def _wait(chain: ChainDecisions, clock: int, *, expected: bool, count: int) -> tuple[ChainDecisions, bool]:
-    """Whether the user half waits for an expected record on this pass, and the chain's wait state after it."""
+def _wait(
+    chain: ChainDecisions, clock: int, *, expected: bool, count: int, asked_at: int | None = None
+) -> tuple[ChainDecisions, bool]:
+    """Whether the user half waits for an expected record on this pass, and the chain's wait state after it.
+
+    ``asked_at`` is the clock when the outstanding ask was made: a chain that goes on for the rest of its
+    batch after a record covered part of it makes a new ask, and the wait lasts two responses from that
+    ask (the record it waits for is a new one), so the summary still rides on that record's break.
+    """
     if chain.wait_since is not None and clock < chain.wait_since:
         chain = replace(chain, wait_since=None)  # the clock went back: a restore of an earlier state
     if not expected or chain.declined_behind == count:
         return replace(chain, wait_since=None), False
     if chain.wait_since is None:
         return replace(chain, wait_since=clock), True
-    if clock - chain.wait_since >= RECORD_WAIT_RESPONSES:
+    since = chain.wait_since if asked_at is None or asked_at > clock else max(chain.wait_since, asked_at)
+    if clock - since >= RECORD_WAIT_RESPONSES:
         return replace(chain, wait_since=None, declined_behind=count), False
     return chain, True
