@@ -648,8 +648,9 @@ def test_with_no_route_to_a_record_the_safety_net_cuts_every_band_group_past_the
 ) -> None:
     """Under the budget but past the record trigger, no record yet. While a record can still be asked for, the
     results wait for it, whole. Once neither route is left (pins and the cached prefix disabled), the safety net
-    takes the record's place: in one pass every band result is cut to its value lines (one break, as one record
-    would have covered them all), the tail's stay whole, no summary is asked for, and every value stays."""
+    takes the record's place: in one pass every result after the head and before the conversation's newest group is
+    cut to its value lines (one break: what one record would have covered), no summary is asked for, and every
+    value stays."""
     messages = conversation(8)
     size, _ = measured(messages)
     strategy = build(int(size / 0.7), summarizer=ScriptedSummarizer(extractive))  # the trigger is 0.6 of it
@@ -661,15 +662,21 @@ def test_with_no_route_to_a_record_the_safety_net_cuts_every_band_group_past_the
     if routes_left:
         assert distilled == []
         return
-    assert distilled == [f"r{n}" for n in range(7)]  # every band result: the tail's (r7) stays whole
+    assert distilled == [f"r{n}" for n in range(8)]  # the newest group is the user's last message
     assert not excluded_ids(messages)
     for n in range(8):
         kept = str(by_id(messages, f"r{n}").contents[0].result)
         assert all(v in kept for v in distinctive_values(lookup_text(n)))
-    # The next pass (and one over a longer conversation) replays the same bytes.
+    # The next pass replays the same bytes, and so does a fresh stack restored from the state (the snapshot's
+    # positions past the configured tail are this state's own).
     before = [m.to_dict() for m in messages]
     run(strategy, messages)
     assert [m.to_dict() for m in messages] == before
+    restored = build(int(size / 0.7), summarizer=ScriptedSummarizer(extractive))
+    restored.restore_decisions(strategy.decision_state().to_dict())
+    loaded = [Message.from_dict(m) for m in before]
+    run(restored, loaded)
+    assert [m.to_dict() for m in loaded] == before
 
 
 def test_the_fallback_with_holds_sheds_only_narration() -> None:

@@ -596,10 +596,11 @@ def _fallback(config: CompositionConfig, work: _Pass, seen: View, measure: ancho
     netted = _net_ceiling(config, work)
     if seen.sent <= config.max_input_tokens and not records.decided(state) and not _netting(config, work, seen):
         return Done(seen.history, work, None)
-    assert config.records.fallback is not None
+    fallback = records.fallback_for(config.records, work.state.records)
+    assert fallback is not None
     output = records.hold_unrecorded(seen)
     ran = records.run_with_holds(
-        config.records.fallback,
+        fallback,
         state,
         output,
         measure,

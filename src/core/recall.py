@@ -313,7 +313,8 @@ def no_route(state: RecallState) -> bool:
     pinned request failed, or the host asks over the cached prefix) and so is asking over the cached prefix.
 
     The record strategies then let the safety net take the record's place: past the record
-    trigger, every band tool group no record covers is cut to its value lines at once.
+    trigger, every tool group no record covers, after the head and before the newest group,
+    is cut to its value lines at once.
     """
     return state.pin_disabled and state.prefix_disabled
 

@@ -33,8 +33,9 @@ records and the :class:`~.record_decisions.RecordDecisions`:
 - If the prompt is still over the budget, every remaining tool group is held too and
   the shell runs the fallback behind the record, which can then shed only narration.
 - When no record can be asked for at all (:func:`.recall.no_route`), the fallback's safety
-  net takes the record's place past the trigger: every band group no record covers is
-  cut to its value lines in one pass.
+  net takes the record's place past the trigger: every group no record covers, after the
+  head and before the newest group (:func:`fallback_for`), is cut to its value lines in one
+  pass.
 """
 
 from __future__ import annotations
@@ -440,9 +441,10 @@ def step(
     # With no route to a record left, the safety net takes the record's place past its trigger.
     netted = config.trigger_tokens if no_route(state.recall) else None
     due = report.fallback is not Fallback.NONE or stands or (netted is not None and report.tokens_after > netted)
-    if due and config.fallback is not None:
+    fallback = fallback_for(config, state)
+    if due and fallback is not None:
         ran = run_with_holds(
-            config.fallback,
+            fallback,
             state.fallback,
             output,
             measure,
@@ -458,6 +460,20 @@ def step(
         return Success(Needs((asked,), state))
     new_state = replace(state, decisions=passed.state, fallback=fallback_state)
     return Success(Done(history=output, state=new_state, report=report, memo=replace(memo, band=band)))
+
+
+def fallback_for(config: RecordConfig, state: RecordState) -> AnchoredConfig | None:
+    """The fallback's rules as a pass runs them for ``state``.
+
+    Once no record can be asked for (:func:`.recall.no_route`), its safety net stands in for
+    the record, and like a record it leaves only the conversation's newest group whole: the
+    tail keeps one group (none if the host keeps none), so the net's one break covers what a
+    record would have covered, and the next one comes no sooner than a record's would.
+    """
+    fallback = config.fallback
+    if fallback is None or not no_route(state.recall):
+        return fallback
+    return replace(fallback, keep_tail_groups=min(fallback.keep_tail_groups, 1))
 
 
 def decided(state: AnchoredSnapshot) -> bool:
@@ -751,8 +767,9 @@ def check(config: RecordConfig, state: RecordState, history: History) -> str | N
                 f"snapshot field 'ask.responses_at_ask' is {decisions.ask.responses_at_ask}, but this conversation "
                 f"has {answered} assistant responses (they only grow)"
             )
-    if config.fallback is not None:
-        return anchored.check(config.fallback, state.fallback, history)
+    fallback = fallback_for(config, state)
+    if fallback is not None:
+        return anchored.check(fallback, state.fallback, history)
     return None
 
 
