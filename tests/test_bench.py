@@ -750,3 +750,30 @@ def test_the_command_writes_and_prints_the_record_rows_counters(
     assert f"prefix requests {counters['prefix_requests']:g}" in block
     assert f"groups covered {counters['groups_covered']:g}" in block
     assert max(len(line) for line in blocks[0].splitlines()) <= 120
+
+
+def test_a_record_and_a_summary_asked_in_one_request_are_answered_in_the_order_and_form_it_names() -> None:
+    """The instruction asks for the record, then a line it names, then a summary of the messages it names by their
+    opening words: the scripted model answers both (as it answers each alone), split by that line; with
+    ``ignore_instruction`` it goes on with the task instead."""
+    from maf_compaction.core.records import RECORD_INSTRUCTION, SUMMARY_SECTION
+    from maf_compaction.core.user_summaries import PREFIX_ITEMS_HEADING
+
+    context = [
+        Message("user", ["Note 1: keep ticket TK-000111 open."]),
+        Message("assistant", ["Noted."]),
+        *_results_context("a\ncode_1=TL-AAAAAA\nb")[1:],
+    ]
+    instruction = (
+        f"{RECORD_INSTRUCTION}\n\nThen, after the record, write one line {SUMMARY_SECTION} and below it a summary, "
+        f"as follows. Summarise the numbered items.\n\n{PREFIX_ITEMS_HEADING}\n1. \u00abNote 1: keep ticket\u00bb"
+    )
+    asked = [*context, Message("user", [instruction])]
+    text = ScriptedModel(SCRIPT).respond(asked).text
+    record, summary = text.split(f"\n{SUMMARY_SECTION}\n")
+    assert record == ScriptedModel(SCRIPT).record(context, None)
+    assert "TL-AAAAAA" in record
+    assert "TK-000111" in summary
+    assert "TL-AAAAAA" not in summary
+    ignored = ScriptedModel(SCRIPT, ModelOptions(ignore_instruction=True)).respond(asked)
+    assert SUMMARY_SECTION not in (ignored.text or "")

@@ -197,7 +197,7 @@ class Sent:
     @property
     def asks_record(self) -> bool:
         """The request ends with the record instruction (a record asked over the cached prefix)."""
-        return bool(self.texts) and self.texts[-1] == RECORD_INSTRUCTION
+        return bool(self.texts) and self.texts[-1].startswith(RECORD_INSTRUCTION)
 
     @property
     def pinned(self) -> bool:
@@ -227,7 +227,7 @@ class Script:
     def answer(self, messages: Sequence[Message], *, pinned: bool) -> list[Content]:
         """The model's answer to a request of ``messages`` (raises for ``"raise"`` and ``"cancel"``)."""
         turn = _turn(messages)
-        if messages and messages[-1].role == "user" and messages[-1].text == RECORD_INSTRUCTION:
+        if messages and messages[-1].role == "user" and (messages[-1].text or "").startswith(RECORD_INSTRUCTION):
             return self._record(turn, messages)
         if pinned:
             if self.obey_pins:
@@ -760,7 +760,7 @@ class Watching(Provider):
     def _inner_get_response(
         self, *, messages: Sequence[Message], stream: bool, options: Mapping[str, Any], **kwargs: Any
     ) -> Awaitable[ChatResponse] | ResponseStream[ChatResponseUpdate, ChatResponse]:
-        if self.stack is not None and messages and messages[-1].text == RECORD_INSTRUCTION:
+        if self.stack is not None and messages and (messages[-1].text or "").startswith(RECORD_INSTRUCTION):
             self.recall_at[len(self.requests)] = self.stack.tool_results.state_cell.value.recall
         return super()._inner_get_response(messages=messages, stream=stream, options=options, **kwargs)
 

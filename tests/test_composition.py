@@ -679,6 +679,37 @@ def test_with_no_route_to_a_record_the_safety_net_cuts_every_band_group_past_the
     assert [m.to_dict() for m in loaded] == before
 
 
+@pytest.mark.parametrize("policy", ["shed", "raise"])
+def test_a_thinly_quoted_lookup_is_cut_to_its_value_lines_except_under_raise(policy: str) -> None:
+    """A record quotes lookup 0 whole and one of lookup 1's values. Under "shed" lookup 1 is cut on that pass to
+    its value lines (every value kept); under "raise", which cuts nothing it need not, it stays whole, is held and
+    asked for once more."""
+    messages = conversation(4)
+    one = distinctive_values(lookup_text(1))[0]
+    body = f"{quote(0)}\nlookup 1 gave {one}"
+    messages[-1:-1] = [
+        Message(
+            "assistant",
+            [Content.from_function_call(call_id="recall_1", name=RECALL_TOOL_NAME, arguments={"values": body})],
+        ),
+        Message("tool", [Content.from_function_result(call_id="recall_1", result=f"{RECORD_PREFIX}\n{body}")]),
+    ]
+    strategy = build(10**6, overflow_policy=policy)
+    run(strategy, messages)
+    text = str(by_id(messages, "r1").contents[0].result)
+    report = strategy.last_report
+    assert report is not None
+    assert all(v in text for v in distinctive_values(lookup_text(1)))
+    if policy == "shed":
+        assert is_distilled(text)
+        assert report.records.thin == (1,)
+    else:
+        assert text == lookup_text(1)
+        assert report.records.thin == ()
+        assert 1 in report.records.uncovered
+        assert 1 in report.records.asked
+
+
 def test_the_fallback_with_holds_sheds_only_narration() -> None:
     messages = conversation(8, covers=(0, 1, 2), narration=12)
     _, after_records = measured(messages)

@@ -607,6 +607,47 @@ def test_a_record_that_quotes_a_group_too_thinly_cuts_it_to_its_value_lines_at_o
     assert "call call_2" in named[0]
 
 
+def test_a_record_before_a_group_that_holds_one_of_its_values_does_not_judge_it() -> None:
+    """Record 1 (before lookup 3) names a ticket lookup 3 repeats; record 2 (after it) quotes nothing of lookup 3.
+    Lookup 3 is judged by the first record after it that itself quotes one of its values: none, so it is
+    uncovered, held whole and asked for, not cut as a thinly quoted group."""
+    shared = "TICKET-4711"
+    messages = conversation(3)
+    messages += recall(f"{quote_all(lookup_text(1))}\n{quote_all(lookup_text(2))}\nticket {shared}")
+    messages += lookup(3, f"{lookup_text(3)}\nrelated ticket {shared}")
+    messages += lookup(4)
+    messages += recall(quote_all(lookup_text(4)), call_id="recall_2")
+    messages += lookup(5)
+    s = strategy()
+    run(s, messages)
+    report = s.last_report
+    assert report is not None
+    assert report.thin == ()
+    assert report.uncovered == (4,)  # lookup 3 (the recall call after lookup 2 is tool group 3)
+    assert report.asked == (4,)
+    assert result_of(messages, "call_3").contents[0].result == f"{lookup_text(3)}\nrelated ticket {shared}"
+    assert hold(result_of(messages, "call_3")) == HOLD_UNCOVERED
+
+
+def test_a_result_the_safety_net_cut_then_a_record_covers_in_part_keeps_the_same_bytes_on_every_pass() -> None:
+    """Over the budget the safety net cuts lookup 3 to its value lines; a later record quotes all its values but
+    one: its remnant is cut from the original result (as on a pass over a fresh copy), so a second pass with
+    nothing new gives the same bytes."""
+    messages = conversation(10)
+    s = strategy(int(_size(messages) * 0.95))
+    run(s, messages)
+    assert is_distilled(result_of(messages, "call_3").contents[0].result or "")
+    values = distinctive_values(lookup_text(3))
+    messages += recall("\n".join(values[:-1]))
+    messages += lookup(10)
+    run(s, messages)
+    first = result_of(messages, "call_3").contents[0].result or ""
+    run(s, messages)
+    assert is_remnant(first)
+    assert result_of(messages, "call_3").contents[0].result == first
+    assert values[-1] in first
+
+
 def test_with_no_route_to_a_record_the_safety_net_cuts_the_band_past_the_trigger() -> None:
     """No record, pins and the cached prefix disabled, the prompt past the record trigger but under the budget:
     the record strategy lets the safety net take the record's place, every result after the head and before the

@@ -65,9 +65,10 @@ from maf_compaction import (
 from maf_compaction.adapters.convert import SUMMARIZED_BY_KEY, SUMMARY_KEY, SUMMARY_OF_KEY, is_summary
 from maf_compaction.bench.sessions import make_builder
 from maf_compaction.core.composition import SummaryRequest
+from maf_compaction.core.counting import MESSAGE_OVERHEAD_TOKENS
 from maf_compaction.core.effects import COMPACTION_REQUEST
 from maf_compaction.core.recall import RecallState
-from maf_compaction.core.records import RECORD_MARKER
+from maf_compaction.core.records import RECORD_INSTRUCTION, RECORD_MARKER, SUMMARY_SECTION
 from maf_compaction.core.user_summaries import (
     DEFAULT_PROMPT,
     EXCLUDE_REASON,
@@ -164,7 +165,14 @@ class Model(Script):
     def answer(self, messages: Sequence[Message], *, pinned: bool) -> list[Content]:
         last = messages[-1]
         if last.role == "user" and asks_summary_text(last.text or ""):
-            return self._summary(messages)
+            if not (last.text or "").startswith(RECORD_INSTRUCTION):
+                return self._summary(messages)
+            # A record and a summary asked in one request: the record, the section line, the summary (a part
+            # that is no text, a call or a failure, is what the model answers instead of both).
+            record, summary = super().answer(messages, pinned=pinned), self._summary(messages)
+            if [c.type for c in record] == ["text"] and [c.type for c in summary] == ["text"]:
+                return [Content.from_text(f"{record[0].text}\n{SUMMARY_SECTION}\n{summary[0].text}")]
+            return record if [c.type for c in record] != ["text"] else summary
         found = _NOTE.match(last.text or "") if last.role == "user" else None
         if found:
             return [Content.from_text(f"noted {found.group(1)}")]
@@ -217,11 +225,11 @@ def canonical(sent: Sequence[Sent]) -> list[tuple[str, ...]]:
 # --- wiring ---------------------------------------------------------------------------------------------------
 
 
-def build(summary_request: SummaryRequest, summarizer: Summarizer) -> CompactionStack:
+def build(summary_request: SummaryRequest, summarizer: Summarizer, budget: int = BUDGET) -> CompactionStack:
     """The README's "Both halves" wiring on the test budget: both halves, the gate, the recall middleware."""
     return make_builder(
         "composition",
-        BUDGET,
+        budget,
         TOKENIZER,
         summarizer,
         record_request="cached_prefix",
@@ -273,12 +281,13 @@ def talk(
     words: Callable[[int], str] = fact_question,
     middleware: bool = True,
     summarizer: Summarizer | None = None,
+    budget: int = BUDGET,
 ) -> Talk:
     """A conversation through ``create_harness_agent``; without ``middleware`` neither the recall middleware nor the
     recall tool is installed."""
     client = Provider(model or Model())
     summarizer = summarizer if summarizer is not None else Summarizer()
-    stack = build(summary_request, summarizer)
+    stack = build(summary_request, summarizer, budget)
     invoked: list[int] = []
     if middleware:
         agent = agent_for(client, stack, invoked, HARNESS_OFF)
@@ -355,6 +364,31 @@ def facts_kept(run: Talk, turns: range) -> list[str]:
     return [v for n in turns for v in distinctive_values(run.words(n)) if v not in included]
 
 
+def without_instructions(sent: Sequence[Sent]) -> list[tuple[str, ...]]:
+    """The conversation's requests and its record requests without their instruction (a summary may ride in one),
+    summary-only requests aside."""
+    return [
+        (*s.canonical[:-2], s.canonical[-1]) if s.asks_record else s.canonical
+        for s in sent
+        if s.asks_record or not asks_summary(s)
+    ]
+
+
+def unnamed(rendered: str) -> str:
+    """A rendered message without its author."""
+    message = json.loads(rendered)
+    message.pop("author", None)
+    return json.dumps(message, sort_keys=True)
+
+
+def summary_answer(sent: Sent, answer: str) -> str:
+    """The summary part of ``answer`` to ``sent`` (a record asked with the summary answers both, split by a line)."""
+    if not sent.asks_record:
+        return answer
+    lines = answer.split("\n")
+    return "\n".join(lines[lines.index(SUMMARY_SECTION) + 1 :])
+
+
 def last_request_before(sent: Sequence[Sent], i: int) -> Sent:
     """The conversation's last request before request ``i`` (requests over the cached prefix aside)."""
     return sent[max(j for j in range(i) if not over_prefix(sent[j]))]
@@ -395,7 +429,9 @@ def check_summary_requests(run: Talk) -> list[int]:
         # The conversation's request as the provider cached it: a prefix of the last request, cut between groups.
         assert own, f"request {ask.number} sends nothing before the instruction"
         assert len(own) <= len(last.messages)
-        assert list(own) == list(last.messages[: len(own)]), (
+        # The framework names the agent on the replies it stores after a run: a request asked on the next run's
+        # first pass shows them named, the run's own requests did not (see test_cached_prefix): authors aside.
+        assert list(map(unnamed, own)) == list(map(unnamed, last.messages[: len(own)])), (
             f"request {ask.number} is no prefix of request {last.number}"
         )
         assert not [c for c in content_of(own[-1]) if c["type"] == "function_call"], "the cut follows a call"
@@ -407,7 +443,10 @@ def check_summary_requests(run: Talk) -> list[int]:
             # The longest such prefix: the group the cut leaves out would pass what the request may send.
             # What the pass lets it send (``RecordConfig.prefix_tokens``): the last request's size, and the budget
             # less the instruction as the pass estimates it before writing it (the prompt, the openings, a margin).
+            # A summary asked with a record rides on the record's view, cut for the record's instruction.
             estimate = measure(DEFAULT_PROMPT) + sum(measure(o) for o in named(ask.texts[-1])) + 64
+            if ask.asks_record:
+                estimate = measure(RECORD_INSTRUCTION) + MESSAGE_OVERHEAD_TOKENS
             limit = min(BUDGET - estimate, last.size)
             left_out = _group_at(last.messages, len(own))
             assert sends + sum(last.tokens[len(own) : len(own) + len(left_out)]) > limit, (
@@ -418,9 +457,14 @@ def check_summary_requests(run: Talk) -> list[int]:
         assert role_of(ask.messages[-1]) == "user"
         openings = named(ask.texts[-1])
         assert openings, f"request {ask.number} names no turn"
-        assert content_of(ask.messages[-1]) == [
-            {"type": "text", "text": instruction_for(openings), "additional_properties": {}}
-        ]
+        expected = instruction_for(openings)
+        if ask.asks_record:  # asked with a record: the record's instruction, then the summary's after a section line
+            body = expected.removeprefix(f"{COMPACTION_REQUEST} Do not continue the task. ")
+            expected = (
+                f"{RECORD_INSTRUCTION}\n\nThen, after the record, write one line {SUMMARY_SECTION} and below it a "
+                f"summary, as follows. {body}"
+            )
+        assert content_of(ask.messages[-1]) == [{"type": "text", "text": expected, "additional_properties": {}}]
         users = [t for t, m in zip(ask.texts[:-1], own, strict=True) if role_of(m) == "user"]
         for o in openings:
             assert [t for t in users if opening(t) == o] == [t for t in users if o in t], f"«{o}» is ambiguous"
@@ -476,7 +520,9 @@ async def test_each_answer_enters_history_as_a_user_summary_linked_to_the_turns_
     asks = summary_asks(sent)
     by_id = {m.message_id: m for m in stored}
     summaries = [m for m in stored if is_summary(m)]
-    assert [m.text for m in summaries] == [f"{USER_SUMMARY_MARKER}\n{run.client.answers[i]}" for i in asks]
+    assert [m.text for m in summaries] == [
+        f"{USER_SUMMARY_MARKER}\n{summary_answer(sent[i], run.client.answers[i])}" for i in asks
+    ]
     for summary, i in zip(summaries, asks, strict=True):
         assert summary.role == "user"
         replaced = summary.additional_properties[SUMMARY_OF_KEY]
@@ -484,7 +530,7 @@ async def test_each_answer_enters_history_as_a_user_summary_linked_to_the_turns_
         assert [opening(t.text or "") for t in turns] == named(sent[i].texts[-1]), (
             f"request {sent[i].number} does not name the turns its summary replaces"
         )
-        assert run.client.answers[i] == values_of([t.text or "" for t in turns])
+        assert summary_answer(sent[i], run.client.answers[i]) == values_of([t.text or "" for t in turns])
         for t in turns:
             assert t.role == "user"
             assert excluded(t)
@@ -520,7 +566,9 @@ async def test_the_summaries_and_the_conversation_are_those_of_the_summarizer_ro
         return [(a.identity, a.text, a.summary_id, a.sources, a.turns) for a in state.answers]
 
     assert answers(prefix) == answers(summarizer)
-    assert [a[1] for a in answers(prefix)] == [prefix.client.answers[i] for i in summary_asks(prefix.sent)]
+    assert [a[1] for a in answers(prefix)] == [
+        summary_answer(prefix.sent[i], prefix.client.answers[i]) for i in summary_asks(prefix.sent)
+    ]
     assert prefix.strategy.user_turns.user_compactions == summarizer.strategy.user_turns.user_compactions
 
 
@@ -552,14 +600,16 @@ async def test_an_answer_larger_than_its_turns_is_refused_as_a_summarizer_answer
     assert not [m for m in run.stored() if is_summary(m)]
     assert run.strategy.user_turns.user_compactions == 0
     answers = run.strategy.decision_state().users.answers
-    assert [a.text for a in answers] == [run.client.answers[i] for i in asks], "a refusal was not remembered"
+    assert [a.text for a in answers] == [summary_answer(run.sent[i], run.client.answers[i]) for i in asks], (
+        "a refusal was not remembered"
+    )
     instructions = [run.sent[i].texts[-1] for i in asks]
     assert len(set(instructions)) == len(instructions), "a refused summary was asked for again"
     state = run.stack.tool_results.state_cell.value.recall
     assert (state.ignored_instructions, state.prefix_disabled) == (0, False)
     assert run.summarizer.calls == 0
     assert not facts_kept(run, range(TURNS))
-    assert canonical([s for s in run.sent if not asks_summary(s)]) == canonical(other.sent)
+    assert without_instructions(run.sent) == without_instructions(other.sent)
     assert stored_form(run) == stored_form(other)
     assert answers == other.strategy.decision_state().users.answers
 
@@ -951,3 +1001,61 @@ async def test_a_restored_session_continues_with_identical_requests_and_asks_no_
         assert stored_form(second) == stored_form(reference)
         answers = second.strategy.decision_state().users.answers
         assert len({a.identity for a in answers}) == len(answers)
+
+
+# --- a record and a summary in one request -----------------------------------------------------------------------
+
+
+#: A budget with room for a record's request to carry a summary's instruction too (on the test budget the
+#: conversation's last request leaves too little: the two are then asked one after the other).
+ROOMY: Final = 2_600
+
+
+@dataclass(frozen=True)
+class RecordOnly(Model):
+    """:class:`Model`, which answers a request that asks for a record and a summary with the record alone."""
+
+    def answer(self, messages: Sequence[Message], *, pinned: bool) -> list[Content]:
+        last = messages[-1]
+        if last.role == "user" and (last.text or "").startswith(RECORD_INSTRUCTION):
+            return Script.answer(self, messages, pinned=pinned)
+        return super().answer(messages, pinned=pinned)
+
+
+async def test_a_record_request_carries_the_summary_the_pass_will_want_and_its_answer_is_used_without_a_request() -> (
+    None
+):
+    """A record due on a pass asks, in the same request, for the summary the user half asks for once the record is
+    in: the answer's part after the section line is that summary (stored as the summarizer's would be), and no
+    request over the cached prefix asks for the same turns again."""
+    run = await talk(budget=ROOMY).play(range(TURNS))
+    sent = run.sent
+    both = [i for i in summary_asks(sent) if sent[i].asks_record]
+    assert both, "no record request carried a summary"
+    for i in both:
+        later = [j for j in summary_asks(sent) if j > i and named(sent[j].texts[-1]) == named(sent[i].texts[-1])]
+        assert not later, f"the turns of request {sent[i].number}'s summary were asked for again at {later}"
+    summaries = {m.text for m in run.stored() if is_summary(m)}
+    for i in both:
+        assert f"{USER_SUMMARY_MARKER}\n{summary_answer(sent[i], run.client.answers[i])}" in summaries
+    assert run.strategy.user_turns.user_compactions == len(summary_asks(sent))
+    assert run.summarizer.calls == 0
+
+
+async def test_an_answer_without_the_summary_part_keeps_the_record_and_the_summary_is_asked_on_its_own() -> None:
+    """The model answers a record-and-summary request with the record alone: the record is kept, nothing counts as
+    an ignored instruction, and the summary goes over the cached prefix by itself on the same pass."""
+    run = await talk(model=RecordOnly(), budget=ROOMY).play(range(TURNS))
+    sent = run.sent
+    both = [i for i in summary_asks(sent) if sent[i].asks_record]
+    assert both, "no record request carried a summary"
+    for i in both:
+        assert sent[i + 1].texts[-1].startswith(COMPACTION_REQUEST)
+        assert not sent[i + 1].asks_record
+        assert named(sent[i + 1].texts[-1]) == named(sent[i].texts[-1]), "the summary asked alone is another one"
+    state = run.stack.tool_results.state_cell.value.recall
+    assert (state.ignored_instructions, state.prefix_disabled, state.summaries_prefix_disabled) == (0, False, False)
+    written = run.stack.tool_results.state_cell.value.written
+    assert len(written) >= len(both), "a record answered without its summary part was not kept"
+    assert run.summarizer.calls == 0
+    assert not facts_kept(run, range(TURNS))

@@ -132,6 +132,7 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
             if before is None:
                 return False
             fresh: set[tuple[str, bool]] = set()
+            riders: set[str] = set()
             done = self._step(before)
             rounds = 0
             while isinstance(done, Needs):
@@ -148,6 +149,9 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
                     )
                 answers = [(request, await self._answer(request, messages, before)) for request in done.requests]
                 fresh |= asked
+                # A summary asked within a record's request is answered in this pass too (it is not part of
+                # the guard: when the answer lacked it, the pass asks for it alone next).
+                riders |= {r.also.identity for r in done.requests if isinstance(r, Aligned) and r.also is not None}
                 absorbed = self.core.absorb(done.state, answers)
                 try:
                     done = self._step(before, absorbed)
@@ -156,7 +160,7 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
                     # that cannot count an answer): keep them, so no request is sent twice.
                     self._write(absorbed)
                     raise
-            changed = self._finish(messages, before, done, {identity for identity, _ in fresh})
+            changed = self._finish(messages, before, done, {identity for identity, _ in fresh} | riders)
             return await self._after(messages, done, changed)
 
     def _run_sync(self, messages: list[Message], **options: object) -> bool:

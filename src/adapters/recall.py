@@ -390,7 +390,8 @@ class ToolResultRecallMiddleware(ChatMiddleware):
 
     @property
     def pin_disabled(self) -> bool:
-        """Forcing stopped for this session: two ignored pins in a row, or a failed forced request."""
+        """Forcing stopped for this session: two ignored pins in a row, a failed forced request, or (with
+        ``record_request="cached_prefix"``, which never pins) the cached prefix's route disabled too."""
         return self._cell.value.recall.pin_disabled
 
     @property

@@ -129,6 +129,8 @@ _RECORD_REQUEST: Final = re.compile(r"\bWrite a record of\b", re.IGNORECASE)
 #: What an instruction to summarise named earlier messages says, and how it names them.
 _SUMMARY_REQUEST: Final = re.compile(r"\bearlier messages of this conversation, named by their opening words\b")
 _NAMED: Final = re.compile(r"^\d+\. \u00ab(.*)\u00bb$", re.MULTILINE)
+#: How an instruction that asks for a record and a summary in one answer names the line between them.
+_SECTION_LINE: Final = re.compile(r"\bwrite one line (\S+) and below it\b")
 
 
 def asks_for_summary(message: Message) -> bool:
@@ -180,7 +182,13 @@ class ScriptedModel:
                 # the summarizer would (the same quality knob).
                 named = _named_items(messages[-1].text or "")
                 items = [m for m in messages[:-1] if m.role == "user" and any(o in (m.text or "") for o in named)]
-                return Message("assistant", [self.summary(items, max_tokens, named=len(named))])
+                summary = self.summary(items, max_tokens, named=len(named))
+                section = _SECTION_LINE.search(messages[-1].text or "")
+                if asks_for_record(messages[-1]) and section is not None:
+                    # Asked for both: the record, then the section line the instruction names, then the summary.
+                    record = self.record(messages[:-1], max_tokens)
+                    return Message("assistant", [f"{record}\n{section.group(1)}\n{summary}"])
+                return Message("assistant", [summary])
             # A model follows the instruction with what it can read: the record of every visible
             # tool result, as good as a pinned one (the same quality knob).
             return Message("assistant", [self.record(messages[:-1], max_tokens)])

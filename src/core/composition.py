@@ -64,6 +64,7 @@ from returns.result import Failure, Success
 from . import anchored, pipeline, records, user_summaries
 from .anchored import AnchoredConfig, Report
 from .checks import AtLeastZero, NonEmpty, validate
+from .counting import MESSAGE_OVERHEAD_TOKENS
 from .effects import Aligned, Answer, Request, Summarize, answered, standing
 from .envelope import Count, Positive, Schema, Text, distinct, dump, error, exactly, load, names
 from .errors import CompactionBudgetExceeded, SnapshotError
@@ -162,7 +163,8 @@ class CompositionConfig:
 
         Under ``"raise"`` nothing may leave the prompt unquoted, so a tool group leaves only
         when the records quote every one of its distinct values (``coverage_share`` 1.0);
-        a group quoted in part stays and is asked for once more, then settled and held.
+        a group quoted in part stays whole (it is not cut to its value lines) and is asked
+        for once more, then settled and held.
         """
         if self.overflow_policy == "raise":
             return replace(self.records, coverage_share=1.0)
@@ -410,7 +412,7 @@ def step(
         config.records, state.records, lambda: _standing(config, state, given, measure), measure
     )
     if asked is not None:
-        return Success(Needs((asked,), state))
+        return Success(Needs((_with_summary(config, state, given, asked, measure),), state))
     seen = view(history, record_memo.view if record_memo else None)
     # The record half's report is a placeholder until its sub-step runs.
     report = CompositionReport(seen.sent, seen.sent, records=RecordReport(seen.sent, seen.sent))
@@ -482,6 +484,38 @@ def _over_prefix(
     return replace(needs, requests=tuple(requests))
 
 
+def _with_summary(
+    config: CompositionConfig, state: CompositionState, history: History, asked: Aligned, measure: anchored.Measure
+) -> Aligned:
+    """``asked`` (a record over the cached prefix) asking in the same request for the summary the user half will
+    want on this pass, when summaries go over the cached prefix too.
+
+    The record's break is the user half's to ride, so it summarises on this pass (its gates off); its items
+    are the user turns, which the record does not change, so the summary it asks for once the record is in
+    is, as a rule, the one guessed here over the prompt as it stands: then its answer is already known. When
+    it is not (or the answer came without a summary part), the pass asks as it would have.
+    """
+    recall_state = state.records.recall
+    if config.summary_request != "cached_prefix" or recall_state.prefix_disabled:
+        return asked
+    if recall_state.summaries_prefix_disabled:
+        return asked
+    standing = _standing(config, state, history, measure)
+    if standing is None:
+        return asked
+    ran = _user_pass(config, state.users, standing, measure, breaking=True, roomy=True)
+    if not isinstance(ran, Needs):
+        return asked
+    wanted = [r for r in ran.requests if isinstance(r, Summarize) and r.kind == "summary"]
+    sent = user_summaries.over_prefix(wanted[0], asked.view) if wanted else None
+    if sent is None:
+        return asked
+    both = records.with_summary(asked, sent)
+    # The view was cut for the record's instruction alone: both must still fit what the request may send.
+    limit = config.records.prefix_tokens(recall_state, measure(both.instruction) + MESSAGE_OVERHEAD_TOKENS)
+    return both if sent_tokens(asked.view) <= limit else asked
+
+
 def _standing(
     config: CompositionConfig, state: CompositionState, history: History, measure: anchored.Measure
 ) -> History | None:
@@ -499,7 +533,8 @@ def _record_rules(config: CompositionConfig, work: _Pass, seen: View, measure: a
     The ask comes before a summary of the user half's own or a shed: the recall middleware
     pins the next request for it, and the user half waits (:func:`_users`).
     """
-    passed = records.rules(config.record_rules, seen, work.state.records.decisions, measure, memo=work.memo)
+    rules, cut_thin = config.record_rules, config.overflow_policy != "raise"
+    passed = records.rules(rules, seen, work.state.records.decisions, measure, memo=work.memo, cut_thin=cut_thin)
     memo = passed.memo
     assert isinstance(memo, records.RecordMemo)
     assert memo.view is not None
@@ -514,13 +549,17 @@ def _record_rules(config: CompositionConfig, work: _Pass, seen: View, measure: a
 
 def _users(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
     """The user half, unless it waits for an expected record (only a pass that fits waits)."""
-    ask = work.state.records.decisions.ask
+    ask, wait_since = work.state.records.decisions.ask, work.state.chain.wait_since
+    count = records.records_written(seen.records)
+    # A chain that goes on after a partial record: a new ask, made once a record arrived since the wait began.
+    renewed = ask is not None and wait_since is not None and ask.responses_at_ask > wait_since
+    arrived = renewed and count > records.written_by(seen.records, cast("int", wait_since))
     chain, waiting = _wait(
         work.state.chain,
         records.responses(seen.records),
         expected=records.record_expected(work.state.records),
-        count=records.records_written(seen.records),
-        asked_at=None if ask is None else ask.responses_at_ask,
+        count=count,
+        asked_at=ask.responses_at_ask if arrived and ask is not None else None,
     )
     waiting = (waiting and seen.sent <= config.max_input_tokens) or work.replay_only
     state, report = replace(work.state, chain=chain), replace(work.report, waited=waiting)
@@ -712,6 +751,17 @@ def _roomy(config: CompositionConfig, seen: View) -> bool:
 def absorb(state: CompositionState, answers: Sequence[tuple[Request, str | None]]) -> CompositionState:
     """Record replacements and emergency folds go to the chain (judged on the next step); the rest to the user half."""
     chain, others = state.chain, list[tuple[Request, str | None]]()
+    # A record asked with a summary answers both: each part goes to its own request (a missing part is no answer).
+    split: list[tuple[Request, str | None]] = []
+    for request, given in answers:
+        if isinstance(request, Aligned) and request.also is not None:
+            record, summary = records.split_answer(request, given)
+            split.append((request, record))
+            if summary is not None:
+                split.append((request.also, summary))
+        else:
+            split.append((request, given))
+    answers = split
     record_state = records.absorb(state.records, answers)
     for request, given in answers:
         if isinstance(request, Aligned):
@@ -914,9 +964,10 @@ def _wait(
 ) -> tuple[ChainDecisions, bool]:
     """Whether the user half waits for an expected record on this pass, and the chain's wait state after it.
 
-    ``asked_at`` is the clock when the outstanding ask was made: a chain that goes on for the rest of its
-    batch after a record covered part of it makes a new ask, and the wait lasts two responses from that
-    ask (the record it waits for is a new one), so the summary still rides on that record's break.
+    ``asked_at`` is the clock when the outstanding ask was made, given when a record arrived since the wait
+    began: a chain that goes on for the rest of its batch after a record covered part of it makes a new ask,
+    and the wait lasts two responses from that ask (the record it waits for is a new one), so the summary
+    still rides on that record's break. An ask merely renewed after one that failed does not extend it.
     """
     if chain.wait_since is not None and clock < chain.wait_since:
         chain = replace(chain, wait_since=None)  # the clock went back: a restore of an earlier state

@@ -120,6 +120,9 @@ class Aligned:
         turns: User turns in the conversation when the request was made (see
             :attr:`Summarize.turns`).
         view: The history to send (not part of the request's identity).
+        also: A summary asked in the same request (over the same view; ``instruction`` then
+            asks for both, the summary after a section line): the answer is split, and each
+            part is the answer to its own request (not part of the record's identity).
     """
 
     identity: str
@@ -129,6 +132,7 @@ class Aligned:
     kind: Literal["record"] = "record"
     turns: int = 0
     view: History = field(default_factory=history, compare=False, repr=False)
+    also: Summarize | None = field(default=None, compare=False, repr=False)
 
 
 Request: TypeAlias = Summarize | DescribeMedia | Aligned

@@ -44,7 +44,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Final
+from typing import Final, TypeAlias
 
 from pyrsistent import pvector
 from returns.result import Success
@@ -54,7 +54,7 @@ from .anchored import DEFAULT_KEEP_HEAD_GROUPS, DEFAULT_KEEP_TAIL_GROUPS, Anchor
 from .checks import AtLeastOne, AtLeastZero, Fraction, validate
 from .counting import MESSAGE_OVERHEAD_TOKENS
 from .distill import distill, is_distilled, is_remnant, remnant
-from .effects import COMPACTION_REQUEST, Aligned, Request, identity
+from .effects import COMPACTION_REQUEST, Aligned, Request, Summarize, identity
 from .envelope import Count, Schema, Text, exactly
 from .grouping import Grouping, regroup
 from .model import Group, History, MessageRecord, Part, conversation_records, flagged
@@ -110,6 +110,8 @@ RECORD_INSTRUCTION: Final = (
     "after those results are removed to save space. Answer with the record only (or with one "
     f"{RECALL_TOOL_NAME} call whose values argument holds it). The record holds: {RECORD_GUIDANCE}"
 )
+#: The line that opens the summary part of an answer to a record asked with a summary (:func:`with_summary`).
+SUMMARY_SECTION: Final = "[summary]"
 #: The id prefix of records written over the cached prefix (a merge's or a rewrite's have others).
 ALIGNED_RECORD_ID_PREFIX: Final = "compaction_record_"
 
@@ -382,6 +384,10 @@ RECORD_STATE_SCHEMA: Final = Schema(
 )
 
 
+#: The records' texts, the words of each, and the words of each and every record before it (:func:`_judges`).
+_Judges: TypeAlias = tuple[tuple[str, ...], tuple[frozenset[str], ...], tuple[frozenset[str], ...]]
+
+
 @dataclass(frozen=True, slots=True)
 class RecordMemo:
     """Work one pass of the record rules hands the next: it saves work and never changes an answer.
@@ -395,15 +401,15 @@ class RecordMemo:
         values: The distinctive values of each tool result text the last pass judged,
             keyed by the text (the shell reuses the same text objects across passes).
         quoted: The records' text of the last pass with its word set and name mentions.
-        judges: The records' texts of the last pass with the words of each and every record
-            before it (:func:`_judges`).
+        judges: The records' texts of the last pass with the words of each, and of each and
+            every record before it (:func:`_judges`).
         band: The last fallback run's band (its ``Done.memo``).
     """
 
     view: View | None = None
     values: Mapping[str, tuple[str, ...]] = field(default_factory=dict[str, tuple[str, ...]])
     quoted: tuple[str, frozenset[str], Mapping[str, int]] | None = None
-    judges: tuple[tuple[str, ...], tuple[frozenset[str], ...]] | None = None
+    judges: _Judges | None = None
     band: object = None
 
 
@@ -468,7 +474,8 @@ def fallback_for(config: RecordConfig, state: RecordState) -> AnchoredConfig | N
     Once no record can be asked for (:func:`.recall.no_route`), its safety net stands in for
     the record, and like a record it leaves only the conversation's newest group whole: the
     tail keeps one group (none if the host keeps none), so the net's one break covers what a
-    record would have covered, and the next one comes no sooner than a record's would.
+    record would have covered. While the prompt stays past the trigger, each group that
+    stops being the newest is cut on the next pass (a small break near the prompt's end).
     """
     fallback = config.fallback
     if fallback is None or not no_route(state.recall):
@@ -649,6 +656,34 @@ def ask_aligned(view: History, state: RecordState, conversation: History) -> Ali
     return Aligned(key, RECORD_INSTRUCTION, record_id, after=record_place(conversation), turns=turns, view=view)
 
 
+def with_summary(asked: Aligned, summary: Summarize) -> Aligned:
+    """``asked`` asking, in the same request, for ``summary`` too (sent over the same view).
+
+    Both would read the same cached prefix; one request reads it once. The instruction
+    asks for the record, then a line :data:`SUMMARY_SECTION`, then the summary of the
+    items ``summary`` names. The record's identity is unchanged, and the summary part
+    answers ``summary`` under its own (:func:`split_answer`).
+    """
+    body = summary.instruction.removeprefix(f"{COMPACTION_REQUEST} Do not continue the task.").strip()
+    instruction = (
+        f"{asked.instruction}\n\nThen, after the record, write one line {SUMMARY_SECTION} and below it a summary, "
+        f"as follows. {body}"
+    )
+    return replace(asked, instruction=instruction, also=replace(summary, view=asked.view))
+
+
+def split_answer(request: Aligned, text: str | None) -> tuple[str | None, str | None]:
+    """An answer to ``request``: (its record part, its summary part, ``None`` when absent or not asked)."""
+    if request.also is None or text is None:
+        return text, None
+    lines = text.split("\n")
+    marks = [i for i, line in enumerate(lines) if line.strip() == SUMMARY_SECTION]
+    if not marks:
+        return text, None
+    record, summary = "\n".join(lines[: marks[0]]).strip(), "\n".join(lines[marks[0] + 1 :]).strip()
+    return record or None, summary or None
+
+
 def record_place(conversation: History) -> int:
     """How many of the conversation's own messages precede its newest group: where a record asked now stands.
 
@@ -781,8 +816,13 @@ def rules(
     *,
     memo: object = None,
     fallback_stands: bool = False,
+    cut_thin: bool = True,
 ) -> Done[RecordDecisions, RecordReport]:
     """The record rules alone (see the module docstring).
+
+    ``cut_thin=False`` holds a thinly quoted group whole and asks for it again instead of
+    cutting it to its value lines (a composition under ``overflow_policy="raise"``, which
+    cuts nothing it need not).
 
     ``fallback_stands`` says the in-pass fallback's sheds stand (its decisions shed or
     shortened something): the groups it was told to leave whole (the unrecorded hold)
@@ -816,7 +856,12 @@ def rules(
     judges = _judges(texts, memo.judges)
     values: dict[str, tuple[str, ...]] = {}
     candidates, gone = _candidates(config, records, grouping, found[-1], recall_ids, values=(memo.values, values))
-    covered, weak, uncovered = _coverage(config, candidates, quoted, gone, list(zip(found, judges[1], strict=True)))
+    judging = list(zip(found, judges[1], judges[2], strict=True))
+    covered, weak, uncovered = _coverage(config, candidates, quoted, gone, judging)
+    held_thin: list[_Candidate] = []
+    if not cut_thin:  # held whole and asked for again (a large one releases the rows the records quote)
+        held_thin, weak = [c for c, _ in weak], []
+        uncovered = sorted([*uncovered, *held_thin], key=lambda c: c.ordinal)
     # Tool integrity: an uncovered group found partly excluded (a result that arrived
     # for a call a record covered, or another component's exclusion) goes whole.
     broken = [c for c in uncovered if any(records[i].excluded for i in c.group.members)]
@@ -829,11 +874,8 @@ def rules(
     remnants = _keep_remnants(output, partial, measure)
     # A group quoted too thinly: a large result first releases the table rows the judging records quote
     # verbatim, then every result keeps only its lines with a value (the marker names what left).
-    rows = sum(
-        _release_rows(config, output, [c], "\n".join(texts[: k + 1]), measure=measure, recall_ids=recall_ids)
-        for c, k in weak
-    )
-    distilled = _keep_remnants(output, [(c, None) for c, _ in weak], measure)
+    rows, distilled = _cut_thin(config, output, weak, texts, found, measure=measure, recall_ids=recall_ids)
+    rows += _release_rows(config, output, held_thin, text, measure=measure, recall_ids=recall_ids)
     joined = _exclude(output, broken)
     for candidate in uncovered:
         for index in candidate.group.members:
@@ -978,19 +1020,17 @@ def _candidates(
 
 
 def _judged_text(part: Part) -> str:
-    """The text a result is judged by: a remnant's original (so a pass over a pass's output judges alike)."""
-    return part.original if part.original is not None and is_remnant(part.text) else part.text
+    """The text a result is judged by: a remnant's or a distilled result's original (so a pass over a pass's
+    output judges alike, whichever rule cut it first)."""
+    cut = is_remnant(part.text) or is_distilled(part.text)
+    return part.original if part.original is not None and cut else part.text
 
 
 def _keep_remnants(
-    output: list[MessageRecord], groups: Sequence[tuple[_Candidate, frozenset[str] | None]], measure: Measure
+    output: list[MessageRecord], groups: Sequence[tuple[_Candidate, frozenset[str]]], measure: Measure
 ) -> int:
-    """Cut the included plain-text results of each group to what stays of it, in ``output``; how many changed.
-
-    A group paired with the words of the records that judged it keeps its remnant (the lines
-    with a value they do not quote); one paired with ``None`` is distilled (every line with
-    a value: the records quoted too few of its values to stand for it).
-    """
+    """Cut the included plain-text results of each group to its remnant (the lines with a value the words of the
+    records that judged it do not quote), in ``output``; how many changed."""
     changed = 0
     for candidate, words in groups:
         for index in candidate.group.members:
@@ -1002,8 +1042,7 @@ def _keep_remnants(
                 if part.kind != "function_result" or part.structured or not part.text:
                     parts.append(part)
                     continue
-                judged = _judged_text(part)
-                text = distill(judged) if words is None else remnant(judged, words)
+                text = remnant(_judged_text(part), words)
                 same = text == part.text
                 parts.append(part if same else replace(part, text=text, tokens=measure(text) + part.media_tokens))
                 changed += not same
@@ -1012,21 +1051,81 @@ def _keep_remnants(
     return changed
 
 
+def _cut_thin(
+    config: RecordConfig,
+    output: list[MessageRecord],
+    weak: Sequence[tuple[_Candidate, int]],
+    texts: Sequence[str],
+    positions: Sequence[int],
+    *,
+    measure: Measure,
+    recall_ids: frozenset[str],
+) -> tuple[int, int]:
+    """Cut the plain-text results of thinly quoted groups, in ``output``; (rows newly released, results newly cut).
+
+    Each result is cut from its original text, against what stood when its judging record arrived (the records up
+    to it, at ``positions``; the results loaded before it), so every later pass, on every list, gives the same
+    bytes: a group larger than ``record_target_tokens`` first releases the table rows its judging records quote
+    verbatim (:mod:`.tables`; a row repeated under the same headings in a result loaded before the judging record
+    stays), then the result keeps its title and its lines with a value (:func:`.distill.distill`).
+    """
+    target = config.record_target_tokens
+    rows = changed = 0
+    for candidate, judge in weak:
+        ambiguous: frozenset[RowKey] | None = None
+        judging = "\n".join(texts[: judge + 1])
+        quoted = frozenset(row_keys(judging)) if target is not None and "|" in judging else frozenset[RowKey]()
+        originals = [
+            _judged_text(p)
+            for i in candidate.group.members
+            for p in output[i].parts
+            if p.kind == "function_result" and not p.structured and p.text
+        ]
+        large = bool(quoted) and target is not None and sum(measure(t) for t in originals) > target
+        if large:
+            ambiguous = repeated_rows(
+                p.original or p.text
+                for r in output[: positions[judge]]
+                for p in r.parts
+                if p.kind == "function_result" and p.call_id not in recall_ids
+            )
+        for index in candidate.group.members:
+            record = output[index]
+            if record.excluded:
+                continue
+            parts: list[Part] = []
+            for part in record.parts:
+                if part.kind != "function_result" or part.structured or not part.text:
+                    parts.append(part)
+                    continue
+                base, released = _judged_text(part), 0
+                if large and ambiguous is not None:
+                    base, released = release_rows(base, quoted, ambiguous)
+                text = distill(base)
+                same = text == part.text
+                parts.append(part if same else replace(part, text=text, tokens=measure(text) + part.media_tokens))
+                changed += not same
+                rows += 0 if same else released
+            tokens = record.tokens - sum(p.tokens for p in record.parts) + sum(p.tokens for p in parts)
+            output[index] = replace(record, parts=tuple(parts), tokens=tokens)
+    return rows, changed
+
+
 def _coverage(
     config: RecordConfig,
     candidates: Sequence[_Candidate],
     record: tuple[str, frozenset[str], Mapping[str, int]],
     gone: Sequence[tuple[str, ...]],
-    judges: Sequence[tuple[int, frozenset[str]]],
+    judges: Sequence[tuple[int, frozenset[str], frozenset[str]]],
 ) -> tuple[list[tuple[_Candidate, frozenset[str]]], list[tuple[_Candidate, int]], list[_Candidate]]:
     """Split candidates into covered (with the words that judged each), quoted too thinly (with the number of
     the record that judged each, counted from 0), and uncovered.
 
     ``record`` is the records' (text, word set, name mentions); ``gone`` holds the tool
-    names of the judged groups already excluded; ``judges`` pairs each record's index
-    with the words of it and every record before it. A group with values is judged once,
-    by the first record after it that quotes any of them, with the records up to that one
-    (:func:`_judge`): a later record never changes what stays of it. A group without values
+    names of the judged groups already excluded; ``judges`` gives each record's index with
+    its own words and the words of it and every record before it. A group with values is
+    judged once, by the first record after it that itself quotes any of them, with the
+    records up to that one (:func:`_judge`): a later record never changes what stays of it. A group without values
     is covered when each tool it called is named as often as candidate groups call it.
     """
     _, _, mentions = record
@@ -1043,7 +1142,7 @@ def _coverage(
             if judge is None:
                 uncovered.append(candidate)
                 continue
-            words = judges[judge][1]
+            words = judges[judge][2]
             needed = math.ceil(len(candidate.values) * config.coverage_share - _SHARE_TOLERANCE)
             if sum(1 for v in candidate.values if v in words) >= needed:
                 covered.append((candidate, words))
@@ -1058,29 +1157,30 @@ def _coverage(
     return covered, weak, uncovered
 
 
-def _judge(candidate: _Candidate, judges: Sequence[tuple[int, frozenset[str]]]) -> int | None:
-    """Which record judges ``candidate`` (counted from 0): the first after it that quotes, with the records
-    before it, any of its values; ``None`` when no record after it does."""
+def _judge(candidate: _Candidate, judges: Sequence[tuple[int, frozenset[str], frozenset[str]]]) -> int | None:
+    """Which record judges ``candidate`` (counted from 0): the first after it that itself quotes any of its
+    values; ``None`` when no record after it does (a record before it that happens to hold a value does not)."""
     last = candidate.group.members[-1]
-    for number, (position, words) in enumerate(judges):
-        if position > last and any(v in words for v in candidate.values):
+    for number, (position, own, _) in enumerate(judges):
+        if position > last and any(v in own for v in candidate.values):
             return number
     return None
 
 
-def _judges(
-    texts: tuple[str, ...], memo: tuple[tuple[str, ...], tuple[frozenset[str], ...]] | None
-) -> tuple[tuple[str, ...], tuple[frozenset[str], ...]]:
-    """The records' ``texts`` with the words of each record and every record before it (the memo's, when it
-    read the same texts; a new record after them extends it)."""
+def _judges(texts: tuple[str, ...], memo: _Judges | None) -> _Judges:
+    """The records' ``texts`` with the words of each, and the words of each and every record before it (the
+    memo's, when it read the same texts; a new record after them extends it)."""
     if memo is not None and memo[0] == texts:
         return memo
-    known = memo[1] if memo is not None and texts[: len(memo[0])] == memo[0] else ()
-    cumulative = list(known)
+    extends = memo is not None and texts[: len(memo[0])] == memo[0]
+    own = list(memo[1]) if memo is not None and extends else []
+    cumulative = list(memo[2]) if memo is not None and extends else []
     empty: frozenset[str] = frozenset()
-    for text in texts[len(known) :]:
-        cumulative.append(word_set(text) | (cumulative[-1] if cumulative else empty))
-    return texts, tuple(cumulative)
+    for text in texts[len(own) :]:
+        words = word_set(text)
+        own.append(words)
+        cumulative.append(words | (cumulative[-1] if cumulative else empty))
+    return texts, tuple(own), tuple(cumulative)
 
 
 def _release_rows(
@@ -1165,6 +1265,17 @@ def responses(history: Iterable[MessageRecord]) -> int:
         for r in history
         if r.role == "assistant" and not r.is_reasoning_only and not r.written_record and not r.note and not r.injected
     )
+
+
+def written_by(history: Sequence[MessageRecord], clock: int) -> int:
+    """:func:`records_written` in ``history`` before its ``clock``-th model response (:func:`responses`)."""
+    answered = 0
+    for index, r in enumerate(history):
+        if r.role == "assistant" and not r.is_reasoning_only and not r.written_record and not r.note and not r.injected:
+            answered += 1
+            if answered >= clock:
+                return records_written(history[:index])
+    return records_written(history)
 
 
 def records_written(history: Iterable[MessageRecord]) -> int:
