@@ -1033,22 +1033,37 @@ def _keep_remnants(
     records that judged it do not quote), in ``output``; how many changed."""
     changed = 0
     for candidate, words in groups:
-        for index in candidate.group.members:
-            record = output[index]
-            if record.excluded:
-                continue
-            parts: list[Part] = []
-            for part in record.parts:
-                if part.kind != "function_result" or part.structured or not part.text:
-                    parts.append(part)
-                    continue
-                text = remnant(_judged_text(part), words)
-                same = text == part.text
-                parts.append(part if same else replace(part, text=text, tokens=measure(text) + part.media_tokens))
-                changed += not same
-            tokens = record.tokens - sum(p.tokens for p in record.parts) + sum(p.tokens for p in parts)
-            output[index] = replace(record, parts=tuple(parts), tokens=tokens)
+
+        def cut(part: Part, quoted: frozenset[str] = words) -> tuple[str, int]:
+            return remnant(_judged_text(part), quoted), 0
+
+        changed += _rewrite_results(output, candidate.group, cut, measure)[0]
     return changed
+
+
+def _rewrite_results(
+    output: list[MessageRecord], group: Group, cut: Callable[[Part], tuple[str, int]], measure: Measure
+) -> tuple[int, int]:
+    """Give each included plain-text result of ``group`` the text ``cut`` makes of it, in ``output``; (results
+    changed, the sum of ``cut``'s counts for those)."""
+    changed = counted = 0
+    for index in group.members:
+        record = output[index]
+        if record.excluded:
+            continue
+        parts: list[Part] = []
+        for part in record.parts:
+            if part.kind != "function_result" or part.structured or not part.text:
+                parts.append(part)
+                continue
+            text, count = cut(part)
+            same = text == part.text
+            parts.append(part if same else replace(part, text=text, tokens=measure(text) + part.media_tokens))
+            changed += not same
+            counted += 0 if same else count
+        tokens = record.tokens - sum(p.tokens for p in record.parts) + sum(p.tokens for p in parts)
+        output[index] = replace(record, parts=tuple(parts), tokens=tokens)
+    return changed, counted
 
 
 def _cut_thin(
@@ -1089,25 +1104,17 @@ def _cut_thin(
                 for p in r.parts
                 if p.kind == "function_result" and p.call_id not in recall_ids
             )
-        for index in candidate.group.members:
-            record = output[index]
-            if record.excluded:
-                continue
-            parts: list[Part] = []
-            for part in record.parts:
-                if part.kind != "function_result" or part.structured or not part.text:
-                    parts.append(part)
-                    continue
-                base, released = _judged_text(part), 0
-                if large and ambiguous is not None:
-                    base, released = release_rows(base, quoted, ambiguous)
-                text = distill(base)
-                same = text == part.text
-                parts.append(part if same else replace(part, text=text, tokens=measure(text) + part.media_tokens))
-                changed += not same
-                rows += 0 if same else released
-            tokens = record.tokens - sum(p.tokens for p in record.parts) + sum(p.tokens for p in parts)
-            output[index] = replace(record, parts=tuple(parts), tokens=tokens)
+
+        def cut(
+            part: Part, rows_of: frozenset[RowKey] | None = ambiguous, keys: frozenset[RowKey] = quoted
+        ) -> tuple[str, int]:
+            base, released = _judged_text(part), 0
+            if rows_of is not None:
+                base, released = release_rows(base, keys, rows_of)
+            return distill(base), released
+
+        cut_now, released_now = _rewrite_results(output, candidate.group, cut, measure)
+        changed, rows = changed + cut_now, rows + released_now
     return rows, changed
 
 
