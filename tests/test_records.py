@@ -960,3 +960,39 @@ def test_a_restored_record_state_placing_a_record_past_the_conversation_is_refus
     assert problem is not None
     assert "'written[0].after'" in problem
     assert "this conversation has 2" in problem
+
+
+def test_a_group_judged_by_a_record_a_merge_replaced_is_not_judged_again_by_the_next_record() -> None:
+    """Record 2 quotes one of lookup 3's values: lookup 3 is cut to its value lines. A composition's merge then
+    replaces records 1 and 2 by one written record where record 1 stood (before lookup 3). A third record that quotes
+    all of lookup 3 changes none of its bytes: the replaced record 2 still judges it, where it stood."""
+    from agent_framework._compaction import EXCLUDE_REASON_KEY, EXCLUDED_KEY
+
+    from maf_compaction.core.records import REPLACED_REASON
+
+    messages = conversation(3)
+    first = f"{quote_all(lookup_text(1))}\n{quote_all(lookup_text(2))}"
+    messages += recall(first)
+    messages += lookup(3) + lookup(4)
+    one = distinctive_values(lookup_text(3))[0]
+    second = f"lookup 3 gave {one}\n{quote_all(lookup_text(4))}"
+    messages += recall(second, call_id="recall_2")
+    messages += lookup(5)
+    s = strategy()
+    run(s, messages)
+    cut = result_of(messages, "call_3").contents[0].result or ""
+    assert is_distilled(cut)
+    place = messages.index(call_of(messages, "recall_1"))
+    for message in messages:
+        if any(c.call_id in ("recall_1", "recall_2") for c in message.contents):
+            message.additional_properties[EXCLUDED_KEY] = True
+            message.additional_properties[EXCLUDE_REASON_KEY] = REPLACED_REASON
+    merged = f"{RECORD_PREFIX}\n{first}\n{second}"
+    messages.insert(place, Message("assistant", [merged], additional_properties={WRITTEN_RECORD_KEY: True}))
+    messages += [Message("user", ["next"]), Message("assistant", ["ok"])]
+    run(s, messages)
+    messages += recall(f"{quote_all(lookup_text(3))}\n{quote_all(lookup_text(5))}", call_id="recall_3")
+    run(s, messages)
+    assert result_of(messages, "call_3").contents[0].result == cut
+    assert not excluded(result_of(messages, "call_3"))
+    assert excluded(result_of(messages, "call_5")), "the third record judged nothing: the test proves nothing"

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Final, TypeAlias, cast
 
 from agent_framework import Content, HistoryProvider, Message
-from agent_framework._compaction import EXCLUDED_KEY
+from agent_framework._compaction import EXCLUDE_REASON_KEY, EXCLUDED_KEY
 
 from ..core.checks import describe_value
 from ..core.counting import message_tokens, result_text
@@ -107,6 +107,9 @@ class HistoryCache:
                 else:
                     injected = is_injected(message)
             excluded = bool(props.get(EXCLUDED_KEY))
+            # Why it is excluded, as the strategy that excluded it wrote (the record rules read a replaced record's).
+            given = props.get(EXCLUDE_REASON_KEY) if excluded else None
+            reason = given if isinstance(given, str) else None
             preserved = bool(props.get(PRESERVED_KEY))
             held = props.get(HOLD_KEY) if self._holds else None
             if not isinstance(held, str) or held not in self._holds:
@@ -121,6 +124,7 @@ class HistoryCache:
                 record is None
                 or record.origin != index
                 or record.excluded != excluded
+                or record.reason != reason
                 or record.preserved != preserved
                 or record.injected != injected
                 or record.note != note
@@ -137,6 +141,7 @@ class HistoryCache:
                     tokens=entry.tokens,
                     message_id=message.message_id,
                     excluded=excluded,
+                    reason=reason,
                     preserved=preserved,
                     injected=injected,
                     note=note,

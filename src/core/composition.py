@@ -87,7 +87,7 @@ _NO_SHORTENING: Final = 2**31 - 1
 #: The holds the shed policy may release: every hold but a record's own.
 _SHEDDABLE: Final = records.HOLD_REASONS - {HOLD_RECORD}
 #: Why the records a kept replacement stands for are excluded.
-MERGED_REASON: Final = "record_replaced"
+MERGED_REASON: Final = records.REPLACED_REASON
 REPLACEMENT_ID_PREFIX: Final = "record_replacement_"
 #: The ids of emergency folds: user summaries, apart from the user half's own (``user_summary_<n>``,
 #: ``user_summary_fold_<n>``), which it allocates without seeing the chain's.

@@ -208,6 +208,21 @@ def _recall_records(record: MessageRecord, recall_ids: frozenset[str]) -> list[s
     ]
 
 
+#: Why a record a composition's merge or rewrite replaced is excluded (written on its messages).
+REPLACED_REASON: Final = "record_replaced"
+
+
+def _replaced_text(record: MessageRecord, recall_ids: frozenset[str]) -> str:
+    """The record text ``record`` carried before a merge or rewrite replaced it: "" when it is no such record."""
+    if not (record.excluded and record.reason == REPLACED_REASON):
+        return ""
+    return record_text(replace(record, excluded=False), recall_ids)
+
+
+def _replaced_record(record: MessageRecord, recall_ids: frozenset[str]) -> bool:
+    return bool(_replaced_text(record, recall_ids))
+
+
 def is_record(record: MessageRecord, recall_ids: frozenset[str]) -> bool:
     """``record`` is an active record (see :func:`record_text`)."""
     return bool(record_text(record, recall_ids))
@@ -850,14 +865,19 @@ def rules(
         output = _with_holds(records, holds)
         return _done(seen, output, decisions=decisions, report=report, memo=memo)
 
-    texts = tuple(record_text(records[k], recall_ids) for k in found)
-    text = "\n".join(texts)
+    text = "\n".join(record_text(records[k], recall_ids) for k in found)
     quoted = _quoted(text, memo.quoted)
+    # The records that judge: the active ones, and those a composition's merge or rewrite replaced, where they
+    # stood (a replacement stands where the first it replaced stood: without these, a group a later replaced
+    # record judged would be judged again by the next record, at its old position).
+    active = set(found)
+    judging = [k for k, r in enumerate(records) if k in active or _replaced_record(r, recall_ids)]
+    texts = tuple(record_text(records[k], recall_ids) or _replaced_text(records[k], recall_ids) for k in judging)
     judges = _judges(texts, memo.judges)
     values: dict[str, tuple[str, ...]] = {}
     candidates, gone = _candidates(config, records, grouping, found[-1], recall_ids, values=(memo.values, values))
-    judging = list(zip(found, judges[1], judges[2], strict=True))
-    covered, weak, uncovered = _coverage(config, candidates, quoted, gone, judging)
+    by_position = list(zip(judging, judges[1], judges[2], strict=True))
+    covered, weak, uncovered = _coverage(config, candidates, quoted, gone, by_position)
     held_thin: list[_Candidate] = []
     if not cut_thin:  # held whole and asked for again (a large one releases the rows the records quote)
         held_thin, weak = [c for c, _ in weak], []
@@ -874,7 +894,7 @@ def rules(
     remnants = _keep_remnants(output, partial, measure)
     # A group quoted too thinly: a large result first releases the table rows the judging records quote
     # verbatim, then every result keeps only its lines with a value (the marker names what left).
-    rows, distilled = _cut_thin(config, output, weak, texts, found, measure=measure, recall_ids=recall_ids)
+    rows, distilled = _cut_thin(config, output, weak, texts, judging, measure=measure, recall_ids=recall_ids)
     rows += _release_rows(config, output, held_thin, text, measure=measure, recall_ids=recall_ids)
     joined = _exclude(output, broken)
     for candidate in uncovered:
