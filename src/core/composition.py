@@ -57,6 +57,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cache
 from typing import Final, Literal, TypeAlias, cast
 
 from returns.result import Failure, Success
@@ -70,7 +71,6 @@ from .envelope import Count, Positive, Schema, Text, distinct, dump, error, exac
 from .errors import CompactionBudgetExceeded, SnapshotError
 from .model import History, MessageRecord
 from .protocol import Done, Needs, StepResult, sent_tokens
-from .recall import no_route
 from .records import HOLD_RECORD, RecordConfig, RecordReport, RecordState
 from .snapshot import AnchoredSnapshot
 from .user_snapshot import UserSummarySnapshot
@@ -408,11 +408,10 @@ def step(
     budget = config.max_input_tokens
     record_memo = memo if isinstance(memo, records.RecordMemo) else None
     given, history = history, records.place_written(history, state.records.written, measure)
-    asked = records.ask_over_standing(
-        config.records, state.records, lambda: _standing(config, state, given, measure), measure
-    )
+    as_it_stands = cache(lambda: _standing(config, state, given, measure))  # one pass makes it, for both asks
+    asked = records.ask_over_standing(config.records, state.records, as_it_stands, measure)
     if asked is not None:
-        return Success(Needs((_with_summary(config, state, given, asked, measure),), state))
+        return Success(Needs((_with_summary(config, state, as_it_stands(), asked, measure),), state))
     seen = view(history, record_memo.view if record_memo else None)
     # The record half's report is a placeholder until its sub-step runs.
     report = CompositionReport(seen.sent, seen.sent, records=RecordReport(seen.sent, seen.sent))
@@ -485,7 +484,11 @@ def _over_prefix(
 
 
 def _with_summary(
-    config: CompositionConfig, state: CompositionState, history: History, asked: Aligned, measure: anchored.Measure
+    config: CompositionConfig,
+    state: CompositionState,
+    standing: History | None,
+    asked: Aligned,
+    measure: anchored.Measure,
 ) -> Aligned:
     """``asked`` (a record over the cached prefix) asking in the same request for the summary the user half will
     want on this pass, when summaries go over the cached prefix too.
@@ -493,15 +496,13 @@ def _with_summary(
     The record's break is the user half's to ride, so it summarises on this pass (its gates off); its items
     are the user turns, which the record does not change, so the summary it asks for once the record is in
     is, as a rule, the one guessed here over the prompt as it stands: then its answer is already known. When
-    it is not (or the answer came without a summary part), the pass asks as it would have.
+    it is not (or the answer came without a summary part), the pass asks as it would have. ``standing`` is the
+    prompt as it stands (:func:`_standing`), the one the record was asked over.
     """
     recall_state = state.records.recall
     if config.summary_request != "cached_prefix" or recall_state.prefix_disabled:
         return asked
-    if recall_state.summaries_prefix_disabled:
-        return asked
-    standing = _standing(config, state, history, measure)
-    if standing is None:
+    if recall_state.summaries_prefix_disabled or standing is None:
         return asked
     ran = _user_pass(config, state.users, standing, measure, breaking=True, roomy=True)
     if not isinstance(ran, Needs):
@@ -629,10 +630,10 @@ def _fallback(config: CompositionConfig, work: _Pass, seen: View, measure: ancho
 
     Decisions already made replay on every pass, whatever the size (so both lists and a
     copy agree); new ones are made only over the budget (or past the record trigger once no route to a record is left:
-    :func:`_net_ceiling`).
+    :func:`.records.net_ceiling`).
     """
     state = work.state.records.fallback
-    netted = _net_ceiling(config, work)
+    netted = records.net_ceiling(config.records, work.state.records)
     if seen.sent <= config.max_input_tokens and not records.decided(state) and not _netting(config, work, seen):
         return Done(seen.history, work, None)
     fallback = records.fallback_for(config.records, work.state.records)
@@ -652,14 +653,9 @@ def _fallback(config: CompositionConfig, work: _Pass, seen: View, measure: ancho
     return Done(ran.history, replace(work, state=new, report=report, band=ran.memo), None)
 
 
-def _net_ceiling(config: CompositionConfig, work: _Pass) -> int | None:
-    """With no route to a record left, the safety net takes the record's place past its trigger (all at once)."""
-    return config.records.trigger_tokens if no_route(work.state.records.recall) else None
-
-
 def _netting(config: CompositionConfig, work: _Pass, seen: View) -> bool:
-    """The safety net distills on this pass in the record's place (:func:`_net_ceiling`)."""
-    ceiling = _net_ceiling(config, work)
+    """The safety net distills on this pass in the record's place (:func:`.records.net_ceiling`)."""
+    ceiling = records.net_ceiling(config.records, work.state.records)
     return ceiling is not None and seen.sent > ceiling
 
 

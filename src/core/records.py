@@ -219,10 +219,6 @@ def _replaced_text(record: MessageRecord, recall_ids: frozenset[str]) -> str:
     return record_text(replace(record, excluded=False), recall_ids)
 
 
-def _replaced_record(record: MessageRecord, recall_ids: frozenset[str]) -> bool:
-    return bool(_replaced_text(record, recall_ids))
-
-
 def is_record(record: MessageRecord, recall_ids: frozenset[str]) -> bool:
     """``record`` is an active record (see :func:`record_text`)."""
     return bool(record_text(record, recall_ids))
@@ -459,8 +455,7 @@ def step(
     band = record_memo.band if record_memo else None
     # The fallback's decisions replay on every pass while they stand, whatever the size, so
     # both lists agree (the in-call copies carry injected context the stored history lacks).
-    # With no route to a record left, the safety net takes the record's place past its trigger.
-    netted = config.trigger_tokens if no_route(state.recall) else None
+    netted = net_ceiling(config, state)
     due = report.fallback is not Fallback.NONE or stands or (netted is not None and report.tokens_after > netted)
     fallback = fallback_for(config, state)
     if due and fallback is not None:
@@ -481,6 +476,12 @@ def step(
         return Success(Needs((asked,), state))
     new_state = replace(state, decisions=passed.state, fallback=fallback_state)
     return Success(Done(history=output, state=new_state, report=report, memo=replace(memo, band=band)))
+
+
+def net_ceiling(config: RecordConfig, state: RecordState) -> int | None:
+    """Where the safety net takes the record's place (distilling at once, :func:`run_with_holds`): past the
+    record trigger once no route to a record is left (:func:`.recall.no_route`); ``None`` while one is."""
+    return config.trigger_tokens if no_route(state.recall) else None
 
 
 def fallback_for(config: RecordConfig, state: RecordState) -> AnchoredConfig | None:
@@ -679,7 +680,7 @@ def with_summary(asked: Aligned, summary: Summarize) -> Aligned:
     items ``summary`` names. The record's identity is unchanged, and the summary part
     answers ``summary`` under its own (:func:`split_answer`).
     """
-    body = summary.instruction.removeprefix(f"{COMPACTION_REQUEST} Do not continue the task.").strip()
+    body = user_summaries.items_instruction(summary)
     instruction = (
         f"{asked.instruction}\n\nThen, after the record, write one line {SUMMARY_SECTION} and below it a summary, "
         f"as follows. {body}"
@@ -871,8 +872,14 @@ def rules(
     # stood (a replacement stands where the first it replaced stood: without these, a group a later replaced
     # record judged would be judged again by the next record, at its old position).
     active = set(found)
-    judging = [k for k, r in enumerate(records) if k in active or _replaced_record(r, recall_ids)]
-    texts = tuple(record_text(records[k], recall_ids) or _replaced_text(records[k], recall_ids) for k in judging)
+    judging: list[int] = []
+    carried: list[str] = []
+    for k, r in enumerate(records):
+        said = record_text(r, recall_ids) if k in active else _replaced_text(r, recall_ids)
+        if said:
+            judging.append(k)
+            carried.append(said)
+    texts = tuple(carried)
     judges = _judges(texts, memo.judges)
     values: dict[str, tuple[str, ...]] = {}
     candidates, gone = _candidates(config, records, grouping, found[-1], recall_ids, values=(memo.values, values))
@@ -1287,10 +1294,17 @@ def responses(history: Iterable[MessageRecord]) -> int:
     that follows), nor do the records compaction writes (a merge is not a response), our
     notes or injected context.
     """
-    return sum(
-        1
-        for r in history
-        if r.role == "assistant" and not r.is_reasoning_only and not r.written_record and not r.note and not r.injected
+    return sum(1 for r in history if _response(r))
+
+
+def _response(record: MessageRecord) -> bool:
+    """``record`` is a model response on the conversation's clock (see :func:`responses`)."""
+    return (
+        record.role == "assistant"
+        and not record.is_reasoning_only
+        and not record.written_record
+        and not record.note
+        and not record.injected
     )
 
 
@@ -1298,7 +1312,7 @@ def written_by(history: Sequence[MessageRecord], clock: int) -> int:
     """:func:`records_written` in ``history`` before its ``clock``-th model response (:func:`responses`)."""
     answered = 0
     for index, r in enumerate(history):
-        if r.role == "assistant" and not r.is_reasoning_only and not r.written_record and not r.note and not r.injected:
+        if _response(r):
             answered += 1
             if answered >= clock:
                 return records_written(history[:index])

@@ -568,9 +568,16 @@ def over_prefix(request: Summarize, view: History) -> Summarize | None:
     ]
     if not request.openings or not all(any(o in text for text in texts) for o in request.openings):
         return None
-    named = "\n".join(f"{number}. \u00ab{o}\u00bb" for number, o in enumerate(request.openings, 1))
-    instruction = f"{COMPACTION_REQUEST} Do not continue the task. {request.prompt}\n\n{PREFIX_ITEMS_HEADING}\n{named}"
+    instruction = f"{COMPACTION_REQUEST} Do not continue the task. {items_instruction(request)}"
     return replace(request, instruction=instruction, view=view)
+
+
+def items_instruction(request: Summarize) -> str:
+    """What a summary asked over the cached prefix is told: its prompt, then its items named by their opening
+    words (the instruction :func:`over_prefix` sends after the request marker; a record asked with it carries
+    the same, :func:`.records.with_summary`)."""
+    named = "\n".join(f"{number}. \u00ab{o}\u00bb" for number, o in enumerate(request.openings, 1))
+    return f"{request.prompt}\n\n{PREFIX_ITEMS_HEADING}\n{named}"
 
 
 def next_id(prefix: str, count: int, records: Iterable[MessageRecord]) -> str:
