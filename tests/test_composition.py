@@ -37,11 +37,12 @@ from maf_compaction import (
 from maf_compaction.adapters.convert import EXCLUDED_KEY, NOTE_KEY, PRESERVED_KEY, SUMMARY_KEY
 from maf_compaction.core.anchored import TOOL_NOTE_PREFIX
 from maf_compaction.core.composition import CompositionState
+from maf_compaction.core.counting import MESSAGE_OVERHEAD_TOKENS
 from maf_compaction.core.distill import is_distilled, is_remnant
 from maf_compaction.core.effects import Answer
 from maf_compaction.core.errors import SnapshotError
 from maf_compaction.core.recall import RecallState
-from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_PREFIX
+from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_INSTRUCTION, RECORD_PREFIX
 from maf_compaction.core.user_snapshot import UserSummarySnapshot
 from maf_compaction.core.user_summaries import Outcome
 from maf_compaction.core.values import distinctive_values
@@ -494,6 +495,39 @@ def test_alone_the_user_half_asks_only_when_the_next_step_would_not_fit() -> Non
     run(strategy, messages)
     assert tight.calls == 1, "5% free: the next turn like the largest would not fit"
     assert any(SUMMARY_KEY in m.additional_properties for m in messages)
+
+
+def asks_at(budget: int, messages: Sequence[Message], recall: RecallState) -> bool:
+    """Does one pass at ``budget``, from ``recall``, ask for a record of the pending groups?"""
+    strategy = build(budget)
+    cell = strategy.tool_results.state_cell
+    cell.value = replace(cell.value, recall=recall)
+    run(strategy, [Message.from_dict(m.to_dict()) for m in messages])
+    return strategy.decision_state().records.decisions.ask is not None
+
+
+def threshold(messages: Sequence[Message], recall: RecallState) -> int:
+    """The smallest budget at which the pass finds room for another step like the largest (and so asks nothing)."""
+    low, high = measured(messages)[0], 2 * measured(messages)[0]
+    assert asks_at(low, messages, recall)
+    assert not asks_at(high, messages, recall)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if asks_at(middle, messages, recall) else (low, middle)
+    return high
+
+
+def test_a_tool_step_leaves_room_for_the_instruction_of_a_record_over_the_cached_prefix() -> None:
+    """Found in per-call traces (Anthropic cache rules, fill 3.0): a prompt that fitted beside its largest lookup
+    but not with a record's instruction too got the lookup first; the record over the cached prefix could then
+    cover only what stood before it, and a second record (a second break) followed. While that route is open, the
+    room a tool step needs includes the instruction, so the ask comes one request earlier; a conversation whose
+    route is disabled (pinned records send no instruction) keeps the plain rule."""
+    messages = conversation(6)
+    open_route = threshold(messages, RecallState())
+    pinned = threshold(messages, RecallState(prefix_disabled=True, pin_disabled=False))
+    instruction = TOKENIZER.count_tokens(RECORD_INSTRUCTION) + MESSAGE_OVERHEAD_TOKENS
+    assert open_route - pinned == instruction
 
 
 def test_a_summary_rides_on_a_records_break_below_the_user_trigger() -> None:

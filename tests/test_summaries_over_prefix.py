@@ -596,13 +596,15 @@ async def test_an_answer_larger_than_its_turns_is_refused_as_a_summarizer_answer
     run = await talk(model=Model(summary_answer="verbose")).play(range(TURNS))
     other = await talk("summarizer", summarizer=VerboseSummarizer()).play(range(TURNS))
     asks = summary_asks(run.sent)
-    assert len(asks) == other.summarizer.calls == 2
+    assert len(asks) == other.summarizer.calls >= 2
     assert not [m for m in run.stored() if is_summary(m)]
     assert run.strategy.user_turns.user_compactions == 0
     answers = run.strategy.decision_state().users.answers
-    assert [a.text for a in answers] == [summary_answer(run.sent[i], run.client.answers[i]) for i in asks], (
-        "a refusal was not remembered"
-    )
+    remembered = run.strategy.user_turns.config.remembered_requests
+    assert len(answers) == min(len(asks), remembered)
+    # The newest refusals, as many as the strategy remembers.
+    given = [summary_answer(run.sent[i], run.client.answers[i]) for i in asks]
+    assert [a.text for a in answers] == given[-remembered:], "a refusal was not remembered"
     instructions = [run.sent[i].texts[-1] for i in asks]
     assert len(set(instructions)) == len(instructions), "a refused summary was asked for again"
     state = run.stack.tool_results.state_cell.value.recall

@@ -488,6 +488,31 @@ def test_a_band_too_small_for_min_band_share_is_declined() -> None:
     assert run(accepted, messages) is True
 
 
+def test_a_summary_made_still_shows_where_its_band_is_no_longer_worth_a_call() -> None:
+    """Found through the composition: a summary made while its band was worth ``min_band_share`` of the prompt
+    must still show, with no second call, on a list whose prompt grew after the band (a long reply in the tail)
+    so that the same band is now under the share. Before the fix the band-share gate came before the remembered
+    answer, so the later pass put the summarised turns back."""
+    client = ScriptedSummarizer()
+    messages = conversation(6)
+    band = tokens([m for m in messages if m.message_id in {"u1", "u2", "u3", "u4"}])
+    share = band / tokens(messages) - 0.01
+    worker = strategy(client, budget=over_budget(messages), min_band_share=share)
+    first = copy.deepcopy(messages)
+    assert run(worker, first) is True
+    assert client.calls == 1
+    grown = [*copy.deepcopy(messages), Message("assistant", ["detail " * 400], message_id="long")]
+    assert band < share * tokens(grown)  # on its own, the grown list would not ask for this band
+    assert run(worker, grown) is True
+    assert client.calls == 1
+    assert worker.last_report is not None
+    assert worker.last_report.outcome is Outcome.SUMMARIZED
+    assert shown(grown)[:-1] == shown(first)
+    fresh = strategy(ScriptedSummarizer(), budget=over_budget(messages), min_band_share=share)
+    grown_alone = [*copy.deepcopy(messages), Message("assistant", ["detail " * 400], message_id="long")]
+    assert run(fresh, grown_alone) is False  # the gate still holds for a new request
+
+
 def test_min_band_share_counts_only_the_eligible_band() -> None:
     """Protected turns leave the band: they cannot make it worth a call."""
     messages = conversation(6)

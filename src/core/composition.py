@@ -71,6 +71,7 @@ from .envelope import Count, Positive, Schema, Text, distinct, dump, error, exac
 from .errors import CompactionBudgetExceeded, SnapshotError
 from .model import History, MessageRecord
 from .protocol import Done, Needs, StepResult, sent_tokens
+from .recall import RecallState
 from .records import HOLD_RECORD, RecordConfig, RecordReport, RecordState
 from .snapshot import AnchoredSnapshot
 from .user_snapshot import UserSummarySnapshot
@@ -540,7 +541,7 @@ def _record_rules(config: CompositionConfig, work: _Pass, seen: View, measure: a
     assert isinstance(memo, records.RecordMemo)
     assert memo.view is not None
     record_state = replace(work.state.records, decisions=passed.state)
-    roomy = _roomy(config, memo.view)
+    roomy = _roomy(config, memo.view, work.state.records.recall, measure)
     if not roomy:  # pinned, or asked over the cached prefix once pinning is disabled
         record_state = replace(record_state, decisions=records.ask_for_pending(memo.view, record_state.decisions))
     state = replace(work.state, records=record_state)
@@ -737,10 +738,25 @@ def _declined(users: UserSummarySnapshot, output: History) -> user_summaries.Use
     return Done(history=output, state=users, report=report)
 
 
-def _roomy(config: CompositionConfig, seen: View) -> bool:
-    """The largest step the conversation has taken (its largest group, excluded ones too) still fits."""
+def _roomy(config: CompositionConfig, seen: View, recall_state: RecallState, measure: anchored.Measure) -> bool:
+    """The largest step the conversation has taken (its largest group, excluded ones too) still fits; a tool
+    step with room beside it for the instruction of a record asked over the cached prefix, while that route is open.
+
+    A record of the newest tool group can be asked over the cached prefix only while the
+    prompt and the instruction fit the budget together: when they would not, the record
+    could cover only what stands before that group, and a second record (a second break)
+    would follow for it. Asking one step earlier puts the break on the request that sends
+    the new group, which the provider reads uncached whatever we do.
+    """
     conversation = seen.records
-    largest = max((sum(conversation[i].tokens for i in g.members) for g in seen.grouping.all), default=0)
+    reserve = 0 if recall_state.prefix_disabled else records.instruction_tokens(measure)
+    largest = max(
+        (
+            sum(conversation[i].tokens for i in g.members) + (reserve if g.kind == "tool_call" else 0)
+            for g in seen.grouping.all
+        ),
+        default=0,
+    )
     return seen.sent + largest <= config.max_input_tokens
 
 

@@ -644,9 +644,14 @@ def ask_over(config: RecordConfig, state: RecordState, prompt: History, measure:
     anything new (:func:`ask_over_standing`), or the pass's output when that showed nothing unrecorded."""
     if state.recall.asking is None:
         return None
-    limit = config.prefix_tokens(state.recall, measure(RECORD_INSTRUCTION) + MESSAGE_OVERHEAD_TOKENS)
+    limit = config.prefix_tokens(state.recall, instruction_tokens(measure))
     fitting = fitting_prefix(prompt, limit)
     return None if fitting is None else ask_aligned(fitting, state, prompt)
+
+
+def instruction_tokens(measure: Measure) -> int:
+    """The tokens a record asked over the cached prefix adds to the request it repeats: its instruction message."""
+    return measure(RECORD_INSTRUCTION) + MESSAGE_OVERHEAD_TOKENS
 
 
 def ask_aligned(view: History, state: RecordState, conversation: History) -> Aligned | None:

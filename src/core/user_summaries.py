@@ -357,15 +357,12 @@ def pass_(
     # Of the conversation's own tokens: context injected into one list only must not tip
     # the decision, or the two lists would disagree.
     own = sent_tokens(r for r in history if not r.injected)
-    if not has_turns or eligible_tokens < math.ceil(own * config.min_band_share - 1e-9):
-        if config.summary_mode == "fold" and len(p.standing) >= 2:
-            return _fold(p)
-        return p.done(Outcome.DECLINED, band_tokens=eligible_tokens, protected=protected)
-    pending = _reachable_descriptions(config, items, waiting, measure)
-    if pending:
+    worth = has_turns and eligible_tokens >= math.ceil(own * config.min_band_share - 1e-9)
+    pending = _reachable_descriptions(config, items, waiting, measure) if has_turns else ()
+    if pending and worth:
         # Descriptions first: the transcript (and so the request) depends on them.
         return Needs(pending, snapshot)
-    selected = select(config.prompt, items, config.summary_input_limit, measure)
+    selected = [] if pending or not has_turns else select(config.prompt, items, config.summary_input_limit, measure)
     # A request must hold a user turn: our own summaries alone under the user-turn prompt
     # would be a fold in disguise, refused for not being smaller on every later pass.
     # Leading summaries that leave no room for a turn stay standing; the turns after them
@@ -373,10 +370,19 @@ def pass_(
     while selected and all(records[i.index].summary for i in selected):
         items = items[1:]
         selected = select(config.prompt, items, config.summary_input_limit, measure)
-    if not selected:
+    if selected:
+        summary_id = next_id(SUMMARY_ID_PREFIX, snapshot.compactions, records)
+        # A band too small to be worth a call still shows a summary already made of it (on the
+        # other list, or on an earlier pass of this one, when the prompt was smaller): both lists
+        # and every later pass show the same bytes.
+        asked = _ask(p, "summary", selected, summary_id, band_tokens=eligible_tokens, protected=protected, new=worth)
+        if worth or (isinstance(asked, Done) and asked.report.outcome in APPLIED):
+            return asked
+    elif worth:
         return p.done(Outcome.NOTHING_FITS, band_tokens=eligible_tokens, protected=protected)
-    summary_id = next_id(SUMMARY_ID_PREFIX, snapshot.compactions, records)
-    return _ask(p, "summary", selected, summary_id, band_tokens=eligible_tokens, protected=protected)
+    if config.summary_mode == "fold" and len(p.standing) >= 2:
+        return _fold(p)
+    return p.done(Outcome.DECLINED, band_tokens=eligible_tokens, protected=protected)
 
 
 def user_turns(history: Iterable[MessageRecord]) -> int:
@@ -614,15 +620,20 @@ def _ask(
     *,
     band_tokens: int,
     protected: int,
+    new: bool = True,
 ) -> UserNeeds | UserDone:
-    """The request for ``selected``: asked for, or answered from the snapshot and applied."""
+    """The request for ``selected``: asked for (unless not ``new``), or answered from the snapshot and applied."""
     prompt = p.config.fold_prompt if kind == "fold" else p.config.prompt
     if _below_break_even(p, selected):
         return p.done(Outcome.DECLINED, band_tokens=band_tokens, protected=protected)
     asked = request(kind, prompt, selected, summary_id, p.user_turns)
     answer = standing(p.snapshot.answers, asked.identity, asked.turns)
     if answer is None:
-        return Needs((asked,), p.snapshot)
+        return (
+            Needs((asked,), p.snapshot)
+            if new
+            else p.done(Outcome.DECLINED, band_tokens=band_tokens, protected=protected)
+        )
     summary_id = answer.summary_id or asked.summary_id
 
     def done(outcome: Outcome) -> UserDone:
