@@ -34,7 +34,7 @@ from maf_compaction import (
     find_nested_strategy,
     record_text,
 )
-from maf_compaction.adapters.convert import EXCLUDED_KEY, NOTE_KEY, PRESERVED_KEY, SUMMARY_KEY
+from maf_compaction.adapters.convert import EXCLUDED_KEY, NOTE_KEY, PRESERVED_KEY, SUMMARY_KEY, SUMMARY_OF_KEY
 from maf_compaction.core.anchored import TOOL_NOTE_PREFIX
 from maf_compaction.core.composition import CompositionState
 from maf_compaction.core.counting import MESSAGE_OVERHEAD_TOKENS
@@ -683,11 +683,12 @@ def test_with_no_route_to_a_record_the_safety_net_cuts_every_band_group_past_the
     """Under the budget but past the record trigger, no record yet. While a record can still be asked for, the
     results wait for it, whole. Once neither route is left (pins and the cached prefix disabled), the safety net
     takes the record's place: in one pass every result after the head and before the conversation's newest group is
-    cut to its value lines (one break: what one record would have covered), no summary is asked for, and every
-    value stays."""
+    cut to its value lines (one break: what one record would have covered), the user half's summary rides on that
+    break as on a record's (the summarizer client, the cached prefix being disabled too), and every value stays."""
     messages = conversation(8)
     size, _ = measured(messages)
-    strategy = build(int(size / 0.7), summarizer=ScriptedSummarizer(extractive))  # the trigger is 0.6 of it
+    summarizer = ScriptedSummarizer(extractive)
+    strategy = build(int(size / 0.7), summarizer=summarizer)  # the trigger is 0.6 of it
     if not routes_left:
         cell = strategy.tool_results.state_cell
         cell.value = replace(cell.value, recall=RecallState(pin_disabled=True, prefix_disabled=True))
@@ -697,7 +698,10 @@ def test_with_no_route_to_a_record_the_safety_net_cuts_every_band_group_past_the
         assert distilled == []
         return
     assert distilled == [f"r{n}" for n in range(8)]  # the newest group is the user's last message
-    assert not excluded_ids(messages)
+    assert summarizer.calls == 1
+    (summary,) = [m for m in messages if SUMMARY_KEY in m.additional_properties]
+    assert set(excluded_ids(messages)) == set(summary.additional_properties[SUMMARY_OF_KEY])
+    assert all(i.startswith("q") for i in excluded_ids(messages)), "only user turns leave, for the summary"
     for n in range(8):
         kept = str(by_id(messages, f"r{n}").contents[0].result)
         assert all(v in kept for v in distinctive_values(lookup_text(n)))
@@ -711,6 +715,52 @@ def test_with_no_route_to_a_record_the_safety_net_cuts_every_band_group_past_the
     loaded = [Message.from_dict(m) for m in before]
     run(restored, loaded)
     assert [m.to_dict() for m in loaded] == before
+
+
+def test_a_summary_riding_on_the_safety_nets_break_does_not_call_the_break_off() -> None:
+    """Long user turns, no route left: past the trigger the net will cut the lookups, and the user half's summary
+    rides on that break. The summary alone brings the prompt under the trigger, yet the net cuts on the same pass:
+    the break it was judged on stands (otherwise the summary breaks now and the net a second time on a later pass)."""
+    messages = conversation(8, pad=40)
+    size, _ = measured(messages)
+    budget = int(size / 0.7)
+    strategy = build(budget, summarizer=ScriptedSummarizer(extractive))
+    cell = strategy.tool_results.state_cell
+    cell.value = replace(cell.value, recall=RecallState(pin_disabled=True, prefix_disabled=True))
+    run(strategy, messages)
+    summaries = [m for m in messages if SUMMARY_KEY in m.additional_properties]
+    assert summaries, "the summary rode on the net's break"
+    whole = [Message.from_dict(m.to_dict()) for m in messages if not excluded(m)]
+    for message in whole:
+        if message.role == "tool":
+            message.contents[0].result = lookup_text(int(str(message.message_id)[1:]))
+    assert measured(whole)[0] < 0.6 * budget, "with the summary and every lookup whole, the prompt is under the trigger"
+    distilled = [m.message_id for m in messages if is_distilled(str(m.contents[0].result or ""))]
+    assert distilled == [f"r{n}" for n in range(8)]
+
+
+def test_once_the_safety_net_has_cut_it_keeps_pace_below_the_trigger() -> None:
+    """With no route left and the net fired once, the conversation is known to run long: each later lookup is cut
+    as soon as it stops being the newest group, while the prompt is still under the record trigger (the break then
+    re-reads one turn, not every turn that piles up behind the lookup until the trigger is passed again)."""
+    messages = conversation(8)
+    size, _ = measured(messages)
+    budget = int(size / 0.7)
+    strategy = build(budget, summarizer=ScriptedSummarizer(extractive))
+    cell = strategy.tool_results.state_cell
+    cell.value = replace(cell.value, recall=RecallState(pin_disabled=True, prefix_disabled=True))
+    run(strategy, messages)
+    assert strategy.decision_state().records.fallback.distilled
+    messages[-1:-1] = lookup_round(8)  # a new lookup, then the user's last message again
+    assert measured(messages)[0] < 0.6 * budget, "the prompt is under the trigger"
+    run(strategy, messages)
+    assert is_distilled(str(by_id(messages, "r8").contents[0].result or ""))
+    assert all(v in str(by_id(messages, "r8").contents[0].result) for v in distinctive_values(lookup_text(8)))
+    # A conversation with a route left keeps it whole: the record it waits for covers it.
+    fresh = conversation(9)
+    waiting = build(budget, summarizer=ScriptedSummarizer(extractive))
+    run(waiting, fresh)
+    assert not is_distilled(str(by_id(fresh, "r8").contents[0].result or ""))
 
 
 @pytest.mark.parametrize("policy", ["shed", "raise"])

@@ -379,6 +379,8 @@ class _Pass:
         roomy: The conversation's largest step still fits (:func:`_roomy`).
         replay_only: Ask for nothing new: the pass only replays what was decided (the
             prompt as it stands, which a request over the cached prefix repeats).
+        netting: The safety net breaks on this pass (judged on the prompt before the user
+            half's summary): the fallback distills whatever the summary leaves.
     """
 
     input: CompositionState
@@ -388,6 +390,7 @@ class _Pass:
     band: object = None
     roomy: bool = True
     replay_only: bool = False
+    netting: bool = False
 
 
 _Answer: TypeAlias = Needs[CompositionState] | Done[_Pass, None]
@@ -568,7 +571,9 @@ def _users(config: CompositionConfig, work: _Pass, seen: View, measure: anchored
     if not waiting:
         # The record half's own break this pass: groups newly excluded, or cut to what stays of them.
         passed = work.report.records
-        breaking = bool(passed.dropped or passed.remnants or passed.distilled)
+        netting = _net_breaks(config, work, seen, measure)
+        work = replace(work, netting=netting)
+        breaking = bool(passed.dropped or passed.remnants or passed.distilled) or netting
         answer = _user_pass(config, state.users, seen.history, measure, breaking=breaking, roomy=work.roomy)
         if isinstance(answer, Needs):
             # The state to absorb into is the input state: the next step recomputes the rest.
@@ -634,30 +639,42 @@ def _fallback(config: CompositionConfig, work: _Pass, seen: View, measure: ancho
     :func:`.records.net_ceiling`).
     """
     state = work.state.records.fallback
-    netted = records.net_ceiling(config.records, work.state.records)
-    if seen.sent <= config.max_input_tokens and not records.decided(state) and not _netting(config, work, seen):
+    netting = work.netting or _netting(config, work, seen)
+    if seen.sent <= config.max_input_tokens and not records.decided(state) and not netting:
         return Done(seen.history, work, None)
-    fallback = records.fallback_for(config.records, work.state.records)
-    assert fallback is not None
-    output = records.hold_unrecorded(seen)
-    ran = records.run_with_holds(
-        fallback,
-        state,
-        output,
-        measure,
-        memo=work.band,
-        distillable=records.DISTILLABLE,
-        distill_ceiling=netted,
-    )
+    ran = _run_fallback(config, work, seen, measure)
     new = replace(work.state, records=replace(work.state.records, fallback=ran.state))
     report = replace(work.report, fallback=ran.report)
     return Done(ran.history, replace(work, state=new, report=report, band=ran.memo), None)
+
+
+def _run_fallback(
+    config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure
+) -> anchored.AnchoredDone:
+    """The fallback's rules over ``seen``, every tool group no record covers held (distilled by the safety net)."""
+    fallback = records.fallback_for(config.records, work.state.records)
+    assert fallback is not None
+    return records.run_with_holds(
+        fallback,
+        work.state.records.fallback,
+        records.hold_unrecorded(seen),
+        measure,
+        memo=work.band,
+        distillable=records.DISTILLABLE,
+        # The net's break judged before the user half's summary stands (the summary rode on it).
+        distill_ceiling=0 if work.netting else records.net_ceiling(config.records, work.state.records),
+    )
 
 
 def _netting(config: CompositionConfig, work: _Pass, seen: View) -> bool:
     """The safety net distills on this pass in the record's place (:func:`.records.net_ceiling`)."""
     ceiling = records.net_ceiling(config.records, work.state.records)
     return ceiling is not None and seen.sent > ceiling
+
+
+def _net_breaks(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> bool:
+    """The safety net newly distills a group on this pass: a break the user half may ride, as it rides a record's."""
+    return _netting(config, work, seen) and bool(_run_fallback(config, work, seen, measure).report.distilled)
 
 
 def _shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:

@@ -479,9 +479,18 @@ def step(
 
 
 def net_ceiling(config: RecordConfig, state: RecordState) -> int | None:
-    """Where the safety net takes the record's place (distilling at once, :func:`run_with_holds`): past the
-    record trigger once no route to a record is left (:func:`.recall.no_route`); ``None`` while one is."""
-    return config.trigger_tokens if no_route(state.recall) else None
+    """Where the safety net takes the record's place (distilling at once, :func:`run_with_holds`); ``None`` while
+    a route to a record is left (:func:`.recall.no_route`).
+
+    First past the record trigger, where a record would have been asked for. Once it has
+    distilled, the conversation is known to run long, and it keeps pace: each group is cut
+    as soon as it stops being the newest (a ceiling of 0), when the break re-reads only the
+    turn after it, instead of waiting for the prompt to pass the trigger again with more
+    turns behind the group to re-read.
+    """
+    if not no_route(state.recall):
+        return None
+    return 0 if state.fallback.distilled else config.trigger_tokens
 
 
 def fallback_for(config: RecordConfig, state: RecordState) -> AnchoredConfig | None:
