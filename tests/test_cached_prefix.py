@@ -1419,6 +1419,35 @@ def test_once_the_prefix_route_is_off_only_a_pinning_host_pins(aligned: bool) ->
         assert not no_route(state)
 
 
+@pytest.mark.parametrize("aligned", [True, False], ids=["cached-prefix-host", "pinning-host"])
+def test_the_protocol_says_how_the_host_asks_for_records(aligned: bool) -> None:
+    """Each event of the middleware writes its ``record_request`` into the state (``aligned``), which the
+    composition reads to leave room for a record's instruction; the next record goes over the cached prefix for a
+    host that asks that way, or once pins are disabled, and never once that route is disabled."""
+    from maf_compaction.core.recall import HistorySeen, PinRule, RecallStatus, RequestStarting, advance
+    from maf_compaction.core.recall import records_over_prefix as over
+
+    rule = PinRule(trigger_tokens=1_000, aligned=aligned)
+    seen, _ = advance(rule, RecallState(aligned=not aligned), HistorySeen(RecallStatus(100, 0, 0)))
+    started, _ = advance(rule, RecallState(aligned=not aligned), RequestStarting())
+    assert seen.aligned == started.aligned == aligned
+    assert over(seen) == aligned
+    assert over(replace(seen, pin_disabled=True))
+    assert not over(replace(seen, pin_disabled=True, prefix_disabled=True))
+
+
+def test_a_version_3_recall_state_loads_without_knowing_how_the_host_asks() -> None:
+    """A recall state written before ``aligned`` existed (version 3) loads as a pinning host's until the
+    middleware's next event says otherwise; a state says it again in version 4."""
+    state = RecallState(asking="size", ignored_instructions=1, aligned=True)
+    data = json.loads(json.dumps(dump(state)))
+    assert (data["kind"], data["version"], data["aligned"]) == ("recall", 4, True)
+    older = {**{k: v for k, v in data.items() if k != "aligned"}, "version": 3}
+    assert load(RecallState, older) == replace(state, aligned=False)
+    with pytest.raises(SnapshotError, match="aligned"):
+        load(RecallState, {k: v for k, v in data.items() if k != "aligned"})
+
+
 async def test_a_recall_call_in_the_answer_is_recorded_and_never_run() -> None:
     """A model may answer the instruction with one recall call: its ``values`` are the record; the call is not
     run (no function loop sees the answer) and enters history only as the written record."""

@@ -522,12 +522,14 @@ def test_a_tool_step_leaves_room_for_the_instruction_of_a_record_over_the_cached
     but not with a record's instruction too got the lookup first; the record over the cached prefix could then
     cover only what stood before it, and a second record (a second break) followed. While that route is open, the
     room a tool step needs includes the instruction, so the ask comes one request earlier; a conversation whose
-    route is disabled (pinned records send no instruction) keeps the plain rule."""
+    route is disabled, or whose records are pinned (a pin sends no instruction), keeps the plain rule."""
     messages = conversation(6)
-    open_route = threshold(messages, RecallState())
-    pinned = threshold(messages, RecallState(prefix_disabled=True, pin_disabled=False))
+    aligned = threshold(messages, RecallState(aligned=True))
+    pinned = threshold(messages, RecallState())
     instruction = TOKENIZER.count_tokens(RECORD_INSTRUCTION) + MESSAGE_OVERHEAD_TOKENS
-    assert open_route - pinned == instruction
+    assert aligned - pinned == instruction
+    assert threshold(messages, RecallState(pin_disabled=True)) == aligned, "pins disabled: records go over the prefix"
+    assert threshold(messages, RecallState(aligned=True, prefix_disabled=True)) == pinned
 
 
 def test_a_summary_rides_on_a_records_break_below_the_user_trigger() -> None:

@@ -676,7 +676,7 @@ def test_a_stack_kind_mismatch_raises_stack_kind_error_naming_both() -> None:
         ((), 3, "session_compaction"),
         (("stack",), 9, "stack"),
         (("stack", "state"), 5, "record_state"),
-        (("stack", "state", "recall"), 4, "recall"),  # version 3 is this release's (``asking``)
+        (("stack", "state", "recall"), 5, "recall"),  # version 4 is this release's (``aligned``)
     ],
     ids=["session-envelope", "stack", "record-state", "recall"],
 )

@@ -71,7 +71,7 @@ from .envelope import Count, Positive, Schema, Text, distinct, dump, error, exac
 from .errors import CompactionBudgetExceeded, SnapshotError
 from .model import History, MessageRecord
 from .protocol import Done, Needs, StepResult, sent_tokens
-from .recall import RecallState
+from .recall import RecallState, records_over_prefix
 from .records import HOLD_RECORD, RecordConfig, RecordReport, RecordState
 from .snapshot import AnchoredSnapshot
 from .user_snapshot import UserSummarySnapshot
@@ -757,7 +757,8 @@ def _declined(users: UserSummarySnapshot, output: History) -> user_summaries.Use
 
 def _roomy(config: CompositionConfig, seen: View, recall_state: RecallState, measure: anchored.Measure) -> bool:
     """The largest step the conversation has taken (its largest group, excluded ones too) still fits; a tool
-    step with room beside it for the instruction of a record asked over the cached prefix, while that route is open.
+    step with room beside it for the instruction of a record asked over the cached prefix, when the next record
+    would be asked that way (:func:`.recall.records_over_prefix`; a pinned record sends no instruction).
 
     A record of the newest tool group can be asked over the cached prefix only while the
     prompt and the instruction fit the budget together: when they would not, the record
@@ -766,7 +767,7 @@ def _roomy(config: CompositionConfig, seen: View, recall_state: RecallState, mea
     the new group, which the provider reads uncached whatever we do.
     """
     conversation = seen.records
-    reserve = 0 if recall_state.prefix_disabled else records.instruction_tokens(measure)
+    reserve = records.instruction_tokens(measure) if records_over_prefix(recall_state) else 0
     largest = max(
         (
             sum(conversation[i].tokens for i in g.members) + (reserve if g.kind == "tool_call" else 0)

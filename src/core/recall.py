@@ -129,6 +129,9 @@ class RecallState:
             the host pins and pinning is not disabled; summaries go to the summarizer).
         summaries_prefix_disabled: A summary asked over the cached prefix was ignored or failed:
             summaries go to the summarizer from then on (the same request at once).
+        aligned: The host asks for records over the cached prefix (the recall middleware's
+            ``record_request="cached_prefix"``), as its last event said. Versions 1 to 3 had
+            no such field (read as ``False`` until the middleware's next event).
     """
 
     next_pin: PinKind | None = None
@@ -142,16 +145,22 @@ class RecallState:
     ignored_instructions: Count = 0
     prefix_disabled: bool = False
     summaries_prefix_disabled: bool = False
+    aligned: bool = False
 
 
 def _v1(stored: Mapping[str, object]) -> Mapping[str, object]:
     """A version-1 state has no ``armed``: the gate's permission was stored beside it (the stack reads it)."""
-    return {**exactly(stored, _RECALL_V1_FIELDS), "armed": False, **_V3_DEFAULTS}
+    return {**exactly(stored, _RECALL_V1_FIELDS), "armed": False, **_V3_DEFAULTS, **_V4_DEFAULTS}
 
 
 def _v2(stored: Mapping[str, object]) -> Mapping[str, object]:
     """A version-2 state asked for no record over the cached prefix."""
-    return {**exactly(stored, (*_RECALL_V1_FIELDS, "armed")), **_V3_DEFAULTS}
+    return {**exactly(stored, (*_RECALL_V1_FIELDS, "armed")), **_V3_DEFAULTS, **_V4_DEFAULTS}
+
+
+def _v3(stored: Mapping[str, object]) -> Mapping[str, object]:
+    """A version-3 state did not say how the host asks for records (the middleware's next event does)."""
+    return {**exactly(stored, (*_RECALL_V1_FIELDS, "armed", *_V3_DEFAULTS)), **_V4_DEFAULTS}
 
 
 _RECALL_V1_FIELDS: Final = ("next_pin", "in_flight", "awaiting_record", "ignored_streak", "pin_disabled", "seen")
@@ -162,7 +171,9 @@ _V3_DEFAULTS: Final = {
     "prefix_disabled": False,
     "summaries_prefix_disabled": False,
 }
-RECALL_SCHEMA: Final = Schema("recall", 3, RecallState, older={1: _v1, 2: _v2})
+#: What version 4 added, as an older state had it.
+_V4_DEFAULTS: Final = {"aligned": False}
+RECALL_SCHEMA: Final = Schema("recall", 4, RecallState, older={1: _v1, 2: _v2, 3: _v3})
 
 
 # -- events -----------------------------------------------------------------------------------
@@ -273,6 +284,8 @@ Action: TypeAlias = Pin | Unpinned | TakeAsk | Disable | RetryUnpinned | Nothing
 
 def advance(rule: PinRule, state: RecallState, event: Event) -> tuple[RecallState, Action]:
     """The state after ``event`` and what the middleware must do (see the module table)."""
+    if isinstance(event, (HistorySeen, RequestStarting)) and state.aligned != rule.aligned:
+        state = replace(state, aligned=rule.aligned)
     if isinstance(event, HistorySeen):
         # The pass inside the request that asked over the cached prefix has run (or never will).
         seen, state = replace(event.status, grouping=None), replace(state, asking=None, awaiting_record=False)
@@ -317,6 +330,13 @@ def no_route(state: RecallState) -> bool:
     is cut to its value lines at once.
     """
     return state.pin_disabled and state.prefix_disabled
+
+
+def records_over_prefix(state: RecallState) -> bool:
+    """Would the conversation's next record be asked over the cached prefix (an instruction appended to the
+    request it repeats)? For a host that asks that way, or one that pins once pinning is disabled, until that
+    route is disabled too."""
+    return (state.aligned or state.pin_disabled) and not state.prefix_disabled
 
 
 def judged_instruction(state: RecallState, *, followed: bool) -> RecallState:
