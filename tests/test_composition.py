@@ -719,16 +719,21 @@ def test_with_no_route_to_a_record_the_safety_net_cuts_every_band_group_past_the
     assert [m.to_dict() for m in loaded] == before
 
 
+def without_a_route(messages: Sequence[Message]) -> tuple[Composition, int]:
+    """A composition whose record trigger (0.6 of the budget) ``messages`` pass, with no route to a record left."""
+    budget = int(measured(messages)[0] / 0.7)
+    strategy = build(budget, summarizer=ScriptedSummarizer(extractive))
+    cell = strategy.tool_results.state_cell
+    cell.value = replace(cell.value, recall=RecallState(pin_disabled=True, prefix_disabled=True))
+    return strategy, budget
+
+
 def test_a_summary_riding_on_the_safety_nets_break_does_not_call_the_break_off() -> None:
     """Long user turns, no route left: past the trigger the net will cut the lookups, and the user half's summary
     rides on that break. The summary alone brings the prompt under the trigger, yet the net cuts on the same pass:
     the break it was judged on stands (otherwise the summary breaks now and the net a second time on a later pass)."""
     messages = conversation(8, pad=40)
-    size, _ = measured(messages)
-    budget = int(size / 0.7)
-    strategy = build(budget, summarizer=ScriptedSummarizer(extractive))
-    cell = strategy.tool_results.state_cell
-    cell.value = replace(cell.value, recall=RecallState(pin_disabled=True, prefix_disabled=True))
+    strategy, budget = without_a_route(messages)
     run(strategy, messages)
     summaries = [m for m in messages if SUMMARY_KEY in m.additional_properties]
     assert summaries, "the summary rode on the net's break"
@@ -746,11 +751,7 @@ def test_once_the_safety_net_has_cut_it_keeps_pace_below_the_trigger() -> None:
     as soon as it stops being the newest group, while the prompt is still under the record trigger (the break then
     re-reads one turn, not every turn that piles up behind the lookup until the trigger is passed again)."""
     messages = conversation(8)
-    size, _ = measured(messages)
-    budget = int(size / 0.7)
-    strategy = build(budget, summarizer=ScriptedSummarizer(extractive))
-    cell = strategy.tool_results.state_cell
-    cell.value = replace(cell.value, recall=RecallState(pin_disabled=True, prefix_disabled=True))
+    strategy, budget = without_a_route(messages)
     run(strategy, messages)
     assert strategy.decision_state().records.fallback.distilled
     messages[-1:-1] = lookup_round(8)  # a new lookup, then the user's last message again
