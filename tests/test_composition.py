@@ -746,6 +746,24 @@ def test_a_summary_riding_on_the_safety_nets_break_does_not_call_the_break_off()
     assert distilled == [f"r{n}" for n in range(8)]
 
 
+def test_the_nets_kept_pace_cuts_ask_for_no_summary_far_under_the_trigger() -> None:
+    """Review finding: after the net's first cut every later lookup is cut as it stops being the newest, and each
+    such cut asked the user half for a summary of the newest turns, however small the prompt. A kept-pace cut is
+    ridden only once a step like the largest would take the prompt past the record trigger."""
+    messages = conversation(8, pad=40)
+    strategy, budget = without_a_route(messages)
+    summarizer = strategy.user_turns.client
+    assert isinstance(summarizer, ScriptedSummarizer)
+    run(strategy, messages)
+    assert summarizer.calls == 1, "the first cut carries the summary"
+    for n in range(8, 14):
+        messages[-1:-1] = lookup_round(n)  # a new lookup round, then the user's last message again
+        run(strategy, messages)
+        assert 2 * measured(messages)[0] < 0.6 * budget, "far under the trigger, even with a second prompt's worth"
+    assert all(is_distilled(str(by_id(messages, f"r{n}").contents[0].result or "")) for n in range(8, 14))
+    assert summarizer.calls == 1, "a kept-pace cut far under the trigger asked for a summary"
+
+
 def test_once_the_safety_net_has_cut_it_keeps_pace_below_the_trigger() -> None:
     """With no route left and the net fired once, the conversation is known to run long: each later lookup is cut
     as soon as it stops being the newest group, while the prompt is still under the record trigger (the break then

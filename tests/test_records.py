@@ -667,6 +667,23 @@ def test_with_no_route_to_a_record_the_safety_net_cuts_the_band_past_the_trigger
             assert all(v in kept for v in distinctive_values(lookup_text(n)))
 
 
+def test_with_no_route_the_record_strategys_net_keeps_pace_after_its_first_cut() -> None:
+    """Alone too: once the net has cut past the trigger, each later lookup is cut as soon as it stops being the
+    newest group, though the prompt is far under the trigger (its break re-reads one turn)."""
+    messages = conversation(8)
+    budget = int(_size(messages) / 0.7)
+    s = strategy(budget)
+    cell = s.state_cell
+    cell.value = replace(cell.value, recall=RecallState(pin_disabled=True, prefix_disabled=True))
+    run(s, messages)
+    messages += [*lookup(8), Message("user", ["And now?"])]
+    assert 2 * _size(messages) < 0.6 * budget
+    run(s, messages)
+    result = result_of(messages, "call_8").contents[0].result or ""
+    assert is_distilled(result)
+    assert all(v in result for v in distinctive_values(lookup_text(8)))
+
+
 def _size(messages: Sequence[Message]) -> int:
     probe = strategy(10**9)
     copied = [Message.from_dict(m.to_dict()) for m in messages]

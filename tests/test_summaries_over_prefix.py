@@ -33,6 +33,7 @@ reaches the budget).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
@@ -607,6 +608,8 @@ async def test_an_answer_larger_than_its_turns_is_refused_as_a_summarizer_answer
     assert [a.text for a in answers] == given[-remembered:], "a refusal was not remembered"
     instructions = [run.sent[i].texts[-1] for i in asks]
     assert len(set(instructions)) == len(instructions), "a refused summary was asked for again"
+    bands = [named(text) for text in instructions]
+    assert all(set(a) < set(b) for a, b in itertools.pairwise(bands)), f"each ask must cover a larger band: {bands}"
     state = run.stack.tool_results.state_cell.value.recall
     assert (state.ignored_instructions, state.prefix_disabled) == (0, False)
     assert run.summarizer.calls == 0

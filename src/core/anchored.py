@@ -256,9 +256,10 @@ def run(
     before any group is shed. A distilled result keeps its title and every line with a
     distinctive value, verbatim, under a marker (:func:`.distill.distill`); the position
     is remembered and replayed like a shed, so every list and every later pass gives the
-    same bytes. With ``distill_ceiling`` as well (the record trigger, once no record can be
-    asked for), over that ceiling every such band group is distilled at once, where a record
-    would have covered them all in one break; shedding still waits for the ceiling.
+    same bytes. With ``distill_ceiling`` as well (once no record can be asked for: the record
+    trigger, then 0 once the net has cut, see :func:`.records.net_ceiling`), over that ceiling
+    every such band group is distilled at once, where a record would have covered them all in
+    one break; shedding still waits for the ceiling.
     """
     snapshot = state
     previous = memo if isinstance(memo, Band) else None

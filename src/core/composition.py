@@ -14,10 +14,13 @@ then, only while the prompt is over the budget, a last-resort chain:
    cached prefix is paid again by the next request, so the user half asks where a break
    costs least (:func:`_user_pass`): on the pass where a record newly excludes tool
    groups (its break is paid anyway, so the user half's trigger and break-even gate do
-   not apply), and alone only when the room is needed, that is when the conversation's
-   largest step (its largest group) would no longer fit beside the prompt. At that
-   point the composition first asks for a record of the tool groups no record holds
-   yet, so the user half waits for it and rides on its break.
+   not apply) or where the safety net cuts groups in a record's place (no route to a
+   record left: its first cut, and later cuts once a step like the largest would pass
+   the record trigger), and alone only when the room is needed, that is when the
+   conversation's largest step (its largest group; a tool step with room for a record's
+   instruction when records go over the cached prefix) would no longer fit beside the
+   prompt. At that point the composition first asks for a record of the tool groups no
+   record holds yet, so the user half waits for it and rides on its break.
 3. **Record replacements**: the records are merged into one written record, then
    rewritten harder (about 60%, then 36% of the length), each through the user half's
    summarizer and bounded by its ``max_summary_input_tokens``. A replacement is kept only
@@ -33,8 +36,10 @@ then, only while the prompt is over the budget, a last-resort chain:
    is kept only when it is smaller than the summaries it replaces AND quotes every
    distinctive value of them; it is judged, kept, refused and replayed like a record
    replacement (and fails the same way: asked again after the next user turn).
-5. **Fallback with holds**: every tool group not yet covered is held, and the anchored
-   rules shed narration only.
+5. **Fallback with holds**: every tool group not yet covered is held, the safety net cuts
+   the band's to their value lines, and the anchored rules shed narration only. With no
+   route to a record left, the net cuts past the record trigger in the record's place, and
+   keeps pace after its first cut (:func:`.records.net_ceiling`).
 6. **Overflow policy**: ``"shed"`` removes whole unrecorded tool groups, oldest band
    position first, each leaving a removal note the model sees (the shell names every
    lost message in a WARNING); the sheds are watermarks in the state, so they replay on
@@ -65,7 +70,6 @@ from returns.result import Failure, Success
 from . import anchored, pipeline, records, user_summaries
 from .anchored import AnchoredConfig, Report
 from .checks import AtLeastZero, NonEmpty, validate
-from .counting import MESSAGE_OVERHEAD_TOKENS
 from .effects import Aligned, Answer, Request, Summarize, answered, standing
 from .envelope import Count, Positive, Schema, Text, distinct, dump, error, exactly, load, names
 from .errors import CompactionBudgetExceeded, SnapshotError
@@ -517,7 +521,7 @@ def _with_summary(
         return asked
     both = records.with_summary(asked, sent)
     # The view was cut for the record's instruction alone: both must still fit what the request may send.
-    limit = config.records.prefix_tokens(recall_state, measure(both.instruction) + MESSAGE_OVERHEAD_TOKENS)
+    limit = config.records.prefix_tokens(recall_state, records.instruction_tokens(measure, both.instruction))
     return both if sent_tokens(asked.view) <= limit else asked
 
 
@@ -571,9 +575,10 @@ def _users(config: CompositionConfig, work: _Pass, seen: View, measure: anchored
     if not waiting:
         # The record half's own break this pass: groups newly excluded, or cut to what stays of them.
         passed = work.report.records
-        netting = _net_breaks(config, work, seen, measure)
-        work = replace(work, netting=netting)
-        breaking = bool(passed.dropped or passed.remnants or passed.distilled) or netting
+        breaking = bool(passed.dropped or passed.remnants or passed.distilled)
+        if not breaking:
+            work = replace(work, netting=_net_breaks(config, work, seen, measure))
+            breaking = work.netting
         answer = _user_pass(config, state.users, seen.history, measure, breaking=breaking, roomy=work.roomy)
         if isinstance(answer, Needs):
             # The state to absorb into is the input state: the next step recomputes the rest.
@@ -635,8 +640,9 @@ def _fallback(config: CompositionConfig, work: _Pass, seen: View, measure: ancho
     """The fallback with holds: every tool group not yet covered held, the anchored rules shed narration only.
 
     Decisions already made replay on every pass, whatever the size (so both lists and a
-    copy agree); new ones are made only over the budget (or past the record trigger once no route to a record is left:
-    :func:`.records.net_ceiling`).
+    copy agree); new ones are made only over the budget, or, once no route to a record is
+    left, where the safety net takes the record's place (:func:`.records.net_ceiling`; on a
+    pass whose net break the user half rode, whatever that summary left: ``_Pass.netting``).
     """
     state = work.state.records.fallback
     netting = work.netting or _netting(config, work, seen)
@@ -673,8 +679,22 @@ def _netting(config: CompositionConfig, work: _Pass, seen: View) -> bool:
 
 
 def _net_breaks(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> bool:
-    """The safety net newly distills a group on this pass: a break the user half may ride, as it rides a record's."""
-    return _netting(config, work, seen) and bool(_run_fallback(config, work, seen, measure).report.distilled)
+    """The safety net newly distills a group on this pass, a break the user half may ride as it rides a record's.
+
+    Its first cut (past the record trigger), always. A cut made keeping pace (each group as
+    it stops being the newest, :func:`.records.net_ceiling`) only when a step like the largest
+    would take the prompt past the trigger: room is soon needed, and a summary costs less on
+    this break than alone a few turns later. Further from the trigger, every such cut would
+    ask for a summary of the newest turns alone, however small the prompt.
+    """
+    if not _netting(config, work, seen):
+        return False
+    recall_state = work.state.records.recall
+    if work.state.records.fallback.distilled and (
+        _after_next_step(seen, recall_state, measure) <= config.records.trigger_tokens
+    ):
+        return False
+    return bool(_run_fallback(config, work, seen, measure).report.distilled)
 
 
 def _shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
@@ -728,9 +748,12 @@ def _user_pass(
     - **Replays** of answers the state remembers apply on every pass, whatever the size,
       so both lists and a restored copy agree.
     - **Riding on a record's break**: when the record half newly excludes groups on this
-      pass (``breaking``), the cached prefix breaks right after the head anyway, so a
-      summary asked for on the same pass costs no break of its own: the user half's size
-      trigger and break-even gate do not apply to it (its band must still be worth a call).
+      pass, the cached prefix breaks right after the head anyway, so a summary asked for on
+      the same pass costs no break of its own: the user half's size trigger and break-even
+      gate do not apply to it (its band must still be worth a call). The safety net's cut in
+      a record's place (:func:`_net_breaks`) counts alike (``breaking``); its break sits where
+      the cut group stood, and the summary's just before it, over the turns since the last
+      summary, so the summary costs little more than its own request.
     - **Alone**, while the prompt fits, a summary breaks the prefix for itself, and each
       later call pays about a tenth of what it saves, so it is asked for only when the
       room is needed: when the largest group the conversation has seen (a lookup, a long
@@ -756,9 +779,14 @@ def _declined(users: UserSummarySnapshot, output: History) -> user_summaries.Use
 
 
 def _roomy(config: CompositionConfig, seen: View, recall_state: RecallState, measure: anchored.Measure) -> bool:
-    """The largest step the conversation has taken (its largest group, excluded ones too) still fits; a tool
-    step with room beside it for the instruction of a record asked over the cached prefix, when the next record
-    would be asked that way (:func:`.recall.records_over_prefix`; a pinned record sends no instruction).
+    """The largest step the conversation has taken still fits beside the prompt (:func:`_after_next_step`)."""
+    return _after_next_step(seen, recall_state, measure) <= config.max_input_tokens
+
+
+def _after_next_step(seen: View, recall_state: RecallState, measure: anchored.Measure) -> int:
+    """The prompt after a step like the largest the conversation has taken (its largest group, excluded ones too);
+    a tool step with room beside it for the instruction of a record asked over the cached prefix, when the next
+    record would be asked that way (:func:`.recall.records_over_prefix`; a pinned record sends no instruction).
 
     A record of the newest tool group can be asked over the cached prefix only while the
     prompt and the instruction fit the budget together: when they would not, the record
@@ -775,7 +803,7 @@ def _roomy(config: CompositionConfig, seen: View, recall_state: RecallState, mea
         ),
         default=0,
     )
-    return seen.sent + largest <= config.max_input_tokens
+    return seen.sent + largest
 
 
 def absorb(state: CompositionState, answers: Sequence[tuple[Request, str | None]]) -> CompositionState:

@@ -304,7 +304,7 @@ def advance(rule: PinRule, state: RecallState, event: Event) -> tuple[RecallStat
             state = replace(state, pin_disabled=True)
         if state.next_pin is None:
             return state, Unpinned()
-        if (rule.aligned or state.pin_disabled) and not state.prefix_disabled:  # asked by the pass inside it
+        if records_over_prefix(state):  # asked by the pass inside it
             return replace(state, next_pin=None, asking=state.next_pin), Unpinned()
         if state.pin_disabled:  # neither route is left
             return replace(state, next_pin=None), Unpinned()

@@ -499,8 +499,9 @@ def fallback_for(config: RecordConfig, state: RecordState) -> AnchoredConfig | N
     Once no record can be asked for (:func:`.recall.no_route`), its safety net stands in for
     the record, and like a record it leaves only the conversation's newest group whole: the
     tail keeps one group (none if the host keeps none), so the net's one break covers what a
-    record would have covered. While the prompt stays past the trigger, each group that
-    stops being the newest is cut on the next pass (a small break near the prompt's end).
+    record would have covered. After that first cut, each group that stops being the newest
+    is cut on the next pass, whatever the size (:func:`net_ceiling`: a small break near the
+    prompt's end).
     """
     fallback = config.fallback
     if fallback is None or not no_route(state.recall):
@@ -658,9 +659,10 @@ def ask_over(config: RecordConfig, state: RecordState, prompt: History, measure:
     return None if fitting is None else ask_aligned(fitting, state, prompt)
 
 
-def instruction_tokens(measure: Measure) -> int:
-    """The tokens a record asked over the cached prefix adds to the request it repeats: its instruction message."""
-    return measure(RECORD_INSTRUCTION) + MESSAGE_OVERHEAD_TOKENS
+def instruction_tokens(measure: Measure, instruction: str = RECORD_INSTRUCTION) -> int:
+    """The tokens a request over the cached prefix adds to the request it repeats: its one instruction message
+    (a record's, unless another ``instruction`` is given)."""
+    return measure(instruction) + MESSAGE_OVERHEAD_TOKENS
 
 
 def ask_aligned(view: History, state: RecordState, conversation: History) -> Aligned | None:
