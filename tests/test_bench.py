@@ -6,11 +6,12 @@ import json
 import re
 import sys
 import types
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from agent_framework import Agent, Content, Message
+from agent_framework import Agent, Content, Message, _tools
 
 from maf_compaction.adapters.tiktoken import TiktokenTokenizer
 from maf_compaction.bench import __main__ as bench_main
@@ -27,7 +28,16 @@ from maf_compaction.bench.rows import (
     parse_strategy_option,
     resolve_rows,
 )
-from maf_compaction.bench.runner import Cell, CellResult, Settings, load_scenario, run_cell, run_grid, summarize
+from maf_compaction.bench.runner import (
+    Cell,
+    CellResult,
+    Settings,
+    load_scenario,
+    run_cell,
+    run_grid,
+    seeded_framework_ids,
+    summarize,
+)
 from maf_compaction.bench.scenario import (
     LOOKUP_TOOL,
     RECALL_TOOL,
@@ -777,3 +787,19 @@ def test_a_record_and_a_summary_asked_in_one_request_are_answered_in_the_order_a
     assert "TL-AAAAAA" not in summary
     ignored = ScriptedModel(SCRIPT, ModelOptions(ignore_instruction=True)).respond(asked)
     assert SUMMARY_SECTION not in (ignored.text or "")
+
+
+def test_a_cell_draws_the_frameworks_random_identities_from_its_seed() -> None:
+    """The framework's function-call identities (``af-call-`` + ``uuid4``), which its own strategies count, repeat
+    for a seed inside a cell (so a run's figures repeat: docs/bench.md), and are the framework's own draw after it."""
+
+    def draws(seed: int) -> list[str]:
+        with seeded_framework_ids(seed):
+            with seeded_framework_ids(seed + 1):  # nested: the outer generator goes on
+                inner = _tools._generate_function_call_occurrence_id()  # pyright: ignore[reportPrivateUsage]
+            return [inner, *(_tools._generate_function_call_occurrence_id() for _ in range(2))]  # pyright: ignore[reportPrivateUsage]
+
+    assert draws(3) == draws(3)
+    assert draws(3) != draws(4)
+    assert all(d.startswith("af-call-") and len(d) == len("af-call-") + 32 for d in draws(3))
+    assert _tools.uuid4 is uuid.uuid4, "the framework's own uuid4 is back after the cell"  # pyright: ignore[reportPrivateImportUsage]

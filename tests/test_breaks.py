@@ -129,8 +129,10 @@ async def test_the_controls_breaks_on_the_wire_are_the_loops_unnamed_messages(ki
 def test_the_committed_wire_cache_tables_are_current(tmp_path: Path) -> None:
     """docs/wire-cache.md's tables are what ``python -m maf_compaction.bench.breaks --write`` writes.
 
-    The command runs in a fresh interpreter, as a user runs it: run inside a test worker of a clean clone's
-    suite, one cost came out a ten-thousandth apart (0.1249 for 0.1248), so in-process state is not trusted.
+    The command runs in a fresh interpreter, as a user runs it. A cost once came out a ten-thousandth apart
+    (0.1249 for 0.1248, the framework's row): the framework's random function-call identities, which its
+    ``ContextWindowCompactionStrategy`` counts; each cell now draws them from its seed
+    (``runner.seeded_framework_ids``).
     """
     page = Path(__file__).resolve().parents[1] / "docs" / "wire-cache.md"
     text = page.read_text(encoding="utf-8")

@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import importlib
 import logging
+import random
 import statistics
 import time
+import uuid
 import warnings
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal
@@ -41,6 +44,46 @@ CLIENT_MODES: tuple[ClientMode, ...] = ("inprocess", "openai-responses", "openai
 #: The loopback server's id seed in every cell: the ids it issues (and so the opaque reasoning markers the cache
 #: counts) are the same from run to run, so the figures are reproducible.
 LOOPBACK_ID_SEED: Final = 0
+
+#: Framework modules that draw identities from ``uuid4`` (imported by name): function-call occurrences
+#: (``af-call-...``, which the framework's own strategies count), stored message ids, the Chat client's call
+#: identities.
+_FRAMEWORK_ID_MODULES: Final = (
+    "agent_framework._tools",
+    "agent_framework._agents",
+    "agent_framework._in_memory",
+    "agent_framework_openai._chat_completion_client",
+)
+
+
+@contextlib.contextmanager
+def seeded_framework_ids(seed: int) -> Iterator[None]:
+    """The framework's random identities drawn from ``seed`` for the length of the block (one cell).
+
+    The framework gives every function-call occurrence a fresh ``uuid4`` identity, and its
+    ``ContextWindowCompactionStrategy`` counts it: near its trigger the draw decided whether
+    it compacted a turn earlier, so the framework's rows moved from run to run (measured in
+    ``docs/bench.md``). Drawn from a seeded generator, every run of a cell gives the same figures,
+    as the loopback server's seeded ids do (:data:`LOOPBACK_ID_SEED`). Cells run one at a time
+    per process; a nested block keeps the outer one's generator.
+    """
+    modules = [importlib.import_module(name) for name in _FRAMEWORK_ID_MODULES]
+    if any(getattr(module, "uuid4", None) is not uuid.uuid4 for module in modules):
+        yield  # already seeded by an enclosing block (or the framework no longer draws them this way)
+        return
+    draw = random.Random(seed)
+
+    def uuid4() -> uuid.UUID:
+        return uuid.UUID(int=draw.getrandbits(128), version=4)
+
+    for module in modules:
+        module.uuid4 = uuid4  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        for module in modules:
+            module.uuid4 = uuid.uuid4  # type: ignore[attr-defined]
+
 
 #: Harness features that would move the prompt head on their own (see framework-api.md §5).
 QUIET_HARNESS: Mapping[str, bool] = {
@@ -256,55 +299,56 @@ async def play_cell(
     result = CellResult(row=cell.row, fill=cell.fill, seed=cell.seed, window=settings.context_window)
     if factory is None:
         factory = resolve_rows([cell.row], settings.strategies)[cell.row]
-    async with _clients(settings, model, provider) as (client, summarizer, agent_options):
-        context = _row_context(settings, summarizer)
-        setup = setup_of(factory, context, row=cell.row)
-        timed: dict[int, TimedStrategy] = {}
+    with seeded_framework_ids(cell.seed):
+        async with _clients(settings, model, provider) as (client, summarizer, agent_options):
+            context = _row_context(settings, summarizer)
+            setup = setup_of(factory, context, row=cell.row)
+            timed: dict[int, TimedStrategy] = {}
 
-        def wrap(strategy: CompactionStrategy | None) -> CompactionStrategy | None:
-            if strategy is None:
-                return None
-            if id(strategy) not in timed:
-                timed[id(strategy)] = TimedStrategy(strategy, result.pass_ms)
-            return timed[id(strategy)]
+            def wrap(strategy: CompactionStrategy | None) -> CompactionStrategy | None:
+                if strategy is None:
+                    return None
+                if id(strategy) not in timed:
+                    timed[id(strategy)] = TimedStrategy(strategy, result.pass_ms)
+                return timed[id(strategy)]
 
-        options: dict[str, Any] = {"default_options": agent_options}
-        if setup.disable_compaction:
-            options["disable_compaction"] = True
-            options["default_options"]["max_tokens"] = settings.max_output_tokens
-        else:
-            options.update(
-                max_context_window_tokens=settings.context_window,
-                max_output_tokens=settings.max_output_tokens,
-                tokenizer=tokenizer,
-                before_compaction_strategy=wrap(setup.before),
-                after_compaction_strategy=wrap(setup.after),
+            options: dict[str, Any] = {"default_options": agent_options}
+            if setup.disable_compaction:
+                options["disable_compaction"] = True
+                options["default_options"]["max_tokens"] = settings.max_output_tokens
+            else:
+                options.update(
+                    max_context_window_tokens=settings.context_window,
+                    max_output_tokens=settings.max_output_tokens,
+                    tokenizer=tokenizer,
+                    before_compaction_strategy=wrap(setup.before),
+                    after_compaction_strategy=wrap(setup.after),
+                )
+            agent = create_harness_agent(
+                client,
+                agent_instructions=scenario.system,
+                tools=[*scenario_tools(scenario), *setup.tools],
+                middleware=list(setup.middleware) or None,
+                **QUIET_HARNESS,
+                **options,
             )
-        agent = create_harness_agent(
-            client,
-            agent_instructions=scenario.system,
-            tools=[*scenario_tools(scenario), *setup.tools],
-            middleware=list(setup.middleware) or None,
-            **QUIET_HARNESS,
-            **options,
-        )
-        session = agent.create_session()
-        replies: list[str] = []
-        with collect_warnings() as warned:
-            for number, turn in enumerate(scenario.turns, start=1):
-                provider.turn = number
-                try:
-                    response = await run_turn(
-                        agent, _user_message(turn.user, scenario), session=session, stream=settings.stream
-                    )
-                except Exception as error:  # a strategy or tool failure ends the row, reported
-                    result.error = f"turn {number}: {type(error).__name__}: {error}"
-                    break
-                replies.append(response.text)
-        if result.error is not None:  # after collecting: the bench's own line names no message
-            logger.warning("row %s stopped at %s", cell.row, result.error)
-        if setup.counters is not None:
-            result.counters = {name: float(value) for name, value in setup.counters().items()}
+            session = agent.create_session()
+            replies: list[str] = []
+            with collect_warnings() as warned:
+                for number, turn in enumerate(scenario.turns, start=1):
+                    provider.turn = number
+                    try:
+                        response = await run_turn(
+                            agent, _user_message(turn.user, scenario), session=session, stream=settings.stream
+                        )
+                    except Exception as error:  # a strategy or tool failure ends the row, reported
+                        result.error = f"turn {number}: {type(error).__name__}: {error}"
+                        break
+                    replies.append(response.text)
+            if result.error is not None:  # after collecting: the bench's own line names no message
+                logger.warning("row %s stopped at %s", cell.row, result.error)
+            if setup.counters is not None:
+                result.counters = {name: float(value) for name, value in setup.counters().items()}
     _fill_figures(result, scenario, provider.calls, replies, stored_messages(session), warned=warned)
     result.floor = _floor(provider.profile, provider.calls)
     result.seconds = time.perf_counter() - started
