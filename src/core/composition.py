@@ -647,7 +647,8 @@ def _fallback(config: CompositionConfig, work: _Pass, seen: View, measure: ancho
     state = work.state.records.fallback
     netting = work.netting or _netting(config, work, seen)
     if seen.sent <= config.max_input_tokens and not records.decided(state) and not netting:
-        return Done(seen.history, work, None)
+        # Under the budget (the user half brought it there): the record rules' holds for it go too.
+        return Done(records.release_unrecorded(seen), work, None)
     ran = _run_fallback(config, work, seen, measure)
     new = replace(work.state, records=replace(work.state.records, fallback=ran.state))
     report = replace(work.report, fallback=ran.report)

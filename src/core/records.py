@@ -1503,6 +1503,24 @@ def hold_unrecorded(seen: View) -> History:
     return pvector(output)
 
 
+def release_unrecorded(seen: View) -> History:
+    """The view's history with the unrecorded hold released (:data:`HOLD_UNRECORDED`).
+
+    The record rules hold every unrecorded group when a record leaves the prompt over the
+    budget, for the fallback behind it. In a composition a later sub-step (the user half's
+    summary) can bring the prompt under the budget first; the fallback then does not run,
+    and its holds are released, so a pass over that output (under the budget from the start,
+    where the rules hold nothing) gives the same history.
+    """
+    if not any(r.held == HOLD_UNRECORDED for r in seen.records):
+        return seen.history
+    output = list(seen.history)
+    for index, record in zip(seen.indices, seen.records, strict=True):
+        if record.held == HOLD_UNRECORDED:
+            output[index] = flagged(record, held=None)
+    return pvector(output)
+
+
 def _unreachable(config: RecordConfig, uncovered: Sequence[_Candidate], measure: Measure) -> int:
     """Held groups whose cheapest sufficient set of values alone exceeds the record target."""
     target = config.record_target_tokens
