@@ -12,12 +12,24 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from maf_compaction.bench import docs
-from maf_compaction.bench.docs import REGIONS, RUNS, DocsError, Region, Run, regions_in, render_documents, rewrite
+from maf_compaction.bench.docs import (
+    REGIONS,
+    RUNS,
+    WIRE_ROWS,
+    Across,
+    DocsError,
+    Region,
+    Run,
+    regions_in,
+    render_documents,
+    rewrite,
+)
 from maf_compaction.bench.report import render_table
 from maf_compaction.bench.runner import Settings, run_grid, summarize
 
@@ -42,7 +54,7 @@ def test_the_committed_docs_are_what_make_docs_writes() -> None:
 
 def test_every_generated_region_is_used_and_marked() -> None:
     """README carries the short table; docs/bench.md the full default grid and the user-heavy workload; each
-    strategy's page its own rows (the composition's under both cache rules)."""
+    strategy's page its own rows (the composition's under both cache rules); the wire page the real clients'."""
     found = {name: regions_in((ROOT / name).read_text(encoding="utf-8"), name) for name in docs.DOCUMENTS}
     assert found == {
         "README.md": ["readme", "readme-free-tool-choice", "readme-anthropic"],
@@ -50,6 +62,7 @@ def test_every_generated_region_is_used_and_marked() -> None:
         "docs/records.md": ["net-ignore-pin", "net-ignore-instruction", "net-record-quality", "records"],
         "docs/user-summaries.md": ["user-modes"],
         "docs/composition.md": ["composition", "composition-free-tool-choice", "composition-anthropic"],
+        "docs/wire-cache.md": ["wire"],
     }
     assert {name for names in found.values() for name in names} == set(REGIONS)
 
@@ -171,3 +184,19 @@ def test_not_a_checkout_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture
     assert "is not a checkout: no README.md, docs/bench.md, docs/records.md, docs/user-summaries.md" in (
         capsys.readouterr().err
     )
+
+
+def test_a_region_across_runs_renders_each_run_side_by_side(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The wire table reads one run per real client over the loopback server and tabulates them together."""
+    wire = {
+        client: Run(replace(TINY.settings, client=client), WIRE_ROWS, fills=(1.5,), command=f"... --client {client}")
+        for client in ("openai-responses", "openai-chat")
+    }
+    monkeypatch.setattr(docs, "RUNS", wire)
+    monkeypatch.setattr(docs, "REGIONS", {"wire": Across(tuple(wire), docs.render_wire)})
+    root = checkout(tmp_path, "# bench\n\n<!-- bench:wire -->\n<!-- /bench -->\n")
+    text = render_documents(root, documents=("docs/bench.md",))[root / "docs" / "bench.md"]
+    rows = [line for line in text.splitlines() if line.startswith(("| Responses", "| Chat"))]
+    assert len(rows) == 2 * (len(WIRE_ROWS) - 1), text  # the control is what the others are priced against
+    assert all(re.search(r"\| \d+\.\d\dx, \d+/\d+", row) for row in rows), text
+    assert "8 cells" in text  # two runs of four rows at one fill, seed 1

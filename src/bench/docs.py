@@ -1,7 +1,8 @@
 """``maf-compaction docs``: the bench tables of the README and docs/, regenerated from pinned runs.
 
 Each ``<!-- bench:NAME -->`` ... ``<!-- /bench -->`` region is rendered by :data:`REGIONS` from
-one of the :data:`RUNS` (seed 1); ``--write`` rewrites them, without it the command checks them
+one of the :data:`RUNS` (seed 1), or side by side from several (:class:`Across`: the wire table,
+one run per real client and cache rule); ``--write`` rewrites them, without it the command checks them
 and exits 1 naming what differs (``tests/test_docs.py``).
 
 The figures the prose quotes come from here too: the demo region opens with the size of
@@ -26,12 +27,20 @@ from typing import Final
 
 from .args import positive_int, program_name
 from .breaks import DOC_ROWS
+from .provider import CacheKind
 from .report import COLUMNS, _cells, row_figures, verdict  # pyright: ignore[reportPrivateUsage]
 from .rows import ROWS
 from .runner import Cell, CellResult, RowSummary, Settings, run_batches, run_grid, summarize
 
 #: The documents whose regions the command maintains, relative to the repository root.
-DOCUMENTS: Final = ("README.md", "docs/bench.md", "docs/records.md", "docs/user-summaries.md", "docs/composition.md")
+DOCUMENTS: Final = (
+    "README.md",
+    "docs/bench.md",
+    "docs/records.md",
+    "docs/user-summaries.md",
+    "docs/composition.md",
+    "docs/wire-cache.md",
+)
 _REGION = re.compile(
     r"(<!-- bench:(?P<name>[A-Za-z0-9_-]+)(?P<note>[^>]*?)-->\n)(?P<body>.*?)(<!-- /bench -->)", re.DOTALL
 )
@@ -86,6 +95,25 @@ class Run:
         return [Cell(row, fill, seed) for fill in self.fills for seed in self.seeds for row in self.rows]
 
 
+#: The rows the wire table compares: the control, the framework's default and the composition in both shapes.
+WIRE_ROWS: Final = ("none", "context_window", "tool_and_user_summary_anchored", "tool_and_user_summary_anchored_pinned")
+_WIRE_CACHES: Final[tuple[tuple[CacheKind, str], ...]] = (
+    ("openai", "default"),
+    ("openai-free-tool-choice", "default"),
+    ("anthropic", "anthropic-5m"),
+)
+#: One run per real client and cache rule, over the loopback server: the README's figures on the wire.
+WIRE_RUNS: Final[Mapping[str, Run]] = {
+    f"wire-{client}-{cache}": Run(
+        Settings(cache=cache, profile=profile, client=client),
+        WIRE_ROWS,
+        command=f"python -m maf_compaction.bench --seeds 1 --client {client} --cache {cache} "
+        f"--rows {','.join(WIRE_ROWS)}",
+    )
+    for client in ("openai-responses", "openai-chat")
+    for cache, profile in _WIRE_CACHES
+}
+
 RUNS: Final[Mapping[str, Run]] = {
     "demo": Run(Settings(), tuple(ROWS)),
     "user-heavy": Run(
@@ -124,6 +152,7 @@ RUNS: Final[Mapping[str, Run]] = {
         COMPOSITION_ROWS,
         command=f"python -m maf_compaction.bench --seeds 1 --cache anthropic --rows {','.join(COMPOSITION_ROWS)}",
     ),
+    **WIRE_RUNS,
 }
 
 
@@ -162,6 +191,20 @@ class Region:
 
     run: str
     render: Callable[[Run, Sequence[RowSummary]], str]
+    doc: str = field(default="")
+
+    @property
+    def runs(self) -> tuple[str, ...]:
+        """The runs the region reads."""
+        return (self.run,)
+
+
+@dataclass(frozen=True, slots=True)
+class Across:
+    """A region over several runs (the same rows under other settings), rendered side by side."""
+
+    runs: tuple[str, ...]
+    render: Callable[[Sequence[tuple[Run, Sequence[RowSummary]]]], str]
     doc: str = field(default="")
 
 
@@ -382,7 +425,39 @@ def render_composition(run: Run, summaries: Sequence[RowSummary]) -> str:
     return "\n".join([_source_line(run, f"{run.settings.cache} cache rules, "), "", *_markdown(header, rows), ""])
 
 
-REGIONS: Final[Mapping[str, Region]] = {
+_CLIENT_NAMES: Final = {"openai-responses": "Responses", "openai-chat": "Chat Completions"}
+
+
+def render_wire(runs: Sequence[tuple[Run, Sequence[RowSummary]]]) -> str:
+    """The composition in both request shapes against the framework's default, per real client and cache rule."""
+    fills = list(_by_fill(runs[0][1]))
+    header = ["client", "cache rule", "row", *(f"fill {f:.1f}: cost vs none, facts kept" for f in fills)]
+    rows: list[list[str]] = []
+    for run, summaries in runs:
+        table = _by_fill(summaries)
+        for row in WIRE_ROWS[1:]:
+            cells = [_CLIENT_NAMES[run.settings.client], f"`{run.settings.cache}`", _README_ROWS[row]]
+            for fill in fills:
+                s = table[fill][row]
+                vs = "-" if s.vs_none is None else f"{s.vs_none:.2f}x"
+                cells.append(f"{vs}, {s.facts_kept:g}/{s.facts_total}{', **disqualified**' if s.dq else ''}")
+            rows.append(cells)
+    first = runs[0][0]
+    intro = (
+        f"Seed 1, {first.settings.context_window:,}-token window, the real `agent-framework-openai` clients against "
+        f"the loopback server, {sum(len(run.cells()) for run, _ in runs)} cells, one run per client and rule "
+        f"(`python -m maf_compaction.bench --seeds 1 --client CLIENT --cache RULE --rows {','.join(WIRE_ROWS)}`; "
+        "generated by `make docs`; do not edit by hand):"
+    )
+    return "\n".join([intro, "", *_markdown(header, rows), ""])
+
+
+REGIONS: Final[Mapping[str, Region | Across]] = {
+    "wire": Across(
+        tuple(WIRE_RUNS),
+        render_wire,
+        "docs/wire-cache.md: the composition's request shapes through both real clients, every cache rule",
+    ),
     "demo": Region(
         "demo", render_demo, "docs/bench.md: make demo's size and time; per fill, the verdict and every column"
     ),
@@ -457,7 +532,7 @@ def render_documents(
     """
     texts = {root / name: (root / name).read_text(encoding="utf-8") for name in documents}
     names = {name for path, text in texts.items() for name in regions_in(text, str(path))}
-    needed = sorted({REGIONS[name].run for name in names})
+    needed = sorted({run for name in names for run in REGIONS[name].runs})
     made: dict[str, list[CellResult]] = {}
     took: Timed | None = None
     demo = RUNS.get("demo")
@@ -474,6 +549,9 @@ def render_documents(
     rendered: dict[str, str] = {}
     for name in names:
         region = REGIONS[name]
+        if isinstance(region, Across):
+            rendered[name] = region.render([(RUNS[run], summaries[run]) for run in region.runs])
+            continue
         run = RUNS[region.run]
         if region.render is render_demo:
             rendered[name] = render_demo(run, summaries[region.run], took)
