@@ -28,7 +28,7 @@ from typing import Final
 from .args import positive_int, program_name
 from .breaks import DOC_ROWS
 from .provider import CacheKind
-from .report import COLUMNS, _cells, row_figures, verdict  # pyright: ignore[reportPrivateUsage]
+from .report import COLUMNS, _cells, row_figures, verdict, vs_none  # pyright: ignore[reportPrivateUsage]
 from .rows import ROWS
 from .runner import Cell, CellResult, RowSummary, Settings, run_batches, run_grid, summarize
 
@@ -289,7 +289,7 @@ def render_readme(run: Run, summaries: Sequence[RowSummary]) -> str:
         cells = [label]
         for fill in fills:
             s = table[fill][row]
-            vs = "-" if s.vs_none is None else f"{s.vs_none:.2f}x"
+            vs = vs_none(s)
             dq = ", **disqualified**" if s.dq else ""
             cells.append(f"{vs}, {s.hit * 100:.1f}%, {s.facts_kept:g}/{s.facts_total}{dq}")
         rows.append(cells)
@@ -309,7 +309,7 @@ def render_user_heavy(run: Run, summaries: Sequence[RowSummary]) -> str:
         cells = [f"`{row}`"]
         for fill in fills:
             s = table[fill][row]
-            vs = "-" if s.vs_none is None else f"{s.vs_none:.2f}x"
+            vs = vs_none(s)
             cells.append(
                 f"{vs}, {s.hit * 100:.1f}%, {s.facts_kept:g}/{s.facts_total}, {s.dq} DQ, {s.summarizer_calls:g}"
             )
@@ -331,7 +331,7 @@ def render_records(run: Run, summaries: Sequence[RowSummary]) -> str:
         rows.append(
             [
                 f"{fill:.1f}",
-                "-" if s.vs_none is None else f"{s.vs_none:.2f}x",
+                vs_none(s),
                 f"{s.hit * 100:.1f}%",
                 f"{s.breaks:g}",
                 f"{s.max_prompt_share:.2f}",
@@ -351,7 +351,7 @@ def render_safety_net(run: Run, summaries: Sequence[RowSummary]) -> str:
     for fill, by_row in _by_fill(summaries).items():
         for name in run.rows[1:]:
             s = by_row[name]
-            vs = "-" if s.vs_none is None else f"{s.vs_none:.2f}x"
+            vs = vs_none(s)
             cells = [f"{s.hit * 100:.1f}%", f"{s.max_prompt_share:.2f}", _dq(s), f"{s.facts_kept:g}/{s.facts_total}"]
             rows.append([f"{fill:.1f}", f"`{name}`", vs, *cells])
     return "\n".join([_source_line(run), "", *_markdown(header, rows), ""])
@@ -376,7 +376,7 @@ def render_user_modes(run: Run, summaries: Sequence[RowSummary]) -> str:
         cells = [label]
         for fill in fills:
             s = table[fill][row]
-            vs = "-" if s.vs_none is None else f"{s.vs_none:.2f}x"
+            vs = vs_none(s)
             cells.append(f"{vs}, {s.hit * 100:.1f}%, {s.dq}, {s.facts_kept:g}/{s.facts_total}")
             standing, replays = s.counters.get("standing", 0), s.counters.get("replayed", 0)
             cells.append(f"{s.summarizer_calls:g}, {standing:g}, {replays:g}")
@@ -406,7 +406,7 @@ def render_composition(run: Run, summaries: Sequence[RowSummary]) -> str:
                 [
                     f"{fill:.1f}",
                     f"`{row}`",
-                    "-" if s.vs_none is None else f"{s.vs_none:.2f}x",
+                    vs_none(s),
                     _split(s, by_row["none"]),
                     "-" if s.gap_closed is None or row == "none" else f"{s.gap_closed * 100:.0f}%",
                     f"{s.hit * 100:.1f}%",
@@ -439,7 +439,7 @@ def render_wire(runs: Sequence[tuple[Run, Sequence[RowSummary]]]) -> str:
             cells = [_CLIENT_NAMES[run.settings.client], f"`{run.settings.cache}`", _README_ROWS[row]]
             for fill in fills:
                 s = table[fill][row]
-                vs = "-" if s.vs_none is None else f"{s.vs_none:.2f}x"
+                vs = vs_none(s)
                 cells.append(f"{vs}, {s.facts_kept:g}/{s.facts_total}{', **disqualified**' if s.dq else ''}")
             rows.append(cells)
     first = runs[0][0]

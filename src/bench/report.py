@@ -68,6 +68,11 @@ def _percent(share: float | None) -> str:
     return "-" if share is None else f"{share * 100:.0f}%"
 
 
+def vs_none(summary: RowSummary) -> str:
+    """A row's cost against the control, as every table prints it (``-`` for a cell without one)."""
+    return "-" if summary.vs_none is None else f"{summary.vs_none:.2f}x"
+
+
 def _cells(summary: RowSummary) -> dict[str, str]:
     median = "-" if summary.pass_ms_median is None else f"{summary.pass_ms_median:.1f}"
     worst = "-" if summary.pass_ms_max is None else f"{summary.pass_ms_max:.1f}"
@@ -75,7 +80,7 @@ def _cells(summary: RowSummary) -> dict[str, str]:
     return {
         "row": summary.row + (" (stopped)" if summary.errors else ""),
         "cost": f"{summary.cost:.4f}",
-        "vs": "-" if summary.vs_none is None else f"{summary.vs_none:.2f}x",
+        "vs": vs_none(summary),
         "gap": "-" if summary.gap_closed is None or summary.row == "none" else f"{summary.gap_closed * 100:.0f}%",
         "hit": f"{summary.hit * 100:.1f}",
         "breaks": f"{summary.breaks:.1f}",
