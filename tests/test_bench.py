@@ -17,7 +17,14 @@ from maf_compaction.adapters.tiktoken import TiktokenTokenizer
 from maf_compaction.bench import __main__ as bench_main
 from maf_compaction.bench import grid
 from maf_compaction.bench.client import SimulatedChatClient, scenario_tools
-from maf_compaction.bench.model import ModelOptions, ScriptedModel, context_text
+from maf_compaction.bench.model import (
+    MODEL_KINDS,
+    ModelKind,
+    ModelOptions,
+    ScriptedModel,
+    context_text,
+    transcript_items,
+)
 from maf_compaction.bench.provider import SimulatedProvider
 from maf_compaction.bench.rendering import RenderedRequest, common_prefix, render_message
 from maf_compaction.bench.rows import (
@@ -41,9 +48,11 @@ from maf_compaction.bench.runner import (
 from maf_compaction.bench.scenario import (
     LOOKUP_TOOL,
     RECALL_TOOL,
+    RESULTS_KINDS,
     Fact,
     GeneratorOptions,
     Probe,
+    ResultsKind,
     Scenario,
     ToolCall,
     ToolSpec,
@@ -68,13 +77,17 @@ def _tokens(scenario: Scenario) -> int:
     )
 
 
+#: The minimal, perfect writer of earlier figures: the tests of its exact output use it.
+ORACLE = ModelOptions(model="oracle")
+
+
 # -- scenario ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dense", [False, True], ids=["default", "dense"])
+@pytest.mark.parametrize("results", RESULTS_KINDS)
 @pytest.mark.parametrize("fill", [0.9, 1.5, 3.0])
-def test_the_generated_conversation_is_sized_to_its_fill(fill: float, dense: bool) -> None:
-    scenario = generate(GeneratorOptions(fill=fill, dense_values=dense))
+def test_the_generated_conversation_is_sized_to_its_fill(fill: float, results: ResultsKind) -> None:
+    scenario = generate(GeneratorOptions(fill=fill, results=results))
     assert _tokens(scenario) == pytest.approx(32_000 * fill, rel=0.1)
     tool = sum(TOKENIZER.count_tokens(c.result) for t in scenario.turns for c in t.calls)
     assert tool / _tokens(scenario) == pytest.approx(0.6, abs=0.05)
@@ -129,7 +142,7 @@ def test_a_lookup_results_distinctive_values_are_its_planted_codes_and_table_lab
 
 def test_dense_values_fill_lookup_results_with_distinctive_values() -> None:
     plain = _lookups(generate(GeneratorOptions(fill=0.9)))
-    dense = _lookups(generate(GeneratorOptions(fill=0.9, dense_values=True)))
+    dense = _lookups(generate(GeneratorOptions(fill=0.9, results="dense")))
     for (plain_result, planted), (dense_result, dense_planted) in zip(plain, dense, strict=True):
         assert planted == dense_planted  # the same codes, in the same places
         values = distinctive_values(dense_result)
@@ -140,12 +153,13 @@ def test_dense_values_fill_lookup_results_with_distinctive_values() -> None:
         ]
 
 
-def test_the_dense_values_option_reaches_the_generator() -> None:
-    settings = grid.settings_from(grid.parser().parse_args(["--dense-values"]))
-    assert settings.dense_values
-    assert not grid.settings_from(grid.parser().parse_args([])).dense_values
+@pytest.mark.parametrize("argv", [["--results", "dense"], ["--dense-values"]], ids=["results", "alias"])
+def test_the_dense_results_reach_the_generator(argv: list[str]) -> None:
+    settings = grid.settings_from(grid.parser().parse_args(argv))
+    assert settings.results == "dense"
+    assert grid.settings_from(grid.parser().parse_args([])).results == "synthetic"
     scenario = load_scenario(settings, 1.5, 1)
-    assert scenario.meta["dense_values"] is True
+    assert scenario.meta["results"] == "dense"
     assert all(len(distinctive_values(result)) > 100 for result, _ in _lookups(scenario))
 
 
@@ -222,8 +236,8 @@ def test_the_model_quotes_only_values_visible_in_its_context() -> None:
     assert "TL-AAAAAA" not in model.respond([Message("user", ["ask"])]).text
 
 
-def test_a_summary_keeps_value_lines_in_order_within_its_size() -> None:
-    model = ScriptedModel(SCRIPT)
+def test_the_oracles_summary_keeps_value_lines_in_order_within_its_size() -> None:
+    model = ScriptedModel(SCRIPT, ORACLE)
     transcript = [
         Message("system", ["Summarize TL-CCCCCC"]),
         Message("user", ["chatter\nR1 (RQ-BBBBBB): keep it\nmore chatter"]),
@@ -232,16 +246,18 @@ def test_a_summary_keeps_value_lines_in_order_within_its_size() -> None:
     summary = model.respond(transcript, summarizer=True).text
     assert summary.splitlines()[1:] == ["R1 (RQ-BBBBBB): keep it", "code_1=TL-AAAAAA"]
     assert "TL-CCCCCC" not in summary  # the summarizer's own instructions are not the conversation
-    assert len(model.summary(transcript, max_tokens=12)) <= 12 * 4
+    assert len(model.summary(transcript_items(transcript), max_tokens=12)) <= 12 * 4
 
 
-def test_lower_quality_drops_a_seeded_share_of_values() -> None:
+@pytest.mark.parametrize("kind", MODEL_KINDS)
+def test_lower_quality_drops_a_seeded_share_of_values(kind: ModelKind) -> None:
     lines = "\n".join(f"code_{i}=TL-{i:06X}" for i in range(200))
-    transcript = [Message("user", [lines])]
-    kept = ScriptedModel(SCRIPT, ModelOptions(summary_quality=0.5, seed=1)).summary(transcript, None)
-    count = sum(1 for line in kept.splitlines() if "TL-" in line)
+    items = transcript_items([Message("user", [lines])])
+    options = ModelOptions(model=kind, summary_quality=0.5, seed=1, answer_tokens=100_000)
+    kept = ScriptedModel(SCRIPT, options).summary(items, None)
+    count = sum(line.count("TL-") for line in kept.splitlines())
     assert 70 < count < 130
-    assert kept == ScriptedModel(SCRIPT, ModelOptions(summary_quality=0.5, seed=1)).summary(transcript, None)
+    assert kept == ScriptedModel(SCRIPT, options).summary(items, None)
 
 
 def test_a_pinned_request_gets_a_record_of_visible_tool_values_unless_the_pin_is_ignored() -> None:
@@ -251,7 +267,7 @@ def test_a_pinned_request_gets_a_record_of_visible_tool_values_unless_the_pin_is
         Message("tool", [Content.from_function_result(call_id="call_1_0", result="a\ncode_1=TL-AAAAAA\nb")]),
     ]
     pin = {"mode": "required", "required_function_name": RECALL_TOOL}
-    call = _call(ScriptedModel(SCRIPT).respond(context, tool_choice=pin))
+    call = _call(ScriptedModel(SCRIPT, ORACLE).respond(context, tool_choice=pin))
     assert call.name == RECALL_TOOL
     assert call.parse_arguments() == {"values": f"Values from earlier tool results:\n{LOOKUP_TOOL}:\ncode_1=TL-AAAAAA"}
     ignored = ScriptedModel(SCRIPT, ModelOptions(ignore_pin=True)).respond(context, tool_choice=pin)
@@ -287,7 +303,7 @@ after the tables, code_5=TL-EEEEEE"""
 
 def test_a_record_quotes_table_rows_under_their_headings_once_per_table() -> None:
     second = "| label | value | region |\n|---|---|---|\n| code_6 | TL-FFFFFF | eu-west |"
-    record = ScriptedModel(SCRIPT).record(_results_context(TABLES, second))
+    record = ScriptedModel(SCRIPT, ORACLE).record(_results_context(TABLES, second))
     assert record.splitlines() == [
         "Values from earlier tool results:",
         f"{LOOKUP_TOOL}:",
@@ -317,7 +333,7 @@ def test_a_lower_quality_record_drops_whole_rows_and_writes_a_heading_only_with_
         f"| label | value | t{n} |\n|---|---|---|\n| a{n} | TL-{n:04X}A0 | x |\n| b{n} | TL-{n:04X}B0 | y |\ngap"
         for n in range(120)
     )
-    model = ScriptedModel(SCRIPT, ModelOptions(record_quality=0.5, seed=2))
+    model = ScriptedModel(SCRIPT, ModelOptions(model="oracle", record_quality=0.5, seed=2))
     record = model.record(_results_context(result))
     assert record == model.record(_results_context(result))
     lines = record.splitlines()
@@ -333,7 +349,7 @@ def test_a_lower_quality_record_drops_whole_rows_and_writes_a_heading_only_with_
 
 
 def test_a_record_cut_to_its_size_never_ends_on_a_heading() -> None:
-    model = ScriptedModel(SCRIPT)
+    model = ScriptedModel(SCRIPT, ORACLE)
     for max_tokens in range(9, 60):  # the title alone is 33 characters
         lines = model.record(_results_context(TABLES), max_tokens).splitlines()
         assert len("\n".join(lines)) <= max_tokens * 4
@@ -342,7 +358,7 @@ def test_a_record_cut_to_its_size_never_ends_on_a_heading() -> None:
 
 def test_a_record_of_a_generated_lookup_quotes_every_code_and_each_table_row_with_its_heading() -> None:
     result, planted = _lookups(generate(SMALL))[0]
-    record = ScriptedModel(generate(SMALL)).record(_results_context(result))
+    record = ScriptedModel(generate(SMALL), ORACLE).record(_results_context(result))
     assert {f.value for f in planted} <= set(distinctive_values(record))
     assert set(distinctive_values(record)) == set(distinctive_values(result))
     assert set(row_keys(record)) == set(row_keys(result))

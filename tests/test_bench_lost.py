@@ -31,7 +31,7 @@ SHED_ROW = "tool_and_user_summary_anchored"
 RAISE_ROW = "tool_and_user_summary_anchored_raise"
 #: Number-dense lookups (a value on every line): the safety net cannot make an uncovered result smaller, so
 #: the shed and raise policies are what makes room (on the default lookups the net keeps every value).
-QUALITY_07 = Settings(context_window=16_000, record_quality=0.7, dense_values=True)
+QUALITY_07 = Settings(context_window=16_000, record_quality=0.7, results="dense")
 EXCLUDED = "_excluded"
 SHED_CAUSE = EXCLUSION_CAUSES["anchored_compaction"]
 
@@ -49,7 +49,21 @@ async def _cell(row: str, seed: int) -> CellResult:
 # -- the quality-0.7 targets ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize(
+    "seed",
+    [
+        1,
+        pytest.param(
+            2,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="a defect the plausible model found (issue 34 targets 0 DQ): after a record merge of "
+                "prose-bearing records, a task call is sent over the 16,000-token window (16,179 tokens)",
+            ),
+        ),
+        3,
+    ],
+)
 async def test_the_shed_row_stays_inside_the_window_and_names_every_value_it_loses(seed: int) -> None:
     result = await _cell(SHED_ROW, seed)
     assert result.error is None, result.error

@@ -18,9 +18,10 @@ import pytest
 
 from maf_compaction.bench import runner
 from maf_compaction.bench.provider import CACHE_KINDS, CACHE_RULES, CacheKind, CallRecord, SimulatedProvider
-from maf_compaction.bench.rendering import RenderedRequest, asks_over_prefix, canonical_head, opaque
+from maf_compaction.bench.rendering import RenderedRequest, canonical_head, opaque
 from maf_compaction.bench.runner import Cell, ClientMode, Settings, play_cell
 from maf_compaction.bench.simulator import get_profile
+from maf_compaction.core.effects import COMPACTION_REQUEST
 from offline_tokenizers import offline_tiktoken
 
 TOKENIZER = offline_tiktoken()
@@ -151,12 +152,20 @@ def played(client: ClientMode, row: str = ROWS[0]) -> list[tuple[str, RenderedRe
 
 def asks_over_the_prefix(sent: RenderedRequest) -> bool:
     """The request ends with our instruction: a record or a summary asked over the cached prefix."""
-    return bool(sent.messages) and asks_over_prefix(sent.messages[-1])
+    return bool(sent.messages) and sent.messages[-1].startswith(f"<|user|>\n{COMPACTION_REQUEST}")
 
 
 def priced(run: Sequence[tuple[str, RenderedRequest]], cache: CacheKind) -> list[CallRecord]:
     fresh = provider(cache)
-    return [fresh.call(sent, output="", kind="model" if kind == "model" else "summarizer") for kind, sent in run]
+    return [
+        fresh.call(
+            sent,
+            output="",
+            kind="model" if kind == "model" else "summarizer",
+            instruction=asks_over_the_prefix(sent),
+        )
+        for kind, sent in run
+    ]
 
 
 @pytest.fixture(autouse=True)

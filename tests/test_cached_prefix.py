@@ -76,8 +76,8 @@ from maf_compaction import (
 )
 from maf_compaction.adapters.convert import EXCLUDED_KEY, NOTE_KEY, WRITTEN_RECORD_KEY, is_summary
 from maf_compaction.bench.loopback import ClientKind, LoopbackProvider, agent_options, close_client, make_client
-from maf_compaction.bench.model import ScriptedModel, pinned_function
-from maf_compaction.bench.provider import SimulatedProvider
+from maf_compaction.bench.model import Reply, ScriptedModel, pinned_function
+from maf_compaction.bench.provider import TASK, SimulatedProvider
 from maf_compaction.bench.rendering import tool_spec
 from maf_compaction.bench.scenario import GeneratorOptions, generate
 from maf_compaction.bench.sessions import make_builder
@@ -859,18 +859,20 @@ class WireModel(ScriptedModel):
         super().__init__(generate(GeneratorOptions(context_window=8_192, fill=1.0, tool_turns=1)))
         self.script = script
 
-    def respond(
+    def reply(
         self,
         messages: Sequence[Message],
         *,
         tool_choice: object = None,
         max_tokens: int | None = None,
         summarizer: bool = False,
-    ) -> Message:
+    ) -> Reply:
         del max_tokens, summarizer
         conversation = [m for m in messages if m.role != "system"]
         pinned = pinned_function(tool_choice) == RECALL_TOOL_NAME
-        return Message("assistant", self.script.answer(conversation, pinned=pinned))
+        asked = bool(conversation) and (conversation[-1].text or "").startswith(RECORD_INSTRUCTION)
+        message = Message("assistant", self.script.answer(conversation, pinned=pinned))
+        return Reply(message, "record" if asked or pinned else TASK, instruction=asked)
 
 
 @pytest.mark.parametrize(("kind", "stream"), WIRE_MODES, ids=WIRE_IDS)

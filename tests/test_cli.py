@@ -313,11 +313,10 @@ def test_generator_options_ignored_under_a_workload_are_named(
     workload: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["bench", "--workload", str(workload), "--rows", "none", "--jobs", "1"]
-    status, _, err = run([*argv, "--seeds", "5", "--fill", "3", "--tool-share", "0.2", "--dense-values"], capsys)
+    status, _, err = run([*argv, "--seeds", "5", "--fill", "3", "--tool-share", "0.2", "--results", "dense"], capsys)
     assert status == 0
     assert (
-        "warning: --workload replays its file once, as written: --fill, --seeds, --tool-share, --dense-values ignored"
-        in err
+        "warning: --workload replays its file once, as written: --fill, --seeds, --tool-share, --results ignored" in err
     )
     status, _, err = run([*argv, "--context-window", "16000"], capsys)  # a setting the replay does use
     assert status == 0

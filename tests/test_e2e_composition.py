@@ -158,7 +158,7 @@ async def _play(
     provider = SimulatedProvider(
         encoder=TOKENIZER, window=WINDOW, profile=get_profile(SETTINGS.profile), cache=SETTINGS.cache
     )
-    model = ScriptedModel(scenario, ModelOptions(seed=SEED, record_quality=record_quality))
+    model = ScriptedModel(scenario, ModelOptions(seed=SEED, record_quality=record_quality).without_losses())
     client = ModelClient(model=model, provider=provider)
     summarizer = SimulatedChatClient(model=model, provider=provider, kind="summarizer")
     # As the README says: the budget counts messages only, so measure what the harness sends beside them.
@@ -301,7 +301,7 @@ async def test_raise_reaches_the_host_through_the_harness_where_shed_would_shed(
     result to its value lines, cannot make room either (on the default lookups it does: see
     tests/test_safety_net.py).
     """
-    dense = load_scenario(replace(SETTINGS, dense_values=True), 3.0, SEED)
+    dense = load_scenario(replace(SETTINGS, results="dense"), 3.0, SEED)
     with tempfile.TemporaryDirectory(prefix="maf-e2e-composition-") as directory, contextlib.chdir(directory):
         with pytest.raises(CompactionBudgetExceeded) as raised:
             await _play(dense, HARNESSES["no-todo-no-mode"], stream=False, repeat=4, policy="raise", record_quality=0.7)

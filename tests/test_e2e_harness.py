@@ -42,7 +42,7 @@ from agent_framework._compaction import GROUP_ANNOTATION_KEY, group_messages
 from maf_compaction import AnchoredCompactionStrategy, MediaTokenEstimator, original_results
 from maf_compaction.adapters.convert import EXCLUDED_KEY, NOTE_KEY
 from maf_compaction.bench.client import SimulatedChatClient, scenario_tools
-from maf_compaction.bench.model import ModelOptions, ScriptedModel
+from maf_compaction.bench.model import ScriptedModel
 from maf_compaction.bench.provider import CallRecord, SimulatedProvider
 from maf_compaction.bench.rendering import RenderedRequest, common_prefix
 from maf_compaction.bench.rows import ROWS, RowContext, setup_of
@@ -63,7 +63,10 @@ from offline_tokenizers import offline_tiktoken
 WINDOW = 24_000
 OUTPUT_TOKENS = 2_000
 BUDGET = WINDOW - OUTPUT_TOKENS
-SETTINGS = Settings(context_window=WINDOW, max_output_tokens=OUTPUT_TOKENS, tool_share=0.85, tool_turns=28)
+#: No think time between turns: the recorded runs below play the turns back to back, as the grid's cell then does.
+SETTINGS = Settings(
+    context_window=WINDOW, max_output_tokens=OUTPUT_TOKENS, tool_share=0.85, tool_turns=28, think_time=0.0
+)
 FILL = 3.5
 SEED = 1
 KEEP_HEAD_GROUPS = 3  # the strategy's defaults, which the anchored row keeps
@@ -205,9 +208,13 @@ def build_agent(row: str, client: SimulatedChatClient, harness: Mapping[str, Any
 
 def recording_client() -> RecordingClient:
     provider = SimulatedProvider(
-        encoder=offline_tiktoken(), window=WINDOW, profile=get_profile(SETTINGS.profile), cache=SETTINGS.cache
+        encoder=offline_tiktoken(),
+        window=WINDOW,
+        profile=get_profile(SETTINGS.profile),
+        cache=SETTINGS.cache,
+        ttl=SETTINGS.cache_ttl,
     )
-    return RecordingClient(model=ScriptedModel(SCENARIO, ModelOptions(seed=SEED)), provider=provider)
+    return RecordingClient(model=ScriptedModel(SCENARIO, SETTINGS.model_options(SEED)), provider=provider)
 
 
 _RUNS: dict[tuple[str, bool, bool], Run] = {}

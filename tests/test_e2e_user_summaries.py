@@ -414,7 +414,7 @@ async def play(
         provider = SimulatedProvider(
             encoder=TOKENIZER, window=WINDOW, profile=get_profile(SETTINGS.profile), cache=SETTINGS.cache
         )
-        model = ScriptedModel(scenario, ModelOptions(seed=SEED))
+        model = ScriptedModel(scenario, ModelOptions(seed=SEED).without_losses())
         client = ModelClient(model=model, provider=provider)
         summarizer = SummarizerClient(model_client=client, fail_first=fail_first, model=model, provider=provider)
         strategy = UserTurnAnchoredSummarizationCompactionStrategy(
@@ -708,6 +708,10 @@ async def test_no_request_exceeds_the_window(
     _no_request_exceeds_the_window(result)
 
 
+#: The user half's honest WARNING when what it may not shorten leaves the prompt over the budget.
+STILL_OVER: Final = re.compile(r"^After summary \S+ the prompt is still \d+ tokens, over the \d+-token budget")
+
+
 @MATRIX
 async def test_the_framework_rejects_no_summary(
     harness: str, fill: float, mode: SummaryMode, caplog: pytest.LogCaptureFixture
@@ -717,6 +721,9 @@ async def test_the_framework_rejects_no_summary(
     rejected = [r.getMessage() for r in framework if REJECTED.search(r.getMessage())]
     assert not rejected, f"the framework rejected our summaries {len(rejected)} time(s): {rejected[:2]}"
     ours = [r.getMessage() for r in result.logs if r.name.startswith("maf_compaction") and r.levelno >= logging.WARNING]
+    # A model's summaries carry prose: past three times the window the user half alone may end a pass over the
+    # budget, and says so (it keeps what it cannot shorten); nothing else is warned about in this run.
+    ours = [text for text in ours if not STILL_OVER.search(text)]
     assert not ours, f"the strategy warned during a healthy run: {ours[:3]}"
 
 

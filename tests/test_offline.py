@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_framework import Message, create_harness_agent, tool
+from agent_framework import Agent, Message, create_harness_agent, tool
 from agent_framework_openai import OpenAIChatClient
 
 from maf_compaction import (
@@ -252,3 +252,64 @@ async def test_a_second_start_in_the_running_loop_is_refused() -> None:
             offline.start()
     async with offline:  # stopped: it starts again
         assert offline.base_url.startswith("http://127.0.0.1:")
+
+
+# ----------------------------------------------------------------------------- the report's labels and totals
+
+TICKETS = [f"INC-{4100 + n}" for n in range(8)]
+
+
+@tool(approval_mode="never_require")
+def incident_log(ticket: str) -> str:
+    """The log of an incident ticket: a user's own values, in a format no bench pattern knows."""
+    lines = [f"{ticket} step {i}: owner=ops-team state=open note routine check" for i in range(60)]
+    return "\n".join([f"ticket {ticket} escalated to pager-7{ticket[-2:]}", *lines])
+
+
+INCIDENTS = [
+    Question(f"Open incident {t} and quote its pager.", "incident_log", {"ticket": t}, (f"pager-7{t[-2:]}",))
+    for t in TICKETS
+]
+
+
+async def test_a_users_own_values_get_records_and_the_report_labels_requests_and_ends_with_totals() -> None:
+    """The plausible model writes records of values in the user's own format (a ticket id, a pager name); the
+    report names each compaction request, and its totals price the same conversation without compaction."""
+    budget = 6_000
+    async with OfflineProvider(INCIDENTS, encoder=TOKENIZER, window=8_000) as offline:
+        client = OpenAIChatClient(model="gpt-6-luna", api_key="sk-offline", base_url=offline.base_url)
+        strategy = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=budget, tokenizer=TOKENIZER)
+        gate = RecallGate()
+        recall = ToolResultRecallMiddleware(
+            max_input_tokens=budget,
+            tokenizer=TOKENIZER,
+            arm=gate.arm,
+            disarm=gate.disarm,
+            trigger_fraction=strategy.trigger_fraction,
+            reforce=strategy.take_reforce,
+            record_request="cached_prefix",
+        )
+        agent = Agent(
+            client,
+            instructions="Answer from the logs you open.",
+            tools=[incident_log, make_recall_tool(gate)],
+            middleware=[recall],
+            compaction_strategy=strategy,
+            default_options={"store": False},
+        )
+        session = agent.create_session()
+        for question in INCIDENTS:
+            await agent.run(question.text, session=session)
+        report = offline.report()
+        totals = offline.totals()
+        calls = offline.calls()
+    assert totals.requests.get("record", 0) >= 1, report
+    asked = [c for c in calls if c.label == "record"]
+    assert [f"call {c.number} (a record request): " in report for c in asked] == [True] * len(asked)
+    assert strategy.records_in_conversation > 0  # the answers quoted the user's values: kept as records
+    lines = report.splitlines()
+    assert lines[-2].startswith(f"total: {totals.calls} call(s) ({sum(totals.requests.values())} compaction request")
+    assert lines[-1].startswith("without compaction: $")
+    assert totals.calls == len(calls)
+    assert totals.uncompacted_cost > 0
+    assert totals.uncompacted_over_window > 0  # the uncompacted conversation outgrows the 8,000-token window

@@ -129,26 +129,13 @@ def recall_description(target_tokens: int | None = DEFAULT_TARGET_TOKENS) -> str
         ValueError: ``target_tokens`` is not a positive integer or ``None``.
     """
     require("target_tokens", target_tokens, AtLeastOne | None)
-    purpose = (
-        "Record what must survive from the earlier tool results in this conversation, so that it stays "
-        "available after those results are removed to save space."
-    )
-    guidance = (
-        "Args:\n"
-        "    values: Everything from the earlier tool results, grouped by the tool that produced it, so that "
-        "nothing is lost unnoticed. Quote verbatim every value that cannot be reconstructed: identifiers, "
-        "codes, names, numbers, paths, URLs, versions, states and timestamps. Copy Markdown table rows "
-        "verbatim, under their column heading and separator rows. Keep findings and conclusions as stated. "
-        "Carry over unchanged any summary a tool wrote. Briefly summarise the rest. Include only what was "
-        "actually present. When forced to choose, prefer exactness over brevity."
-    )
-    parts = [purpose]
+    parts = [f"Record {records_core.RECORD_PURPOSE}"]
     if target_tokens is not None:
         parts.append(
             f"Aim for about {target_tokens:,} tokens in total, spent on the values that cannot be "
             "reconstructed rather than on summaries."
         )
-    parts.append(guidance)
+    parts.append(f"Args:\n    values: {records_core.RECORD_GUIDANCE}")
     return "\n\n".join(parts)
 
 

@@ -66,23 +66,34 @@ class SimulatedChatClient(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTele
 
     async def _respond(self, messages: Sequence[Message], options: Mapping[str, Any]) -> ChatResponse:
         validated = await self._validate_options(options)
-        reply = self.model.respond(
+        answer = self.model.reply(
             messages,
             tool_choice=validated.get("tool_choice"),
             max_tokens=validated.get("max_tokens"),
             summarizer=self.kind == "summarizer",
         )
         request = RenderedRequest.of(messages, validated)
-        output = "\n".join(render_content(c) for c in reply.contents)
-        record = self.provider.call(request, output=output, kind=self.kind)
+        output = "\n".join(render_content(c) for c in answer.message.contents)
+        record = self.provider.call(
+            request,
+            output=output,
+            kind=self.kind,
+            label=answer.label,
+            instruction=answer.instruction,
+            reasoning_tokens=answer.reasoning_tokens,
+        )
         usage = UsageDetails(
             input_token_count=record.input_tokens,
             output_token_count=record.output_tokens,
             total_token_count=record.input_tokens + record.output_tokens,
             cache_read_input_token_count=record.cached_tokens,
+            cache_creation_input_token_count=record.written_tokens,
+            reasoning_output_token_count=record.reasoning_tokens,
         )
         number = len(self.provider.calls)
-        return ChatResponse(messages=[reply], response_id=f"resp_{number}", model="scripted", usage_details=usage)
+        return ChatResponse(
+            messages=[answer.message], response_id=f"resp_{number}", model="scripted", usage_details=usage
+        )
 
 
 async def response_updates(pending: Awaitable[ChatResponse]) -> AsyncIterator[ChatResponseUpdate]:

@@ -22,6 +22,7 @@ from typing import Any, Final
 from .. import __version__
 from ..adapters.tiktoken import TokenizerUnavailableError
 from .args import install_hint, positive_int, program_name
+from .model import MODEL_KINDS
 from .provider import CACHE_KINDS, default_profile
 from .report import plot, render_table, to_json
 from .rows import ROW_DESCRIPTIONS, ROWS, RowFactoryError, load_factory, parse_strategy_options, resolve_rows
@@ -37,7 +38,14 @@ from .runner import (
     run_grid,
     summarize,
 )
-from .scenario import DEFAULT_MARKERS_PER_TOOL, DEFAULT_TOOL_SHARE, DEFAULT_TOOL_TURNS, DEFAULT_WINDOW, Scenario
+from .scenario import (
+    DEFAULT_MARKERS_PER_TOOL,
+    DEFAULT_TOOL_SHARE,
+    DEFAULT_TOOL_TURNS,
+    DEFAULT_WINDOW,
+    RESULTS_KINDS,
+    Scenario,
+)
 from .simulator import PROFILES
 
 DEFAULT_FILLS: Final = (0.9, 1.5, 3.0)
@@ -49,7 +57,7 @@ GENERATOR_ONLY: Final = {
     "tool_share": "--tool-share",
     "tool_turns": "--tool-turns",
     "markers_per_tool": "--markers-per-tool",
-    "dense_values": "--dense-values",
+    "results": "--results",
 }
 
 
@@ -65,6 +73,37 @@ def _fills(text: str) -> list[float]:
     if not fills or any(not 0 < f <= 10 for f in fills):
         raise argparse.ArgumentTypeError(f"every fill must be in (0, 10], got {text!r}")
     return fills
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
+
+
+def _token_range(text: str) -> tuple[int, int]:
+    low, comma, high = text.partition(",")
+    try:
+        bounds = (int(low), int(high if comma else low))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LOW,HIGH whole numbers, got {text!r}") from None
+    if not 0 <= bounds[0] <= bounds[1]:
+        raise argparse.ArgumentTypeError(f"expected 0 <= LOW <= HIGH, got {text!r}")
+    return bounds
 
 
 def _share(text: str) -> float:
@@ -129,9 +168,25 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
         "--markers-per-tool", type=positive_int, default=DEFAULT_MARKERS_PER_TOOL, help="codes per lookup"
     )
     work.add_argument(
+        "--results",
+        choices=RESULTS_KINDS,
+        default="synthetic",
+        help="what lookups return: generated logs with planted codes, number-dense logs (hundreds of values per "
+        "result), or reads of this Python's standard library (source, grep hits, module docs)",
+    )
+    work.add_argument(
         "--dense-values",
-        action="store_true",
-        help="number-dense log lines in lookup results (hundreds of distinctive values per result)",
+        dest="results",
+        action="store_const",
+        const="dense",
+        help="the same as --results dense",
+    )
+    work.add_argument(
+        "--think-time",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="median pause between user turns, lognormal (default: 60 for the plausible model, 0 for the oracle)",
     )
     source = work.add_mutually_exclusive_group()
     source.add_argument(
@@ -145,7 +200,7 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
     work.add_argument(
         "--facts", metavar="FILE.json", help="with --session: the values to track, a JSON list of {label, value, scope}"
     )
-    sim = cli.add_argument_group("provider and model")
+    sim = cli.add_argument_group("provider and client")
     sim.add_argument("--max-output-tokens", type=positive_int, default=2_048, help="output reservation")
     sim.add_argument(
         "--cache",
@@ -160,13 +215,59 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
         default=None,
         help="price profile (default: 'default', or 'anthropic-5m' with --cache anthropic)",
     )
-    sim.add_argument("--record-quality", type=_share, default=1.0, help="share of values a record keeps")
-    sim.add_argument("--summary-quality", type=_share, default=1.0, help="share of values a summary keeps")
-    sim.add_argument("--ignore-pin", action="store_true", help="the model ignores a pinned record request")
     sim.add_argument(
+        "--ttl",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="seconds a cache entry lives unused (default: 300, or 3600 with --prices anthropic-1h)",
+    )
+    model = cli.add_argument_group("the scripted model (docs/bench.md, 'The scripted model')")
+    model.add_argument(
+        "--model",
+        choices=MODEL_KINDS,
+        default="plausible",
+        help="plausible: records and summaries with prose, a generic value rule, an answer length and losses; "
+        "oracle: the minimal, perfect writer of earlier figures (comparison only)",
+    )
+    model.add_argument("--record-quality", type=_share, default=1.0, help="share of values a record keeps")
+    model.add_argument("--summary-quality", type=_share, default=1.0, help="share of values a summary keeps")
+    model.add_argument(
+        "--prose-tokens",
+        type=_token_range,
+        default=(30, 60),
+        metavar="LOW,HIGH",
+        help="plausible model: prose tokens per message a record or summary covers",
+    )
+    model.add_argument(
+        "--answer-tokens", type=positive_int, default=1_500, help="plausible model: the longest record or summary"
+    )
+    model.add_argument(
+        "--drop-requirements",
+        type=_share,
+        default=0.05,
+        help="plausible model: chance a summary leaves out a requirement, constraint or correction line",
+    )
+    model.add_argument(
+        "--miscopy", type=_share, default=0.01, help="plausible model: chance a copied value has one character wrong"
+    )
+    model.add_argument(
+        "--partial-records",
+        type=_share,
+        default=0.05,
+        help="plausible model: chance a record covers only half of what it was asked about",
+    )
+    model.add_argument(
+        "--reasoning-tokens",
+        type=_count,
+        default=None,
+        help="reasoning tokens billed as output on every call (default: 256 plausible, 0 oracle)",
+    )
+    model.add_argument("--ignore-pin", action="store_true", help="the model ignores a pinned record request")
+    model.add_argument(
         "--ignore-instruction",
         action="store_true",
-        help="the model ignores an instruction to write a record (a record asked over the cached prefix)",
+        help="the model ignores a compaction instruction (a record or summary asked over the cached prefix)",
     )
     sim.add_argument(
         "--client",

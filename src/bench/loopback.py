@@ -735,7 +735,7 @@ class LoopbackProvider:
         self.requests.append(body)
         self.apis.append(api)
         self.kinds.append(kind)
-        reply = self.model.respond(
+        answer = self.model.reply(
             parsed.messages,
             tool_choice=parsed.tool_choice,
             max_tokens=parsed.max_tokens,
@@ -743,13 +743,19 @@ class LoopbackProvider:
         )
         rendered = render_wire_request(api, body, self.id_policy)
         self.rendered.append(rendered)
-        output = "\n".join(render_content(c) for c in reply.contents)
-        reasoning_tokens = 0
+        output = "\n".join(render_content(c) for c in answer.message.contents)
+        reasoning_tokens = answer.reasoning_tokens
         if api == "responses" and self.reasoning_summary:
-            output = f"{output}\n{self.reasoning_summary}"
-            reasoning_tokens = self.provider.count(self.reasoning_summary)
-        record = self.provider.call(rendered, output=output, kind=kind)
-        return _Answer(reply, record, reasoning_tokens, len(self.requests), self.reasoning_summary)
+            reasoning_tokens += self.provider.count(self.reasoning_summary)
+        record = self.provider.call(
+            rendered,
+            output=output,
+            kind=kind,
+            label=answer.label,
+            instruction=answer.instruction,
+            reasoning_tokens=reasoning_tokens,
+        )
+        return _Answer(answer.message, record, reasoning_tokens, len(self.requests), self.reasoning_summary)
 
     async def _reply(
         self, request: web.Request, body: dict[str, Any], kind: CallKind, api: WireApi

@@ -1,8 +1,19 @@
 """The scripted model: deterministic, and it sees only the context it is sent.
 
-:class:`ScriptedModel` answers one request from the request alone plus the scenario it
-plays (turns, probes, summarizer requests, pinned record calls): ``docs/bench.md``,
-"The scripted model".
+:class:`ScriptedModel` plays a scenario's turns (tool calls, replies, probe answers) and answers
+compaction requests, which it tells from task turns by their *place*, never by their wording
+(``docs/bench.md``, "The scripted model"):
+
+- a request on the summarizer route, or one whose only message (but system ones) is not a scenario
+  turn, is a summary of the numbered items its user message holds;
+- a request whose ``tool_choice`` forces the recall tool asks for a record (a pinned record);
+- a request that ends with a user message that is not one of the scenario's turns ends with an
+  instruction. An instruction that quotes the opening words of earlier user messages asks for a
+  summary of them; one that also names a section line (a bracketed word, ``[summary]``) asks for
+  a record of the visible tool results, that line, then the summary; any other asks for a record.
+
+What it writes is its :class:`~.writer.Writer`'s: the plausible writer by default, the oracle of
+earlier figures with ``ModelOptions(model="oracle")``.
 """
 
 from __future__ import annotations
@@ -11,81 +22,107 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Final
+from dataclasses import dataclass, replace
+from typing import Any, Final, Literal, TypeAlias, get_args
 
 from agent_framework import Content, Message
 
-from ..core.tables import tables
+from .provider import TASK
 from .scenario import RECALL_TOOL, Scenario, Turn
+from .writer import Losses, OracleWriter, PlausibleWriter, Source, Writer, digest
 
-#: What a planted value looks like when the scenario does not list it (``TL-3FA9C2``).
-VALUE_PATTERN: Final = re.compile(r"\b[A-Z]{2}-[0-9A-F]{6}\b")
-_NUMBERED_ITEM: Final = re.compile(r"^\d+\. ")
-_KEEP_WORDS: Final = re.compile(r"\b(requirement|correction|R\d+)\b", re.IGNORECASE)
-#: Characters per token the model assumes when it sizes a summary or a record.
-_CHARS_PER_TOKEN: Final = 4
+ModelKind: TypeAlias = Literal["plausible", "oracle"]
+MODEL_KINDS: Final[tuple[ModelKind, ...]] = get_args(ModelKind)
+#: Reasoning tokens the plausible model spends (and bills as output) on every call: a short think.
+DEFAULT_REASONING_TOKENS: Final = 256
 
 
 @dataclass(frozen=True, slots=True)
 class ModelOptions:
-    """How well the scripted model writes records and summaries.
+    """Which model answers, and how well it writes records and summaries.
 
     Attributes:
-        record_quality: Share of value lines a record keeps, in [0, 1].
-        summary_quality: Share of value lines a summary keeps, in [0, 1].
+        model: ``"plausible"`` (the default: prose, a generic value rule, an answer length,
+            losses) or ``"oracle"`` (the minimal, perfect writer of earlier figures).
+        record_quality: Share of values a record keeps, in [0, 1].
+        summary_quality: Share of values a summary keeps, in [0, 1].
         ignore_pin: Answer a pinned request as if it were not pinned.
-        ignore_instruction: Answer a request that ends with an instruction to write a record
-            (one asked over the cached prefix) as if the instruction were not there: the
-            model carries on with the task.
-        seed: Seeds which lines a lower quality drops.
+        ignore_instruction: Answer a request that ends with a compaction instruction as if the
+            instruction were not there: the model carries on with the task.
+        seed: Seeds every draw.
+        prose_tokens: Plausible model: the range of prose tokens per message a record or summary covers.
+        answer_tokens: Plausible model: the longest record or summary it writes.
+        drop_requirements: Plausible model: chance a summary leaves a requirement line out.
+        miscopy: Plausible model: chance a copied value has one character changed.
+        partial_records: Plausible model: chance a record covers only half of what it was asked about.
+        reasoning_tokens: Reasoning tokens billed as output on every call (``None``: 256 for the
+            plausible model, 0 for the oracle).
     """
 
+    model: ModelKind = "plausible"
     record_quality: float = 1.0
     summary_quality: float = 1.0
     ignore_pin: bool = False
     ignore_instruction: bool = False
     seed: int = 0
+    prose_tokens: tuple[int, int] = (30, 60)
+    answer_tokens: int = 1_500
+    drop_requirements: float = 0.05
+    miscopy: float = 0.01
+    partial_records: float = 0.05
+    reasoning_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("record_quality", "summary_quality"):
-            value = getattr(self, name)
-            if not 0 <= value <= 1:
-                raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+        if self.model not in MODEL_KINDS:
+            raise ValueError(f"model must be one of {', '.join(MODEL_KINDS)}, got {self.model!r}")
+        if self.reasoning_tokens is not None and self.reasoning_tokens < 0:
+            raise ValueError(f"reasoning_tokens must be >= 0, got {self.reasoning_tokens}")
+        self.writer()  # validates the writer's knobs
+
+    def without_losses(self) -> ModelOptions:
+        """These options with no drawn loss: no requirement left out, no value mis-copied, every record whole."""
+        return replace(self, drop_requirements=0.0, miscopy=0.0, partial_records=0.0)
+
+    @property
+    def reasoning(self) -> int:
+        """Reasoning tokens per call."""
+        if self.reasoning_tokens is not None:
+            return self.reasoning_tokens
+        return DEFAULT_REASONING_TOKENS if self.model == "plausible" else 0
+
+    def writer(self, values: Sequence[str] = ()) -> Writer:
+        """The writer these options describe (``values``: the planted values, which only the oracle reads)."""
+        if self.model == "oracle":
+            for name in ("record_quality", "summary_quality"):
+                if not 0 <= getattr(self, name) <= 1:
+                    raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)!r}")
+            return OracleWriter(tuple(values), self.record_quality, self.summary_quality, self.seed)
+        losses = Losses(
+            drop_requirements=self.drop_requirements,
+            miscopy=self.miscopy,
+            partial_records=self.partial_records,
+            record_quality=self.record_quality,
+            summary_quality=self.summary_quality,
+        )
+        return PlausibleWriter(self.seed, self.prose_tokens, self.answer_tokens, losses)
 
 
 @dataclass(frozen=True, slots=True)
-class _Quote:
-    """A value-bearing line of a tool result, with its table's heading rows if it is a table row.
+class Reply:
+    """The model's answer to one request, and what it took the request for.
 
     Attributes:
-        line: The line, stripped.
-        heading: The table's heading row and separator row, or ``()`` outside a table.
-        block: Identifies the table block (result, table), or ``None`` outside a table.
+        message: The answer.
+        label: :data:`~.provider.TASK`, or the compaction request it answered (``record``,
+            ``summary``, ``record+summary``, ``merge``, ``rewrite``, ``fold``).
+        instruction: The request ended with a compaction instruction (over the cached prefix).
+        reasoning_tokens: Reasoning it spent, billed as output.
     """
 
-    line: str
-    heading: tuple[str, ...] = ()
-    block: tuple[int, int] | None = None
-
-
-def _with_headings(quotes: Sequence[_Quote]) -> list[list[str]]:
-    """The quoted lines as chunks; a table block's first kept row carries its heading rows.
-
-    A heading that follows another table's row directly gets an empty line first, so
-    the two tables stay apart for a Markdown reader.
-    """
-    chunks: list[list[str]] = []
-    block: tuple[int, int] | None = None
-    previous_row = False
-    for quote in quotes:
-        chunk = [quote.line]
-        if quote.block is not None and quote.block != block:
-            chunk = [*([""] if previous_row else []), *quote.heading, quote.line]
-        chunks.append(chunk)
-        block = quote.block
-        previous_row = quote.block is not None
-    return chunks
+    message: Message
+    label: str = TASK
+    instruction: bool = False
+    reasoning_tokens: int = 0
 
 
 def content_text(content: Content) -> str:
@@ -121,45 +158,105 @@ def pinned_function(tool_choice: object) -> str | None:
     return None
 
 
-#: What an instruction to write a record says (a model reads any instruction; the script
-#: recognises this one, and answers it no better than a pinned request: the same knobs).
-_RECORD_REQUEST: Final = re.compile(r"\bWrite a record of\b", re.IGNORECASE)
+def tool_results(messages: Sequence[Message]) -> list[Source]:
+    """The tool results ``messages`` show (the recall tool's excepted), each with its tool's name."""
+    names = {c.call_id: c.name for m in messages for c in m.contents if c.type == "function_call"}
+    return [
+        Source(content_text(c), names.get(c.call_id) or "tool")
+        for m in messages
+        for c in m.contents
+        if c.type == "function_result" and names.get(c.call_id) != RECALL_TOOL
+    ]
 
 
-#: What an instruction to summarise named earlier messages says, and how it names them.
-_SUMMARY_REQUEST: Final = re.compile(r"\bearlier messages of this conversation, named by their opening words\b")
-_NAMED: Final = re.compile(r"^\d+\. \u00ab(.*)\u00bb$", re.MULTILINE)
-#: How an instruction that asks for a record and a summary in one answer names the line between them.
-_SECTION_LINE: Final = re.compile(r"\bwrite one line (\S+) and below it\b")
+def request_key(messages: Sequence[Message], results: Sequence[Source]) -> str:
+    """What a request shows, digested: its conversation's text and its tool results.
+
+    Not how it was framed: system messages (instructions travel as one on some wires, as an option in
+    process), messages without text (a replayed reasoning item) and the encoding of call arguments are
+    left out, so every client draws the same.
+    """
+    shown = (f"{m.role}:{m.text}" for m in messages if m.role != "system" and m.text)
+    return digest(*shown, *(r.text for r in results))
 
 
-def asks_for_summary(message: Message) -> bool:
-    """``message`` is a user message instructing the model to summarise earlier messages it names."""
-    return message.role == "user" and bool(_SUMMARY_REQUEST.search(message.text or ""))
+def numbered_items(text: str) -> list[Source]:
+    """The items of a numbered list (``1. ...``, ``2. ...`` in sequence), each with its number; else ``text`` whole."""
+    items: list[list[str]] = []
+    for line in text.split("\n"):
+        if line.startswith(f"{len(items) + 1}. "):
+            items.append([line])
+        elif items:
+            items[-1].append(line)
+    return [Source("\n".join(lines)) for lines in items] if items else [Source(text)]
 
 
-def _named_items(text: str) -> list[str]:
-    """The opening words an instruction names its items by, in order."""
-    return _NAMED.findall(text)
+def transcript_items(messages: Sequence[Message]) -> list[Source]:
+    """What a summarizer request asks to summarise: the numbered items of its non-system messages."""
+    return [item for m in messages if m.role != "system" for item in numbered_items(context_text([m]))]
 
 
-def asks_for_record(message: Message) -> bool:
-    """``message`` is a user message instructing the model to write a record of earlier tool results."""
-    return message.role == "user" and bool(_RECORD_REQUEST.search(message.text or ""))
+#: Text an instruction quotes: between guillemets or double quotes.
+_QUOTED: Final = re.compile(r"\u00ab([^\u00bb\n]+)\u00bb|\u201c([^\u201d\n]+)\u201d|\"([^\"\n]+)\"")
+#: A section line an instruction names: one bracketed word standing alone (``[summary]``).
+_SECTION: Final = re.compile(r"(?<!\S)\[\w+\](?!\S)")
+
+
+def _opens_with(message: Message, quote: str) -> bool:
+    """A line of ``message`` opens with ``quote`` (an instruction names a message by its opening words; a message
+    of ours may open with a marker line first)."""
+    return any(line.strip().startswith(quote) for line in (message.text or "").splitlines())
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """What an instruction asks for, read from its place and what it quotes (never its wording).
+
+    Attributes:
+        named: The earlier user messages whose opening words it quotes, in order.
+        section: The section line it names, if any.
+    """
+
+    named: tuple[Message, ...] = ()
+    section: str | None = None
+
+    @property
+    def label(self) -> str:
+        """``record``, ``summary`` or ``record+summary``."""
+        if not self.named:
+            return "record"
+        return "record+summary" if self.section else "summary"
+
+
+def read_instruction(instruction: str, context: Sequence[Message]) -> Ask:
+    """What ``instruction`` asks of ``context`` (see the module docstring)."""
+    quotes = [q.strip() for match in _QUOTED.finditer(instruction) for q in match.groups() if q and q.strip()]
+    users = [m for m in context if m.role == "user"]
+    named: list[Message] = []
+    start = 0
+    for quote in quotes:  # each quote names the next user message that opens with it
+        for index in range(start, len(users)):
+            if _opens_with(users[index], quote):
+                named.append(users[index])
+                start = index + 1
+                break
+    sections = _SECTION.findall(_QUOTED.sub(" ", instruction))
+    return Ask(tuple(named), sections[0] if sections else None)
 
 
 class ScriptedModel:
-    """Plays a scenario; see the module docstring for the rules.
+    """Plays a scenario and answers compaction requests; see the module docstring.
 
     Args:
         scenario: The script.
-        options: Record and summary quality.
+        options: Which writer, how well it writes, and what it spends on reasoning.
     """
 
     def __init__(self, scenario: Scenario, options: ModelOptions | None = None) -> None:
         self.scenario = scenario
         self.options = options or ModelOptions()
-        self._values = [f.value for f in scenario.facts]
+        self.writer = self.options.writer([f.value for f in scenario.facts])
+        self._wrote: dict[str, str] = {}  # what it wrote -> "record" or "summary" (to tell merges and folds)
 
     def respond(
         self,
@@ -170,28 +267,92 @@ class ScriptedModel:
         summarizer: bool = False,
     ) -> Message:
         """The model's answer to one request."""
+        return self.reply(messages, tool_choice=tool_choice, max_tokens=max_tokens, summarizer=summarizer).message
+
+    def is_instruction(self, message: Message) -> bool:
+        """``message`` is a compaction instruction by its place: a user message that is not a scenario turn."""
+        return message.role == "user" and self.scenario.turn_for(message.text) is None
+
+    def reply(
+        self,
+        messages: Sequence[Message],
+        *,
+        tool_choice: object = None,
+        max_tokens: int | None = None,
+        summarizer: bool = False,
+    ) -> Reply:
+        """The model's answer to one request, and what it took the request for."""
+        reasoning = self.options.reasoning
+        conversation = [m for m in messages if m.role != "system"]
+        if len(conversation) == 1 and self.is_instruction(conversation[0]):
+            summarizer = True  # a request that is nothing but an instruction is a summarizer's, whatever its route
         if summarizer:
-            return Message("assistant", [self.summary(messages, max_tokens)])
+            items = transcript_items(messages)
+            label = self._kind_of(items)
+            text = self.summary(items, max_tokens)
+            self._remember(text, "record" if label in ("merge", "rewrite") else "summary")
+            return Reply(Message("assistant", [text]), label, reasoning_tokens=reasoning)
         if pinned_function(tool_choice) == RECALL_TOOL and not self.options.ignore_pin:
-            return Message("assistant", [self._record_call(messages, max_tokens)])
-        if messages and (asks_for_record(messages[-1]) or asks_for_summary(messages[-1])):
+            return Reply(Message("assistant", [self._record_call(messages, max_tokens)]), "record", False, reasoning)
+        if messages and self.is_instruction(messages[-1]):
+            view = messages[:-1]
+            ask = read_instruction(messages[-1].text or "", view)
             if self.options.ignore_instruction:
-                return self.respond(messages[:-1], tool_choice=tool_choice, max_tokens=max_tokens)
-            if asks_for_summary(messages[-1]):
-                # A model finds the messages the instruction names and summarises them, as well as
-                # the summarizer would (the same quality knob).
-                named = _named_items(messages[-1].text or "")
-                items = [m for m in messages[:-1] if m.role == "user" and any(o in (m.text or "") for o in named)]
-                summary = self.summary(items, max_tokens, named=len(named))
-                section = _SECTION_LINE.search(messages[-1].text or "")
-                if asks_for_record(messages[-1]) and section is not None:
-                    # Asked for both: the record, then the section line the instruction names, then the summary.
-                    record = self.record(messages[:-1], max_tokens)
-                    return Message("assistant", [f"{record}\n{section.group(1)}\n{summary}"])
-                return Message("assistant", [summary])
-            # A model follows the instruction with what it can read: the record of every visible
-            # tool result, as good as a pinned one (the same quality knob).
-            return Message("assistant", [self.record(messages[:-1], max_tokens)])
+                task = self.reply(view, tool_choice=tool_choice, max_tokens=max_tokens)
+                return Reply(task.message, ask.label, True, reasoning)
+            return Reply(Message("assistant", [self._answer(ask, view, max_tokens)]), ask.label, True, reasoning)
+        return Reply(self._play(messages, tool_choice), TASK, False, reasoning)
+
+    # -- compaction requests -----------------------------------------------------------
+
+    def record(self, messages: Sequence[Message], max_tokens: int | None = None) -> str:
+        """A record of every tool result ``messages`` show."""
+        results = tool_results(messages)
+        text = self.writer.record(results, max_tokens, request_key(messages, results))
+        self._remember(text, "record")
+        return text
+
+    def summary(self, items: Sequence[Source], max_tokens: int | None, *, named: int | None = None) -> str:
+        """A summary of ``items``."""
+        return self.writer.summary(items, max_tokens, digest(*(i.text for i in items)), named=named)
+
+    def _answer(self, ask: Ask, view: Sequence[Message], max_tokens: int | None) -> str:
+        if not ask.named:
+            return self.record(view, max_tokens)
+        summary = self.summary([Source(context_text([m])) for m in ask.named], max_tokens, named=len(ask.named))
+        self._remember(summary, "summary")
+        if ask.section is None:
+            return summary
+        return f"{self.record(view, max_tokens)}\n{ask.section}\n{summary}"
+
+    def _record_call(self, messages: Sequence[Message], max_tokens: int | None) -> Content:
+        # The id depends on what the record quotes and which results it read, not on how the
+        # request was framed (instructions as a system message on the wire, as an option in process).
+        values = self.record(messages, max_tokens)
+        read = [c.call_id or "" for m in messages for c in m.contents if c.type == "function_result"]
+        key = hashlib.sha256("\n".join([values, *read]).encode()).hexdigest()[:12]
+        return Content.from_function_call(call_id=f"call_recall_{key}", name=RECALL_TOOL, arguments={"values": values})
+
+    def _remember(self, text: str, kind: str) -> None:
+        if len(text) >= 16:
+            self._wrote[text.strip()] = kind
+
+    def _kind_of(self, items: Sequence[Source]) -> str:
+        """A summarizer request's kind, from what its items are: records it wrote, summaries it wrote, or turns."""
+
+        def wrote(item: Source) -> str | None:
+            return next((kind for text, kind in self._wrote.items() if text in item.text), None)
+
+        kinds = [wrote(item) for item in items]
+        if items and all(kind == "record" for kind in kinds):
+            return "merge" if len(items) > 1 else "rewrite"
+        if items and all(kind == "summary" for kind in kinds):
+            return "fold"
+        return "summary"
+
+    # -- task turns ----------------------------------------------------------------------
+
+    def _play(self, messages: Sequence[Message], tool_choice: object) -> Message:
         found = self._current_turn(messages)
         if found is None:
             return Message("assistant", ["Understood."])
@@ -212,8 +373,6 @@ class ScriptedModel:
             return Message("assistant", [self.answer(others, turn.probe.expected)])
         return Message("assistant", [turn.reply or "Done."])
 
-    # -- the pieces ------------------------------------------------------------------
-
     def answer(self, messages: Sequence[Message], expected: Sequence[str]) -> str:
         """Quote each expected value visible in ``messages``; name how many it cannot see."""
         text = context_text(messages)
@@ -221,110 +380,6 @@ class ScriptedModel:
         missing = len(expected) - len(seen)
         answer = "Values: " + (", ".join(seen) if seen else "none visible") + "."
         return answer + (f" I cannot see {missing} of the values asked for." if missing else "")
-
-    def summary(self, messages: Sequence[Message], max_tokens: int | None, *, named: int | None = None) -> str:
-        """An extractive summary: the value-bearing lines of the transcript, in order.
-
-        Its first line says how many numbered items it covers (``named`` when the items
-        were named by an instruction rather than numbered in a transcript): a model
-        rewrites its summary when its input changes, so re-summarising a summary with new
-        turns gives new bytes even when the new turns add no value line.
-        """
-        lines: list[str] = []
-        items = 0
-        for message in messages:
-            if message.role == "system":
-                continue  # the summarizer's own instructions
-            for line in context_text([message]).splitlines():
-                items += bool(_NUMBERED_ITEM.match(line))
-                if self._carries_value(line) or _KEEP_WORDS.search(line):
-                    lines.append(line.strip())
-        items = items if named is None else named
-        kept = [line for line in lines if self._keeps(line, self.options.summary_quality, "summary")]
-        title = (
-            f"Summary of the earlier conversation ({items} items):" if items else "Summary of the earlier conversation:"
-        )
-        return self._fit(title, [[line] for line in kept], max_tokens)
-
-    def record(self, messages: Sequence[Message], max_tokens: int | None = None) -> str:
-        """A record: value-bearing lines of every visible tool result, grouped by tool.
-
-        A kept Markdown table row is written under its table's heading row and separator
-        row, once per table block and in the original order, so the record quotes the row
-        verbatim under the same column headings; a heading is written only with a row.
-        """
-        # Which lines a lower quality drops is drawn afresh for each request (seeded by
-        # what the request shows): a model does not forget the same lines every time, so
-        # asking again for an uncovered batch can recover them.
-        attempt = "record:" + hashlib.sha256(context_text(messages).encode()).hexdigest()[:16]
-        names = {c.call_id: c.name for m in messages for c in m.contents if c.type == "function_call"}
-        results = [c for m in messages for c in m.contents if c.type == "function_result"]
-        by_tool: dict[str, list[_Quote]] = {}
-        for number, content in enumerate(results):
-            name = names.get(content.call_id) or "tool"
-            if name != RECALL_TOOL:
-                by_tool.setdefault(name, []).extend(self._quotes(content_text(content), number))
-        chunks: list[list[str]] = []
-        for name, quotes in by_tool.items():
-            kept = [q for q in quotes if self._keeps(q.line, self.options.record_quality, attempt)]
-            if kept:
-                chunks += [[f"{name}:"], *_with_headings(kept)]
-        return self._fit("Values from earlier tool results:", chunks, max_tokens)
-
-    def _quotes(self, text: str, result: int) -> list[_Quote]:
-        """The value-bearing lines of one tool result; table rows with their table's heading."""
-        lines = text.splitlines()
-        in_table: dict[int, tuple[tuple[str, str], tuple[int, int]]] = {}
-        for number, table in enumerate(tables("\n".join(lines))):
-            start = table.end - len(table.rows) - 2
-            heading = (lines[start].strip(), lines[start + 1].strip())
-            for index, _ in table.rows:
-                in_table[index] = (heading, (result, number))
-        quotes: list[_Quote] = []
-        for index, line in enumerate(lines):
-            if not self._carries_value(line):
-                continue
-            heading, block = in_table.get(index, ((), None))
-            quotes.append(_Quote(line.strip(), heading, block))
-        return quotes
-
-    def _record_call(self, messages: Sequence[Message], max_tokens: int | None) -> Content:
-        # The id depends on what the record quotes and which results it read, not on how the
-        # request was framed (instructions as a system message on the wire, as an option in process).
-        values = self.record(messages, max_tokens)
-        read = [c.call_id or "" for m in messages for c in m.contents if c.type == "function_result"]
-        digest = hashlib.sha256("\n".join([values, *read]).encode()).hexdigest()[:12]
-        return Content.from_function_call(
-            call_id=f"call_recall_{digest}", name=RECALL_TOOL, arguments={"values": values}
-        )
-
-    def _carries_value(self, line: str) -> bool:
-        return bool(VALUE_PATTERN.search(line)) or any(v in line for v in self._values)
-
-    def _keeps(self, line: str, quality: float, what: str) -> bool:
-        """Whether a record or summary of ``quality`` keeps ``line`` (seeded, so the same every time)."""
-        if quality >= 1:
-            return True
-        digest = hashlib.sha256(f"{self.options.seed}:{what}:{line}".encode()).digest()
-        return int.from_bytes(digest[:4], "big") / 2**32 < quality
-
-    @staticmethod
-    def _fit(title: str, chunks: Sequence[Sequence[str]], max_tokens: int | None) -> str:
-        """``title`` and the chunks' lines, whole chunks only, within ``max_tokens``."""
-        lines = [line for chunk in chunks for line in chunk]
-        text = "\n".join([title, *lines])
-        if max_tokens is not None and len(text) > max_tokens * _CHARS_PER_TOKEN:
-            limit = max_tokens * _CHARS_PER_TOKEN
-            out = [title]
-            size = len(title)
-            for chunk in chunks:
-                grown = size + sum(len(line) + 1 for line in chunk)
-                if grown > limit:
-                    break
-                out += chunk
-                size = grown
-            text = "\n".join(out)
-        return text
 
     def _current_turn(self, messages: Sequence[Message]) -> tuple[int, Turn, int] | None:
         """(turn number, turn, index of its user message) of the newest scenario turn in context."""

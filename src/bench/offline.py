@@ -7,10 +7,15 @@ arguments, then answers by quoting the expected values it can still see. Its sim
 provider bills every call with a prompt cache. Point any framework OpenAI client at
 :attr:`OfflineProvider.base_url` (``OpenAIChatClient(..., base_url=offline.base_url)``, or
 ``OPENAI_BASE_URL``), run your agent, and :meth:`OfflineProvider.report` says, call by call,
-how large the prompt was, how much of it the cache served, and what compaction took out of
-it before the call and why (the lines the strategies log on the ``maf_compaction`` logger).
+how large the prompt was, how much of it the cache served, what each compaction request was
+(a record, a summary, a merge, a fold), and what compaction took out of the prompt before the
+call and why (the lines the strategies log on the ``maf_compaction`` logger); it ends with the
+totals (:meth:`OfflineProvider.totals`): the cost, the cached share, and the same conversation
+without compaction, priced alongside.
 
-It needs the ``bench`` extra. The model is a script, not a language model: it is there to
+It needs the ``bench`` extra. The model is a script, not a language model: it answers compaction
+requests as the bench's plausible model does (prose, then the values it finds by a generic rule:
+identifiers, numbers with units, key=value pairs), so your own values get records; it is there to
 show what compaction does to the requests, not what a model would answer.
 """
 
@@ -22,11 +27,12 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, Final
 
 from .loopback import LoopbackProvider
-from .model import ScriptedModel
-from .provider import CallRecord, SimulatedProvider
+from .model import ModelOptions, ScriptedModel
+from .provider import TASK, CallRecord, SimulatedProvider, default_ttl
+from .rendering import RenderedRequest
 from .scenario import Probe, Scenario, ToolCall, ToolSpec, Turn
 from .simulator import get_profile
 
@@ -94,11 +100,68 @@ class OfflineCall:
     compaction: tuple[str, ...]
     left: tuple[str, ...] = ()
     shortened: int = 0
+    label: str = TASK
 
     @property
     def cached_share(self) -> float:
         """The share of the prompt the cache served, in [0, 1]."""
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def what(self) -> str:
+        """What the request was: ``the agent's call``, or the compaction request it was (``a record``...)."""
+        return _WHAT.get(self.label, f"a {self.label} request")
+
+
+#: How the report names each kind of request.
+_WHAT: Final = {
+    TASK: "the agent's call",
+    "record": "a record request",
+    "summary": "a summary request",
+    "record+summary": "a record and summary request",
+    "merge": "a record merge",
+    "rewrite": "a record rewrite",
+    "fold": "a summary fold",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class OfflineTotals:
+    """What the conversation cost so far, and what it would have cost without compaction.
+
+    Attributes:
+        calls: Requests answered.
+        requests: Of those, compaction requests, by kind (``record``, ``summary``...).
+        cost: Dollars at the default prices (ratios are what matter: input 1.00, cached input
+            0.10, output 4.00 per million tokens).
+        cached_share: Cached share of every request's input.
+        uncompacted_cost: The agent's own calls again, each carrying every message the
+            conversation gave so far with nothing taken out, and no compaction request.
+        uncompacted_cached_share: Their cached share.
+        uncompacted_over_window: How many of those would not fit the window.
+    """
+
+    calls: int
+    requests: Mapping[str, int]
+    cost: float
+    cached_share: float
+    uncompacted_cost: float
+    uncompacted_cached_share: float
+    uncompacted_over_window: int
+
+    def lines(self) -> list[str]:
+        """The totals as the report ends with them."""
+        asked = ", ".join(f"{kind} {count}" for kind, count in sorted(self.requests.items()))
+        compaction = f" ({sum(self.requests.values())} compaction request(s): {asked})" if self.requests else ""
+        over = f"; {self.uncompacted_over_window} of its calls would not fit the window" * bool(
+            self.uncompacted_over_window
+        )
+        ratio = f", {self.cost / self.uncompacted_cost:.2f}x" if self.uncompacted_cost else ""
+        return [
+            f"total: {self.calls} call(s){compaction}, ${self.cost:.4f}, {self.cached_share:.0%} cached",
+            f"without compaction: ${self.uncompacted_cost:.4f}, {self.uncompacted_cached_share:.0%} cached"
+            f"{over} (with compaction{ratio})",
+        ]
 
 
 class _Lines(logging.Handler):
@@ -127,9 +190,18 @@ class OfflineProvider:
         window: The simulated context window, in tokens (a request over it is flagged).
         encoder: Tokenizes requests for the simulated provider (anything with
             ``encode(text) -> list[int]``); by default ``TiktokenTokenizer()``.
+        model: How the scripted model writes records and summaries (the bench's plausible
+            model by default; ``ModelOptions(model="oracle")`` for the minimal, perfect one).
     """
 
-    def __init__(self, questions: Sequence[Question], *, window: int = 128_000, encoder: Any = None) -> None:
+    def __init__(
+        self,
+        questions: Sequence[Question],
+        *,
+        window: int = 128_000,
+        encoder: Any = None,
+        model: ModelOptions | None = None,
+    ) -> None:
         if not questions:
             raise ValueError("questions must name at least one question, got none")
         if encoder is None:
@@ -146,8 +218,10 @@ class OfflineProvider:
             for q in questions
         )
         scenario = Scenario("offline", "", tuple(ToolSpec(name, "") for name in tools), turns)
-        self.provider = SimulatedProvider(encoder=encoder, window=window, profile=get_profile("default"))
-        self.server = LoopbackProvider(ScriptedModel(scenario), self.provider)
+        self.provider = SimulatedProvider(
+            encoder=encoder, window=window, profile=get_profile("default"), ttl=default_ttl("default")
+        )
+        self.server = LoopbackProvider(ScriptedModel(scenario, model), self.provider)
         self._lines = _Lines(self.server)
         self._level: int | None = None
         self._thread: threading.Thread | None = None
@@ -280,10 +354,41 @@ class OfflineProvider:
                     lines,
                     tuple(_preview(message) for message in gone),
                     shortened if number > 1 else 0,
+                    record.label,
                 )
             )
-            previous = messages
+            if record.label == TASK:  # a compaction request is no step of the conversation
+                previous = messages
         return found
+
+    def totals(self) -> OfflineTotals:
+        """The totals so far: cost and cached share, beside the same conversation without compaction."""
+        calls = list(self.provider.calls)
+        shadow = SimulatedProvider(
+            encoder=self.provider.encoder,
+            window=self.provider.window,
+            profile=self.provider.profile,
+            cache=self.provider.cache,
+            ttl=self.provider.ttl,
+        )
+        priced: list[CallRecord] = []
+        for record, request in uncompacted(calls, self.server.rendered):
+            shadow.clock = record.at
+            # The same answer: its tokens billed as output, as the real call's were.
+            priced.append(shadow.call(request, output="", reasoning_tokens=record.output_tokens))
+        requests: dict[str, int] = {}
+        for record in calls:
+            if record.compaction:
+                requests[record.label] = requests.get(record.label, 0) + 1
+        return OfflineTotals(
+            calls=len(calls),
+            requests=requests,
+            cost=sum(c.cost for c in calls),
+            cached_share=_share(calls),
+            uncompacted_cost=sum(c.cost for c in priced),
+            uncompacted_cached_share=_share(priced),
+            uncompacted_over_window=sum(c.over_window for c in priced),
+        )
 
     @staticmethod
     def _names(previews: tuple[str, ...]) -> str:
@@ -303,8 +408,11 @@ class OfflineProvider:
                 if call.rewritten
                 else "carries every message of the previous call"
             )
+            if call.label != TASK:
+                changed = "not part of the conversation: its answer enters history as compaction's"
+            what = "" if call.label == TASK else f" ({call.what})"
             rows.append(
-                f"call {call.number}: prompt {call.prompt_tokens:,} tokens in {call.messages} messages, "
+                f"call {call.number}{what}: prompt {call.prompt_tokens:,} tokens in {call.messages} messages, "
                 f"{call.cached_share:.0%} cached; {changed}"
             )
             if call.shortened:
@@ -314,4 +422,43 @@ class OfflineProvider:
         if after:
             rows.append("after the last call:")
             rows.extend(f"  {line}" for line in after)
-        return "\n".join(rows) if rows else "no calls yet"
+        if not rows:
+            return "no calls yet"
+        return "\n".join([*rows, *self.totals().lines()])
+
+
+def _share(calls: Sequence[CallRecord]) -> float:
+    total = sum(c.input_tokens for c in calls)
+    return sum(c.cached_tokens for c in calls) / total if total else 0.0
+
+
+def uncompacted(
+    calls: Sequence[CallRecord], rendered: Sequence[RenderedRequest]
+) -> list[tuple[CallRecord, RenderedRequest]]:
+    """The agent's own calls, each as it would have been sent with nothing compacted away.
+
+    Each call's request carries every message the conversation gave up to it: the previous
+    call's uncompacted messages, then what the call carries after the newest message the
+    previous call ended with (what arrived since). Compaction requests are left out, and so is
+    what compaction wrote into history (records and summaries stand before that message).
+    """
+    out: list[tuple[CallRecord, RenderedRequest]] = []
+    kept: list[str] = []
+    last: tuple[str, ...] = ()
+    for record, request in zip(calls, rendered, strict=False):
+        if record.label != TASK or record.kind != "model":
+            continue
+        messages = request.messages
+        if not last:
+            kept = list(messages)
+        elif last[-1] in messages:
+            at = len(messages) - 1 - messages[::-1].index(last[-1])
+            kept += messages[at + 1 :]
+        else:  # the newest message changed: take what neither earlier request carried
+            seen = {*kept, *last}
+            kept += [m for m in messages if m not in seen]
+        last = messages
+        out.append(
+            (record, RenderedRequest(request.instructions, request.tools, tuple(kept), request.head, request.media))
+        )
+    return out

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
 
 from .breaks import Break, break_cause
-from .rendering import MESSAGE_LAYER_FIELDS, OPAQUE_MARKER, RenderedRequest, asks_over_prefix, common_prefix
+from .rendering import MESSAGE_LAYER_FIELDS, OPAQUE_MARKER, RenderedRequest, common_prefix
 from .simulator import AnthropicCache, OpenAICache, PriceProfile, Salt, bill
 
 CacheKind = Literal["openai", "openai-free-tool-choice", "anthropic"]
@@ -32,6 +32,27 @@ CACHE_RULES: Final[Mapping[CacheKind, str]] = {
 def default_profile(cache: CacheKind) -> str:
     """The price profile a rule runs with unless another is named: Anthropic's bills its cache writes."""
     return "anthropic-5m" if cache == "anthropic" else "default"
+
+
+#: Seconds a cache entry lives unused: OpenAI keeps a prefix "5 to 10 minutes of inactivity" (the short end),
+#: Anthropic 5 minutes by default; reads refresh both.
+DEFAULT_TTL: Final = 300.0
+#: Anthropic's extended cache lives an hour (written at 2x: the ``anthropic-1h`` price profile).
+LONG_TTL: Final = 3_600.0
+
+
+def default_ttl(profile: str) -> float:
+    """How long a cache entry lives unused under a price profile (``anthropic-1h`` buys an hour)."""
+    return LONG_TTL if profile == "anthropic-1h" else DEFAULT_TTL
+
+
+#: Seconds a call takes before its first token, and output tokens per second after it: the provider's clock
+#: moves by this much per call, so a long tool loop ages the cache as it would.
+CALL_SECONDS: Final = 1.0
+OUTPUT_TOKENS_PER_SECOND: Final = 60.0
+
+#: The label of an agent's own call; any other label names a compaction request (``record``, ``summary``...).
+TASK: Final = "task"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,13 +90,20 @@ class CallRecord:
         input_tokens: Tokens of the rendered request.
         cached_tokens: Of those, served from the cache.
         written_tokens: Tokens written to the cache at a premium (Anthropic).
-        output_tokens: Tokens of the rendered reply.
+        output_tokens: Tokens of the rendered reply, reasoning included (billed as output).
         cost: Dollars, at the provider's price profile.
         over_window: The request exceeded the context window (a DQ).
         broke: The request is not a prefix extension of the previous request of its kind.
         pinned: The request's ``tool_choice`` forces a function (a pinned record).
         cause: When the call broke, the first element that differs from the previous request
             (:func:`~.breaks.break_cause`); ``None`` otherwise.
+        label: :data:`TASK` for the agent's own calls; for a compaction request, what the model
+            took it for (``record``, ``summary``, ``record+summary``, ``merge``, ``rewrite``, ``fold``).
+        reasoning_tokens: Of ``output_tokens``, the model's reasoning.
+        instruction_tokens: Of ``input_tokens``, the compaction instruction: the message a request
+            over the cached prefix ends with, or a summarizer request's system prompt.
+        expiry_cost: Of ``cost``, what cache entries that expired since their last use added.
+        at: The provider's clock when the call arrived, in seconds.
     """
 
     kind: CallKind
@@ -89,6 +117,16 @@ class CallRecord:
     broke: bool
     pinned: bool = False
     cause: Break | None = None
+    label: str = TASK
+    reasoning_tokens: int = 0
+    instruction_tokens: int = 0
+    expiry_cost: float = 0.0
+    at: float = 0.0
+
+    @property
+    def compaction(self) -> bool:
+        """The call is a compaction request (a record, a summary...), not one of the agent's own."""
+        return self.label != TASK
 
 
 @dataclass(slots=True)
@@ -102,6 +140,9 @@ class SimulatedProvider:
         cache: The cache rule (:data:`CACHE_RULES`).
         keep_requests: Keep every priced request in :attr:`requests` (to re-price a run under
             another rule, as the agreement tests do).
+        ttl: Seconds a cache entry lives unused (:data:`DEFAULT_TTL`); ``None``: nothing expires.
+        clock: The provider's time in seconds: :meth:`pause` moves it (a user's think time), and
+            so does every call (:data:`CALL_SECONDS`, :data:`OUTPUT_TOKENS_PER_SECOND`).
     """
 
     encoder: Encoder
@@ -109,14 +150,16 @@ class SimulatedProvider:
     profile: PriceProfile
     cache: CacheKind = "openai"
     keep_requests: bool = False
+    ttl: float | None = None
+    clock: float = 0.0
     calls: list[CallRecord] = field(default_factory=list[CallRecord])
     requests: list[RenderedRequest] = field(default_factory=list[RenderedRequest])
     turn: int = 0
     _tokens: dict[str, tuple[tuple[int, ...], tuple[Salt, ...]]] = field(
         default_factory=dict[str, tuple[tuple[int, ...], tuple[Salt, ...]]]
     )
-    _openai: OpenAICache = field(default_factory=OpenAICache)
-    _anthropic: AnthropicCache = field(default_factory=AnthropicCache)
+    _openai: OpenAICache = field(init=False)
+    _anthropic: AnthropicCache = field(init=False)
     _previous: dict[CallKind, tuple[tuple[str, ...], RenderedRequest]] = field(
         default_factory=dict[CallKind, tuple[tuple[str, ...], RenderedRequest]]
     )
@@ -126,6 +169,14 @@ class SimulatedProvider:
             raise ValueError(f"cache must be one of {', '.join(CACHE_KINDS)}, got {self.cache!r}")
         if self.window < 1:
             raise ValueError(f"window must be a positive integer, got {self.window!r}")
+        self._openai = OpenAICache(ttl=self.ttl)
+        self._anthropic = AnthropicCache(ttl=self.ttl)
+
+    def pause(self, seconds: float) -> None:
+        """Let ``seconds`` pass with no call (a user reading and typing): cache entries age."""
+        if not seconds >= 0:
+            raise ValueError(f"seconds must be >= 0, got {seconds!r}")
+        self.clock += seconds
 
     def tokens(self, entry: str) -> tuple[int, ...]:
         """Token ids of one rendered entry (memoized: entries repeat on every call); opaque markers count zero."""
@@ -190,23 +241,39 @@ class SimulatedProvider:
             entry(text)
         return Layout(tuple(tokens), tuple(salts), preamble_end, tuple(identity))
 
-    def call(self, request: RenderedRequest, *, output: str, kind: CallKind = "model") -> CallRecord:
-        """Account one call: cache lookup by the provider's rule, DQ check and bill."""
+    def call(
+        self,
+        request: RenderedRequest,
+        *,
+        output: str,
+        kind: CallKind = "model",
+        label: str = TASK,
+        instruction: bool = False,
+        reasoning_tokens: int = 0,
+    ) -> CallRecord:
+        """Account one call: cache lookup by the provider's rule, DQ check and bill.
+
+        ``label`` says what the model took the request for (:data:`TASK`, or a compaction
+        request's kind); ``instruction`` that it ends with a compaction instruction (a request
+        over the cached prefix), which the next request never repeats, so breaks are judged
+        against what came before it. ``reasoning_tokens`` are billed as output.
+        """
+        if reasoning_tokens < 0:
+            raise ValueError(f"reasoning_tokens must be >= 0, got {reasoning_tokens}")
         layout = self.layout(request)
         if self.cache == "anthropic":
             points = _breakpoints(layout.preamble_end, len(layout.tokens))
-            result = self._anthropic.lookup_and_store(layout.tokens, points, layout.salts)
+            result = self._anthropic.lookup_and_store(layout.tokens, points, layout.salts, now=self.clock)
         else:
-            result = self._openai.lookup_and_store(layout.tokens, layout.salts)
-        output_tokens = self.count(output)
+            result = self._openai.lookup_and_store(layout.tokens, layout.salts, now=self.clock)
+        output_tokens = self.count(output) + reasoning_tokens
         previous, entries = self._previous.get(kind), layout.identity
         broke = previous is not None and common_prefix(previous[0], entries) < len(previous[0])
         ignored = ("tool_choice",) if self.cache == "openai-free-tool-choice" else ()
         cause = break_cause(previous[1], request, ignore_head=ignored) if broke and previous is not None else None
-        # A request over the cached prefix ends with our instruction, which the next request never
-        # repeats: the next one is judged against what came before the instruction.
-        asked = bool(request.messages) and asks_over_prefix(request.messages[-1])
+        asked = instruction and bool(request.messages)
         self._previous[kind] = (entries[:-1] if asked else entries, request)
+        cost = bill(self.profile, result, output_tokens)
         record = CallRecord(
             kind=kind,
             turn=self.turn,
@@ -214,16 +281,30 @@ class SimulatedProvider:
             cached_tokens=result.cached_tokens,
             written_tokens=result.written_tokens,
             output_tokens=output_tokens,
-            cost=bill(self.profile, result, output_tokens),
+            cost=cost,
             over_window=result.input_tokens > self.window,
             broke=broke,
             pinned='"mode":"required"' in dict(request.head).get("tool_choice", ""),
             cause=cause,
+            label=label,
+            reasoning_tokens=reasoning_tokens,
+            instruction_tokens=self._instruction_tokens(request, kind, label, asked),
+            expiry_cost=cost - bill(self.profile, result.without_expiry(), output_tokens),
+            at=self.clock,
         )
+        self.clock += CALL_SECONDS + output_tokens / OUTPUT_TOKENS_PER_SECOND
         self.calls.append(record)
         if self.keep_requests:
             self.requests.append(request)
         return record
+
+    def _instruction_tokens(self, request: RenderedRequest, kind: CallKind, label: str, asked: bool) -> int:
+        if asked:
+            return self.count(request.messages[-1])
+        if kind == "summarizer" and label != TASK:  # the summarizer's prompt: its system entries
+            system = [e for e in (request.instructions, *request.messages) if e and e.startswith("<|system")]
+            return sum(self.count(entry) for entry in system)
+        return 0
 
 
 def _breakpoints(preamble_end: int, end: int) -> list[int]:

@@ -24,7 +24,6 @@ from typing import Any, Final
 
 from agent_framework import Content, FunctionTool, Message
 
-from ..core.effects import COMPACTION_REQUEST
 from ..core.model import MEDIA_KINDS
 
 #: Where an opaque payload sits in an entry: ``\x00opaque:<hex>\x00`` (no text can contain NUL).
@@ -259,11 +258,3 @@ def common_prefix(previous: Sequence[str], current: Sequence[str]) -> int:
             break
         shared += 1
     return shared
-
-
-_INSTRUCTION_ENTRY: Final = re.compile(r"\A<\|user(?: name=[^|]*)?\|>\s*" + re.escape(COMPACTION_REQUEST))
-
-
-def asks_over_prefix(entry: str) -> bool:
-    """A rendered message is the instruction a request over the cached prefix ends with (never repeated)."""
-    return bool(_INSTRUCTION_ENTRY.match(entry))

@@ -57,6 +57,9 @@ _FULL_LEGEND = (
     "  middle of a tool result the anchored rules shortened in place (the message stays in the prompt with a",
     "  removal marker, which is the notice: by design). Other unnamed losses had no WARNING: all the framework's",
     "  strategies' losses, and a value a user-turn summary leaves out (it links its turns at INFO).",
+    "cost goes to: the agent's own calls (task input, task output), compaction requests (compaction input: what",
+    "  they re-read; instructions; compaction output: records and summaries), reasoning on every call, and of all",
+    "  of it what cache entries that expired during a user's think time added.",
 )
 _MORE = (
     "--full: every column (breaks, gap closed, calls, pass ms), each row's counters and lost values;",
@@ -108,6 +111,21 @@ def row_figures(summary: RowSummary) -> str:
             f"cut in place {summary.lost_cut_in_place:g}",
         ]
     return ", ".join(shown)
+
+
+def spend_line(summary: RowSummary) -> str:
+    """Where a row's cost goes (mean per seed): each part with its share of the cost, then its compaction requests."""
+    total = summary.cost or 1.0
+    parts = [
+        f"{name} ${value:.4f} ({value / total:.0%})"
+        for name, value in summary.spend.items()
+        if value and name != "expiry"
+    ]
+    expiry = summary.spend.get("expiry", 0.0)
+    if expiry:
+        parts.append(f"of which expired cache ${expiry:.4f} ({expiry / total:.0%})")
+    asked = ", ".join(f"{kind} {count:g}" for kind, count in sorted(summary.requests.items()))
+    return "; ".join(parts) + (f"; compaction requests: {asked}" if asked else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +253,8 @@ def render_table(
                 if shown:
                     text = f"{summary.row} (mean per seed): {shown}"
                     lines += textwrap.wrap(text, WIDTH, initial_indent="  ", subsequent_indent="    ")
+                text = f"{summary.row} cost goes to: {spend_line(summary)}"
+                lines += textwrap.wrap(text, WIDTH, initial_indent="  ", subsequent_indent="    ")
         lines.append("")
     errors = [f"  {s.row} (fill {s.fill:g}) {e}" for s in summaries for e in s.errors]
     lines += [*_LEGEND, *([_STOPPED] if errors else []), *(_FULL_LEGEND if full else _MORE)]

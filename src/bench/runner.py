@@ -17,6 +17,7 @@ import statistics
 import time
 import uuid
 import warnings
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
@@ -29,11 +30,11 @@ from . import workload_file
 from .breaks import tally
 from .client import SimulatedChatClient, media_contents, scenario_tools
 from .lost import LostFact, collect_warnings, lost_facts
-from .model import ModelOptions, ScriptedModel, context_text
-from .provider import CacheKind, CallRecord, SimulatedProvider
+from .model import ModelKind, ModelOptions, ScriptedModel, context_text
+from .provider import CacheKind, CallRecord, SimulatedProvider, default_ttl
 from .quiet import TimedStrategy, quiet_logs
 from .rows import RowContext, RowFactory, RowFactoryError, resolve_rows, setup_of
-from .scenario import GeneratorOptions, Scenario, generate
+from .scenario import DEFAULT_THINK_SECONDS, GeneratorOptions, ResultsKind, Scenario, generate, think_seconds
 from .simulator import PriceProfile, get_profile
 
 logger = logging.getLogger("maf_compaction")
@@ -105,11 +106,20 @@ class Settings:
     tool_share: float = 0.6
     tool_turns: int = 6
     markers_per_tool: int = 8
-    dense_values: bool = False
+    results: ResultsKind = "synthetic"
+    model: ModelKind = "plausible"
     record_quality: float = 1.0
     summary_quality: float = 1.0
     ignore_pin: bool = False
     ignore_instruction: bool = False
+    prose_tokens: tuple[int, int] = (30, 60)
+    answer_tokens: int = 1_500
+    drop_requirements: float = 0.05
+    miscopy: float = 0.01
+    partial_records: float = 0.05
+    reasoning_tokens: int | None = None
+    think_time: float | None = None
+    ttl: float | None = None
     client: ClientMode = "inprocess"
     stream: bool = False
     workload: str | None = None
@@ -121,6 +131,35 @@ class Settings:
     def budget(self) -> int:
         """The input budget strategies get."""
         return self.context_window - self.max_output_tokens
+
+    @property
+    def think_median(self) -> float:
+        """Median seconds between user turns: ``think_time``, else the model's (60 s plausible, none for the oracle)."""
+        if self.think_time is not None:
+            return self.think_time
+        return DEFAULT_THINK_SECONDS if self.model == "plausible" else 0.0
+
+    @property
+    def cache_ttl(self) -> float:
+        """Seconds a cache entry lives unused: ``ttl``, else the price profile's (an hour for ``anthropic-1h``)."""
+        return self.ttl if self.ttl is not None else default_ttl(self.profile)
+
+    def model_options(self, seed: int) -> ModelOptions:
+        """The scripted model's options for a cell of ``seed``."""
+        knobs = (
+            "model",
+            "record_quality",
+            "summary_quality",
+            "ignore_pin",
+            "ignore_instruction",
+            "prose_tokens",
+            "answer_tokens",
+            "drop_requirements",
+            "miscopy",
+            "partial_records",
+            "reasoning_tokens",
+        )
+        return ModelOptions(seed=seed, **{name: getattr(self, name) for name in knobs})
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +205,9 @@ class CellResult:
         pinned_cost: Dollars of the model calls whose ``tool_choice`` forced a function (pinned records).
         summarizer_cost: Dollars of the summarizer calls.
         break_causes: Of :attr:`breaks`, how many each cause accounts for (``docs/wire-cache.md``).
+        spend: Where the cost went, in dollars (:func:`spend`; its parts add up to :attr:`cost`, but
+            ``expiry``, which is part of the others).
+        requests: Compaction requests by what the model took them for (``record``, ``summary``...).
     """
 
     row: str
@@ -199,6 +241,8 @@ class CellResult:
     pinned_cost: float = 0.0
     summarizer_cost: float = 0.0
     break_causes: dict[str, int] = field(default_factory=dict[str, int])
+    spend: dict[str, float] = field(default_factory=dict[str, float])
+    requests: dict[str, int] = field(default_factory=dict[str, int])
 
     @property
     def hit(self) -> float:
@@ -232,7 +276,7 @@ def load_scenario(settings: Settings, fill: float, seed: int) -> Scenario:
         return workload_file.load_workload(settings.workload)
     if settings.session is not None:
         return workload_file.load_session(settings.session, settings.facts)
-    shared = ("context_window", "tool_share", "tool_turns", "markers_per_tool", "dense_values")
+    shared = ("context_window", "tool_share", "tool_turns", "markers_per_tool", "results")
     return generate(GeneratorOptions(fill=fill, seed=seed, **{name: getattr(settings, name) for name in shared}))
 
 
@@ -292,10 +336,9 @@ async def play_cell(
         profile=get_profile(settings.profile),
         cache=settings.cache,
         keep_requests=keep_requests,
+        ttl=settings.cache_ttl,
     )
-    knobs = ("record_quality", "summary_quality", "ignore_pin", "ignore_instruction")
-    qualities = {name: getattr(settings, name) for name in knobs}
-    model = ScriptedModel(scenario, ModelOptions(seed=cell.seed, **qualities))
+    model = ScriptedModel(scenario, settings.model_options(cell.seed))
     result = CellResult(row=cell.row, fill=cell.fill, seed=cell.seed, window=settings.context_window)
     if factory is None:
         factory = resolve_rows([cell.row], settings.strategies)[cell.row]
@@ -337,6 +380,7 @@ async def play_cell(
             with collect_warnings() as warned:
                 for number, turn in enumerate(scenario.turns, start=1):
                     provider.turn = number
+                    provider.pause(think_seconds(cell.seed, number, settings.think_median))
                     try:
                         response = await run_turn(
                             agent, _user_message(turn.user, scenario), session=session, stream=settings.stream
@@ -349,7 +393,9 @@ async def play_cell(
                 logger.warning("row %s stopped at %s", cell.row, result.error)
             if setup.counters is not None:
                 result.counters = {name: float(value) for name, value in setup.counters().items()}
-    _fill_figures(result, scenario, provider.calls, replies, stored_messages(session), warned=warned)
+    _fill_figures(
+        result, scenario, provider.calls, replies, stored_messages(session), warned=warned, profile=provider.profile
+    )
     result.floor = _floor(provider.profile, provider.calls)
     result.seconds = time.perf_counter() - started
     return result, provider
@@ -382,6 +428,46 @@ def _floor(profile: PriceProfile, calls: Sequence[CallRecord]) -> float:
     return (new * profile.input + output * profile.output) / 1_000_000
 
 
+#: Where a cell's cost goes (:func:`spend`), in the order reports print it.
+SPEND: Final = (
+    "task input",
+    "task output",
+    "compaction input",
+    "instructions",
+    "compaction output",
+    "reasoning",
+    "expiry",
+)
+
+
+def spend(calls: Sequence[CallRecord], profile: PriceProfile) -> dict[str, float]:
+    """Where the cost of ``calls`` went, in dollars (:data:`SPEND`).
+
+    ``task input`` and ``task output``: the agent's own calls (output without reasoning).
+    ``compaction input``: what compaction requests re-read (the cached prefix, or a summarizer's
+    transcript); ``instructions``: their instruction, at the input price; ``compaction output``:
+    the records and summaries written. ``reasoning``: reasoning tokens of every call, at the
+    output price. ``expiry``: what cache entries that expired between uses added, inside the
+    other parts (so the parts but ``expiry`` add up to the cost).
+    """
+    parts: dict[str, float] = dict.fromkeys(SPEND, 0.0)
+    for call in calls:
+        output = call.output_tokens * profile.output / 1_000_000
+        reasoning = call.reasoning_tokens * profile.output / 1_000_000
+        paid_input = call.cost - output
+        parts["reasoning"] += reasoning
+        parts["expiry"] += call.expiry_cost
+        if call.compaction:
+            instruction = min(call.instruction_tokens * profile.input / 1_000_000, paid_input)
+            parts["instructions"] += instruction
+            parts["compaction input"] += paid_input - instruction
+            parts["compaction output"] += output - reasoning
+        else:
+            parts["task input"] += paid_input
+            parts["task output"] += output - reasoning
+    return parts
+
+
 def _fill_figures(
     result: CellResult,
     scenario: Scenario,
@@ -390,6 +476,7 @@ def _fill_figures(
     stored: list[Message],
     *,
     warned: Sequence[str],
+    profile: PriceProfile,
 ) -> None:
     for call in calls:
         result.cost += call.cost
@@ -408,6 +495,8 @@ def _fill_figures(
             result.summarizer_calls += 1
             result.summarizer_cost += call.cost
     result.break_causes = tally(call.cause for call in calls if call.kind == "model")
+    result.spend = spend(calls, profile)
+    result.requests = dict(Counter(call.label for call in calls if call.compaction))
     text = _included_text(stored)
     values = {f.value for f in scenario.facts}
     result.facts_total = len(values)
@@ -564,6 +653,8 @@ class RowSummary:
     lost_cut_in_place: float = 0.0
     pinned_cost: float = 0.0
     summarizer_cost: float = 0.0
+    spend: dict[str, float] = field(default_factory=dict[str, float])
+    requests: dict[str, float] = field(default_factory=dict[str, float])
 
 
 #: The figures a summary averages over seeds, cell by cell.
@@ -584,6 +675,12 @@ _MEANS: Final = (
 
 def _mean_counters(cells: Sequence[CellResult]) -> dict[str, float]:
     return {name: statistics.fmean(c.counters.get(name, 0.0) for c in cells) for name in cells[0].counters}
+
+
+def _mean_of(tables: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Per key, the mean over ``tables`` (a key a table lacks counts 0)."""
+    keys = dict.fromkeys(key for table in tables for key in table)
+    return {key: statistics.fmean(table.get(key, 0.0) for table in tables) for key in keys}
 
 
 def summarize(results: Sequence[CellResult]) -> list[RowSummary]:
@@ -619,6 +716,8 @@ def summarize(results: Sequence[CellResult]) -> list[RowSummary]:
                 pass_ms_max=max(passes) if passes else None,
                 errors=tuple(f"seed {c.seed}: {c.error}" for c in cells if c.error),
                 counters=_mean_counters(cells),
+                spend=_mean_of([c.spend for c in cells]),
+                requests=_mean_of([{k: float(v) for k, v in c.requests.items()} for c in cells]),
                 floor=statistics.fmean(floors) if floors else None,
                 gap_closed=statistics.fmean(gaps) if gaps else None,
                 accuracy=statistics.fmean(asked) if asked else None,

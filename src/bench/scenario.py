@@ -7,10 +7,13 @@ A :class:`Scenario` comes from :func:`generate` (the default, fully determined b
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Literal, TypeAlias, get_args
+
+from . import stdlib_reads
 
 #: The tool the generated scenario's lookups call.
 LOOKUP_TOOL: Final = "lookup_records"
@@ -31,8 +34,25 @@ REPLY_TOKENS: Final = 150
 CHARS_PER_TOKEN: Final = 6.0
 #: o200k_base tokens of one default log line of a lookup result (measured: 15.95 on average).
 LOG_LINE_TOKENS: Final = 16
-#: o200k_base tokens of one dense log line (``dense_values``; measured: 19.97 on average).
+#: o200k_base tokens of one dense log line (``--results dense``; measured: 19.97 on average).
 DENSE_LOG_LINE_TOKENS: Final = 20
+
+#: What the lookups return: generated logs with planted codes (``synthetic``), number-dense logs (``dense``),
+#: or reads of the running Python's standard library (``stdlib``, :mod:`.stdlib_reads`).
+ResultsKind: TypeAlias = Literal["synthetic", "dense", "stdlib"]
+RESULTS_KINDS: Final[tuple[ResultsKind, ...]] = get_args(ResultsKind)
+
+#: Median seconds a user takes between turns (reading the reply, typing the next message).
+DEFAULT_THINK_SECONDS: Final = 60.0
+#: Spread of think times: lognormal, this sigma (about one pause in twenty is past five minutes).
+THINK_SIGMA: Final = 1.0
+
+
+def think_seconds(seed: int, turn: int, median: float) -> float:
+    """The pause before user turn ``turn`` (1-based; none before the first), drawn from ``seed``."""
+    if median <= 0 or turn <= 1:
+        return 0.0
+    return median * math.exp(random.Random(f"{seed}:think:{turn}").gauss(0.0, THINK_SIGMA))
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +255,7 @@ _WORDS: Final = [
 ]
 #: Regions of the default log lines and table rows: no digit, so no distinctive value.
 _REGIONS: Final = ("eu-west", "us-east", "ap-south", "eu-central")
-#: Regions of the dense log lines (``--dense-values``), as cloud region names are spelled.
+#: Regions of the dense log lines (``--results dense``), as cloud region names are spelled.
 _DENSE_REGIONS: Final = ("eu-west-1", "us-east-2", "ap-south-1", "eu-central-1")
 _STATUSES: Final = ("ok", "ok", "ok", "retry", "ok", "slow")
 _SYSTEM: Final = (
@@ -318,9 +338,10 @@ class GeneratorOptions:
     tool_turns: int = DEFAULT_TOOL_TURNS
     markers_per_tool: int = DEFAULT_MARKERS_PER_TOOL
     seed: int = DEFAULT_SEED
-    #: Number-dense log lines in lookup results (line numbers, regions and durations that
-    #: are distinctive values), instead of lines whose only values are the planted codes.
-    dense_values: bool = False
+    #: What the lookups return (:data:`ResultsKind`): ``dense`` writes number-dense log lines (line
+    #: numbers, regions and durations that are distinctive values) instead of lines whose only
+    #: values are the planted codes; ``stdlib`` reads the standard library instead.
+    results: ResultsKind = "synthetic"
 
     def __post_init__(self) -> None:
         if self.context_window < 4_096:
@@ -333,6 +354,62 @@ class GeneratorOptions:
             raise ValueError(f"tool_turns must be >= 1, got {self.tool_turns}")
         if self.markers_per_tool < 1:
             raise ValueError(f"markers_per_tool must be >= 1, got {self.markers_per_tool}")
+        if self.results not in RESULTS_KINDS:
+            raise ValueError(f"results must be one of {', '.join(RESULTS_KINDS)}, got {self.results!r}")
+
+
+def _planted_lookups(opts: GeneratorOptions, result_tokens: int) -> tuple[list[Turn], list[Fact], list[Turn]]:
+    """The generated logs with planted codes: the lookup turns, their facts and their closing probes."""
+    turns: list[Turn] = []
+    facts: list[Fact] = []
+    probes: list[Turn] = []
+    for lookup in range(1, opts.tool_turns + 1):
+        dense = opts.results == "dense"
+        result, planted = _lookup_result(opts.seed, lookup, result_tokens, opts.markers_per_tool, dense=dense)
+        facts += planted
+        turns.append(
+            Turn(
+                user=f"Run lookup {lookup} and keep its planted codes at hand; I will ask for them later.",
+                calls=(ToolCall(LOOKUP_TOOL, {"lookup": lookup}, result),),
+                reply=f"Lookup {lookup} is loaded: {len(planted)} planted codes.",
+            )
+        )
+        probes.append(
+            Turn(
+                user=f"Closing check: quote every planted code of lookup {lookup}.",
+                probe=Probe(f"lookup {lookup}", tuple(f.value for f in planted)),
+            )
+        )
+    return turns, facts, probes
+
+
+def _stdlib_lookups(
+    opts: GeneratorOptions, result_tokens: int, others: str
+) -> tuple[list[Turn], list[Fact], list[Turn]]:
+    """Reads of the standard library (:mod:`.stdlib_reads`): the lookup turns, their facts and closing probes."""
+    reads = stdlib_reads.reads(opts.seed, opts.tool_turns, result_tokens)
+    chosen = stdlib_reads.facts_of(reads, others, opts.markers_per_tool, opts.seed)
+    turns: list[Turn] = []
+    facts: list[Fact] = []
+    probes: list[Turn] = []
+    for lookup, (read, values) in enumerate(zip(reads, chosen, strict=True), start=1):
+        planted = [Fact(f"{read.tool}_{lookup}_{n}", v, f"lookup {lookup}") for n, v in enumerate(values, 1)]
+        facts += planted
+        lines = read.text.count("\n") + 1
+        turns.append(
+            Turn(
+                user=f"Lookup {lookup}: {read.ask}",
+                calls=(ToolCall(read.tool, read.arguments, read.text),),
+                reply=f"Lookup {lookup} is loaded: {read.tool} returned {lines} lines.",
+            )
+        )
+        probes.append(
+            Turn(
+                user=f"Closing check: quote the names and locations you kept from lookup {lookup}.",
+                probe=Probe(f"lookup {lookup}", tuple(f.value for f in planted)),
+            )
+        )
+    return turns, facts, probes
 
 
 def generate(options: GeneratorOptions | None = None) -> Scenario:
@@ -342,7 +419,8 @@ def generate(options: GeneratorOptions | None = None) -> Scenario:
     spread evenly through filler turns; a correction a third of the way in; closing
     probes, one for the requirements and correction and one per lookup. The tool
     results carry ``tool_share`` of the total, split evenly over ``tool_turns`` lookups;
-    filler turns of about 2,000 tokens make up the rest.
+    filler turns of about 2,000 tokens make up the rest. ``results`` says what a lookup
+    returns (:data:`ResultsKind`).
     """
     opts = options or GeneratorOptions()
     seed = opts.seed
@@ -371,19 +449,13 @@ def generate(options: GeneratorOptions | None = None) -> Scenario:
             reply="Noted: R3.",
         ),
     ]
-    facts: list[Fact] = [*requirements, correction]
-    lookups: list[Turn] = []
-    for lookup in range(1, opts.tool_turns + 1):
-        result, planted = _lookup_result(seed, lookup, result_tokens, opts.markers_per_tool, dense=opts.dense_values)
-        facts += planted
-        call = ToolCall(LOOKUP_TOOL, {"lookup": lookup}, result)
-        lookups.append(
-            Turn(
-                user=f"Run lookup {lookup} and keep its planted codes at hand; I will ask for them later.",
-                calls=(call,),
-                reply=f"Lookup {lookup} is loaded: {len(planted)} planted codes.",
-            )
-        )
+    fixed = Turn(
+        user=(
+            f"Correction ({correction.value}): R2 changes, reports now go through the "
+            "streaming pipeline, not the batch pipeline."
+        ),
+        reply="Understood: streaming pipeline from now on.",
+    )
     fillers = [
         Turn(
             user=f"Note {n + 1}: " + _prose(rng, FILLER_TURN_TOKENS - REPLY_TOKENS),
@@ -391,6 +463,12 @@ def generate(options: GeneratorOptions | None = None) -> Scenario:
         )
         for n in range(filler_count)
     ]
+    if opts.results == "stdlib":
+        others = "\n".join([_SYSTEM, *(t.user + "\n" + t.reply for t in (*turns, fixed, *fillers))])
+        lookups, planted, probes = _stdlib_lookups(opts, result_tokens, others)
+    else:
+        lookups, planted, probes = _planted_lookups(opts, result_tokens)
+    facts: list[Fact] = [*requirements, correction, *planted]
     # Lookups spread evenly through the filler; the correction a third of the way in.
     body: list[Turn] = []
     slots = {int(i * filler_count / opts.tool_turns): lookups[i] for i in range(opts.tool_turns)}
@@ -399,15 +477,7 @@ def generate(options: GeneratorOptions | None = None) -> Scenario:
         if index in slots:
             body.append(slots[index])
         if index == correction_at:
-            body.append(
-                Turn(
-                    user=(
-                        f"Correction ({correction.value}): R2 changes, reports now go through the "
-                        "streaming pipeline, not the batch pipeline."
-                    ),
-                    reply="Understood: streaming pipeline from now on.",
-                )
-            )
+            body.append(fixed)
         body.append(filler)
     turns += body
     turns.append(
@@ -416,21 +486,17 @@ def generate(options: GeneratorOptions | None = None) -> Scenario:
             probe=Probe("requirements", tuple(f.value for f in (*requirements, correction))),
         )
     )
-    for lookup in range(1, opts.tool_turns + 1):
-        expected = tuple(f.value for f in facts if f.scope == f"lookup {lookup}")
-        turns.append(
-            Turn(
-                user=f"Closing check: quote every planted code of lookup {lookup}.",
-                probe=Probe(f"lookup {lookup}", expected),
-            )
+    turns += probes
+    if opts.results == "stdlib":
+        tools = tuple(ToolSpec(name, description, schema) for name, description, schema in stdlib_reads.TOOLS)
+    else:
+        tools = (
+            ToolSpec(
+                LOOKUP_TOOL,
+                "Fetch the records of a numbered lookup. Returns a log with planted codes.",
+                {"type": "object", "properties": {"lookup": {"type": "integer"}}, "required": ["lookup"]},
+            ),
         )
-    tools = (
-        ToolSpec(
-            LOOKUP_TOOL,
-            "Fetch the records of a numbered lookup. Returns a log with planted codes.",
-            {"type": "object", "properties": {"lookup": {"type": "integer"}}, "required": ["lookup"]},
-        ),
-    )
     return Scenario(
         name="generated",
         system=_SYSTEM,

@@ -37,12 +37,15 @@ class CacheResult:
     ``input_tokens`` is the whole prompt (as the providers' usage reports it, cached tokens
     included); ``cached_tokens`` of it were read from the cache and ``written_tokens`` were
     written to it (billed at the write price where the profile has one). The rest,
-    :attr:`uncached_tokens`, is plain input.
+    :attr:`uncached_tokens`, is plain input. Where a cache entry's time to live ran out,
+    :meth:`without_expiry` says what the request would have cost had it not.
     """
 
     cached_tokens: int
     input_tokens: int
     written_tokens: int = 0
+    timeless_cached: int | None = None
+    timeless_written: int | None = None
 
     def __post_init__(self) -> None:
         if self.input_tokens < 0:
@@ -56,6 +59,16 @@ class CacheResult:
             raise ValueError(
                 f"written_tokens must be in [0, input_tokens - cached_tokens = {free}], got {self.written_tokens}"
             )
+
+    def without_expiry(self) -> CacheResult:
+        """The same request had no cache entry expired: what it would have read and written.
+
+        ``timeless_cached`` and ``timeless_written`` hold those figures when an entry's
+        time to live ran out before this request (``None``: nothing it could read had expired).
+        """
+        if self.timeless_cached is None:
+            return self
+        return CacheResult(self.timeless_cached, self.input_tokens, self.timeless_written or 0)
 
     @property
     def uncached_tokens(self) -> int:
@@ -131,6 +144,18 @@ def _check_salts(salts: Sequence[Salt], n: int) -> None:
             raise ValueError(f"salts must be (offset in [0, len(tokens)={n}], bytes) pairs, got {(offset, key)!r}")
 
 
+def _check_ttl(ttl: float | None) -> None:
+    if ttl is not None and not ttl > 0:
+        raise ValueError(f"ttl must be None or a number of seconds > 0, got {ttl!r}")
+
+
+def _expiry(hit: int, written: int, timeless_hit: int, timeless_written: int, n: int) -> CacheResult:
+    """A cache outcome, with what an unexpired cache would have given when that differs."""
+    if timeless_hit == hit:
+        return CacheResult(cached_tokens=hit, input_tokens=n, written_tokens=written)
+    return CacheResult(hit, n, written, timeless_cached=timeless_hit, timeless_written=timeless_written)
+
+
 class OpenAICache:
     """OpenAI's automatic prompt cache for one simulated conversation.
 
@@ -140,6 +165,11 @@ class OpenAICache:
     boundary, so a lookup is one pass over the request whatever the number of requests. With
     ``count_writes=True`` the tail beyond the hit of a request of at least ``min_tokens`` tokens
     is reported as written (for profiles with a write price such as ``gpt-6-luna``).
+
+    With a ``ttl`` (seconds), a stored prefix is read only if it was last used at most ``ttl``
+    seconds before ``now``; every request refreshes each of its prefixes (OpenAI keeps a
+    prefix "5 to 10 minutes of inactivity", so a read keeps it alive). Without one, nothing
+    expires.
     """
 
     def __init__(
@@ -148,34 +178,47 @@ class OpenAICache:
         min_tokens: int = OPENAI_MIN_CACHED_TOKENS,
         increment: int = OPENAI_HIT_INCREMENT,
         count_writes: bool = False,
+        ttl: float | None = None,
     ) -> None:
         if increment < 1:
             raise ValueError(f"increment must be >= 1, got {increment}")
         if min_tokens < 0:
             raise ValueError(f"min_tokens must be >= 0, got {min_tokens}")
+        _check_ttl(ttl)
         self.min_tokens = min_tokens
         self.increment = increment
         self.count_writes = count_writes
-        self._prefixes: set[bytes] = set()
+        self.ttl = ttl
+        self._used: dict[bytes, float] = {}
 
-    def lookup_and_store(self, tokens: Sequence[int], salts: Sequence[Salt] = ()) -> CacheResult:
-        """Return the cache outcome of ``tokens`` (and its ``salts``) against the earlier requests, then store it."""
+    def _fresh(self, digest: bytes, now: float) -> bool:
+        used = self._used.get(digest)
+        return used is not None and (self.ttl is None or now - used <= self.ttl)
+
+    def lookup_and_store(self, tokens: Sequence[int], salts: Sequence[Salt] = (), *, now: float = 0.0) -> CacheResult:
+        """Return the cache outcome of ``tokens`` (and its ``salts``) at time ``now``, then store it."""
         n = len(tokens)
         _check_salts(salts, n)
         hasher = _PrefixHasher(_validate_tokens(tokens), salts)
-        hit = 0
-        missing: list[bytes] = []
+        hit = timeless = 0
+        fresh = stored = True
+        digests: list[bytes] = []
         for boundary in range(self.increment, n + 1, self.increment):
             digest = hasher.digest_at(boundary)
-            if not missing and digest in self._prefixes:
-                hit = boundary
-            else:
-                missing.append(digest)
-        self._prefixes.update(missing)
-        if hit < self.min_tokens:
-            hit = 0
-        written = n - hit if self.count_writes and n >= self.min_tokens else 0
-        return CacheResult(cached_tokens=hit, input_tokens=n, written_tokens=written)
+            digests.append(digest)
+            stored = stored and digest in self._used
+            fresh = fresh and stored and self._fresh(digest, now)
+            timeless = boundary if stored else timeless
+            hit = boundary if fresh else hit
+        for digest in digests:
+            self._used[digest] = now
+        hit = hit if hit >= self.min_tokens else 0
+        timeless = timeless if timeless >= self.min_tokens else 0
+
+        def written(read: int) -> int:
+            return n - read if self.count_writes and n >= self.min_tokens else 0
+
+        return _expiry(hit, written(hit), timeless, written(timeless), n)
 
 
 class AnthropicCache:
@@ -189,6 +232,11 @@ class AnthropicCache:
     newest breakpoint; with ``lookback=True`` (default) that earlier breakpoint need not be
     marked again (Anthropic's ~20-block lookback, whose bound is not enforced), with
     ``lookback=False`` only this request's own breakpoints can hit.
+
+    With a ``ttl`` (seconds: 300 for the default 5-minute cache, 3,600 for the 1-hour one), a
+    written prefix is read only within ``ttl`` seconds of its last write or read; a read
+    refreshes it, as Anthropic documents ("refreshed for no additional cost each time the
+    cached content is used").
     """
 
     def __init__(
@@ -197,15 +245,18 @@ class AnthropicCache:
         min_tokens: int = ANTHROPIC_MIN_CACHEABLE_TOKENS,
         max_breakpoints: int = ANTHROPIC_MAX_BREAKPOINTS,
         lookback: bool = True,
+        ttl: float | None = None,
     ) -> None:
         if min_tokens < 1:
             raise ValueError(f"min_tokens must be >= 1, got {min_tokens}")
         if max_breakpoints < 1:
             raise ValueError(f"max_breakpoints must be >= 1, got {max_breakpoints}")
+        _check_ttl(ttl)
         self.min_tokens = min_tokens
         self.max_breakpoints = max_breakpoints
         self.lookback = lookback
-        self._written: set[bytes] = set()
+        self.ttl = ttl
+        self._written: dict[bytes, float] = {}  # digest -> last written or read
         self._written_offsets: list[int] = []  # sorted, distinct
 
     def _check_breakpoints(self, breakpoints: Sequence[int], n: int) -> list[int]:
@@ -222,9 +273,10 @@ class AnthropicCache:
         return points
 
     def lookup_and_store(
-        self, tokens: Sequence[int], breakpoints: Sequence[int], salts: Sequence[Salt] = ()
+        self, tokens: Sequence[int], breakpoints: Sequence[int], salts: Sequence[Salt] = (), *, now: float = 0.0
     ) -> CacheResult:
-        """Return the cache outcome of ``tokens`` marked at ``breakpoints`` (with ``salts``), then store its writes."""
+        """Return the cache outcome of ``tokens`` marked at ``breakpoints`` (with ``salts``) at time ``now``,
+        then store its writes."""
         data = _validate_tokens(tokens)
         n = len(tokens)
         points = self._check_breakpoints(breakpoints, n)
@@ -238,21 +290,29 @@ class AnthropicCache:
         else:
             candidates = points
         hasher = _PrefixHasher(data, salts)
-        hit = 0
+        hit = timeless = 0
         digests: dict[int, bytes] = {}
         for offset in candidates:
             digest = hasher.digest_at(offset)
             digests[offset] = digest
-            if offset >= self.min_tokens and digest in self._written:
-                hit = offset
+            used = self._written.get(digest)
+            if offset >= self.min_tokens and used is not None:
+                timeless = offset
+                if self.ttl is None or now - used <= self.ttl:
+                    hit = offset
+        if hit:
+            self._written[digests[hit]] = now  # a read refreshes the entry
         for point in points:
             if point >= self.min_tokens:
-                self._written.add(digests[point])
+                self._written[digests[point]] = now
                 index = bisect.bisect_left(self._written_offsets, point)
                 if index == len(self._written_offsets) or self._written_offsets[index] != point:
                     self._written_offsets.insert(index, point)
-        written = newest - hit if newest >= self.min_tokens else 0
-        return CacheResult(cached_tokens=hit, input_tokens=n, written_tokens=written)
+
+        def written(read: int) -> int:
+            return newest - read if newest >= self.min_tokens else 0
+
+        return _expiry(hit, written(hit), timeless, written(timeless), n)
 
 
 @dataclass(frozen=True, slots=True)

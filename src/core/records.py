@@ -103,15 +103,21 @@ RECORD_GUIDANCE: Final = (
     "Carry over unchanged any summary a tool wrote. Briefly summarise the rest. Include only what was "
     "actually present. When forced to choose, prefer exactness over brevity."
 )
+#: What a record is for: the recall tool's description and the instruction over the cached prefix say it so.
+RECORD_PURPOSE: Final = (
+    "what must survive from the earlier tool results in this conversation, so that it stays available "
+    "after those results are removed to save space."
+)
 #: The one message a record asked for over the cached prefix appends to the conversation's request.
 RECORD_INSTRUCTION: Final = (
     f"{COMPACTION_REQUEST} Do not continue the task and do not call a tool for it. Write a record of "
-    "what must survive from the earlier tool results in this conversation, so that it stays available "
-    "after those results are removed to save space. Answer with the record only (or with one "
+    f"{RECORD_PURPOSE} Answer with the record only (or with one "
     f"{RECALL_TOOL_NAME} call whose values argument holds it). The record holds: {RECORD_GUIDANCE}"
 )
 #: The line that opens the summary part of an answer to a record asked with a summary (:func:`with_summary`).
 SUMMARY_SECTION: Final = "[summary]"
+#: What a record asked with a summary adds after the record's instruction (``{section}``: the line between them).
+WITH_SUMMARY: Final = "Then, after the record, write one line {section} and below it a summary, as follows."
 #: The id prefix of records written over the cached prefix (a merge's or a rewrite's have others).
 ALIGNED_RECORD_ID_PREFIX: Final = "compaction_record_"
 
@@ -659,10 +665,10 @@ def ask_over(config: RecordConfig, state: RecordState, prompt: History, measure:
     return None if fitting is None else ask_aligned(fitting, state, prompt)
 
 
-def instruction_tokens(measure: Measure, instruction: str = RECORD_INSTRUCTION) -> int:
+def instruction_tokens(measure: Measure, instruction: str | None = None) -> int:
     """The tokens a request over the cached prefix adds to the request it repeats: its one instruction message
-    (a record's, unless another ``instruction`` is given)."""
-    return measure(instruction) + MESSAGE_OVERHEAD_TOKENS
+    (a record's, :data:`RECORD_INSTRUCTION`, unless another ``instruction`` is given)."""
+    return measure(RECORD_INSTRUCTION if instruction is None else instruction) + MESSAGE_OVERHEAD_TOKENS
 
 
 def ask_aligned(view: History, state: RecordState, conversation: History) -> Aligned | None:
@@ -697,10 +703,7 @@ def with_summary(asked: Aligned, summary: Summarize) -> Aligned:
     answers ``summary`` under its own (:func:`split_answer`).
     """
     body = user_summaries.items_instruction(summary)
-    instruction = (
-        f"{asked.instruction}\n\nThen, after the record, write one line {SUMMARY_SECTION} and below it a summary, "
-        f"as follows. {body}"
-    )
+    instruction = f"{asked.instruction}\n\n{WITH_SUMMARY.format(section=SUMMARY_SECTION)} {body}"
     return replace(asked, instruction=instruction, also=replace(summary, view=asked.view))
 
 

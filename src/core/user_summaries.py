@@ -544,6 +544,8 @@ def opening(text: str) -> str:
     return line if len(line) <= OPENING_CHARACTERS else line[:OPENING_CHARACTERS].rstrip()
 
 
+#: What a summary asked over the cached prefix says first, after the request marker.
+PREFIX_SUMMARY_LEAD: Final = "Do not continue the task."
 #: What a summary asked over the cached prefix says after the summarizer's prompt.
 PREFIX_ITEMS_HEADING: Final = (
     "The numbered items are these earlier messages of this conversation, named by their opening words:"
@@ -574,7 +576,7 @@ def over_prefix(request: Summarize, view: History) -> Summarize | None:
     ]
     if not request.openings or not all(any(o in text for text in texts) for o in request.openings):
         return None
-    instruction = f"{COMPACTION_REQUEST} Do not continue the task. {items_instruction(request)}"
+    instruction = f"{COMPACTION_REQUEST} {PREFIX_SUMMARY_LEAD} {items_instruction(request)}"
     return replace(request, instruction=instruction, view=view)
 
 
