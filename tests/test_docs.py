@@ -53,12 +53,19 @@ def test_the_committed_docs_are_what_make_docs_writes() -> None:
 
 
 def test_every_generated_region_is_used_and_marked() -> None:
-    """README carries the short table; docs/bench.md the full default grid and the user-heavy workload; each
-    strategy's page its own rows (the composition's under both cache rules); the wire page the real clients'."""
+    """README carries the short tables and every workload's; docs/bench.md the plausible model beside the oracle,
+    where the cost goes, the full default grid and the user-heavy workload; each strategy's page its own rows (the
+    composition's under both cache rules); the wire page the real clients'."""
     found = {name: regions_in((ROOT / name).read_text(encoding="utf-8"), name) for name in docs.DOCUMENTS}
     assert found == {
-        "README.md": ["readme", "readme-free-tool-choice", "readme-anthropic"],
-        "docs/bench.md": ["demo", "user-heavy"],
+        "README.md": [
+            "readme",
+            "readme-free-tool-choice",
+            "readme-anthropic",
+            "readme-workloads",
+            "readme-workloads-anthropic",
+        ],
+        "docs/bench.md": ["models", "spend", "demo", "user-heavy"],
         "docs/records.md": ["net-ignore-pin", "net-ignore-instruction", "net-record-quality", "records"],
         "docs/user-summaries.md": ["user-modes"],
         "docs/composition.md": ["composition", "composition-free-tool-choice", "composition-anthropic"],

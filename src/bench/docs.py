@@ -30,7 +30,7 @@ from .breaks import DOC_ROWS
 from .provider import CacheKind
 from .report import COLUMNS, _cells, row_figures, verdict, vs_none  # pyright: ignore[reportPrivateUsage]
 from .rows import ROWS
-from .runner import Cell, CellResult, RowSummary, Settings, run_batches, run_grid, summarize
+from .runner import SPEND, Cell, CellResult, RowSummary, Settings, run_batches, run_grid, summarize
 
 #: The documents whose regions the command maintains, relative to the repository root.
 DOCUMENTS: Final = (
@@ -114,8 +114,31 @@ WIRE_RUNS: Final[Mapping[str, Run]] = {
     for cache, profile in _WIRE_CACHES
 }
 
+#: The rows the workload tables compare: the control, the framework's default, anchored trimming, the composition.
+WORKLOAD_ROWS: Final = ("none", "context_window", "anchored", "tool_and_user_summary_anchored")
+_WORKLOAD_CACHES: Final[tuple[tuple[CacheKind, str], ...]] = (("openai", "default"), ("anthropic", "anthropic-5m"))
+#: The workloads beside the default one (``--results``), under each cache rule the README tabulates.
+WORKLOAD_RUNS: Final[Mapping[str, Run]] = {
+    f"{results}{'' if cache == 'openai' else '-' + cache}": Run(
+        Settings(results=results, cache=cache, profile=profile),
+        WORKLOAD_ROWS,
+        command=f"python -m maf_compaction.bench --seeds 1 --results {results}"
+        f"{'' if cache == 'openai' else ' --cache ' + cache} --rows {','.join(WORKLOAD_ROWS)}",
+    )
+    for results in ("dense", "stdlib")
+    for cache, profile in _WORKLOAD_CACHES
+}
+#: The rows the model comparison shows under both models.
+MODEL_ROWS: Final = (*WORKLOAD_ROWS, "tool_and_user_summary_anchored_pinned")
+
 RUNS: Final[Mapping[str, Run]] = {
     "demo": Run(Settings(), tuple(ROWS)),
+    "oracle": Run(
+        Settings(model="oracle"),
+        MODEL_ROWS,
+        command=f"python -m maf_compaction.bench --seeds 1 --model oracle --rows {','.join(MODEL_ROWS)}",
+    ),
+    **WORKLOAD_RUNS,
     "user-heavy": Run(
         Settings(tool_share=0.2),
         USER_HEAVY_ROWS,
@@ -149,8 +172,9 @@ RUNS: Final[Mapping[str, Run]] = {
     ),
     "anthropic": Run(
         Settings(cache="anthropic", profile="anthropic-5m"),
-        COMPOSITION_ROWS,
-        command=f"python -m maf_compaction.bench --seeds 1 --cache anthropic --rows {','.join(COMPOSITION_ROWS)}",
+        (*COMPOSITION_ROWS, "anchored"),
+        command="python -m maf_compaction.bench --seeds 1 --cache anthropic "
+        f"--rows {','.join((*COMPOSITION_ROWS, 'anchored'))}",
     ),
     **WIRE_RUNS,
 }
@@ -452,6 +476,86 @@ def render_wire(runs: Sequence[tuple[Run, Sequence[RowSummary]]]) -> str:
     return "\n".join([intro, "", *_markdown(header, rows), ""])
 
 
+_WORKLOAD_NAMES: Final = {
+    "synthetic": "generated logs with planted codes (the default)",
+    "dense": "number-dense logs (`--results dense`)",
+    "stdlib": "reads of the standard library (`--results stdlib`)",
+}
+
+
+def _cell(summary: RowSummary) -> str:
+    dq = ", **disqualified**" if summary.dq else ""
+    return f"{vs_none(summary)}, {summary.facts_kept:g}/{summary.facts_total}{dq}"
+
+
+def render_workloads(runs: Sequence[tuple[Run, Sequence[RowSummary]]]) -> str:
+    """Per workload: the control, the framework's default, anchored trimming and the composition, per fill; then
+    the verdicts (the cheapest row that keeps every fact with no call over the window, and the cheapest row)."""
+    fills = list(_by_fill(runs[0][1]))
+    header = ["workload", "row", *(f"fill {f:.1f}: cost vs none, facts kept" for f in fills)]
+    rows: list[list[str]] = []
+    verdicts: list[str] = []
+    for run, summaries in runs:
+        table = _by_fill(summaries)
+        name = _WORKLOAD_NAMES[run.settings.results]
+        for row in WORKLOAD_ROWS:
+            rows.append([name, _README_ROWS[row], *(_cell(table[fill][row]) for fill in fills)])
+        for fill in fills:
+            judged = verdict([table[fill][row] for row in WORKLOAD_ROWS])
+            keeps = f"`{judged.keeps_all}` ({vs_none(table[fill][judged.keeps_all])})" if judged.keeps_all else "none"
+            cheapest = table[fill][judged.cheapest]
+            lost = cheapest.facts_total - cheapest.facts_kept
+            loses = f", loses {lost:g} of {cheapest.facts_total} facts" if lost else ""
+            overall = (
+                "the same"
+                if judged.cheapest == judged.keeps_all
+                else f"`{judged.cheapest}` ({vs_none(cheapest)}{loses}{', disqualified' if cheapest.dq else ''})"
+            )
+            verdicts.append(f"- {name}, fill {fill:.1f}: keeps every fact: {keeps}; cheapest: {overall}.")
+    first = runs[0][0]
+    intro = (
+        f"`{first.settings.cache}` cache rule, seed 1, {first.settings.context_window:,}-token window, "
+        f"{sum(len(run.cells()) for run, _ in runs)} cells, one run per workload "
+        f"(`python -m maf_compaction.bench --seeds 1 --results RESULTS"
+        f"{'' if first.settings.cache == 'openai' else ' --cache ' + first.settings.cache}"
+        f" --rows {','.join(WORKLOAD_ROWS)}`; generated by `make docs`; do not edit by hand):"
+    )
+    return "\n".join([intro, "", *_markdown(header, rows), "", *verdicts, ""])
+
+
+def render_models(runs: Sequence[tuple[Run, Sequence[RowSummary]]]) -> str:
+    """The same rows under the plausible model and the oracle, side by side: what honest writing costs."""
+    (plausible_run, plausible), (oracle_run, oracle) = runs
+    fills = list(_by_fill(oracle))
+    header = ["row", *(f"fill {f:.1f}: plausible, oracle" for f in fills)]
+    mine, theirs = _by_fill(plausible), _by_fill(oracle)
+    rows = [
+        [_README_ROWS[row], *(f"{_cell(mine[fill][row])}; {_cell(theirs[fill][row])}" for fill in fills)]
+        for row in MODEL_ROWS
+    ]
+    intro = (
+        f"Seed 1, `{plausible_run.settings.cache}` cache rule, cost vs none and facts kept under each model "
+        f"(`{plausible_run.command}` and `{oracle_run.command}`; generated by `make docs`; do not edit by hand):"
+    )
+    return "\n".join([intro, "", *_markdown(header, rows), ""])
+
+
+def render_spend(run: Run, summaries: Sequence[RowSummary]) -> str:
+    """Where the cost of the control, the framework's default and the composition goes, per fill (shares of the
+    control's cost)."""
+    header = ["fill", "row", "cost vs none", *SPEND]
+    rows: list[list[str]] = []
+    for fill, by_row in _by_fill(summaries).items():
+        control = by_row["none"].cost or 1.0
+        for row in ("none", "context_window", "tool_and_user_summary_anchored"):
+            s = by_row[row]
+            rows.append(
+                [f"{fill:.1f}", f"`{row}`", vs_none(s), *(f"{s.spend.get(part, 0.0) / control:.3f}" for part in SPEND)]
+            )
+    intro = _source_line(run, "Each part as a share of the control's cost (`expiry` is part of the others), ")
+    return "\n".join([intro, "", *_markdown(header, rows), ""])
+
+
 REGIONS: Final[Mapping[str, Region | Across]] = {
     "wire": Across(
         tuple(WIRE_RUNS),
@@ -466,6 +570,16 @@ REGIONS: Final[Mapping[str, Region | Across]] = {
         "free-tool-choice", render_readme, "README.md: the same rows, openai-free-tool-choice rule"
     ),
     "readme-anthropic": Region("anthropic", render_readme, "README.md: the same rows, anthropic rule"),
+    "readme-workloads": Across(
+        ("demo", "dense", "stdlib"), render_workloads, "README.md: every workload, openai rule, with verdicts"
+    ),
+    "readme-workloads-anthropic": Across(
+        ("anthropic", "dense-anthropic", "stdlib-anthropic"),
+        render_workloads,
+        "README.md: every workload, anthropic rule, with verdicts",
+    ),
+    "models": Across(("demo", "oracle"), render_models, "docs/bench.md: the plausible model beside the oracle"),
+    "spend": Region("demo", render_spend, "docs/bench.md: where the cost goes, per fill"),
     "user-heavy": Region("user-heavy", render_user_heavy, "docs/bench.md: the user-heavy workload"),
     "records": Region("demo", render_records, "docs/records.md: the record row of the default grid"),
     "user-modes": Region("user-heavy", render_user_modes, "docs/user-summaries.md: the three modes, user-heavy"),
