@@ -16,9 +16,16 @@ $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
-# The default grid: fills 0.9, 1.5 and 3.0 x every row x 3 seeds at a 32K window.
+# The default grid: fills 0.9, 1.5 and 3.0 x every row x 3 seeds at a 32K window; then the same fills and seeds on
+# the other workloads (value-dense logs, reads of the standard library) for the control, the framework's default,
+# anchored trimming and the composition.
+WORKLOAD_ROWS := none,context_window,anchored,tool_and_user_summary_anchored
 demo: $(STAMP)
 	$(BIN)/python -W "ignore:maf-compaction is experimental" -m maf_compaction.bench
+	$(BIN)/python -W "ignore:maf-compaction is experimental" -m maf_compaction.bench --results dense \
+		--rows $(WORKLOAD_ROWS)
+	$(BIN)/python -W "ignore:maf-compaction is experimental" -m maf_compaction.bench --results stdlib \
+		--rows $(WORKLOAD_ROWS)
 
 # The full grid: 5 seeds, every cache rule; JSON and plots under bench-results/ (git-ignored).
 bench: $(STAMP)

@@ -277,7 +277,14 @@ def load_scenario(settings: Settings, fill: float, seed: int) -> Scenario:
     if settings.session is not None:
         return workload_file.load_session(settings.session, settings.facts)
     shared = ("context_window", "tool_share", "tool_turns", "markers_per_tool", "results")
-    return generate(GeneratorOptions(fill=fill, seed=seed, **{name: getattr(settings, name) for name in shared}))
+    return _generated(GeneratorOptions(fill=fill, seed=seed, **{name: getattr(settings, name) for name in shared}))
+
+
+@functools.lru_cache(maxsize=16)
+def _generated(options: GeneratorOptions) -> Scenario:
+    """A generated scenario, once per worker process for all the rows of a (fill, seed): it is a pure function
+    of its options (a ``stdlib`` workload reads and tokenizes source files to make one)."""
+    return generate(options)
 
 
 def _row_context(settings: Settings, summarizer: Any) -> RowContext:

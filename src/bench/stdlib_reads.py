@@ -20,11 +20,13 @@ import importlib.util
 import random
 import re
 import sysconfig
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Final
+
+from ..adapters.tiktoken import TiktokenTokenizer
 
 #: Modules whose source the reads come from: pure Python on every supported version (3.11 and later).
 MODULES: Final = (
@@ -79,8 +81,19 @@ MODULES: Final = (
 )
 #: What the greps look for.
 PATTERNS: Final = ("def ", "return ", "raise ", "self.", "if not ", "import ", "class ", "while ")
-#: Characters per o200k_base token of Python source and its docs, roughly (sizes a read to its share).
-CHARS_PER_TOKEN: Final = 3.9
+
+
+@cache
+def _tokenizer() -> TiktokenTokenizer:
+    return TiktokenTokenizer()
+
+
+@cache
+def line_tokens(line: str) -> int:
+    """o200k_base tokens of one line of a read, its line break included: reads are sized as the bench counts."""
+    return _tokenizer().count_tokens(line) + 1
+
+
 #: The tools of a stdlib workload: (name, description, JSON schema of the arguments).
 TOOLS: Final = (
     (
@@ -94,11 +107,14 @@ TOOLS: Final = (
     ),
     (
         "grep",
-        "Search files of the Python standard library for a text; each hit is path:line:text.",
+        "Search files of the Python standard library for texts, one after the other; each hit is path:line:text.",
         {
             "type": "object",
-            "properties": {"pattern": {"type": "string"}, "paths": {"type": "array", "items": {"type": "string"}}},
-            "required": ["pattern", "paths"],
+            "properties": {
+                "patterns": {"type": "array", "items": {"type": "string"}},
+                "paths": {"type": "array", "items": {"type": "string"}},
+            },
+            "required": ["patterns", "paths"],
         },
     ),
     (
@@ -161,61 +177,75 @@ _DEFINED: Final = re.compile(r"^\s*(?:async\s+)?(?:def|class)\s+([A-Za-z_]\w{3,}
 _ASSIGNED: Final = re.compile(r"^\s*([A-Za-z_]\w*_\w+|[A-Z][A-Z0-9_]{3,})\s*=[^=]")
 
 
+_NAME: Final = re.compile(r"\b[A-Za-z_]\w*_\w+\b")
+
+
 def _names(lines: Sequence[str]) -> list[str]:
-    """Names the lines define: functions, classes, constants and other names with an underscore, in order."""
-    found: list[str] = []
+    """Names the lines define (functions, classes, constants, names with an underscore), then the other names
+    with an underscore they use, each once, in order."""
+    defined: list[str] = []
+    used: list[str] = []
     for line in lines:
         match = _DEFINED.match(line) or _ASSIGNED.match(line)
         if match and len(match.group(1).strip("_")) >= 4:
-            found.append(match.group(1))
-    return list(dict.fromkeys(found))
+            defined.append(match.group(1))
+        used += [name for name in _NAME.findall(line) if len(name.strip("_")) >= 6]
+    return list(dict.fromkeys([*defined, *used]))
 
 
 def read_file(module: str, rng: random.Random, tokens: int) -> Read:
     """About ``tokens`` tokens of numbered consecutive lines of ``module``'s source, from a drawn line."""
     path, text = source(module) or ("", "")
-    lines = text.split("\n")
-    budget = int(tokens * CHARS_PER_TOKEN)
-    sizes = [len(line) + 8 for line in lines]
+    lines = [f"{number + 1:>6}\t{line}" for number, line in enumerate(text.split("\n"))]
+    sizes = [line_tokens(line) for line in lines]
     last = len(lines)  # the latest start that still leaves a whole read
-    while last > 0 and sum(sizes[last - 1 :]) < budget:
+    tail = 0
+    while last > 0 and tail < tokens:
         last -= 1
+        tail += sizes[last]
     start = rng.randrange(max(last, 1))
     end = start
     size = 0
-    while end < len(lines) and size < budget:
+    while end < len(lines) and size < tokens:
         size += sizes[end]
         end += 1
-    body = "\n".join(f"{number + 1:>6}\t{lines[number]}" for number in range(start, end))
+    body = "\n".join(lines[start:end])
+    lines = text.split("\n")
     ask = f"Read lines {start + 1}-{end} of {path} and keep what it defines at hand; I will ask about it later."
     arguments: dict[str, object] = {"path": path, "start": start + 1, "end": end}
     return Read("read_file", arguments, body, ask, tuple(_names(lines[start:end])))
 
 
-def grep(modules: Sequence[str], pattern: str, tokens: int) -> Read:
-    """Hits of ``pattern`` in the modules' sources, in order, ``path:line:text``, up to about ``tokens`` tokens."""
-    budget = int(tokens * CHARS_PER_TOKEN)
+def grep(modules: Sequence[str], patterns: Sequence[str], tokens: int) -> Read:
+    """Hits of each pattern in turn in the modules' sources, ``path:line:text``, up to about ``tokens`` tokens."""
     hits: list[str] = []
     size = 0
     paths: list[str] = []
-    for module in modules:
-        if size >= budget:
+    searched: list[str] = []
+    for pattern in patterns:
+        if size >= tokens:
             break
-        path, text = source(module) or ("", "")
-        paths.append(path)
-        for number, line in enumerate(text.split("\n"), start=1):
-            if pattern in line:
-                hit = f"{path}:{number}:{line.rstrip()}"
-                hits.append(hit)
-                size += len(hit) + 1
-                if size >= budget:
-                    break
+        searched.append(pattern)
+        for module in modules:
+            if size >= tokens:
+                break
+            path, text = source(module) or ("", "")
+            paths.append(path)
+            for number, line in enumerate(text.split("\n"), start=1):
+                if pattern in line:
+                    hit = f"{path}:{number}:{line.rstrip()}"
+                    hits.append(hit)
+                    size += line_tokens(hit)
+                    if size >= tokens:
+                        break
+    shown = ", ".join(repr(p.strip()) for p in searched)
     ask = (
-        f"Search {', '.join(paths)} for {pattern.strip()!r} and keep the locations at hand; "
+        f"Search {', '.join(dict.fromkeys(paths))} for {shown} and keep the locations at hand; "
         "I will ask where things are later."
     )
-    locations = [":".join(hit.split(":", 2)[:2]) for hit in hits]
-    return Read("grep", {"pattern": pattern, "paths": paths}, "\n".join(hits), ask, tuple(locations))
+    locations = list(dict.fromkeys(":".join(hit.split(":", 2)[:2]) for hit in hits))
+    arguments: dict[str, object] = {"patterns": searched, "paths": list(dict.fromkeys(paths))}
+    return Read("grep", arguments, "\n".join(hits), ask, tuple(locations))
 
 
 def _signature(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
@@ -267,20 +297,24 @@ def _module_docs(module: str) -> tuple[str, list[str]]:
 
 def module_docs(modules: Sequence[str], tokens: int) -> Read:
     """The documentation of the first ``modules`` that fill about ``tokens`` tokens, one after the other."""
-    budget = int(tokens * CHARS_PER_TOKEN)
     parts: list[str] = []
     names: list[str] = []
     shown: list[str] = []
+    size = 0
     for module in modules:
         docs, documented = _module_docs(module)
-        parts.append(docs)
+        kept: list[str] = []
+        for line in docs.split("\n"):
+            if size >= tokens:
+                break
+            kept.append(line)
+            size += line_tokens(line)
+        parts.append("\n".join(kept))
         names += documented
         shown.append(module)
-        if sum(len(p) + 2 for p in parts) >= budget:
+        if size >= tokens:
             break
     text = "\n\n".join(parts)
-    if len(text) > budget:
-        text = text[:budget].rsplit("\n", 1)[0]
     ask = f"Show me the documentation of {', '.join(shown)} and keep the names at hand; I will ask about them later."
     kept = [name for name in dict.fromkeys(names) if len(name) >= 4 and name in text]
     return Read("module_docs", {"modules": shown}, text, ask, tuple(kept))
@@ -289,41 +323,31 @@ def module_docs(modules: Sequence[str], tokens: int) -> Read:
 def reads(seed: int, count: int, tokens: int) -> list[Read]:
     """``count`` reads of about ``tokens`` tokens each, drawn from ``seed`` (a file read, a grep, docs, in turn).
 
-    Modules are taken in a drawn order, each read from the next one not read yet whose text fills
-    it (a grep searches from there on until it has enough hits); past the end of the list, a
-    module is read again.
+    The modules, in a drawn order, are dealt into ``count`` pools, one per read, so no two reads
+    show the same module (with more reads than modules, pools repeat): a file read takes the first
+    module of its pool whose source fills it, a grep searches its pool in order until it has enough
+    hits, and docs document its pool's modules in order, up to the size.
     """
     rng = random.Random(f"{seed}:stdlib")
     modules = available()
     if not modules:
         raise RuntimeError("this Python has none of the standard library sources the stdlib workload reads")
     order = rng.sample(modules, len(modules))
-    budget = int(tokens * CHARS_PER_TOKEN * 0.9)
-    used: list[str] = []
+    pools = [order[number::count] or [order[number % len(order)]] for number in range(count)]
 
-    def fills(text: str) -> bool:
-        return len(text) >= budget
-
-    def take(ready: Callable[[str], bool]) -> str:
-        fresh = [m for m in order if m not in used] or order
-        module = next((m for m in fresh if ready(m)), fresh[0])
-        used.append(module)
-        return module
+    def fills(module: str) -> bool:
+        text = (source(module) or ("", ""))[1]
+        return sum(line_tokens(line) for line in text.split("\n")) >= tokens
 
     found: list[Read] = []
-    for number in range(count):
+    for number, pool in enumerate(pools):
         kind = number % 3
         if kind == 0:
-            module = take(lambda m: fills((source(m) or ("", ""))[1]))
-            found.append(read_file(module, rng, tokens))
+            found.append(read_file(next((m for m in pool if fills(m)), pool[0]), rng, tokens))
         elif kind == 1:
-            module = take(lambda _: True)
-            start = order.index(module)
-            found.append(grep([*order[start:], *order[:start]], PATTERNS[rng.randrange(len(PATTERNS))], tokens))
+            found.append(grep(pool, rng.sample(PATTERNS, len(PATTERNS)), tokens))
         else:
-            module = take(lambda m: fills(_module_docs(m)[0]))
-            start = order.index(module)
-            found.append(module_docs([*order[start:], *order[:start]], tokens))
+            found.append(module_docs(pool, tokens))
     return found
 
 

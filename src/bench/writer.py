@@ -420,19 +420,19 @@ class PlausibleWriter:
             lines = source.text.count("\n") + 1
             return f"The {source.name or 'tool'} result {number} has {lines} lines{about}."
 
-        chunks: list[list[str]] = []
+        pieces: list[_Piece] = []
         for number, (source, reading) in enumerate(zip(shown, readings, strict=True), start=1):
             kept = [
-                [self._copy(key, c)]
+                _Piece((self._copy(key, c),), listed=True)
                 for c in reading.values
                 if self._chance(key, "keep", c.text) < self.losses.record_quality
             ]
             rows = [r for r in reading.rows if self._chance(key, "keep", r[2]) < self.losses.record_quality]
             if kept or rows:
-                chunks.append([f"{source.name or 'tool'} result {number}:"])
-                chunks += kept
-                chunks += _table_chunks(rows, lambda line: self._copy_line(key, line))
-        return _fit(self._sentences(key, shown, opening), chunks, self._limit(max_tokens))
+                pieces.append(_Piece((f"{source.name or 'tool'} result {number}:",)))
+                pieces += kept
+                pieces += _table_pieces(rows, lambda line: self._copy_line(key, line))
+        return _fit(self._sentences(key, shown, opening), pieces, self._limit(max_tokens))
 
     def summary(self, items: Sequence[Source], max_tokens: int | None, key: str, *, named: int | None = None) -> str:
         """Prose about each item, its requirement lines restated, then its other values, within the answer length."""
@@ -442,47 +442,57 @@ class PlausibleWriter:
         def opening(number: int, source: Source) -> str:
             return f"Item {number} is about the task."
 
-        stated: list[list[str]] = []
-        values: list[list[str]] = []
+        stated: list[_Piece] = []
+        values: list[_Piece] = []
         rows: list[tuple[str, str, str]] = []
         for item in items:
             lines = requirement_lines(item.text)
             for line in lines:
                 if self._chance(key, "drop", line) >= losses.drop_requirements:
-                    stated.append([f"- {self._copy_line(key, _BULLET.sub('', line, count=1))}"])
+                    stated.append(_Piece((f"- {self._copy_line(key, _BULLET.sub('', line, count=1))}",)))
             reading = read(item.text, skip=set(lines).__contains__)
             values += [
-                [self._copy(key, c)]
+                _Piece((self._copy(key, c),), listed=True)
                 for c in reading.values
                 if self._chance(key, "keep", c.text) < losses.summary_quality
             ]
             rows += [r for r in reading.rows if self._chance(key, "keep", r[2]) < losses.summary_quality]
-        chunks: list[list[str]] = []
+        pieces: list[_Piece] = []
         if stated:
-            chunks += [["Requirements, constraints and corrections:"], *stated]
+            pieces += [_Piece(("Requirements, constraints and corrections:",)), *stated]
         if values or rows:
-            chunks += [["Values:"], *values, *_table_chunks(rows, lambda line: self._copy_line(key, line))]
-        return _fit(self._sentences(key, items, opening), chunks, self._limit(max_tokens))
+            pieces += [_Piece(("Values:",)), *values, *_table_pieces(rows, lambda line: self._copy_line(key, line))]
+        return _fit(self._sentences(key, items, opening), pieces, self._limit(max_tokens))
 
 
-def _table_chunks(rows: Iterable[tuple[str, str, str]], copy: Callable[[str], str]) -> list[list[str]]:
-    """Table rows as chunks: a table's heading and separator rows come with its first row."""
-    chunks: list[list[str]] = []
+@dataclass(frozen=True, slots=True)
+class _Piece:
+    """Lines of an answer that are written whole or not at all.
+
+    Attributes:
+        lines: The lines.
+        listed: A single value: consecutive listed pieces share a line, comma-separated, as a model lists them.
+    """
+
+    lines: tuple[str, ...]
+    listed: bool = False
+
+
+def _table_pieces(rows: Iterable[tuple[str, str, str]], copy: Callable[[str], str]) -> list[_Piece]:
+    """Table rows as pieces: a table's heading and separator rows come with its first row, after a blank line."""
+    pieces: list[_Piece] = []
     heading: tuple[str, str] | None = None
     for head, separator, row in rows:
         if (head, separator) != heading:
-            chunks.append(["", head, separator, copy(row)])
+            pieces.append(_Piece(("", head, separator, copy(row))))
             heading = (head, separator)
         else:
-            chunks.append([copy(row)])
-    return chunks
+            pieces.append(_Piece((copy(row),)))
+    return pieces
 
 
-def _fit(sentences: Sequence[str], chunks: Sequence[Sequence[str]], limit: int) -> str:
-    """The prose (cut at a sentence when it alone is too long), then whole chunks while they fit ``limit``.
-
-    Single-value chunks that follow one another share a line, comma-separated, as a model lists them.
-    """
+def _fit(sentences: Sequence[str], pieces: Sequence[_Piece], limit: int) -> str:
+    """The prose (cut at a sentence when it alone is too long), then whole pieces while they fit ``limit``."""
     paragraph = ""
     for sentence in sentences:
         grown = f"{paragraph} {sentence}".strip()
@@ -492,16 +502,16 @@ def _fit(sentences: Sequence[str], chunks: Sequence[Sequence[str]], limit: int) 
     size = len(paragraph)
     lines: list[str] = [paragraph]
     listing = False
-    for chunk in chunks:
-        value = len(chunk) == 1 and not chunk[0].endswith(":") and not chunk[0].startswith(("- ", "|"))
-        added = len(chunk[0]) + 2 if value and listing else sum(len(line) + 1 for line in chunk)
+    for piece in pieces:
+        joins = piece.listed and listing
+        added = len(piece.lines[0]) + 2 if joins else sum(len(line) + 1 for line in piece.lines)
         if size + added > limit:
             break
-        if value and listing:
-            lines[-1] = f"{lines[-1]}, {chunk[0]}"
+        if joins:
+            lines[-1] = f"{lines[-1]}, {piece.lines[0]}"
         else:
-            lines += list(chunk)
-        listing = value
+            lines += piece.lines
+        listing = piece.listed
         size += added
     return "\n".join(lines).strip()
 
