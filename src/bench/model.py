@@ -22,7 +22,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Final, Literal, TypeAlias, get_args
 
 from agent_framework import Content, Message
@@ -38,8 +38,9 @@ DEFAULT_REASONING_TOKENS: Final = 256
 
 
 @dataclass(frozen=True, slots=True)
-class ModelOptions:
-    """Which model answers, and how well it writes records and summaries.
+class ModelKnobs:
+    """Which model answers, how well it writes records and summaries, and what it spends (the bench's settings
+    carry them too, one per cell).
 
     Attributes:
         model: ``"plausible"`` (the default: prose, a generic value rule, an answer length,
@@ -49,7 +50,6 @@ class ModelOptions:
         ignore_pin: Answer a pinned request as if it were not pinned.
         ignore_instruction: Answer a request that ends with a compaction instruction as if the
             instruction were not there: the model carries on with the task.
-        seed: Seeds every draw.
         prose_tokens: Plausible model: the range of prose tokens per message a record or summary covers.
         answer_tokens: Plausible model: the longest record or summary it writes.
         drop_requirements: Plausible model: chance a summary leaves a requirement line out.
@@ -64,13 +64,27 @@ class ModelOptions:
     summary_quality: float = 1.0
     ignore_pin: bool = False
     ignore_instruction: bool = False
-    seed: int = 0
     prose_tokens: tuple[int, int] = (30, 60)
     answer_tokens: int = 1_500
     drop_requirements: float = 0.05
     miscopy: float = 0.01
     partial_records: float = 0.05
     reasoning_tokens: int | None = None
+
+    def knobs(self) -> dict[str, Any]:
+        """The knobs as keyword arguments (for :class:`ModelOptions`)."""
+        return {f.name: getattr(self, f.name) for f in fields(ModelKnobs)}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelOptions(ModelKnobs):
+    """:class:`ModelKnobs` for one conversation, with the seed that draws what the model loses; validated.
+
+    Attributes:
+        seed: Seeds every draw.
+    """
+
+    seed: int = 0
 
     def __post_init__(self) -> None:
         if self.model not in MODEL_KINDS:

@@ -30,7 +30,7 @@ from . import workload_file
 from .breaks import tally
 from .client import SimulatedChatClient, media_contents, scenario_tools
 from .lost import LostFact, collect_warnings, lost_facts
-from .model import ModelKind, ModelOptions, ScriptedModel, context_text
+from .model import ModelKnobs, ModelOptions, ScriptedModel, context_text
 from .provider import CacheKind, CallRecord, SimulatedProvider, default_ttl
 from .quiet import TimedStrategy, quiet_logs
 from .rows import RowContext, RowFactory, RowFactoryError, resolve_rows, setup_of
@@ -96,8 +96,8 @@ QUIET_HARNESS: Mapping[str, bool] = {
 
 
 @dataclass(frozen=True, slots=True)
-class Settings:
-    """Everything a cell needs besides its row, fill and seed (picklable)."""
+class Settings(ModelKnobs):
+    """Everything a cell needs besides its row, fill and seed (picklable): the model's knobs, then the rest."""
 
     context_window: int = 32_000
     max_output_tokens: int = 2_048
@@ -107,17 +107,6 @@ class Settings:
     tool_turns: int = 6
     markers_per_tool: int = 8
     results: ResultsKind = "synthetic"
-    model: ModelKind = "plausible"
-    record_quality: float = 1.0
-    summary_quality: float = 1.0
-    ignore_pin: bool = False
-    ignore_instruction: bool = False
-    prose_tokens: tuple[int, int] = (30, 60)
-    answer_tokens: int = 1_500
-    drop_requirements: float = 0.05
-    miscopy: float = 0.01
-    partial_records: float = 0.05
-    reasoning_tokens: int | None = None
     think_time: float | None = None
     ttl: float | None = None
     client: ClientMode = "inprocess"
@@ -146,20 +135,7 @@ class Settings:
 
     def model_options(self, seed: int) -> ModelOptions:
         """The scripted model's options for a cell of ``seed``."""
-        knobs = (
-            "model",
-            "record_quality",
-            "summary_quality",
-            "ignore_pin",
-            "ignore_instruction",
-            "prose_tokens",
-            "answer_tokens",
-            "drop_requirements",
-            "miscopy",
-            "partial_records",
-            "reasoning_tokens",
-        )
-        return ModelOptions(seed=seed, **{name: getattr(self, name) for name in knobs})
+        return ModelOptions(seed=seed, **self.knobs())
 
 
 @dataclass(frozen=True, slots=True)

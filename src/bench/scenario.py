@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal, TypeAlias, get_args
 
@@ -265,16 +265,27 @@ _SYSTEM: Final = (
 )
 
 
-def _prose(rng: random.Random, tokens: int) -> str:
-    """Deterministic prose of about ``tokens`` o200k tokens."""
-    target = int(tokens * CHARS_PER_TOKEN)
-    words: list[str] = []
+def prose(
+    rng: random.Random,
+    tokens: int,
+    *,
+    words: Sequence[str] = _WORDS,
+    chars_per_token: float = CHARS_PER_TOKEN,
+    sentence: tuple[int, int] = (8, 16),
+) -> str:
+    """Deterministic sentences of about ``tokens`` tokens, drawn from ``words`` (no value in them: no digits).
+
+    ``chars_per_token`` sizes them (measured on o200k for the default words); ``sentence`` bounds the words a
+    sentence has.
+    """
+    target = int(tokens * chars_per_token)
+    sentences: list[str] = []
     length = 0
     while length < target:
-        sentence = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(8, 16)))
-        words.append(sentence.capitalize() + ".")
-        length += len(sentence) + 2
-    return " ".join(words)
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(*sentence)))
+        sentences.append(text.capitalize() + ".")
+        length += len(text) + 2
+    return " ".join(sentences)
 
 
 def _log_line(rng: random.Random, number: int) -> str:
@@ -358,29 +369,38 @@ class GeneratorOptions:
             raise ValueError(f"results must be one of {', '.join(RESULTS_KINDS)}, got {self.results!r}")
 
 
+@dataclass(frozen=True, slots=True)
+class _Lookup:
+    """One lookup of a generated workload: the turn that makes it, and the facts its result plants."""
+
+    turn: Turn
+    planted: tuple[Fact, ...]
+    probe: str
+
+    @staticmethod
+    def batch(lookups: list[_Lookup]) -> tuple[list[Turn], list[Fact], list[Turn]]:
+        """The lookup turns, their facts and their closing probes (one per lookup, in order)."""
+        probes = [
+            Turn(user=lookup.probe, probe=Probe(f"lookup {n}", tuple(f.value for f in lookup.planted)))
+            for n, lookup in enumerate(lookups, start=1)
+        ]
+        return [lookup.turn for lookup in lookups], [f for lookup in lookups for f in lookup.planted], probes
+
+
 def _planted_lookups(opts: GeneratorOptions, result_tokens: int) -> tuple[list[Turn], list[Fact], list[Turn]]:
     """The generated logs with planted codes: the lookup turns, their facts and their closing probes."""
-    turns: list[Turn] = []
-    facts: list[Fact] = []
-    probes: list[Turn] = []
-    for lookup in range(1, opts.tool_turns + 1):
-        dense = opts.results == "dense"
-        result, planted = _lookup_result(opts.seed, lookup, result_tokens, opts.markers_per_tool, dense=dense)
-        facts += planted
-        turns.append(
-            Turn(
-                user=f"Run lookup {lookup} and keep its planted codes at hand; I will ask for them later.",
-                calls=(ToolCall(LOOKUP_TOOL, {"lookup": lookup}, result),),
-                reply=f"Lookup {lookup} is loaded: {len(planted)} planted codes.",
-            )
+    lookups: list[_Lookup] = []
+    for n in range(1, opts.tool_turns + 1):
+        result, planted = _lookup_result(
+            opts.seed, n, result_tokens, opts.markers_per_tool, dense=opts.results == "dense"
         )
-        probes.append(
-            Turn(
-                user=f"Closing check: quote every planted code of lookup {lookup}.",
-                probe=Probe(f"lookup {lookup}", tuple(f.value for f in planted)),
-            )
+        turn = Turn(
+            user=f"Run lookup {n} and keep its planted codes at hand; I will ask for them later.",
+            calls=(ToolCall(LOOKUP_TOOL, {"lookup": n}, result),),
+            reply=f"Lookup {n} is loaded: {len(planted)} planted codes.",
         )
-    return turns, facts, probes
+        lookups.append(_Lookup(turn, tuple(planted), f"Closing check: quote every planted code of lookup {n}."))
+    return _Lookup.batch(lookups)
 
 
 def _stdlib_lookups(
@@ -389,27 +409,18 @@ def _stdlib_lookups(
     """Reads of the standard library (:mod:`.stdlib_reads`): the lookup turns, their facts and closing probes."""
     reads = stdlib_reads.reads(opts.seed, opts.tool_turns, result_tokens)
     chosen = stdlib_reads.facts_of(reads, others, opts.markers_per_tool, opts.seed)
-    turns: list[Turn] = []
-    facts: list[Fact] = []
-    probes: list[Turn] = []
-    for lookup, (read, values) in enumerate(zip(reads, chosen, strict=True), start=1):
-        planted = [Fact(f"{read.tool}_{lookup}_{n}", v, f"lookup {lookup}") for n, v in enumerate(values, 1)]
-        facts += planted
-        lines = read.text.count("\n") + 1
-        turns.append(
-            Turn(
-                user=f"Lookup {lookup}: {read.ask}",
-                calls=(ToolCall(read.tool, read.arguments, read.text),),
-                reply=f"Lookup {lookup} is loaded: {read.tool} returned {lines} lines.",
-            )
+    lookups: list[_Lookup] = []
+    for n, (read, values) in enumerate(zip(reads, chosen, strict=True), start=1):
+        turn = Turn(
+            user=f"Lookup {n}: {read.ask}",
+            calls=(ToolCall(read.tool, read.arguments, read.text),),
+            reply=f"Lookup {n} is loaded: {read.tool} returned {read.text.count(chr(10)) + 1} lines.",
         )
-        probes.append(
-            Turn(
-                user=f"Closing check: quote the names and locations you kept from lookup {lookup}.",
-                probe=Probe(f"lookup {lookup}", tuple(f.value for f in planted)),
-            )
+        planted = tuple(Fact(f"{read.tool}_{n}_{k}", v, f"lookup {n}") for k, v in enumerate(values, 1))
+        lookups.append(
+            _Lookup(turn, planted, f"Closing check: quote the names and locations you kept from lookup {n}.")
         )
-    return turns, facts, probes
+    return _Lookup.batch(lookups)
 
 
 def generate(options: GeneratorOptions | None = None) -> Scenario:
@@ -458,8 +469,8 @@ def generate(options: GeneratorOptions | None = None) -> Scenario:
     )
     fillers = [
         Turn(
-            user=f"Note {n + 1}: " + _prose(rng, FILLER_TURN_TOKENS - REPLY_TOKENS),
-            reply=_prose(rng, REPLY_TOKENS),
+            user=f"Note {n + 1}: " + prose(rng, FILLER_TURN_TOKENS - REPLY_TOKENS),
+            reply=prose(rng, REPLY_TOKENS),
         )
         for n in range(filler_count)
     ]

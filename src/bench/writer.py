@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from ..core.tables import tables
+from .scenario import prose
 
 #: Characters per token the model assumes when it sizes what it writes (its answer length).
 CHARS_PER_TOKEN: Final = 4
@@ -295,18 +296,6 @@ _WORDS: Final = (
 _PROSE_CHARS_PER_TOKEN: Final = 5.0
 
 
-def prose(rng: random.Random, tokens: int) -> str:
-    """About ``tokens`` tokens of plain sentences with no value in them."""
-    target = int(tokens * _PROSE_CHARS_PER_TOKEN)
-    sentences: list[str] = []
-    length = 0
-    while length < target:
-        sentence = " ".join(rng.choice(_WORDS) for _ in range(rng.randint(8, 14)))
-        sentences.append(sentence.capitalize() + ".")
-        length += len(sentence) + 2
-    return " ".join(sentences)
-
-
 def miscopied(value: str, draw: float) -> str:
     """``value`` with one character changed (a digit or a letter, at a position ``draw`` picks)."""
     places = [i for i, c in enumerate(value) if c.isalnum()]
@@ -379,7 +368,10 @@ class PlausibleWriter:
         out: list[str] = []
         for number, source in enumerate(sources, start=1):
             rng = random.Random(f"{self.seed}:{key}:prose:{number}")
-            out.append(f"{opening(number, source)} {prose(rng, rng.randint(low, high))}".strip())
+            words = prose(
+                rng, rng.randint(low, high), words=_WORDS, chars_per_token=_PROSE_CHARS_PER_TOKEN, sentence=(8, 14)
+            )
+            out.append(f"{opening(number, source)} {words}".strip())
         return out
 
     def _copy(self, key: str, candidate: Candidate) -> str:
