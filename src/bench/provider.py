@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
 
-from .breaks import Break, break_cause
+from .causes import Break, break_cause
 from .rendering import MESSAGE_LAYER_FIELDS, OPAQUE_MARKER, RenderedRequest, common_prefix
 from .simulator import AnthropicCache, OpenAICache, PriceProfile, Salt, bill
 

@@ -27,7 +27,7 @@ from agent_framework import AgentSession, CompactionStrategy, Content, Message, 
 
 from ..adapters.tiktoken import TiktokenTokenizer
 from . import workload_file
-from .breaks import tally
+from .causes import tally
 from .client import SimulatedChatClient, media_contents, scenario_tools
 from .lost import LostFact, collect_warnings, lost_facts
 from .model import ModelKnobs, ModelOptions, ScriptedModel, context_text
