@@ -41,11 +41,8 @@ from .adapters.sessions import (
 )
 from .adapters.tiktoken import TiktokenTokenizer, TokenizerUnavailableError
 from .adapters.user_summaries import UserTurnAnchoredSummarizationCompactionStrategy
-from .core.composition import ChainDecisions
-from .core.record_decisions import Ask, RecordDecisions
-from .core.snapshot import AnchoredSnapshot
 from .core.stack import StackConfiguration, StackConfigurationError, StackKindError, StackState
-from .core.user_snapshot import UserSummarySnapshot
+from .core.state import AnchoredSnapshot, Answer, Ask, ChainDecisions, RecallState, RecordDecisions, RecordRoute, State
 from .errors import (
     CompactionBudgetExceeded,
     MafCompactionExperimentalWarning,
@@ -59,6 +56,7 @@ __all__ = [
     "AgentOverhead",
     "AnchoredCompactionStrategy",
     "AnchoredSnapshot",
+    "Answer",
     "Ask",
     "ChainDecisions",
     "CompactionBudgetExceeded",
@@ -69,7 +67,9 @@ __all__ = [
     "MediaTokenEstimator",
     "MinimumGainAnchoredCompactionStrategy",
     "RecallGate",
+    "RecallState",
     "RecordDecisions",
+    "RecordRoute",
     "SessionCompactionProvider",
     "SessionCompactionRegistry",
     "SessionLease",
@@ -87,12 +87,12 @@ __all__ = [
     "StackKindError",
     "StackState",
     "StaleLeaseError",
+    "State",
     "TiktokenTokenizer",
     "TokenizerUnavailableError",
     "ToolResultAnchoredSummarizationCompactionStrategy",
     "ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy",
     "ToolResultRecallMiddleware",
-    "UserSummarySnapshot",
     "UserTurnAnchoredSummarizationCompactionStrategy",
     "__version__",
     "find_nested_strategy",

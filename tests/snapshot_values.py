@@ -6,15 +6,13 @@ thing everywhere: what ``step``/``absorb`` can write.
 
 from __future__ import annotations
 
-from typing import Literal
-
 from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn, SearchStrategy
+from msgspec.structs import replace
 
-from maf_compaction import AnchoredSnapshot, Ask, RecordDecisions, UserSummarySnapshot
-from maf_compaction.core.composition import ChainDecisions, ReplacementKind
-from maf_compaction.core.effects import Answer
+from maf_compaction import AnchoredSnapshot, Answer, Ask, ChainDecisions, RecordDecisions, RecordRoute, State
 from maf_compaction.core.envelope import MAX_COUNT
+from maf_compaction.core.state import RecallState, RecallStatus, RequestKind
 
 #: Counts near zero (where real snapshots live) and anywhere up to the bound.
 counts = st.integers(0, 40) | st.integers(0, MAX_COUNT)
@@ -70,50 +68,78 @@ def record_decisions(draw: DrawFn) -> RecordDecisions:
 
 
 texts = st.text(min_size=1, max_size=40).filter(lambda s: bool(s.strip()))
+hexes = st.text("0123456789abcdef", min_size=16, max_size=16)
+numbers = st.integers(0, 99) | st.integers(0, MAX_COUNT)
+
+#: The message id each kind allocates (none for a media description).
+_IDS: dict[RequestKind, SearchStrategy[str | None]] = {
+    RequestKind.RECORD: hexes.map(lambda h: f"compaction_record_{h}"),
+    RequestKind.SUMMARY: numbers.map(lambda n: f"user_summary_{n}"),
+    RequestKind.FOLD: numbers.map(lambda n: f"user_summary_fold_{n}"),
+    RequestKind.MERGE: numbers.map(lambda n: f"record_replacement_{n}"),
+    RequestKind.REWRITE: numbers.map(lambda n: f"record_replacement_{n}"),
+    RequestKind.EMERGENCY_FOLD: numbers.map(lambda n: f"user_summary_emergency_fold_{n}"),
+    RequestKind.MEDIA: st.none(),
+}
 
 
 @st.composite
-def answers(draw: DrawFn, *, description: bool) -> Answer:
-    """An answer ``absorb`` could write: ``turns`` only on a failure; a description is no summary."""
-    text = draw(st.none() | texts)
+def answers(draw: DrawFn, kind: RequestKind | None = None) -> Answer:
+    """An answer ``absorb`` could write: ``turns`` only on a failure, a message id of its kind's form, a place only
+    for a record (which always has text: a failed record is not remembered), two sources for an emergency fold."""
+    kind = draw(st.sampled_from(list(RequestKind))) if kind is None else kind
+    text = draw(texts) if kind is RequestKind.RECORD else draw(st.none() | texts)
     turns = None if text is not None else draw(st.none() | counts)
-    if description:
-        return Answer(draw(texts), text, turns=turns)
-    ids = st.integers(0, MAX_COUNT).map(lambda n: f"user_summary_{n}")
-    summary_id = draw(st.none() | ids | st.integers(0, 99).map(lambda n: f"user_summary_fold_{n}"))
-    sources = draw(st.none() | st.integers(1, 12) | st.integers(1, MAX_COUNT))
-    return Answer(draw(texts), text, summary_id=summary_id, sources=sources, turns=turns)
+    minimum = 2 if kind is RequestKind.EMERGENCY_FOLD else 1
+    sources = draw(st.integers(minimum, 12) | st.integers(minimum, MAX_COUNT))
+    if kind in (RequestKind.MEDIA, RequestKind.RECORD):
+        sources = draw(st.none() | st.just(sources))
+    return Answer(
+        identity=draw(texts),
+        kind=kind,
+        text=text,
+        message_id=draw(_IDS[kind]),
+        sources=sources,
+        turns=turns,
+        after=draw(counts) if kind is RequestKind.RECORD else None,
+    )
 
 
-def _answer_lists(*, description: bool) -> SearchStrategy[tuple[Answer, ...]]:
-    return st.lists(answers(description=description), max_size=4, unique_by=lambda a: a.identity).map(tuple)
-
-
-user_snapshots = st.builds(
-    UserSummarySnapshot,
-    answers=_answer_lists(description=False),
-    descriptions=_answer_lists(description=True),
-    compactions=counts,
-    folds=counts,
-)
-
-
-@st.composite
-def replacements(draw: DrawFn) -> tuple[ReplacementKind, Answer]:
-    """A judged record replacement or emergency fold ``absorb`` could write: ``turns`` only on a failure."""
-    text = draw(st.none() | texts)
-    turns = None if text is not None else draw(st.none() | counts)
-    kind: Literal["merge", "rewrite", "fold"] = draw(st.sampled_from(("merge", "rewrite", "fold")))
-    prefix = "user_summary_emergency_fold_" if kind == "fold" else "record_replacement_"
-    replacement_id = draw(st.integers(0, MAX_COUNT).map(lambda n: f"{prefix}{n}"))
-    sources = draw(st.integers(2 if kind == "fold" else 1, max(2, MAX_COUNT)))
-    return kind, Answer(draw(texts), text, replacement_id, sources, turns)
-
+answer_tables = st.lists(answers(), max_size=6, unique_by=lambda a: a.identity).map(tuple)
 
 chain_decisions = st.builds(
-    ChainDecisions,
-    wait_since=st.none() | counts,
-    declined_behind=st.none() | counts,
-    shed=anchored_snapshots(),
-    replacements=st.lists(replacements(), max_size=4, unique_by=lambda r: r[1].identity).map(tuple),
+    ChainDecisions, wait_since=st.none() | counts, declined_behind=st.none() | counts, shed=anchored_snapshots()
 )
+
+recall_states = st.builds(
+    RecallState,
+    next_pin=st.sampled_from((None, "size", "reforce")),
+    in_flight=st.booleans(),
+    awaiting_record=st.booleans(),
+    ignored_streak=counts,
+    route=st.sampled_from(list(RecordRoute)),
+    seen=st.none() | st.builds(RecallStatus, included_tokens=counts, records=counts, pending_groups=counts),
+    armed=st.booleans(),
+    asking=st.sampled_from((None, "size", "reforce")),
+    ignored_instructions=counts,
+    summaries_to_summarizer=st.booleans(),
+)
+
+
+@st.composite
+def states(draw: DrawFn) -> State:
+    """A whole conversation's state ``step`` and ``absorb`` could write (the fallback and the shed policy counted
+    under one head)."""
+    fallback, shed = draw(anchored_snapshots()), draw(anchored_snapshots())
+    if None not in (fallback.keep_head_groups, shed.keep_head_groups):
+        shed = replace(shed, keep_head_groups=fallback.keep_head_groups)
+    chain = draw(chain_decisions)
+    return State(
+        records=draw(record_decisions()),
+        fallback=fallback,
+        recall=draw(recall_states),
+        chain=ChainDecisions(wait_since=chain.wait_since, declined_behind=chain.declined_behind, shed=shed),
+        answers=draw(answer_tables),
+        compactions=draw(counts),
+        folds=draw(counts),
+    )

@@ -13,6 +13,7 @@ from maf_compaction import (
     SessionCompactionRegistry,
     UserTurnAnchoredSummarizationCompactionStrategy,
 )
+from maf_compaction.core.state import BOUNDED_KINDS, CHAIN_KINDS
 
 TOKENIZER = CharacterEstimatorTokenizer()
 
@@ -87,15 +88,12 @@ def stack_continuation(kind: str, budget: int, stored: dict[str, Any]) -> dict[s
         ts.records_stack(budget) if kind == "records" else ts.composition_stack(ts.Summarizer(), budget)
     )
     stack.from_dict(stored)
-    state: Any = stack.strategy.decision_state()
-    found: dict[str, Any] = {"armed": stack.gate.armed}
-    if kind == "records":
-        found["records"] = state.to_dict()
-    else:
-        found["records"] = stack.tool_results.decision_state().to_dict()
-        found["users"] = [[a.identity, a.text] for a in state.users.answers]
-        found["chain"] = [[a.identity, a.text] for _, a in state.chain.replacements]
-        found["compactions"] = [state.users.compactions, state.users.folds]
+    state = stack.strategy.decision_state()
+    found: dict[str, Any] = {"armed": stack.gate.armed, "records": state.records.to_dict()}
+    if kind != "records":
+        found["users"] = [[a.identity, a.text] for a in state.answers if a.kind in BOUNDED_KINDS]
+        found["chain"] = [[a.identity, a.text] for a in state.answers if a.kind in CHAIN_KINDS]
+        found["compactions"] = [state.compactions, state.folds]
     return found
 
 

@@ -38,7 +38,6 @@ import re
 import tempfile
 from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Final, Literal
 
 import pytest
@@ -62,6 +61,7 @@ from agent_framework._tools import FunctionInvocationLayer
 from agent_framework.observability import ChatTelemetryLayer
 from hypothesis import given
 from hypothesis import strategies as st
+from msgspec.structs import replace as evolve
 
 from maf_compaction import (
     CompactionStack,
@@ -82,23 +82,22 @@ from maf_compaction.bench.rendering import tool_spec
 from maf_compaction.bench.scenario import GeneratorOptions, generate
 from maf_compaction.bench.sessions import make_builder
 from maf_compaction.bench.simulator import get_profile
-from maf_compaction.core.effects import Aligned
-from maf_compaction.core.envelope import dump, load
+from maf_compaction.core import records as record_rules
+from maf_compaction.core.effects import Request, Route
 from maf_compaction.core.model import History, MessageRecord, Part, flagged, history
-from maf_compaction.core.recall import Pin, RecallState
+from maf_compaction.core.recall import Pin, RecallState, no_route, pins_given_up
 from maf_compaction.core.records import (
     EXCLUDE_REASON,
     RECALL_TOOL_NAME,
     RECORD_INSTRUCTION,
     RECORD_MARKER,
     RECORD_PREFIX,
-    AlignedRecord,
-    RecordState,
     ask_aligned,
     place_written,
 )
+from maf_compaction.core.state import Answer, RecordRoute, RequestKind, State
 from maf_compaction.core.values import distinctive_values
-from maf_compaction.errors import SnapshotError
+from maf_compaction.errors import SnapshotError, SnapshotVersionError
 from offline_tokenizers import offline_tiktoken
 
 TOKENIZER: Final = CharacterEstimatorTokenizer()
@@ -111,7 +110,6 @@ PIN: Final = {"mode": "required", "required_function_name": RECALL_TOOL_NAME}
 #: 280 tokens: the first record is due in the fourth turn, the next ones four groups later.
 BUDGET: Final = 2_000
 TURNS: Final = 10
-FIXTURES: Final = Path(__file__).parent / "fixtures" / "stored"
 FILLER: Final = "the service answered within its window and nothing else of note happened"
 SMALL_TALK: Final = "Happy to keep going: what would you like to look at next?"
 Kind = Literal["records", "composition"]
@@ -544,6 +542,15 @@ def _cell_id(kind: Kind, stream: bool, harness: bool) -> str:
     return f"{kind}-{'stream' if stream else 'blocking'}{'-todo-mode' if harness else ''}"
 
 
+# PORT-QUESTION: fails for the "records" kind (the composition's runs pass). A record due on a run's follow-up
+# request (turn 8's, request 20) is asked over the list the framework's function loop hands that pass, which is the
+# run's own list without the exclusions the run's first pass made (record 2's groups, call_4 to call_6, are not
+# excluded there): src/core/records.step asks over ``history`` as handed in (``ask_over``), no longer over the prompt
+# as it stands (the old ``_standing`` pass replayed the decisions that stand). So request 20 is no prefix of request
+# 19 (a cache miss), shows call_4 again (already covered by record 2) and never shows lookup 7, which then stays
+# uncovered to the end (before: request 20 was request 19 whole and covered lookup 7). ``records.step``'s own comment
+# says the history handed in is "the last request and what came since"; on a follow-up request it is not: src, not
+# this test, seems wrong.
 @pytest.mark.parametrize(("kind", "stream", "harness"), CELLS, ids=[_cell_id(*c) for c in CELLS])
 async def test_no_request_is_pinned_and_each_record_request_is_the_last_request_plus_the_instruction(
     kind: Kind, stream: bool, harness: bool
@@ -761,10 +768,19 @@ class Watching(Provider):
         self, *, messages: Sequence[Message], stream: bool, options: Mapping[str, Any], **kwargs: Any
     ) -> Awaitable[ChatResponse] | ResponseStream[ChatResponseUpdate, ChatResponse]:
         if self.stack is not None and messages and (messages[-1].text or "").startswith(RECORD_INSTRUCTION):
-            self.recall_at[len(self.requests)] = self.stack.tool_results.state_cell.value.recall
+            self.recall_at[len(self.requests)] = self.stack.tool_results.conversation.value.recall
         return super()._inner_get_response(messages=messages, stream=stream, options=options, **kwargs)
 
 
+# PORT-QUESTION: fails for the "records" kind (the composition's runs pass). A record due on a run's follow-up
+# request (turn 8's, request 20) is asked over the list the framework's function loop hands that pass, which is the
+# run's own list without the exclusions the run's first pass made (record 2's groups, call_4 to call_6, are not
+# excluded there): src/core/records.step asks over ``history`` as handed in (``ask_over``), no longer over the prompt
+# as it stands (the old ``_standing`` pass replayed the decisions that stand). So request 20 is no prefix of request
+# 19 (a cache miss), shows call_4 again (already covered by record 2) and never shows lookup 7, which then stays
+# uncovered to the end (before: request 20 was request 19 whole and covered lookup 7). ``records.step``'s own comment
+# says the history handed in is "the last request and what came since"; on a follow-up request it is not: src, not
+# this test, seems wrong.
 @pytest.mark.parametrize("kind", KINDS)
 async def test_a_request_over_the_cached_prefix_sends_at_most_what_the_last_request_sent(kind: Kind) -> None:
     """The rule itself. The messages of a request over the cached prefix send at most
@@ -985,6 +1001,15 @@ def _wire_text(item: Mapping[str, Any]) -> str:
 # --- 2. the answer enters history as a written record; covered groups leave; sessions restore ------------------
 
 
+# PORT-QUESTION: fails for the "records" kind (the composition's runs pass). A record due on a run's follow-up
+# request (turn 8's, request 20) is asked over the list the framework's function loop hands that pass, which is the
+# run's own list without the exclusions the run's first pass made (record 2's groups, call_4 to call_6, are not
+# excluded there): src/core/records.step asks over ``history`` as handed in (``ask_over``), no longer over the prompt
+# as it stands (the old ``_standing`` pass replayed the decisions that stand). So request 20 is no prefix of request
+# 19 (a cache miss), shows call_4 again (already covered by record 2) and never shows lookup 7, which then stays
+# uncovered to the end (before: request 20 was request 19 whole and covered lookup 7). ``records.step``'s own comment
+# says the history handed in is "the last request and what came since"; on a follow-up request it is not: src, not
+# this test, seems wrong.
 @pytest.mark.parametrize("kind", KINDS)
 async def test_the_answer_enters_history_as_a_written_record_right_before_the_conversations_newest_group(
     kind: Kind,
@@ -1029,6 +1054,15 @@ async def test_the_answer_enters_history_as_a_written_record_right_before_the_co
     assert run.replies == [f"done with item {n}" for n in range(TURNS)]
 
 
+# PORT-QUESTION: fails for the "records" kind (the composition's runs pass). A record due on a run's follow-up
+# request (turn 8's, request 20) is asked over the list the framework's function loop hands that pass, which is the
+# run's own list without the exclusions the run's first pass made (record 2's groups, call_4 to call_6, are not
+# excluded there): src/core/records.step asks over ``history`` as handed in (``ask_over``), no longer over the prompt
+# as it stands (the old ``_standing`` pass replayed the decisions that stand). So request 20 is no prefix of request
+# 19 (a cache miss), shows call_4 again (already covered by record 2) and never shows lookup 7, which then stays
+# uncovered to the end (before: request 20 was request 19 whole and covered lookup 7). ``records.step``'s own comment
+# says the history handed in is "the last request and what came since"; on a follow-up request it is not: src, not
+# this test, seems wrong.
 @pytest.mark.parametrize("kind", KINDS)
 async def test_covered_groups_leave_the_prompt_on_the_recording_pass_and_stay_out(kind: Kind) -> None:
     """The groups a record was shown leave the prompt on the pass that asked, for good. The record stands right
@@ -1153,7 +1187,7 @@ async def test_a_restored_session_continues_with_identical_requests_and_asks_not
         )
         assert len(second.sent) == len(rest)
         assert asked(first.sent) + [len(first.sent) + i for i in asked(second.sent)] == asked(reference.sent)
-        written = second.records.state_cell.value.written
+        written = record_rules.written(second.records.conversation.value)
         assert len(written) == len(asked(reference.sent))
         assert len({w.identity for w in written}) == len(written), "a record was asked (and written) twice"
         assert _stored_form(second) == _stored_form(reference)
@@ -1205,7 +1239,7 @@ async def test_a_session_served_through_the_registry_asks_like_the_private_stack
     assert asked(client.requests) == asked(reference.sent)
     assert [s.canonical for s in client.requests] == [s.canonical for s in reference.sent]
     with registry.phase(session) as stack:
-        assert len(stack.tool_results.state_cell.value.written) == len(asked(reference.sent))
+        assert len(record_rules.written(stack.tool_results.conversation.value)) == len(asked(reference.sent))
 
 
 # --- 3. a failing record request ------------------------------------------------------------------------------
@@ -1246,13 +1280,13 @@ async def test_a_failing_record_request_records_nothing_warns_and_the_turn_compl
         and "(ScriptError: the record request failed at the provider)" in w
     ]
     assert len(named) == len(asks), f"{len(asks)} failed request(s), {len(named)} warning(s)"
-    state = failing.records.state_cell.value
-    assert state.recall.prefix_disabled
+    state = failing.records.conversation.value
+    assert no_route(state.recall)
     assert state.recall.ignored_instructions == 2
-    assert state.written == ()
+    assert record_rules.written(state) == ()
     assert not written_records(stored)
     # No request is pinned after it: no route is left.
-    assert state.recall.pin_disabled
+    assert pins_given_up(state.recall)
     assert not [s for s in sent if s.pinned]
     assert failing.stack.recall.forced_calls == 0
     assert failing.replies == [f"done with item {n}" for n in range(TURNS)]
@@ -1280,7 +1314,7 @@ async def test_a_cancelled_record_request_propagates_and_the_conversation_goes_o
     assert run.records.prefix_requests == 1
     assert run.records.failed_prefix_requests == 0, "a cancellation is no failure of the provider"
     assert not written_records(run.stored())
-    assert run.records.state_cell.value.written == ()
+    assert record_rules.written(run.records.conversation.value) == ()
     assert not [m for m in run.stored() if RECORD_INSTRUCTION in (m.text or "")]
     assert len(run.stored()) == 4 * cancelled_turn, "the cancelled turn left part of itself in history"
     # The same turn again, with a model that answers: the record is asked and written.
@@ -1305,10 +1339,10 @@ async def test_answers_that_ignore_the_instruction_record_nothing_and_two_leave_
     sent, stored = run.sent, run.stored()
     asks = asked(sent)
     assert len(asks) == 2, f"record requests at {asks}: two ignored in a row end the route"
-    state = run.records.state_cell.value
-    assert state.recall.prefix_disabled
-    assert state.recall.pin_disabled, "a host that asks over the cached prefix has no pin to fall back to"
-    assert state.written == ()
+    state = run.records.conversation.value
+    assert no_route(state.recall)
+    assert pins_given_up(state.recall), "a host that asks over the cached prefix has no pin to fall back to"
+    assert record_rules.written(state) == ()
     assert not written_records(stored)
     assert run.replies == [f"done with item {n}" for n in range(TURNS)]
     assert len(run.invoked) == len(set(run.invoked))
@@ -1385,11 +1419,17 @@ async def test_after_two_ignored_pins_the_next_record_is_asked_over_the_cached_p
     assert run.records.groups_covered > 0
 
 
-@pytest.mark.parametrize("aligned", [True, False], ids=["host-asks-over-the-prefix", "host-pins"])
-def test_once_the_prefix_route_is_off_only_a_pinning_host_pins(aligned: bool) -> None:
-    """The pure protocol. Two ignored instructions disable the cached prefix. A host that pins (its pins still
-    honoured) pins the next record; a host that asks over the cached prefix never pins: its next request start
-    disables pinning too, no route is left, and no record is due or expected (the safety net takes over)."""
+@pytest.mark.parametrize(
+    ("aligned", "route"),
+    [(True, RecordRoute.CACHED_PREFIX), (False, RecordRoute.PINS_IGNORED)],
+    ids=["host-asks-over-the-prefix", "host-pins"],
+)
+def test_once_the_prefix_route_is_off_no_route_is_left(aligned: bool, route: RecordRoute) -> None:
+    """The pure protocol. Records are asked over the cached prefix by a host that asks that way, or by a host that
+    pins once its pins were given up. Two ignored instructions there disable the cached prefix, and with it the last
+    route, at once: a history that would call for a record pins nothing, asks nothing over the cached prefix, and no
+    record is due or expected (the safety net takes over). On the route the host had, the same history asks for
+    one."""
     from maf_compaction.core.recall import (
         HistorySeen,
         PinRule,
@@ -1398,56 +1438,74 @@ def test_once_the_prefix_route_is_off_only_a_pinning_host_pins(aligned: bool) ->
         Unpinned,
         advance,
         judged_instruction,
-        no_route,
         record_due,
     )
+    from maf_compaction.core.records import record_expected
 
     rule = PinRule(trigger_tokens=1_000, aligned=aligned)
-    state = judged_instruction(judged_instruction(RecallState(), followed=False), followed=False)
-    assert state.prefix_disabled
-    assert not state.pin_disabled
-    state, _ = advance(rule, state, HistorySeen(RecallStatus(included_tokens=5_000, records=0, pending_groups=3)))
+    big = HistorySeen(RecallStatus(included_tokens=5_000, records=0, pending_groups=3))
+    on_route = RecallState(route=route)
+    # The contrast: on the route the host had, the same history asks for a record over the cached prefix.
+    ready, _ = advance(rule, on_route, big)
+    assert ready.next_pin == "size"
+    asking, action = advance(rule, ready, RequestStarting())
+    assert (asking.asking, asking.route, action) == ("size", route, Unpinned())
+
+    state = judged_instruction(judged_instruction(on_route, followed=False), followed=False)
+    assert no_route(state)
+    assert pins_given_up(state)
+    state, _ = advance(rule, state, big)
+    assert state.route is RecordRoute.NONE, "a given-up route came back"
     assert state.next_pin == "size"
     state, action = advance(rule, state, RequestStarting())
     assert state.next_pin is None
     assert state.asking is None, "asked over the cached prefix after that route was disabled"
-    if aligned:
-        assert action == Unpinned()
-        assert state.pin_disabled
-        assert no_route(state)
-        assert not record_due(rule, state, reforce_pending=True)
-    else:
-        assert isinstance(action, Pin)
-        assert not no_route(state)
+    assert action == Unpinned()
+    assert not isinstance(action, Pin)
+    assert not state.in_flight
+    assert pins_given_up(state)
+    assert no_route(state)
+    assert not record_due(rule, state, reforce_pending=True)
+    assert not record_expected(State(recall=state))
 
 
 @pytest.mark.parametrize("aligned", [True, False], ids=["cached-prefix-host", "pinning-host"])
 def test_the_protocol_says_how_the_host_asks_for_records(aligned: bool) -> None:
-    """Each event of the middleware writes its ``record_request`` into the state (``aligned``), which the
-    composition reads to leave room for a record's instruction; the next record goes over the cached prefix for a
-    host that asks that way, or once pins are disabled, and never once that route is disabled."""
+    """Each event of the middleware writes its ``record_request`` into the state (the route ``CACHED_PREFIX`` or
+    ``PINNED``), which the composition reads to leave room for a record's instruction; the next record goes over the
+    cached prefix for a host that asks that way, or once pins are given up, and never once that route is given up
+    too (a given-up route stays given up whatever the host)."""
     from maf_compaction.core.recall import HistorySeen, PinRule, RecallStatus, RequestStarting, advance
     from maf_compaction.core.recall import records_over_prefix as over
 
     rule = PinRule(trigger_tokens=1_000, aligned=aligned)
-    seen, _ = advance(rule, RecallState(aligned=not aligned), HistorySeen(RecallStatus(100, 0, 0)))
-    started, _ = advance(rule, RecallState(aligned=not aligned), RequestStarting())
-    assert seen.aligned == started.aligned == aligned
+    status = RecallStatus(included_tokens=100, records=0, pending_groups=0)
+    other = RecallState(route=RecordRoute.PINNED if aligned else RecordRoute.CACHED_PREFIX)
+    seen, _ = advance(rule, other, HistorySeen(status))
+    started, _ = advance(rule, other, RequestStarting())
+    host = RecordRoute.CACHED_PREFIX if aligned else RecordRoute.PINNED
+    assert seen.route is started.route is host
     assert over(seen) == aligned
-    assert over(replace(seen, pin_disabled=True))
-    assert not over(replace(seen, pin_disabled=True, prefix_disabled=True))
+    assert over(evolve(seen, route=RecordRoute.PINS_IGNORED))
+    assert not over(evolve(seen, route=RecordRoute.NONE))
+    for given_up in (RecordRoute.PINS_IGNORED, RecordRoute.NONE):
+        again, _ = advance(rule, RecallState(route=given_up), HistorySeen(status))
+        assert again.route is given_up
 
 
-def test_a_version_3_recall_state_loads_without_knowing_how_the_host_asks() -> None:
-    """A recall state written before ``aligned`` existed (version 3) loads as a pinning host's until the
-    middleware's next event says otherwise; a state says it again in version 4."""
-    state = RecallState(asking="size", ignored_instructions=1, aligned=True)
-    data = json.loads(json.dumps(dump(state)))
-    assert (data["kind"], data["version"], data["aligned"]) == ("recall", 4, True)
-    older = {**{k: v for k, v in data.items() if k != "aligned"}, "version": 3}
-    assert load(RecallState, older) == replace(state, aligned=False)
-    with pytest.raises(SnapshotError, match="aligned"):
-        load(RecallState, {k: v for k, v in data.items() if k != "aligned"})
+def test_how_the_host_asks_is_stored_with_the_state_and_another_version_is_refused() -> None:
+    """The record route is stored in the conversation's state, by value; a state without it is refused, naming the
+    field; a state of another version (there are no upgraders: the old version 3 of the recall state, without the
+    route, is no longer read) is refused with ``SnapshotVersionError``."""
+    state = State(recall=RecallState(asking="size", ignored_instructions=1, route=RecordRoute.CACHED_PREFIX))
+    data = json.loads(json.dumps(state.to_dict()))
+    assert (data["kind"], data["version"], data["recall"]["route"]) == ("state", 1, "cached_prefix")
+    assert State.from_dict(data) == state
+    without = {**data, "recall": {k: v for k, v in data["recall"].items() if k != "route"}}
+    with pytest.raises(SnapshotError, match=r"recall\.route"):
+        State.from_dict(without)
+    with pytest.raises(SnapshotVersionError):
+        State.from_dict({**without, "version": 3})
 
 
 async def test_a_recall_call_in_the_answer_is_recorded_and_never_run() -> None:
@@ -1511,12 +1569,18 @@ def _originals(records: Sequence[MessageRecord]) -> int:
 
 
 @st.composite
-def placements(draw: st.DrawFn) -> tuple[History, tuple[AlignedRecord, ...]]:
+def placements(draw: st.DrawFn) -> tuple[History, tuple[Answer, ...]]:
     """A history and records written over it, each at a place within it or one past its end."""
     view, _ = draw(conversations())
     places = draw(st.lists(st.integers(1, _originals(view) + 1), max_size=4))
     written = tuple(
-        AlignedRecord(f"identity{k}", f"lookup values: XR-{k:04d}", f"compaction_record_{k}", after)
+        Answer(
+            identity=f"identity{k}",
+            kind=RequestKind.RECORD,
+            text=f"lookup values: XR-{k:04d}",
+            message_id=f"compaction_record_{k:016x}",
+            after=after,
+        )
         for k, after in enumerate(places)
     )
     return view, written
@@ -1524,7 +1588,7 @@ def placements(draw: st.DrawFn) -> tuple[History, tuple[AlignedRecord, ...]]:
 
 @given(placements())
 def test_place_written_places_each_record_after_its_conversation_prefix_and_is_idempotent(
-    case: tuple[History, tuple[AlignedRecord, ...]],
+    case: tuple[History, tuple[Answer, ...]],
 ) -> None:
     """Each record stands right after the first ``after`` messages of the conversation (a provider's context
     aside), records of one place in the order written; a place the history does not reach places nothing; and
@@ -1539,9 +1603,9 @@ def test_place_written_places_each_record_after_its_conversation_prefix_and_is_i
         expected.append((message.role, message.message_id))
         if not message.injected:
             count += 1
-            expected += [("assistant", w.record_id) for w in written if w.after == count]
+            expected += [("assistant", w.message_id) for w in written if w.after == count]
     assert [(r.role, r.message_id) for r in placed] == expected
-    by_id = {w.record_id: w for w in written}
+    by_id = {w.message_id: w for w in written}
     for position, r in enumerate(placed):
         if not r.written_record:
             continue
@@ -1551,12 +1615,12 @@ def test_place_written_places_each_record_after_its_conversation_prefix_and_is_i
         assert r.held
         assert not r.excluded
         assert _originals(placed[:position]) == record.after
-    beyond = {w.record_id for w in written if w.after > _originals(view)}
+    beyond = {w.message_id for w in written if (w.after or 0) > _originals(view)}
     assert not beyond & {r.message_id for r in placed}, "a record was placed beyond the history"
 
 
-def _asking() -> RecordState:
-    return RecordState(recall=RecallState(asking="size"))
+def _asking() -> State:
+    return State(recall=RecallState(asking="size"))
 
 
 #: How a drawn conversation ends when the record is asked: with the turn's answer (as drawn), a new question, or a
@@ -1588,19 +1652,28 @@ def test_the_asks_identity_and_place_are_the_same_on_a_copy_with_injected_contex
         copy.insert(min(position, len(copy)), _text_record("user", f"memory {k}", f"mem{k}", injected=True))
     other_list = history(copy)
     one, other = ask_aligned(plain, _asking(), plain), ask_aligned(other_list, _asking(), other_list)
-    assert isinstance(one, Aligned)
-    assert isinstance(other, Aligned)
-    assert (one.identity, one.record_id, one.after) == (other.identity, other.record_id, other.after)
+    assert isinstance(one, Request)
+    assert isinstance(other, Request)
+    assert (one.kind, one.route) == (other.kind, other.route) == (RequestKind.RECORD, Route.CACHED_PREFIX)
+    assert (one.identity, one.message_id, one.after) == (other.identity, other.message_id, other.after)
     assert one.instruction == RECORD_INSTRUCTION
     newest = len(plain) - (2 if ending == "call" else 1)  # where the newest group starts
     assert one.after == _originals(plain[:newest])
-    done = RecordState(
+    done = State(
         recall=RecallState(asking="size"),
-        written=(AlignedRecord(one.identity, "lookup values: XR-0000", one.record_id, one.after),),
+        answers=(
+            Answer(
+                identity=one.identity,
+                kind=RequestKind.RECORD,
+                text="lookup values: XR-0000",
+                message_id=one.message_id,
+                after=one.after,
+            ),
+        ),
     )
     assert ask_aligned(plain, done, plain) is None
     assert ask_aligned(other_list, done, other_list) is None
-    assert ask_aligned(plain, RecordState(), plain) is None, "asked with no record due"
+    assert ask_aligned(plain, State(), plain) is None, "asked with no record due"
 
 
 @given(conversations())
@@ -1624,36 +1697,56 @@ def test_the_asks_identity_changes_with_the_results_shown(case: tuple[History, l
     assert again.identity == base.identity
 
 
-def test_a_record_state_with_written_records_round_trips_through_the_envelope() -> None:
-    state = RecordState(
+def test_a_state_with_written_records_round_trips_through_the_envelope() -> None:
+    state = State(
         recall=RecallState(asking="reforce", ignored_streak=1, ignored_instructions=1),
-        written=(
-            AlignedRecord("a" * 64, "lookup values: XR-0000 XR-0005", "compaction_record_aaaa", 15),
-            AlignedRecord("b" * 64, "lookup values: XR-0400", "compaction_record_bbbb", 31),
+        answers=(
+            Answer(
+                identity="a" * 64,
+                kind=RequestKind.RECORD,
+                text="lookup values: XR-0000 XR-0005",
+                message_id="compaction_record_" + "a" * 16,
+                after=15,
+            ),
+            Answer(
+                identity="b" * 64,
+                kind=RequestKind.RECORD,
+                text="lookup values: XR-0400",
+                message_id="compaction_record_" + "b" * 16,
+                after=31,
+            ),
         ),
     )
-    data = json.loads(json.dumps(dump(state)))
-    assert (data["kind"], data["version"]) == ("record_state", 2)
-    assert data["written"][1] == {
+    data = json.loads(json.dumps(state.to_dict()))
+    assert (data["kind"], data["version"]) == ("state", 1)
+    assert data["answers"][1] == {
         "identity": "b" * 64,
+        "kind": "record",
         "text": "lookup values: XR-0400",
-        "record_id": "compaction_record_bbbb",
+        "message_id": "compaction_record_" + "b" * 16,
+        "sources": None,
+        "turns": None,
         "after": 31,
     }
-    assert load(RecordState, data) == state
-    without = {k: v for k, v in data.items() if k != "written"}
-    with pytest.raises(SnapshotError, match="written"):
-        load(RecordState, without)
+    assert State.from_dict(data) == state
+    assert record_rules.written(State.from_dict(data)) == state.answers
+    without = {k: v for k, v in data.items() if k != "answers"}
+    with pytest.raises(SnapshotError, match="answers"):
+        State.from_dict(without)
 
 
-def test_a_version_1_record_state_loads_with_nothing_written() -> None:
-    """The record state of the frozen ``records_stack`` fixture (written by an earlier release, version 1)."""
-    stored = json.loads((FIXTURES / "records_stack.json").read_text())
-    data = stored["stored"]["state"]
-    assert (data["kind"], data["version"]) == ("record_state", 1)
-    assert "written" not in data
-    state = load(RecordState, data)
-    assert state.written == ()
-    assert state.recall.asking is None
-    assert state.recall.next_pin == data["recall"]["next_pin"]
-    assert load(RecordState, json.loads(json.dumps(dump(state)))) == state
+def test_a_record_state_of_an_earlier_release_is_refused() -> None:
+    """The record state an earlier release stored (``record_state``, version 1, before records were written over
+    the cached prefix: as the frozen ``records_stack`` fixture held it) is not read as a conversation's state: there
+    are no upgraders. Relabelled as a state, the answers it lacks are refused by name."""
+    old = {
+        "kind": "record_state",
+        "version": 1,
+        "fallback": {"kind": "anchored", "version": 1, "tools_shed": 3, "texts_shed": 3, "keep_head_groups": 3},
+        "recall": {"next_pin": "size", "pin_disabled": False, "in_flight": False, "awaiting_record": False},
+        "records": {"kind": "records", "version": 1, "settled": [], "ask": None},
+    }
+    with pytest.raises(SnapshotError, match="record_state"):
+        State.from_dict(old)
+    with pytest.raises(SnapshotError, match="answers"):
+        State.from_dict({**old, "kind": "state"})

@@ -9,20 +9,21 @@ layers whose model is a script, see ``test_user_summaries``). Tokens are counted
 framework's ``CharacterEstimatorTokenizer``.
 
 The recall protocol's decision to pin the next request lives in the state the record half
-shares with the recall middleware (its ``Connection``); tests that need a record *due*
-without a model call write that decision into the cell, as the middleware does.
+shares with the recall middleware (its ``Conversation``); tests that need a record *due*
+without a model call write that decision into the conversation's value, as the middleware does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import pytest
 from agent_framework import CharacterEstimatorTokenizer, Content, Message
+from msgspec.structs import replace
 
 from histories import deep_copy_messages, with_injected_context
 from maf_compaction import (
@@ -36,14 +37,11 @@ from maf_compaction import (
 )
 from maf_compaction.adapters.convert import EXCLUDED_KEY, NOTE_KEY, PRESERVED_KEY, SUMMARY_KEY, SUMMARY_OF_KEY
 from maf_compaction.core.anchored import TOOL_NOTE_PREFIX
-from maf_compaction.core.composition import CompositionState
 from maf_compaction.core.counting import MESSAGE_OVERHEAD_TOKENS
 from maf_compaction.core.distill import is_distilled, is_remnant
-from maf_compaction.core.effects import Answer
 from maf_compaction.core.errors import SnapshotError
-from maf_compaction.core.recall import RecallState
 from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_INSTRUCTION, RECORD_PREFIX
-from maf_compaction.core.user_snapshot import UserSummarySnapshot
+from maf_compaction.core.state import Answer, RecallState, RecordRoute, RequestKind, State
 from maf_compaction.core.user_summaries import Outcome
 from maf_compaction.core.values import distinctive_values
 from test_composition_properties import shown
@@ -222,8 +220,8 @@ def dump(messages: Sequence[Message]) -> list[dict[str, Any]]:
 
 def pin_next_request(strategy: Composition) -> None:
     """Write the recall protocol's decision to pin the next request into the shared state (as the middleware does)."""
-    cell = strategy.tool_results.state_cell
-    cell.value = replace(cell.value, recall=RecallState(next_pin="size"))
+    shared = strategy.tool_results.conversation
+    shared.value = replace(shared.value, recall=RecallState(next_pin="size"))
 
 
 def respond(messages: list[Message], n: int) -> None:
@@ -395,19 +393,19 @@ def test_the_record_halfs_take_reforce_shares_the_compositions_one_state_value()
     strategy = build(100_000)
     messages = conversation(6, covers=(0, 1, 2))
     run(strategy, messages)
-    ask = strategy.decision_state().records.decisions.ask
+    ask = strategy.decision_state().records.ask
     assert ask is not None
     assert ask.targets == (3, 4, 5)
     assert not ask.taken
-    assert strategy.tool_results.decision_state().ask == ask
+    assert strategy.tool_results.decision_state().records.ask == ask
     take = strategy.tool_results.take_reforce
     assert take() is True
     assert take() is False, "one ask pins one request"
-    taken = strategy.decision_state().records.decisions.ask
+    taken = strategy.decision_state().records.ask
     assert taken is not None
     assert taken.taken, "the composition sees what the middleware took"
     run(strategy, messages)
-    again = strategy.decision_state().records.decisions.ask
+    again = strategy.decision_state().records.ask
     assert again is not None
     assert again.taken, "a pass keeps the taken ask"
 
@@ -500,10 +498,10 @@ def test_alone_the_user_half_asks_only_when_the_next_step_would_not_fit() -> Non
 def asks_at(budget: int, messages: Sequence[Message], recall: RecallState) -> bool:
     """Does one pass at ``budget``, from ``recall``, ask for a record of the pending groups?"""
     strategy = build(budget)
-    cell = strategy.tool_results.state_cell
-    cell.value = replace(cell.value, recall=recall)
+    shared = strategy.tool_results.conversation
+    shared.value = replace(shared.value, recall=recall)
     run(strategy, [Message.from_dict(m.to_dict()) for m in messages])
-    return strategy.decision_state().records.decisions.ask is not None
+    return strategy.decision_state().records.ask is not None
 
 
 def threshold(messages: Sequence[Message], recall: RecallState) -> int:
@@ -524,12 +522,13 @@ def test_a_tool_step_leaves_room_for_the_instruction_of_a_record_over_the_cached
     room a tool step needs includes the instruction, so the ask comes one request earlier; a conversation whose
     route is disabled, or whose records are pinned (a pin sends no instruction), keeps the plain rule."""
     messages = conversation(6)
-    aligned = threshold(messages, RecallState(aligned=True))
+    aligned = threshold(messages, RecallState(route=RecordRoute.CACHED_PREFIX))
     pinned = threshold(messages, RecallState())
     instruction = TOKENIZER.count_tokens(RECORD_INSTRUCTION) + MESSAGE_OVERHEAD_TOKENS
     assert aligned - pinned == instruction
-    assert threshold(messages, RecallState(pin_disabled=True)) == aligned, "pins disabled: records go over the prefix"
-    assert threshold(messages, RecallState(aligned=True, prefix_disabled=True)) == pinned
+    pins_ignored = RecallState(route=RecordRoute.PINS_IGNORED)
+    assert threshold(messages, pins_ignored) == aligned, "pins disabled: records go over the prefix"
+    assert threshold(messages, RecallState(route=RecordRoute.NONE)) == pinned
 
 
 def test_a_summary_rides_on_a_records_break_below_the_user_trigger() -> None:
@@ -623,7 +622,8 @@ def test_no_new_wait_starts_behind_the_same_record_but_one_does_behind_a_new_rec
 def test_a_chain_that_goes_on_after_a_partial_record_waits_two_responses_from_its_new_ask() -> None:
     """A record covers part of an ask's batch and the chain asks again for the rest: the user half waits for that
     record two responses from the new ask (so its summary rides on that record's break), not from the first."""
-    from maf_compaction.core.composition import ChainDecisions, _wait  # pyright: ignore[reportPrivateUsage]
+    from maf_compaction.core.composition import _wait  # pyright: ignore[reportPrivateUsage]
+    from maf_compaction.core.state import ChainDecisions
 
     started = ChainDecisions(wait_since=24)
     assert _wait(started, 26, expected=True, count=3) == (replace(started, wait_since=None, declined_behind=3), False)
@@ -692,8 +692,8 @@ def test_with_no_route_to_a_record_the_safety_net_cuts_every_band_group_past_the
     summarizer = ScriptedSummarizer(extractive)
     strategy = build(int(size / 0.7), summarizer=summarizer)  # the trigger is 0.6 of it
     if not routes_left:
-        cell = strategy.tool_results.state_cell
-        cell.value = replace(cell.value, recall=RecallState(pin_disabled=True, prefix_disabled=True))
+        shared = strategy.tool_results.conversation
+        shared.value = replace(shared.value, recall=RecallState(route=RecordRoute.NONE))
     run(strategy, messages)
     distilled = [m.message_id for m in messages if is_distilled(str(m.contents[0].result or ""))]
     if routes_left:
@@ -723,8 +723,8 @@ def without_a_route(messages: Sequence[Message]) -> tuple[Composition, int]:
     """A composition whose record trigger (0.6 of the budget) ``messages`` pass, with no route to a record left."""
     budget = int(measured(messages)[0] / 0.7)
     strategy = build(budget, summarizer=ScriptedSummarizer(extractive))
-    cell = strategy.tool_results.state_cell
-    cell.value = replace(cell.value, recall=RecallState(pin_disabled=True, prefix_disabled=True))
+    shared = strategy.tool_results.conversation
+    shared.value = replace(shared.value, recall=RecallState(route=RecordRoute.NONE))
     return strategy, budget
 
 
@@ -771,7 +771,7 @@ def test_once_the_safety_net_has_cut_it_keeps_pace_below_the_trigger() -> None:
     messages = conversation(8)
     strategy, budget = without_a_route(messages)
     run(strategy, messages)
-    assert strategy.decision_state().records.fallback.distilled
+    assert strategy.decision_state().fallback.distilled
     messages[-1:-1] = lookup_round(8)  # a new lookup, then the user's last message again
     assert measured(messages)[0] < 0.6 * budget, "the prompt is under the trigger"
     run(strategy, messages)
@@ -1009,13 +1009,20 @@ def test_a_due_record_never_makes_a_pass_fail_that_the_user_half_fits() -> None:
 
 def _restored_with_summary_id(summary_id: str) -> dict[str, Any]:
     """A composition state whose user half remembers one accepted summary under ``summary_id``."""
-    answer = Answer("a" * 32, "The user asked for RQ-000001.", summary_id=summary_id, sources=2)
-    return CompositionState(users=UserSummarySnapshot(answers=(answer,), compactions=1)).to_dict()
+    answer = Answer(
+        identity="a" * 32,
+        kind=RequestKind.SUMMARY,
+        text="The user asked for RQ-000001.",
+        message_id=summary_id,
+        sources=2,
+    )
+    return State(answers=(answer,), compactions=1).to_dict()
 
 
 @pytest.mark.parametrize("bad", ["q3", "user_summary_", "user_summary_07", "record_replacement_0", "user_summary_1x"])
 def test_a_restored_malformed_summary_id_is_refused_naming_the_field(bad: str) -> None:
-    with pytest.raises(SnapshotError, match=r"'answers\[0\]\.summary_id': must be 'user_summary_<n>'"):
+    form = "'answers[0].message_id': must be an id of the form user_summary_(0|[1-9][0-9]*) for a summary answer"
+    with pytest.raises(SnapshotError, match=re.escape(form)):
         build(1_000).restore_decisions(_restored_with_summary_id(bad))
 
 
@@ -1025,7 +1032,7 @@ def test_a_restored_summary_id_of_another_message_in_history_is_refused_naming_t
     strategy = build(100_000)
     strategy.restore_decisions(_restored_with_summary_id("user_summary_0"))
     before = dump(messages)
-    with pytest.raises(SnapshotError, match=r"'users\.answers\[0\]\.summary_id' is 'user_summary_0', the id of"):
+    with pytest.raises(SnapshotError, match=r"'answers\[0\]\.message_id' is 'user_summary_0', the id of"):
         run(strategy, messages)
     assert dump(messages) == before
     # The same state over a history without that id is this conversation's; so is the user half's own.
@@ -1033,8 +1040,8 @@ def test_a_restored_summary_id_of_another_message_in_history_is_refused_naming_t
     fine.restore_decisions(_restored_with_summary_id("user_summary_0"))
     run(fine, chat(4))
     alone = build(100_000).user_turns
-    alone.restore_decisions(_restored_with_summary_id("user_summary_0")["users"])
-    with pytest.raises(SnapshotError, match=r"'answers\[0\]\.summary_id' is 'user_summary_0'"):
+    alone.restore_decisions(_restored_with_summary_id("user_summary_0"))
+    with pytest.raises(SnapshotError, match=r"'answers\[0\]\.message_id' is 'user_summary_0'"):
         asyncio.run(alone(messages))
 
 
@@ -1060,8 +1067,8 @@ def test_a_pass_that_raises_never_repeats_its_summarizer_request() -> None:
 @pytest.mark.parametrize(
     ("recall_state", "waits"),
     [
-        (RecallState(pin_disabled=True), True),  # the record comes over the cached prefix instead
-        (RecallState(pin_disabled=True, prefix_disabled=True), False),  # no route is left: nothing to wait for
+        (RecallState(route=RecordRoute.PINS_IGNORED), True),  # the record comes over the cached prefix instead
+        (RecallState(route=RecordRoute.NONE), False),  # no route is left: nothing to wait for
     ],
     ids=["pins-disabled", "both-routes-disabled"],
 )
@@ -1070,8 +1077,8 @@ def test_the_user_half_waits_only_while_a_record_can_still_come(recall_state: Re
     messages = conversation(6, covers=(0, 1, 2))
     messages += user_rounds(10, start=10, pad=8)
     strategy = build(int(measured(messages)[1] / 0.8), summarizer=summarizer)
-    cell = strategy.tool_results.state_cell
-    cell.value = replace(cell.value, recall=recall_state)
+    shared = strategy.tool_results.conversation
+    shared.value = replace(shared.value, recall=recall_state)
     run(strategy, messages)
     assert strategy.last_report is not None
     assert strategy.last_report.records.asked == (3, 4, 5), "the record half asks for the uncovered lookups"

@@ -14,12 +14,12 @@ import copy
 import json
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import pytest
 from agent_framework import CharacterEstimatorTokenizer, Content, Message
 from agent_framework._compaction import EXCLUDED_KEY
+from msgspec.structs import replace
 
 from maf_compaction import (
     CompactionBudgetExceeded,
@@ -161,6 +161,7 @@ def test_the_user_half_declines_a_summary_whose_break_costs_more_than_it_saves()
     from maf_compaction.adapters.convert import to_history
     from maf_compaction.core import user_summaries
     from maf_compaction.core.protocol import Done, Needs
+    from maf_compaction.core.state import State
     from test_user_summaries import conversation as user_conversation
     from test_user_summaries import over_budget
 
@@ -170,20 +171,19 @@ def test_the_user_half_declines_a_summary_whose_break_costs_more_than_it_saves()
     config = user_summaries.UserSummaryConfig(
         max_input_tokens=budget, max_summary_input_tokens=10_000, trigger_fraction=0.5
     )
-    asks = user_summaries.step(config, user_summaries.UserSummarySnapshot(), history, TOKENIZER.count_tokens)
-    assert isinstance(asks.unwrap(), Needs)
+    asks = user_summaries.step(config, State(), history, TOKENIZER.count_tokens)
+    assert isinstance(asks, Needs)
     gated = user_summaries.UserSummaryConfig(
         max_input_tokens=budget, max_summary_input_tokens=10_000, trigger_fraction=0.5, min_gain_fraction=0.99
     )
-    declined = user_summaries.step(gated, user_summaries.UserSummarySnapshot(), history, TOKENIZER.count_tokens)
-    answer = declined.unwrap()
+    answer = user_summaries.step(gated, State(), history, TOKENIZER.count_tokens)
     assert isinstance(answer, Done)
     assert answer.report.outcome is user_summaries.Outcome.DECLINED
     tight = user_summaries.UserSummaryConfig(
         max_input_tokens=budget // 2, max_summary_input_tokens=10_000, trigger_fraction=0.5, min_gain_fraction=0.99
     )
-    over = user_summaries.step(tight, user_summaries.UserSummarySnapshot(), history, TOKENIZER.count_tokens)
-    assert isinstance(over.unwrap(), Needs)  # over the budget the gate is off
+    over = user_summaries.step(tight, State(), history, TOKENIZER.count_tokens)
+    assert isinstance(over, Needs)  # over the budget the gate is off
 
 
 def strategy_counter() -> Any:
@@ -203,13 +203,14 @@ def test_a_kept_merge_is_neither_a_response_nor_fewer_records_so_no_new_wait_sta
     """
     from maf_compaction.adapters.convert import to_history
     from maf_compaction.core import records as records_core
-    from maf_compaction.core.recall import RecallState
+    from maf_compaction.core.state import RecallState
 
     messages = conversation()
     source = [Message.from_dict(m.to_dict()) for m in messages]
     strategy, client = build(merged, size(messages) + 30)
-    cell = strategy.tool_results.state_cell
-    cell.value = replace(cell.value, recall=RecallState(next_pin="size"))  # a record is due, as the middleware says
+    shared = strategy.tool_results.conversation
+    # A record is due, as the middleware says.
+    shared.value = replace(shared.value, recall=RecallState(next_pin="size"))
     waited: list[bool] = []
     for n in range(6):  # the prompt outgrows the budget on the fifth pass: the chain merges
         if n:

@@ -32,7 +32,7 @@ import logging
 import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from agent_framework._compaction import EXCLUDE_REASON_KEY
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn
+from msgspec.structs import replace
 
 from histories import conversations, deep_copy_messages, describe, is_injected_todo, with_injected_context
 from maf_compaction import (
@@ -53,8 +54,8 @@ from maf_compaction import (
 from maf_compaction.adapters.convert import EXCLUDED_KEY, HOLD_KEY, SUMMARIZED_BY_KEY, SUMMARY_KEY, to_history
 from maf_compaction.adapters.counting import as_estimator
 from maf_compaction.core.protocol import sent_tokens
-from maf_compaction.core.recall import RecallState
 from maf_compaction.core.records import HOLD_UNRECORDED
+from maf_compaction.core.state import RecallState, RecordRoute
 from maf_compaction.core.user_summaries import Outcome
 from test_records_properties import records_for
 from test_user_summaries import ScriptedSummarizer, extractive
@@ -126,10 +127,10 @@ def build(case: Case, summarizer: ScriptedSummarizer) -> Composition:
         user_turns=users,
         overflow_policy=case.policy,  # type: ignore[arg-type]
     )
-    routes = {"pinned": RecallState(next_pin="size"), "none": RecallState(pin_disabled=True, prefix_disabled=True)}
+    routes = {"pinned": RecallState(next_pin="size"), "none": RecallState(route=RecordRoute.NONE)}
     if case.route in routes:
-        cell = records.state_cell
-        cell.value = replace(cell.value, recall=routes[case.route])
+        shared = records.conversation
+        shared.value = replace(shared.value, recall=routes[case.route])
     return strategy
 
 

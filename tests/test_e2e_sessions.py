@@ -534,17 +534,22 @@ async def test_the_session_entry_carries_the_readmes_state_and_bounds_remembered
     for label in range(SESSIONS):
         stored = shared.entries[label]
         assert stored["kind"] == "session_compaction"
-        stack = stored["stack"]
-        assert stack["strategy"] == kind
-        state = stack["state"]
+        assert stored["version"] == 1
+        assert set(stored) == {"kind", "version", "configuration", "strategy", "state"}, "one flat entry, one header"
+        assert stored["strategy"] == kind
+        state = stored["state"]
         assert isinstance(state["recall"]["armed"], bool)
         assert {"settled", "ask"} <= set(state["records"])
-        assert {"next_pin", "awaiting_record", "pin_disabled", "ignored_streak"} <= set(state["recall"])
+        assert {"next_pin", "awaiting_record", "route", "ignored_streak"} <= set(state["recall"])
         if kind == "composition":
-            assert {"wait_since", "declined_behind", "shed", "replacements"} <= set(state["chain"])
-            users = state["users"]
-            assert {"answers", "descriptions", "compactions", "folds"} <= set(users)
-            assert 0 < len(users["answers"]) <= 2, "remembered_requests=2 bounds the remembered answers"
-            assert len(users["descriptions"]) == 1, "the chart's description"
-            assert users["compactions"] > 0
-        assert stack == shared.entries[0]["stack"], "identical sessions must store identical state"
+            assert {"wait_since", "declined_behind", "shed"} <= set(state["chain"])
+            assert {"answers", "compactions", "folds"} <= set(state)
+            answers = [a for a in state["answers"] if a["kind"] in ("summary", "fold")]
+            descriptions = [a for a in state["answers"] if a["kind"] == "media"]
+            assert 0 < len(answers) <= 2, "remembered_requests=2 bounds the remembered answers"
+            assert len(descriptions) == 1, "the chart's description"
+            assert state["compactions"] > 0
+        first = shared.entries[0]
+        assert (stored["strategy"], state) == (first["strategy"], first["state"]), (
+            "identical sessions must store identical state"
+        )

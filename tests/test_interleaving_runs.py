@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -32,9 +31,11 @@ from agent_framework import (
     Message,
     tool,
 )
+from msgspec.structs import replace
 
 from maf_compaction import RecallGate, ToolResultRecallMiddleware, make_recall_tool
 from maf_compaction.core.recall import RecallState
+from maf_compaction.core.state import RecordRoute
 from test_composition import TOKENIZER, build, conversation, measured, user_rounds
 from test_user_summaries import ScriptedSummarizer, extractive
 
@@ -103,16 +104,16 @@ def test_a_take_by_another_run_while_a_composed_pass_awaits_the_summarizer_is_ke
 
     async def in_flight() -> None:
         """Until a pinned request is under way (its pin spent when it started)."""
-        while not records.state_cell.value.recall.in_flight:
+        while not records.conversation.value.recall.in_flight:
             await asyncio.sleep(0.005)
 
     async def scenario() -> None:
         # An outstanding ask for the uncovered lookups, made by a pass while forcing was off.
-        cell = records.state_cell
-        cell.value = replace(cell.value, recall=RecallState(pin_disabled=True))
+        shared = records.conversation
+        shared.value = replace(shared.value, recall=RecallState(route=RecordRoute.PINS_IGNORED))
         await strategy([Message.from_dict(m.to_dict()) for m in history])
         assert records.reforce_pending(), "an ask for the uncovered lookups is outstanding"
-        cell.value = replace(cell.value, recall=RecallState())
+        shared.value = replace(shared.value, recall=RecallState())
         calls = summarizer.calls
 
         # Run B: its pass fits the budget (the user half waits for the due record, no summary is asked),
@@ -144,14 +145,14 @@ def test_a_take_by_another_run_while_a_composed_pass_awaits_the_summarizer_is_ke
         gate_b.set()
         await asyncio.wait_for(in_flight() if b_calls_a_tool else run_b, 10)
         assert not records.reforce_pending(), "run B's middleware took the ask while A's pass was awaiting"
-        taken = records.decision_state().ask
+        taken = records.decision_state().records.ask
         assert taken is not None
         assert taken.taken
 
         release.set()
         await asyncio.wait_for(asyncio.gather(run_a, run_b), 10)
         assert summarizer.calls > calls, "A's pass asked for a summary"
-        assert records.decision_state().ask == taken, "A's write-back keeps the take"
+        assert records.decision_state().records.ask == taken, "A's write-back keeps the take"
         assert not records.reforce_pending(), "one ask pins one request"
         assert not records.take_reforce(), "one ask pins one request"
 

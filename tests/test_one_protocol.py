@@ -17,17 +17,17 @@ from typing import Any
 import pytest
 from agent_framework import CharacterEstimatorTokenizer, Content, Message
 from agent_framework._compaction import EXCLUDED_KEY
-from returns.result import Success
 
 from maf_compaction import (
     AnchoredCompactionStrategy,
     AnchoredSnapshot,
     MinimumGainAnchoredCompactionStrategy,
     SnapshotError,
+    State,
     UserTurnAnchoredSummarizationCompactionStrategy,
     record_text,
 )
-from maf_compaction.core import anchored, records, user_summaries
+from maf_compaction.core import anchored, answers, records, user_summaries
 from maf_compaction.core.protocol import Done, Needs
 from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_MARKER
 from test_user_summaries import ScriptedSummarizer, conversation, over_budget
@@ -60,16 +60,17 @@ def dump(messages: list[Message]) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("module", [anchored, records, user_summaries], ids=lambda m: m.__name__.rsplit(".")[-1])
-def test_every_core_exposes_step_and_absorb_with_one_signature(module: Any) -> None:
+def test_every_core_exposes_step_with_one_signature_and_absorbs_through_the_one_absorb(module: Any) -> None:
     import inspect
 
     step = inspect.signature(module.step)
     assert list(step.parameters)[:4] == ["config", "state", "history", "measure"]
     assert "memo" in step.parameters
-    assert list(inspect.signature(module.absorb).parameters) == ["state", "answers"]
+    assert not hasattr(module, "absorb")  # one absorb for every strategy
+    assert list(inspect.signature(answers.absorb).parameters) == ["state", "answers"]
 
 
-def test_a_step_answers_with_a_result_of_needs_or_done() -> None:
+def test_a_step_answers_with_needs_or_done() -> None:
     from maf_compaction.adapters.convert import to_history
 
     messages = conversation(12)
@@ -81,13 +82,11 @@ def test_a_step_answers_with_a_result_of_needs_or_done() -> None:
         )._counter,
         note_kind="anchored",
     )  # pyright: ignore[reportPrivateUsage]
-    result = user_summaries.step(config, user_summaries.UserSummarySnapshot(), history, TOKENIZER.count_tokens)
-    assert isinstance(result, Success)
-    needs = result.unwrap()
+    needs = user_summaries.step(config, State(), history, TOKENIZER.count_tokens)
     assert isinstance(needs, Needs)
     assert needs.requests
-    state = user_summaries.absorb(needs.state, [(needs.requests[0], "They asked for an export.")])
-    done = user_summaries.step(config, state, history, TOKENIZER.count_tokens).unwrap()
+    state = answers.absorb(State(), [(needs.requests[0], "They asked for an export.")])
+    done = user_summaries.step(config, state, history, TOKENIZER.count_tokens)
     assert isinstance(done, Done)
     assert done.state.answers
 
@@ -249,7 +248,7 @@ def test_restored_record_decisions_naming_groups_the_conversation_lacks_are_refu
     from maf_compaction import RecordDecisions, ToolResultAnchoredSummarizationCompactionStrategy
 
     strategy = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=100_000, tokenizer=TOKENIZER)
-    strategy.restore_decisions(RecordDecisions(settled=(0, 40)).to_dict())
+    strategy.restore_decisions(State(records=RecordDecisions(settled=(0, 40))).to_dict())
     messages = tool_conversation()
     before = dump(messages)
     with pytest.raises(SnapshotError, match="settled"):
@@ -294,11 +293,10 @@ def test_the_same_conversation_growing_from_one_message_stays_bound() -> None:
 
 def test_a_restored_ask_counting_more_responses_than_the_conversation_has_is_refused() -> None:
     """Review finding: a forged ``responses_at_ask`` kept an ask outstanding for ever."""
-    from maf_compaction import RecordDecisions, ToolResultAnchoredSummarizationCompactionStrategy
-    from maf_compaction.core.record_decisions import Ask
+    from maf_compaction import Ask, RecordDecisions, ToolResultAnchoredSummarizationCompactionStrategy
 
     strategy = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=100_000, tokenizer=TOKENIZER)
-    forged = RecordDecisions(ask=Ask(targets=(1,), records_at_ask=1, responses_at_ask=2**31 - 1))
+    forged = State(records=RecordDecisions(ask=Ask(targets=(1,), records_at_ask=1, responses_at_ask=2**31 - 1)))
     strategy.restore_decisions(forged.to_dict())
     with pytest.raises(SnapshotError, match="responses_at_ask"):
         asyncio.run(strategy(tool_conversation()))

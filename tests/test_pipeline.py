@@ -7,12 +7,15 @@ from dataclasses import replace
 from pyrsistent import pvector
 
 from maf_compaction.core import pipeline
-from maf_compaction.core.effects import Summarize
+from maf_compaction.core.effects import Request
 from maf_compaction.core.model import MessageRecord, Part, flagged
 from maf_compaction.core.protocol import Done, Measure, Needs
+from maf_compaction.core.state import RequestKind
 from maf_compaction.core.view import View, view
 
-_Answer = Needs[str] | Done[tuple[View, ...], None]
+_Answer = Needs | Done[tuple[View, ...], None]
+
+_ASKED = Request("x", RequestKind.SUMMARY, prompt="p", transcript="t", sources=1, message_id="user_summary_0")
 
 
 def _message(role: str, text: str) -> MessageRecord:
@@ -30,7 +33,7 @@ def _exclude_first(config: None, state: tuple[View, ...], seen: View, measure: M
 
 
 def _ask(config: None, state: tuple[View, ...], seen: View, measure: Measure) -> _Answer:
-    return Needs((Summarize(identity="x", prompt="p", transcript="t", sources=1, summary_id="s"),), "input")
+    return Needs((_ASKED,))
 
 
 def test_the_view_is_shared_until_a_sub_step_changes_the_history() -> None:
@@ -50,4 +53,4 @@ def test_the_first_needs_ends_the_pass() -> None:
     seen = view(pvector([_message("user", "hello")]))
     ran = pipeline.run((_seen, _ask, _exclude_first), None, (), seen, len)
     assert isinstance(ran, Needs)
-    assert ran.state == "input"
+    assert ran.requests == (_ASKED,)

@@ -100,7 +100,7 @@ async def run_shared():
     return {
         "replies": replies,
         "entries": [entry and entry["kind"] for entry in stored],
-        "stacks": [entry and entry["stack"]["strategy"] for entry in stored],
+        "stacks": [entry and entry["strategy"] for entry in stored],
         "cached": namespace["registry"].cached_sessions,
         "built": namespace["registry"].stacks_built,
     }

@@ -496,7 +496,8 @@ def test_the_strategys_take_reforce_shares_its_state_and_a_wrapper_shares_it_on_
     """No introspection: the strategy's ``take_reforce`` carries its state; a host's wrapper is bound explicitly."""
     strategy = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=1_000, tokenizer=TOKENIZER)
     recall = _middleware(reforce=strategy.take_reforce)
-    assert recall._cell is strategy.state_cell  # pyright: ignore[reportPrivateUsage]
+    assert recall.conversation is strategy.conversation
+    assert recall.shares(strategy.conversation)
 
     other = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=1_000, tokenizer=TOKENIZER)
 
@@ -504,9 +505,11 @@ def test_the_strategys_take_reforce_shares_its_state_and_a_wrapper_shares_it_on_
         return other.take_reforce()
 
     wrapped = _middleware(reforce=wrapper)
-    assert wrapped._cell is not other.state_cell  # pyright: ignore[reportPrivateUsage]
+    assert wrapped.conversation is not other.conversation
+    assert not wrapped.shares(other.conversation)
     other.bind_recall(wrapped)
-    assert wrapped._cell is other.state_cell  # pyright: ignore[reportPrivateUsage]
+    assert wrapped.conversation is other.conversation
+    assert wrapped.shares(other.conversation)
 
 
 @pytest.mark.parametrize(

@@ -13,18 +13,23 @@ import copy
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import pytest
 from agent_framework import CharacterEstimatorTokenizer, Content, Message
+from msgspec.structs import replace
 from pyrsistent import pvector
 
 from maf_compaction import (
     AnchoredCompactionStrategy,
+    Answer,
+    Ask,
+    RecallState,
     RecordDecisions,
+    RecordRoute,
     SnapshotError,
     SnapshotVersionError,
+    State,
     ToolResultAnchoredSummarizationCompactionStrategy,
     find_nested_strategy,
     original_results,
@@ -34,9 +39,8 @@ from maf_compaction.adapters.convert import HOLD_KEY, PRESERVED_KEY, WRITTEN_REC
 from maf_compaction.core import records as records_core
 from maf_compaction.core.distill import distill, is_distilled, is_remnant
 from maf_compaction.core.model import MessageRecord, Part
-from maf_compaction.core.recall import RecallState
-from maf_compaction.core.record_decisions import Ask
 from maf_compaction.core.records import HOLD_RECORD, HOLD_UNCOVERED, HOLD_UNRECORDED, RECALL_TOOL_NAME, RECORD_PREFIX
+from maf_compaction.core.state import RequestKind
 from maf_compaction.core.tables import PARTIAL_MARKER_PREFIX
 from maf_compaction.core.values import distinctive_values, words
 
@@ -408,7 +412,7 @@ def _uncovered_setup() -> tuple[Strategy, list[Message]]:
 
 def test_uncovered_groups_are_asked_for_once_per_ask() -> None:
     s, _ = _uncovered_setup()
-    ask = s.decision_state().ask
+    ask = s.decision_state().records.ask
     assert ask is not None
     assert ask.targets == (2, 3)
     assert s.reforce_pending()
@@ -424,7 +428,7 @@ def test_an_ask_that_covers_none_of_its_batch_settles_it() -> None:
     s.take_reforce()
     messages += recall("nothing new", call_id="recall_2")
     run(s, messages)
-    decisions = s.decision_state()
+    decisions = s.decision_state().records
     assert decisions.settled == (2, 3)
     assert decisions.ask is None
     assert s.groups_preserved_uncovered == 2
@@ -441,11 +445,11 @@ def test_an_ask_fails_after_two_responses_without_a_record() -> None:
     s, messages = _uncovered_setup()
     messages += [Message("user", ["next"]), Message("assistant", ["one"])]
     run(s, messages)
-    assert s.decision_state().ask is not None
+    assert s.decision_state().records.ask is not None
     messages += [Message("assistant", ["two"])]
     run(s, messages)
-    assert s.decision_state().settled == (2, 3)
-    assert s.decision_state().ask is None
+    assert s.decision_state().records.settled == (2, 3)
+    assert s.decision_state().records.ask is None
 
 
 def test_a_partly_successful_ask_asks_again_for_the_rest_only() -> None:
@@ -455,28 +459,28 @@ def test_a_partly_successful_ask_asks_again_for_the_rest_only() -> None:
     messages += recall(quote_all(lookup_text(2)), call_id="recall_2")
     run(s, messages)
     assert dropped(messages, "call_2")
-    ask = s.decision_state().ask
+    ask = s.decision_state().records.ask
     # The chain continues for what is left of its batch only.
     assert ask is not None
     assert ask.targets == (3,)
-    assert s.decision_state().settled == ()
+    assert s.decision_state().records.settled == ()
 
 
 def test_a_chain_does_not_recruit_groups_arriving_during_it() -> None:
     s, messages = _uncovered_setup()
-    assert s.decision_state().ask == Ask(targets=(2, 3), records_at_ask=1, responses_at_ask=9)
+    assert s.decision_state().records.ask == Ask(targets=(2, 3), records_at_ask=1, responses_at_ask=9)
     s.take_reforce()
     messages += lookup(7)  # ordinal 5 (the recall group is ordinal 4)
     messages += recall(quote_all(lookup_text(2)), call_id="recall_2")
     run(s, messages)
-    ask = s.decision_state().ask
+    ask = s.decision_state().records.ask
     assert ask is not None
     assert ask.targets == (3,)
     assert hold(result_of(messages, "call_7")) == HOLD_UNCOVERED
     assert s.take_reforce()
     messages += recall(quote_all(lookup_text(3)), call_id="recall_3")
     run(s, messages)
-    ask = s.decision_state().ask
+    ask = s.decision_state().records.ask
     assert dropped(messages, "call_3")
     assert ask is not None
     assert ask.targets == (5,)
@@ -492,30 +496,31 @@ def test_decisions_round_trip_and_restore() -> None:
     assert not fresh.take_reforce()
 
 
+def _stored(**records: Any) -> dict[str, Any]:
+    """A stored state (every field present, as ``to_dict`` writes it) with these record decisions."""
+    return {**State().to_dict(), "records": {"settled": [], "ask": None, **records}}
+
+
+def _ask(**fields: Any) -> dict[str, Any]:
+    return {"targets": [1], "records_at_ask": 0, "responses_at_ask": 0, "taken": False, **fields}
+
+
 @pytest.mark.parametrize(
-    ("data", "error"),
+    ("data", "error", "named"),
     [
-        ({"kind": "records", "version": 2}, SnapshotVersionError),
-        ({"kind": "records", "version": "1"}, SnapshotVersionError),
-        ({"kind": "anchored", "version": 1}, SnapshotError),
-        ({"kind": "records", "version": 1, "settled": [-1]}, SnapshotError),
-        (
-            {"kind": "records", "version": 1, "ask": {"targets": [], "records_at_ask": 0, "responses_at_ask": 0}},
-            SnapshotError,
-        ),
-        (
-            {
-                "kind": "records",
-                "version": 1,
-                "ask": {"targets": [1], "records_at_ask": 0, "responses_at_ask": 0, "taken": 1},
-            },
-            SnapshotError,
-        ),
-        ({"kind": "records", "version": 1, "ask": [1]}, SnapshotError),
+        ({"kind": "state", "version": 2}, SnapshotVersionError, "version 2"),
+        ({"kind": "state", "version": "1"}, SnapshotVersionError, "version '1'"),
+        ({"kind": "anchored", "version": 1}, SnapshotError, "'anchored'"),
+        ({"kind": "records", "version": 1}, SnapshotError, "'records'"),  # the decisions alone are not the state
+        (_stored(settled=[-1]), SnapshotError, r"'records\.settled\[0\]'"),
+        (_stored(ask=_ask(targets=[])), SnapshotError, r"'records\.ask\.targets'"),
+        (_stored(ask=_ask(taken=1)), SnapshotError, r"'records\.ask\.taken'"),
+        (_stored(ask=[1]), SnapshotError, r"'records\.ask'"),
     ],
 )
-def test_bad_decisions_are_refused_with_a_typed_error(data: dict[str, Any], error: type[Exception]) -> None:
-    with pytest.raises(error):
+def test_bad_decisions_are_refused_with_a_typed_error(data: dict[str, Any], error: type[Exception], named: str) -> None:
+    assert State.from_dict(_stored()) == State()  # the well-formed base is read: only the named field is wrong
+    with pytest.raises(error, match=named):
         strategy().restore_decisions(data)
 
 
@@ -657,8 +662,8 @@ def test_with_no_route_to_a_record_the_safety_net_cuts_the_band_past_the_trigger
         messages = conversation(8)
         s = strategy(int(_size(messages) / 0.7))  # the trigger is 0.6 of the budget
         if not routes_left:
-            cell = s.state_cell
-            cell.value = replace(cell.value, recall=RecallState(pin_disabled=True, prefix_disabled=True))
+            held = s.conversation
+            held.value = replace(held.value, recall=RecallState(route=RecordRoute.NONE))
         run(s, messages)
         cut = [n for n in range(8) if is_distilled(result_of(messages, f"call_{n}").contents[0].result or "")]
         assert cut == ([] if routes_left else list(range(1, 8))), routes_left  # lookup 7 is before its reply
@@ -673,8 +678,8 @@ def test_with_no_route_the_record_strategys_net_keeps_pace_after_its_first_cut()
     messages = conversation(8)
     budget = int(_size(messages) / 0.7)
     s = strategy(budget)
-    cell = s.state_cell
-    cell.value = replace(cell.value, recall=RecallState(pin_disabled=True, prefix_disabled=True))
+    held = s.conversation
+    held.value = replace(held.value, recall=RecallState(route=RecordRoute.NONE))
     run(s, messages)
     messages += [*lookup(8), Message("user", ["And now?"])]
     assert 2 * _size(messages) < 0.6 * budget
@@ -968,14 +973,20 @@ def test_a_restored_record_state_placing_a_record_past_the_conversation_is_refus
     )
     config = records_core.RecordConfig(max_input_tokens=1_000)
 
-    def state(after: int) -> records_core.RecordState:
-        written = records_core.AlignedRecord("i" * 32, "TL-000001", "compaction_record_x", after)
-        return records_core.RecordState(written=(written,))
+    def state(after: int) -> State:
+        written = Answer(
+            identity="i" * 32,
+            kind=RequestKind.RECORD,
+            text="TL-000001",
+            message_id="compaction_record_0123456789abcdef",
+            after=after,
+        )
+        return State(answers=(written,))
 
     assert records_core.check(config, state(2), history) is None
     problem = records_core.check(config, state(3), history)
     assert problem is not None
-    assert "'written[0].after'" in problem
+    assert "'answers[0].after'" in problem
     assert "this conversation has 2" in problem
 
 

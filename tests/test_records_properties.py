@@ -40,12 +40,18 @@ from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn
 
 from histories import conversation_chunks, deep_copy_messages, describe, is_injected_todo, with_injected_context
-from maf_compaction import SnapshotError, ToolResultAnchoredSummarizationCompactionStrategy, record_text
+from maf_compaction import (
+    Ask,
+    RecordDecisions,
+    SnapshotError,
+    State,
+    ToolResultAnchoredSummarizationCompactionStrategy,
+    record_text,
+)
 from maf_compaction.adapters.convert import to_history
 from maf_compaction.adapters.counting import as_estimator
 from maf_compaction.core.distill import is_remnant
 from maf_compaction.core.grouping import group_records
-from maf_compaction.core.record_decisions import Ask, RecordDecisions
 from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_PREFIX, Fallback, RecordConfig, responses, rules
 from maf_compaction.core.values import distinctive_values, words
 
@@ -174,7 +180,7 @@ def test_coverage_is_a_function_of_history_and_records(
 ) -> None:
     history, _ = case
     fresh, other = _strategy(), _strategy()
-    other.restore_decisions(restored)
+    other.restore_decisions(State(records=restored))
     first, second = deep_copy_messages(history), deep_copy_messages(history)
     _run(fresh, first)
     records = to_history(history, as_estimator(TOKENIZER).parts, note_kind="anchored")

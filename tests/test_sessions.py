@@ -53,12 +53,14 @@ from maf_compaction import (
     CompactionStack,
     RecallGate,
     RecordDecisions,
+    RecordRoute,
     SessionCompactionProvider,
     SessionCompactionRegistry,
     SessionToolResultRecallMiddleware,
     SnapshotError,
     SnapshotVersionError,
     StackKindError,
+    State,
     ToolResultAnchoredSummarizationCompactionStrategy,
     ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy,
     ToolResultRecallMiddleware,
@@ -67,6 +69,7 @@ from maf_compaction import (
 from maf_compaction.bench.sessions import make_builder
 from maf_compaction.core.composition import OverflowPolicy
 from maf_compaction.core.records import RECALL_TOOL_NAME
+from maf_compaction.core.state import RequestKind
 from snapshot_values import chain_decisions, record_decisions
 
 TOKENIZER = CharacterEstimatorTokenizer()
@@ -74,6 +77,10 @@ KEY = "maf_compaction"
 PIN = {"mode": "required", "required_function_name": RECALL_TOOL_NAME}
 TINY = 1  # every prompt is over the recall trigger: a record is due from the first tool result on
 HUGE = 10**9  # no prompt is
+#: The stored routes of a recall state that gave pinning up (``core.recall.pins_given_up``; was ``pin_disabled``).
+PINS_GIVEN_UP = (RecordRoute.PINS_IGNORED.value, RecordRoute.NONE.value)
+#: The stored kinds of the chain's answers (record replacements and emergency folds; were ``chain.replacements``).
+CHAIN_KINDS = tuple(kind.value for kind in (RequestKind.MERGE, RequestKind.REWRITE, RequestKind.EMERGENCY_FOLD))
 #: A composition budget at which the record half records, the chain asks the summarizer to merge records,
 #: and a later turn's protected messages no longer fit (CompactionBudgetExceeded): see the tests that use it.
 COMPOSITION_BUDGET = 400
@@ -245,6 +252,12 @@ def entry(session: AgentSession, key: str = KEY) -> dict[str, Any]:
 
 def fresh_state(build: Callable[[], CompactionStack]) -> dict[str, object]:
     return build().to_dict()
+
+
+def stack_dict(stored: Mapping[str, Any]) -> dict[str, Any]:
+    """The stack's dict (``CompactionStack.to_dict()``) a session entry carries: its fields under the stack's
+    header (the entry holds them flat, under its own)."""
+    return {"kind": "stack", "version": 1, "strategy": stored["strategy"], "state": stored["state"]}
 
 
 async def converse(agent: Agent, session: AgentSession, turns: int, *, label: int = 0, stream: bool = False) -> None:
@@ -517,14 +530,14 @@ async def test_the_stacks_state_lives_in_the_session_json_safe_and_survives_the_
     stored = session.state[KEY]
     assert json.loads(json.dumps(stored)) == stored
     assert stored["kind"] == "session_compaction"
-    assert stored["version"] == 2
+    assert stored["version"] == 1
+    assert set(stored) == {"kind", "version", "configuration", "strategy", "state"}, "one flat entry, one header"
     assert stored["configuration"] == registry.configuration.to_dict()
     assert stored["configuration"]["parameters"]["kind"] == "records"
-    assert stored["stack"]["kind"] == "stack"
-    assert stored["stack"]["strategy"] == "records"
-    assert stored["stack"] != fresh_state(records_stack), "three turns over a tiny budget decided nothing"
+    assert stored["strategy"] == "records"
+    assert stack_dict(stored) != fresh_state(records_stack), "three turns over a tiny budget decided nothing"
     with registry.phase(session) as stack:
-        assert stack.to_dict() == stored["stack"]
+        assert stack.to_dict() == stack_dict(stored)
     restored = AgentSession.from_dict(json.loads(json.dumps(session.to_dict())))
     assert restored.state[KEY] == stored
     assert restored.session_id == session.session_id
@@ -538,17 +551,17 @@ async def test_every_phase_reads_the_session_even_when_its_stack_is_cached() -> 
     older = entry(session)
     await converse(agent, session, 2)
     newer = entry(session)
-    assert newer["stack"] != older["stack"]
+    assert stack_dict(newer) != stack_dict(older)
     built, restored = registry.stacks_built, registry.states_restored
     session.state[KEY] = older  # another replica, or the host, moved the session back
     with registry.phase(session) as stack:
-        assert stack.to_dict() == older["stack"], "the cached stack did not follow the session"
+        assert stack.to_dict() == stack_dict(older), "the cached stack did not follow the session"
     assert registry.stacks_built == built, "a cache hit must not rebuild the stack"
     assert registry.states_restored == restored + 1
     # The same through the gate alone: an armed permission written by one phase is withdrawn by the session.
     with registry.phase(session) as stack:
         stack.gate.arm()
-    assert session.state[KEY]["stack"]["state"]["recall"]["armed"] is True
+    assert session.state[KEY]["state"]["recall"]["armed"] is True
     session.state[KEY] = older
     with registry.phase(session) as stack:
         assert not stack.gate.armed
@@ -578,7 +591,7 @@ async def test_removing_the_entry_resets_the_sessions_stack() -> None:
         assert after is not before
         assert after.to_dict() == fresh_state(records_stack)
     assert registry.stacks_built == built + 1
-    assert session.state[KEY]["stack"] == fresh_state(records_stack)
+    assert stack_dict(session.state[KEY]) == fresh_state(records_stack)
 
 
 @pytest.mark.parametrize("cache", [1, 0])
@@ -606,7 +619,7 @@ async def test_cache_eviction_loses_no_decision(cache: int) -> None:
     assert evicted == cached
     assert any(json.loads(t)[-1] == str(PIN) for s in cached for t in s), "no record was forced"
     for mine, theirs in zip(sessions, cached_sessions, strict=True):
-        assert entry(mine)["stack"] == entry(theirs)["stack"]
+        assert stack_dict(entry(mine)) == stack_dict(entry(theirs))
 
 
 async def test_forget_drops_only_the_cached_stack() -> None:
@@ -635,8 +648,8 @@ def test_distinct_state_keys_let_two_registries_serve_one_session_side_by_side()
         assert not other.gate.armed
     with first.phase(session) as stack:
         assert stack.gate.armed
-    assert session.state["first"]["stack"]["strategy"] == "records"
-    assert session.state["second"]["stack"]["strategy"] == "composition"
+    assert session.state["first"]["strategy"] == "records"
+    assert session.state["second"]["strategy"] == "composition"
     assert session.state["first"]["configuration"] != session.state["second"]["configuration"]
     assert KEY not in session.state
 
@@ -667,37 +680,59 @@ def test_a_stack_kind_mismatch_raises_stack_kind_error_naming_both() -> None:
     assert isinstance(raised.value, SnapshotError)
     assert session.state[KEY] == stored, "a refused phase wrote"
     with pytest.raises(StackKindError):
-        composition_stack(Summarizer()).from_dict(stored["stack"])
+        composition_stack(Summarizer()).from_dict(stack_dict(stored))
 
 
-@pytest.mark.parametrize(
-    ("path", "version", "kind"),
-    [
-        ((), 3, "session_compaction"),
-        (("stack",), 9, "stack"),
-        (("stack", "state"), 5, "record_state"),
-        (("stack", "state", "recall"), 5, "recall"),  # version 4 is this release's (``aligned``)
-    ],
-    ids=["session-envelope", "stack", "record-state", "recall"],
-)
-def test_a_newer_version_raises_snapshot_version_error_naming_it(
-    path: tuple[str, ...], version: int, kind: str
-) -> None:
+def _assert_another_builds_version(raised: pytest.ExceptionInfo[SnapshotVersionError], version: int, kind: str) -> None:
+    assert (raised.value.version, raised.value.kind) == (version, kind)
+    assert raised.value.supported == (1,)
+    assert "it reads version 1" in str(raised.value)
+    assert "a newer release: upgrade to read it" in str(raised.value)
+
+
+def test_a_newer_version_raises_snapshot_version_error_naming_it() -> None:
     stored = _dead_registry_entry(records_stack)
-    inner = stored
-    for name in path:
-        inner = inner[name]
-    inner["version"] = version
+    stored["version"] = 3
     registry = SessionCompactionRegistry(records_stack)
     session = AgentSession()
     session.state[KEY] = copy.deepcopy(stored)
     with (
-        pytest.raises(SnapshotVersionError, match=f"'{kind}' snapshot version {version} is not supported") as raised,
+        pytest.raises(SnapshotVersionError, match="'session_compaction' snapshot version 3 is not supported") as raised,
         registry.phase(session),
     ):
         pass
-    assert (raised.value.version, raised.value.kind) == (version, kind)
-    assert "upgrade maf-compaction" in str(raised.value)
+    _assert_another_builds_version(raised, 3, "session_compaction")
+    assert session.state[KEY] == stored, "a refused phase wrote"
+
+
+def test_a_newer_stack_dict_raises_snapshot_version_error_naming_it() -> None:
+    data = stack_dict(_dead_registry_entry(records_stack))
+    data["version"] = 9
+    stack = records_stack()
+    with pytest.raises(SnapshotVersionError, match="'stack' snapshot version 9 is not supported") as raised:
+        stack.from_dict(data)
+    _assert_another_builds_version(raised, 9, "stack")
+    assert stack.to_dict() == fresh_state(records_stack), "a refused dict was read"
+
+
+@pytest.mark.parametrize(
+    ("path", "named"),
+    [(("state",), "'state.version'"), (("state", "recall"), "'state.recall.version'")],
+    ids=["state", "recall"],
+)
+def test_a_version_inside_the_entry_is_an_unknown_field(path: tuple[str, ...], named: str) -> None:
+    """One version, at the top: a nested value carries none, so a version inside the entry is refused, never
+    read past."""
+    stored = _dead_registry_entry(records_stack)
+    inner = stored
+    for name in path:
+        inner = inner[name]
+    inner["version"] = 1
+    registry = SessionCompactionRegistry(records_stack)
+    session = AgentSession()
+    session.state[KEY] = copy.deepcopy(stored)
+    with pytest.raises(SnapshotError, match=f"unknown snapshot field.*{named}"), registry.phase(session):
+        pass
     assert session.state[KEY] == stored, "a refused phase wrote"
 
 
@@ -749,19 +784,23 @@ def _mutations() -> list[tuple[str, Callable[[dict[str, Any]], object], str]]:
         ("digest-not-text", put(7, "configuration", "digest"), "configuration.digest"),
         ("parameters-not-scalars", put({"kind": []}, "configuration", "parameters"), "configuration.parameters"),
         ("parameters-not-object", put([], "configuration", "parameters"), "configuration.parameters"),
-        ("no-stack", drop("stack"), "'stack' is missing"),
-        ("stack-not-object", put([], "stack"), "stack"),
+        ("no-state", drop("state"), "'state' is missing"),
+        ("state-not-object", put([], "state"), "state"),
+        ("no-strategy", drop("strategy"), "'strategy' is missing"),
         ("unknown-field", put(1, "extra"), "'extra'"),
-        ("unknown-strategy", put("anchored", "stack", "strategy"), "'strategy'"),
-        ("gate-not-bool", put("yes", "stack", "state", "recall", "armed"), "armed"),
-        ("no-gate", drop("stack", "state", "recall", "armed"), "'armed' is missing"),
-        ("no-recall", drop("stack", "state", "recall"), "'recall' is missing"),
-        ("negative-count", put(-1, "stack", "state", "recall", "ignored_streak"), "ignored_streak"),
-        ("wrong-kind", put("composition", "stack", "kind"), "expected a 'stack' snapshot"),
+        ("unknown-strategy", put("anchored", "strategy"), "'strategy'"),
+        ("gate-not-bool", put("yes", "state", "recall", "armed"), "armed"),
+        ("no-gate", drop("state", "recall", "armed"), "'state.recall.armed' is missing"),
+        ("no-recall", drop("state", "recall"), "'state.recall' is missing"),
+        ("negative-count", put(-1, "state", "recall", "ignored_streak"), "ignored_streak"),
+        ("wrong-kind", put("stack", "kind"), "expected a 'session_compaction' snapshot, got kind 'stack'"),
     ]
 
 
-@pytest.mark.parametrize(("case", "mutate", "named"), _mutations(), ids=[m[0] for m in _mutations()])
+@pytest.mark.parametrize(
+    ("case", "mutate", "named"),
+    [pytest.param(*m, id=m[0]) for m in _mutations()],
+)
 def test_a_malformed_entry_raises_snapshot_error_naming_the_field(
     case: str, mutate: Callable[[dict[str, Any]], object], named: str
 ) -> None:
@@ -822,7 +861,7 @@ async def test_provider_middleware_and_tool_phases_each_write_the_session() -> N
     del session.state[KEY]
     context = SessionContext(session_id=session.session_id, input_messages=[Message("user", ["hi"])])
     await provider.after_run(agent=agent, session=session, context=context, state={})
-    assert session.state[KEY]["stack"]["strategy"] == "records"
+    assert session.state[KEY]["strategy"] == "records"
 
     # Middleware: one model call is one phase.
     del session.state[KEY]
@@ -841,7 +880,7 @@ async def test_provider_middleware_and_tool_phases_each_write_the_session() -> N
     recall = make_session_recall_tool(registry)
     invocation = FunctionInvocationContext(recall, {"values": "lookup: code=XR-7"}, session=session)
     await recall.invoke(arguments={"values": "lookup: code=XR-7"}, context=invocation)
-    assert session.state[KEY]["stack"]["state"]["recall"]["armed"] is False
+    assert session.state[KEY]["state"]["recall"]["armed"] is False
 
 
 async def test_a_middleware_phase_that_raises_writes_what_it_decided() -> None:
@@ -853,17 +892,17 @@ async def test_a_middleware_phase_that_raises_writes_what_it_decided() -> None:
     session = agent.create_session()
     with registry.phase(session):
         pass
-    assert not session.state[KEY]["stack"]["state"]["recall"]["pin_disabled"]
+    assert session.state[KEY]["state"]["recall"]["route"] not in PINS_GIVEN_UP
     # The first call looks something up; the next is forced (a record is due) and fails, and so does its retry.
     client.fail = lambda options: len(client.requests) > 1
     with pytest.raises(Exception, match="failed") as raised:
         await agent.run(question(0), session=session)
     assert any(isinstance(e, ProviderDown) for e in _chain(raised.value)), raised.value
     assert any(options.get("tool_choice") == PIN for _, options in client.requests), "no call was forced"
-    assert session.state[KEY]["stack"]["state"]["recall"]["pin_disabled"], "the raising phase wrote nothing"
+    assert session.state[KEY]["state"]["recall"]["route"] in PINS_GIVEN_UP, "the raising phase wrote nothing"
     client.fail = None
     with registry.phase(session) as stack:
-        assert stack.to_dict() == session.state[KEY]["stack"]
+        assert stack.to_dict() == stack_dict(session.state[KEY])
 
 
 async def test_a_streamed_phase_writes_when_the_stream_is_consumed_even_when_it_fails() -> None:
@@ -873,7 +912,7 @@ async def test_a_streamed_phase_writes_when_the_stream_is_consumed_even_when_it_
     session = agent.create_session()
     await converse(agent, session, 2, stream=True)
     with registry.phase(session) as stack:
-        assert stack.to_dict() == session.state[KEY]["stack"]
+        assert stack.to_dict() == stack_dict(session.state[KEY])
     client.fail = lambda options: True
     del session.state[KEY]
     run = agent.run(question(2), session=session, stream=True)
@@ -919,7 +958,7 @@ async def test_a_phase_that_raises_the_budget_error_still_writes_the_answers_it_
     assert asked > 0, "the failing turn asked the summarizer nothing: nothing to remember"
     stored = entry(session)
     with registry.phase(session) as stack:
-        assert stack.to_dict() == stored["stack"]
+        assert stack.to_dict() == stack_dict(stored)
 
     # Another process picks the session up (its registry is not this one).
     moved = AgentSession.from_dict(json.loads(json.dumps(session.to_dict())))
@@ -938,8 +977,8 @@ async def test_a_budget_error_on_a_forced_call_is_no_provider_verdict() -> None:
     agent = shared_agent(registry, compact_before=True, after=False)
     session = agent.create_session()
     await _run_until_the_budget_runs_out(agent, session, summarizer)
-    recall = entry(session)["stack"]["state"]["recall"]
-    assert not recall["pin_disabled"], "a local budget error disabled forced recall for this session"
+    recall = entry(session)["state"]["recall"]
+    assert recall["route"] not in PINS_GIVEN_UP, "a local budget error disabled forced recall for this session"
 
 
 async def test_a_summarizer_that_raises_is_recorded_and_a_host_abort_still_writes() -> None:
@@ -953,7 +992,7 @@ async def test_a_summarizer_that_raises_is_recorded_and_a_host_abort_still_write
     with pytest.raises(CompactionBudgetExceeded):
         await converse(agent, session, 12)
     assert failing.calls > 0
-    failures = [r for r in entry(session)["stack"]["state"]["chain"]["replacements"] if r["text"] is None]
+    failures = [a for a in entry(session)["state"]["answers"] if a["kind"] in CHAIN_KINDS and a["text"] is None]
     assert failures, "the summarizer's failure is not in the session"
 
     aborting = Summarizer(error=HostAbort())
@@ -965,7 +1004,7 @@ async def test_a_summarizer_that_raises_is_recorded_and_a_host_abort_still_write
     assert aborting.calls > 0
     assert KEY in session.state
     with registry.phase(session) as stack:  # the aborted phase closed: the session is free and consistent
-        assert stack.to_dict() == session.state[KEY]["stack"]
+        assert stack.to_dict() == stack_dict(session.state[KEY])
 
 
 def _chain(error: BaseException) -> list[BaseException]:
@@ -1036,7 +1075,7 @@ async def test_the_tool_spends_the_gate_of_the_injected_session_only() -> None:
 
 
 def session_armed(session: AgentSession) -> bool:
-    return bool(session.state[KEY]["stack"]["state"]["recall"]["armed"])
+    return bool(session.state[KEY]["state"]["recall"]["armed"])
 
 
 async def test_each_hook_works_on_the_session_it_is_handed() -> None:
@@ -1046,17 +1085,17 @@ async def test_each_hook_works_on_the_session_it_is_handed() -> None:
     first, second = agent.create_session(), agent.create_session()
     await converse(agent, first, 3)
     await converse(agent, second, 1, label=1)
-    assert entry(first)["stack"] != entry(second)["stack"]
+    assert stack_dict(entry(first)) != stack_dict(entry(second))
     with registry.phase(first) as one:
-        assert one.to_dict() == entry(first)["stack"]
+        assert one.to_dict() == stack_dict(entry(first))
     with registry.phase(second) as two:
-        assert two.to_dict() == entry(second)["stack"]
+        assert two.to_dict() == stack_dict(entry(second))
     assert one is not two
     lone = SessionCompactionRegistry(records_stack)
     solo = shared_agent(lone)
     alone = solo.create_session()
     await converse(solo, alone, 1, label=1)
-    assert entry(alone)["stack"] == entry(second)["stack"], "the other session's turns leaked into this one"
+    assert stack_dict(entry(alone)) == stack_dict(entry(second)), "the other session's turns leaked into this one"
 
 
 async def test_overlapping_phases_of_one_session_in_two_tasks_are_rejected() -> None:
@@ -1119,7 +1158,7 @@ async def test_a_streamed_response_holds_its_session_until_it_is_consumed() -> N
     await run.get_final_response()
     await converse(agent, session, 1)  # consumed: the session is free
     with registry.phase(session) as stack:
-        assert stack.to_dict() == session.state[KEY]["stack"]
+        assert stack.to_dict() == stack_dict(session.state[KEY])
 
 
 async def test_distinct_sessions_run_concurrently_with_their_own_decisions() -> None:
@@ -1285,7 +1324,8 @@ async def test_counters_are_local_and_restart_while_the_decisions_travel() -> No
 
 
 async def test_the_stack_dict_holds_the_narrower_replay_snapshots() -> None:
-    """ChainDecisions.to_dict() and RecordDecisions.to_dict() are the parts CompactionStack.to_dict() carries."""
+    """State.to_dict(), ChainDecisions.to_dict() and RecordDecisions.to_dict() are the parts CompactionStack.to_dict()
+    carries (nested, without their headers: one version, at the top)."""
     summarizer = Summarizer()
     registry = SessionCompactionRegistry(lambda: composition_stack(summarizer))
     agent = shared_agent(registry)
@@ -1297,12 +1337,19 @@ async def test_the_stack_dict_holds_the_narrower_replay_snapshots() -> None:
         data = stack.to_dict()
         state = strategy.decision_state()
         records = stack.tool_results.decision_state()
+    assert records == state, "the composition and its record half hold one conversation's one state"
     inner: Any = data["state"]
-    assert inner["chain"] == state.chain.to_dict()
-    assert inner["records"] == records.to_dict()
-    assert inner["users"] == strategy.user_turns.decision_state().to_dict()
-    assert ChainDecisions.from_dict(inner["chain"]) == state.chain
-    assert RecordDecisions.from_dict(inner["records"]) == records
+    assert inner == _fields(state.to_dict())
+    assert inner["chain"] == _fields(state.chain.to_dict())
+    assert inner["records"] == _fields(records.records.to_dict())
+    assert State.from_dict({"kind": "state", "version": 1, **inner}) == state
+    assert ChainDecisions.from_dict({"kind": "chain", "version": 1, **inner["chain"]}) == state.chain
+    assert RecordDecisions.from_dict({"kind": "records", "version": 1, **inner["records"]}) == records.records
+
+
+def _fields(stored: Mapping[str, object]) -> dict[str, object]:
+    """A stored value's fields, without its header (how it is nested in another)."""
+    return {k: v for k, v in stored.items() if k not in ("kind", "version")}
 
 
 async def test_with_compact_before_off_the_providers_before_phase_compacts_the_loaded_context() -> None:

@@ -98,20 +98,28 @@ def test_the_warm_pass_is_timed_without_a_summarizer_call(report: dict[str, Any]
 
 def test_the_state_counts_come_from_the_entry() -> None:
     entry = {
-        "stack": {
-            "state": {
-                "records": {"settled": [4, 5], "ask": {"targets": [6]}},
-                "recall": {"seen": {"records": 3}},
-                "fallback": {"tools_shed": 1, "texts_shed": 2},
-                "users": {"answers": [{}, {}], "descriptions": [{}]},
-                "chain": {
-                    "wait_since": 7,
-                    "declined_behind": None,
-                    "replacements": [{}],
-                    "shed": {"tools_shed": 2, "texts_shed": 0},
-                },
-            }
-        }
+        "kind": "session_compaction",
+        "version": 1,
+        "strategy": "composition",
+        "state": {
+            "records": {"settled": [4, 5], "ask": {"targets": [6]}},
+            "recall": {"seen": {"records": 3}},
+            "fallback": {"tools_shed": 1, "texts_shed": 2},
+            # Two summarizer answers and a description (the user half's), one replacement (the chain's) and a
+            # record written over the cached prefix (the record half's: counted in none of these).
+            "answers": [
+                {"kind": "summary"},
+                {"kind": "fold"},
+                {"kind": "media"},
+                {"kind": "merge"},
+                {"kind": "record"},
+            ],
+            "chain": {
+                "wait_since": 7,
+                "declined_behind": None,
+                "shed": {"tools_shed": 2, "texts_shed": 0},
+            },
+        },
     }
     assert sessions.state_contents(entry) == {
         "records_seen": 3,

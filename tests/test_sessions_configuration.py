@@ -28,6 +28,7 @@ from maf_compaction import (
     RecallGate,
     SessionCompactionRegistry,
     SnapshotError,
+    SnapshotVersionError,
     StackConfigurationError,
     StackKindError,
     ToolResultAnchoredSummarizationCompactionStrategy,
@@ -283,7 +284,10 @@ def test_migrate_carries_the_decisions_over_to_the_new_configuration_on_purpose(
     larger = SessionCompactionRegistry(builder(budget=COMPOSITION_BUDGET * 2))
     assert larger.migrate(session)
     assert session.state[KEY]["configuration"] == larger.configuration.to_dict()
-    assert session.state[KEY]["stack"] == stored["stack"], "the decisions changed in the migration"
+    migrated = session.state[KEY]
+    assert (migrated["strategy"], migrated["state"]) == (stored["strategy"], stored["state"]), (
+        "the decisions changed in the migration"
+    )
     with larger.phase(session) as stack:
         assert stack.gate.armed
     assert not larger.migrate(AgentSession()), "nothing to migrate"
@@ -345,21 +349,55 @@ def test_an_entry_is_served_exactly_when_the_configurations_match(
     assert [name for name, _, _ in raised.value.differing] == differing
 
 
-def test_a_version_1_entry_is_read_without_a_configuration_check_and_rewritten_as_version_2() -> None:
-    """Entries written before fingerprints named their registry instance: they are continued (their kind is still
-    checked) and written back with this registry's fingerprint."""
-    stored = written_by(builder())
-    old = {"kind": "session_compaction", "version": 1, "registry": "a-registry-id", "stack": stored["stack"]}
-    session = AgentSession()
-    session.state[KEY] = copy.deepcopy(old)
-    registry = SessionCompactionRegistry(builder())
-    with registry.phase(session) as stack:
-        assert stack.gate.armed
-    assert session.state[KEY]["version"] == 2
-    assert session.state[KEY]["configuration"] == registry.configuration.to_dict()
-    session.state[KEY] = copy.deepcopy(old)
-    with pytest.raises(StackKindError), SessionCompactionRegistry(records_stack).phase(session):
-        pass
+def _older_entries(stored: dict[str, Any]) -> list[dict[str, Any]]:
+    """``stored`` in the shapes earlier builds wrote: version 1 of the old format named its registry instance,
+    version 2 named its configuration; both nested the stack (``{"kind": "stack", "version": 2, ...}``)."""
+    stack = {"kind": "stack", "version": 2, "strategy": stored["strategy"], "state": stored["state"]}
+    return [
+        {"kind": "session_compaction", "version": 1, "registry": "a-registry-id", "stack": stack},
+        {"kind": "session_compaction", "version": 2, "configuration": stored["configuration"], "stack": stack},
+    ]
+
+
+def test_an_entry_that_names_its_registry_is_another_shape_refused_naming_the_field() -> None:
+    """Version 1 of the old format named its registry instance and nested the stack: it carries this build's
+    version number but not its shape, so it is refused as malformed (naming the missing configuration), whichever
+    kind of stack reads it, by phase and by migrate alike, and the session is left as it was."""
+    old = _older_entries(written_by(builder()))[0]
+    for build in (builder(), records_stack):
+        session = AgentSession()
+        session.state[KEY] = copy.deepcopy(old)
+        registry = SessionCompactionRegistry(build)
+        with pytest.raises(SnapshotError, match="'configuration'") as raised, registry.phase(session):
+            pass
+        assert not isinstance(raised.value, SnapshotVersionError)
+        assert session.state[KEY] == old, "a refused phase wrote"
+        with pytest.raises(SnapshotError, match="'configuration'"):
+            registry.migrate(session)
+        assert session.state[KEY] == old, "a refused migration wrote"
+
+
+def test_an_entry_that_nests_its_stack_is_refused_with_snapshot_version_error() -> None:
+    """Version 2 of the old format nested the stack under its own header: the stored format started over at
+    version 1 and nothing older is read, so it is refused with SnapshotVersionError, whichever kind of stack reads
+    it, by phase and by migrate alike, and the session is left as it was."""
+    old = _older_entries(written_by(builder()))[1]
+    for build in (builder(), records_stack):
+        session = AgentSession()
+        session.state[KEY] = copy.deepcopy(old)
+        registry = SessionCompactionRegistry(build)
+        with (
+            pytest.raises(SnapshotVersionError, match="'session_compaction' snapshot version 2 is not") as raised,
+            registry.phase(session),
+        ):
+            pass
+        assert (raised.value.version, raised.value.kind, raised.value.supported) == (2, "session_compaction", (1,))
+        assert "it reads version 1" in str(raised.value)
+        assert "delete the entry" in str(raised.value)
+        assert session.state[KEY] == old, "a refused phase wrote"
+        with pytest.raises(SnapshotVersionError):
+            registry.migrate(session)
+        assert session.state[KEY] == old, "a refused migration wrote"
 
 
 class CountingTokenizer:

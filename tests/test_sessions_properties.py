@@ -74,6 +74,7 @@ from maf_compaction.bench.scenario import LOOKUP_TOOL, RECALL_TOOL, Scenario
 from maf_compaction.bench.sessions import make_builder
 from maf_compaction.bench.simulator import get_profile
 from maf_compaction.core.stack import session_entry_from_dict
+from maf_compaction.core.state import RequestKind
 from offline_tokenizers import offline_tiktoken
 
 Kind = Literal["records", "composition"]
@@ -95,6 +96,8 @@ MAX_TURNS: Final = 10
 #: Replica restarts per example at most, and replicas alive at once (each builds an agent).
 MAX_RESTARTS: Final = 2
 MAX_REPLICAS: Final = 3
+#: The stored kinds of the user half's summarizer answers (the old ``users.answers``).
+USER_SUMMARY_KINDS: Final = (RequestKind.SUMMARY.value, RequestKind.FOLD.value)
 
 #: One model request: its text and the function its tool choice pins, if any.
 Request = tuple[str, str | None]
@@ -454,9 +457,9 @@ class World:
 
 
 def stored_state(session: AgentSession) -> object:
-    """The stack dict a session carries."""
-    _, stack = session_entry_from_dict(session.state[STATE_KEY])
-    return json.loads(json.dumps(stack))
+    """The stack dict a session carries (its fields, under the stack's header as ``CompactionStack.to_dict()``)."""
+    _, fields = session_entry_from_dict(session.state[STATE_KEY])
+    return json.loads(json.dumps({"kind": "stack", "version": 1, **fields}))
 
 
 conversations = st.lists(
@@ -513,6 +516,7 @@ def test_each_conversation_reaches_records_summaries_and_waits_within_its_shorte
         if kind == "composition":
             assert any(alone.summarized[:MIN_TURNS])
             assert any(state["chain"]["wait_since"] is not None for state in states)
-            assert len(alone.states[-1]["state"]["users"]["answers"]) >= 2
+            summaries = [a for a in alone.states[-1]["state"]["answers"] if a["kind"] in USER_SUMMARY_KINDS]
+            assert len(summaries) >= 2
         else:
             assert alone.states[-1]["state"]["fallback"]["tools_shed"] > 0

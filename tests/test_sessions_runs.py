@@ -26,7 +26,7 @@ from maf_compaction import (
     make_session_recall_tool,
 )
 from maf_compaction.bench.runner import stored_messages
-from test_sessions import KEY, TOKENIZER, Model, converse, lookup, question, records_stack
+from test_sessions import KEY, TOKENIZER, Model, converse, lookup, question, records_stack, stack_dict
 
 Wiring = Callable[[SessionCompactionRegistry, Model, list[Any]], Any]
 
@@ -116,7 +116,7 @@ async def test_an_abandoned_stream_releases_its_session(name: str, wiring: Wirin
     await converse(agent, session, 2)
     await converse(agent, session, 1, stream=True)
     with registry.phase(session) as stack:
-        assert stack.to_dict() == session.state[KEY]["stack"]
+        assert stack.to_dict() == stack_dict(session.state[KEY])
 
 
 async def test_a_dropped_stream_is_ended_at_the_registrys_next_phase_not_inside_garbage_collection() -> None:
@@ -133,7 +133,7 @@ async def test_a_dropped_stream_is_ended_at_the_registrys_next_phase_not_inside_
     assert snapshot(session) == before, "the finalizer wrote the session during garbage collection"
     await converse(agent, other, 1)  # the registry's next phase ends the dropped one
     with registry.phase(session) as stack:
-        assert stack.to_dict() == session.state[KEY]["stack"]
+        assert stack.to_dict() == stack_dict(session.state[KEY])
     await converse(agent, session, 1)
 
 

@@ -12,7 +12,6 @@ import copy
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, cast
 
 import pytest
@@ -24,30 +23,31 @@ from hypothesis.strategies import SearchStrategy
 from maf_compaction import (
     AnchoredCompactionStrategy,
     AnchoredSnapshot,
+    Answer,
     Ask,
+    ChainDecisions,
     RecordDecisions,
     SnapshotError,
     SnapshotVersionError,
+    StackKindError,
+    StackState,
+    State,
     ToolResultAnchoredSummarizationCompactionStrategy,
-    UserSummarySnapshot,
 )
-from maf_compaction.core.composition import (
-    ChainDecisions,
-    CompositionState,
-)
-from maf_compaction.core.effects import Answer
-from maf_compaction.core.envelope import MAX_COUNT, Count, Schema, dump, load, opened
-from snapshot_values import anchored_snapshots, chain_decisions, record_decisions, user_snapshots
+from maf_compaction.core.envelope import MAX_COUNT
+from maf_compaction.core.state import RequestKind
+from snapshot_values import anchored_snapshots, chain_decisions, record_decisions, states
 
-Snapshot = AnchoredSnapshot | RecordDecisions | UserSummarySnapshot
+Snapshot = AnchoredSnapshot | RecordDecisions | ChainDecisions | State
 Reader = Callable[[Mapping[str, object]], Snapshot]
 
 READERS: dict[str, Reader] = {
     "anchored": AnchoredSnapshot.from_dict,
     "records": RecordDecisions.from_dict,
-    "user_summaries": UserSummarySnapshot.from_dict,
+    "chain": ChainDecisions.from_dict,
+    "state": State.from_dict,
 }
-any_snapshot: SearchStrategy[Snapshot] = anchored_snapshots() | record_decisions() | user_snapshots
+any_snapshot: SearchStrategy[Snapshot] = anchored_snapshots() | record_decisions() | chain_decisions | states()
 
 
 def read(data: Mapping[str, Any]) -> Snapshot:
@@ -69,17 +69,19 @@ def ask(**fields: object) -> dict[str, object]:
     return {"targets": [1], "records_at_ask": 1, "responses_at_ask": 2, "taken": False, **fields}
 
 
-def user(**fields: object) -> dict[str, object]:
-    return {**UserSummarySnapshot().to_dict(), **fields}
+def state(**fields: object) -> dict[str, object]:
+    return {**State().to_dict(), **fields}
 
 
 def answer(**fields: object) -> dict[str, object]:
     return {
         "identity": "a" * 32,
+        "kind": "summary",
         "text": "the user asked for X",
-        "summary_id": None,
+        "message_id": "user_summary_0",
         "sources": 1,
         "turns": None,
+        "after": None,
         **fields,
     }
 
@@ -113,20 +115,31 @@ def test_every_anchored_field_is_required(field: str) -> None:
         AnchoredSnapshot.from_dict(data)
 
 
-@pytest.mark.parametrize("field", ["answers", "descriptions", "compactions", "folds"])
-def test_every_user_summary_field_is_required(field: str) -> None:
-    data = user()
+@pytest.mark.parametrize("field", ["records", "fallback", "recall", "chain", "answers", "compactions", "folds"])
+def test_every_state_field_is_required(field: str) -> None:
+    data = state()
     del data[field]
     with pytest.raises(SnapshotError, match=rf"snapshot field '{field}' is missing"):
-        UserSummarySnapshot.from_dict(data)
+        State.from_dict(data)
 
 
-@pytest.mark.parametrize("field", ["identity", "text", "summary_id", "sources", "turns"])
+def test_a_nested_field_is_required_and_named_by_its_path() -> None:
+    data = state()
+    del cast("dict[str, object]", data["recall"])["route"]
+    with pytest.raises(SnapshotError, match=r"snapshot field 'recall\.route' is missing"):
+        State.from_dict(data)
+    data = state()
+    del cast("dict[str, object]", cast("dict[str, object]", data["chain"])["shed"])["distilled"]
+    with pytest.raises(SnapshotError, match=r"snapshot field 'chain\.shed\.distilled' is missing"):
+        State.from_dict(data)
+
+
+@pytest.mark.parametrize("field", ["identity", "kind", "text", "message_id", "sources", "turns", "after"])
 def test_every_answer_field_is_required(field: str) -> None:
     entry = answer()
     del entry[field]
     with pytest.raises(SnapshotError, match=rf"snapshot field 'answers\[0\]\.{field}' is missing"):
-        UserSummarySnapshot.from_dict(user(answers=[entry]))
+        State.from_dict(state(answers=[entry]))
 
 
 @pytest.mark.parametrize("count", [10**18, MAX_COUNT + 1, 2**63])
@@ -186,8 +199,10 @@ def test_restoring_a_value_checks_it_like_a_dict() -> None:
     records_strategy = ToolResultAnchoredSummarizationCompactionStrategy(
         max_input_tokens=1_000, tokenizer=CharacterEstimatorTokenizer()
     )
-    with pytest.raises(SnapshotError, match=r"ask\.targets"):
-        records_strategy.restore_decisions(RecordDecisions(settled=(2,), ask=Ask((2,), 1, 1)))
+    decisions = RecordDecisions(settled=(2,), ask=Ask(targets=(2,), records_at_ask=1, responses_at_ask=1))
+    with pytest.raises(SnapshotError, match=r"records\.ask\.targets"):
+        records_strategy.restore_decisions(State(records=decisions))
+    assert records_strategy.decision_state() == State()
 
 
 def test_duplicate_shed_sizes_are_refused() -> None:
@@ -204,10 +219,12 @@ def test_duplicate_shed_sizes_are_refused() -> None:
         (anchored(texts_shed=9, spared_texts=[0, 5, 0]), r"'spared_texts': duplicate position 0"),
         (records(settled=[4, 4]), r"'settled': duplicate position 4"),
         (records(ask=ask(targets=[3, 1, 3])), r"'ask\.targets': duplicate position 3"),
-        (user(answers=[answer(), answer(text=None)]), r"'answers': duplicate identity 'a{32}'"),
+        (state(answers=[answer(), answer(text=None)]), r"'answers': duplicate identity 'a{32}'"),
         (
-            user(descriptions=[answer(sources=None), answer(sources=None, text="other")]),
-            r"'descriptions': duplicate identity",
+            state(
+                answers=[answer(kind="media", message_id=None), answer(kind="fold", message_id="user_summary_fold_0")]
+            ),
+            r"'answers': duplicate identity",
         ),
     ],
 )
@@ -222,7 +239,11 @@ def test_duplicates_are_refused_naming_field_and_value(data: dict[str, object], 
         ({**anchored(), "shed_count": 1}, r"unknown snapshot field\(s\) 'shed_count'"),
         ({**records(), "pinned": True, "asks": []}, r"'pinned', 'asks'"),
         (records(ask=ask(extra=1)), r"'ask\.extra'"),
-        (user(answers=[answer(kind="summary")]), r"'answers\[0\]\.kind'"),
+        (state(answers=[answer(summary_id="user_summary_0")]), r"'answers\[0\]\.summary_id'"),
+        (
+            state(recall={**cast("dict[str, object]", state()["recall"]), "pin_disabled": True}),
+            r"'recall\.pin_disabled'",
+        ),
     ],
 )
 def test_unknown_fields_are_refused_naming_them(data: dict[str, object], message: str) -> None:
@@ -231,16 +252,21 @@ def test_unknown_fields_are_refused_naming_them(data: dict[str, object], message
 
 
 @pytest.mark.parametrize("kind", list(READERS))
-@pytest.mark.parametrize("version", ["newer", 99, 0, -1])
-def test_an_unknown_version_is_refused_naming_it(kind: str, version: int | str) -> None:
-    supported = (1, 2) if kind == "anchored" else (1,)
-    version = supported[-1] + 1 if isinstance(version, str) else version
-    data = {"kind": kind, "version": version}
-    with pytest.raises(SnapshotVersionError, match=rf"version {version} is not supported.*reads versions 1") as raised:
+@pytest.mark.parametrize("version", [2, 3, 4, 99, 0, -1])
+def test_another_version_is_refused_naming_it(kind: str, version: int) -> None:
+    """The stored format started over at 1: a pre-release build's entry (versions 2 to 4 of its kinds) and a
+    newer release's are refused alike, naming the version and what to do."""
+    data = {**read({"kind": kind, "version": 1, **_fields(kind)}).to_dict(), "version": version}
+    with pytest.raises(SnapshotVersionError, match=rf"version {version} is not supported.*reads version 1") as raised:
         READERS[kind](data)
-    assert (raised.value.version, raised.value.supported) == (version, supported)
-    advice = "upgrade maf-compaction" if version > 1 else "no build of maf-compaction writes it"
-    assert advice in str(raised.value)
+    assert (raised.value.version, raised.value.supported, raised.value.kind) == (version, (1,), kind)
+    assert "upgrade to read it" in str(raised.value)
+    assert "delete the entry" in str(raised.value)
+
+
+def _fields(kind: str) -> dict[str, object]:
+    made = {"anchored": anchored(), "records": records(), "chain": ChainDecisions().to_dict(), "state": state()}[kind]
+    return {k: v for k, v in made.items() if k not in ("kind", "version")}
 
 
 @pytest.mark.parametrize("version", ["1", 1.0, True, None, [1]])
@@ -261,7 +287,7 @@ def test_a_missing_version_is_refused() -> None:
 def test_a_snapshot_of_another_kind_is_refused_naming_both(expected: str, got: str) -> None:
     if expected == got:
         return
-    data = {**(anchored() if got == "anchored" else records() if got == "records" else user()), "kind": got}
+    data = {"kind": got, "version": 1, **_fields(got if got in READERS else "state")}
     with pytest.raises(SnapshotError, match=rf"expected an? '{expected}' snapshot, got kind '{got}'"):
         READERS[expected](data)
 
@@ -290,11 +316,11 @@ def test_a_non_mapping_is_refused(kind: str, data: object) -> None:
         (anchored(tools_shed=3, shed_sizes=[[1, 2, 3]]), r"'shed_sizes\[0\]': must be a \[position, count\] pair"),
         (records(ask=ask(taken=1)), r"'ask\.taken': must be true or false"),
         (records(ask=[1]), r"'ask': must be an object"),
-        (user(answers=[answer(sources=0)]), r"'answers\[0\]\.sources': must be an integer in \[1, "),
-        (user(answers=[answer(text="  ")]), r"'answers\[0\]\.text': must be a non-empty string"),
-        (user(answers=[answer(identity="")]), r"'answers\[0\]\.identity'"),
-        (user(answers=[3]), r"'answers\[0\]': must be an object"),
-        (user(compactions=1.0), r"'compactions'"),
+        (state(answers=[answer(sources=0)]), r"'answers\[0\]\.sources': must be an integer in \[1, "),
+        (state(answers=[answer(text="  ")]), r"'answers\[0\]\.text': must be a non-empty string"),
+        (state(answers=[answer(identity="")]), r"'answers\[0\]\.identity'"),
+        (state(answers=[3]), r"'answers\[0\]': must be an object"),
+        (state(compactions=1.0), r"'compactions'"),
     ],
 )
 def test_wrong_types_and_ranges_are_refused_naming_the_path(data: dict[str, object], message: str) -> None:
@@ -311,12 +337,24 @@ def test_wrong_types_and_ranges_are_refused_naming_the_path(data: dict[str, obje
         (anchored(tools_shed=4, spared_tools=[1], shed_sizes=[[1, 2]]), r"'shed_sizes': position 1 is spared"),
         (records(settled=[2, 5], ask=ask(targets=[1, 5])), r"'ask\.targets': position 5 is also settled"),
         (records(ask=ask(targets=[])), r"'ask\.targets': must name at least one group"),
-        (user(answers=[answer(turns=3)]), r"'answers\[0\]\.turns': an answer with text carries no turns"),
-        (user(descriptions=[answer(summary_id="user_summary_1", sources=None)]), r"'descriptions\[0\]\.summary_id'"),
-        (user(descriptions=[answer()]), r"'descriptions\[0\]\.sources'"),
+        (state(answers=[answer(turns=3)]), r"'answers\[0\]\.turns': an answer with text carries no turns"),
+        (state(answers=[answer(kind="media")]), r"'answers\[0\]\.message_id': must be null for a media answer"),
+        (state(answers=[answer(after=4)]), r"'answers\[0\]\.after': a summary answer has no place"),
+        (
+            state(answers=[answer(kind="record", message_id="compaction_record_0123456789abcdef")]),
+            r"'answers\[0\]\.after': a record answer needs place",
+        ),
+        (
+            state(answers=[answer(kind="emergency_fold", message_id="user_summary_emergency_fold_0")]),
+            r"'answers\[0\]\.sources': must be an integer in \[2, ",
+        ),
         *(
-            (user(answers=[answer(summary_id=bad)]), r"'answers\[0\]\.summary_id': must be 'user_summary_<n>' or")
-            for bad in ("q3", "user_summary_", "user_summary_01", "user_summary_fold_x", "user_summary_1 ", "record_1")
+            (state(answers=[answer(message_id=bad)]), r"'answers\[0\]\.message_id': must be an id of the form")
+            for bad in ("q3", "user_summary_", "user_summary_01", "user_summary_fold_1", "user_summary_1 ", "record_1")
+        ),
+        (
+            state(answers=[answer(kind="merge")]),
+            r"'answers\[0\]\.message_id': must be an id of the form record_replacement_",
         ),
     ],
 )
@@ -325,50 +363,62 @@ def test_inconsistent_snapshots_are_refused(data: dict[str, object], message: st
         read(data)
 
 
-def test_todays_dicts_are_byte_compatible() -> None:
-    """The envelope keeps the layout, order and version every snapshot has (the anchored one gained
-    ``distilled`` in version 2; version 1 is still read, tests/test_stored_fixtures.py)."""
+def test_the_stored_layout_is_the_declared_one() -> None:
+    """One header at the top (kind, version 1), then the fields in their declared order; nested values carry none;
+    enumerations are stored by value."""
     assert json.dumps(AnchoredSnapshot(tools_shed=3, spared_tools=(1,), keep_head_groups=3).to_dict()) == (
-        '{"kind": "anchored", "version": 2, "tools_shed": 3, "texts_shed": 0, "shortened": 0, "spared_tools": [1], '
+        '{"kind": "anchored", "version": 1, "tools_shed": 3, "texts_shed": 0, "shortened": 0, "spared_tools": [1], '
         '"spared_texts": [], "shed_sizes": [], "distilled": [], "keep_head_groups": 3}'
     )
-    assert json.dumps(RecordDecisions((0,), Ask((2,), 1, 3, taken=True)).to_dict()) == (
+    ask = Ask(targets=(2,), records_at_ask=1, responses_at_ask=3, taken=True)
+    assert json.dumps(RecordDecisions(settled=(0,), ask=ask).to_dict()) == (
         '{"kind": "records", "version": 1, "settled": [0], "ask": {"targets": [2], "records_at_ask": 1, '
         '"responses_at_ask": 3, "taken": true}}'
     )
-    assert json.dumps(UserSummarySnapshot((Answer("i", None, "user_summary_0", 2, turns=4),), (), 1, 0).to_dict()) == (
-        '{"kind": "user_summaries", "version": 1, "answers": [{"identity": "i", "text": null, "summary_id": '
-        '"user_summary_0", "sources": 2, "turns": 4}], "descriptions": [], "compactions": 1, "folds": 0}'
-    )
+    failed = Answer(identity="i", kind=RequestKind.SUMMARY, message_id="user_summary_0", sources=2, turns=4)
+    stored = State(answers=(failed,), compactions=1).to_dict()
+    assert list(stored) == [
+        "kind",
+        "version",
+        "records",
+        "fallback",
+        "recall",
+        "chain",
+        "answers",
+        "compactions",
+        "folds",
+    ]
+    assert stored["answers"] == [
+        {
+            "identity": "i",
+            "kind": "summary",
+            "text": None,
+            "message_id": "user_summary_0",
+            "sources": 2,
+            "turns": 4,
+            "after": None,
+        }
+    ]
+    assert "kind" not in cast("dict[str, object]", stored["fallback"])
+    assert cast("dict[str, object]", stored["recall"])["route"] == "pinned"
+    stack = StackState(kind="records", state=State()).to_dict()
+    assert list(stack) == ["kind", "version", "strategy", "state"]
+    assert (stack["kind"], stack["version"], stack["strategy"]) == ("stack", 1, "records")
 
 
-def test_an_older_layout_is_read_when_declared() -> None:
-    """An envelope reads an older version's fields when a kind declares it (the hook new kinds migrate by)."""
-    layouts = {1: ("streak",), 2: ("streak", "disabled")}
-    old = opened("recall", layouts, {"kind": "recall", "version": 1, "streak": 2})
-    assert old["streak"] == 2
-    with pytest.raises(SnapshotError, match="'disabled' is missing"):
-        opened("recall", layouts, {"kind": "recall", "version": 2, "streak": 2})
-    with pytest.raises(SnapshotError, match="unknown snapshot field"):
-        opened("recall", layouts, {"kind": "recall", "version": 1, "streak": 2, "disabled": True})
-    with pytest.raises(SnapshotVersionError):
-        opened("recall", layouts, {"kind": "recall", "version": 3, "streak": 2, "disabled": True})
-
-
-@dataclass(frozen=True)
-class _Streak:
-    streak: Count = 0
-    disabled: bool = False
-
-
-def test_a_writer_writes_what_its_reader_reads_in_declared_order() -> None:
-    """A schema's fields are declared once, on the value: writer and reader cannot drift apart."""
-    Schema("streak", 1, _Streak)
-    assert list(dump(_Streak(1))) == ["kind", "version", "streak", "disabled"]
-    assert dump(_Streak(1)) == {"kind": "streak", "version": 1, "streak": 1, "disabled": False}
-    assert load(_Streak, dump(_Streak(2, True))) == _Streak(2, True)
-    with pytest.raises(SnapshotError, match="'disabled' is missing"):
-        load(_Streak, {"kind": "streak", "version": 1, "streak": 1})
+def test_a_stack_is_read_for_the_kind_the_builder_makes() -> None:
+    data = StackState(kind="composition", state=State(folds=2)).to_dict()
+    assert StackState.from_dict(data, kind="composition").state.folds == 2
+    with pytest.raises(StackKindError, match="'composition' stack but the builder makes a 'records' stack"):
+        StackState.from_dict(data, kind="records")
+    with pytest.raises(
+        SnapshotError, match=r"snapshot field 'strategy': must be 'composition' or 'records', got 'anchored'"
+    ):
+        StackState.from_dict({**data, "strategy": "anchored"}, kind="records")
+    with pytest.raises(SnapshotError, match=r"snapshot field 'state\.folds'"):
+        StackState.from_dict(
+            {**data, "state": {**cast("dict[str, object]", data["state"]), "folds": -1}}, kind="composition"
+        )
 
 
 def test_a_long_bad_value_is_shown_cut_short() -> None:
@@ -541,85 +591,45 @@ def test_an_ask_for_a_settled_group_is_refused(decisions: RecordDecisions, data:
         RecordDecisions.from_dict(stored)
 
 
-# ----------------------------------------------------------------------------- the composition's chain
+# ----------------------------------------------------------------------------- the one table of answers
 
 
-@given(chain_decisions)
-def test_the_chains_decisions_round_trip_through_the_envelope_and_json(chain: ChainDecisions) -> None:
-    data = json.loads(json.dumps(dump(chain)))
-    assert ChainDecisions.from_dict(data) == chain
-    state = CompositionState(chain=chain)
-    assert CompositionState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
+@given(states())
+def test_a_whole_state_round_trips_through_json(value: State) -> None:
+    data = json.loads(json.dumps(value.to_dict()))
+    head = (
+        value.fallback.keep_head_groups
+        if value.fallback.keep_head_groups is not None
+        else value.chain.shed.keep_head_groups
+    )
+    assert State.from_dict(data, keep_head_groups=head) == value
+    assert (
+        StackState.from_dict(StackState(kind="composition", state=value).to_dict(), kind="composition").state == value
+    )
 
 
-def test_a_failed_replacement_is_dated_and_a_version_1_failure_still_stands_for_ever() -> None:
-    failed = Answer("i" * 32, None, "record_replacement_0", 2, turns=5)
-    data = dump(ChainDecisions(replacements=(("merge", failed),)))
-    assert data["version"] == 3
-    assert cast("list[dict[str, object]]", data["replacements"])[0]["turns"] == 5
-    restored = ChainDecisions.from_dict(data).replacements[0][1]
+def test_a_failure_is_dated_and_stands_until_the_next_user_turn() -> None:
+    failed = Answer(identity="i" * 32, kind=RequestKind.MERGE, message_id="record_replacement_0", sources=2, turns=5)
+    data = State(answers=(failed,)).to_dict()
+    assert cast("list[dict[str, object]]", data["answers"])[0]["turns"] == 5
+    restored = State.from_dict(json.loads(json.dumps(data))).answers[0]
     assert (restored.stands(5), restored.stands(6)) == (True, False), "a failure stands until the next user turn"
-    # Version 1 had no date: its failures were never asked again, and read so they still are not.
-    old = {
-        **data,
-        "version": 1,
-        "replacements": [
-            {k: v for k, v in entry.items() if k != "turns"}
-            for entry in cast("list[dict[str, object]]", data["replacements"])
-        ],
-    }
-    legacy = ChainDecisions.from_dict(old).replacements[0][1]
-    assert (legacy.turns, legacy.stands(10**6)) == (None, True)
-    with pytest.raises(SnapshotError, match=r"unknown snapshot field\(s\) 'replacements\[0\]\.turns'"):
-        ChainDecisions.from_dict({**data, "version": 1})
+    kept = Answer(identity="k" * 32, kind=RequestKind.MERGE, text="TL-1", message_id="record_replacement_1", sources=2)
+    assert kept.stands(10**6)
 
 
-def test_a_version_1_composition_state_reads_unless_a_kept_merge_makes_its_counts_ambiguous() -> None:
-    kept = ("merge", Answer("i" * 32, "record\nTL-1", "record_replacement_0", 2))
-    calm = CompositionState(chain=ChainDecisions(replacements=(kept,)))
-    waiting = CompositionState(chain=ChainDecisions(replacements=(kept,), wait_since=3))
-    unmerged = CompositionState(chain=ChainDecisions(wait_since=3))
-    for state in (calm, unmerged):
-        data = {**state.to_dict(), "version": 1}
-        data.pop("written")  # version 3 added the records written over the cached prefix
-        assert CompositionState.from_dict(json.loads(json.dumps(data))) == state, "the two layouts agree here"
-    assert CompositionState.from_dict(waiting.to_dict()) == waiting
-    older = {name: value for name, value in waiting.to_dict().items() if name != "written"}
-    with pytest.raises(SnapshotError, match=r"snapshot field 'records': a version-1 snapshot with a kept record merge"):
-        CompositionState.from_dict({**older, "version": 1})
-
-
-def test_an_emergency_fold_reads_from_version_3_only_and_carries_a_fold_id() -> None:
-    fold = ("fold", Answer("f" * 32, "folded TL-1", "user_summary_emergency_fold_0", 2))
-    data = dump(ChainDecisions(replacements=(fold,)))
-    assert data["version"] == 3
-    assert ChainDecisions.from_dict(json.loads(json.dumps(data))).replacements == (fold,)
+def test_a_choice_field_names_the_values_it_allows() -> None:
+    """A wrong choice says which values are allowed (msgspec's own text would not)."""
+    stored = state()
+    recall = cast("dict[str, object]", stored["recall"])
+    with pytest.raises(SnapshotError, match=r"'recall\.next_pin': must be 'reforce', 'size' or null, got 'bogus'"):
+        State.from_dict({**stored, "recall": {**recall, "next_pin": "bogus"}})
     with pytest.raises(
-        SnapshotError, match=r"'replacements\[0\]\.kind': must be one of 'merge', 'rewrite', got 'fold'"
+        SnapshotError, match=r"'recall\.route': must be 'pinned', 'cached_prefix', 'pins_ignored' or 'none', got 'x'"
     ):
-        ChainDecisions.from_dict({**data, "version": 2})
-    entry = cast("list[dict[str, object]]", data["replacements"])[0]
-    for bad, message in (
-        ({"replacement_id": "record_replacement_0"}, r"must be user_summary_emergency_fold_<n>"),
-        ({"sources": 1}, r"'replacements\[0\]\.sources': must be an integer"),
-    ):
-        with pytest.raises(SnapshotError, match=message):
-            ChainDecisions.from_dict({**data, "replacements": [{**entry, **bad}]})
-
-
-@pytest.mark.parametrize(
-    ("entry", "message"),
-    [
-        ({"text": "merged", "turns": 3}, r"'replacements\[0\]\.turns': an answer with text carries no turns"),
-        ({"text": None, "turns": -1}, r"'replacements\[0\]\.turns': must be an integer"),
-        ({"text": None, "turns": True}, r"'replacements\[0\]\.turns': must be an integer"),
-    ],
-)
-def test_an_inconsistent_replacement_is_refused_naming_the_field(entry: dict[str, object], message: str) -> None:
-    data = dump(ChainDecisions(replacements=(("merge", Answer("i" * 32, None, "record_replacement_0", 2)),)))
-    data["replacements"] = [{**cast("list[dict[str, object]]", data["replacements"])[0], **entry}]
-    with pytest.raises(SnapshotError, match=message):
-        ChainDecisions.from_dict(data)
+        State.from_dict({**stored, "recall": {**recall, "route": "x"}})
+    with pytest.raises(SnapshotError, match=r"'answers\[0\]\.kind': must be 'record', 'summary', 'fold', 'media'"):
+        State.from_dict(state(answers=[answer(kind="bogus")]))
 
 
 @pytest.mark.parametrize(
@@ -636,17 +646,3 @@ def test_a_malformed_value_built_from_tuples_is_named_like_one_read_from_json(
     reader = RecordDecisions.from_dict if field.startswith("settled") else AnchoredSnapshot.from_dict
     with pytest.raises(SnapshotError, match=re.escape(f"snapshot field {field!r}")):
         reader(build())
-
-
-def test_a_choice_field_names_the_values_it_allows() -> None:
-    """A wrong choice says which values are allowed (msgspec's own text would not)."""
-    from maf_compaction.core.recall import RecallState
-
-    stored = dump(RecallState())
-    with pytest.raises(SnapshotError, match=r"'next_pin': must be 'reforce', 'size' or null, got 'bogus'"):
-        load(RecallState, {**stored, "next_pin": "bogus"})
-    chain = dump(ChainDecisions(replacements=(("merge", Answer("i" * 32, "text", "record_replacement_0", 2)),)))
-    entry = cast("list[dict[str, object]]", chain["replacements"])[0]
-    entry["kind"] = "bogus"
-    with pytest.raises(SnapshotError, match=r"'replacements\[0\]\.kind': must be 'fold', 'merge' or 'rewrite'"):
-        ChainDecisions.from_dict(chain)

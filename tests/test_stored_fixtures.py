@@ -1,10 +1,13 @@
-"""Sessions and snapshots stored by the previous release restore and continue as they did then.
+"""Stored sessions and snapshots restore and continue as they did when they were made.
 
 The fixtures under ``fixtures/stored/`` were written once by ``fixtures/stored/make_stored.py``
-against release 039d1db and are frozen: each holds what a user stored (a strategy's
+against release 039d1db; each holds what a user stored (a strategy's
 ``decision_state().to_dict()``, ``CompactionStack.to_dict()``, ``AgentSession.to_dict()``)
 and what continuing from it produced then (the compacted messages, the prompts the model
-received, the summarizer's calls, the decisions read back through public values).
+received, the summarizer's calls, the decisions read back through public values). When the
+stored format started over at version 1 (one state per conversation), the stored values were
+rewritten field for field in it; the continuations are still those the release produced, so
+the same decisions in today's format continue with the same bytes.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from maf_compaction.core.snapshot import AnchoredSnapshot
 from stored_scenarios import anchored_continuation, continue_session, stack_continuation, user_continuation
 
 STORED = Path(__file__).parent / "fixtures" / "stored"
@@ -27,10 +29,7 @@ def _load(name: str) -> dict[str, Any]:
 
 async def test_a_stored_anchored_snapshot_restores_and_continues_with_the_same_bytes() -> None:
     fixture = _load("anchored")
-    expected = fixture["expected"]
-    # The decisions were written in the anchored envelope's version 1; read them as today's.
-    expected = {**expected, "decisions": AnchoredSnapshot.from_dict(expected["decisions"]).to_dict()}
-    assert await anchored_continuation(fixture["stored"]) == expected
+    assert await anchored_continuation(fixture["stored"]) == fixture["expected"]
 
 
 async def test_a_stored_user_summary_snapshot_restores_and_continues_with_the_same_bytes() -> None:

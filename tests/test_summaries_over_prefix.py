@@ -8,9 +8,9 @@ continue the task. <prompt>`` followed by :data:`PREFIX_ITEMS_HEADING` and the t
 through the agent's chat client at its provider layer. The answer is judged like a summarizer answer (the same
 request identity, smaller than the turns it replaces) and must quote a value of the turns when they carry any (an
 answer that called a tool is never a summary). Summaries have their own verdict: one ignored answer or failure is
-not kept (not even as a failure) and sets ``RecallState.summaries_prefix_disabled``, the same summary goes to the
+not kept (not even as a failure) and sets ``RecallState.summaries_to_summarizer``, the same summary goes to the
 summarizer client on the same pass and every later one follows it there, while records keep going over the cached
-prefix (their own streak, ``ignored_instructions`` and ``prefix_disabled``, is not touched). A pass that runs before
+prefix (their own streak, ``ignored_instructions`` and the record route, is not touched). A pass that runs before
 any request went through the recall middleware (a ``CompactionProvider`` compacting a loaded session before the
 run), or without the middleware, has no head to repeat: the summarizer client answers. Inside a request the
 middleware already holds the caller's head, so even the first request's summary goes over the prompt as it stands
@@ -65,11 +65,13 @@ from maf_compaction import (
 )
 from maf_compaction.adapters.convert import SUMMARIZED_BY_KEY, SUMMARY_KEY, SUMMARY_OF_KEY, is_summary
 from maf_compaction.bench.sessions import make_builder
+from maf_compaction.core import records as record_rules
 from maf_compaction.core.composition import SummaryRequest
 from maf_compaction.core.counting import MESSAGE_OVERHEAD_TOKENS
 from maf_compaction.core.effects import COMPACTION_REQUEST
-from maf_compaction.core.recall import RecallState
+from maf_compaction.core.recall import RecallState, no_route
 from maf_compaction.core.records import RECORD_INSTRUCTION, RECORD_MARKER, SUMMARY_SECTION
+from maf_compaction.core.state import BOUNDED_KINDS, Answer
 from maf_compaction.core.user_summaries import (
     DEFAULT_PROMPT,
     EXCLUDE_REASON,
@@ -221,6 +223,11 @@ def summary_asks(sent: Sequence[Sent]) -> list[int]:
 
 def canonical(sent: Sequence[Sent]) -> list[tuple[str, ...]]:
     return [s.canonical for s in sent]
+
+
+def user_answers(run: Talk) -> tuple[Answer, ...]:
+    """The user half's remembered answers (its summaries and folds, kept or refused), oldest first."""
+    return tuple(a for a in run.strategy.decision_state().answers if a.kind in BOUNDED_KINDS)
 
 
 # --- wiring ---------------------------------------------------------------------------------------------------
@@ -506,8 +513,8 @@ async def test_summaries_are_asked_over_the_cached_prefix_and_the_summarizer_is_
     # No tool runs for a request over the cached prefix, and every question got its lookup.
     assert run.invoked == list(range(TURNS))
     assert run.replies == [f"done with item {n}" for n in range(TURNS)]
-    state = run.stack.tool_results.state_cell.value.recall
-    assert (state.ignored_instructions, state.prefix_disabled) == (0, False)
+    state = run.stack.tool_results.conversation.value.recall
+    assert (state.ignored_instructions, no_route(state)) == (0, False)
     if stream:  # the same conversation as the blocking run (the framework renders a streamed call's arguments apart)
         blocking = await played()
         assert asks == summary_asks(blocking.sent)
@@ -563,8 +570,7 @@ async def test_the_summaries_and_the_conversation_are_those_of_the_summarizer_ro
     assert stored_form(prefix) == stored_form(summarizer)
 
     def answers(run: Talk) -> list[tuple[object, ...]]:
-        state = run.strategy.decision_state().users
-        return [(a.identity, a.text, a.summary_id, a.sources, a.turns) for a in state.answers]
+        return [(a.identity, a.text, a.message_id, a.sources, a.turns) for a in user_answers(run)]
 
     assert answers(prefix) == answers(summarizer)
     assert [a[1] for a in answers(prefix)] == [
@@ -600,7 +606,7 @@ async def test_an_answer_larger_than_its_turns_is_refused_as_a_summarizer_answer
     assert len(asks) == other.summarizer.calls >= 2
     assert not [m for m in run.stored() if is_summary(m)]
     assert run.strategy.user_turns.user_compactions == 0
-    answers = run.strategy.decision_state().users.answers
+    answers = user_answers(run)
     remembered = run.strategy.user_turns.config.remembered_requests
     assert len(answers) == min(len(asks), remembered)
     # The newest refusals, as many as the strategy remembers.
@@ -610,13 +616,13 @@ async def test_an_answer_larger_than_its_turns_is_refused_as_a_summarizer_answer
     assert len(set(instructions)) == len(instructions), "a refused summary was asked for again"
     bands = [named(text) for text in instructions]
     assert all(set(a) < set(b) for a, b in itertools.pairwise(bands)), f"each ask must cover a larger band: {bands}"
-    state = run.stack.tool_results.state_cell.value.recall
-    assert (state.ignored_instructions, state.prefix_disabled) == (0, False)
+    state = run.stack.tool_results.conversation.value.recall
+    assert (state.ignored_instructions, no_route(state)) == (0, False)
     assert run.summarizer.calls == 0
     assert not facts_kept(run, range(TURNS))
     assert without_instructions(run.sent) == without_instructions(other.sent)
     assert stored_form(run) == stored_form(other)
-    assert answers == other.strategy.decision_state().users.answers
+    assert answers == user_answers(other)
 
 
 # --- 2. no request seen: the summarizer client ------------------------------------------------------------------
@@ -692,7 +698,7 @@ async def test_a_pass_before_any_request_asks_the_summarizer_then_summaries_go_o
     session = agent.create_session()
     session.state[history.source_id] = {"messages": loaded_notes()}
     run = Talk(client, stack, agent, session, invoked, summarizer=summarizer, words=long_note)
-    assert stack.tool_results.state_cell.value.recall.seen is None
+    assert stack.tool_results.conversation.value.recall.seen is None
     await run.turn(12)
     assert summarizer.calls == 1, "the summary of the loaded turns did not go to the summarizer"
     assert not [s for s in run.sent if over_prefix(s)]
@@ -800,7 +806,7 @@ async def test_one_ignored_or_failed_summary_goes_to_the_summarizer_on_the_same_
     answer: SummaryAnswer, warnings_seen: list[str]
 ) -> None:
     """Small talk, the task continued, a tool call, nothing, or a failed request, for the first summary asked over the
-    cached prefix: no summary is kept of it (not even a failure), ``summaries_prefix_disabled`` is set, and the same
+    cached prefix: no summary is kept of it (not even a failure), ``summaries_to_summarizer`` is set, and the same
     summary goes to the summarizer client at once, whose answer enters history; every later summary goes there too.
     The record route's own streak is untouched, no tool runs, and the conversation and its history are those of the
     run whose model follows the instruction (whose answer is the summarizer's, byte for byte)."""
@@ -813,13 +819,13 @@ async def test_one_ignored_or_failed_summary_goes_to_the_summarizer_on_the_same_
     assert asks == summary_asks(faithful.sent)[:1], f"summary requests over the cached prefix at {asks}"
     check_summary_requests(run)
     check_given_to_the_summarizer(run, asks[0])
-    state = run.stack.tool_results.state_cell.value.recall
-    assert (state.summaries_prefix_disabled, state.prefix_disabled, state.ignored_instructions) == (True, False, 0)
+    state = run.stack.tool_results.conversation.value.recall
+    assert (state.summaries_to_summarizer, no_route(state), state.ignored_instructions) == (True, False, 0)
     assert run.strategy.prefix_requests == 1
     assert run.strategy.failed_prefix_requests == (1 if answer in ("raise", "empty") else 0)
     summaries = summarizer_summaries(run)
     assert run.summarizer.calls == run.strategy.user_turns.user_compactions == len(summaries) >= 1
-    assert run.strategy.decision_state().users.answers == faithful.strategy.decision_state().users.answers
+    assert user_answers(run) == user_answers(faithful)
     assert canonical([s for s in sent if not asks_summary(s)]) == canonical(
         [s for s in faithful.sent if not asks_summary(s)]
     )
@@ -840,12 +846,12 @@ async def test_summaries_and_records_each_have_their_own_verdict(
 ) -> None:
     """Lookup conversation, 16 turns. A model that ignores summary instructions and follows record instructions
     gives up only the summaries' route (one strike): every record, before and after, is still asked over the cached
-    prefix and followed, and ``prefix_disabled`` stays off. A model that ignores record instructions and follows
-    summary instructions gives up the records' route after two in a row (``prefix_disabled``, which sends summaries
-    to the summarizer as well), and ``summaries_prefix_disabled`` stays off: no summary answer was judged ignored."""
+    prefix and followed, and the record route stays on. A model that ignores record instructions and follows
+    summary instructions gives up the records' route after two in a row (``RecordRoute.NONE``, which sends summaries
+    to the summarizer as well), and ``summaries_to_summarizer`` stays off: no summary answer was judged ignored."""
     run = await talk(model=Model(summary_answer=summary_answer, record_answer=record_answer)).play(range(16))
     sent = run.sent
-    state = run.stack.tool_results.state_cell.value.recall
+    state = run.stack.tool_results.conversation.value.recall
     asks = summary_asks(sent)
     records = [i for i, s in enumerate(sent) if s.asks_record]
     summaries = summarizer_summaries(run)
@@ -856,7 +862,7 @@ async def test_summaries_and_records_each_have_their_own_verdict(
     check_ignored_answer_left_out(run)
     assert not facts_kept(run, range(16))
     if summary_answer == "small_talk":
-        assert (state.summaries_prefix_disabled, state.prefix_disabled, state.ignored_instructions) == (True, False, 0)
+        assert (state.summaries_to_summarizer, no_route(state), state.ignored_instructions) == (True, False, 0)
         assert len(asks) == 1, f"summaries asked over the cached prefix after the first was ignored: {asks}"
         later = [i for i in records if i > asks[0]]
         assert len(later) >= 2, "no record went over the cached prefix after the summaries' route was given up"
@@ -864,7 +870,7 @@ async def test_summaries_and_records_each_have_their_own_verdict(
         assert not [s.number for s in sent if s.pinned], "a record was pinned"
         assert run.invoked == list(range(16))
     else:
-        assert (state.summaries_prefix_disabled, state.prefix_disabled, state.ignored_instructions) == (False, True, 2)
+        assert (state.summaries_to_summarizer, no_route(state), state.ignored_instructions) == (False, True, 2)
         assert asks == []
         assert len(records) == 2
         assert [run.client.answers[i] for i in records] == [SMALL_TALK, SMALL_TALK]
@@ -890,8 +896,8 @@ async def test_an_ignored_summary_over_a_prompt_past_the_budget_is_answered_by_t
     check_given_to_the_summarizer(run, asks[0])
     assert run.summarizer.calls == run.strategy.user_turns.user_compactions == len(summarizer_summaries(run)) >= 2
     assert all(s.size <= BUDGET for s in run.sent), [s.number for s in run.sent if s.size > BUDGET]
-    state = run.stack.tool_results.state_cell.value.recall
-    assert (state.summaries_prefix_disabled, state.prefix_disabled) == (True, False)
+    state = run.stack.tool_results.conversation.value.recall
+    assert (state.summaries_to_summarizer, no_route(state)) == (True, False)
     check_ignored_answer_left_out(run)
     assert run.replies == [f"noted {n}" for n in range(NOTES)]
     assert not facts_kept(run, range(NOTES))
@@ -908,8 +914,8 @@ async def test_a_tool_call_is_never_taken_for_a_summary() -> None:
     assert len(asks) == 1, f"summary requests over the cached prefix at {asks}"
     assert run.client.answers[asks[0]] == "", "the model answered the instruction with text, not a call"
     check_given_to_the_summarizer(run, asks[0])
-    state = run.stack.tool_results.state_cell.value.recall
-    assert (state.summaries_prefix_disabled, state.prefix_disabled) == (True, False)
+    state = run.stack.tool_results.conversation.value.recall
+    assert (state.summaries_to_summarizer, no_route(state)) == (True, False)
     assert run.summarizer.calls == run.strategy.user_turns.user_compactions == len(summarizer_summaries(run)) >= 1
     check_ignored_answer_left_out(run)
     assert run.invoked == list(range(TURNS)), "a tool ran for the summary request"
@@ -1004,7 +1010,7 @@ async def test_a_restored_session_continues_with_identical_requests_and_asks_no_
         assert asks == summary_asks(reference.sent), f"restored after turn {boundary}: summaries asked at {asks}"
         assert first.summarizer.calls == second.summarizer.calls == 0
         assert stored_form(second) == stored_form(reference)
-        answers = second.strategy.decision_state().users.answers
+        answers = user_answers(second)
         assert len({a.identity for a in answers}) == len(answers)
 
 
@@ -1058,9 +1064,9 @@ async def test_an_answer_without_the_summary_part_keeps_the_record_and_the_summa
         assert sent[i + 1].texts[-1].startswith(COMPACTION_REQUEST)
         assert not sent[i + 1].asks_record
         assert named(sent[i + 1].texts[-1]) == named(sent[i].texts[-1]), "the summary asked alone is another one"
-    state = run.stack.tool_results.state_cell.value.recall
-    assert (state.ignored_instructions, state.prefix_disabled, state.summaries_prefix_disabled) == (0, False, False)
-    written = run.stack.tool_results.state_cell.value.written
+    state = run.stack.tool_results.conversation.value.recall
+    assert (state.ignored_instructions, no_route(state), state.summaries_to_summarizer) == (0, False, False)
+    written = record_rules.written(run.stack.tool_results.conversation.value)
     assert len(written) >= len(both), "a record answered without its summary part was not kept"
     assert run.summarizer.calls == 0
     assert not facts_kept(run, range(TURNS))

@@ -36,8 +36,8 @@ from maf_compaction import (
     MediaTokenEstimator,
     SnapshotError,
     SnapshotVersionError,
+    State,
     ToolResultAnchoredSummarizationCompactionStrategy,
-    UserSummarySnapshot,
     UserTurnAnchoredSummarizationCompactionStrategy,
 )
 from maf_compaction.adapters.convert import (
@@ -52,9 +52,8 @@ from maf_compaction.adapters.convert import (
 from maf_compaction.adapters.user_summaries import EXCLUDE_REASON, FOLD_EXCLUDE_REASON
 from maf_compaction.core.anchored import TOOL_NOTE_PREFIX
 from maf_compaction.core.counting import MESSAGE_OVERHEAD_TOKENS
-from maf_compaction.core.effects import Answer
 from maf_compaction.core.records import RECORD_MARKER, RECORD_PREFIX
-from maf_compaction.core.user_snapshot import USER_SNAPSHOT_KIND
+from maf_compaction.core.state import Answer, RequestKind
 from maf_compaction.core.user_summaries import (
     DEFAULT_FOLD_PROMPT,
     DEFAULT_PROMPT,
@@ -582,7 +581,7 @@ def test_ids_pass_every_id_already_in_the_conversation() -> None:
 def test_ids_continue_after_a_restore_and_folds_count_apart() -> None:
     messages = conversation(8)
     worker = strategy(ScriptedSummarizer(), budget=over_budget(messages), min_band_share=0)
-    worker.restore_decisions(UserSummarySnapshot(compactions=5, folds=2))
+    worker.restore_decisions(State(compactions=5, folds=2))
     assert run(worker, messages) is True
     assert [m.message_id for m in summaries(messages)] == ["user_summary_5"]
     assert worker.decision_state().compactions == 6
@@ -597,7 +596,7 @@ def test_ids_continue_after_a_restore_and_folds_count_apart() -> None:
     folder = strategy(
         ScriptedSummarizer(), budget=10, summary_mode="fold", min_band_share=0, max_summary_input_tokens=999
     )
-    folder.restore_decisions(UserSummarySnapshot(compactions=0, folds=2))
+    folder.restore_decisions(State(compactions=0, folds=2))
     assert run(folder, folded) is True
     assert [m.message_id for m in summaries(folded)] == [f"{FOLD_ID_PREFIX}5"]
     assert folder.user_folds == 1
@@ -893,7 +892,7 @@ async def test_cancellation_in_the_summarizer_propagates_and_changes_nothing() -
     with pytest.raises(asyncio.CancelledError):
         await task
     assert stored_state(messages) == before
-    assert worker.decision_state() == UserSummarySnapshot()
+    assert worker.decision_state() == State()
     assert worker.user_summary_failures == 0
     # Nothing was remembered: the next pass asks again and succeeds.
     client.script = extractive
@@ -1038,7 +1037,12 @@ def test_remembered_requests_bounds_the_answers_kept(remembered: int) -> None:
     assert run(worker, copy.deepcopy(states[0])) is True
     assert client.calls == (3 if remembered >= 3 else 4)
     # A restore keeps no more than this instance remembers.
-    many = UserSummarySnapshot(answers=tuple(Answer(f"id{i}", "text", "user_summary_0", 1) for i in range(5)))
+    many = State(
+        answers=tuple(
+            Answer(identity=f"id{i}", kind=RequestKind.SUMMARY, text="text", message_id="user_summary_0", sources=1)
+            for i in range(5)
+        )
+    )
     worker.restore_decisions(many.to_dict())
     assert [a.identity for a in worker.decision_state().answers] == [f"id{i}" for i in range(5)][-remembered:]
 
@@ -1239,7 +1243,7 @@ async def test_cancellation_in_the_hook_propagates() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert stored_state(messages) == before
-    assert worker.decision_state().descriptions == ()
+    assert worker.decision_state().answered(RequestKind.MEDIA) == ()
     assert client.calls == 0
 
 
@@ -1308,7 +1312,7 @@ def test_descriptions_are_reused_across_both_lists_and_a_restore() -> None:
     assert shown(in_call) == shown(stored)
 
     snapshot = worker.decision_state()
-    [description] = snapshot.descriptions
+    [description] = snapshot.answered(RequestKind.MEDIA)
     records = to_history(messages, ESTIMATOR.parts, note_kind="anchored")
     assert description.identity == media_identity(records[5], 1)  # u2 is the sixth message
     assert description.text == "a bar chart"
@@ -1431,32 +1435,68 @@ def test_a_band_of_only_pasted_markers_is_still_summarised() -> None:
 
 
 def test_the_snapshot_round_trips_through_json() -> None:
-    snapshot = UserSummarySnapshot(
+    snapshot = State(
         answers=(
-            Answer("a" * 32, "The user asked for RQ-1A2B3C.", "user_summary_3", 4),
-            Answer("b" * 32, None, "user_summary_fold_1", 2, turns=7),
-            Answer("c" * 32, "legacy", None, None),
+            Answer(
+                identity="a" * 32,
+                kind=RequestKind.SUMMARY,
+                text="The user asked for RQ-1A2B3C.",
+                message_id="user_summary_3",
+                sources=4,
+            ),
+            Answer(identity="b" * 32, kind=RequestKind.FOLD, message_id="user_summary_fold_1", sources=2, turns=7),
+            Answer(identity="c" * 32, kind=RequestKind.SUMMARY, text="no sources", message_id="user_summary_2"),
+            Answer(identity="d" * 32, kind=RequestKind.MEDIA, text="a bar chart"),
+            Answer(identity="e" * 32, kind=RequestKind.MEDIA, turns=3),
+            Answer(identity="f" * 32, kind=RequestKind.MEDIA),
         ),
-        descriptions=(Answer("d" * 32, "a bar chart"), Answer("e" * 32, None, turns=3), Answer("f" * 32, None)),
         compactions=4,
         folds=2,
     )
     data = json.loads(json.dumps(snapshot.to_dict()))
-    assert data["kind"] == USER_SNAPSHOT_KIND
+    assert data["kind"] == "state"
     assert data["version"] == 1
-    assert UserSummarySnapshot.from_dict(data) == snapshot
-    assert UserSummarySnapshot.from_dict(UserSummarySnapshot().to_dict()) == UserSummarySnapshot()
+    assert State.from_dict(data) == snapshot
+    assert State.from_dict(State().to_dict()) == State()
 
 
 def test_a_newer_snapshot_is_refused_naming_its_version() -> None:
-    data = {**UserSummarySnapshot().to_dict(), "version": 2}
+    data = {**State().to_dict(), "version": 2}
     with pytest.raises(SnapshotVersionError, match="version 2") as caught:
-        UserSummarySnapshot.from_dict(data)
+        State.from_dict(data)
     assert caught.value.version == 2
     worker = strategy(ScriptedSummarizer())
     with pytest.raises(SnapshotVersionError, match="version 2"):
         worker.restore_decisions(data)
-    assert worker.decision_state() == UserSummarySnapshot()
+    assert worker.decision_state() == State()
+
+
+def _stored(**fields: Any) -> dict[str, Any]:
+    """A stored state, every field present, with ``fields`` in place of the empty state's."""
+    return {**State().to_dict(), **fields}
+
+
+def _answer(**fields: Any) -> dict[str, Any]:
+    """A stored summary answer, every field present, with ``fields`` in place of a valid one's."""
+    valid = {
+        "identity": "i",
+        "kind": "summary",
+        "text": None,
+        "message_id": "user_summary_0",
+        "sources": None,
+        "turns": None,
+        "after": None,
+    }
+    return {**valid, **fields}
+
+
+def _description(**fields: Any) -> dict[str, Any]:
+    """A stored media description, every field present, with ``fields`` in place of a valid one's."""
+    return _answer(**{"kind": "media", "message_id": None, **fields})
+
+
+def test_the_malformed_snapshots_base_is_valid() -> None:
+    assert len(State.from_dict(_stored(answers=[_answer(), _description(identity="j")])).answers) == 2
 
 
 @pytest.mark.parametrize(
@@ -1464,18 +1504,20 @@ def test_a_newer_snapshot_is_refused_naming_its_version() -> None:
     [
         [],
         {"version": 1, "kind": "anchored"},
-        {"version": 1, "kind": USER_SNAPSHOT_KIND, "answers": {}, "descriptions": [], "compactions": 0, "folds": 0},
-        {"version": 1, "kind": USER_SNAPSHOT_KIND, "answers": [3], "descriptions": [], "compactions": 0, "folds": 0},
-        {"version": 1, "kind": USER_SNAPSHOT_KIND, "answers": [{"text": "x"}], "compactions": 0, "folds": 0},
-        {"version": 1, "kind": USER_SNAPSHOT_KIND, "answers": [{"identity": "i", "text": 5}], "compactions": 0},
-        {"version": 1, "kind": USER_SNAPSHOT_KIND, "answers": [{"identity": "i", "sources": 0}], "compactions": 0},
-        {"version": 1, "kind": USER_SNAPSHOT_KIND, "descriptions": [{"identity": "i", "summary_id": 1}]},
-        {"version": 1, "kind": USER_SNAPSHOT_KIND, "answers": [{"identity": "i", "turns": -1}], "compactions": 0},
-        {"version": 1, "kind": USER_SNAPSHOT_KIND, "descriptions": [{"identity": "i", "turns": "3"}]},
-        {"version": 1, "kind": USER_SNAPSHOT_KIND, "compactions": -1, "folds": 0},
-        {"version": 1, "kind": USER_SNAPSHOT_KIND, "compactions": 0, "folds": "2"},
+        _stored(answers={}),
+        _stored(answers=[3]),
+        _stored(answers=[{"text": "x"}]),
+        _stored(answers=[_answer(text=5)]),
+        _stored(answers=[_answer(sources=0)]),
+        _stored(answers=[_description(message_id=1)]),
+        _stored(answers=[_description(message_id="user_summary_0")]),
+        _stored(answers=[_description(sources=0)]),
+        _stored(answers=[_answer(turns=-1)]),
+        _stored(answers=[_description(turns="3")]),
+        _stored(compactions=-1),
+        _stored(folds="2"),
     ],
 )
 def test_a_malformed_snapshot_is_refused(data: Any) -> None:
     with pytest.raises(SnapshotError):
-        UserSummarySnapshot.from_dict(data)
+        State.from_dict(data)

@@ -40,15 +40,16 @@ from hypothesis import strategies as st
 from hypothesis.strategies import DrawFn
 
 from histories import Chunks, conversation_chunks, deep_copy_messages, describe, is_injected_todo, with_injected_context
-from maf_compaction import UserSummarySnapshot, UserTurnAnchoredSummarizationCompactionStrategy
+from maf_compaction import State, UserTurnAnchoredSummarizationCompactionStrategy
 from maf_compaction.adapters.convert import SUMMARIZED_BY_KEY, SUMMARY_OF_KEY, is_summary, to_history
-from maf_compaction.core.effects import DescribeMedia, Summarize
+from maf_compaction.core.answers import absorb
+from maf_compaction.core.effects import Request, Route
 from maf_compaction.core.protocol import Done, Needs
+from maf_compaction.core.state import RequestKind
 from maf_compaction.core.user_summaries import (
     DEFAULT_PROMPT,
     SUMMARY_MODES,
     UserSummaryConfig,
-    absorb,
     step,
 )
 from test_user_summaries import CODE, ESTIMATOR, SHORT_PROMPT, TOKENIZER, ScriptedSummarizer, extractive, shown
@@ -335,13 +336,13 @@ def test_the_core_is_pure(chunks: Chunks, p: Params, data: st.DataObject) -> Non
     messages = [m for chunk in chunks for m in chunk]
     config = UserSummaryConfig(max_input_tokens=p.budget(chunks), describe_media=p.hook != "none", **p.kwargs)
     history = to_history(messages, ESTIMATOR.parts, note_kind="anchored")
-    snapshot = UserSummarySnapshot()
+    snapshot = State()
     measure = ESTIMATOR.parts.measure
     asked: set[str] = set()
     for _ in range(64):  # each round must ask something new: media reachable in turn, then one summary
         kept_history, kept_snapshot = copy.deepcopy(history), copy.deepcopy(snapshot)
-        first = step(config, snapshot, history, measure).unwrap()
-        second = step(config, snapshot, history, measure).unwrap()
+        first = step(config, snapshot, history, measure)
+        second = step(config, snapshot, history, measure)
         assert first == second
         assert (history, snapshot) == (kept_history, kept_snapshot)
         if isinstance(first, Done):
@@ -351,13 +352,16 @@ def test_the_core_is_pure(chunks: Chunks, p: Params, data: st.DataObject) -> Non
         identities = {r.identity for r in first.requests}
         assert not identities <= asked, "the core asked again for an answer it was given"
         asked |= identities
-        answers: list[tuple[Summarize | DescribeMedia, str | None]] = []
+        answers: list[tuple[Request, str | None]] = []
         for request in first.requests:
             fails = data.draw(st.integers(0, 4)) == 0
-            if isinstance(request, Summarize):
+            if request.kind in (RequestKind.SUMMARY, RequestKind.FOLD):
+                assert request.route is Route.SUMMARIZER, "the user strategy asks for nothing over the cached prefix"
                 text = extractive([Message("user", [request.transcript])])
             else:
-                assert isinstance(request, DescribeMedia), "the user strategy asks for nothing over the cached prefix"
+                assert (request.kind, request.route) == (RequestKind.MEDIA, Route.HOOK), (
+                    "the user strategy asks for nothing over the cached prefix"
+                )
                 text = f"an attachment ({request.part})"
             answers.append((request, None if fails else text))
         absorbed = absorb(snapshot, answers)

@@ -1,7 +1,8 @@
 """Requests over the cached prefix: the conversation's own request, plus one instruction.
 
-The core asks for them as :class:`~maf_compaction.core.effects.Aligned` effects (and
-``Summarize`` effects that carry a view). The shell sends the messages of the view (the
+The core asks for them as :class:`~maf_compaction.core.effects.Request` effects routed
+:attr:`~maf_compaction.core.effects.Route.CACHED_PREFIX` (a record, or a summary that
+carries its view). The shell sends the messages of the view (the
 conversation's last request, byte for byte, as the core cut it) with the head of the last
 unpinned request as the recall middleware saw it sent (its chat client and options:
 instructions, tools, ``tool_choice``, the rest), and one user message at the end. The
@@ -21,8 +22,9 @@ from typing import Any, cast
 from agent_framework import BaseChatClient, ChatResponse, Message
 from agent_framework._sessions import is_local_history_conversation_id
 
-from ..core.effects import CALLED_INSTEAD, Aligned, Summarize
+from ..core.effects import CALLED_INSTEAD, Request
 from ..core.records import RECALL_TOOL_NAME
+from ..core.state import RequestKind
 
 logger = logging.getLogger("maf_compaction")
 
@@ -67,9 +69,7 @@ class _Unchanged:
         return False
 
 
-async def ask_over_prefix(
-    head: SentHead | None, sent: Sequence[Message], request: Aligned | Summarize, owner: str
-) -> str | None:
+async def ask_over_prefix(head: SentHead | None, sent: Sequence[Message], request: Request, owner: str) -> str | None:
     """Send ``sent`` plus ``request.instruction`` with ``head``; the answer's text, or ``None`` on a failure.
 
     A recall call in the answer counts as its ``values`` argument; otherwise the answer's
@@ -77,8 +77,9 @@ async def ask_over_prefix(
     is, and what no record or summary replaces stays or is kept by the safety net);
     cancellation propagates.
     """
-    what = "a record" if isinstance(request, Aligned) else f"a {request.kind}"
-    stays = "the tool results stay as they are" if isinstance(request, Aligned) else "the turns stay as they are"
+    record = request.kind is RequestKind.RECORD
+    what = "a record" if record else f"a {request.kind.value}"
+    stays = "the tool results stay as they are" if record else "the turns stay as they are"
     client = head.client_ref() if head is not None else None
     if head is None or client is None:
         logger.warning(

@@ -19,7 +19,7 @@ from agent_framework import Message
 from ..core import anchored as core
 from ..core.anchored import AnchoredConfig, Report
 from ..core.checks import AtLeastOne, require
-from ..core.snapshot import AnchoredSnapshot
+from ..core.state import AnchoredSnapshot
 from .counting import Tokenizer
 from .loop import CompactionAdapter
 
@@ -114,13 +114,13 @@ class AnchoredCompactionStrategy(CompactionAdapter[AnchoredConfig, AnchoredSnaps
 
     def decision_state(self) -> AnchoredSnapshot:
         """Every decision made so far (an immutable value; see ``to_dict``)."""
-        return self._cell.value
+        return self.conversation.value
 
     def restore_decisions(self, snapshot: AnchoredSnapshot | Mapping[str, object]) -> None:
         """Continue from a snapshot (a value or its ``to_dict()``).
 
         Raises:
-            SnapshotVersionError: The snapshot was written by a newer schema.
+            SnapshotVersionError: Another build's version wrote it.
             SnapshotError: It is malformed, or was made under another ``keep_head_groups``
                 (its positions would name other groups).
         """

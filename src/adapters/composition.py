@@ -1,10 +1,9 @@
 """``ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy``: both halves and a last-resort chain.
 
 A thin adapter over :mod:`maf_compaction.core.composition` on the generic shell loop.
-The composition owns the conversation's connection and adopts its record half: the
-half's view (which the recall middleware wired to its ``take_reforce`` and the gate hold
-too) reads and writes the ``records`` part of the composition's one value, so one value
-describes the conversation.
+The composition and its record half hold one :class:`~.conversation.Conversation` (the
+half's, which the recall middleware wired to its ``take_reforce`` and the gate hold too):
+one value describes the conversation.
 """
 
 from __future__ import annotations
@@ -21,17 +20,11 @@ from ..core import records as records_core
 from ..core import user_summaries
 from ..core.anchored import DEFAULT_MIN_GAIN_FRACTION
 from ..core.checks import Floor, Fraction, validate
-from ..core.composition import (
-    CompositionConfig,
-    CompositionReport,
-    CompositionState,
-    OverflowPolicy,
-    SummaryRequest,
-)
-from ..core.effects import Request, Summarize
+from ..core.composition import CompositionConfig, CompositionReport, OverflowPolicy, SummaryRequest
+from ..core.effects import Request
 from ..core.errors import CompactionBudgetExceeded
 from ..core.records import RecordConfig
-from ..core.settle import settle
+from ..core.state import CHAIN_KINDS, State
 from .anchored import AnchoredCompactionStrategy, log_anchored
 from .counting import Tokenizer
 from .loop import CompactionAdapter
@@ -94,7 +87,7 @@ class _Chain:
 
 
 class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
-    CompactionAdapter[CompositionConfig, CompositionState, CompositionReport]
+    CompactionAdapter[CompositionConfig, State, CompositionReport]
 ):
     """Records for tool results and summaries for user turns, in one pass, with a chain that can still make room.
 
@@ -206,9 +199,8 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             harder_attempts=harder_attempts,
             summary_request=summary_request,
         )
-        half = tool_results.state_cell
-        self._setup(config, tokenizer, CompositionState(records=half.value), holds=records_core.HOLD_REASONS)
-        half.adopt(self._cell.connection, lambda state: state.records, lambda state, part: replace(state, records=part))
+        self._setup(config, tokenizer, tool_results.conversation.value, holds=records_core.HOLD_REASONS)
+        self.conversation = tool_results.conversation  # one conversation: the record half's (its middleware's, gate's)
         self._tool_results = tool_results
         self._user_turns = user_turns
         self.harder_attempts = harder_attempts
@@ -248,24 +240,19 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         """The record half's estimate (see the record strategy)."""
         return self._tool_results.groups_held_unreachable_coverage
 
-    def decision_state(self) -> CompositionState:
-        """Every decision made so far (an immutable value; see ``to_dict``)."""
-        return self._cell.value
+    def decision_state(self) -> State:
+        """The conversation's whole state: every decision made so far (an immutable value; see ``to_dict``)."""
+        return self.conversation.value
 
-    def restore_decisions(self, state: CompositionState | Mapping[str, object]) -> None:
+    def restore_decisions(self, state: State | Mapping[str, object]) -> None:
         """Continue from a state (a value or its ``to_dict()``); the first pass checks it against its history.
 
         Raises:
-            SnapshotVersionError: It was written by a newer schema.
+            SnapshotVersionError: Another build's version wrote it.
             SnapshotError: It is malformed, or was made under another ``keep_head_groups``.
         """
-        data = state.to_dict() if isinstance(state, CompositionState) else state
-        head = self._config.records.keep_head_groups
-        self.restore_state(CompositionState.from_dict(data, keep_head_groups=head))
-
-    def _write(self, state: CompositionState) -> None:
-        # The middleware may have moved the shared state while the pass awaited the summarizer.
-        self._cell.value = replace(state, records=settle(state.records, self._cell.value.records))
+        data = state.to_dict() if isinstance(state, State) else state
+        self.restore_state(State.from_dict(data, keep_head_groups=self._config.records.keep_head_groups))
 
     async def __call__(self, messages: list[Message]) -> bool:
         """Compact ``messages`` in place; True if anything changed.
@@ -282,7 +269,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
 
     async def _perform(self, request: Request, messages: Sequence[Message]) -> str | None:
         answer = await self._user_turns._perform(request, messages)  # pyright: ignore[reportPrivateUsage]
-        if isinstance(request, Summarize) and request.kind in ("merge", "rewrite", "emergency_fold") and answer is None:
+        if request.kind in CHAIN_KINDS and answer is None:
             self.replacements_failed += 1  # the user half's WARNING says why; it is asked again after a new turn
         return answer
 

@@ -16,12 +16,10 @@ it wraps). A host's own tokenizer whose counts depend on settings declares them 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from ..core.fingerprint import Scalar, flatten
-
-if TYPE_CHECKING:
-    from .sessions import CompactionStack
+from .recall import ToolResultRecallMiddleware
 
 #: How deep wrapped tokenizers are followed.
 _DEPTH = 4
@@ -80,19 +78,19 @@ def _configured(value: object) -> object | None:
     return None
 
 
-def stack_parameters(stack: CompactionStack) -> dict[str, Scalar]:
-    """Every parameter of ``stack`` that changes a decision, by its dotted path."""
-    strategy = stack.strategy
-    found: dict[str, Scalar] = {"kind": stack.kind}
+def stack_parameters(
+    kind: str, strategy: Any, host_fallback: object | None, recall: ToolResultRecallMiddleware
+) -> dict[str, Scalar]:
+    """Every parameter of a stack that changes a decision, by its dotted path: its ``kind``, its ``strategy``'s
+    config and tokenizer, the record half's ``host_fallback`` (or ``None``) and the ``recall`` middleware's."""
+    found: dict[str, Scalar] = {"kind": kind}
     found.update(flatten(strategy.config, "strategy"))
-    host_fallback = stack.tool_results.host_fallback
     if host_fallback is not None:
         config = _configured(host_fallback)
         found.update(flatten(config, "fallback") if config is not None else {"fallback": _qualified(host_fallback)})
         fallback_tokenizer = getattr(host_fallback, "tokenizer", None)
         if fallback_tokenizer is not None:
             found.update(tokenizer_identity(fallback_tokenizer, "fallback.tokenizer"))
-    recall = stack.recall
     found.update(flatten(recall.pin_rule, "recall.pin_rule"))
     found["recall.max_input_tokens"] = recall.max_input_tokens
     found["recall.trigger_fraction"] = recall.trigger_fraction

@@ -4,10 +4,11 @@ A strategy adapter supplies its config, its core (a module with ``step`` and ``a
 see :mod:`maf_compaction.core.protocol`), the effects it can perform and its public
 counters. Everything else is here, the same for every strategy:
 
-- The conversation's one state value lives in a :class:`~.connection.Connection` that the
-  strategy reads and writes through its :class:`~.connection.StateView` (shared with its recall
-  middleware and, in a ``CompactionStack``, its gate; a composition adopts its record half's view). Direct wiring serves
-  one conversation per instance.
+- The conversation's one state value lives in a :class:`~.conversation.Conversation` the
+  strategy shares with its recall middleware and gate (a composition with its record half).
+  Each step reads the value as it is then, and answers go into it as they come back (an
+  insert, :func:`~maf_compaction.core.answers.absorb`), so what the middleware changed while a
+  pass awaited an answer is never lost. Direct wiring serves one conversation per instance.
 - The instance binds to the first conversation it sees and refuses another one loudly;
   concurrent passes on one instance are serialized, never interleaved.
 - Every message a pass newly excludes is named once per distinct set: a WARNING for
@@ -17,23 +18,23 @@ counters. Everything else is here, the same for every strategy:
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 from agent_framework import Message
-from returns.result import Failure
 
+from ..core.answers import absorb
 from ..core.checks import require_tokenizer
 from ..core.distill import newly_distilled
-from ..core.effects import Aligned, Request, Summarize
+from ..core.effects import Request, Route
 from ..core.errors import SnapshotError
 from ..core.model import History
 from ..core.ownership import provider_increment
 from ..core.protocol import CoreStrategy, Done, Needs, differs
+from ..core.state import RequestKind
 from .aligned import ask_over_prefix
 from .apply import apply, render
-from .connection import STORE_FALSE_HINT, StateView
+from .conversation import STORE_FALSE_HINT, Conversation, NamedSets
 from .convert import HistoryCache
 from .counting import MediaTokenEstimator, Tokenizer, as_estimator
 
@@ -54,13 +55,6 @@ class _Budgeted(Protocol):
 
 
 ConfigT = TypeVar("ConfigT", bound=_Budgeted)
-#: The excluded sets already named, per reason (most recent last; see ``CompactionAdapter.share_named``).
-NamedSets = OrderedDict[tuple[str, frozenset[str]], None]
-
-
-def _over_prefix(request: Request) -> bool:
-    """``request`` goes over the cached prefix (a record, or a summary that carries its view)."""
-    return isinstance(request, Aligned) or (isinstance(request, Summarize) and request.view is not None)
 
 
 def describe(before: History, messages: Sequence[Message], origin: int) -> str:
@@ -93,10 +87,9 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
         self._estimator: MediaTokenEstimator = as_estimator(tokenizer)
         self._counter = self._estimator.parts
         self._histories = HistoryCache(self._counter, holds=holds)
-        self._cell: StateView[S] = StateView(state)
+        self.conversation: Conversation[S] = Conversation(state)
         self._memo: object = None  # the last pass's memo: saves work, never decides
         self._restored = False  # the state came from outside: check it against the first history it meets
-        self._named: NamedSets = OrderedDict()
         #: Requests sent over the cached prefix (records asked that way), and those that failed or got no text.
         self.prefix_requests = 0
         self.failed_prefix_requests = 0
@@ -127,22 +120,22 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
         """
         if not messages:
             return False
-        async with self._cell.connection.lock:
+        async with self.conversation.lock:
             before = self._open(messages)
             if before is None:
                 return False
-            fresh: set[tuple[str, bool]] = set()
+            fresh: set[tuple[str, Route]] = set()
             riders: set[str] = set()
             done = self._step(before)
             rounds = 0
             while isinstance(done, Needs):
                 rounds += 1
                 # A request over the cached prefix and the same request to the summarizer are two attempts.
-                asked = {(r.identity, _over_prefix(r)) for r in done.requests}
+                asked = {(r.identity, r.route) for r in done.requests}
                 # Every round must ask something new (identities are finite: media parts, then
                 # one summary), so the loop ends; asking again for an answer it has is a bug.
                 if asked <= fresh:
-                    kinds = ", ".join(sorted({type(r).__name__ for r in done.requests}))
+                    kinds = ", ".join(sorted({r.kind.value for r in done.requests}))
                     raise RuntimeError(
                         f"maf_compaction: {type(self).__name__} asked again for an answer it already has ({kinds}) "
                         f"after {rounds - 1} round(s); this is a bug, please report it"
@@ -151,15 +144,12 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
                 fresh |= asked
                 # A summary asked within a record's request is answered in this pass too (it is not part of
                 # the guard: when the answer lacked it, the pass asks for it alone next).
-                riders |= {r.also.identity for r in done.requests if isinstance(r, Aligned) and r.also is not None}
-                absorbed = self.core.absorb(done.state, answers)
-                try:
-                    done = self._step(before, absorbed)
-                except Exception:
-                    # Answers are facts whatever the pass decides or raises (a budget failure, a tokenizer
-                    # that cannot count an answer): keep them, so no request is sent twice.
-                    self._write(absorbed)
-                    raise
+                riders |= {r.also.identity for r in done.requests if r.also is not None}
+                # Answers are facts whatever the pass decides or raises next (a budget failure, a tokenizer that
+                # cannot count an answer): they go into the state now, as it is after the awaits.
+                conversation = self.conversation
+                conversation.value = cast("S", absorb(cast("Any", conversation.value), answers))
+                done = self._step(before)
             changed = self._finish(messages, before, done, {identity for identity, _ in fresh} | riders)
             return await self._after(messages, done, changed)
 
@@ -180,15 +170,15 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
         provider's increment, the strategy stays out of the way for good (the next increment
         may be a lone user message, which would otherwise look like another conversation).
         """
-        connection = self._cell.connection
-        if connection.provider_owned:
+        conversation = self.conversation
+        if conversation.provider_owned:
             return None
         history = self._histories.history(messages, note_kind=NOTE_KIND)
         orphans = provider_increment(history)
         if not orphans:
-            connection.bind(messages, type(self).__name__)
+            conversation.bind(messages, type(self).__name__)
             return history
-        connection.provider_owned = True
+        conversation.provider_owned = True
         logger.warning(
             "%s was handed a provider's increment of the conversation, not the conversation: it starts with the "
             "result of tool call(s) %s without the call. The chat client keeps the conversation on the server and "
@@ -204,23 +194,21 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
     def share_named(self, named: NamedSets) -> None:
         """Remember what was named in ``named`` (kept by the caller across instances of one conversation).
 
-        Every excluded set is named once per instance; the session registry hands each
+        Every excluded set is named once per conversation; the session registry hands each
         stack it builds for a session the same memory, so a stack rebuilt after an eviction
         does not name again what an earlier one named.
         """
-        self._named = named
+        self.conversation.named = named
 
     def restore_state(self, state: S) -> None:
         """Continue from ``state`` (already read strictly); the first pass checks it against its history."""
-        self._cell.value = state
+        self.conversation.value = state
         self._memo = None
         self._restored = True
 
-    def _step(
-        self, before: History, state: S | None = None, *, options: Mapping[str, object] | None = None
-    ) -> Needs[S] | Done[S, R]:
+    def _step(self, before: History, *, options: Mapping[str, object] | None = None) -> Needs | Done[S, R]:
         core: CoreStrategy[ConfigT, S, R] = self.core
-        current = self._cell.value if state is None else state
+        current = self.conversation.value
         if self._restored:
             problem = core.check(self._config, current, before)
             if problem is not None:
@@ -228,17 +216,10 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
                     f"{type(self).__name__}: the restored state does not fit this conversation: {problem}"
                 )
             self._restored = False
-        result = core.step(self._config, current, before, self._counter.measure, memo=self._memo, **(options or {}))
-        if isinstance(result, Failure):
-            raise result.failure()
-        return result.unwrap()
-
-    def _write(self, state: S) -> None:
-        """Write a pass's resulting state (a composition settles it with what its middleware changed meanwhile)."""
-        self._cell.value = state
+        return core.step(self._config, current, before, self._counter.measure, memo=self._memo, **(options or {}))
 
     def _finish(self, messages: list[Message], before: History, done: Done[S, R], fresh: set[str]) -> bool:
-        self._write(done.state)
+        self.conversation.value = done.state
         self._memo = done.memo
         changed = differs(before, done.history)
         self._observe(done.report, fresh)
@@ -249,10 +230,9 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
 
     async def _answer(self, request: Request, messages: list[Message], before: History) -> str | None:
         """Perform one effect request: over the cached prefix here, any other through :meth:`_perform`."""
-        head = self._cell.connection.head
-        if not _over_prefix(request) or (isinstance(request, Summarize) and head is None):
+        head = self.conversation.head
+        if request.route is not Route.CACHED_PREFIX or (request.kind is not RequestKind.RECORD and head is None):
             return await self._perform(request, messages)  # a summary goes to the summarizer until a request is seen
-        assert isinstance(request, Aligned | Summarize)
         assert request.view is not None
         self.prefix_requests += 1
         sent = render(messages, before, request.view, note_kind=NOTE_KIND)
@@ -264,7 +244,7 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
 
     async def _perform(self, request: Request, messages: Sequence[Message]) -> str | None:
         """Perform one effect request; ``None`` records a failure."""
-        raise NotImplementedError(f"{type(self).__name__} performs no {type(request).__name__}")
+        raise NotImplementedError(f"{type(self).__name__} performs no {request.kind.value} request")
 
     def _observe(self, report: R, asked: set[str]) -> None:
         """Update counters and log what the report says (``asked``: the requests this pass asked; the loop names
@@ -311,12 +291,12 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
 
     def _first_naming(self, reason: str, names: Sequence[str]) -> bool:
         """Whether this set of messages is named for this reason for the first time (both lists name it once)."""
-        key = (reason, frozenset(names))
-        if key in self._named:
+        key, named = (reason, frozenset(names)), self.conversation.named
+        if key in named:
             return False
-        self._named[key] = None
-        if len(self._named) > _WARNED_SETS:
-            self._named.popitem(last=False)
+        named[key] = None
+        if len(named) > _WARNED_SETS:
+            named.popitem(last=False)
         return True
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from agent_framework import (
@@ -40,17 +40,11 @@ from ..core.checks import AtLeastOne, Fraction, require, require_sync_callable, 
 from ..core.errors import CompactionBudgetExceeded
 from ..core.grouping import Grouping
 from ..core.recall import PinKind, PinRule
-from ..core.records import (
-    RECALL_TOOL_NAME,
-    RECORD_PREFIX,
-    RecordConfig,
-    RecordState,
-    on_recall,
-    recall_status,
-    reforce_pending,
-)
+from ..core.records import RECALL_TOOL_NAME, RECORD_PREFIX, RecordConfig, on_recall, recall_status, reforce_pending
+from ..core.stack import with_armed
+from ..core.state import State
 from .aligned import SentHead
-from .connection import Reforce, StateView
+from .conversation import Conversation
 from .convert import HistoryCache
 from .counting import Tokenizer, as_estimator
 from .loop import NOTE_KIND
@@ -78,17 +72,17 @@ class RecallGate:
     permission, so one forced request yields at most one record.
 
     The permission is the recall protocol's ``armed`` flag in a conversation's state: the
-    gate's own until a :class:`CompactionStack` attaches it to its strategy's state, so the
-    stack's one value carries it.
+    gate's own until a :class:`CompactionStack` attaches it to its strategy's conversation,
+    so the stack's one value carries it.
     """
 
     def __init__(self) -> None:
-        self._cell: StateView[RecordState] = StateView(RecordState())
+        self.conversation: Conversation[State] = Conversation(State())
 
     @property
     def armed(self) -> bool:
         """Whether the next recall call may record."""
-        return self._cell.value.recall.armed
+        return self.conversation.value.recall.armed
 
     def arm(self) -> None:
         """Permit one record (the middleware calls this on a forced request)."""
@@ -104,15 +98,14 @@ class RecallGate:
         self.disarm()
         return armed
 
-    def attach(self, cell: StateView[RecordState]) -> None:
-        """Keep the permission in ``cell``'s recall state from now on (a stack attaches its gate to its strategy)."""
+    def attach(self, conversation: Conversation[State]) -> None:
+        """Keep the permission in ``conversation``'s state from now on (a stack attaches its gate to its strategy)."""
         armed = self.armed
-        self._cell = cell
+        self.conversation = conversation
         self._set(armed)
 
     def _set(self, armed: bool) -> None:
-        state = self._cell.value
-        self._cell.value = replace(state, recall=replace(state.recall, armed=armed))
+        self.conversation.value = with_armed(self.conversation.value, armed)
 
 
 def recall_description(target_tokens: int | None = DEFAULT_TARGET_TOKENS) -> str:
@@ -314,12 +307,14 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         self._arm = arm
         self._disarm = disarm
         # Called once per decision, the strategy's own take_reforce as any host callable; the
-        # strategy's carries its state view, which this middleware then shares.
+        # strategy's is bound to it, and this middleware then shares its conversation.
         self._reforce = reforce
-        self._cell = StateView(RecordState())
-        if isinstance(reforce, Reforce):
-            self._agree(reforce.config)
-            self._cell = reforce.cell
+        self.conversation: Conversation[State] = Conversation(State())
+        owner = getattr(reforce, "__self__", None)
+        if getattr(reforce, "__name__", None) == "take_reforce" and isinstance(
+            getattr(owner, "config", None), RecordConfig
+        ):
+            self.share(owner.conversation, owner.config)  # pyright: ignore[reportOptionalMemberAccess]
         self._histories = HistoryCache(as_estimator(tokenizer).parts)
         self._grouping: Grouping | None = None  # the last status's grouping: a memo, never a decision
         self._session_id: str | None = None
@@ -342,16 +337,15 @@ class ToolResultRecallMiddleware(ChatMiddleware):
                     f"the middleware got {ours!r}"
                 )
 
-    def share(self, cell: StateView[RecordState], config: RecordConfig) -> None:
-        """Read and write ``cell`` (the state of a record strategy configured by ``config``); see ``bind_recall``."""
+    def share(self, conversation: Conversation[State], config: RecordConfig) -> None:
+        """Read and write ``conversation`` (a record strategy's, configured by ``config``); see ``bind_recall``."""
         self._agree(config)
-        recall = replace(self._cell.value.recall, armed=cell.value.recall.armed)
-        cell.value = replace(cell.value, recall=recall)
-        self._cell = cell
+        conversation.value = machine.adopted(conversation.value, self.conversation.value)
+        self.conversation = conversation
 
-    def shares(self, cell: StateView[RecordState]) -> bool:
-        """Whether this middleware reads and writes ``cell`` (a record strategy's state)."""
-        return self._cell is cell
+    def shares(self, conversation: Conversation[State]) -> bool:
+        """Whether this middleware reads and writes ``conversation`` (a record strategy's)."""
+        return self.conversation is conversation
 
     def arms(self, gate: RecallGate) -> bool:
         """Whether ``arm`` (and ``disarm``, when given) are ``gate``'s own methods."""
@@ -379,12 +373,12 @@ class ToolResultRecallMiddleware(ChatMiddleware):
     def pin_disabled(self) -> bool:
         """Forcing stopped for this session: two ignored pins in a row, a failed forced request, or (with
         ``record_request="cached_prefix"``, which never pins) the cached prefix's route disabled too."""
-        return self._cell.value.recall.pin_disabled
+        return machine.pins_given_up(self.conversation.value.recall)
 
     @property
     def awaiting_record(self) -> bool:
         """The last completed call was forced; the record it asked for is not judged yet."""
-        return self._cell.value.recall.awaiting_record
+        return self.conversation.value.recall.awaiting_record
 
     # --- public decisions ----------------------------------------------------------------
 
@@ -397,8 +391,8 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         middleware shares its state (a host's own ``reforce`` callable is never called
         for a preview).
         """
-        state = self._cell.value
-        return machine.record_due(self._rule, state.recall, reforce_pending=reforce_pending(state.decisions))
+        state = self.conversation.value
+        return machine.record_due(self._rule, state.recall, reforce_pending=reforce_pending(state.records))
 
     def forget_pending(self) -> None:
         """Drop queued work: the pending pin, the awaiting flag and the session binding.
@@ -406,9 +400,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         The provider-support verdict (``pin_disabled`` and the ignored streak) stays: it
         describes the provider, not the queued work. The gate is disarmed.
         """
-        state = self._cell.value
-        recall = replace(state.recall, next_pin=None, in_flight=False, awaiting_record=False, seen=None)
-        self._cell.value = replace(state, recall=recall)
+        self.conversation.value = machine.forget_pending(self.conversation.value)
         self._session_id = None
         self._release()
 
@@ -425,7 +417,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             RuntimeError: The call belongs to another session than the first one seen.
         """
         self._bind(context)
-        if self._cell.connection.head is None:
+        if self.conversation.head is None:
             # A conversation this instance has not seen sent (a restore, a new replica, a rebuilt stack): the
             # caller's head until the request has gone out (providers may add instructions and tools on the way).
             self._sent(context)
@@ -548,8 +540,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
 
     def _advance(self, event: machine.Event) -> machine.Action:
         """One transition of the recall protocol on the shared state."""
-        state, action = on_recall(self._rule, self._cell.value, event)
-        self._cell.value = state
+        self.conversation.value, action = on_recall(self._rule, self.conversation.value, event)
         return action
 
     def _bind(self, context: ChatContext) -> None:
@@ -567,7 +558,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
 
     def _sent(self, context: ChatContext) -> None:
         """Remember the head of the request just sent unpinned: a record asked over the cached prefix repeats it."""
-        self._cell.connection.head = SentHead.of(context.client, context.options)
+        self.conversation.head = SentHead.of(context.client, context.options)
 
     def _release(self) -> None:
         if self._disarm is not None:
@@ -610,8 +601,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
 
     def _decide(self, messages: Sequence[Message]) -> None:
         history = self._histories.history(messages, note_kind=NOTE_KIND)
-        status = recall_status(history, self._grouping)
-        self._grouping = status.grouping
+        status, self._grouping = recall_status(history, self._grouping)
         # The reforce callable is asked once per decision (a record asked for while pins are disabled goes over
         # the cached prefix).
         reforce = self._reforce is not None and bool(self._reforce())

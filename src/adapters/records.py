@@ -2,16 +2,16 @@
 
 A thin adapter over :mod:`maf_compaction.core.records` on the generic shell loop
 (:mod:`.loop`). The conversation's one state value (the record decisions, the default
-fallback's decisions and the recall protocol's state) is read and written through the
-strategy's :class:`~.connection.StateView`, which the recall middleware wired to
-:attr:`take_reforce` holds too: they read and write one value and never call into each other.
+fallback's decisions, the recall protocol's state, the records written over the cached
+prefix) lives in the strategy's :class:`~.conversation.Conversation`, which the recall
+middleware wired to :meth:`take_reforce` and the gate hold too: they read and write one
+value and never call into each other.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any, ClassVar
 
 from agent_framework import CharacterEstimatorTokenizer, CompactionStrategy, Message
@@ -20,11 +20,9 @@ from ..core import records as core
 from ..core.anchored import DEFAULT_KEEP_HEAD_GROUPS, DEFAULT_KEEP_TAIL_GROUPS, AnchoredConfig
 from ..core.checks import require_async_callable
 from ..core.protocol import Done, sent_tokens
-from ..core.record_decisions import RecordDecisions
-from ..core.records import Fallback, RecordConfig, RecordReport, RecordState
-from ..core.settle import settle
+from ..core.records import Fallback, RecordConfig, RecordReport
+from ..core.state import State
 from .anchored import AnchoredCompactionStrategy, log_anchored
-from .connection import Reforce, StateView
 from .convert import to_history
 from .counting import MediaTokenEstimator, PartCounter, Tokenizer
 from .loop import NOTE_KIND, CompactionAdapter
@@ -33,7 +31,7 @@ from .recall import ToolResultRecallMiddleware
 logger = logging.getLogger("maf_compaction")
 
 
-class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[RecordConfig, RecordState, RecordReport]):
+class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[RecordConfig, State, RecordReport]):
     """Let tool results leave the prompt once a record quotes their exact values.
 
     Past ``trigger_fraction`` of the budget the recall middleware asks the model for a
@@ -129,10 +127,9 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
             record_target_tokens=record_target_tokens,
             fallback=in_pass,
         )
-        self._setup(config, tokenizer, RecordState(), holds=core.HOLD_REASONS)
+        self._setup(config, tokenizer, State(), holds=core.HOLD_REASONS)
         self._fallback = fallback
         self._default_fallback: AnchoredCompactionStrategy | None = None
-        self._take_reforce = Reforce(self._cell, config)
         self._overflowing = False
         self._fallback_overflowing = False
         self.last_report: RecordReport | None = None
@@ -197,31 +194,30 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         """The fallback strategy the host gave, or ``None`` when the default anchored rules run within the pass."""
         return self._fallback
 
-    @property
-    def state_cell(self) -> StateView[RecordState]:
-        """This strategy's view of the conversation's one state value, shared with the recall middleware and gate."""
-        return self._cell
-
     # -- the recall middleware's seams -------------------------------------------------------
 
-    @property
-    def take_reforce(self) -> Reforce:
-        """Wire it as the middleware's ``reforce``: the middleware then shares this strategy's state.
+    def take_reforce(self) -> bool:
+        """Take the outstanding ask for an uncovered batch for one pinned request: True once per ask.
 
-        Calling it takes the outstanding ask for an uncovered batch (True once per ask).
+        Wire it as the middleware's ``reforce``: the middleware then shares this strategy's conversation.
         """
-        return self._take_reforce
+        conversation = self.conversation
+        taken, conversation.value = core.take_reforce(conversation.value)
+        if taken:
+            ask = conversation.value.records.ask
+            logger.info("Asking again for a record of %d uncovered tool group(s)", len(ask.targets) if ask else 0)
+        return taken
 
     def reforce_pending(self) -> bool:
         """An ask is outstanding and not yet taken (a preview: nothing is consumed)."""
-        return core.reforce_pending(self._cell.value.decisions)
+        return core.reforce_pending(self.conversation.value.records)
 
     def bind_recall(self, recall: ToolResultRecallMiddleware) -> None:
-        """Share this strategy's state with ``recall`` (when its ``reforce`` wraps :attr:`take_reforce`).
+        """Share this strategy's conversation with ``recall`` (when its ``reforce`` wraps :meth:`take_reforce`).
 
-        A middleware given :attr:`take_reforce` itself shares the state already.
+        A middleware given :meth:`take_reforce` itself shares it already.
         """
-        recall.share(self._cell, self._config)
+        recall.share(self.conversation, self._config)
 
     def record_expected(self) -> bool:
         """Is a record expected: asked for, or about to be? (Consumes nothing.)
@@ -229,30 +225,28 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         True while an ask is outstanding, or when the recall protocol decided to pin the
         next request. A composition waits on this before summarising user turns.
         """
-        return core.record_expected(self._cell.value)
+        return core.record_expected(self.conversation.value)
 
     # -- the pass ------------------------------------------------------------------------
 
-    def decision_state(self) -> RecordDecisions:
-        """The decisions history cannot show (an immutable value; see ``to_dict``)."""
-        return self._cell.value.decisions
+    def decision_state(self) -> State:
+        """The conversation's whole state: every decision history cannot show (an immutable value; see
+        ``to_dict``): the record decisions, the fallback's, the recall protocol's (the gate's permission
+        included) and the records written over the cached prefix."""
+        return self.conversation.value
 
-    def restore_decisions(self, decisions: RecordDecisions | Mapping[str, Any]) -> None:
-        """Continue from decisions (a value or its ``to_dict()``).
+    def restore_decisions(self, state: State | Mapping[str, Any]) -> None:
+        """Continue from a state (a value or its ``to_dict()``); the first pass checks it against its history.
 
         Raises:
-            SnapshotVersionError: They were written by a newer schema.
-            SnapshotError: They are malformed or inconsistent.
+            SnapshotVersionError: Another build's version wrote it.
+            SnapshotError: It is malformed or inconsistent, or was made under another ``keep_head_groups``.
         """
         # A value is read back through its dict, so it is checked exactly like a stored one.
-        data = decisions.to_dict() if isinstance(decisions, RecordDecisions) else decisions
-        self.restore_state(replace(self._cell.value, decisions=RecordDecisions.from_dict(data)))
+        data = state.to_dict() if isinstance(state, State) else state
+        self.restore_state(State.from_dict(data, keep_head_groups=self._config.keep_head_groups))
 
-    def _write(self, state: RecordState) -> None:
-        # The middleware may have moved the shared state while the pass awaited a request over the cached prefix.
-        self._cell.value = settle(state, self._cell.value)
-
-    async def _after(self, messages: list[Message], done: Done[RecordState, RecordReport], changed: bool) -> bool:
+    async def _after(self, messages: list[Message], done: Done[State, RecordReport], changed: bool) -> bool:
         """Run the host's own fallback on the applied list, when the pass calls for it."""
         report = done.report
         if self._fallback is None or report.fallback is Fallback.NONE:

@@ -73,9 +73,9 @@ from ..core.stack import (
     session_entry_to_dict,
 )
 from .composition import ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
+from .conversation import NamedSets
 from .counting import Tokenizer
 from .fingerprint import stack_parameters
-from .loop import NamedSets
 from .recall import DEFAULT_TARGET_TOKENS, RecallGate, ToolResultRecallMiddleware, recall_tool, record_reply
 from .records import ToolResultAnchoredSummarizationCompactionStrategy
 
@@ -127,14 +127,14 @@ class CompactionStack:
             raise ValueError(f"gate must be a RecallGate, got {gate!r}")
         if not isinstance(recall, ToolResultRecallMiddleware):
             raise ValueError(f"recall must be a ToolResultRecallMiddleware, got {recall!r}")
-        if not recall.shares(records.state_cell):
+        if not recall.shares(records.conversation):
             raise ValueError(
                 "recall must share the record strategy's state: build it with reforce=records.take_reforce "
                 "(or call records.bind_recall(recall)), where records is the strategy's record half"
             )
         if not recall.arms(gate):
             raise ValueError("recall must arm this gate: build it with arm=gate.arm and disarm=gate.disarm")
-        gate.attach(records.state_cell)  # its permission is part of the one state value from now on
+        gate.attach(records.conversation)  # its permission is part of the one state value from now on
         self._strategy: Strategy = strategy
         self._records = records
         self._gate = gate
@@ -169,7 +169,7 @@ class CompactionStack:
 
     def state(self) -> StackState:
         """The stack's whole behavioural state (an immutable value)."""
-        return StackState(self._kind, self._records.state_cell.connection.value)  # the conversation's one value
+        return StackState(kind=self._kind, state=self._records.conversation.value)  # the conversation's one value
 
     def restore(self, state: StackState) -> None:
         """Continue from ``state``; the next pass checks it against its history.
@@ -207,6 +207,11 @@ class CompactionStack:
         self.restore(StackState.from_dict(data, kind=self._kind, keep_head_groups=head))
         return self
 
+    def restore_fields(self, fields: Mapping[str, object]) -> None:
+        """Continue from a stack's fields without their header (a session entry's); read strictly."""
+        head = self._records.config.keep_head_groups
+        self.restore(StackState.read_fields(fields, kind=self._kind, keep_head_groups=head))
+
     def configuration(self) -> StackConfiguration:
         """The fingerprint of this stack's configuration: its kind and every parameter that changes a decision.
 
@@ -214,7 +219,9 @@ class CompactionStack:
         recall middleware's pin rule, the tokenizer's identity), so two stacks built alike
         have equal fingerprints in any process.
         """
-        return StackConfiguration.of(stack_parameters(self))
+        return StackConfiguration.of(
+            stack_parameters(self._kind, self._strategy, self._records.host_fallback, self._recall)
+        )
 
     def parts(self) -> tuple[object, ...]:
         """Every stateful instance of the stack (a builder must make fresh ones for each stack)."""
@@ -402,7 +409,7 @@ class SessionCompactionRegistry:
             return False
         _, data = session_entry_from_dict(stored)
         entry = _Entry(self._build(session.session_id))
-        entry.stack.from_dict(data)
+        entry.stack.restore_fields(data)
         self._save(session, entry)
         logger.info("Migrated the compaction state of session %r to the registry's configuration", session.session_id)
         return True
@@ -594,9 +601,8 @@ class SessionCompactionRegistry:
         configuration, data = session_entry_from_dict(stored)
         if entry is None:
             entry = _Entry(self._build(session_id))
-        if configuration is not None:
-            self._check(configuration)
-        entry.stack.from_dict(data)
+        self._check(configuration)
+        entry.stack.restore_fields(data)
         entry.written = stored
         self.states_restored += 1
         return entry
@@ -615,7 +621,7 @@ class SessionCompactionRegistry:
 
     def _save(self, session: AgentSession, entry: _Entry) -> None:
         assert self._configuration is not None  # the entry's stack was built by this registry
-        payload = session_entry_to_dict(self._configuration, entry.stack.to_dict())
+        payload = session_entry_to_dict(self._configuration, entry.stack.state())
         session.state[self._key] = payload
         entry.written = payload
         if self._max == 0:

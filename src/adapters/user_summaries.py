@@ -19,8 +19,9 @@ from agent_framework import Content, Message
 
 from ..core import user_summaries as core
 from ..core.checks import require_async_callable
-from ..core.effects import DescribeMedia, Request, Summarize
-from ..core.user_snapshot import UserSummarySnapshot
+from ..core.effects import Request
+from ..core.effects import trimmed as remembered
+from ..core.state import RequestKind, State
 from ..core.user_summaries import Outcome, SummaryMode, UserReport, UserSummaryConfig
 from .counting import Tokenizer
 from .loop import CompactionAdapter
@@ -35,9 +36,7 @@ FOLD_EXCLUDE_REASON = core.FOLD_EXCLUDE_REASON
 DescribeMediaHook = Callable[[Content, Message], Awaitable[str | None]]
 
 
-class UserTurnAnchoredSummarizationCompactionStrategy(
-    CompactionAdapter[UserSummaryConfig, UserSummarySnapshot, UserReport]
-):
+class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSummaryConfig, State, UserReport]):
     """Replace earlier user turns with a summary that keeps every requirement and correction.
 
     Past ``trigger_fraction`` of the budget, the user turns between the first
@@ -61,7 +60,7 @@ class UserTurnAnchoredSummarizationCompactionStrategy(
     part and the whole turn and returns a description (``None`` for an unsupported
     part). Descriptions replace the media in the transcript, marked as inferred; a
     failed, empty or oversized one keeps the turn. Descriptions and summary answers live
-    in the snapshot (:meth:`decision_state`), keyed by what determines them.
+    in the state (:meth:`decision_state`), keyed by what determines them.
 
     Args:
         max_input_tokens: The input budget.
@@ -74,7 +73,7 @@ class UserTurnAnchoredSummarizationCompactionStrategy(
         summary_mode: ``"recompact"``, ``"boundary"`` or ``"fold"``.
         prompt: The summarizer's instructions (a default is provided).
         fold_prompt: The instructions for folding summaries.
-        remembered_requests: Summary answers kept in the snapshot (at least 1; 2 when a
+        remembered_requests: Summary answers kept in the state (at least 1; 2 when a
             composition runs this strategy in the boundary or fold mode).
         max_summary_input_tokens: Bound on every summarizer request, instructions and
             numbered transcript together; half the budget by default (at least 1).
@@ -133,7 +132,7 @@ class UserTurnAnchoredSummarizationCompactionStrategy(
             max_summary_input_tokens=max_summary_input_tokens,
             describe_media=describe_media is not None,
         )
-        self._setup(config, tokenizer, UserSummarySnapshot())
+        self._setup(config, tokenizer, State())
         self._client = client
         self._describe = describe_media
         self._nothing_fits = False  # the previous pass found nothing that fits (warned once per episode)
@@ -175,13 +174,13 @@ class UserTurnAnchoredSummarizationCompactionStrategy(
     # -- effects ---------------------------------------------------------------------------
 
     async def _perform(self, request: Request, messages: Sequence[Message]) -> str | None:
-        if isinstance(request, Summarize):
-            return await self._summarize(request)
-        if isinstance(request, DescribeMedia):
+        if request.kind is RequestKind.MEDIA:
             return await self._describe_media(request, messages)
+        if request.kind is not RequestKind.RECORD:
+            return await self._summarize(request)
         return await super()._perform(request, messages)
 
-    async def _summarize(self, request: Summarize) -> str | None:
+    async def _summarize(self, request: Request) -> str | None:
         self.summarizer_calls += 1
         try:
             response = await self._client.get_response(
@@ -201,7 +200,7 @@ class UserTurnAnchoredSummarizationCompactionStrategy(
             return None
         return text
 
-    async def _describe_media(self, request: DescribeMedia, messages: Sequence[Message]) -> str | None:
+    async def _describe_media(self, request: Request, messages: Sequence[Message]) -> str | None:
         hook = self._describe
         if hook is None or not 0 <= request.origin < len(messages):
             return None
@@ -223,22 +222,27 @@ class UserTurnAnchoredSummarizationCompactionStrategy(
             return None
         return text
 
-    # -- snapshot --------------------------------------------------------------------------
+    # -- state -----------------------------------------------------------------------------
 
-    def decision_state(self) -> UserSummarySnapshot:
-        """Remembered answers, descriptions and id counts (an immutable value; see ``to_dict``)."""
-        return self._cell.value
+    def decision_state(self) -> State:
+        """The conversation's state: remembered answers, descriptions and id counts (an immutable value; see
+        ``to_dict``)."""
+        return self.conversation.value
 
-    def restore_decisions(self, snapshot: UserSummarySnapshot | Mapping[str, Any]) -> None:
-        """Continue from a snapshot (a value or its ``to_dict()``).
+    def restore_decisions(self, state: State | Mapping[str, Any]) -> None:
+        """Continue from a state (a value or its ``to_dict()``); ``remembered_requests`` of its summary answers
+        are kept, the newest.
+
+        No configuration is checked: an answer cannot be misapplied under another one, since it
+        is found only by its request's identity, a digest of everything that determines it.
 
         Raises:
-            SnapshotVersionError: It was written by a newer schema.
+            SnapshotVersionError: Another build's version wrote it.
             SnapshotError: It is malformed or inconsistent.
         """
         # A value is read back through its dict, so it is checked exactly like a stored one.
-        data = snapshot.to_dict() if isinstance(snapshot, UserSummarySnapshot) else snapshot
-        self.restore_state(core.trimmed(UserSummarySnapshot.from_dict(data), self._config.remembered_requests))
+        data = state.to_dict() if isinstance(state, State) else state
+        self.restore_state(remembered(State.from_dict(data), self._config.remembered_requests))
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
@@ -300,8 +304,8 @@ class UserTurnAnchoredSummarizationCompactionStrategy(
                 )
 
 
-def _what_stays(request: Summarize) -> str:
+def _what_stays(request: Request) -> str:
     """What a failed request leaves as it is: the records a composition's merge or rewrite would replace, or turns."""
-    if request.kind == "emergency_fold":
+    if request.kind is RequestKind.EMERGENCY_FOLD:
         return "the user summaries"
-    return "the records" if request.kind in ("merge", "rewrite") else "user turns"
+    return "the records" if request.kind in (RequestKind.MERGE, RequestKind.REWRITE) else "user turns"

@@ -253,34 +253,24 @@ def state_contents(entry: Mapping[str, Any]) -> dict[str, int]:
     declined wait, kept replacements and shed tool and text groups; ``fallback_sheds``: the
     record strategy's anchored fallback's shed tool and text groups.
     """
-    stack = cast("Mapping[str, Any]", entry["stack"])
-    state = cast("Mapping[str, Any]", stack["state"])
+    state = cast("Mapping[str, Any]", entry["state"])
     records = cast("Mapping[str, Any]", state["records"])
     recall = cast("Mapping[str, Any]", state["recall"])
     fallback = cast("Mapping[str, Any]", state["fallback"])
-    contents = {
+    chain = cast("Mapping[str, Any]", state["chain"])
+    shed = cast("Mapping[str, Any]", chain["shed"])
+    kinds = [str(answer["kind"]) for answer in cast("list[Mapping[str, Any]]", state["answers"])]
+    return {
         "records_seen": int(recall["seen"]["records"]),
         "settled_groups": len(records["settled"]),
         "outstanding_asks": 0 if records["ask"] is None else 1,
-        "remembered_summaries": 0,
-        "chain_decisions": 0,
+        "remembered_summaries": sum(1 for kind in kinds if kind in ("summary", "fold", "media")),
+        "chain_decisions": sum(1 for name in ("wait_since", "declined_behind") if chain[name] is not None)
+        + sum(1 for kind in kinds if kind in ("merge", "rewrite", "emergency_fold"))
+        + int(shed["tools_shed"])
+        + int(shed["texts_shed"]),
         "fallback_sheds": int(fallback["tools_shed"]) + int(fallback["texts_shed"]),
     }
-    users = state.get("users")
-    if isinstance(users, Mapping):
-        users = cast("Mapping[str, Any]", users)
-        contents["remembered_summaries"] = len(users["answers"]) + len(users["descriptions"])
-    chain = state.get("chain")
-    if isinstance(chain, Mapping):
-        chain = cast("Mapping[str, Any]", chain)
-        shed = cast("Mapping[str, Any]", chain["shed"])
-        contents["chain_decisions"] = (
-            sum(1 for name in ("wait_since", "declined_behind") if chain[name] is not None)
-            + len(chain["replacements"])
-            + int(shed["tools_shed"])
-            + int(shed["texts_shed"])
-        )
-    return contents
 
 
 async def play(

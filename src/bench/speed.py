@@ -368,7 +368,7 @@ def make_strategy(name: str, budget: int, tokenizer: TokenizerProtocol) -> Compa
 def _restorer(strategy: CompactionStrategy) -> Callable[[], None]:
     """A callable that puts the strategy's decisions back to what they are now.
 
-    The state value goes back into the strategy's cell as a running strategy holds it.
+    The state value goes back into the strategy's conversation as a running strategy holds it.
     This is not a session restore (``restore_decisions``): a restore also checks the
     state against the next history and drops the last pass's memo, once per restore,
     which a model call of a running agent never pays. The framework's strategies keep
@@ -377,9 +377,9 @@ def _restorer(strategy: CompactionStrategy) -> Callable[[], None]:
     if not isinstance(strategy, CompactionAdapter):
         return lambda: None
     adapter: CompactionAdapter[Any, Any, Any] = strategy
-    connection = adapter._cell.connection  # pyright: ignore[reportPrivateUsage]
-    state = connection.value
-    return lambda: setattr(connection, "value", state)
+    conversation = adapter.conversation
+    state = conversation.value
+    return lambda: setattr(conversation, "value", state)
 
 
 def summarizer_calls(strategy: CompactionStrategy) -> int:

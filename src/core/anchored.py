@@ -36,17 +36,15 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 from pyrsistent import pvector
-from returns.result import Success
 
 from .checks import AtLeastOne, AtLeastZero, Floor, Fraction, validate
 from .counting import MESSAGE_OVERHEAD_TOKENS, Measure
 from .distill import distill
-from .effects import Request
 from .grouping import Grouping, regroup
 from .model import Group, History, MessageRecord, Part, flagged
-from .protocol import Done, StepResult, differs, sent_tokens
+from .protocol import Done, differs, sent_tokens
 from .shorten import shorten
-from .snapshot import AnchoredSnapshot
+from .state import AnchoredSnapshot
 
 DEFAULT_KEEP_HEAD_GROUPS: Final = 3
 DEFAULT_KEEP_TAIL_GROUPS: Final = 4
@@ -214,7 +212,7 @@ def step(
     *,
     ceiling: int | None = None,
     memo: object = None,
-) -> StepResult[AnchoredSnapshot, Report]:
+) -> AnchoredDone:
     """One anchored pass over ``history``.
 
     ``ceiling`` (default ``max_input_tokens``) bounds only how far shedding goes;
@@ -223,14 +221,7 @@ def step(
     never needs an effect: when the anchors alone exceed the ceiling it answers with
     ``report.overflow`` (honest overflow).
     """
-    done = run(config, state, history, measure, ceiling=ceiling, memo=memo)
-    return Success(done)
-
-
-def absorb(state: AnchoredSnapshot, answers: Sequence[tuple[Request, str | None]]) -> AnchoredSnapshot:
-    """The anchored strategy asks for nothing, so there is nothing to absorb."""
-    del answers
-    return state
+    return run(config, state, history, measure, ceiling=ceiling, memo=memo)
 
 
 def run(
@@ -244,8 +235,10 @@ def run(
     releasable: frozenset[str] | None = None,
     distillable: frozenset[str | None] = frozenset(),
     distill_ceiling: int | None = None,
+    shorten: bool = True,
 ) -> AnchoredDone:
-    """:func:`step`'s answer, unwrapped: compositions call it directly.
+    """:func:`step`'s answer, unwrapped: compositions call it directly (``shorten=False``: band results are never
+    shortened, groups only shed whole).
 
     With ``releasable``, a held message is protected like a preserved one unless its
     hold is in ``releasable`` (the record rules' holds; see :func:`.records.run_with_holds`).
@@ -289,7 +282,7 @@ def run(
     if not misplaced:
         _replay_sheds(plan)
     shortened, declined, committed = _shorten_band(
-        config, plan, committed=snapshot.shortened, measure=measure, limit=limit
+        config, plan, committed=snapshot.shortened, measure=measure, limit=limit, shorten=shorten
     )
     if not misplaced:
         for position in snapshot.distilled:
@@ -513,8 +506,9 @@ def _shorten_band(
     committed: int,
     measure: Measure,
     limit: int,
+    shorten: bool = True,
 ) -> tuple[int, bool, int]:
-    """Shorten band results by position; returns (count, declined, new commitment).
+    """Shorten band results by position (none without ``shorten``); returns (count, declined, new commitment).
 
     Positions below ``committed`` are always shortened. The minimum-gain floor judges
     only the positions above it, and only while the prompt fits.
@@ -523,7 +517,7 @@ def _shorten_band(
     saved_by_position: dict[int, int] = {}
     first_edit: dict[int, int] = {}
     records = plan.records
-    for position, group in enumerate(plan.tools.groups):
+    for position, group in enumerate(plan.tools.groups if shorten else ()):
         allowance = config.allowance(position)
         # A group no record covers is the safety net's: cut to its value lines over the budget, never
         # shortened by position (which would cut values from its middle).

@@ -10,6 +10,7 @@ below, ``bool``, a ``Literal``, or ``Optional`` of one), and calls :func:`valida
 
 from __future__ import annotations
 
+import fractions
 import functools
 import inspect
 import math
@@ -29,6 +30,12 @@ Fraction = Annotated[float, Meta(gt=0, le=1)]
 Floor = Annotated[float, Meta(ge=0, lt=1)]
 #: Instructions and other text that must say something.
 NonEmpty = Annotated[str, Meta(pattern=r"\S")]
+
+
+def share_of(count: int, fraction: float) -> int:
+    """The least whole number at or above ``fraction`` of ``count``, computed exactly (``0.8`` of 5 is 4, never 5
+    by a float's rounding)."""
+    return math.ceil(count * fractions.Fraction(str(fraction)))
 
 
 def is_number(value: object) -> bool:

@@ -48,9 +48,10 @@ then, only while the prompt is over the budget, a last-resort chain:
    the prompt unquoted.
 
 When what must stay (anchors, records, protected messages, and under ``"raise"`` the
-uncovered results) does not fit, the pass answers ``Failure(CompactionBudgetExceeded)``.
+uncovered results) does not fit, the pass raises :class:`~.errors.CompactionBudgetExceeded`.
 
-The pass is a configuration of one :mod:`.pipeline`: each step above is a sub-step
+The pass reads and writes the conversation's one :class:`~.state.State`; it is a
+configuration of one :mod:`.pipeline`: each step above is a sub-step
 (``_record_rules``, ``_users``, ``_replay`` and ``_ask`` for the replacements and folds,
 ``_fallback``, ``_shed``) speaking ``Needs | Done`` over the pass's view, in the order of
 ``_STEPS`` for the overflow policy; the budget verdict and the report close it.
@@ -58,27 +59,24 @@ The pass is a configuration of one :mod:`.pipeline`: each step above is a sub-st
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cache
 from typing import Final, Literal, TypeAlias, cast
 
-from returns.result import Failure, Success
+from msgspec.structs import replace as evolve
+from pyrsistent import pvector
 
 from . import anchored, pipeline, records, user_summaries
 from .anchored import AnchoredConfig, Report
 from .checks import AtLeastZero, NonEmpty, validate
-from .effects import Aligned, Answer, Request, Summarize, answered, standing
-from .envelope import Count, Positive, Schema, Text, distinct, dump, error, exactly, load, names
-from .errors import CompactionBudgetExceeded, SnapshotError
+from .effects import Request, standing
+from .errors import CompactionBudgetExceeded
 from .model import History, MessageRecord
-from .protocol import Done, Needs, StepResult, sent_tokens
-from .recall import RecallState, records_over_prefix
-from .records import HOLD_RECORD, RecordConfig, RecordReport, RecordState
-from .snapshot import AnchoredSnapshot
-from .user_snapshot import UserSummarySnapshot
+from .protocol import Done, Needs, Step, sent_tokens
+from .recall import records_over_prefix
+from .records import HOLD_RECORD, RecordConfig, RecordReport
+from .state import CHAIN_KINDS, Answer, ChainDecisions, RecallState, RecordRoute, RequestKind, State
 from .user_summaries import UserReport, UserSummaryConfig
 from .values import distinctive_values, word_set
 from .view import View, view
@@ -87,8 +85,6 @@ OverflowPolicy: TypeAlias = Literal["shed", "raise"]
 DEFAULT_OVERFLOW_POLICY: Final[OverflowPolicy] = "shed"
 #: Model responses a user half waits for an expected record, at most.
 RECORD_WAIT_RESPONSES: Final = 2
-#: A shed result keeps nothing: sheds remove whole groups, they never shorten.
-_NO_SHORTENING: Final = 2**31 - 1
 #: The holds the shed policy may release: every hold but a record's own.
 _SHEDDABLE: Final = records.HOLD_REASONS - {HOLD_RECORD}
 #: Why the records a kept replacement stands for are excluded.
@@ -97,7 +93,6 @@ REPLACEMENT_ID_PREFIX: Final = "record_replacement_"
 #: The ids of emergency folds: user summaries, apart from the user half's own (``user_summary_<n>``,
 #: ``user_summary_fold_<n>``), which it allocates without seeing the chain's.
 EMERGENCY_FOLD_ID_PREFIX: Final = "user_summary_emergency_fold_"
-ReplacementKind: TypeAlias = Literal["merge", "rewrite", "fold"]
 #: How the user half's summaries are asked for (:attr:`CompositionConfig.summary_request`).
 SummaryRequest: TypeAlias = Literal["summarizer", "cached_prefix"]
 DEFAULT_HARDER_ATTEMPTS: Final = 2
@@ -177,161 +172,10 @@ class CompositionConfig:
 
     @property
     def shed(self) -> AnchoredConfig:
-        """The anchored rules the shed policy uses: whole tool groups only, never a shortened result."""
+        """The anchored rules the shed policy uses: whole tool groups only (run without shortening, :func:`_shed`)."""
         fallback = self.records.fallback
         assert fallback is not None
-        return replace(fallback, keep_tokens=_NO_SHORTENING, collapse_assistant_text=False)
-
-
-@dataclass(frozen=True, slots=True)
-class _StoredReplacement:
-    """How the chain stores a judged answer (the layout of every chain envelope version)."""
-
-    identity: Text
-    sources: Positive
-    text: Text | None
-    replacement_id: Text
-    kind: ReplacementKind
-    turns: Count | None
-
-
-@dataclass(frozen=True, slots=True)
-class ChainDecisions:
-    """The composition's own decisions that history cannot show.
-
-    Attributes:
-        wait_since: The conversation clock when the user half began waiting for an expected
-            record, or ``None``.
-        declined_behind: The record count a wait ended behind: no new wait behind it.
-        shed: The shed policy's decisions (watermarks over band tool groups).
-        replacements: Record replacements and emergency folds judged so far (kept, refused
-            or failed), in order: the kind of request each answered, and its answer.
-    """
-
-    wait_since: Count | None = None
-    declined_behind: Count | None = None
-    shed: AnchoredSnapshot = field(default_factory=AnchoredSnapshot)
-    replacements: tuple[tuple[ReplacementKind, Answer], ...] = ()
-
-    def to_dict(self) -> dict[str, object]:
-        """The chain's decisions as a JSON-safe, kind-tagged, versioned dict."""
-        return dump(self)
-
-    @classmethod
-    def from_dict(cls, data: object, *, keep_head_groups: int | None = None) -> ChainDecisions:
-        """Read :meth:`to_dict`'s output strictly (``SnapshotError`` naming the field)."""
-        return load(cls, data, keep_head_groups=keep_head_groups)
-
-
-@dataclass(frozen=True, slots=True)
-class CompositionState:
-    """The one state value of a conversation the composition serves."""
-
-    records: RecordState = field(default_factory=RecordState)
-    users: UserSummarySnapshot = field(default_factory=UserSummarySnapshot)
-    chain: ChainDecisions = field(default_factory=ChainDecisions)
-
-    def to_dict(self) -> dict[str, object]:
-        """The whole state (both halves, the recall protocol, the chain) as one JSON-safe, versioned dict."""
-        return dump(self)
-
-    @classmethod
-    def from_dict(cls, data: object, *, keep_head_groups: int | None = None) -> CompositionState:
-        """Read :meth:`to_dict`'s output strictly; ``keep_head_groups`` checks the anchored positions."""
-        return load(cls, data, keep_head_groups=keep_head_groups)
-
-
-#: Version 2 dates failures (``turns``); a version-1 failure has none, so it stands for ever, as it did.
-#: Version 3 adds emergency folds (``kind: "fold"``); the fields are those of version 2.
-CHAIN_VERSION: Final = 3
-#: Version 1 counted the records a merge replaced out of an ask's and a wait's record
-#: count, and a merged record as a model response; version 2 counts records written and
-#: model responses only. The two agree unless a merge was kept (see :func:`_state_checked`).
-#: Version 3 adds the record half's ``written`` (records written over the cached prefix; the
-#: record half's state is stored inline, so its new field is the composition's too).
-COMPOSITION_VERSION: Final = 3
-
-
-def _undated(stored: Mapping[str, object]) -> Mapping[str, object]:
-    """A version-1 chain: no turns, so a version-1 failure stands for ever."""
-    fields = exactly(stored, names(ChainDecisions))
-    entries = fields["replacements"]
-    if not isinstance(entries, list):
-        return fields
-    upgraded: list[object] = []
-    for index, entry in enumerate(cast("list[object]", entries)):
-        if isinstance(entry, dict) and "turns" in entry:
-            raise SnapshotError(f"unknown snapshot field(s) 'replacements[{index}].turns'")
-        upgraded.append({**cast("dict[str, object]", entry), "turns": None} if isinstance(entry, dict) else entry)
-    return {**fields, "replacements": upgraded}
-
-
-def _chain_checked(chain: ChainDecisions, version: int, _head: int | None) -> ChainDecisions:
-    for index, (kind, a) in enumerate(chain.replacements):
-        here = f"replacements[{index}]"
-        if kind == "fold" and version < 3:
-            raise error(f"{here}.kind", "must be one of 'merge', 'rewrite', got 'fold'")
-        if a.text is not None and a.turns is not None:
-            raise error(f"{here}.turns", f"an answer with text carries no turns, got {a.turns}")
-        prefix = _KINDS[kind].prefix
-        if re.fullmatch(rf"{prefix}(0|[1-9][0-9]*)", cast("str", a.summary_id)) is None:
-            raise error(f"{here}.replacement_id", f"must be {prefix}<n>, got {a.summary_id!r}")
-        if kind == "fold" and cast("int", a.sources) < 2:
-            raise error(f"{here}.sources", f"must be an integer in [2, {2**31 - 1}], got {a.sources}")
-    distinct("replacements", [a.identity for _, a in chain.replacements], what="identity")
-    return chain
-
-
-def _stored(replacements: tuple[tuple[ReplacementKind, Answer], ...]) -> tuple[_StoredReplacement, ...]:
-    return tuple(
-        _StoredReplacement(a.identity, cast("int", a.sources), a.text, cast("str", a.summary_id), k, a.turns)
-        for k, a in replacements
-    )
-
-
-def _answers(stored: tuple[_StoredReplacement, ...]) -> tuple[tuple[ReplacementKind, Answer], ...]:
-    return tuple((r.kind, Answer(r.identity, r.text, r.replacement_id, r.sources, r.turns)) for r in stored)
-
-
-CHAIN_SCHEMA: Final = Schema(
-    "chain",
-    CHAIN_VERSION,
-    ChainDecisions,
-    older={1: _undated, 2: None},
-    check=_chain_checked,
-    stored={"replacements": (tuple[_StoredReplacement, ...], _stored, _answers)},
-)
-
-
-def _state_checked(state: CompositionState, version: int, _head: int | None) -> CompositionState:
-    chain = state.chain
-    merged = any(a.text is not None for _, a in chain.replacements)
-    counted = (
-        state.records.decisions.ask is not None or chain.wait_since is not None or chain.declined_behind is not None
-    )
-    if version == 1 and merged and counted:
-        raise error(
-            "records",
-            "a version-1 snapshot with a kept record merge counts an outstanding ask or wait in records and responses "
-            "this version counts differently; it cannot be read without guessing (start the conversation's "
-            "compaction state afresh)",
-        )
-    return state
-
-
-def _unwritten(stored: Mapping[str, object]) -> Mapping[str, object]:
-    """A version-1 or version-2 state: no record was written over the cached prefix."""
-    return {**exactly(stored, tuple(n for n in names(CompositionState) if n != "written")), "written": []}
-
-
-COMPOSITION_SCHEMA: Final = Schema(
-    "composition",
-    COMPOSITION_VERSION,
-    CompositionState,
-    older={1: _unwritten, 2: _unwritten},
-    check=_state_checked,
-    flat="records",
-)
+        return replace(fallback, collapse_assistant_text=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,59 +219,48 @@ class _Pass:
     """The working state one composed pass threads through its sub-steps.
 
     Attributes:
-        input: The pass's input state (what a ``Needs`` absorbs into).
         state: The state after the sub-steps so far.
         report: The report so far (its token counts and verdict are set at the end).
         memo: The record rules' memo (the input's, then their answer's).
         band: The anchored runs' band, handed run to run.
         roomy: The conversation's largest step still fits (:func:`_roomy`).
-        replay_only: Ask for nothing new: the pass only replays what was decided (the
-            prompt as it stands, which a request over the cached prefix repeats).
         netting: The safety net breaks on this pass (judged on the prompt before the user
             half's summary): the fallback distills whatever the summary leaves.
+        standing: The prompt as the last request had it and what arrived since (the history handed
+            in, with the records written before this request placed), which a summary asked over
+            the cached prefix repeats.
     """
 
-    input: CompositionState
-    state: CompositionState
+    state: State
     report: CompositionReport
     memo: records.RecordMemo | None
     band: object = None
     roomy: bool = True
-    replay_only: bool = False
     netting: bool = False
+    standing: History = field(default_factory=pvector)
 
 
-_Answer: TypeAlias = Needs[CompositionState] | Done[_Pass, None]
+_Answer: TypeAlias = Needs | Done[_Pass, None]
 
 
 def step(
-    config: CompositionConfig,
-    state: CompositionState,
-    history: History,
-    measure: anchored.Measure,
-    *,
-    memo: object = None,
-    replay_only: bool = False,
-) -> StepResult[CompositionState, CompositionReport]:
-    """One composed pass (see the module docstring); ``memo`` is the last ``Done.memo`` (the record rules').
-
-    With ``replay_only`` the pass asks for nothing new (the prompt as it stands: see :func:`_standing`).
-    """
+    config: CompositionConfig, state: State, history: History, measure: anchored.Measure, *, memo: object = None
+) -> Step[State, CompositionReport]:
+    """One composed pass (see the module docstring); ``memo`` is the last ``Done.memo`` (the record rules')."""
     budget = config.max_input_tokens
     record_memo = memo if isinstance(memo, records.RecordMemo) else None
-    given, history = history, records.place_written(history, state.records.written, measure)
-    as_it_stands = cache(lambda: _standing(config, state, given, measure))  # one pass makes it, for both asks
-    asked = records.ask_over_standing(config.records, state.records, as_it_stands, measure)
-    if asked is not None:
-        return Success(Needs((_with_summary(config, state, as_it_stands(), asked, measure),), state))
+    given, history = history, records.place_written(history, records.written(state), measure)
+    # A record asked on this request (it stands before the conversation's newest group) is not in the cached request.
+    here = records.record_place(given)
+    standing = records.place_written(given, [w for w in records.written(state) if w.after != here], measure)
     seen = view(history, record_memo.view if record_memo else None)
     # The record half's report is a placeholder until its sub-step runs.
     report = CompositionReport(seen.sent, seen.sent, records=RecordReport(seen.sent, seen.sent))
     band = record_memo.band if record_memo else None
-    work = _Pass(state, state, report, record_memo, band, replay_only=replay_only)
+    work = _Pass(state, report, record_memo, band, standing=standing)
     ran = pipeline.run(_STEPS[config.overflow_policy], config, work, seen, measure)
     if isinstance(ran, Needs):
-        return Success(_over_prefix(config, state, given, measure, ran))
+        return ran
     output, done = ran
     tokens_after = sent_tokens(output)
     report = replace(done.report, tokens_after=tokens_after, over_budget=tokens_after > budget)
@@ -438,66 +271,53 @@ def step(
         kept = "anchors, records and protected messages"
         if config.overflow_policy == "raise":
             kept += " and the uncovered results overflow_policy='raise' keeps"
-        return Failure(
-            CompactionBudgetExceeded(
-                f"the prompt is {tokens_after} tokens after every step, over the {budget}-token budget: "
-                f"the {kept} alone do not fit{_chain_outcome(report.refused, report.failed)}",
-                needed=tokens_after,
-                budget=budget,
-                refused=report.refused,
-                failed=report.failed,
-            )
+        raise CompactionBudgetExceeded(
+            f"the prompt is {tokens_after} tokens after every step, over the {budget}-token budget: "
+            f"the {kept} alone do not fit{_chain_outcome(report.refused, report.failed)}",
+            needed=tokens_after,
+            budget=budget,
+            refused=report.refused,
+            failed=report.failed,
         )
     assert done.memo is not None
-    return Success(Done(history=output, state=done.state, report=report, memo=replace(done.memo, band=done.band)))
+    return Done(history=output, state=done.state, report=report, memo=replace(done.memo, band=done.band))
+
+
+def _summaries_over_prefix(config: CompositionConfig, recall_state: RecallState) -> bool:
+    """The user half's summaries go over the cached prefix: configured so, and neither that route nor the
+    records' was given up."""
+    return (
+        config.summary_request == "cached_prefix"
+        and recall_state.route is not RecordRoute.NONE
+        and not recall_state.summaries_to_summarizer
+    )
 
 
 def _over_prefix(
-    config: CompositionConfig,
-    state: CompositionState,
-    history: History,
-    measure: anchored.Measure,
-    needs: Needs[CompositionState],
-) -> Needs[CompositionState]:
+    config: CompositionConfig, state: State, prompt: History, measure: anchored.Measure, needs: Needs
+) -> Needs:
     """``needs`` with the user half's summaries and folds sent over the cached prefix, when configured.
 
-    The prefix is the prompt as it stands (every decision made before replayed: the last
-    request and what arrived since), cut between groups to what the last request sent
-    (:meth:`.records.RecordConfig.prefix_tokens`); a request whose items it does not hold
-    stays with the summarizer.
+    The prefix is the prompt as it stands (:attr:`_Pass.standing`), cut between groups to what
+    the last request sent (:meth:`.records.RecordConfig.prefix_tokens`); a request whose items
+    it does not hold stays with the summarizer.
     """
-    recall_state = state.records.recall
-    if config.summary_request != "cached_prefix" or recall_state.prefix_disabled:
-        return needs
-    if recall_state.summaries_prefix_disabled:
-        return needs
-    wanted = [r for r in needs.requests if isinstance(r, Summarize) and r.kind in ("summary", "fold")]
-    # A record asked on this pass (it stands before the conversation's newest group) is not in the cached request.
-    here = records.record_place(history)
-    earlier = tuple(w for w in state.records.written if w.after != here)
-    before = replace(state, records=replace(state.records, written=earlier))
-    standing = _standing(config, before, history, measure) if wanted else None
-    if standing is None:
+    if not _summaries_over_prefix(config, state.recall):
         return needs
     requests: list[Request] = []
     for request in needs.requests:
         sent = None
-        if request in wanted:
-            assert isinstance(request, Summarize)
+        if request.kind in (RequestKind.SUMMARY, RequestKind.FOLD):
             size = measure(request.prompt) + sum(measure(o) for o in request.openings) + 64
-            fitting = records.fitting_prefix(standing, config.records.prefix_tokens(state.records.recall, size))
+            fitting = records.fitting_prefix(prompt, config.records.prefix_tokens(state.recall, size))
             sent = None if fitting is None else user_summaries.over_prefix(request, fitting)
         requests.append(sent or request)
-    return replace(needs, requests=tuple(requests))
+    return Needs(tuple(requests))
 
 
 def _with_summary(
-    config: CompositionConfig,
-    state: CompositionState,
-    standing: History | None,
-    asked: Aligned,
-    measure: anchored.Measure,
-) -> Aligned:
+    config: CompositionConfig, state: State, standing: History, asked: Request, measure: anchored.Measure
+) -> Request:
     """``asked`` (a record over the cached prefix) asking in the same request for the summary the user half will
     want on this pass, when summaries go over the cached prefix too.
 
@@ -505,35 +325,21 @@ def _with_summary(
     are the user turns, which the record does not change, so the summary it asks for once the record is in
     is, as a rule, the one guessed here over the prompt as it stands: then its answer is already known. When
     it is not (or the answer came without a summary part), the pass asks as it would have. ``standing`` is the
-    prompt as it stands (:func:`_standing`), the one the record was asked over.
+    prompt as it stands, the one the record was asked over.
     """
-    recall_state = state.records.recall
-    if config.summary_request != "cached_prefix" or recall_state.prefix_disabled:
+    if not _summaries_over_prefix(config, state.recall):
         return asked
-    if recall_state.summaries_prefix_disabled or standing is None:
-        return asked
-    ran = _user_pass(config, state.users, standing, measure, breaking=True, roomy=True)
+    ran = _user_pass(config, state, standing, measure, breaking=True, roomy=True)
     if not isinstance(ran, Needs):
         return asked
-    wanted = [r for r in ran.requests if isinstance(r, Summarize) and r.kind == "summary"]
-    sent = user_summaries.over_prefix(wanted[0], asked.view) if wanted else None
-    if sent is None:
+    wanted = [r for r in ran.requests if r.kind is RequestKind.SUMMARY]
+    sent = user_summaries.over_prefix(wanted[0], asked.view) if wanted and asked.view is not None else None
+    if sent is None or asked.view is None:
         return asked
     both = records.with_summary(asked, sent)
     # The view was cut for the record's instruction alone: both must still fit what the request may send.
-    limit = config.records.prefix_tokens(recall_state, records.instruction_tokens(measure, both.instruction))
+    limit = config.records.prefix_tokens(state.recall, records.instruction_tokens(measure, both.instruction))
     return both if sent_tokens(asked.view) <= limit else asked
-
-
-def _standing(
-    config: CompositionConfig, state: CompositionState, history: History, measure: anchored.Measure
-) -> History | None:
-    """The prompt as it stands: the pass with every budget out of reach (only decisions made before replay)."""
-    users = replace(config.users, max_input_tokens=records.unbounded(config.records).max_input_tokens)
-    quiet = replace(config, records=records.unbounded(config.records), users=users, summary_request="summarizer")
-    ran = step(quiet, replace(state, records=records.calm(state.records)), history, measure, replay_only=True)
-    done = ran.unwrap() if isinstance(ran, Success) else None
-    return done.history if isinstance(done, Done) else None
 
 
 def _record_rules(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
@@ -543,22 +349,27 @@ def _record_rules(config: CompositionConfig, work: _Pass, seen: View, measure: a
     pins the next request for it, and the user half waits (:func:`_users`).
     """
     rules, cut_thin = config.record_rules, config.overflow_policy != "raise"
-    passed = records.rules(rules, seen, work.state.records.decisions, measure, memo=work.memo, cut_thin=cut_thin)
+    passed = records.rules(rules, seen, work.state.records, measure, memo=work.memo, cut_thin=cut_thin)
     memo = passed.memo
     assert isinstance(memo, records.RecordMemo)
     assert memo.view is not None
-    record_state = replace(work.state.records, decisions=passed.state)
-    roomy = _roomy(config, memo.view, work.state.records.recall, measure)
-    if not roomy:  # pinned, or asked over the cached prefix once pinning is disabled
-        record_state = replace(record_state, decisions=records.ask_for_pending(memo.view, record_state.decisions))
-    state = replace(work.state, records=record_state)
+    # A record due on this request is asked over the prompt as it stands (every record applied: the last request
+    # and what came since), before anything new is decided; else at the pass's end (:func:`_record_over_prefix`).
+    asked = records.ask_over(config.records, work.state, passed.history, measure)
+    if asked is not None:
+        return Needs((_with_summary(config, work.state, passed.history, asked, measure),))
+    decisions = passed.state
+    roomy = _roomy(config, memo.view, work.state.recall, measure)
+    if not roomy:  # pinned, or asked over the cached prefix once pinning is given up
+        decisions = records.ask_for_pending(memo.view, decisions)
+    state = evolve(work.state, records=decisions)
     report = replace(work.report, records=passed.report)
     return Done(passed.history, replace(work, state=state, report=report, memo=memo, roomy=roomy), None, memo.view)
 
 
 def _users(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
     """The user half, unless it waits for an expected record (only a pass that fits waits)."""
-    ask, wait_since = work.state.records.decisions.ask, work.state.chain.wait_since
+    ask, wait_since = work.state.records.ask, work.state.chain.wait_since
     count = records.records_written(seen.records)
     # A chain that goes on after a partial record: a new ask, made once a record arrived since the wait began.
     renewed = ask is not None and wait_since is not None and ask.responses_at_ask > wait_since
@@ -566,12 +377,12 @@ def _users(config: CompositionConfig, work: _Pass, seen: View, measure: anchored
     chain, waiting = _wait(
         work.state.chain,
         records.responses(seen.records),
-        expected=records.record_expected(work.state.records),
+        expected=records.record_expected(work.state),
         count=count,
         asked_at=ask.responses_at_ask if arrived and ask is not None else None,
     )
-    waiting = (waiting and seen.sent <= config.max_input_tokens) or work.replay_only
-    state, report = replace(work.state, chain=chain), replace(work.report, waited=waiting)
+    waiting = waiting and seen.sent <= config.max_input_tokens
+    state, report = evolve(work.state, chain=chain), replace(work.report, waited=waiting)
     if not waiting:
         # The record half's own break this pass: groups newly excluded, or cut to what stays of them.
         passed = work.report.records
@@ -579,15 +390,14 @@ def _users(config: CompositionConfig, work: _Pass, seen: View, measure: anchored
         if not breaking:
             work = replace(work, netting=_net_breaks(config, work, seen, measure))
             breaking = work.netting
-        answer = _user_pass(config, state.users, seen.history, measure, breaking=breaking, roomy=work.roomy)
+        answer = _user_pass(config, state, seen.history, measure, breaking=breaking, roomy=work.roomy)
         if isinstance(answer, Needs):
-            # The state to absorb into is the input state: the next step recomputes the rest.
-            return Needs(answer.requests, replace(work.input, users=answer.state))
+            return _over_prefix(config, state, work.standing, measure, answer)
     else:  # a wait holds back new requests only: a summary the other list made replays here too
-        answer = user_summaries.replayed(config.users, state.users, seen.history, measure)
+        answer = user_summaries.replayed(config.users, state, seen.history, measure)
     if answer is None:
         return Done(seen.history, replace(work, state=state, report=report), None)
-    state, report = replace(state, users=answer.state), replace(report, users=answer.report)
+    state, report = answer.state, replace(report, users=answer.report)
     return Done(answer.history, replace(work, state=state, report=report), None)
 
 
@@ -595,16 +405,16 @@ def _replay(config: CompositionConfig, work: _Pass, seen: View, measure: anchore
     """Apply every kept replacement whose items lead the conversation's, in the order they were kept."""
     kept, refused = Counter[str](), set[str]()
     found: dict[object, list[user_summaries.Item]] = {}  # each kind's items in the output so far, by finder
-    for name, answer in work.state.chain.replacements:
-        if answer.text is None or answer.sources is None:
+    for answer in work.state.answers:
+        if answer.kind not in CHAIN_KINDS or answer.text is None or answer.sources is None:
             continue  # a failure, not a refusal: :func:`_ask` decides when to ask again
-        kind = _KINDS[name]
+        kind = _KINDS[answer.kind]
         items = found.get(kind.items)
         if items is None:
             items = found[kind.items] = kind.items(seen, measure)
         items = items[: answer.sources]
         if len(items) < answer.sources or all(
-            user_summaries.request(kind.request, prompt, items, "", 0, label=kind.label).identity != answer.identity
+            user_summaries.request(kind.request, prompt, items, "", 0).identity != answer.identity
             for prompt in kind.prompts(config)
         ):
             continue
@@ -628,10 +438,10 @@ def _ask(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.M
     """Over the budget, ask for the chain's next replacement (:func:`_next`), if any."""
     if seen.sent <= config.max_input_tokens:
         return Done(seen.history, work, None)
-    request, refused, failed = _next(config, work.state.chain, seen, measure)
+    request, refused, failed = _next(config, work.state, seen, measure)
     if request is not None:
-        # The next step recomputes everything from the input state and the absorbed answer.
-        return Needs((request,), work.input)
+        # The next step recomputes everything from the state with the absorbed answer.
+        return Needs((request,))
     report = replace(work.report, refused=tuple(sorted({*work.report.refused, *refused})), failed=failed)
     return Done(seen.history, replace(work, report=report), None)
 
@@ -644,13 +454,13 @@ def _fallback(config: CompositionConfig, work: _Pass, seen: View, measure: ancho
     left, where the safety net takes the record's place (:func:`.records.net_ceiling`; on a
     pass whose net break the user half rode, whatever that summary left: ``_Pass.netting``).
     """
-    state = work.state.records.fallback
+    state = work.state.fallback
     netting = work.netting or _netting(config, work, seen)
-    if seen.sent <= config.max_input_tokens and not records.decided(state) and not netting:
+    if seen.sent <= config.max_input_tokens and not state.decided and not netting:
         # Under the budget (the user half brought it there): the record rules' holds for it go too.
         return Done(records.release_unrecorded(seen), work, None)
     ran = _run_fallback(config, work, seen, measure)
-    new = replace(work.state, records=replace(work.state.records, fallback=ran.state))
+    new = evolve(work.state, fallback=ran.state)
     report = replace(work.report, fallback=ran.report)
     return Done(ran.history, replace(work, state=new, report=report, band=ran.memo), None)
 
@@ -659,23 +469,23 @@ def _run_fallback(
     config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure
 ) -> anchored.AnchoredDone:
     """The fallback's rules over ``seen``, every tool group no record covers held (distilled by the safety net)."""
-    fallback = records.fallback_for(config.records, work.state.records)
+    fallback = records.fallback_for(config.records, work.state)
     assert fallback is not None
     return records.run_with_holds(
         fallback,
-        work.state.records.fallback,
+        work.state.fallback,
         records.hold_unrecorded(seen),
         measure,
         memo=work.band,
         distillable=records.DISTILLABLE,
         # The net's break judged before the user half's summary stands (the summary rode on it).
-        distill_ceiling=0 if work.netting else records.net_ceiling(config.records, work.state.records),
+        distill_ceiling=0 if work.netting else records.net_ceiling(config.records, work.state),
     )
 
 
 def _netting(config: CompositionConfig, work: _Pass, seen: View) -> bool:
     """The safety net distills on this pass in the record's place (:func:`.records.net_ceiling`)."""
-    ceiling = records.net_ceiling(config.records, work.state.records)
+    ceiling = records.net_ceiling(config.records, work.state)
     return ceiling is not None and seen.sent > ceiling
 
 
@@ -690,9 +500,8 @@ def _net_breaks(config: CompositionConfig, work: _Pass, seen: View, measure: anc
     """
     if not _netting(config, work, seen):
         return False
-    recall_state = work.state.records.recall
-    if work.state.records.fallback.distilled and (
-        _after_next_step(seen, recall_state, measure) <= config.records.trigger_tokens
+    if work.state.fallback.distilled and (
+        _after_next_step(seen, work.state.recall, measure) <= config.records.trigger_tokens
     ):
         return False
     return bool(_run_fallback(config, work, seen, measure).report.distilled)
@@ -701,10 +510,12 @@ def _net_breaks(config: CompositionConfig, work: _Pass, seen: View, measure: anc
 def _shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
     """The shed policy: whole unrecorded tool groups leave, oldest band position first (replayed likewise)."""
     state = work.state.chain.shed
-    if seen.sent <= config.max_input_tokens and not records.decided(state):
+    if seen.sent <= config.max_input_tokens and not state.decided:
         return Done(seen.history, work, None)
-    ran = records.run_with_holds(config.shed, state, seen.history, measure, releasable=_SHEDDABLE, memo=work.band)
-    new = replace(work.state, chain=replace(work.state.chain, shed=ran.state))
+    ran = records.run_with_holds(
+        config.shed, state, seen.history, measure, releasable=_SHEDDABLE, memo=work.band, shorten=False
+    )
+    new = evolve(work.state, chain=evolve(work.state.chain, shed=ran.state))
     report = replace(work.report, shed=ran.report)
     return Done(ran.history, replace(work, state=new, report=report, band=ran.memo), None)
 
@@ -712,16 +523,16 @@ def _shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.
 def _record_over_prefix(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
     """A record still due at the pass's end (the prompt as it stands showed nothing unrecorded within what the
     last request sent), asked over this pass's output cut the same way (:func:`.records.ask_over`)."""
-    asked = records.ask_over(config.records, work.state.records, seen.history, measure)
-    return Done(seen.history, work, None) if asked is None else Needs((asked,), work.input)
+    asked = records.ask_over(config.records, work.state, seen.history, measure)
+    if asked is None:
+        return Done(seen.history, work, None)
+    return Needs((_with_summary(config, work.state, seen.history, asked, measure),))
 
 
 #: The composed pass, by overflow policy: the record rules, the user half, the chain's
 #: replacements (replayed, then asked for), the fallback with holds, the shed policy, and
 #: last (over the output every other sub-step made) a record asked over the cached prefix.
-_STEPS: Final[
-    Mapping[OverflowPolicy, tuple[pipeline.SubStep[CompositionConfig, _Pass, CompositionState, None], ...]]
-] = {
+_STEPS: Final[Mapping[OverflowPolicy, tuple[pipeline.SubStep[CompositionConfig, _Pass, None], ...]]] = {
     "shed": (_record_rules, _users, _replay, _ask, _fallback, _shed, _record_over_prefix),
     "raise": (_record_rules, _users, _replay, _ask, _fallback, _record_over_prefix),
 }
@@ -737,7 +548,7 @@ def _chain_outcome(refused: Sequence[str], failed: Sequence[str]) -> str:
 
 def _user_pass(
     config: CompositionConfig,
-    users: UserSummarySnapshot,
+    state: State,
     output: History,
     measure: anchored.Measure,
     *,
@@ -762,21 +573,21 @@ def _user_pass(
       overflow. Over the budget the user half asks as it would alone.
     """
     if not breaking and roomy:
-        return user_summaries.replayed(config.users, users, output, measure) or _declined(users, output)
-    answer = user_summaries.pass_(config.users, users, output, measure)
+        return user_summaries.replayed(config.users, state, output, measure) or _declined(state, output)
+    answer = user_summaries.pass_(config.users, state, output, measure)
     if isinstance(answer, Needs) or answer.report.outcome in user_summaries.APPLIED:
         return answer
     if breaking:
         # The gates off: this pass asks, or applies a remembered answer, if anything can.
-        free = user_summaries.pass_(config.users, users, output, measure, gates=False)
+        free = user_summaries.pass_(config.users, state, output, measure, gates=False)
         return free if isinstance(free, Needs) or free.report.outcome in user_summaries.APPLIED else answer
-    return user_summaries.replayed(config.users, users, output, measure) or answer
+    return user_summaries.replayed(config.users, state, output, measure) or answer
 
 
-def _declined(users: UserSummarySnapshot, output: History) -> user_summaries.UserDone:
+def _declined(state: State, output: History) -> user_summaries.UserDone:
     tokens = sent_tokens(output)
     report = UserReport(tokens_before=tokens, tokens_after=tokens, outcome=user_summaries.Outcome.DECLINED)
-    return Done(history=output, state=users, report=report)
+    return Done(history=output, state=state, report=report)
 
 
 def _roomy(config: CompositionConfig, seen: View, recall_state: RecallState, measure: anchored.Measure) -> bool:
@@ -807,50 +618,12 @@ def _after_next_step(seen: View, recall_state: RecallState, measure: anchored.Me
     return seen.sent + largest
 
 
-def absorb(state: CompositionState, answers: Sequence[tuple[Request, str | None]]) -> CompositionState:
-    """Record replacements and emergency folds go to the chain (judged on the next step); the rest to the user half."""
-    chain, others = state.chain, list[tuple[Request, str | None]]()
-    # A record asked with a summary answers both: each part goes to its own request (a missing part is no answer).
-    split: list[tuple[Request, str | None]] = []
-    for request, given in answers:
-        if isinstance(request, Aligned) and request.also is not None:
-            record, summary = records.split_answer(request, given)
-            split.append((request, record))
-            if summary is not None:
-                split.append((request.also, summary))
-        else:
-            split.append((request, given))
-    answers = split
-    record_state = records.absorb(state.records, answers)
-    for request, given in answers:
-        if isinstance(request, Aligned):
-            continue
-        text = given
-        if (
-            isinstance(request, Summarize)
-            and request.view is not None
-            and (given is None or not user_summaries.follows(request, given))
-        ):
-            # Asked over the cached prefix: an answer that ignored the instruction is no summary. It is not
-            # kept (not even as a failure): the summaries go to the summarizer from now on, this one at once.
-            record_state = replace(record_state, recall=replace(record_state.recall, summaries_prefix_disabled=True))
-            continue
-        if not isinstance(request, Summarize) or request.kind not in _CHAIN_KINDS:
-            others.append((request, text))
-            continue
-        a = answered(request, text)  # it supersedes an earlier answer to the same request
-        kept = tuple(entry for entry in chain.replacements if entry[1].identity != a.identity)
-        chain = replace(chain, replacements=(*kept, (_CHAIN_KINDS[request.kind], a)))
-    users = user_summaries.absorb(state.users, others) if others else state.users
-    return replace(state, users=users, chain=chain, records=record_state)
-
-
-def check(config: CompositionConfig, state: CompositionState, history: History) -> str | None:
+def check(config: CompositionConfig, state: State, history: History) -> str | None:
     """Why a restored ``state`` cannot belong to ``history``, or ``None``."""
     return (
-        records.check(config.records, state.records, history)
+        records.check(config.records, state, history)
         or anchored.check(config.shed, state.chain.shed, history)
-        or user_summaries.colliding_summary_id(state.users, history, field="users.answers")
+        or user_summaries.check(config.users, state, history)
     )
 
 
@@ -867,8 +640,7 @@ class _Kind:
     (:func:`.user_summaries.apply`).
     """
 
-    request: Literal["merge", "rewrite", "emergency_fold"]  # :attr:`Summarize.kind`
-    label: str  # of the request's identity
+    request: RequestKind
     prefix: str  # of the ids it allocates
     minimum: int
     items: Callable[[View, anchored.Measure], list[user_summaries.Item]]
@@ -920,28 +692,28 @@ def _kept(
     kind: _Kind, answer: Answer, items: Sequence[user_summaries.Item], measure: anchored.Measure
 ) -> MessageRecord | None:
     """The message ``answer`` becomes if kept: smaller than ``items`` (like for like) AND quoting all their values."""
-    if not answer.text or not answer.text.strip() or answer.summary_id is None:
+    if not answer.text or not answer.text.strip() or answer.message_id is None:
         return None
-    message = kind.message(answer.text, answer.summary_id, measure)
+    message = kind.message(answer.text, answer.message_id, measure)
     if message.tokens >= sum(i.tokens for i in items):
         return None
     quoted = word_set(answer.text)
     return message if all(value in quoted for i in items for value in distinctive_values(i.text)) else None
 
 
-def _rewrites(chain: ChainDecisions) -> int:
+def _rewrites(state: State) -> int:
     """Harder rewrites answered (kept or refused) since the last merge answered: ``harder_attempts`` at most."""
     count = 0
-    for name, answer in reversed(chain.replacements):
-        if answer.text is not None and name == "merge":
+    for answer in reversed(state.answers):
+        if answer.text is not None and answer.kind is RequestKind.MERGE:
             break
-        count += answer.text is not None and name == "rewrite"
+        count += answer.text is not None and answer.kind is RequestKind.REWRITE
     return count
 
 
 def _next(
-    config: CompositionConfig, chain: ChainDecisions, seen: View, measure: anchored.Measure
-) -> tuple[Summarize | None, tuple[str, ...], tuple[str, ...]]:
+    config: CompositionConfig, state: State, seen: View, measure: anchored.Measure
+) -> tuple[Request | None, tuple[str, ...], tuple[str, ...]]:
     """The next replacement to ask for while over the budget (or ``None``), the refusals found, the failure standing.
 
     Each kind in turn: the merge of the oldest records that fit the request bound (two
@@ -957,19 +729,21 @@ def _next(
     refused: list[str] = []
     found: dict[object, list[user_summaries.Item]] = {}  # each kind's items, by finder
     for name, kind in _KINDS.items():
-        if name == "rewrite" and _rewrites(chain) >= config.harder_attempts:
+        if name is RequestKind.REWRITE and _rewrites(state) >= config.harder_attempts:
             continue
         items = found.get(kind.items)
         if items is None:
             items = found[kind.items] = kind.items(seen, measure)
-        kept = sum(1 for n, a in chain.replacements if a.text is not None and _KINDS[n].prefix == kind.prefix)
+        kept = sum(
+            1 for a in state.answers if a.kind in _KINDS and a.text is not None and _KINDS[a.kind].prefix == kind.prefix
+        )
         summary_id = user_summaries.next_id(kind.prefix, kept, seen.history)
         for prompt in kind.prompts(config):
             selected = user_summaries.select(prompt, items, limit, measure, minimum=kind.minimum)
             if not selected:
                 continue
-            request = user_summaries.request(kind.request, prompt, selected, summary_id, turns, label=kind.label)
-            answer = standing([a for _, a in chain.replacements], request.identity, turns)
+            request = user_summaries.request(kind.request, prompt, selected, summary_id, turns)
+            answer = standing(state.answers, request.identity, turns)
             if answer is None:
                 return request, (), ()
             if answer.text is None:
@@ -980,8 +754,7 @@ def _next(
 
 
 _MERGE: Final = _Kind(
-    request="merge",
-    label="record_replacement",
+    request=RequestKind.MERGE,
     prefix=REPLACEMENT_ID_PREFIX,
     minimum=2,
     items=_active_records,
@@ -996,10 +769,9 @@ def _harder_prompts(config: CompositionConfig) -> list[str]:
 
 
 #: A harder rewrite is a merge of one record at least, each prompt asking for a shorter one.
-_REWRITE: Final = replace(_MERGE, request="rewrite", minimum=1, prompts=_harder_prompts)
+_REWRITE: Final = replace(_MERGE, request=RequestKind.REWRITE, minimum=1, prompts=_harder_prompts)
 _FOLD: Final = _Kind(
-    request="emergency_fold",
-    label="emergency_fold",
+    request=RequestKind.EMERGENCY_FOLD,
     prefix=EMERGENCY_FOLD_ID_PREFIX,
     minimum=2,
     items=_standing_summaries,
@@ -1007,10 +779,8 @@ _FOLD: Final = _Kind(
     message=user_summaries.summary_record,
     reason=user_summaries.FOLD_EXCLUDE_REASON,
 )
-#: The chain's kinds, by their name in its table, in the order it asks for them.
-_KINDS: Final[Mapping[ReplacementKind, _Kind]] = {"merge": _MERGE, "rewrite": _REWRITE, "fold": _FOLD}
-#: The request kinds the chain asks for, and the name of the kind each answers.
-_CHAIN_KINDS: Final[Mapping[str, ReplacementKind]] = {kind.request: name for name, kind in _KINDS.items()}
+#: The chain's kinds, in the order it asks for them.
+_KINDS: Final[Mapping[RequestKind, _Kind]] = {kind.request: kind for kind in (_MERGE, _REWRITE, _FOLD)}
 
 
 def _protected_tokens(output: History) -> int:
@@ -1029,12 +799,12 @@ def _wait(
     still rides on that record's break. An ask merely renewed after one that failed does not extend it.
     """
     if chain.wait_since is not None and clock < chain.wait_since:
-        chain = replace(chain, wait_since=None)  # the clock went back: a restore of an earlier state
+        chain = evolve(chain, wait_since=None)  # the clock went back: a restore of an earlier state
     if not expected or chain.declined_behind == count:
-        return replace(chain, wait_since=None), False
+        return evolve(chain, wait_since=None), False
     if chain.wait_since is None:
-        return replace(chain, wait_since=clock), True
+        return evolve(chain, wait_since=clock), True
     since = chain.wait_since if asked_at is None or asked_at > clock else max(chain.wait_since, asked_at)
     if clock - since >= RECORD_WAIT_RESPONSES:
-        return replace(chain, wait_since=None, declined_behind=count), False
+        return evolve(chain, wait_since=None, declined_behind=count), False
     return chain, True

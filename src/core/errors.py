@@ -42,7 +42,7 @@ class ErrorValue(Exception):
 class CompactionBudgetExceeded(ErrorValue):
     """What must stay in the prompt does not fit the budget.
 
-    The core returns it as a ``Failure`` value; the shell raises it. The host handles
+    The composition's step raises it, and the strategy lets it through. The host handles
     it by reducing protected context or choosing a larger budget.
 
     Attributes:
@@ -78,22 +78,25 @@ class SnapshotError(ErrorValue, ValueError):
 
 
 class SnapshotVersionError(SnapshotError):
-    """A stored snapshot was written by a newer or unknown version of the schema.
+    """A stored snapshot names a version this build does not read.
+
+    The stored format started over at 1 with the first release: a snapshot of another
+    version was written by a newer release, or by a pre-release build whose formats no
+    release reads; either way its decisions are not guessed at.
 
     Attributes:
         version: The version found in the snapshot.
         supported: The versions this build reads.
-        kind: The kind of snapshot (``"stack"``, ``"composition"``, ...), when known.
+        kind: The kind of snapshot (``"stack"``, ``"state"``, ...), when known.
     """
 
     def __init__(self, version: object, supported: tuple[int, ...], *, kind: str | None = None) -> None:
-        newer = isinstance(version, int) and not isinstance(version, bool) and version > max(supported, default=0)
-        # Upgrading helps only with a newer version; anything else is no version any build wrote.
-        advice = "upgrade maf-compaction to read it" if newer else "no build of maf-compaction writes it"
         what = "snapshot" if kind is None else f"{kind!r} snapshot"
         super().__init__(
             f"{what} version {version!r} is not supported by this build of maf-compaction "
-            f"(it reads versions {', '.join(map(str, supported))}); {advice}"
+            f"(it reads version {', '.join(map(str, supported))}): another build wrote it (a newer release: "
+            "upgrade to read it; a pre-release build: its formats are not read, delete the entry to start the "
+            "conversation's compaction afresh, its history stays)"
         )
         self.version = version
         self.supported = supported

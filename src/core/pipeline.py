@@ -1,8 +1,7 @@
 """One pass as an ordered list of sub-steps over one view of the history.
 
 A sub-step speaks the protocol's ``step -> Needs | Done`` over the pass's view: it
-either asks for effects (:class:`~.protocol.Needs`, carrying the state to absorb the
-answers into) or answers with the history and the pass's working state after it
+either asks for effects (:class:`~.protocol.Needs`) or answers with the history and the pass's working state after it
 (:class:`~.protocol.Done`). :func:`run` threads one sub-step's answer into the next
 and stops at the first ``Needs``: the next pass recomputes everything from the absorbed
 answer. The view is derived again only when a sub-step changed the history (from the
@@ -21,20 +20,19 @@ from .view import View, view
 
 ConfigT = TypeVar("ConfigT")
 StateT = TypeVar("StateT")
-AbsorbT = TypeVar("AbsorbT")
 ReportT = TypeVar("ReportT")
 
 #: ``(config, state, view, measure) -> Needs | Done``: one sub-step of a pass.
-SubStep: TypeAlias = Callable[[ConfigT, StateT, View, Measure], Needs[AbsorbT] | Done[StateT, ReportT]]
+SubStep: TypeAlias = Callable[[ConfigT, StateT, View, Measure], Needs | Done[StateT, ReportT]]
 
 
 def run(
-    steps: Sequence[SubStep[ConfigT, StateT, AbsorbT, ReportT]],
+    steps: Sequence[SubStep[ConfigT, StateT, ReportT]],
     config: ConfigT,
     state: StateT,
     seen: View,
     measure: Measure,
-) -> Needs[AbsorbT] | tuple[History, StateT]:
+) -> Needs | tuple[History, StateT]:
     """Run ``steps`` in order from ``state`` over ``seen``: the first ``Needs``, else the last history and state."""
     history, handed = seen.history, None
     for sub in steps:

@@ -1,15 +1,15 @@
 """The one protocol every strategy's core speaks, in the shape of h11's sans-I/O core.
 
-A strategy's core is a pair of pure functions over one immutable *state* value per
-conversation:
+A strategy's core is a pure function over one immutable *state* value per conversation
+(:class:`~.state.State`; the anchored strategy's :class:`~.state.AnchoredSnapshot`):
 
-- ``step(config, state, history, measure) -> Result[Needs | Done, CompactionBudgetExceeded]``
-  reads the conversation and either answers (:class:`Done`: the new history, the new
-  state, a report) or asks for effects first (:class:`Needs`: summaries, media
-  descriptions), and
-- ``absorb(state, answers) -> state`` records what came back, keyed by each request's
-  identity, so the next ``step`` (on this list, the other list, a restored session or
-  another replica) finds the answer instead of asking again.
+- ``step(config, state, history, measure) -> Needs | Done`` reads the conversation and
+  either answers (:class:`Done`: the new history, the new state, a report) or asks for
+  effects first (:class:`Needs`: records, summaries, media descriptions, each with the
+  route the core chose for it), and
+- every answer goes into the state's one table of answers, keyed by its request's
+  identity (:func:`~.answers.absorb`, an insert), so the next ``step`` (on this list, the
+  other list, a restored session or another replica) finds it instead of asking again.
 
 A pass that runs several rules is an ordered tuple of sub-steps speaking the same
 ``Needs | Done`` over one view of the history (:mod:`.pipeline`).
@@ -17,8 +17,8 @@ A pass that runs several rules is an ordered tuple of sub-steps speaking the sam
 The shell's loop is the same for every strategy: convert once, step, perform what is
 needed, absorb, step again, apply once, log (:mod:`maf_compaction.adapters.loop`).
 
-The only failure a step returns is :class:`~.errors.CompactionBudgetExceeded`: what must
-stay in the prompt does not fit. It is data, so a composition can choose its policy.
+The only failure is :class:`~.errors.CompactionBudgetExceeded` (what must stay in the
+prompt does not fit), raised by the composition's step: no caller handles it as data.
 """
 
 from __future__ import annotations
@@ -27,10 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeAlias, TypeVar
 
-from returns.result import Result
-
 from .effects import Request
-from .errors import CompactionBudgetExceeded
 from .model import History, MessageRecord
 
 Measure: TypeAlias = Callable[[str], int]
@@ -41,17 +38,14 @@ ReportT = TypeVar("ReportT")
 
 
 @dataclass(frozen=True, slots=True)
-class Needs(Generic[StateT]):
-    """The pass cannot finish before these requests are answered.
+class Needs:
+    """The pass cannot finish before these requests are answered (into the state it was given; then it steps again).
 
     Attributes:
-        requests: The effect requests, each with a stable identity.
-        state: The state to absorb the answers into (the step's input state, possibly
-            with bookkeeping the step already made).
+        requests: The effect requests, each with a stable identity and its route.
     """
 
     requests: tuple[Request, ...]
-    state: StateT
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,21 +67,16 @@ class Done(Generic[StateT, ReportT]):
     memo: object = field(default=None, compare=False, repr=False)
 
 
-Answers: TypeAlias = Sequence[tuple[Request, str | None]]
-StepResult: TypeAlias = Result[Needs[StateT] | Done[StateT, ReportT], CompactionBudgetExceeded]
+Step: TypeAlias = Needs | Done[StateT, ReportT]
 
 
 class CoreStrategy(Protocol[ConfigT_contra, StateT, ReportT]):
-    """What a strategy's core module provides: one pure step and one pure absorb."""
+    """What a strategy's core module provides: one pure step, and a check of a restored state."""
 
     def step(
         self, config: ConfigT_contra, state: StateT, history: History, measure: Measure, *, memo: object = None
-    ) -> StepResult[StateT, ReportT]:  # pragma: no cover - a protocol
+    ) -> Step[StateT, ReportT]:  # pragma: no cover - a protocol
         """One pass over ``history`` under ``state`` (``memo``: the last ``Done.memo``)."""
-        ...
-
-    def absorb(self, state: StateT, answers: Answers) -> StateT:  # pragma: no cover - a protocol
-        """``state`` with ``answers`` recorded."""
         ...
 
     def check(self, config: ConfigT_contra, state: StateT, history: History) -> str | None:  # pragma: no cover

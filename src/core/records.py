@@ -3,7 +3,7 @@
 Past the window, trimming trades facts for room. A *record* lets the model write down
 the exact values of earlier tool results; once it has, the raw results can leave the
 prompt without losing anything. The rules, all pure functions of the history, its
-records and the :class:`~.record_decisions.RecordDecisions`:
+records and the :class:`~.state.RecordDecisions`:
 
 - **Records** are results of ``recall_earlier_tool_results`` calls (matched by call id,
   anywhere in the list) that carry :data:`RECORD_MARKER`, and records compaction wrote.
@@ -40,28 +40,25 @@ records and the :class:`~.record_decisions.RecordDecisions`:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Final, TypeAlias
 
+from msgspec.structs import replace as evolve
 from pyrsistent import pvector
-from returns.result import Success
 
 from . import anchored, recall, user_summaries
 from .anchored import DEFAULT_KEEP_HEAD_GROUPS, DEFAULT_KEEP_TAIL_GROUPS, AnchoredConfig
-from .checks import AtLeastOne, AtLeastZero, Fraction, validate
+from .checks import AtLeastOne, AtLeastZero, Fraction, share_of, validate
 from .counting import MESSAGE_OVERHEAD_TOKENS
 from .distill import distill, is_distilled, is_remnant, remnant
-from .effects import COMPACTION_REQUEST, Aligned, Request, Summarize, identity
-from .envelope import Count, Schema, Text, exactly
+from .effects import COMPACTION_REQUEST, Request, RequestKind, Route, identity
 from .grouping import Grouping, regroup
 from .model import Group, History, MessageRecord, Part, conversation_records, flagged
-from .protocol import Done, Needs, StepResult, sent_tokens
-from .recall import RecallState, RecallStatus, no_route
-from .record_decisions import Ask, RecordDecisions
-from .snapshot import AnchoredSnapshot
+from .protocol import Done, Needs, Step, sent_tokens
+from .recall import no_route, pins_given_up
+from .state import AnchoredSnapshot, Answer, Ask, RecallState, RecallStatus, RecordDecisions, State
 from .tables import RowKey, release_rows, repeated_rows, row_keys
 from .values import distinctive_values, name_mentions, word_set
 from .view import RECALL_TOOL_NAME, View, recall_call_ids, view
@@ -120,8 +117,6 @@ SUMMARY_SECTION: Final = "[summary]"
 WITH_SUMMARY: Final = "Then, after the record, write one line {section} and below it a summary, as follows."
 #: The id prefix of records written over the cached prefix (a merge's or a rewrite's have others).
 ALIGNED_RECORD_ID_PREFIX: Final = "compaction_record_"
-
-_SHARE_TOLERANCE: Final = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,11 +251,12 @@ def _pending(seen: View) -> tuple[int, list[tuple[int, Group]]]:
     ]
 
 
-def recall_status(history: History, grouping: Grouping | None = None) -> RecallStatus:
-    """Size, records and new tool material of ``history`` (for the recall middleware)."""
+def recall_status(history: History, grouping: Grouping | None = None) -> tuple[RecallStatus, Grouping]:
+    """Size, records and new tool material of ``history`` (for the recall middleware), with its grouping (a memo
+    for the next call: ``grouping`` is the last one's, and never changes the answer)."""
     seen = view(history, grouping)
     found, pending = _pending(seen)
-    return RecallStatus(included_tokens=seen.sent, records=found, pending_groups=len(pending), grouping=seen.grouping)
+    return RecallStatus(included_tokens=seen.sent, records=found, pending_groups=len(pending)), seen.grouping
 
 
 def ask_for_pending(seen: View, decisions: RecordDecisions) -> RecordDecisions:
@@ -281,7 +277,7 @@ def ask_for_pending(seen: View, decisions: RecordDecisions) -> RecordDecisions:
     if not ordinals:
         return decisions
     ask = Ask(targets=tuple(ordinals), records_at_ask=records_written(records), responses_at_ask=responses(records))
-    return replace(decisions, ask=ask)
+    return evolve(decisions, ask=ask)
 
 
 # ----------------------------------------------------------------------------------------
@@ -353,54 +349,6 @@ class RecordReport:
     overflow: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class RecordState:
-    """The one state value of a conversation the record strategy serves.
-
-    Attributes:
-        decisions: What history cannot show: settled groups and the outstanding ask.
-        fallback: The in-pass anchored fallback's decisions.
-        recall: The recall protocol's state, shared with the recall middleware.
-        written: Records the model wrote over the cached prefix, oldest first: each is
-            placed in the history on every pass (version 1 had none).
-    """
-
-    decisions: RecordDecisions = field(default_factory=RecordDecisions)
-    fallback: AnchoredSnapshot = field(default_factory=AnchoredSnapshot)
-    recall: RecallState = field(default_factory=RecallState)
-    written: tuple[AlignedRecord, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class AlignedRecord:
-    """A record the model wrote when asked over the cached prefix (:class:`.effects.Aligned`).
-
-    Attributes:
-        identity: The request's identity (asked once: both lists, a restore and another
-            replica find it here).
-        text: The record as the model wrote it (without our marker).
-        record_id: The id of the written record's message.
-        after: How many messages of the conversation (injected context and compaction's own
-            messages aside) precede the record: it stands right after them, before the
-            conversation's newest group as it was when asked (:func:`record_place`).
-    """
-
-    identity: Text
-    text: Text
-    record_id: Text
-    after: Count
-
-
-def _record_state_v1(stored: Mapping[str, object]) -> Mapping[str, object]:
-    """A version-1 state has no records written over the cached prefix."""
-    return {**exactly(stored, ("records", "fallback", "recall")), "written": []}
-
-
-RECORD_STATE_SCHEMA: Final = Schema(
-    "record_state", 2, RecordState, rename={"decisions": "records"}, older={1: _record_state_v1}
-)
-
-
 #: The records' texts, the words of each, and the words of each and every record before it (:func:`_judges`).
 _Judges: TypeAlias = tuple[tuple[str, ...], tuple[frozenset[str], ...], tuple[frozenset[str], ...]]
 
@@ -439,8 +387,8 @@ class _Candidate:
 
 
 def step(
-    config: RecordConfig, state: RecordState, history: History, measure: Measure, *, memo: object = None
-) -> StepResult[RecordState, RecordReport]:
+    config: RecordConfig, state: State, history: History, measure: Measure, *, memo: object = None
+) -> Step[State, RecordReport]:
     """One record pass over ``history``, with the anchored fallback when it is called for.
 
     The record rules run first (see the module docstring). When they call for the
@@ -448,13 +396,16 @@ def step(
     answer with every held message protected, so it can shed only what no rule holds.
     ``memo`` is the previous pass's ``Done.memo``; it never changes the answer.
     """
-    given, history = history, place_written(history, state.written, measure)
-    asked = ask_over_standing(config, state, lambda: _standing(config, state, given, measure), measure)
-    if asked is not None:
-        return Success(Needs((asked,), state))
+    history = place_written(history, written(state), measure)
     record_memo = memo if isinstance(memo, RecordMemo) else None
-    stands = decided(state.fallback)
-    passed = rules(config, history, state.decisions, measure, memo=record_memo, fallback_stands=stands)
+    stands = state.fallback.decided
+    passed = rules(config, history, state.records, measure, memo=record_memo, fallback_stands=stands)
+    # A record due on this request is asked over the prompt as it stands: the history handed in with every record
+    # placed and applied (the last request and what came since, whatever list it is). When that shows nothing
+    # unrecorded within what the last request sent, the pass goes on, and asks over its output at its end.
+    asked = ask_over(config, state, passed.history, measure)
+    if asked is not None:
+        return Needs((asked,))
     memo = passed.memo
     assert isinstance(memo, RecordMemo)
     report, output, fallback_state = passed.report, passed.history, state.fallback
@@ -479,12 +430,12 @@ def step(
         report = replace(report, fallback_report=ran.report, overflow=overflow)
     asked = ask_over(config, state, output, measure)
     if asked is not None:
-        return Success(Needs((asked,), state))
-    new_state = replace(state, decisions=passed.state, fallback=fallback_state)
-    return Success(Done(history=output, state=new_state, report=report, memo=replace(memo, band=band)))
+        return Needs((asked,))
+    new_state = evolve(state, records=passed.state, fallback=fallback_state)
+    return Done(history=output, state=new_state, report=report, memo=replace(memo, band=band))
 
 
-def net_ceiling(config: RecordConfig, state: RecordState) -> int | None:
+def net_ceiling(config: RecordConfig, state: State) -> int | None:
     """Where the safety net takes the record's place (distilling at once, :func:`run_with_holds`); ``None`` while
     a route to a record is left (:func:`.recall.no_route`).
 
@@ -499,7 +450,7 @@ def net_ceiling(config: RecordConfig, state: RecordState) -> int | None:
     return 0 if state.fallback.distilled else config.trigger_tokens
 
 
-def fallback_for(config: RecordConfig, state: RecordState) -> AnchoredConfig | None:
+def fallback_for(config: RecordConfig, state: State) -> AnchoredConfig | None:
     """The fallback's rules as a pass runs them for ``state``.
 
     Once no record can be asked for (:func:`.recall.no_route`), its safety net stands in for
@@ -515,11 +466,6 @@ def fallback_for(config: RecordConfig, state: RecordState) -> AnchoredConfig | N
     return replace(fallback, keep_tail_groups=min(fallback.keep_tail_groups, 1))
 
 
-def decided(state: AnchoredSnapshot) -> bool:
-    """The anchored rules have shed or committed something that must replay (their sheds stand)."""
-    return bool(state.tools_shed or state.texts_shed or state.shortened or state.distilled)
-
-
 def run_with_holds(
     config: AnchoredConfig,
     state: AnchoredSnapshot,
@@ -530,6 +476,7 @@ def run_with_holds(
     distillable: frozenset[str | None] = frozenset(),
     distill_ceiling: int | None = None,
     memo: object = None,
+    shorten: bool = True,
 ) -> anchored.AnchoredDone:
     """The anchored rules on ``history`` with every held message protected, except holds in ``releasable``.
 
@@ -549,6 +496,7 @@ def run_with_holds(
         releasable=releasable,
         distillable=distillable,
         distill_ceiling=distill_ceiling,
+        shorten=shorten,
     )
 
     def restored(record: MessageRecord) -> MessageRecord:
@@ -563,58 +511,14 @@ def run_with_holds(
     return replace(ran, history=pvector(map(restored, ran.history)))
 
 
-def absorb(state: RecordState, answers: Sequence[tuple[Request, str | None]]) -> RecordState:
-    """``state`` with the answers to records asked over the cached prefix (the only effect it asks for).
-
-    The ask is over either way. An answer that came back without a record (no value of
-    what it was shown: the model ignored the instruction), and a failed request, count
-    towards the verdict that disables the route (:func:`.recall.judged_instruction`).
-    """
-    written, recall_state = state.written, state.recall
-    for request, text in answers:
-        if not isinstance(request, Aligned):
-            continue
-        kept = None if any(w.identity == request.identity for w in written) else _kept_record(request, text)
-        if kept is not None:
-            written = (*written, kept)
-        # A failed request counts like an ignored one: a route that keeps failing is given up, as a pin is.
-        recall_state = recall.judged_instruction(recall_state, followed=kept is not None)
-        recall_state = replace(recall_state, asking=None)
-    return replace(state, written=written, recall=recall_state)
+def written(state: State) -> tuple[Answer, ...]:
+    """The records the model wrote over the cached prefix (kept: they quote a value of what they were shown)."""
+    return state.answered(RequestKind.RECORD)
 
 
 # ----------------------------------------------------------------------------------------
 # Records over the cached prefix
 # ----------------------------------------------------------------------------------------
-
-
-#: The budget of a pass that makes no new decision: every rule that decides something new
-#: is relative to the budget, and decisions already made replay whatever the size.
-_UNBOUNDED: Final = 2**40
-
-
-def unbounded(config: RecordConfig) -> RecordConfig:
-    """``config`` with a budget no prompt reaches: a pass with it only replays the decisions that stand."""
-    fallback = config.fallback and replace(config.fallback, max_input_tokens=_UNBOUNDED)
-    return replace(config, max_input_tokens=_UNBOUNDED, fallback=fallback)
-
-
-def ask_over_standing(
-    config: RecordConfig, state: RecordState, standing: Callable[[], History | None], measure: Measure
-) -> Aligned | None:
-    """A record due on this request, asked over the prompt as it stands, before the pass decides anything new.
-
-    ``standing`` makes the standing prompt: what a pass makes when nothing new is decided
-    (the pass with :func:`unbounded` budgets: every decision made before replays), which is
-    the last request byte for byte and what arrived since, so the provider reads it from
-    its cache. It is cut between groups (:func:`fitting_prefix`) to what the last request
-    sent (:meth:`RecordConfig.prefix_tokens`); when that shows nothing unrecorded, the pass
-    decides first and asks over its output at its end (:func:`ask_over`).
-    """
-    if state.recall.asking is None:
-        return None
-    whole = standing()
-    return None if whole is None else ask_over(config, state, whole, measure)
 
 
 def fitting_prefix(prompt: History, budget: int) -> History | None:
@@ -643,21 +547,14 @@ def fitting_prefix(prompt: History, budget: int) -> History | None:
     return None
 
 
-def calm(state: RecordState) -> RecordState:
-    """``state`` asking nothing over the cached prefix (the standing prompt's pass)."""
-    return replace(state, recall=replace(state.recall, asking=None))
-
-
-def _standing(config: RecordConfig, state: RecordState, history: History, measure: Measure) -> History | None:
-    ran = step(unbounded(config), calm(state), history, measure)
-    done = ran.unwrap() if isinstance(ran, Success) else None
-    return done.history if isinstance(done, Done) else None
-
-
-def ask_over(config: RecordConfig, state: RecordState, prompt: History, measure: Measure) -> Aligned | None:
+def ask_over(config: RecordConfig, state: State, prompt: History, measure: Measure) -> Request | None:
     """The record due on this request, asked over ``prompt`` cut between groups to what the last request sent
-    (:meth:`RecordConfig.prefix_tokens`), or ``None``: the prompt as it stands before the pass decides
-    anything new (:func:`ask_over_standing`), or the pass's output when that showed nothing unrecorded."""
+    (:meth:`RecordConfig.prefix_tokens`), or ``None``.
+
+    ``prompt`` is the prompt as it stands when the pass begins (the history handed in, with the
+    records written before placed: the last request and what arrived since), so the request
+    repeats what the provider cached; when that shows nothing unrecorded within what the last
+    request sent, the pass decides first and asks over its output at its end."""
     if state.recall.asking is None:
         return None
     limit = config.prefix_tokens(state.recall, instruction_tokens(measure))
@@ -671,7 +568,7 @@ def instruction_tokens(measure: Measure, instruction: str | None = None) -> int:
     return measure(RECORD_INSTRUCTION if instruction is None else instruction) + MESSAGE_OVERHEAD_TOKENS
 
 
-def ask_aligned(view: History, state: RecordState, conversation: History) -> Aligned | None:
+def ask_aligned(view: History, state: State, conversation: History) -> Request | None:
     """The record to ask for over the cached prefix on this pass, or ``None``.
 
     Asked when the recall protocol says a record is due on this request
@@ -687,14 +584,23 @@ def ask_aligned(view: History, state: RecordState, conversation: History) -> Ali
     if not shown:
         return None
     key = identity("aligned_record", RECORD_INSTRUCTION, shown)
-    if any(w.identity == key for w in state.written):
+    if any(a.identity == key for a in written(state)):
         return None
     turns = sum(1 for r in view if r.role == "user" and not (r.injected or r.note or r.summary))
     record_id = f"{ALIGNED_RECORD_ID_PREFIX}{key[:16]}"
-    return Aligned(key, RECORD_INSTRUCTION, record_id, after=record_place(conversation), turns=turns, view=view)
+    return Request(
+        key,
+        RequestKind.RECORD,
+        Route.CACHED_PREFIX,
+        message_id=record_id,
+        turns=turns,
+        instruction=RECORD_INSTRUCTION,
+        view=view,
+        after=record_place(conversation),
+    )
 
 
-def with_summary(asked: Aligned, summary: Summarize) -> Aligned:
+def with_summary(asked: Request, summary: Request) -> Request:
     """``asked`` asking, in the same request, for ``summary`` too (sent over the same view).
 
     Both would read the same cached prefix; one request reads it once. The instruction
@@ -707,7 +613,7 @@ def with_summary(asked: Aligned, summary: Summarize) -> Aligned:
     return replace(asked, instruction=instruction, also=replace(summary, view=asked.view))
 
 
-def split_answer(request: Aligned, text: str | None) -> tuple[str | None, str | None]:
+def split_answer(request: Request, text: str | None) -> tuple[str | None, str | None]:
     """An answer to ``request``: (its record part, its summary part, ``None`` when absent or not asked)."""
     if request.also is None or text is None:
         return text, None
@@ -756,7 +662,7 @@ def _shown_results(view: History) -> list[str]:
     ]
 
 
-def _kept_record(request: Aligned, text: str | None) -> AlignedRecord | None:
+def kept_record(request: Request, text: str | None) -> Answer | None:
     """The record an answer to ``request`` becomes, or ``None``.
 
     Kept when it quotes at least one distinctive value of the tool results its request
@@ -768,13 +674,21 @@ def _kept_record(request: Aligned, text: str | None) -> AlignedRecord | None:
         return None
     shown = {
         value
-        for record in request.view
+        for record in request.view or ()
         if not record.excluded and record.role == "tool"
         for part in record.parts
         if part.kind == "function_result"
         for value in distinctive_values(part.text)
     }
-    return AlignedRecord(request.identity, body, request.record_id, request.after) if shown & word_set(body) else None
+    if not shown & word_set(body):
+        return None
+    return Answer(
+        identity=request.identity,
+        kind=RequestKind.RECORD,
+        text=body,
+        message_id=request.message_id,
+        after=request.after,
+    )
 
 
 def written_record(body: str, record_id: str, measure: Measure) -> MessageRecord:
@@ -784,7 +698,7 @@ def written_record(body: str, record_id: str, measure: Measure) -> MessageRecord
     return user_summaries.message("assistant", text, record_id, measure, written_record=True, held=HOLD_RECORD)
 
 
-def place_written(history: History, written: Sequence[AlignedRecord], measure: Measure) -> History:
+def place_written(history: History, written: Sequence[Answer], measure: Measure) -> History:
     """``history`` with each record of ``written`` right after the first ``after`` messages of the conversation.
 
     A record whose place this history does not reach (a list that never held those
@@ -794,10 +708,10 @@ def place_written(history: History, written: Sequence[AlignedRecord], measure: M
     if not written:
         return history
     present = {r.message_id for r in history if r.written_record}
-    by_place: dict[int, list[AlignedRecord]] = {}
+    by_place: dict[int, list[Answer]] = {}
     for record in written:
-        if record.record_id not in present:
-            by_place.setdefault(record.after, []).append(record)
+        if record.message_id not in present:
+            by_place.setdefault(record.after or 0, []).append(record)
     if not by_place:
         return history
     output: list[MessageRecord] = []
@@ -807,26 +721,26 @@ def place_written(history: History, written: Sequence[AlignedRecord], measure: M
         if _original(record):
             count += 1
             for found in by_place.pop(count, ()):
-                output.append(written_record(found.text, found.record_id, measure))
+                output.append(written_record(found.text or "", found.message_id or "", measure))
     return pvector(output)
 
 
-def check(config: RecordConfig, state: RecordState, history: History) -> str | None:
+def check(config: RecordConfig, state: State, history: History) -> str | None:
     """Why ``state`` cannot be this conversation's, or ``None``: ordinals must name its tool groups, and a
     record written over the cached prefix must stand within its messages."""
     records = conversation_records(history)
     own = originals(history)
-    for number, written in enumerate(state.written):
-        if written.after > own:
+    for number, answer in enumerate(state.answers):
+        if answer.after is not None and answer.after > own:
             return (
-                f"snapshot field 'written[{number}].after' places a record after {written.after} messages, "
+                f"snapshot field 'answers[{number}].after' places a record after {answer.after} messages, "
                 f"but this conversation has {own}"
             )
     groups = sum(1 for g in regroup(records).all if g.kind == "tool_call")
-    decisions = state.decisions
-    named = [("settled", o) for o in decisions.settled]
+    decisions = state.records
+    named = [("records.settled", o) for o in decisions.settled]
     if decisions.ask is not None:
-        named += [("ask.targets", o) for o in decisions.ask.targets]
+        named += [("records.ask.targets", o) for o in decisions.ask.targets]
     for name, ordinal in named:
         if ordinal >= groups:
             return f"snapshot field {name!r} names tool group {ordinal}, but this conversation has {groups}"
@@ -834,7 +748,8 @@ def check(config: RecordConfig, state: RecordState, history: History) -> str | N
         answered = responses(records)
         if decisions.ask.responses_at_ask > answered:
             return (
-                f"snapshot field 'ask.responses_at_ask' is {decisions.ask.responses_at_ask}, but this conversation "
+                f"snapshot field 'records.ask.responses_at_ask' is {decisions.ask.responses_at_ask}, but this "
+                "conversation "
                 f"has {answered} assistant responses (they only grow)"
             )
     fallback = fallback_for(config, state)
@@ -1196,7 +1111,7 @@ def _coverage(
                 uncovered.append(candidate)
                 continue
             words = judges[judge][2]
-            needed = math.ceil(len(candidate.values) * config.coverage_share - _SHARE_TOLERANCE)
+            needed = share_of(len(candidate.values), config.coverage_share)
             if sum(1 for v in candidate.values if v in words) >= needed:
                 covered.append((candidate, words))
             else:
@@ -1387,12 +1302,12 @@ def _chain(
     return RecordDecisions(settled=tuple(sorted(settled)), ask=ask), asked
 
 
-def take_reforce(decisions: RecordDecisions) -> tuple[bool, RecordDecisions]:
+def take_reforce(state: State) -> tuple[bool, State]:
     """Take the outstanding ask for one pinned request: True once per ask."""
-    ask = decisions.ask
+    ask = state.records.ask
     if ask is None or ask.taken:
-        return False, decisions
-    return True, replace(decisions, ask=replace(ask, taken=True))
+        return False, state
+    return True, evolve(state, records=evolve(state.records, ask=evolve(ask, taken=True)))
 
 
 def reforce_pending(decisions: RecordDecisions) -> bool:
@@ -1400,22 +1315,22 @@ def reforce_pending(decisions: RecordDecisions) -> bool:
     return decisions.ask is not None and not decisions.ask.taken
 
 
-def on_recall(rule: recall.PinRule, state: RecordState, event: recall.Event) -> tuple[RecordState, recall.Action]:
+def on_recall(rule: recall.PinRule, state: State, event: recall.Event) -> tuple[State, recall.Action]:
     """The recall protocol's transition on the shared state (see :mod:`.recall`).
 
     An outstanding, untaken ask for uncovered groups comes first: the history seen on the
     way out of a call takes it for the next request, so one ask pins one request.
     """
-    if isinstance(event, recall.HistorySeen) and not state.recall.pin_disabled and reforce_pending(state.decisions):
+    if isinstance(event, recall.HistorySeen) and not pins_given_up(state.recall) and reforce_pending(state.records):
         event = replace(event, reforce=True)
     recall_state, action = recall.advance(rule, state.recall, event)
-    decisions = state.decisions
+    state = evolve(state, recall=recall_state)
     if isinstance(action, recall.TakeAsk):
-        _, decisions = take_reforce(decisions)
-    return replace(state, decisions=decisions, recall=recall_state), action
+        _, state = take_reforce(state)
+    return state, action
 
 
-def record_expected(state: RecordState) -> bool:
+def record_expected(state: State) -> bool:
     """Is a record expected: asked for, or about to be? (A composition waits on it.)
 
     Not the recall middleware's ``record_due`` preview (would the next request be pinned?):
@@ -1430,9 +1345,7 @@ def record_expected(state: RecordState) -> bool:
     recall = state.recall
     if no_route(recall):
         return False  # neither route is left: nothing is worth waiting for
-    return (
-        state.decisions.ask is not None or recall.next_pin is not None or recall.in_flight or recall.asking is not None
-    )
+    return state.records.ask is not None or recall.next_pin is not None or recall.in_flight or recall.asking is not None
 
 
 def _hold_records(
@@ -1533,7 +1446,7 @@ def _unreachable(config: RecordConfig, uncovered: Sequence[_Candidate], measure:
     for candidate in uncovered:
         if not candidate.values:
             continue
-        needed = math.ceil(len(candidate.values) * config.coverage_share - _SHARE_TOLERANCE)
+        needed = share_of(len(candidate.values), config.coverage_share)
         cheapest = sorted(measure(v) for v in candidate.values)[:needed]
         if sum(cheapest) > target:
             count += 1

@@ -2,27 +2,22 @@
 
 A *stack* is what one conversation needs to compact with records: a strategy (the record
 strategy alone, or the composition of records and user-turn summaries), the recall gate
-and the recall middleware. Every decision of the stack lives in one state value (the
-strategy's, which holds the recall protocol's state too) plus the gate's one-shot
-permission, so the stack's whole behavioural state is::
+and the recall middleware. Every decision of the stack lives in the conversation's one
+:class:`~.state.State` (the recall protocol's state and the gate's one-shot permission,
+``state.recall.armed``, included), so the stack's whole behavioural state is::
 
-    {"kind": "stack", "version": 2,
-     "strategy": "records" | "composition",   # which state "state" is
-     "state": {...}}                          # a "record_state" or a "composition" snapshot
+    {"kind": "stack", "version": 1,
+     "strategy": "records" | "composition",   # which strategy the state is read for
+     "state": {...}}                          # the State's fields
 
-The gate's one-shot permission is part of the recall protocol's state
-(``state.recall.armed``), so the one value carries everything. Version 1 stored it beside
-the state (``"gate": {"armed": ...}``); it is still read.
-
-A session stores it under its registry's key inside one more envelope that carries the
-fingerprint of the configuration that wrote it (:class:`StackConfiguration`,
-:func:`session_entry_to_dict`): any registry whose builder makes a stack with the same
-fingerprint continues the session, whichever instance (or process) wrote it, and one
-whose builder differs is refused with :class:`StackConfigurationError` naming the
-parameters that differ.
+A session stores it under its registry's key with the fingerprint of the configuration
+that wrote it (:class:`StackConfiguration`, :func:`session_entry_to_dict`), one version
+at the top: any registry whose builder makes a stack with the same fingerprint continues
+the session, whichever instance (or process) wrote it, and one whose builder differs is
+refused with :class:`StackConfigurationError` naming the parameters that differ.
 
 Every reader is strict (see :mod:`.envelope`): a malformed entry raises
-:class:`~.errors.SnapshotError` naming the field, a newer one
+:class:`~.errors.SnapshotError` naming the field, another build's
 :class:`~.errors.SnapshotVersionError`, and a stack of another kind than the one the
 builder makes raises :class:`StackKindError` naming both kinds.
 """
@@ -30,21 +25,19 @@ builder makes raises :class:`StackKindError` naming both kinds.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import Any, Final, Literal, cast
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final, Literal, cast
 
-from .composition import CompositionState
-from .envelope import Schema, Text, convert, dump, error, inner, load, opened
+import msgspec
+from msgspec.structs import replace
+
+from .envelope import VERSION, Stored, Text, body, convert, error, read
 from .errors import SnapshotError
 from .fingerprint import Parameters, Scalar, differences, digest, is_parameters
-from .records import RecordState
+from .state import State
 
 StackKind = Literal["records", "composition"]
 STACK_KINDS: Final[tuple[StackKind, ...]] = ("records", "composition")
-
-STACK_FIELDS: Final = {1: ("strategy", "state", "gate"), 2: ("strategy", "state")}
-#: Version 1 named the writing registry instance instead of its configuration; it is still read (unchecked).
-SESSION_FIELDS: Final = {1: ("registry", "stack"), 2: ("configuration", "stack")}
 
 
 class StackKindError(SnapshotError):
@@ -132,99 +125,82 @@ def _shown(value: Scalar) -> str:
     return "missing" if value is None else repr(value)
 
 
-@dataclass(frozen=True, slots=True)
-class StackState:
-    """A stack's whole behavioural state: one value (the gate's permission is in its recall state).
+class StackState(Stored, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A stack's whole behavioural state: the conversation's one value and the strategy it is read for.
 
     Attributes:
-        kind: Which strategy the state belongs to.
-        state: The strategy's one state value (the recall protocol's state, the gate's
+        kind: Which strategy the state belongs to (stored as ``strategy``).
+        state: The conversation's one state value (the recall protocol's state, the gate's
             permission included, is inside it).
     """
 
-    kind: StackKind
-    state: RecordState | CompositionState
+    KIND: ClassVar[str] = "stack"
 
-    def __post_init__(self) -> None:
-        actual: StackKind = "composition" if isinstance(self.state, CompositionState) else "records"
-        if self.kind != actual:
-            raise ValueError(f"kind must name the state's strategy ({actual!r}), got {self.kind!r}")
-
-    @classmethod
-    def of(cls, kind: StackKind, state: RecordState | CompositionState, armed: bool) -> StackState:
-        """The stack state with the gate's permission set to ``armed``."""
-        return cls(kind, with_armed(state, armed))
+    kind: StackKind = msgspec.field(name="strategy")
+    state: State
 
     @property
     def armed(self) -> bool:
         """The gate's one-shot permission to record (``recall.armed`` of the state)."""
-        state = self.state
-        return (state.records if isinstance(state, CompositionState) else state).recall.armed
-
-    def to_dict(self) -> dict[str, object]:
-        """The whole state as one JSON-safe, kind-tagged, versioned dict."""
-        return dump(self)
+        return self.state.recall.armed
 
     @classmethod
-    def from_dict(cls, data: object, *, kind: StackKind, keep_head_groups: int | None = None) -> StackState:
-        """Read :meth:`to_dict`'s output strictly into a stack of ``kind`` (version 1 too).
+    def from_dict(  # pyright: ignore[reportIncompatibleMethodOverride]
+        cls, data: object, *, kind: StackKind, keep_head_groups: int | None = None
+    ) -> StackState:
+        """Read :meth:`to_dict`'s output strictly into a stack of ``kind``.
 
         Raises:
             StackKindError: The snapshot holds another kind of stack.
-            SnapshotVersionError: It (or a state inside it) was written by a newer schema.
+            SnapshotVersionError: Another build's version wrote it.
             SnapshotError: It is malformed; the message names the field.
         """
-        fields = opened("stack", STACK_FIELDS, data)
-        stored = fields["strategy"]
-        if stored not in STACK_KINDS:
-            raise error("strategy", f"must be one of {', '.join(STACK_KINDS)}, got {stored!r}")
-        if stored != kind:
+        return cls.read_fields(body(cls.KIND, data), kind=kind, keep_head_groups=keep_head_groups)
+
+    @classmethod
+    def read_fields(
+        cls, fields: Mapping[str, object], *, kind: StackKind, keep_head_groups: int | None = None
+    ) -> StackState:
+        """A stack's fields (no header) read strictly into a stack of ``kind``."""
+        stored = fields.get("strategy")
+        if stored in STACK_KINDS and stored != kind:
             raise StackKindError(str(stored), kind)
-        state_type = CompositionState if kind == "composition" else RecordState
-        value: RecordState | CompositionState = load(state_type, fields["state"], keep_head_groups=keep_head_groups)
-        if fields["version"] == 1:  # the gate's permission was stored beside the state
-            return cls.of(kind, value, convert(inner(fields, "gate"), _Gate, "gate").armed)
-        return cls(kind, value)
+        return read(cls, fields, keep_head_groups=keep_head_groups)
+
+    def checked(self, *, path: str = "", keep_head_groups: int | None = None) -> StackState:
+        """The value, its state checked."""
+        at = f"{path}." if path else ""
+        return replace(self, state=self.state.checked(path=f"{at}state", keep_head_groups=keep_head_groups))
 
 
-#: Written by :func:`~.envelope.dump`; read by :meth:`StackState.from_dict`, which reads the state the builder makes.
-STACK_SCHEMA: Final = Schema("stack", 2, StackState, rename={"kind": "strategy"})
-
-
-def with_armed(state: RecordState | CompositionState, armed: bool) -> RecordState | CompositionState:
+def with_armed(state: State, armed: bool) -> State:
     """``state`` with the gate's one-shot permission (``recall.armed``) set to ``armed``."""
-    if isinstance(state, CompositionState):
-        return replace(state, records=replace(state.records, recall=replace(state.records.recall, armed=armed)))
     return replace(state, recall=replace(state.recall, armed=armed))
 
 
-@dataclass(frozen=True, slots=True)
-class _Gate:
-    armed: bool
-
-
-@dataclass(frozen=True, slots=True)
-class _Configuration:
+class _Configuration(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     digest: Text
     parameters: dict[str, str | int | float | bool | None]
 
 
-def session_entry_to_dict(configuration: StackConfiguration, stack: Mapping[str, object]) -> dict[str, object]:
-    """What a registry stores in a session: the stack's dict and the fingerprint of the configuration that wrote it."""
-    return {"kind": "session_compaction", "version": 2, "configuration": configuration.to_dict(), "stack": dict(stack)}
+#: The kind of a session's entry.
+SESSION_KIND: Final = "session_compaction"
 
 
-def session_entry_from_dict(data: object) -> tuple[StackConfiguration | None, Mapping[str, object]]:
-    """``(configuration, stack dict)`` of a stored entry; the stack dict is read by :meth:`StackState.from_dict`.
+def session_entry_to_dict(configuration: StackConfiguration, stack: StackState) -> dict[str, object]:
+    """What a registry stores in a session: the fingerprint of the configuration that wrote it and the stack's
+    fields, under one header."""
+    fields = stack.to_dict()
+    del fields["kind"], fields["version"]
+    return {"kind": SESSION_KIND, "version": VERSION, "configuration": configuration.to_dict(), **fields}
 
-    The configuration is ``None`` for a version 1 entry, which named its writer instead.
-    """
-    fields = opened("session_compaction", SESSION_FIELDS, data)
-    stack = inner(fields, "stack")
-    if fields["version"] == 1:
-        convert(fields["registry"], Text, "registry")
-        return None, stack
-    stored = convert(inner(fields, "configuration"), _Configuration, "configuration")
+
+def session_entry_from_dict(data: object) -> tuple[StackConfiguration, Mapping[str, object]]:
+    """``(configuration, stack fields)`` of a stored entry; the fields are read by :meth:`StackState.read_fields`."""
+    fields = body(SESSION_KIND, data)
+    if "configuration" not in fields:
+        raise SnapshotError("snapshot field 'configuration' is missing")
+    stored = convert(fields["configuration"], _Configuration, "configuration")
     parameters = stored.parameters
     if not is_parameters(parameters):
         raise error("configuration.parameters", "must be an object of parameter names to JSON scalars")
@@ -238,4 +214,4 @@ def session_entry_from_dict(data: object) -> tuple[StackConfiguration | None, Ma
         raise error(
             "configuration.digest", f"must be the digest of the parameters ({found.digest}), got {stored.digest!r}"
         )
-    return found, stack
+    return found, {k: v for k, v in fields.items() if k != "configuration"}

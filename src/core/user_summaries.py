@@ -25,7 +25,7 @@ lists and after a restore. The rules, all pure:
   wait for later passes. One request never spans a turn that stays verbatim, so each
   summary replaces one unbroken run of turns and stands where that run began.
 - Requests and answers are effects (:mod:`.effects`): the pass answers
-  :class:`Needs` until the snapshot holds every answer it needs, so the same request is
+  :class:`Needs` until the state holds every answer it needs, so the same request is
   never sent twice for the same conversation state.
 - A summary is accepted only if it is smaller than what it replaces; a failure or a
   refusal changes nothing. An accepted summary is a user message starting with
@@ -37,33 +37,19 @@ lists and after a restore. The rules, all pure:
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Final, Literal, TypeAlias, get_args
 
 from pyrsistent import pvector
-from returns.result import Success
 
-from .checks import AtLeastOne, AtLeastZero, Floor, Fraction, NonEmpty, validate
+from .checks import AtLeastOne, AtLeastZero, Floor, Fraction, NonEmpty, share_of, validate
 from .counting import MESSAGE_OVERHEAD_TOKENS
-from .effects import (
-    CALLED_INSTEAD,
-    COMPACTION_REQUEST,
-    DescribeMedia,
-    Request,
-    Summarize,
-    SummaryKind,
-    answered,
-    identity,
-    remember,
-    standing,
-)
+from .effects import CALLED_INSTEAD, COMPACTION_REQUEST, Request, Route, identity, standing, trimmed
 from .model import MEDIA_KINDS, History, MessageRecord, Part, conversation_indices, flagged
-from .protocol import Done, Needs, StepResult, sent_tokens
-from .user_snapshot import UserSummarySnapshot
+from .protocol import Done, Needs, sent_tokens
+from .state import RequestKind, State
 from .values import distinctive_values, word_set
 
 Measure = Callable[[str], int]
@@ -107,7 +93,6 @@ EXCLUDE_REASON: Final = "user_turn_summarized"
 FOLD_EXCLUDE_REASON: Final = "user_summaries_folded"
 
 _TEXT_KINDS: Final = frozenset({"text"})
-_ID_SUFFIX: Final = re.compile(r"(\d+)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +108,7 @@ class UserSummaryConfig:
         summary_mode: ``"recompact"``, ``"boundary"`` or ``"fold"``.
         prompt: The summarizer's instructions for user turns.
         fold_prompt: The instructions for folding summaries.
-        remembered_requests: Summary answers the snapshot keeps.
+        remembered_requests: Summary answers the state keeps.
         max_summary_input_tokens: Bound on every request (instructions plus transcript);
             ``None`` means half the budget, at least 1.
         describe_media: The host gave a ``describe_media`` hook, so media turns can be
@@ -212,8 +197,8 @@ class UserReport:
     summary_tokens: int = 0
 
 
-UserDone = Done[UserSummarySnapshot, UserReport]
-UserNeeds = Needs[UserSummarySnapshot]
+UserDone = Done[State, UserReport]
+UserNeeds = Needs
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +228,7 @@ class _Pass:
 
     config: UserSummaryConfig
     history: History
-    snapshot: UserSummarySnapshot
+    state: State
     measure: Measure
     conversation: tuple[int, ...]  # history indices of the conversation (injected context and notes aside)
     records: tuple[MessageRecord, ...]  # the conversation's records
@@ -275,14 +260,14 @@ class _Pass:
         )
         return Done(history=self.history, state=self.kept(), report=report)
 
-    def kept(self) -> UserSummarySnapshot:
-        """The snapshot with only the ``remembered_requests`` newest summary answers."""
-        return trimmed(self.snapshot, self.config.remembered_requests)
+    def kept(self) -> State:
+        """The state with only the ``remembered_requests`` newest summary answers."""
+        return trimmed(self.state, self.config.remembered_requests)
 
 
 def step(
-    config: UserSummaryConfig, state: UserSummarySnapshot, history: History, measure: Measure, *, memo: object = None
-) -> StepResult[UserSummarySnapshot, UserReport]:
+    config: UserSummaryConfig, state: State, history: History, measure: Measure, *, memo: object = None
+) -> UserNeeds | UserDone:
     """One pass over ``history`` (see the module docstring for the rules); ``memo`` is unused.
 
     Below the trigger, a remembered summary this list does not show yet is still applied:
@@ -291,27 +276,28 @@ def step(
     del memo
     answer = pass_(config, state, history, measure)
     if isinstance(answer, Done) and answer.report.outcome is Outcome.BELOW_TRIGGER:
-        return Success(replayed(config, state, history, measure) or answer)
-    return Success(answer)
+        return replayed(config, state, history, measure) or answer
+    return answer
 
 
-def replayed(
-    config: UserSummaryConfig, state: UserSummarySnapshot, history: History, measure: Measure
-) -> UserDone | None:
+def replayed(config: UserSummaryConfig, state: State, history: History, measure: Measure) -> UserDone | None:
     """A remembered summary ``history`` does not show yet, applied whatever the gates; else ``None``.
 
     The other list (or a restored copy) made it: applying it asks nothing new, and both
     lists must show the same bytes.
     """
     present = {r.message_id for r in history if r.summary}
-    if not any(a.text is not None and a.summary_id not in present for a in state.answers):
+    if not any(
+        a.text is not None and a.kind in (RequestKind.SUMMARY, RequestKind.FOLD) and a.message_id not in present
+        for a in state.answers
+    ):
         return None
     free = pass_(config, state, history, measure, gates=False)
     return free if isinstance(free, Done) and free.report.outcome in APPLIED else None
 
 
 def pass_(
-    config: UserSummaryConfig, snapshot: UserSummarySnapshot, history: History, measure: Measure, *, gates: bool = True
+    config: UserSummaryConfig, state: State, history: History, measure: Measure, *, gates: bool = True
 ) -> UserNeeds | UserDone:
     """:func:`step`'s answer, unwrapped: a composition calls it directly.
 
@@ -323,7 +309,7 @@ def pass_(
     p = _Pass(
         config=config,
         history=history,
-        snapshot=snapshot,
+        state=state,
         measure=measure,
         conversation=conversation,
         records=records,
@@ -335,12 +321,12 @@ def pass_(
     if p.tokens <= (config.trigger_tokens if gates else 0):
         return p.done(Outcome.BELOW_TRIGGER)
     items: list[Item] = []
-    waiting: list[tuple[Item, tuple[DescribeMedia, ...]]] = []  # media turns without descriptions yet
+    waiting: list[tuple[Item, tuple[Request, ...]]] = []  # media turns without descriptions yet
     eligible_tokens = 0
     protected = 0
     run = 0
     for k in _band(config, records, p.standing):
-        item = _item(config, records[k], k, snapshot, measure, turns=p.user_turns)
+        item = _item(config, records[k], k, state, measure, turns=p.user_turns)
         if item is None:
             protected += 1
             run += 1
@@ -357,11 +343,11 @@ def pass_(
     # Of the conversation's own tokens: context injected into one list only must not tip
     # the decision, or the two lists would disagree.
     own = sent_tokens(r for r in history if not r.injected)
-    worth = has_turns and eligible_tokens >= math.ceil(own * config.min_band_share - 1e-9)
+    worth = has_turns and eligible_tokens >= share_of(own, config.min_band_share)
     pending = _reachable_descriptions(config, items, waiting, measure) if has_turns else ()
     if pending and worth:
         # Descriptions first: the transcript (and so the request) depends on them.
-        return Needs(pending, snapshot)
+        return Needs(pending)
     selected = [] if pending or not has_turns else select(config.prompt, items, config.summary_input_limit, measure)
     # A request must hold a user turn: our own summaries alone under the user-turn prompt
     # would be a fold in disguise, refused for not being smaller on every later pass.
@@ -371,11 +357,13 @@ def pass_(
         items = items[1:]
         selected = select(config.prompt, items, config.summary_input_limit, measure)
     if selected:
-        summary_id = next_id(SUMMARY_ID_PREFIX, snapshot.compactions, records)
+        summary_id = next_id(SUMMARY_ID_PREFIX, state.compactions, records)
         # A band too small to be worth a call still shows a summary already made of it (on the
         # other list, or on an earlier pass of this one, when the prompt was smaller): both lists
         # and every later pass show the same bytes.
-        asked = _ask(p, "summary", selected, summary_id, band_tokens=eligible_tokens, protected=protected, new=worth)
+        asked = _ask(
+            p, RequestKind.SUMMARY, selected, summary_id, band_tokens=eligible_tokens, protected=protected, new=worth
+        )
         if worth or (isinstance(asked, Done) and asked.report.outcome in APPLIED):
             return asked
     elif worth:
@@ -396,9 +384,9 @@ def user_turns(history: Iterable[MessageRecord]) -> int:
 def _reachable_descriptions(
     config: UserSummaryConfig,
     items: Sequence[Item],
-    waiting: Sequence[tuple[Item, tuple[DescribeMedia, ...]]],
+    waiting: Sequence[tuple[Item, tuple[Request, ...]]],
     measure: Measure,
-) -> tuple[DescribeMedia, ...]:
+) -> tuple[Request, ...]:
     """Descriptions of the media turns this pass's request could reach, oldest first.
 
     A usable description is never larger than the media it stands for, so a turn's own
@@ -412,7 +400,7 @@ def _reachable_descriptions(
     first = entries[0][1].run
     budget = config.summary_input_limit - measure(config.prompt) - 2 * MESSAGE_OVERHEAD_TOKENS
     used = 0
-    found: list[DescribeMedia] = []
+    found: list[Request] = []
     for _, entry, requests in entries:
         used += entry.tokens
         if entry.run != first or used > budget:
@@ -436,28 +424,30 @@ def _item(
     config: UserSummaryConfig,
     record: MessageRecord,
     index: int,
-    snapshot: UserSummarySnapshot,
+    state: State,
     measure: Measure,
     *,
     turns: int,
-) -> Item | list[DescribeMedia] | None:
+) -> Item | list[Request] | None:
     """The band item ``record`` makes, the descriptions it still needs, or ``None`` if protected."""
     if record.summary:
         return Item(index, summary_body(record), record.tokens)
     if record.preserved:
         return None
     pieces: list[str] = []
-    needed: list[DescribeMedia] = []
+    needed: list[Request] = []
     for number, part in enumerate(record.parts):
         if part.kind in _TEXT_KINDS:
             pieces.append(part.text)
         elif part.kind in MEDIA_KINDS and config.describe_media:
             key = media_identity(record, number)
-            answer = standing(snapshot.descriptions, key, turns)  # a failure of an earlier state is asked again
+            answer = standing(state.answers, key, turns)  # a failure of an earlier state is asked again
             if answer is None:
                 if record.origin is None:
                     return None  # nothing to hand the host
-                needed.append(DescribeMedia(identity=key, origin=record.origin, part=number))
+                needed.append(
+                    Request(key, RequestKind.MEDIA, Route.HOOK, turns=turns, origin=record.origin, part=number)
+                )
                 continue
             text = (answer.text or "").strip()
             if not text or measure(text) > max(part.tokens, 1):
@@ -512,23 +502,27 @@ def select(prompt: str, items: Sequence[Item], limit: int, measure: Measure, *, 
     return chosen if len(chosen) >= minimum else []
 
 
-def request(
-    kind: SummaryKind, prompt: str, items: Sequence[Item], summary_id: str, turns: int, *, label: str | None = None
-) -> Summarize:
-    """The summarizer request of ``kind`` for ``items``, keyed by what it replaces.
+#: How the chain's requests are named in their identities (a merge and a rewrite are both record replacements).
+_LABELS: Final = {
+    RequestKind.MERGE: "record_replacement",
+    RequestKind.REWRITE: "record_replacement",
+    RequestKind.EMERGENCY_FOLD: "emergency_fold",
+}
 
-    The user half keys it by (kind, prompt, transcript, count), the chain by (``label``,
-    prompt, count, transcript): answers are stored under those identities.
-    """
+
+def request(kind: RequestKind, prompt: str, items: Sequence[Item], message_id: str, turns: int) -> Request:
+    """The summarizer request of ``kind`` for ``items``, keyed by what it replaces (its kind, prompt, transcript and
+    count; a replacement's in the order its identities were always made, so answers stored before stay found)."""
     transcript = numbered(items)
-    key = (kind, prompt, transcript, len(items)) if label is None else (label, prompt, len(items), transcript)
-    return Summarize(
-        identity=identity(*key),
+    label = _LABELS.get(kind)
+    key = (kind.value, prompt, transcript, len(items)) if label is None else (label, prompt, len(items), transcript)
+    return Request(
+        identity(*key),
+        kind,
         prompt=prompt,
         transcript=transcript,
         sources=len(items),
-        summary_id=summary_id,
-        kind=kind,
+        message_id=message_id,
         turns=turns,
         openings=tuple(opening(item.text) for item in items),
     )
@@ -552,7 +546,7 @@ PREFIX_ITEMS_HEADING: Final = (
 )
 
 
-def follows(request: Summarize, answer: str) -> bool:
+def follows(request: Request, answer: str) -> bool:
     """Whether ``answer`` to ``request`` (asked over the cached prefix) is a summary of its items at all.
 
     A model that ignored the instruction answers about something else: when the items
@@ -566,7 +560,7 @@ def follows(request: Summarize, answer: str) -> bool:
     return bool(set(values) & word_set(answer)) if values else bool(answer.strip())
 
 
-def over_prefix(request: Summarize, view: History) -> Summarize | None:
+def over_prefix(request: Request, view: History) -> Request | None:
     """``request`` sent over ``view`` (the cached prefix) plus one instruction, or ``None`` when ``view``
     lacks an item (every item must be an included message of ``view`` the instruction can name)."""
     texts = [
@@ -577,10 +571,10 @@ def over_prefix(request: Summarize, view: History) -> Summarize | None:
     if not request.openings or not all(any(o in text for text in texts) for o in request.openings):
         return None
     instruction = f"{COMPACTION_REQUEST} {PREFIX_SUMMARY_LEAD} {items_instruction(request)}"
-    return replace(request, instruction=instruction, view=view)
+    return replace(request, route=Route.CACHED_PREFIX, instruction=instruction, view=view)
 
 
-def items_instruction(request: Summarize) -> str:
+def items_instruction(request: Request) -> str:
     """What a summary asked over the cached prefix is told: its prompt, then its items named by their opening
     words (the instruction :func:`over_prefix` sends after the request marker; a record asked with it carries
     the same, :func:`.records.with_summary`)."""
@@ -616,7 +610,7 @@ def message(role: str, text: str, message_id: str, measure: Measure, **flags: ob
 
 def _ask(
     p: _Pass,
-    kind: Literal["summary", "fold"],
+    kind: RequestKind,
     selected: Sequence[Item],
     summary_id: str,
     *,
@@ -624,19 +618,16 @@ def _ask(
     protected: int,
     new: bool = True,
 ) -> UserNeeds | UserDone:
-    """The request for ``selected``: asked for (unless not ``new``), or answered from the snapshot and applied."""
-    prompt = p.config.fold_prompt if kind == "fold" else p.config.prompt
+    """The request for ``selected``: asked for (unless not ``new``), or answered from the state and applied."""
+    folding = kind is RequestKind.FOLD
+    prompt = p.config.fold_prompt if folding else p.config.prompt
     if _below_break_even(p, selected):
         return p.done(Outcome.DECLINED, band_tokens=band_tokens, protected=protected)
     asked = request(kind, prompt, selected, summary_id, p.user_turns)
-    answer = standing(p.snapshot.answers, asked.identity, asked.turns)
+    answer = standing(p.state.answers, asked.identity, asked.turns)
     if answer is None:
-        return (
-            Needs((asked,), p.snapshot)
-            if new
-            else p.done(Outcome.DECLINED, band_tokens=band_tokens, protected=protected)
-        )
-    summary_id = answer.summary_id or asked.summary_id
+        return Needs((asked,)) if new else p.done(Outcome.DECLINED, band_tokens=band_tokens, protected=protected)
+    summary_id = answer.message_id or summary_id
 
     def done(outcome: Outcome) -> UserDone:
         return p.done(
@@ -649,11 +640,11 @@ def _ask(
     replaced_tokens = sum(p.records[i.index].tokens for i in selected)
     if summary.tokens >= replaced_tokens:
         return done(Outcome.REFUSED)
-    reason = FOLD_EXCLUDE_REASON if kind == "fold" else EXCLUDE_REASON
+    reason = FOLD_EXCLUDE_REASON if folding else EXCLUDE_REASON
     output = apply(p.history, [p.conversation[i.index] for i in selected], reason, summary)
     summaries = [r for r in output if r.summary and not r.excluded and not r.injected]
     report = replace(
-        done(Outcome.FOLDED if kind == "fold" else Outcome.SUMMARIZED).report,
+        done(Outcome.FOLDED if folding else Outcome.SUMMARIZED).report,
         replaced=tuple(o for i in selected if (o := p.records[i.index].origin) is not None),
         tokens_after=p.tokens - replaced_tokens + summary.tokens,
         standing=len(summaries),
@@ -691,7 +682,7 @@ def _below_break_even(p: _Pass, selected: Sequence[Item]) -> bool:
         return False
     start = p.conversation[selected[0].index]
     behind = sum(r.tokens for r in p.history[start:] if not r.excluded)
-    return sum(i.tokens for i in selected) < math.ceil(behind * gain - 1e-9)
+    return sum(i.tokens for i in selected) < share_of(behind, gain)
 
 
 def _fold(p: _Pass) -> UserNeeds | UserDone:
@@ -705,74 +696,27 @@ def _fold(p: _Pass) -> UserNeeds | UserDone:
     saving = sum(sizes) - max(sizes)
     start = p.conversation[selected[0].index]
     behind = sum(r.tokens for r in p.history[start:] if not r.excluded and not r.injected)
-    if saving < math.ceil(behind * config.min_band_share - 1e-9):
+    if saving < share_of(behind, config.min_band_share):
         return p.done(Outcome.DECLINED)
-    fold_id = next_id(FOLD_ID_PREFIX, p.snapshot.folds, records)
-    return _ask(p, "fold", selected, fold_id, band_tokens=sum(sizes), protected=0)
+    fold_id = next_id(FOLD_ID_PREFIX, p.state.folds, records)
+    return _ask(p, RequestKind.FOLD, selected, fold_id, band_tokens=sum(sizes), protected=0)
 
 
-def check(config: UserSummaryConfig, state: UserSummarySnapshot, history: History) -> str | None:
+def check(config: UserSummaryConfig, state: State, history: History) -> str | None:
     """Why ``state`` cannot be this conversation's, or ``None``.
 
     Answers are found by request identity only, so any of them may belong to this
-    conversation; but an accepted summary's id becomes a message id, so it must not be
-    the id of a message in the history that is not that summary (a forged or foreign
-    snapshot would otherwise give two messages one id, and links would name the wrong one).
+    conversation; but a kept answer's id becomes a message id, so it must not be the id
+    of a message in the history that is not that answer's (a forged or foreign state
+    would otherwise give two messages one id, and links would name the wrong one).
     """
     del config
-    return colliding_summary_id(state, history)
-
-
-def colliding_summary_id(state: UserSummarySnapshot, history: History, *, field: str = "answers") -> str | None:
-    """The first accepted answer whose ``summary_id`` names a message of ``history`` that is no summary of ours.
-
-    ``field`` is where the answers sit in the snapshot, for the message (a composition
-    nests them under ``users``).
-    """
-    others = {r.message_id for r in history if r.message_id and not r.summary}
+    ours = {r.message_id for r in history if r.message_id and (r.summary or r.written_record)}
+    others = {r.message_id for r in history if r.message_id} - ours
     for number, answer in enumerate(state.answers):
-        if answer.text is not None and answer.summary_id in others:
+        if answer.text is not None and answer.message_id in others:
             return (
-                f"snapshot field '{field}[{number}].summary_id' is {answer.summary_id!r}, the id of another "
+                f"snapshot field 'answers[{number}].message_id' is {answer.message_id!r}, the id of another "
                 "message in this conversation"
             )
     return None
-
-
-def trimmed(snapshot: UserSummarySnapshot, keep: int) -> UserSummarySnapshot:
-    """``snapshot`` with only its ``keep`` newest summary answers (descriptions are kept)."""
-    if len(snapshot.answers) <= keep:
-        return snapshot
-    return replace(snapshot, answers=snapshot.answers[-keep:])
-
-
-def absorb(state: UserSummarySnapshot, answers: Sequence[tuple[Request, str | None]]) -> UserSummarySnapshot:
-    """The snapshot with the answers to ``answers``' requests recorded.
-
-    ``None`` (or blank text) records a failure, so the other list replays it instead of
-    calling again. The pass that asked trims summary answers beyond
-    ``remembered_requests`` when it is done, oldest first; descriptions are kept.
-    """
-    snapshot = state
-    kept, descriptions = snapshot.answers, snapshot.descriptions
-    compactions, folds = snapshot.compactions, snapshot.folds
-    for request, text in answers:
-        if not isinstance(request, DescribeMedia | Summarize):
-            continue  # the record half's (a composition's user half never asks over the cached prefix)
-        answer = answered(request, text)
-        if isinstance(request, DescribeMedia):
-            descriptions = remember(descriptions, answer)
-            continue
-        kept = remember(kept, answer)
-        if answer.text is not None:
-            number = _suffix(request.summary_id)
-            if request.kind == "fold":
-                folds = max(folds, number + 1)
-            else:
-                compactions = max(compactions, number + 1)
-    return UserSummarySnapshot(answers=kept, descriptions=descriptions, compactions=compactions, folds=folds)
-
-
-def _suffix(summary_id: str) -> int:
-    match = _ID_SUFFIX.search(summary_id)
-    return int(match.group(1)) if match is not None else 0

@@ -1,0 +1,66 @@
+"""Absorbing answers: every answer is one insert into the state's table, keyed by its request's identity.
+
+The shell performs the requests a step asked for (by the route the core chose) and hands
+back each request with its text, ``None`` for a failure. :func:`absorb` puts them into the
+conversation's one :class:`~.state.State`, whatever strategy asked; the next step finds
+them there. Two answers say something about the route as well as about the request, and
+are judged here: a record asked over the cached prefix is kept only when it quotes a value
+of what it was shown (two that do not give the route up, :func:`.recall.judged_instruction`),
+and a summary asked over the cached prefix that is not a summary of its items sends the
+summaries to the summarizer from then on (it is not remembered: the summarizer is asked).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Final
+
+from msgspec.structs import replace
+
+from . import recall, records, user_summaries
+from .effects import Request, Route, answered, remember
+from .state import RequestKind, State
+
+_ID_SUFFIX: Final = re.compile(r"(\d+)$")
+
+
+def absorb(state: State, answers: Sequence[tuple[Request, str | None]]) -> State:
+    """``state`` with ``answers`` (each request with its text, ``None`` for a failure) in its table.
+
+    A record asked with a summary in the same request answers both: each part goes to its own
+    request (a part the answer lacks is no answer; its request is asked alone next).
+    """
+    for request, text in answers:
+        if request.also is not None:
+            record, summary = records.split_answer(request, text)
+            state = _one(state, request, record)
+            if summary is not None:
+                state = _one(state, request.also, summary)
+        else:
+            state = _one(state, request, text)
+    return state
+
+
+def _one(state: State, request: Request, text: str | None) -> State:
+    if request.kind is RequestKind.RECORD:
+        if any(a.identity == request.identity for a in state.answers):
+            return replace(state, recall=replace(state.recall, asking=None))  # answered already: nothing to judge
+        kept = records.kept_record(request, text)
+        # A failed request counts like an ignored one: a route that keeps failing is given up, as a pin is.
+        judged = recall.judged_instruction(state.recall, followed=kept is not None)
+        state = replace(state, recall=replace(judged, asking=None))
+        return state if kept is None else remember(state, kept)
+    if request.route is Route.CACHED_PREFIX and (text is None or not user_summaries.follows(request, text)):
+        # An answer that ignored the instruction is no summary, and not even a failure: the summaries go to the
+        # summarizer from now on, this one at once.
+        return replace(state, recall=replace(state.recall, summaries_to_summarizer=True))
+    answer = answered(request, text)
+    state = remember(state, answer)
+    if answer.text is None or request.kind not in (RequestKind.SUMMARY, RequestKind.FOLD):
+        return state
+    found = _ID_SUFFIX.search(request.message_id or "")
+    allocated = (int(found.group(1)) if found else 0) + 1
+    if request.kind is RequestKind.FOLD:
+        return replace(state, folds=max(state.folds, allocated))
+    return replace(state, compactions=max(state.compactions, allocated))
