@@ -61,8 +61,11 @@ from agent_framework import (
     SessionContext,
 )
 
+from ..core.anchored import DEFAULT_KEEP_HEAD_GROUPS, DEFAULT_KEEP_TAIL_GROUPS
 from ..core.checks import AtLeastZero, NonEmpty, require, require_sync_callable, require_tokenizer
-from ..core.records import RECALL_TOOL_NAME
+from ..core.composition import OverflowPolicy, SummaryRequest
+from ..core.recall import DEFAULT_TRIGGER_FRACTION
+from ..core.records import DEFAULT_FALLBACK_FRACTION, RECALL_TOOL_NAME
 from ..core.stack import (
     StackConfiguration,
     StackConfigurationError,
@@ -72,12 +75,22 @@ from ..core.stack import (
     session_entry_from_dict,
     session_entry_to_dict,
 )
+from ..core.user_summaries import SummaryMode
 from .composition import ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
 from .conversation import NamedSets
 from .counting import Tokenizer
 from .fingerprint import stack_parameters
-from .recall import DEFAULT_TARGET_TOKENS, RecallGate, ToolResultRecallMiddleware, recall_tool, record_reply
+from .recall import (
+    DEFAULT_TARGET_TOKENS,
+    RecallGate,
+    RecordRequest,
+    ToolResultRecallMiddleware,
+    make_recall_tool,
+    recall_tool,
+    record_reply,
+)
 from .records import ToolResultAnchoredSummarizationCompactionStrategy
+from .user_summaries import DescribeMediaHook, UserTurnAnchoredSummarizationCompactionStrategy
 
 logger = logging.getLogger("maf_compaction")
 
@@ -96,11 +109,14 @@ Strategy = (
 
 
 class CompactionStack:
-    """One session's compaction: a strategy, its recall gate and its recall middleware.
+    """One conversation's compaction: a strategy, its recall gate, its recall middleware and its recall tool.
 
-    The strategy is a :class:`ToolResultAnchoredSummarizationCompactionStrategy` or a
+    Every part reads and writes the conversation's one state value (the record strategy's
+    :class:`~.conversation.Conversation`). :meth:`build` makes them together in one call;
+    the constructor joins parts built one by one: the strategy is a
+    :class:`ToolResultAnchoredSummarizationCompactionStrategy` or a
     :class:`ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy`; the middleware
-    must share the record strategy's state (``reforce=records.take_reforce``, or
+    must share the record strategy's conversation (``reforce=records.take_reforce``, or
     ``records.bind_recall(recall)``) and arm ``gate`` (``arm=gate.arm``).
 
     Args:
@@ -141,6 +157,104 @@ class CompactionStack:
         self._recall = recall
         self._kind: StackKind = kind
         self._halves: tuple[object, ...] = halves
+        self._tool: FunctionTool | None = None
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        max_input_tokens: int,
+        tokenizer: Tokenizer,
+        client: Any = None,
+        keep_head_groups: int = DEFAULT_KEEP_HEAD_GROUPS,
+        keep_tail_groups: int = DEFAULT_KEEP_TAIL_GROUPS,
+        trigger_fraction: float = DEFAULT_TRIGGER_FRACTION,
+        fallback_fraction: float = DEFAULT_FALLBACK_FRACTION,
+        record_target_tokens: int | None = DEFAULT_TARGET_TOKENS,
+        record_request: RecordRequest = "cached_prefix",
+        summary_request: SummaryRequest = "cached_prefix",
+        summary_mode: SummaryMode = "boundary",
+        remembered_requests: int = 2,
+        overflow_policy: OverflowPolicy = "shed",
+        describe_media: DescribeMediaHook | None = None,
+    ) -> CompactionStack:
+        """One conversation's compaction in one call: the wiring the README recommends.
+
+        With a summarizer ``client``, the composition of records and user-turn summaries;
+        without one, the record strategy alone. Records (and summaries) are asked over the
+        conversation's cached prefix unless ``record_request`` (``summary_request``) says
+        ``"pinned"`` (``"summarizer"``). Give the agent ``stack.strategy`` as its before and
+        after compaction strategy, ``stack.tool`` among its tools and ``stack.recall`` among its
+        middleware; or build one per session in a :class:`SessionCompactionRegistry`.
+
+        Args:
+            max_input_tokens: The input budget.
+            tokenizer: Any ``count_tokens(text) -> int`` tokenizer, for every part.
+            client: The user half's summarizer (any framework chat client), or ``None``.
+            keep_head_groups: Groups at the start never judged or changed.
+            keep_tail_groups: The tail the fallback keeps.
+            trigger_fraction: A record is asked for above this share of the budget.
+            fallback_fraction: Without a record, the fallback runs from this share on.
+            record_target_tokens: The record size the recall tool asks for (``None``: no size).
+            record_request: ``"cached_prefix"`` or ``"pinned"``.
+            summary_request: ``"cached_prefix"`` or ``"summarizer"`` (with a ``client``).
+            summary_mode: The user half's mode (with a ``client``).
+            remembered_requests: Summary answers the state keeps (with a ``client``; 2 at least
+                in the boundary and fold modes).
+            overflow_policy: ``"shed"`` or ``"raise"`` (with a ``client``).
+            describe_media: The user half's media hook (with a ``client``).
+
+        Raises:
+            ValueError: A parameter is outside its range (the message names it).
+        """
+        records = ToolResultAnchoredSummarizationCompactionStrategy(
+            max_input_tokens=max_input_tokens,
+            tokenizer=tokenizer,
+            keep_head_groups=keep_head_groups,
+            keep_tail_groups=keep_tail_groups,
+            trigger_fraction=trigger_fraction,
+            fallback_fraction=fallback_fraction,
+            record_target_tokens=record_target_tokens,
+        )
+        strategy: Strategy = records
+        if client is not None:
+            users = UserTurnAnchoredSummarizationCompactionStrategy(
+                max_input_tokens=max_input_tokens,
+                tokenizer=tokenizer,
+                client=client,
+                summary_mode=summary_mode,
+                remembered_requests=remembered_requests,
+                describe_media=describe_media,
+            )
+            strategy = ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
+                tokenizer=tokenizer,
+                tool_results=records,
+                user_turns=users,
+                overflow_policy=overflow_policy,
+                summary_request=summary_request,
+            )
+        gate = RecallGate()
+        recall = ToolResultRecallMiddleware(
+            max_input_tokens=max_input_tokens,
+            tokenizer=tokenizer,
+            arm=gate.arm,
+            disarm=gate.disarm,
+            trigger_fraction=trigger_fraction,
+            reforce=records.take_reforce,
+            record_request=record_request,
+        )
+        return cls(strategy, gate, recall)
+
+    @property
+    def tool(self) -> FunctionTool:
+        """The recall tool, spending this stack's gate (sized for the record strategy's ``record_target_tokens``).
+
+        For an agent serving one conversation; an agent serving many registers
+        :func:`make_session_recall_tool` instead.
+        """
+        if self._tool is None:
+            self._tool = make_recall_tool(self._gate, target_tokens=self._records.record_target_tokens)
+        return self._tool
 
     @property
     def strategy(self) -> Strategy:

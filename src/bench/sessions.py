@@ -61,9 +61,7 @@ from agent_framework import AgentSession, create_harness_agent
 from agent_framework._compaction import TokenizerProtocol, apply_compaction  # pyright: ignore[reportPrivateUsage]
 from agent_framework._feature_stage import ExperimentalWarning  # pyright: ignore[reportPrivateUsage]
 
-from ..adapters.composition import ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
-from ..adapters.recall import RecallGate, RecordRequest, ToolResultRecallMiddleware
-from ..adapters.records import ToolResultAnchoredSummarizationCompactionStrategy
+from ..adapters.recall import RecordRequest
 from ..adapters.sessions import (
     DEFAULT_STATE_KEY,
     CompactionStack,
@@ -73,7 +71,6 @@ from ..adapters.sessions import (
     make_session_recall_tool,
 )
 from ..adapters.tiktoken import TiktokenTokenizer
-from ..adapters.user_summaries import UserTurnAnchoredSummarizationCompactionStrategy
 from ..core.composition import OverflowPolicy, SummaryRequest
 from .args import install_hint, positive_int, program_name
 from .client import SimulatedChatClient, scenario_tools
@@ -169,8 +166,8 @@ def make_builder(
 ) -> Callable[[], CompactionStack]:
     """The README's ``build_compaction`` for ``kind`` (the record half alone, or the composition).
 
-    The one definition of that builder for the bench and the tests (the README's own text is
-    pasted as is only where a test checks the README). The README asks records
+    The one definition of that builder for the bench and the tests, over :meth:`CompactionStack.build`
+    (the README's own text is pasted as is only where a test checks the README). The README asks records
     (``record_request``) and the composition's summaries (``summary_request``) over the cached
     prefix; the defaults are the earlier shapes (pinned records, summaries to the summarizer),
     which the session bench and the session tests were measured and written with.
@@ -178,39 +175,15 @@ def make_builder(
     """
 
     def build() -> CompactionStack:
-        records = ToolResultAnchoredSummarizationCompactionStrategy(
-            max_input_tokens=budget, tokenizer=tokenizer, **record_options
-        )
-        strategy: (
-            ToolResultAnchoredSummarizationCompactionStrategy
-            | ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
-        ) = records
-        if kind == "composition":
-            users = UserTurnAnchoredSummarizationCompactionStrategy(
-                max_input_tokens=budget,
-                tokenizer=tokenizer,
-                client=summarizer,
-                summary_mode="boundary",
-                remembered_requests=2,
-            )
-            strategy = ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
-                tokenizer=tokenizer,
-                tool_results=records,
-                user_turns=users,
-                overflow_policy=overflow_policy,
-                summary_request=summary_request,
-            )
-        gate = RecallGate()
-        recall = ToolResultRecallMiddleware(
+        return CompactionStack.build(
             max_input_tokens=budget,
             tokenizer=tokenizer,
-            arm=gate.arm,
-            disarm=gate.disarm,
-            trigger_fraction=records.trigger_fraction,
-            reforce=records.take_reforce,
+            client=summarizer if kind == "composition" else None,
             record_request=record_request,
+            summary_request=summary_request,
+            overflow_policy=overflow_policy,
+            **record_options,
         )
-        return CompactionStack(strategy, gate, recall)
 
     return build
 

@@ -226,9 +226,8 @@ class _Pass:
         roomy: The conversation's largest step still fits (:func:`_roomy`).
         netting: The safety net breaks on this pass (judged on the prompt before the user
             half's summary): the fallback distills whatever the summary leaves.
-        standing: The prompt as the last request had it and what arrived since (the history handed
-            in, with the records written before this request placed), which a summary asked over
-            the cached prefix repeats.
+        given: The history handed to the pass (a summary asked over the cached prefix repeats it, with
+            the records written before this request placed: :func:`_over_prefix`).
     """
 
     state: State
@@ -237,7 +236,7 @@ class _Pass:
     band: object = None
     roomy: bool = True
     netting: bool = False
-    standing: History = field(default_factory=pvector)
+    given: History = field(default_factory=pvector)
 
 
 _Answer: TypeAlias = Needs | Done[_Pass, None]
@@ -250,14 +249,11 @@ def step(
     budget = config.max_input_tokens
     record_memo = memo if isinstance(memo, records.RecordMemo) else None
     given, history = history, records.place_written(history, records.written(state), measure)
-    # A record asked on this request (it stands before the conversation's newest group) is not in the cached request.
-    here = records.record_place(given)
-    standing = records.place_written(given, [w for w in records.written(state) if w.after != here], measure)
     seen = view(history, record_memo.view if record_memo else None)
     # The record half's report is a placeholder until its sub-step runs.
     report = CompositionReport(seen.sent, seen.sent, records=RecordReport(seen.sent, seen.sent))
     band = record_memo.band if record_memo else None
-    work = _Pass(state, report, record_memo, band, standing=standing)
+    work = _Pass(state, report, record_memo, band, given=given)
     ran = pipeline.run(_STEPS[config.overflow_policy], config, work, seen, measure)
     if isinstance(ran, Needs):
         return ran
@@ -294,16 +290,20 @@ def _summaries_over_prefix(config: CompositionConfig, recall_state: RecallState)
 
 
 def _over_prefix(
-    config: CompositionConfig, state: State, prompt: History, measure: anchored.Measure, needs: Needs
+    config: CompositionConfig, state: State, given: History, measure: anchored.Measure, needs: Needs
 ) -> Needs:
     """``needs`` with the user half's summaries and folds sent over the cached prefix, when configured.
 
-    The prefix is the prompt as it stands (:attr:`_Pass.standing`), cut between groups to what
-    the last request sent (:meth:`.records.RecordConfig.prefix_tokens`); a request whose items
-    it does not hold stays with the summarizer.
+    The prefix is the prompt as it stands: the history handed to the pass (``given``) with the
+    records written before this request placed (one asked on this request, which stands before
+    the conversation's newest group, is not in the cached request yet), cut between groups to
+    what the last request sent (:meth:`.records.RecordConfig.prefix_tokens`); a request whose
+    items it does not hold stays with the summarizer.
     """
     if not _summaries_over_prefix(config, state.recall):
         return needs
+    here = records.record_place(given)
+    prompt = records.place_written(given, [w for w in records.written(state) if w.after != here], measure)
     requests: list[Request] = []
     for request in needs.requests:
         sent = None
@@ -392,7 +392,7 @@ def _users(config: CompositionConfig, work: _Pass, seen: View, measure: anchored
             breaking = work.netting
         answer = _user_pass(config, state, seen.history, measure, breaking=breaking, roomy=work.roomy)
         if isinstance(answer, Needs):
-            return _over_prefix(config, state, work.standing, measure, answer)
+            return _over_prefix(config, state, work.given, measure, answer)
     else:  # a wait holds back new requests only: a summary the other list made replays here too
         answer = user_summaries.replayed(config.users, state, seen.history, measure)
     if answer is None:
