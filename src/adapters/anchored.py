@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -66,6 +65,7 @@ class AnchoredCompactionStrategy(CompactionAdapter[AnchoredConfig, AnchoredSnaps
     """
 
     core: ClassVar[object] = core
+    state_type = AnchoredSnapshot
 
     def __init__(
         self,
@@ -111,22 +111,6 @@ class AnchoredCompactionStrategy(CompactionAdapter[AnchoredConfig, AnchoredSnaps
         """
         require("ceiling", ceiling, AtLeastOne)
         return self._run_sync(messages, ceiling=ceiling)
-
-    def decision_state(self) -> AnchoredSnapshot:
-        """Every decision made so far (an immutable value; see ``to_dict``)."""
-        return self.conversation.value
-
-    def restore_decisions(self, snapshot: AnchoredSnapshot | Mapping[str, object]) -> None:
-        """Continue from a snapshot (a value or its ``to_dict()``).
-
-        Raises:
-            SnapshotVersionError: Another build's version wrote it.
-            SnapshotError: It is malformed, or was made under another ``keep_head_groups``
-                (its positions would name other groups).
-        """
-        # A value is read back through its dict, so it is checked exactly like a stored one.
-        data = snapshot.to_dict() if isinstance(snapshot, AnchoredSnapshot) else snapshot
-        self.restore_state(AnchoredSnapshot.from_dict(data, keep_head_groups=self._config.keep_head_groups))
 
     def _observe(self, report: Report, asked: set[str]) -> None:
         del asked

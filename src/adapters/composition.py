@@ -156,6 +156,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
     """
 
     core: ClassVar[object] = core
+    state_type = State
     linked_reasons: ClassVar[frozenset[str]] = frozenset(
         {user_summaries.EXCLUDE_REASON, user_summaries.FOLD_EXCLUDE_REASON, core.MERGED_REASON}
     )
@@ -240,19 +241,8 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         """The record half's estimate (see the record strategy)."""
         return self._tool_results.groups_held_unreachable_coverage
 
-    def decision_state(self) -> State:
-        """The conversation's whole state: every decision made so far (an immutable value; see ``to_dict``)."""
-        return self.conversation.value
-
-    def restore_decisions(self, state: State | Mapping[str, object]) -> None:
-        """Continue from a state (a value or its ``to_dict()``); the first pass checks it against its history.
-
-        Raises:
-            SnapshotVersionError: Another build's version wrote it.
-            SnapshotError: It is malformed, or was made under another ``keep_head_groups``.
-        """
-        data = state.to_dict() if isinstance(state, State) else state
-        self.restore_state(State.from_dict(data, keep_head_groups=self._config.records.keep_head_groups))
+    def _read(self, data: Mapping[str, object]) -> State:
+        return State.from_dict(data, keep_head_groups=self._config.records.keep_head_groups)
 
     async def __call__(self, messages: list[Message]) -> bool:
         """Compact ``messages`` in place; True if anything changed.

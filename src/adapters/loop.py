@@ -27,6 +27,7 @@ from ..core.answers import absorb
 from ..core.checks import require_tokenizer
 from ..core.distill import newly_distilled
 from ..core.effects import Request, Route
+from ..core.envelope import Stored
 from ..core.errors import SnapshotError
 from ..core.model import History
 from ..core.ownership import provider_increment
@@ -77,6 +78,8 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
     """
 
     core: ClassVar[Any]
+    #: The type of the conversation's state value (``decision_state()``), read strictly by ``restore_decisions``.
+    state_type: ClassVar[type[Stored]]
     #: Linked from a marker the model sees: exclusions with these reasons log at INFO.
     linked_reasons: ClassVar[frozenset[str]] = frozenset()
 
@@ -199,6 +202,30 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
         does not name again what an earlier one named.
         """
         self.conversation.named = named
+
+    def decision_state(self) -> S:
+        """Every decision the conversation's history cannot show: its whole state (an immutable value; see
+        ``to_dict``)."""
+        return self.conversation.value
+
+    def restore_decisions(self, state: S | Mapping[str, object]) -> None:
+        """Continue from a state (a value or its ``to_dict()``), read strictly; the first pass checks it against its
+        history.
+
+        Raises:
+            SnapshotVersionError: Another build's version wrote it.
+            SnapshotError: It is malformed or inconsistent, or was made under another ``keep_head_groups`` (its
+                positions would name other groups).
+        """
+        # A value is read back through its dict, so it is checked exactly like a stored one.
+        self.restore_state(
+            self._read(state.to_dict() if isinstance(state, Stored) else cast("Mapping[str, object]", state))
+        )
+
+    def _read(self, data: Mapping[str, object]) -> S:
+        """``data`` read strictly as this strategy's state (its positions checked against its head)."""
+        head = getattr(self._config, "keep_head_groups", None)
+        return cast("S", self.state_type.from_dict(data, keep_head_groups=head))
 
     def restore_state(self, state: S) -> None:
         """Continue from ``state`` (already read strictly); the first pass checks it against its history."""

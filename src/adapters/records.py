@@ -11,8 +11,8 @@ value and never call into each other.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import ClassVar
 
 from agent_framework import CharacterEstimatorTokenizer, CompactionStrategy, Message
 
@@ -96,6 +96,7 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
     """
 
     core: ClassVar[object] = core
+    state_type = State
 
     def __init__(
         self,
@@ -228,23 +229,6 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         return core.record_expected(self.conversation.value)
 
     # -- the pass ------------------------------------------------------------------------
-
-    def decision_state(self) -> State:
-        """The conversation's whole state: every decision history cannot show (an immutable value; see
-        ``to_dict``): the record decisions, the fallback's, the recall protocol's (the gate's permission
-        included) and the records written over the cached prefix."""
-        return self.conversation.value
-
-    def restore_decisions(self, state: State | Mapping[str, Any]) -> None:
-        """Continue from a state (a value or its ``to_dict()``); the first pass checks it against its history.
-
-        Raises:
-            SnapshotVersionError: Another build's version wrote it.
-            SnapshotError: It is malformed or inconsistent, or was made under another ``keep_head_groups``.
-        """
-        # A value is read back through its dict, so it is checked exactly like a stored one.
-        data = state.to_dict() if isinstance(state, State) else state
-        self.restore_state(State.from_dict(data, keep_head_groups=self._config.keep_head_groups))
 
     async def _after(self, messages: list[Message], done: Done[State, RecordReport], changed: bool) -> bool:
         """Run the host's own fallback on the applied list, when the pass calls for it."""

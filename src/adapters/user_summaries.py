@@ -169,6 +169,7 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
         return self._client
 
     core: ClassVar[object] = core
+    state_type = State
     linked_reasons: ClassVar[frozenset[str]] = frozenset({core.EXCLUDE_REASON, core.FOLD_EXCLUDE_REASON})
 
     # -- effects ---------------------------------------------------------------------------
@@ -224,25 +225,10 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
 
     # -- state -----------------------------------------------------------------------------
 
-    def decision_state(self) -> State:
-        """The conversation's state: remembered answers, descriptions and id counts (an immutable value; see
-        ``to_dict``)."""
-        return self.conversation.value
-
-    def restore_decisions(self, state: State | Mapping[str, Any]) -> None:
-        """Continue from a state (a value or its ``to_dict()``); ``remembered_requests`` of its summary answers
-        are kept, the newest.
-
-        No configuration is checked: an answer cannot be misapplied under another one, since it
-        is found only by its request's identity, a digest of everything that determines it.
-
-        Raises:
-            SnapshotVersionError: Another build's version wrote it.
-            SnapshotError: It is malformed or inconsistent.
-        """
-        # A value is read back through its dict, so it is checked exactly like a stored one.
-        data = state.to_dict() if isinstance(state, State) else state
-        self.restore_state(remembered(State.from_dict(data), self._config.remembered_requests))
+    def _read(self, data: Mapping[str, object]) -> State:
+        # No configuration is checked: an answer is found only by its request's identity, a digest of everything
+        # that determines it; ``remembered_requests`` of its summary answers are kept, the newest.
+        return remembered(State.from_dict(data), self._config.remembered_requests)
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
