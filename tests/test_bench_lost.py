@@ -54,14 +54,7 @@ async def _cell(row: str, seed: int) -> CellResult:
     [
         1,
         2,
-        pytest.param(
-            3,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="a defect the plausible model found (issue 34 targets 0 DQ): after record merges of "
-                "prose-bearing records, a task call is sent over the 16,000-token window (16,160 tokens)",
-            ),
-        ),
+        3,
     ],
 )
 async def test_the_shed_row_stays_inside_the_window_and_names_every_value_it_loses(seed: int) -> None:

@@ -313,3 +313,32 @@ async def test_a_users_own_values_get_records_and_the_report_labels_requests_and
     assert totals.calls == len(calls)
     assert totals.uncompacted_cost > 0
     assert totals.uncompacted_over_window > 0  # the uncompacted conversation outgrows the 8,000-token window
+
+
+async def test_without_a_strategy_the_conversation_without_compaction_is_the_conversation() -> None:
+    """The report's "without compaction" prices what the agent would have sent: with no strategy at all, that is
+    exactly what it sent, the harness's todo list on each turn's first call and its absence on the next included
+    (keeping that message for good priced a cached prefix the real requests never had)."""
+    async with OfflineProvider(QUESTIONS, encoder=TOKENIZER) as offline:
+        client = OpenAIChatClient(model="gpt-6-luna", api_key="sk-offline", base_url=offline.base_url)
+        agent = harness_agent(client, None, tools=[lookup_deployment], default_options={"store": False})
+        await ask(agent)
+        totals = offline.totals()
+        leading = [call.messages for call in offline.calls()]
+    assert totals.calls == 2 * len(QUESTIONS)
+    assert len(set(leading)) > 1
+    assert totals.uncompacted_cost == pytest.approx(totals.cost)
+    assert totals.uncompacted_cached_share == pytest.approx(totals.cached_share)
+
+
+async def test_a_question_the_offline_model_was_not_given_is_named_in_the_report() -> None:
+    async with OfflineProvider(QUESTIONS, encoder=TOKENIZER) as offline:
+        client = OpenAIChatClient(model="gpt-6-luna", api_key="sk-offline", base_url=offline.base_url)
+        agent = Agent(client, instructions="Be terse.", tools=[lookup_deployment], default_options={"store": False})
+        reply = await agent.run("Hello there, what can you do?", session=agent.create_session())
+        report = offline.report()
+    assert reply.text == "Understood."
+    assert (
+        "a user message matches no Question and was answered 'Understood.': 'Hello there, what can you do?'" in report
+    )
+    assert offline.totals().requests == {}  # no compaction request was counted for it

@@ -20,7 +20,7 @@ from agent_framework import Message
 
 from maf_compaction.adapters import recall as recall_adapter
 from maf_compaction.bench import runner
-from maf_compaction.bench.model import context_text
+from maf_compaction.bench.model import ScriptedModel, context_text
 from maf_compaction.bench.runner import Cell, Settings, play_cell
 from maf_compaction.core import composition, effects, records, user_summaries
 from offline_tokenizers import offline_tiktoken
@@ -159,8 +159,27 @@ def _run(case: Case, monkeypatch: pytest.MonkeyPatch) -> Decisions:
     )
 
 
-def _paraphrased(monkeypatch: pytest.MonkeyPatch) -> None:
-    for (module, name), text in PARAPHRASES.items():
+#: Further wordings: a one-word request marker (a bracketed word that opens the instruction is no section line), and
+#: a summarizer prompt that itself holds a bracketed word.
+VARIANTS: Final[dict[str, dict[tuple[Any, str], object]]] = {
+    "paraphrase": {},
+    "one-word tag": {
+        key: value.replace(TAG, "[compaction]") if isinstance(value, str) else value
+        for key, value in PARAPHRASES.items()
+    },
+    "bracketed word in the prompt": {
+        (user_summaries, "DEFAULT_PROMPT"): (
+            "You shorten the earlier turns of a conversation (write [none] for a turn that asks for nothing). Keep "
+            "each requirement, constraint, correction and preference exactly as given, and copy exactly each "
+            "value that cannot be rebuilt: identifiers, codes, names, numbers, paths, URLs, versions, dates. "
+            "Answer with the account alone."
+        ),
+    },
+}
+
+
+def _paraphrased(monkeypatch: pytest.MonkeyPatch, variant: str = "paraphrase") -> None:
+    for (module, name), text in {**PARAPHRASES, **VARIANTS[variant]}.items():
         assert hasattr(module, name), f"{module.__name__}.{name} is gone: the test must swap what replaced it"
         monkeypatch.setattr(module, name, text)
 
@@ -170,15 +189,31 @@ def _paraphrased(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(recall_adapter, "recall_description", description)
 
 
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.row}-{c.results}-{c.fill:g}" for c in CASES])
-def test_paraphrased_instructions_give_the_same_decisions(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_paraphrased_instructions_give_the_same_decisions(
+    case: Case, variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if variant != "paraphrase" and case != CASES[0]:
+        pytest.skip("the further wordings run on the case that asks for every kind over the cached prefix")
     original = _run(case, monkeypatch)
-    sent: list[str] = []
+    received: list[str] = []
+    reply = ScriptedModel.reply
+
+    def spied(model: ScriptedModel, messages: Any, **options: Any) -> Any:
+        received.extend(m.text or "" for m in messages if m.role in ("user", "system"))
+        return reply(model, messages, **options)
+
     with monkeypatch.context() as patch:
-        _paraphrased(patch)
+        _paraphrased(patch, variant)
+        patch.setattr(ScriptedModel, "reply", spied)
         paraphrased = _run(case, patch)
-        sent = [records.RECORD_INSTRUCTION, user_summaries.DEFAULT_PROMPT]
-    assert TAG in sent[0]  # the swap reached what the library sends
+    swapped = {**PARAPHRASES, **VARIANTS[variant]}
+    tag = str(swapped[(records, "COMPACTION_REQUEST")])
+    asked_over_prefix = [text for text in received if text.startswith(tag)]
+    if any(label != "task" and kind == "model" and not pinned for kind, label, pinned in original.calls):
+        assert asked_over_prefix, "no instruction the model received carries the swapped marker"
+    assert not [text for text in received if text.startswith(effects.COMPACTION_REQUEST)], "an original reached it"
     assert [c for c in original.calls if c[1] != "task"], "the case asked for nothing: it tests no instruction"
     assert paraphrased.calls == original.calls
     assert paraphrased.counters == original.counters

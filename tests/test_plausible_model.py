@@ -15,7 +15,7 @@ from agent_framework import Content, Message
 
 from maf_compaction.bench import runner
 from maf_compaction.bench.model import ModelOptions, ScriptedModel, read_instruction
-from maf_compaction.bench.provider import SimulatedProvider, default_ttl
+from maf_compaction.bench.provider import TASK, SimulatedProvider, default_ttl
 from maf_compaction.bench.rendering import RenderedRequest
 from maf_compaction.bench.runner import SPEND, Cell, Settings, play_cell
 from maf_compaction.bench.scenario import (
@@ -261,17 +261,46 @@ def test_a_cells_cost_is_split_where_it_goes() -> None:
 # --- the standard library workload ---------------------------------------------------------------------------
 
 
-def test_the_stdlib_workload_reads_real_text_and_its_facts_are_in_it() -> None:
-    scenario = generate(GeneratorOptions(fill=1.5, results="stdlib"))
+@pytest.mark.parametrize("fill", [1.5, 3.0])
+def test_the_stdlib_workload_reads_real_text_and_its_facts_are_in_it_alone(fill: float) -> None:
+    """A fact stands in its own lookup's result and nowhere else: not in another result, nor in any message,
+    reply, tool name or call argument (a record that names the tool it read must not keep a fact by that)."""
+    scenario = generate(GeneratorOptions(fill=fill, results="stdlib"))
     assert {t.name for t in scenario.tools} == {name for name, _, _ in TOOLS}
     results = {f"lookup {n}": c.result for n, c in enumerate((c for t in scenario.turns for c in t.calls), 1)}
     planted = [f for f in scenario.facts if f.scope.startswith("lookup")]
     assert len(planted) >= 40
+    around = [
+        text
+        for t in scenario.turns
+        if not t.probe
+        for text in (t.user, t.reply, *(c.name for c in t.calls), *(str(c.arguments) for c in t.calls))
+    ]
     for fact in planted:
         assert fact.value in results[fact.scope], fact
         others = [text for scope, text in results.items() if scope != fact.scope]
         assert not any(fact.value in text for text in others), fact
-        assert not any(fact.value in t.user for t in scenario.turns if not t.probe), fact
-    assert generate(GeneratorOptions(fill=1.5, results="stdlib")) == scenario  # deterministic
+        assert not any(fact.value in text for text in around), fact
+    assert generate(GeneratorOptions(fill=fill, results="stdlib")) == scenario  # deterministic
     texts = [r.text for r in reads(1, 3, 500)]
     assert any("def " in text for text in texts)  # source, as the standard library has it
+
+
+def test_a_user_message_the_script_lacks_is_named_never_taken_for_an_empty_record() -> None:
+    """A host's question the script was not given (a paraphrase) is no compaction request: with nothing the
+    model can tell it asks for (no tool result to record, no numbered items to summarise) it is answered
+    "Understood." and named; a lone message of numbered items is still a summarizer's request."""
+    model = ScriptedModel(Scenario("x", "", (), (Turn("Which release is svc-a on?", reply="done"),)))
+    alone = model.reply([Message("system", ["You are helpful."]), Message("user", ["Hi! Which release is svc-a on?"])])
+    after = model.reply(
+        [
+            Message("user", ["Which release is svc-a on?"]),
+            Message("assistant", ["done"]),
+            Message("user", ["thanks, and svc-b?"]),
+        ]
+    )
+    assert [(r.label, r.message.text) for r in (alone, after)] == [(TASK, "Understood."), (TASK, "Understood.")]
+    assert model.unmatched == ["Hi! Which release is svc-a on?", "thanks, and svc-b?"]
+    numbered = model.reply([Message("system", ["Summarise."]), Message("user", ["1. the user asked for A-1234"])])
+    assert numbered.label == "summary"
+    assert numbered.message.text

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
@@ -29,7 +31,7 @@ from agent_framework import Content, Message
 
 from .provider import TASK
 from .scenario import RECALL_TOOL, Scenario, Turn
-from .writer import Losses, OracleWriter, PlausibleWriter, Source, Writer, digest
+from .writer import CHARS_PER_TOKEN, Losses, OracleWriter, PlausibleWriter, Source, Writer, digest
 
 ModelKind: TypeAlias = Literal["plausible", "oracle"]
 MODEL_KINDS: Final[tuple[ModelKind, ...]] = get_args(ModelKind)
@@ -121,6 +123,9 @@ class ModelOptions(ModelKnobs):
         return PlausibleWriter(self.seed, self.prose_tokens, self.answer_tokens, losses)
 
 
+_logger = logging.getLogger("maf_compaction.bench")
+
+
 @dataclass(frozen=True, slots=True)
 class Reply:
     """The model's answer to one request, and what it took the request for.
@@ -205,6 +210,22 @@ def numbered_items(text: str) -> list[Source]:
     return [Source("\n".join(lines)) for lines in items] if items else [Source(text)]
 
 
+#: A share of a length a request asks for (``about 60% of its current length``).
+_SHARE: Final = re.compile(r"(?<![\d.])(\d{1,2})\s?%")
+
+
+def _asked_share(messages: Sequence[Message]) -> float | None:
+    """The share of the items' length a summarizer request's instructions ask the answer to keep, if they name one
+    (a percentage below 100), as a model reads a length it is asked for; else ``None``."""
+    found = [int(m.group(1)) for m in messages if m.role == "system" for m in _SHARE.finditer(m.text or "")]
+    return found[0] / 100 if found else None
+
+
+def _numbered(text: str) -> bool:
+    """``text`` holds a numbered list (a line opening ``1. ``): what a summarizer is handed to summarise."""
+    return any(line.startswith("1. ") for line in text.split("\n"))
+
+
 def transcript_items(messages: Sequence[Message]) -> list[Source]:
     """What a summarizer request asks to summarise: the numbered items of its non-system messages."""
     return [item for m in messages if m.role != "system" for item in numbered_items(context_text([m]))]
@@ -254,7 +275,11 @@ def read_instruction(instruction: str, context: Sequence[Message]) -> Ask:
                 named.append(users[index])
                 start = index + 1
                 break
-    sections = _SECTION.findall(_QUOTED.sub(" ", instruction))
+    # A bracketed word opening the instruction marks it (it names no section of the answer); a section line is
+    # one the instruction asks for further on, outside what it quotes.
+    body = _QUOTED.sub(" ", instruction.strip())
+    opening = _SECTION.match(body)
+    sections = _SECTION.findall(body[opening.end() :] if opening else body)
     return Ask(tuple(named), sections[0] if sections else None)
 
 
@@ -271,6 +296,9 @@ class ScriptedModel:
         self.options = options or ModelOptions()
         self.writer = self.options.writer([f.value for f in scenario.facts])
         self._wrote: dict[str, str] = {}  # what it wrote -> "record" or "summary" (to tell merges and folds)
+        #: User messages that matched no turn of the script and asked for nothing it can tell (answered
+        #: "Understood."): a host's question the offline model was not given, named by the offline report.
+        self.unmatched: list[str] = []
 
     def respond(
         self,
@@ -298,12 +326,19 @@ class ScriptedModel:
         """The model's answer to one request, and what it took the request for."""
         reasoning = self.options.reasoning
         conversation = [m for m in messages if m.role != "system"]
-        if len(conversation) == 1 and self.is_instruction(conversation[0]):
-            summarizer = True  # a request that is nothing but an instruction is a summarizer's, whatever its route
+        if len(conversation) == 1 and self.is_instruction(conversation[0]) and _numbered(conversation[0].text or ""):
+            summarizer = True  # a request that is nothing but numbered items is a summarizer's, whatever its route
         if summarizer:
             items = transcript_items(messages)
             label = self._kind_of(items)
-            text = self.summary(items, max_tokens)
+            share = _asked_share(messages) if self.options.model == "plausible" else None  # the oracle reads none
+            if share is not None and label == "merge":
+                label = "rewrite"  # its own records, to be written shorter: a harder rewrite, however many
+            if share is not None:  # "at most about N% of its length": that many characters, values only
+                cap = math.ceil(share * sum(len(i.text) for i in items) / CHARS_PER_TOKEN)
+                max_tokens = cap if max_tokens is None else min(max_tokens, cap)
+            # A record of its own to rewrite: it writes it shorter, the values without the prose around them.
+            text = self.summary(items, max_tokens, values_only=label == "rewrite" and share is not None)
             self._remember(text, "record" if label in ("merge", "rewrite") else "summary")
             return Reply(Message("assistant", [text]), label, reasoning_tokens=reasoning)
         if pinned_function(tool_choice) == RECALL_TOOL and not self.options.ignore_pin:
@@ -311,6 +346,12 @@ class ScriptedModel:
         if messages and self.is_instruction(messages[-1]):
             view = messages[:-1]
             ask = read_instruction(messages[-1].text or "", view)
+            if not ask.named and not tool_results(view):  # no record of nothing: a turn it was not given
+                text = messages[-1].text or ""
+                if text not in self.unmatched:
+                    self.unmatched.append(text)
+                    _logger.warning("the scripted model was given no turn for the user message %r", text[:80])
+                return Reply(Message("assistant", ["Understood."]), TASK, False, reasoning)
             if self.options.ignore_instruction:
                 task = self.reply(view, tool_choice=tool_choice, max_tokens=max_tokens)
                 return Reply(task.message, ask.label, True, reasoning)
@@ -326,18 +367,25 @@ class ScriptedModel:
         self._remember(text, "record")
         return text
 
-    def summary(self, items: Sequence[Source], max_tokens: int | None, *, named: int | None = None) -> str:
-        """A summary of ``items``."""
-        return self.writer.summary(items, max_tokens, digest(*(i.text for i in items)), named=named)
+    def summary(
+        self, items: Sequence[Source], max_tokens: int | None, *, named: int | None = None, values_only: bool = False
+    ) -> str:
+        """A summary of ``items`` (``values_only``: no prose)."""
+        key = digest(*(i.text for i in items))
+        return self.writer.summary(items, max_tokens, key, named=named, values_only=values_only)
 
     def _answer(self, ask: Ask, view: Sequence[Message], max_tokens: int | None) -> str:
         if not ask.named:
             return self.record(view, max_tokens)
-        summary = self.summary([Source(context_text([m])) for m in ask.named], max_tokens, named=len(ask.named))
+        record = self.record(view, max_tokens) if ask.section is not None else ""
+        left = max_tokens
+        if record and max_tokens is not None and self.options.model == "plausible":  # one cap for the whole answer
+            left = max(1, max_tokens - math.ceil(len(record) / CHARS_PER_TOKEN))
+        summary = self.summary([Source(context_text([m])) for m in ask.named], left, named=len(ask.named))
         self._remember(summary, "summary")
         if ask.section is None:
             return summary
-        return f"{self.record(view, max_tokens)}\n{ask.section}\n{summary}"
+        return f"{record}\n{ask.section}\n{summary}"
 
     def _record_call(self, messages: Sequence[Message], max_tokens: int | None) -> Content:
         # The id depends on what the record quotes and which results it read, not on how the

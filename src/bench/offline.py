@@ -424,7 +424,30 @@ class OfflineProvider:
             rows.extend(f"  {line}" for line in after)
         if not rows:
             return "no calls yet"
-        return "\n".join([*rows, *self.totals().lines()])
+        return "\n".join([*rows, *self._unplaced(), *self.totals().lines()])
+
+    def _unplaced(self) -> list[str]:
+        """User messages the offline model was given no question for, named: it answers only the questions it has.
+
+        One it answered "Understood." (nothing else in the request told it what was asked), and one it took for a
+        compaction instruction (it ended a request that showed tool results) that later requests carry as a turn
+        of the conversation.
+        """
+        lines = [
+            f"a user message matches no Question and was answered 'Understood.': {text[:80]!r}"
+            for text in self.server.model.unmatched
+        ]
+        calls, rendered = self.provider.calls, self.server.rendered
+        later: set[str] = set()
+        for number in range(min(len(calls), len(rendered)) - 1, -1, -1):
+            record, messages = calls[number], rendered[number].messages
+            if record.label != TASK and messages and messages[-1] in later:
+                what = _WHAT.get(record.label, "a compaction request")
+                named = _preview(messages[-1])
+                lines.append(f"call {number + 1} took a user message that matches no Question for {what}: {named}")
+            elif record.label == TASK:
+                later.update(messages)
+        return lines
 
 
 def _share(calls: Sequence[CallRecord]) -> float:
@@ -437,18 +460,25 @@ def uncompacted(
 ) -> list[tuple[CallRecord, RenderedRequest]]:
     """The agent's own calls, each as it would have been sent with nothing compacted away.
 
-    Each call's request carries every message the conversation gave up to it: the previous
-    call's uncompacted messages, then what the call carries after the newest message the
-    previous call ended with (what arrived since). Compaction requests are left out, and so is
-    what compaction wrote into history (records and summaries stand before that message).
+    Each call's request carries every message the conversation gave up to it (the previous
+    call's uncompacted conversation, then what the call carries after the newest conversation
+    message the previous call had: what arrived since), after the context the host put before
+    the conversation for this call alone (a harness's todo list on a turn's first call: the
+    messages that lead a request and are gone from the next one), which a request without
+    compaction carries as this one does. Compaction requests are left out, and so is what
+    compaction wrote into history (records and summaries stand before that message).
     """
+    own = [(record, request) for record, request in zip(calls, rendered, strict=False) if record.label == TASK]
+    own = [(record, request) for record, request in own if record.kind == "model"]
     out: list[tuple[CallRecord, RenderedRequest]] = []
     kept: list[str] = []
     last: tuple[str, ...] = ()
-    for record, request in zip(calls, rendered, strict=False):
-        if record.label != TASK or record.kind != "model":
-            continue
-        messages = request.messages
+    for number, (record, request) in enumerate(own):
+        following = set(own[number + 1][1].messages) if number + 1 < len(own) else set(request.messages)
+        lead = 0  # the messages before the first one the next call carries too: context of this call alone
+        while lead < len(request.messages) - 1 and request.messages[lead] not in following:
+            lead += 1
+        messages = request.messages[lead:]
         if not last:
             kept = list(messages)
         elif last[-1] in messages:
@@ -458,7 +488,6 @@ def uncompacted(
             seen = {*kept, *last}
             kept += [m for m in messages if m not in seen]
         last = messages
-        out.append(
-            (record, RenderedRequest(request.instructions, request.tools, tuple(kept), request.head, request.media))
-        )
+        sent = (*request.messages[:lead], *kept)
+        out.append((record, RenderedRequest(request.instructions, request.tools, sent, request.head, request.media)))
     return out

@@ -7,6 +7,7 @@ A :class:`Scenario` comes from :func:`generate` (the default, fully determined b
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import random
 from collections.abc import Mapping, Sequence
@@ -408,14 +409,20 @@ def _stdlib_lookups(
 ) -> tuple[list[Turn], list[Fact], list[Turn]]:
     """Reads of the standard library (:mod:`.stdlib_reads`): the lookup turns, their facts and closing probes."""
     reads = stdlib_reads.reads(opts.seed, opts.tool_turns, result_tokens)
-    chosen = stdlib_reads.facts_of(reads, others, opts.markers_per_tool, opts.seed)
-    lookups: list[_Lookup] = []
-    for n, (read, values) in enumerate(zip(reads, chosen, strict=True), start=1):
-        turn = Turn(
+    turns = [
+        Turn(
             user=f"Lookup {n}: {read.ask}",
             calls=(ToolCall(read.tool, read.arguments, read.text),),
             reply=f"Lookup {n} is loaded: {read.tool} returned {read.text.count(chr(10)) + 1} lines.",
         )
+        for n, read in enumerate(reads, start=1)
+    ]
+    # A fact stands in its own result only: not in any other message, a lookup's own ask, reply, tool name or
+    # arguments (a record names the tool it read, whatever it keeps).
+    around = [f"{t.user}\n{t.reply}\n{c.name}\n{json.dumps(c.arguments)}" for t in turns for c in t.calls]
+    chosen = stdlib_reads.facts_of(reads, "\n".join([others, *around]), opts.markers_per_tool, opts.seed)
+    lookups: list[_Lookup] = []
+    for n, (read, values, turn) in enumerate(zip(reads, chosen, turns, strict=True), start=1):
         planted = tuple(Fact(f"{read.tool}_{n}_{k}", v, f"lookup {n}") for k, v in enumerate(values, 1))
         lookups.append(
             _Lookup(turn, planted, f"Closing check: quote the names and locations you kept from lookup {n}.")

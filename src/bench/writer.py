@@ -58,8 +58,17 @@ class Writer(Protocol):
         """
         ...
 
-    def summary(self, items: Sequence[Source], max_tokens: int | None, key: str, *, named: int | None = None) -> str:
-        """A summary of ``items`` (``named``: how many items an instruction named), within ``max_tokens``."""
+    def summary(
+        self,
+        items: Sequence[Source],
+        max_tokens: int | None,
+        key: str,
+        *,
+        named: int | None = None,
+        values_only: bool = False,
+    ) -> str:
+        """A summary of ``items`` (``named``: how many items an instruction named), within ``max_tokens``;
+        ``values_only``: without prose (a record rewritten shorter)."""
         ...
 
 
@@ -87,6 +96,9 @@ _EDGES: Final = ".:-/#+@"
 _CAMEL: Final = re.compile(r"[a-z][A-Z]|[A-Z]{2}[a-z]")
 _DOTTED: Final = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
 _NUMBER: Final = re.compile(r"\d+(?:\.\d+)?")
+#: A value that is a number, with a unit at most (``42``, ``3.5``, ``120ms``): a column of them is told as a range;
+#: identifiers (a ticket, a host) are copied one by one, up to the answer length.
+_MEASURE: Final = re.compile(r"[-+]?\d+(?:\.\d+)?[A-Za-z%]{0,3}")
 _LETTERS_OR_DIGITS: Final = re.compile(r"[A-Za-z]+|\d+")
 
 
@@ -219,7 +231,7 @@ def read(text: str, *, skip: Callable[[str], bool] = lambda _: False) -> Reading
     columns: set[tuple[str, ...]] = set()
     for key, members in by_field.items():
         distinct = list(dict.fromkeys(c.value for c in members))
-        if len(members) >= COLUMN_LINES and len(distinct) > COLUMN_LISTED:
+        if len(members) >= COLUMN_LINES and len(distinct) > COLUMN_LISTED and all(map(_MEASURE.fullmatch, distinct)):
             columns.add(key)
             told.append(f"{_field_name(key)} run {_range(distinct)}")
     values = {c.text: c for c in found if c.field not in columns}
@@ -426,8 +438,17 @@ class PlausibleWriter:
                 pieces += _table_pieces(rows, lambda line: self._copy_line(key, line))
         return _fit(self._sentences(key, shown, opening), pieces, self._limit(max_tokens))
 
-    def summary(self, items: Sequence[Source], max_tokens: int | None, key: str, *, named: int | None = None) -> str:
-        """Prose about each item, its requirement lines restated, then its other values, within the answer length."""
+    def summary(
+        self,
+        items: Sequence[Source],
+        max_tokens: int | None,
+        key: str,
+        *,
+        named: int | None = None,
+        values_only: bool = False,
+    ) -> str:
+        """Prose about each item, its requirement lines restated, then its other values, within the answer length
+        (``values_only``: no prose, as a model rewriting a record of its own shorter writes)."""
         key = f"summary:{key}"
         losses = self.losses
 
@@ -454,7 +475,8 @@ class PlausibleWriter:
             pieces += [_Piece(("Requirements, constraints and corrections:",)), *stated]
         if values or rows:
             pieces += [_Piece(("Values:",)), *values, *_table_pieces(rows, lambda line: self._copy_line(key, line))]
-        return _fit(self._sentences(key, items, opening), pieces, self._limit(max_tokens))
+        sentences = [] if values_only else self._sentences(key, items, opening)
+        return _fit(sentences, pieces, self._limit(max_tokens))
 
 
 @dataclass(frozen=True, slots=True)
@@ -562,8 +584,16 @@ class OracleWriter:
     summary_quality: float = 1.0
     seed: int = 0
 
-    def summary(self, items: Sequence[Source], max_tokens: int | None, key: str, *, named: int | None = None) -> str:
-        """An extractive summary: the value-bearing lines of the items, in order.
+    def summary(
+        self,
+        items: Sequence[Source],
+        max_tokens: int | None,
+        key: str,
+        *,
+        named: int | None = None,
+        values_only: bool = False,
+    ) -> str:
+        """An extractive summary: the value-bearing lines of the items, in order (it writes no prose anyway).
 
         Its first line says how many items it covers: a model rewrites its summary when its
         input changes, so re-summarising a summary with new turns gives new bytes even when
