@@ -21,6 +21,7 @@ from agent_framework_openai import OpenAIChatClient
 
 from maf_compaction import (
     AnchoredCompactionStrategy,
+    CompactionStack,
     RecallGate,
     TiktokenTokenizer,
     ToolResultAnchoredSummarizationCompactionStrategy,
@@ -278,22 +279,13 @@ async def test_a_users_own_values_get_records_and_the_report_labels_requests_and
     budget = 6_000
     async with OfflineProvider(INCIDENTS, encoder=TOKENIZER, window=8_000) as offline:
         client = OpenAIChatClient(model="gpt-6-luna", api_key="sk-offline", base_url=offline.base_url)
-        strategy = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=budget, tokenizer=TOKENIZER)
-        gate = RecallGate()
-        recall = ToolResultRecallMiddleware(
-            max_input_tokens=budget,
-            tokenizer=TOKENIZER,
-            arm=gate.arm,
-            disarm=gate.disarm,
-            trigger_fraction=strategy.trigger_fraction,
-            reforce=strategy.take_reforce,
-            record_request="cached_prefix",
-        )
+        stack = CompactionStack.build(max_input_tokens=budget, tokenizer=TOKENIZER)  # records over the cached prefix
+        strategy = stack.strategy
         agent = Agent(
             client,
             instructions="Answer from the logs you open.",
-            tools=[incident_log, make_recall_tool(gate)],
-            middleware=[recall],
+            tools=[incident_log, stack.tool],
+            middleware=[stack.recall],
             compaction_strategy=strategy,
             default_options={"store": False},
         )
