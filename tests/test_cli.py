@@ -547,3 +547,23 @@ def test_no_install_hint_names_the_other_pypi_project() -> None:
     sources = [p for p in (Path(maf_compaction.__file__).parent).rglob("*.py") if p.name != "extras.py"]
     offenders = [str(p) for p in sources if "maf-compaction[" in p.read_text(encoding="utf-8")]
     assert offenders == []
+
+
+@pytest.mark.parametrize("missing", ["aiohttp", "openai"])
+def test_the_offline_provider_without_the_bench_extra_names_it(missing: str, tmp_path: Path) -> None:
+    """The finding: ``import maf_compaction.bench.offline`` without the extra raised a bare "No module named"."""
+    code = f"import sys; sys.modules[{missing!r}] = None\nimport maf_compaction.bench.offline\n"
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore:maf-compaction is experimental", "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"ImportError: maf_compaction.bench.offline needs {missing}, which the bench extra installs: "
+        f"{install_hint('bench')}"
+    )

@@ -118,6 +118,29 @@ async def test_the_report_names_each_call_and_what_left_the_prompt_before_it() -
     assert logging.getLogger("maf_compaction").handlers == []  # recording stopped with the server
 
 
+@pytest.mark.parametrize("level", [logging.NOTSET, logging.WARNING, logging.INFO, logging.DEBUG])
+async def test_the_offline_provider_records_what_the_hosts_level_lets_through_and_never_changes_it(level: int) -> None:
+    logger = logging.getLogger("maf_compaction")
+    before = logger.level
+    logger.setLevel(level)
+    try:
+        async with OfflineProvider(QUESTIONS, encoder=TOKENIZER) as offline:
+            assert logger.level == level
+            logger.info("a decision")
+            logger.warning("a shed")
+            await OpenAIChatClient(model="gpt-6-luna", api_key="sk-offline", base_url=offline.base_url).get_response(
+                [Message("user", [QUESTIONS[0].text])], options={"store": False}
+            )
+            report = offline.report()
+        assert logger.level == level
+        info = logger.isEnabledFor(logging.INFO)  # NOTSET: whatever the root's level says
+    finally:
+        logger.setLevel(before)
+    assert ("  INFO: a decision" in report.splitlines()) == info
+    assert "  WARNING: a shed" in report.splitlines()
+    assert ("once the 'maf_compaction' logger is at INFO" in report) != info
+
+
 def test_an_offline_provider_needs_a_question() -> None:
     with pytest.raises(ValueError, match=r"^questions must name at least one question"):
         OfflineProvider([])

@@ -29,12 +29,22 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Final
 
-from .loopback import LoopbackProvider
-from .model import ModelOptions, ScriptedModel
-from .provider import TASK, CallRecord, SimulatedProvider, default_ttl
-from .rendering import RenderedRequest
-from .scenario import Probe, Scenario, ToolCall, ToolSpec, Turn
-from .simulator import get_profile
+from .args import install_hint
+
+try:
+    from .loopback import LoopbackProvider
+    from .model import ModelOptions, ScriptedModel
+    from .provider import TASK, CallRecord, SimulatedProvider, default_ttl
+    from .rendering import RenderedRequest
+    from .scenario import Probe, Scenario, ToolCall, ToolSpec, Turn
+    from .simulator import get_profile
+except ModuleNotFoundError as error:  # a dependency of the bench extra: named, with the command that installs it
+    if not error.name or error.name.startswith("maf_compaction"):
+        raise
+    raise ImportError(
+        f"maf_compaction.bench.offline needs {error.name}, which the bench extra installs: {install_hint(error.name)}",
+        name=error.name,
+    ) from error
 
 _LOGGER = "maf_compaction"
 _SHORTENED = "[... removed by compaction: "
@@ -183,7 +193,9 @@ class OfflineProvider:
     synchronous code and ``asyncio.run`` can call it) or ``async with`` (in the running
     loop), or call :meth:`start` and :meth:`stop` (a script that points
     ``OPENAI_BASE_URL`` at it before building its client). While it runs it records the
-    ``maf_compaction`` logger's lines (INFO and above).
+    ``maf_compaction`` logger's lines that the host's logging levels let through: WARNINGs (what left the prompt)
+    by default, and each decision's INFO line once the host sets
+    ``logging.getLogger("maf_compaction").setLevel(logging.INFO)``. It never changes a level itself.
 
     Args:
         questions: What the agent will be asked, in any order.
@@ -223,7 +235,6 @@ class OfflineProvider:
         )
         self.server = LoopbackProvider(ScriptedModel(scenario, model), self.provider)
         self._lines = _Lines(self.server)
-        self._level: int | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._serving = False  # started in a running loop (``async with``)
@@ -311,18 +322,10 @@ class OfflineProvider:
         self.__exit__(None, None, None)
 
     def _watch(self) -> None:
-        logger = logging.getLogger(_LOGGER)
-        self._level = logger.level
-        if logger.getEffectiveLevel() > logging.INFO:
-            logger.setLevel(logging.INFO)
-        logger.addHandler(self._lines)
+        logging.getLogger(_LOGGER).addHandler(self._lines)
 
     def _unwatch(self) -> None:
-        logger = logging.getLogger(_LOGGER)
-        logger.removeHandler(self._lines)
-        if self._level is not None:
-            logger.setLevel(self._level)
-            self._level = None
+        logging.getLogger(_LOGGER).removeHandler(self._lines)
 
     # -- what happened ---------------------------------------------------------------------
 
@@ -424,6 +427,8 @@ class OfflineProvider:
             rows.extend(f"  {line}" for line in after)
         if not rows:
             return "no calls yet"
+        if not logging.getLogger(_LOGGER).isEnabledFor(logging.INFO):
+            rows.append(f"(WARNINGs only: each decision's INFO line shows here once the {_LOGGER!r} logger is at INFO)")
         return "\n".join([*rows, *self._unplaced(), *self.totals().lines()])
 
     def _unplaced(self) -> list[str]:
