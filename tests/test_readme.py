@@ -239,26 +239,31 @@ def test_every_readme_block_runs_outside_the_repository_from_a_wheel(
 
     # Every wiring ran real turns over HTTP (a lookup, then the answer, per question), the client-side way.
     wirings = [n for n, block in enumerate(blocks, start=1) if re.search(r"^ask\(\w+\)", block, re.M)]
-    assert len(wirings) == 5  # the one-call stack, anchored, records, both halves, shared
+    assert len(wirings) == 6  # the one-call stack, a plain Agent, anchored, records, both halves, shared
     for number in wirings:
         replies = result["printed"][number - 1].splitlines()
         assert len(replies) == 3, (number, replies)
         assert all(CODE in reply for reply in replies), (number, replies)
-    assert result["calls_after_blocks"] == 5 * 2 * 3
+    assert result["calls_after_blocks"] == 6 * 2 * 3
     assert result["stores"] == ["false"]  # every request: store=False
     assert result["previous_response_ids"] == 0
-    # The report says call by call what was sent.
+    # The report says call by call what was sent; the README prints it after the first two wirings.
+    (report_block,) = [n for n, block in enumerate(blocks, start=1) if "print(offline.report())" in block]
+    printed = result["printed"][report_block - 1].splitlines()
+    assert sum(line.startswith("call ") for line in printed) == 2 * 2 * 3
+    assert printed[-2].startswith("total: 12 call(s)")
+    assert printed[-1].startswith("without compaction: $")
     report = result["report"].splitlines()
     assert report[0].startswith("call 1: prompt ")
     assert sum(line.startswith("call ") for line in report) == result["calls_after_blocks"]
     if mode == "sse":  # every turn of ask() streamed through the real client, update by update
-        assert len(result["updates"]) == 5 * 3
+        assert len(result["updates"]) == 6 * 3
         assert all(updates > 1 for updates in result["updates"]), result["updates"]
-        assert result["streamed_requests"] == 5 * 2 * 3
+        assert result["streamed_requests"] == 6 * 2 * 3
     else:
         assert result["updates"] == []
         assert result["streamed_requests"] == 0
-    assert result["requests"] == 5 * 2 * 3 + 2 * 2 * 3  # and the two interleaved sessions below
+    assert result["requests"] == 6 * 2 * 3 + 2 * 2 * 3  # and the two interleaved sessions below
     assert result["composed_passes"] > 0
     assert result["record_block_fallback_used"]  # the record block composes, its fallback's parameters used
     assert result["strategy"] == "ToolResultAnchoredSummarizationCompactionStrategy"  # the last agent's wiring
