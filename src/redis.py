@@ -54,7 +54,7 @@ from .core.extras import install_hint
 
 try:
     import redis.asyncio as aioredis
-    from redis.exceptions import RedisError
+    from redis.exceptions import RedisError, ResponseError
 except ImportError as _missing:  # pragma: no cover - exercised in a subprocess by the tests
     raise ImportError(
         f"maf_compaction.redis needs the redis client, which is not installed: {install_hint('redis')}"
@@ -66,7 +66,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Annotated, Any, Final, cast
+from typing import Annotated, Any, Final, NoReturn, cast
 
 from msgspec import Meta
 
@@ -91,14 +91,21 @@ DEFAULT_PREFIX: Final = "maf_compaction"
 #: The range of ``ttl_ms``, in milliseconds.
 _TTL_MS = Annotated[int, Meta(ge=10)]
 
+# A fence that is not a number (written by something else) is answered with an error starting with _BAD_FENCE.
+_BAD_FENCE: Final = "BADFENCE "
+
 # KEYS[1] lease, KEYS[2] fence; ARGV[1] owner, ARGV[2] ttl_ms. The new token, or 0 when another holder has the lease.
 # The token is the larger of the counter plus one and the server clock in microseconds, so tokens keep rising across
 # a store that lost its counters (FLUSHALL, a restart without persistence, a restore from an older snapshot).
 _ACQUIRE: Final = """
+local fence = redis.call('GET', KEYS[2])
+if fence and not tonumber(fence) then
+  return redis.error_reply('BADFENCE ' .. fence)
+end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local now = redis.call('TIME')
   local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  local token = math.max(tonumber(redis.call('GET', KEYS[2]) or '0') + 1, clock)
+  local token = math.max(tonumber(fence or '0') + 1, clock)
   redis.call('SET', KEYS[2], string.format('%.0f', token))
   return token
 end
@@ -123,7 +130,11 @@ return 0
 
 # KEYS[1] fence, KEYS[2] session; ARGV[1] token, ARGV[2] payload. {1, newest} when written, {0, newest} when refused.
 _SAVE: Final = """
-local newest = tonumber(redis.call('GET', KEYS[1]) or '0')
+local fence = redis.call('GET', KEYS[1])
+local newest = tonumber(fence or '0')
+if not newest then
+  return redis.error_reply('BADFENCE ' .. fence)
+end
 if newest ~= tonumber(ARGV[1]) then
   return {0, newest}
 end
@@ -147,9 +158,29 @@ def _require_prefix(value: object) -> str:
     return value
 
 
-def _outage(session_id: str, doing: str, error: BaseException) -> SessionStoreError:
-    """Our typed error for a Redis failure (raise it ``from error``, so the cause stays attached)."""
+def _outage(session_id: str, doing: str, error: BaseException) -> SessionStoreError | SessionPayloadError:
+    """Our typed error for a Redis failure (raise it ``from error``, so the cause stays attached).
+
+    A script's refusal of a fence that is not a number is no outage: it is data another writer left, named with the
+    way out.
+    """
+    if isinstance(error, ResponseError) and str(error).startswith(_BAD_FENCE):
+        return _bad_fence(session_id, str(error).removeprefix(_BAD_FENCE))
     return SessionStoreError(session_id, f"Redis failed while {doing}: {type(error).__name__}: {error}")
+
+
+def _bad_fence(session_id: str, value: object) -> SessionPayloadError:
+    text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    return SessionPayloadError(
+        session_id,
+        f"its fencing token in Redis is not a whole number ({text[:40]!r}): something else wrote the key; delete it "
+        "(the next lease's token still rises above every earlier one)",
+    )
+
+
+def _no_constant(name: str) -> NoReturn:
+    """``json.loads``' hook for NaN and Infinity, which JSON does not allow and a later save would refuse."""
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _key(prefix: str, kind: str, session_id: str) -> str:
@@ -237,6 +268,7 @@ class RedisSessionLeases:
 
         Raises:
             ValueError: ``session_id`` is not a non-empty string.
+            SessionPayloadError: (on entering) the session's fencing token in Redis is not a whole number.
         """
         require_session_id("session_id", session_id)
         return self._hold(session_id)
@@ -248,7 +280,12 @@ class RedisSessionLeases:
             value = await cast(Any, self._client.get(_key(self._prefix, "fence", session_id)))
         except (RedisError, OSError) as error:
             raise _outage(session_id, "reading the fencing token", error) from error
-        return 0 if value is None else int(value)
+        if value is None:
+            return 0
+        try:
+            return int(value)
+        except ValueError:
+            raise _bad_fence(session_id, value) from None
 
     @asynccontextmanager
     async def _hold(self, session_id: str) -> AsyncIterator[SessionLease]:
@@ -365,7 +402,8 @@ class RedisSessionStore:
 
         Raises:
             ValueError: ``session_id`` is not a non-empty string, or ``lease`` is not a lease on it.
-            SessionPayloadError: The stored value is not a JSON object.
+            SessionPayloadError: The stored value is not a JSON object (or holds NaN or Infinity, or is nested too
+                deeply to load).
             SessionStoreError: Redis failed or is unreachable (its error is the cause).
         """
         require_session_id("session_id", session_id)
@@ -377,9 +415,11 @@ class RedisSessionStore:
         if raw is None:
             return None
         try:
-            payload = json.loads(raw)
+            payload = json.loads(raw, parse_constant=_no_constant)
         except (ValueError, UnicodeDecodeError) as error:
             raise SessionPayloadError(session_id, f"the stored payload is not valid JSON: {error}") from error
+        except RecursionError:
+            raise SessionPayloadError(session_id, "the stored payload is nested too deeply to load") from None
         if not isinstance(payload, dict):
             raise SessionPayloadError(session_id, f"the stored payload is not a JSON object: {describe_value(payload)}")
         return cast(dict[str, Any], payload)
@@ -389,7 +429,8 @@ class RedisSessionStore:
 
         Raises:
             ValueError: ``session_id`` is not a non-empty string, or ``lease`` is not a lease on it.
-            SessionPayloadError: ``payload`` is not a mapping or not JSON-serializable (nothing written).
+            SessionPayloadError: ``payload`` is not a mapping or not JSON-serializable (nothing written), or the
+                session's fencing token in Redis is not a whole number.
             StaleLeaseError: A newer holder acquired the session after ``lease`` (nothing written; WARNING logged).
             SessionStoreError: Redis failed or is unreachable (its error is the cause; the write may or may not
                 have landed, as with any write whose reply was lost).
@@ -402,6 +443,8 @@ class RedisSessionStore:
             text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         except (TypeError, ValueError) as error:
             raise SessionPayloadError(session_id, f"the payload to save is not JSON-serializable: {error}") from error
+        except RecursionError:
+            raise SessionPayloadError(session_id, "the payload to save is nested too deeply to serialize") from None
         keys = [_key(self._prefix, "fence", session_id), _key(self._prefix, "session", session_id)]
         try:
             reply = await self._save_script(keys=keys, args=[held.token, text])

@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 from lease_worker import EchoClient, make_agent
 from maf_compaction import (
     SessionLeaseError,
+    SessionPayloadError,
     SessionStoreError,
     SessionVanishedError,
     StaleLeaseError,
@@ -200,3 +201,64 @@ async def test_a_store_that_goes_down_mid_turn_fails_the_save_with_our_error(red
         if client is not None:
             await client.aclose()
     await asyncio.sleep(0)
+
+
+# --- what another writer (or a hostile one) left in Redis: typed errors, never a bare ValueError or RecursionError ---
+
+
+NOT_A_NUMBER = r"fencing token in Redis is not a whole number \('not-a-number'\)"
+
+
+async def test_a_fence_that_is_not_a_number_is_a_typed_error_naming_the_way_out(client: aioredis.Redis) -> None:
+    """The finding: a non-numeric fence raised a bare ValueError (from the token read, or from the save script's
+    truncated reply); acquiring failed as an outage. Now each names the key's problem and the way out."""
+    leases, store = RedisSessionLeases(client, ttl_ms=60_000), RedisSessionStore(client)
+    fence = f"maf_compaction:fence:{{{SID}}}"
+    async with leases.hold(SID) as lease:
+        await store.save(SID, payload("first"), lease)
+        await client.set(fence, "not-a-number")
+        with pytest.raises(SessionPayloadError, match=NOT_A_NUMBER):
+            await store.save(SID, payload("second"), lease)
+        with pytest.raises(SessionPayloadError, match=NOT_A_NUMBER):
+            await leases.fencing_token(SID)
+    with pytest.raises(SessionPayloadError, match=NOT_A_NUMBER):
+        await leases.hold(SID).__aenter__()
+    assert await client.get(f"maf_compaction:lease:{{{SID}}}") is None  # refused before the lease was taken
+    assert await writer(store, HeldLease(SID, lease.token)) == "first"  # nothing written
+    await client.delete(fence)  # the way out the message names: the next token still rises
+    async with leases.hold(SID) as later:
+        assert later.token > lease.token
+        await store.save(SID, payload("second"), later)
+
+
+@pytest.mark.parametrize(
+    ("stored", "problem"),
+    [
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply to load"),
+        ('{"type": "session", "state": {"x": NaN}}', "NaN is not a JSON number"),
+        ('{"type": "session", "state": {"x": -Infinity}}', "-Infinity is not a JSON number"),
+    ],
+    ids=["deep", "nan", "infinity"],
+)
+async def test_a_stored_payload_that_a_later_save_could_not_write_back_is_refused_on_load(
+    client: aioredis.Redis, stored: str, problem: str
+) -> None:
+    """The findings: a deeply nested payload raised RecursionError; a NaN loaded, then every later save failed."""
+    leases, store = RedisSessionLeases(client, ttl_ms=60_000), RedisSessionStore(client)
+    await client.set(f"maf_compaction:session:{{{SID}}}", stored)
+    async with leases.hold(SID) as lease:
+        with pytest.raises(SessionPayloadError, match=problem):
+            await store.load(SID, lease)
+
+
+async def test_a_payload_nested_too_deeply_to_serialize_is_refused_before_anything_is_written(
+    client: aioredis.Redis,
+) -> None:
+    leases, store = RedisSessionLeases(client, ttl_ms=60_000), RedisSessionStore(client)
+    deep: list[object] = []
+    for _ in range(100_000):
+        deep = [deep]
+    async with leases.hold(SID) as lease:
+        with pytest.raises(SessionPayloadError, match="nested too deeply to serialize"):
+            await store.save(SID, {"type": "session", "state": {"x": deep}}, lease)
+    assert await client.get(f"maf_compaction:session:{{{SID}}}") is None
