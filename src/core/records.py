@@ -172,10 +172,9 @@ class RecordConfig:
         Never past the budget with the instruction; before any request was seen, the
         fallback's share of the budget (a margin for what a request carries beside its messages).
         """
-        room = self.max_input_tokens - instruction
-        if recall_state.seen is None:
-            return min(room, int(self.max_input_tokens * self.fallback_fraction) - instruction)
-        return min(room, recall_state.seen.included_tokens)
+        if recall_state.seen is None:  # the fallback's share is within the budget (a fraction is at most 1)
+            return self.fallback_tokens - instruction
+        return min(self.max_input_tokens - instruction, recall_state.seen.included_tokens)
 
     @property
     def fallback_tokens(self) -> int:
@@ -226,13 +225,11 @@ def is_record(record: MessageRecord, recall_ids: frozenset[str]) -> bool:
 
 
 def _is_recall_group(records: Sequence[MessageRecord], group: Group, recall_ids: frozenset[str]) -> bool:
-    for index in group.members:
-        record = records[index]
-        if RECALL_TOOL_NAME in record.call_names:
-            return True
-        if any(p.kind == "function_result" and p.call_id in recall_ids for p in record.parts):
-            return True
-    return False
+    return any(
+        RECALL_TOOL_NAME in records[i].call_names
+        or any(p.kind == "function_result" and p.call_id in recall_ids for p in records[i].parts)
+        for i in group.members
+    )
 
 
 def _pending(seen: View) -> tuple[int, list[tuple[int, Group]]]:
@@ -921,14 +918,19 @@ def _done(
 ) -> Done[RecordDecisions, RecordReport]:
     """The rules' answer: the decisions are its state; its memo carries the view of its history (the input's
     grouping: the rules change only flags and results' text)."""
-    output = seen.history
-    if any(new is not old for new, old in zip(records, seen.records, strict=True)):
-        rebuilt = list(output)
-        for index, record in zip(seen.indices, records, strict=True):
-            rebuilt[index] = record
-        output = pvector(rebuilt)
+    output = _placed(seen, records)
     changed = View(output, seen.indices, tuple(records), seen.grouping, seen.recall_ids, sent_tokens(output))
     return Done(history=output, state=decisions, report=report, memo=replace(memo, view=changed))
+
+
+def _placed(seen: View, records: Sequence[MessageRecord]) -> History:
+    """``seen``'s history with the messages of its view replaced by ``records`` (itself when none changed)."""
+    if all(new is old for new, old in zip(records, seen.records, strict=True)):
+        return seen.history
+    output = list(seen.history)
+    for index, record in zip(seen.indices, records, strict=True):
+        output[index] = record
+    return pvector(output)
 
 
 def _candidates(
@@ -1003,14 +1005,19 @@ def _keep_remnants(
 
 
 def _rewrite_results(
-    output: list[MessageRecord], group: Group, cut: Callable[[Part], tuple[str, int]], measure: Measure
+    output: list[MessageRecord],
+    group: Group,
+    cut: Callable[[Part], tuple[str, int]],
+    measure: Measure,
+    *,
+    excluded_too: bool = False,
 ) -> tuple[int, int]:
-    """Give each included plain-text result of ``group`` the text ``cut`` makes of it, in ``output``; (results
-    changed, the sum of ``cut``'s counts for those)."""
+    """Give each included (or, ``excluded_too``, every) plain-text result of ``group`` the text ``cut`` makes of it,
+    in ``output``; (results changed, the sum of ``cut``'s counts for those)."""
     changed = counted = 0
     for index in group.members:
         record = output[index]
-        if record.excluded:
+        if record.excluded and not excluded_too:
             continue
         parts: list[Part] = []
         for part in record.parts:
@@ -1059,12 +1066,7 @@ def _cut_thin(
         ]
         large = bool(quoted) and target is not None and sum(measure(t) for t in originals) > target
         if large:
-            ambiguous = repeated_rows(
-                p.original or p.text
-                for r in output[: positions[judge]]
-                for p in r.parts
-                if p.kind == "function_result" and p.call_id not in recall_ids
-            )
+            ambiguous = _ambiguous_rows(output[: positions[judge]], recall_ids)
 
         def cut(
             part: Part, rows_of: frozenset[RowKey] | None = ambiguous, keys: frozenset[RowKey] = quoted
@@ -1160,7 +1162,7 @@ def _release_rows(
     measure: Measure,
     recall_ids: frozenset[str],
 ) -> int:
-    """Release quoted table rows from large uncovered string results, in ``output``.
+    """Release quoted table rows from large uncovered string results, in ``output`` (their excluded messages too).
 
     A row repeated under the same headings anywhere in the loaded tool results (records
     aside: they quote it) stays, because the record cannot say which result it is from.
@@ -1169,27 +1171,29 @@ def _release_rows(
     if target is None or "|" not in record:
         return 0
     large = [c for c in uncovered if _string_result_tokens(output, c.group) > target]
-    if not large:
-        return 0
-    quoted = frozenset(row_keys(record))
+    quoted = frozenset(row_keys(record)) if large else frozenset[RowKey]()
     if not quoted:
         return 0
-    ambiguous = repeated_rows(
+    ambiguous = _ambiguous_rows(output, recall_ids)
+
+    def release(part: Part) -> tuple[str, int]:
+        # A distilled result is the safety net's final form (every value already kept): releasing
+        # rows from it later would change bytes a pass over its own output must keep.
+        if "|" not in part.text or is_distilled(part.text):
+            return part.text, 0
+        return release_rows(part.text, quoted, ambiguous)
+
+    return sum(_rewrite_results(output, c.group, release, measure, excluded_too=True)[1] for c in large)
+
+
+def _ambiguous_rows(loaded: Iterable[MessageRecord], recall_ids: frozenset[str]) -> frozenset[RowKey]:
+    """Table rows repeated under the same headings in the ``loaded`` tool results (records aside)."""
+    return repeated_rows(
         p.original or p.text
-        for r in output
+        for r in loaded
         for p in r.parts
         if p.kind == "function_result" and p.call_id not in recall_ids
     )
-    released = 0
-    for candidate in large:
-        for index in candidate.group.members:
-            old = output[index]
-            parts, count = _released_parts(old.parts, quoted, ambiguous, measure)
-            if count:
-                released += count
-                tokens = old.tokens - sum(p.tokens for p in old.parts) + sum(p.tokens for p in parts)
-                output[index] = replace(old, parts=parts, tokens=tokens)
-    return released
 
 
 def _string_result_tokens(records: Sequence[MessageRecord], group: Group) -> int:
@@ -1199,26 +1203,6 @@ def _string_result_tokens(records: Sequence[MessageRecord], group: Group) -> int
         for p in records[i].parts
         if p.kind == "function_result" and not p.structured
     )
-
-
-def _released_parts(
-    parts: tuple[Part, ...], quoted: frozenset[RowKey], ambiguous: frozenset[RowKey], measure: Measure
-) -> tuple[tuple[Part, ...], int]:
-    out: list[Part] = []
-    released = 0
-    for part in parts:
-        # A distilled result is the safety net's final form (every value already kept): releasing
-        # rows from it later would change bytes a pass over its own output must keep.
-        if part.kind != "function_result" or part.structured or "|" not in part.text or is_distilled(part.text):
-            out.append(part)
-            continue
-        text, count = release_rows(part.text, quoted, ambiguous)
-        if count:
-            released += count
-            out.append(replace(part, text=text, tokens=measure(text) + part.media_tokens))
-        else:
-            out.append(part)
-    return tuple(out), released
 
 
 def responses(history: Iterable[MessageRecord]) -> int:
@@ -1283,21 +1267,14 @@ def _chain(
     ask = decisions.ask
     if ask is not None:
         still = tuple(t for t in ask.targets if t in uncovered)
-        if records > ask.records_at_ask:
-            if len(still) == len(ask.targets):  # the record came and covered none of them
-                settled.update(still)
-                ask = None
-            else:
-                ask = Ask(targets=still, records_at_ask=records, responses_at_ask=responses) if still else None
-                if ask is not None:
-                    return RecordDecisions(settled=tuple(sorted(settled)), ask=ask), still
-        elif responses >= ask.responses_at_ask + ASK_RESPONSES:
-            settled.update(still)
+        if records > ask.records_at_ask and 0 < len(still) < len(ask.targets):  # the record covered part of them
+            ask = Ask(targets=still, records_at_ask=records, responses_at_ask=responses)
+            return RecordDecisions(settled=tuple(sorted(settled)), ask=ask), still
+        if records > ask.records_at_ask or responses >= ask.responses_at_ask + ASK_RESPONSES:
+            settled.update(still)  # a record came and covered none of them (or all), or the ask timed out
             ask = None
-    asked: tuple[int, ...] = ()
-    waiting = sorted(uncovered - settled)
-    if ask is None and waiting:
-        asked = tuple(waiting)
+    asked = tuple(sorted(uncovered - settled)) if ask is None else ()
+    if asked:
         ask = Ask(targets=asked, records_at_ask=records, responses_at_ask=responses)
     return RecordDecisions(settled=tuple(sorted(settled)), ask=ask), asked
 
@@ -1353,10 +1330,8 @@ def _hold_records(
 ) -> None:
     """Hold every record with its group (in ``holds``): records stay in the prompt, whatever the fallback does."""
     for group in grouping.all:
-        if any(i in found for i in group.members):
-            for index in group.members:
-                if not output[index].preserved:  # the host's own preserve already protects it
-                    holds[index] = HOLD_RECORD
+        if any(i in found for i in group.members):  # the host's own preserve already protects a message
+            holds.update((i, HOLD_RECORD) for i in group.members if not output[i].preserved)
 
 
 def _hold_unrecorded(
@@ -1376,18 +1351,15 @@ def _hold_unrecorded(
     """
     held = 0
     for group in grouping.all:
-        members = group.members
-        if group.kind != "tool_call":
+        excluded = all(output[i].excluded for i in group.members)
+        if (
+            group.kind != "tool_call"
+            or (excluded and not shed_too)
+            or any(output[i].preserved or holds.get(i) for i in group.members)
+            or (not excluded and _is_recall_group(output, group, recall_ids))
+        ):
             continue
-        excluded = all(output[i].excluded for i in members)
-        if excluded and not shed_too:
-            continue
-        if any(output[i].preserved or holds.get(i) for i in members):
-            continue
-        if not excluded and _is_recall_group(output, group, recall_ids):
-            continue
-        for index in members:
-            holds[index] = HOLD_UNRECORDED
+        holds.update(dict.fromkeys(group.members, HOLD_UNRECORDED))
         held += 1
     return held
 
@@ -1409,14 +1381,10 @@ def hold_unrecorded(seen: View) -> History:
     holds = {k: r.held for k, r in enumerate(records) if r.held is not None}
     if not _hold_unrecorded(records, seen.grouping, seen.recall_ids, holds, shed_too=True):
         return seen.history
-    output = list(seen.history)
-    for k, (index, record) in enumerate(zip(seen.indices, records, strict=True)):
-        hold = holds.get(k)
-        if record.excluded and hold is not None:
-            output[index] = flagged(record, held=None, preserved=True)
-        elif record.held != hold:
-            output[index] = flagged(record, held=hold)
-    return pvector(output)
+    held = _with_holds(records, holds)
+    return _placed(
+        seen, [flagged(r, held=None, preserved=True) if r.excluded and r.held is not None else r for r in held]
+    )
 
 
 def release_unrecorded(seen: View) -> History:
@@ -1428,13 +1396,7 @@ def release_unrecorded(seen: View) -> History:
     and its holds are released, so a pass over that output (under the budget from the start,
     where the rules hold nothing) gives the same history.
     """
-    if not any(r.held == HOLD_UNRECORDED for r in seen.records):
-        return seen.history
-    output = list(seen.history)
-    for index, record in zip(seen.indices, seen.records, strict=True):
-        if record.held == HOLD_UNRECORDED:
-            output[index] = flagged(record, held=None)
-    return pvector(output)
+    return _placed(seen, [flagged(r, held=None) if r.held == HOLD_UNRECORDED else r for r in seen.records])
 
 
 def _unreachable(config: RecordConfig, uncovered: Sequence[_Candidate], measure: Measure) -> int:
@@ -1442,12 +1404,8 @@ def _unreachable(config: RecordConfig, uncovered: Sequence[_Candidate], measure:
     target = config.record_target_tokens
     if target is None:
         return 0
-    count = 0
-    for candidate in uncovered:
-        if not candidate.values:
-            continue
-        needed = share_of(len(candidate.values), config.coverage_share)
-        cheapest = sorted(measure(v) for v in candidate.values)[:needed]
-        if sum(cheapest) > target:
-            count += 1
-    return count
+    return sum(
+        1
+        for c in uncovered
+        if c.values and sum(sorted(map(measure, c.values))[: share_of(len(c.values), config.coverage_share)]) > target
+    )
