@@ -40,6 +40,7 @@ records and the :class:`~.state.RecordDecisions`:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -734,25 +735,19 @@ def check(config: RecordConfig, state: State, history: History) -> str | None:
                 f"but this conversation has {own}"
             )
     groups = sum(1 for g in regroup(records).all if g.kind == "tool_call")
-    decisions = state.records
-    named = [("records.settled", o) for o in decisions.settled]
-    if decisions.ask is not None:
-        named += [("records.ask.targets", o) for o in decisions.ask.targets]
+    ask = state.records.ask
+    named = [("records.settled", o) for o in state.records.settled]
+    named += [("records.ask.targets", o) for o in (ask.targets if ask is not None else ())]
     for name, ordinal in named:
         if ordinal >= groups:
             return f"snapshot field {name!r} names tool group {ordinal}, but this conversation has {groups}"
-    if decisions.ask is not None:
-        answered = responses(records)
-        if decisions.ask.responses_at_ask > answered:
-            return (
-                f"snapshot field 'records.ask.responses_at_ask' is {decisions.ask.responses_at_ask}, but this "
-                "conversation "
-                f"has {answered} assistant responses (they only grow)"
-            )
+    if ask is not None and ask.responses_at_ask > (answered := responses(records)):
+        return (
+            f"snapshot field 'records.ask.responses_at_ask' is {ask.responses_at_ask}, but this conversation "
+            f"has {answered} assistant responses (they only grow)"
+        )
     fallback = fallback_for(config, state)
-    if fallback is not None:
-        return anchored.check(fallback, state.fallback, history)
-    return None
+    return None if fallback is None else anchored.check(fallback, state.fallback, history)
 
 
 def rules(
@@ -782,20 +777,14 @@ def rules(
     """
     memo = memo if isinstance(memo, RecordMemo) else RecordMemo()
     seen = history if isinstance(history, View) else view(history, memo.view)
-    records = seen.records
-    # Every hold is decided afresh on each pass (so both lists agree on what stays): the
-    # holds this pass gives, by index into ``records``; any other hold is released.
-    holds: dict[int, str] = {}
+    records, recall_ids, grouping = seen.records, seen.recall_ids, seen.grouping
     tokens_before = seen.sent
     triggered = tokens_before > config.trigger_tokens
-    recall_ids = seen.recall_ids
     found = [k for k, r in enumerate(records) if is_record(r, recall_ids)]
-    grouping = seen.grouping
-    if not found:
+    if not found:  # every hold is released (holds are decided afresh on each pass, so both lists agree)
         fallback = Fallback.PLAIN if tokens_before >= config.fallback_tokens else Fallback.NONE
         report = RecordReport(tokens_before, tokens_before, triggered=triggered, fallback=fallback)
-        output = _with_holds(records, holds)
-        return _done(seen, output, decisions=decisions, report=report, memo=memo)
+        return _done(seen, _with_holds(records, {}), decisions=decisions, report=report, memo=memo)
 
     text = "\n".join(record_text(records[k], recall_ids) for k in found)
     quoted = _quoted(text, memo.quoted)
@@ -803,19 +792,16 @@ def rules(
     # stood (a replacement stands where the first it replaced stood: without these, a group a later replaced
     # record judged would be judged again by the next record, at its old position).
     active = set(found)
-    judging: list[int] = []
-    carried: list[str] = []
-    for k, r in enumerate(records):
-        said = record_text(r, recall_ids) if k in active else _replaced_text(r, recall_ids)
-        if said:
-            judging.append(k)
-            carried.append(said)
-    texts = tuple(carried)
+    said = [
+        (k, record_text(r, recall_ids) if k in active else _replaced_text(r, recall_ids)) for k, r in enumerate(records)
+    ]
+    judging = [k for k, text in said if text]
+    texts = tuple(text for _, text in said if text)
     judges = _judges(texts, memo.judges)
     values: dict[str, tuple[str, ...]] = {}
     candidates, gone = _candidates(config, records, grouping, found[-1], recall_ids, values=(memo.values, values))
     by_position = list(zip(judging, judges[1], judges[2], strict=True))
-    covered, weak, uncovered = _coverage(config, candidates, quoted, gone, by_position)
+    covered, weak, uncovered = _coverage(config, candidates, quoted[2], gone, by_position)
     held_thin: list[_Candidate] = []
     if not cut_thin:  # held whole and asked for again (a large one releases the rows the records quote)
         held_thin, weak = [c for c, _ in weak], []
@@ -835,46 +821,37 @@ def rules(
     rows, distilled = _cut_thin(config, output, weak, texts, judging, measure=measure, recall_ids=recall_ids)
     rows += _release_rows(config, output, held_thin, text, measure=measure, recall_ids=recall_ids)
     joined = _exclude(output, broken)
-    for candidate in uncovered:
-        for index in candidate.group.members:
-            holds[index] = HOLD_UNCOVERED
+    # Every hold is decided afresh on each pass (so both lists agree on what stays): the
+    # holds this pass gives, by index into ``records``; any other hold is released.
+    holds = dict.fromkeys((i for c in uncovered for i in c.group.members), HOLD_UNCOVERED)
     _hold_records(output, grouping, frozenset(found), holds)
-
-    new_decisions, asked = _chain(
-        decisions, {c.ordinal for c in uncovered}, records_written(records), responses(records)
-    )
-    settled = tuple(c.ordinal for c in uncovered if c.ordinal in new_decisions.settled)
+    decided, asked = _chain(decisions, {c.ordinal for c in uncovered}, records_written(records), responses(records))
     tokens_after = tokens_before + _change(records, output)
-    held_unrecorded = 0
-    fallback = Fallback.NONE
-    # Holds are recomputed on every pass, so the two lists still agree on what stays.
-    if tokens_after > config.max_input_tokens:
-        fallback = Fallback.BEHIND_RECORD
-        held_unrecorded = _hold_unrecorded(output, grouping, recall_ids, holds)
-    elif fallback_stands:  # the fallback replays its sheds under the holds it ran with
-        _hold_unrecorded(output, grouping, recall_ids, holds)
+    over = tokens_after > config.max_input_tokens
+    # Over the budget, the fallback behind the record runs; when its sheds stand, it replays them under these holds.
+    held_unrecorded = _hold_unrecorded(output, grouping, recall_ids, holds) if over or fallback_stands else 0
     output = _with_holds(output, holds)
     report = RecordReport(
         tokens_before=tokens_before,
         tokens_after=tokens_after,
         triggered=triggered,
         records=len(found),
-        covered=tuple(sorted([c.ordinal for c, _ in covered] + [c.ordinal for c, _ in weak])),
+        covered=tuple(sorted(c.ordinal for c, _ in [*covered, *weak])),
         dropped=tuple(dropped),
         joined=tuple(joined),
         thin=tuple(c.ordinal for c, _ in weak),
         uncovered=tuple(c.ordinal for c in uncovered),
-        settled=settled,
+        settled=tuple(c.ordinal for c in uncovered if c.ordinal in decided.settled),
         asked=asked,
         rows_released=rows,
         remnants=remnants,
         distilled=distilled,
         unreachable=_unreachable(config, uncovered, measure),
-        held_unrecorded=held_unrecorded,
-        fallback=fallback,
+        held_unrecorded=held_unrecorded if over else 0,
+        fallback=Fallback.BEHIND_RECORD if over else Fallback.NONE,
     )
     memo = RecordMemo(values=values, quoted=quoted, judges=judges)
-    return _done(seen, output, decisions=new_decisions, report=report, memo=memo)
+    return _done(seen, output, decisions=decided, report=report, memo=memo)
 
 
 def _with_holds(records: Sequence[MessageRecord], holds: Mapping[int, str]) -> list[MessageRecord]:
@@ -968,16 +945,15 @@ def _candidates(
             continue
         if any(records[i].preserved for i in members) or _is_recall_group(records, group, recall_ids):
             continue  # another component's, or a recall group
+        names = tuple(name for i in members for name in records[i].call_names)
         if all(records[i].excluded for i in members):  # already gone, judged all the same
-            gone.append(tuple(name for i in members for name in records[i].call_names))
+            gone.append(names)
             continue
         texts = [_judged_text(p) for i in members for p in records[i].parts if p.kind == "function_result" and p.text]
         for text in texts:
             if text not in seen:
-                cached = known.get(text)
-                seen[text] = distinctive_values(text) if cached is None else cached
+                seen[text] = known[text] if text in known else distinctive_values(text)
         group_values = seen[texts[0]] if len(texts) == 1 else tuple(dict.fromkeys(v for t in texts for v in seen[t]))
-        names = tuple(name for i in members for name in records[i].call_names)
         found.append(_Candidate(ordinal, group, group_values, names))
     return found, gone
 
@@ -1055,7 +1031,6 @@ def _cut_thin(
     target = config.record_target_tokens
     rows = changed = 0
     for candidate, judge in weak:
-        ambiguous: frozenset[RowKey] | None = None
         judging = "\n".join(texts[: judge + 1])
         quoted = frozenset(row_keys(judging)) if target is not None and "|" in judging else frozenset[RowKey]()
         originals = [
@@ -1065,15 +1040,13 @@ def _cut_thin(
             if p.kind == "function_result" and not p.structured and p.text
         ]
         large = bool(quoted) and target is not None and sum(measure(t) for t in originals) > target
-        if large:
-            ambiguous = _ambiguous_rows(output[: positions[judge]], recall_ids)
+        ambiguous = _ambiguous_rows(output[: positions[judge]], recall_ids) if large else None
 
         def cut(
             part: Part, rows_of: frozenset[RowKey] | None = ambiguous, keys: frozenset[RowKey] = quoted
         ) -> tuple[str, int]:
-            base, released = _judged_text(part), 0
-            if rows_of is not None:
-                base, released = release_rows(base, keys, rows_of)
+            base = _judged_text(part)
+            base, released = (base, 0) if rows_of is None else release_rows(base, keys, rows_of)
             return distill(base), released
 
         cut_now, released_now = _rewrite_results(output, candidate.group, cut, measure)
@@ -1084,43 +1057,35 @@ def _cut_thin(
 def _coverage(
     config: RecordConfig,
     candidates: Sequence[_Candidate],
-    record: tuple[str, frozenset[str], Mapping[str, int]],
+    mentions: Mapping[str, int],
     gone: Sequence[tuple[str, ...]],
     judges: Sequence[tuple[int, frozenset[str], frozenset[str]]],
 ) -> tuple[list[tuple[_Candidate, frozenset[str]]], list[tuple[_Candidate, int]], list[_Candidate]]:
     """Split candidates into covered (with the words that judged each), quoted too thinly (with the number of
     the record that judged each, counted from 0), and uncovered.
 
-    ``record`` is the records' (text, word set, name mentions); ``gone`` holds the tool
+    ``mentions`` counts the tool names the records mention; ``gone`` holds the tool
     names of the judged groups already excluded; ``judges`` gives each record's index with
     its own words and the words of it and every record before it. A group with values is
     judged once, by the first record after it that itself quotes any of them, with the
     records up to that one (:func:`_judge`): a later record never changes what stays of it. A group without values
     is covered when each tool it called is named as often as candidate groups call it.
     """
-    _, _, mentions = record
-    callers: dict[str, int] = {}
-    for names in [*(c.names for c in candidates), *gone]:
-        for name in set(names):
-            callers[name] = callers.get(name, 0) + 1
+    callers = Counter(name for names in [*(c.names for c in candidates), *gone] for name in set(names))
     covered: list[tuple[_Candidate, frozenset[str]]] = []
     weak: list[tuple[_Candidate, int]] = []
     uncovered: list[_Candidate] = []
     for candidate in candidates:
-        if candidate.values:
-            judge = _judge(candidate, judges)
-            if judge is None:
-                uncovered.append(candidate)
-                continue
+        names = set(candidate.names)
+        judge = _judge(candidate, judges) if candidate.values else None
+        if judge is not None:
             words = judges[judge][2]
             needed = share_of(len(candidate.values), config.coverage_share)
             if sum(1 for v in candidate.values if v in words) >= needed:
                 covered.append((candidate, words))
             else:
                 weak.append((candidate, judge))
-            continue
-        names = set(candidate.names)
-        if names and all(mentions.get(n.lower(), 0) >= callers[n] for n in names):
+        elif not candidate.values and names and all(mentions.get(n.lower(), 0) >= callers[n] for n in names):
             covered.append((candidate, frozenset()))
         else:
             uncovered.append(candidate)
@@ -1142,14 +1107,13 @@ def _judges(texts: tuple[str, ...], memo: _Judges | None) -> _Judges:
     memo's, when it read the same texts; a new record after them extends it)."""
     if memo is not None and memo[0] == texts:
         return memo
-    extends = memo is not None and texts[: len(memo[0])] == memo[0]
-    own = list(memo[1]) if memo is not None and extends else []
-    cumulative = list(memo[2]) if memo is not None and extends else []
-    empty: frozenset[str] = frozenset()
+    if memo is None or texts[: len(memo[0])] != memo[0]:
+        memo = ((), (), ())
+    own, cumulative = list(memo[1]), list(memo[2])
     for text in texts[len(own) :]:
         words = word_set(text)
         own.append(words)
-        cumulative.append(words | (cumulative[-1] if cumulative else empty))
+        cumulative.append(words | cumulative[-1] if cumulative else words)
     return texts, tuple(own), tuple(cumulative)
 
 
