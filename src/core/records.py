@@ -44,6 +44,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from itertools import accumulate
 from typing import Final, TypeAlias
 
 from msgspec.structs import replace as evolve
@@ -220,11 +221,6 @@ def _replaced_text(record: MessageRecord, recall_ids: frozenset[str]) -> str:
     return record_text(replace(record, excluded=False), recall_ids)
 
 
-def is_record(record: MessageRecord, recall_ids: frozenset[str]) -> bool:
-    """``record`` is an active record (see :func:`record_text`)."""
-    return bool(record_text(record, recall_ids))
-
-
 def _is_recall_group(records: Sequence[MessageRecord], group: Group, recall_ids: frozenset[str]) -> bool:
     return any(
         RECALL_TOOL_NAME in records[i].call_names
@@ -237,7 +233,7 @@ def _pending(seen: View) -> tuple[int, list[tuple[int, Group]]]:
     """Active records, and (ordinal, group) of every tool group after the newest one that
     still has an included message and is not a recall group: new tool material."""
     records, recall_ids = seen.records, seen.recall_ids
-    found = [k for k, r in enumerate(records) if is_record(r, recall_ids)]
+    found = [k for k, r in enumerate(records) if record_text(r, recall_ids)]
     newest = found[-1] if found else -1
     tool_groups = [g for g in seen.grouping.all if g.kind == "tool_call"]
     return len(found), [
@@ -499,9 +495,8 @@ def run_with_holds(
 
     def restored(record: MessageRecord) -> MessageRecord:
         if record.excluded:  # an excluded message keeps no hold; one that protected stays protected
-            if record.held is None:
-                return record
-            return flagged(record, held=None, preserved=record.preserved or record.held not in releasable)
+            protected = record.preserved or record.held not in releasable
+            return record if record.held is None else flagged(record, held=None, preserved=protected)
         if record.origin not in keep or (record.held == keep[record.origin] and not record.preserved):
             return record
         return flagged(record, held=keep[record.origin], preserved=False)
@@ -536,13 +531,8 @@ def fitting_prefix(prompt: History, budget: int) -> History | None:
         if reach < first and first > 0:  # no earlier group reaches past this one's start
             cuts.append(first)
         reach = max(reach, last)
-    sizes = [0]
-    for record in prompt:
-        sizes.append(sizes[-1] + (0 if record.excluded else record.tokens))
-    for cut in reversed(cuts):
-        if sizes[cut] <= budget:
-            return pvector(prompt[:cut])
-    return None
+    sizes = [0, *accumulate(0 if record.excluded else record.tokens for record in prompt)]
+    return next((pvector(prompt[:cut]) for cut in reversed(cuts) if sizes[cut] <= budget), None)
 
 
 def ask_over(config: RecordConfig, state: State, prompt: History, measure: Measure) -> Request | None:
@@ -555,8 +545,7 @@ def ask_over(config: RecordConfig, state: State, prompt: History, measure: Measu
     request sent, the pass decides first and asks over its output at its end."""
     if state.recall.asking is None:
         return None
-    limit = config.prefix_tokens(state.recall, instruction_tokens(measure))
-    fitting = fitting_prefix(prompt, limit)
+    fitting = fitting_prefix(prompt, config.prefix_tokens(state.recall, instruction_tokens(measure)))
     return None if fitting is None else ask_aligned(fitting, state, prompt)
 
 
@@ -585,12 +574,11 @@ def ask_aligned(view: History, state: State, conversation: History) -> Request |
     if any(a.identity == key for a in written(state)):
         return None
     turns = sum(1 for r in view if r.role == "user" and not (r.injected or r.note or r.summary))
-    record_id = f"{ALIGNED_RECORD_ID_PREFIX}{key[:16]}"
     return Request(
         key,
         RequestKind.RECORD,
         Route.CACHED_PREFIX,
-        message_id=record_id,
+        message_id=f"{ALIGNED_RECORD_ID_PREFIX}{key[:16]}",
         turns=turns,
         instruction=RECORD_INSTRUCTION,
         view=view,
@@ -718,8 +706,7 @@ def place_written(history: History, written: Sequence[Answer], measure: Measure)
         output.append(record)
         if _original(record):
             count += 1
-            for found in by_place.pop(count, ()):
-                output.append(written_record(found.text or "", found.message_id or "", measure))
+            output.extend(written_record(w.text or "", w.message_id or "", measure) for w in by_place.pop(count, ()))
     return pvector(output)
 
 
@@ -780,7 +767,7 @@ def rules(
     records, recall_ids, grouping = seen.records, seen.recall_ids, seen.grouping
     tokens_before = seen.sent
     triggered = tokens_before > config.trigger_tokens
-    found = [k for k, r in enumerate(records) if is_record(r, recall_ids)]
+    found = [k for k, r in enumerate(records) if record_text(r, recall_ids)]
     if not found:  # every hold is released (holds are decided afresh on each pass, so both lists agree)
         fallback = Fallback.PLAIN if tokens_before >= config.fallback_tokens else Fallback.NONE
         report = RecordReport(tokens_before, tokens_before, triggered=triggered, fallback=fallback)
