@@ -41,10 +41,8 @@ def shorten(text: str, budget: int, measure: Measure, tokens: int | None = None)
     total = measure(text) if tokens is None else tokens
     if total <= budget or is_shortened(text):
         return text
-    head_budget = budget // 2
-    tail_budget = budget - head_budget
-    head_end = _fit_head(text, head_budget, total, measure)
-    tail_start = _fit_tail(text, tail_budget, total, measure, floor=head_end)
+    head_end = _fit_head(text, budget // 2, total, measure)
+    tail_start = _fit_tail(text, budget - budget // 2, total, measure, floor=head_end)
     removed = tail_start - head_end
     if removed <= 0:
         return text
