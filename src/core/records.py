@@ -44,6 +44,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from functools import partial
 from itertools import accumulate
 from typing import Final, TypeAlias
 
@@ -235,10 +236,9 @@ def _pending(seen: View) -> tuple[int, list[tuple[int, Group]]]:
     records, recall_ids = seen.records, seen.recall_ids
     found = [k for k, r in enumerate(records) if record_text(r, recall_ids)]
     newest = found[-1] if found else -1
-    tool_groups = [g for g in seen.grouping.all if g.kind == "tool_call"]
     return len(found), [
         (ordinal, g)
-        for ordinal, g in enumerate(tool_groups)
+        for ordinal, g in enumerate(g for g in seen.grouping.all if g.kind == "tool_call")
         if g.start > newest
         and not all(records[i].excluded for i in g.members)
         and not _is_recall_group(records, g, recall_ids)
@@ -359,7 +359,7 @@ class RecordMemo:
             grouping, and a composition reads it as its pass's view.
         values: The distinctive values of each tool result text the last pass judged,
             keyed by the text (the shell reuses the same text objects across passes).
-        quoted: The records' text of the last pass with its word set and name mentions.
+        quoted: The records' text of the last pass with its name mentions.
         judges: The records' texts of the last pass with the words of each, and of each and
             every record before it (:func:`_judges`).
         band: The last fallback run's band (its ``Done.memo``).
@@ -367,7 +367,7 @@ class RecordMemo:
 
     view: View | None = None
     values: Mapping[str, tuple[str, ...]] = field(default_factory=dict[str, tuple[str, ...]])
-    quoted: tuple[str, frozenset[str], Mapping[str, int]] | None = None
+    quoted: tuple[str, Mapping[str, int]] | None = None
     judges: _Judges | None = None
     band: object = None
 
@@ -620,9 +620,7 @@ def record_place(conversation: History) -> int:
     precedes the record is the part of the prompt the provider already cached.
     """
     seen = view(conversation)
-    if not seen.grouping.all:
-        return originals(conversation)
-    start = max(seen.indices[group.members[0]] for group in seen.grouping.all if group.members)
+    start = max((seen.indices[group.members[0]] for group in seen.grouping.all if group.members), default=None)
     return originals(conversation[:start])
 
 
@@ -774,7 +772,7 @@ def rules(
         return _done(seen, _with_holds(records, {}), decisions=decisions, report=report, memo=memo)
 
     text = "\n".join(record_text(records[k], recall_ids) for k in found)
-    quoted = _quoted(text, memo.quoted)
+    quoted = memo.quoted if memo.quoted is not None and memo.quoted[0] == text else (text, name_mentions(text))
     # The records that judge: the active ones, and those a composition's merge or rewrite replaced, where they
     # stood (a replacement stands where the first it replaced stood: without these, a group a later replaced
     # record judged would be judged again by the next record, at its old position).
@@ -788,7 +786,7 @@ def rules(
     values: dict[str, tuple[str, ...]] = {}
     candidates, gone = _candidates(config, records, grouping, found[-1], recall_ids, values=(memo.values, values))
     by_position = list(zip(judging, judges[1], judges[2], strict=True))
-    covered, weak, uncovered = _coverage(config, candidates, quoted[2], gone, by_position)
+    covered, weak, uncovered = _coverage(config, candidates, quoted[1], gone, by_position)
     held_thin: list[_Candidate] = []
     if not cut_thin:  # held whole and asked for again (a large one releases the rows the records quote)
         held_thin, weak = [c for c, _ in weak], []
@@ -799,10 +797,10 @@ def rules(
     uncovered = [c for c in uncovered if c not in broken]
     # A group the records cover in part leaves only what they quote: the lines with a value
     # they do not quote stay, as its remnant (the group counts as covered: it is not asked for).
-    partial = [(c, words) for c, words in covered if any(v not in words for v in c.values)]
+    cut = [(c, words) for c, words in covered if any(v not in words for v in c.values)]
     output = list(records)
     dropped = _exclude(output, [c for c, words in covered if all(v in words for v in c.values)])
-    remnants = _keep_remnants(output, partial, measure)
+    remnants = sum(_rewrite_results(output, c.group, partial(_remnant_of, words), measure)[0] for c, words in cut)
     # A group quoted too thinly: a large result first releases the table rows the judging records quote
     # verbatim, then every result keeps only its lines with a value (the marker names what left).
     rows, distilled = _cut_thin(config, output, weak, texts, judging, measure=measure, recall_ids=recall_ids)
@@ -846,26 +844,12 @@ def _with_holds(records: Sequence[MessageRecord], holds: Mapping[int, str]) -> l
     return [r if r.held == holds.get(k) else flagged(r, held=holds.get(k)) for k, r in enumerate(records)]
 
 
-def _quoted(
-    text: str, memo: tuple[str, frozenset[str], Mapping[str, int]] | None
-) -> tuple[str, frozenset[str], Mapping[str, int]]:
-    """The records' ``text`` with its words and name mentions (the memo's, when it read the same text)."""
-    if memo is not None and memo[0] == text:
-        return memo
-    return text, word_set(text), name_mentions(text)
-
-
 def _exclude(output: list[MessageRecord], candidates: Sequence[_Candidate]) -> list[int]:
     """Exclude every member of ``candidates`` in ``output``; origins of the newly excluded."""
-    origins: list[int] = []
-    for candidate in candidates:
-        for index in candidate.group.members:
-            record = output[index]
-            if not record.excluded:
-                output[index] = flagged(record, excluded=True, reason=EXCLUDE_REASON)
-                if record.origin is not None:
-                    origins.append(record.origin)
-    return origins
+    fresh = [i for c in candidates for i in c.group.members if not output[i].excluded]
+    for index in fresh:
+        output[index] = flagged(output[index], excluded=True, reason=EXCLUDE_REASON)
+    return [r.origin for r in (output[i] for i in fresh) if r.origin is not None]
 
 
 def _change(before: Sequence[MessageRecord], after: Sequence[MessageRecord]) -> int:
@@ -952,19 +936,9 @@ def _judged_text(part: Part) -> str:
     return part.original if part.original is not None and cut else part.text
 
 
-def _keep_remnants(
-    output: list[MessageRecord], groups: Sequence[tuple[_Candidate, frozenset[str]]], measure: Measure
-) -> int:
-    """Cut the included plain-text results of each group to its remnant (the lines with a value the words of the
-    records that judged it do not quote), in ``output``; how many changed."""
-    changed = 0
-    for candidate, words in groups:
-
-        def cut(part: Part, quoted: frozenset[str] = words) -> tuple[str, int]:
-            return remnant(_judged_text(part), quoted), 0
-
-        changed += _rewrite_results(output, candidate.group, cut, measure)[0]
-    return changed
+def _remnant_of(quoted: frozenset[str], part: Part) -> tuple[str, int]:
+    """A result's remnant under the words ``quoted`` of the records that judged it (:func:`.distill.remnant`)."""
+    return remnant(_judged_text(part), quoted), 0
 
 
 def _rewrite_results(
@@ -982,16 +956,14 @@ def _rewrite_results(
         record = output[index]
         if record.excluded and not excluded_too:
             continue
-        parts: list[Part] = []
-        for part in record.parts:
+        parts = list(record.parts)
+        for k, part in enumerate(parts):
             if part.kind != "function_result" or part.structured or not part.text:
-                parts.append(part)
                 continue
             text, count = cut(part)
-            same = text == part.text
-            parts.append(part if same else replace(part, text=text, tokens=measure(text) + part.media_tokens))
-            changed += not same
-            counted += 0 if same else count
+            if text != part.text:
+                parts[k] = replace(part, text=text, tokens=measure(text) + part.media_tokens)
+                changed, counted = changed + 1, counted + count
         tokens = record.tokens - sum(p.tokens for p in record.parts) + sum(p.tokens for p in parts)
         output[index] = replace(record, parts=tuple(parts), tokens=tokens)
     return changed, counted
@@ -1302,16 +1274,12 @@ def _hold_unrecorded(
     """
     held = 0
     for group in grouping.all:
-        excluded = all(output[i].excluded for i in group.members)
-        if (
-            group.kind != "tool_call"
-            or (excluded and not shed_too)
-            or any(output[i].preserved or holds.get(i) for i in group.members)
-            or (not excluded and _is_recall_group(output, group, recall_ids))
-        ):
+        if group.kind != "tool_call" or any(output[i].preserved or holds.get(i) for i in group.members):
             continue
-        holds.update(dict.fromkeys(group.members, HOLD_UNRECORDED))
-        held += 1
+        excluded = all(output[i].excluded for i in group.members)
+        if (excluded and shed_too) or (not excluded and not _is_recall_group(output, group, recall_ids)):
+            holds.update(dict.fromkeys(group.members, HOLD_UNRECORDED))
+            held += 1
     return held
 
 
