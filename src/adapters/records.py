@@ -111,13 +111,13 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         record_target_tokens: int | None = core.DEFAULT_RECORD_TARGET_TOKENS,
         fallback: CompactionStrategy | None = None,
     ) -> None:
-        if fallback is not None:
-            require_async_callable("fallback", fallback, kind="a CompactionStrategy or None")
         in_pass = None
         if fallback is None:
             in_pass = AnchoredConfig(
                 max_input_tokens=max_input_tokens, keep_head_groups=keep_head_groups, keep_tail_groups=keep_tail_groups
             )
+        else:
+            require_async_callable("fallback", fallback, kind="a CompactionStrategy or None")
         config = RecordConfig(
             max_input_tokens=max_input_tokens,
             keep_head_groups=keep_head_groups,
@@ -276,11 +276,9 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
             self._fallback_overflowing = fallback.overflow
 
     def _warn_overflow(self, over: bool, tokens: int) -> None:
-        if not over:
-            self._overflowing = False
-            return
-        self.overflows += 1
-        if not self._overflowing:
+        if over:
+            self.overflows += 1
+        if over and not self._overflowing:
             logger.warning(
                 "The prompt is %d tokens, over the %d-token budget, behind a record: the head, the records "
                 "and the tool groups held because no record quotes them do not fit. Nothing recorded is lost; "
@@ -288,7 +286,7 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
                 tokens,
                 self._config.max_input_tokens,
             )
-        self._overflowing = True
+        self._overflowing = over
 
     def _log(self, report: RecordReport) -> None:
         if report.fallback is Fallback.PLAIN:

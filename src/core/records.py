@@ -41,7 +41,7 @@ records and the :class:`~.state.RecordDecisions`:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import partial
@@ -992,25 +992,22 @@ def _cut_thin(
     for candidate, judge in weak:
         judging = "\n".join(texts[: judge + 1])
         quoted = frozenset(row_keys(judging)) if target is not None and "|" in judging else frozenset[RowKey]()
-        originals = [
-            _judged_text(p)
-            for i in candidate.group.members
-            for p in output[i].parts
-            if p.kind == "function_result" and not p.structured and p.text
-        ]
-        large = bool(quoted) and target is not None and sum(measure(t) for t in originals) > target
+        results = [_judged_text(p) for p in _string_results(output, candidate.group) if p.text]
+        large = bool(quoted) and target is not None and sum(map(measure, results)) > target
         ambiguous = _ambiguous_rows(output[: positions[judge]], recall_ids) if large else None
-
-        def cut(
-            part: Part, rows_of: frozenset[RowKey] | None = ambiguous, keys: frozenset[RowKey] = quoted
-        ) -> tuple[str, int]:
-            base = _judged_text(part)
-            base, released = (base, 0) if rows_of is None else release_rows(base, keys, rows_of)
-            return distill(base), released
-
+        cut = partial(_thinned, quoted, ambiguous)
         cut_now, released_now = _rewrite_results(output, candidate.group, cut, measure)
         changed, rows = changed + cut_now, rows + released_now
     return rows, changed
+
+
+def _thinned(quoted: frozenset[RowKey], ambiguous: frozenset[RowKey] | None, part: Part) -> tuple[str, int]:
+    """A thinly quoted result cut to its value lines (:func:`.distill.distill`), after releasing the ``quoted``
+    table rows when ``ambiguous`` (the rows that must stay) is given; (its text, rows released)."""
+    text, released = _judged_text(part), 0
+    if ambiguous is not None:
+        text, released = release_rows(text, quoted, ambiguous)
+    return distill(text), released
 
 
 def _coverage(
@@ -1093,7 +1090,7 @@ def _release_rows(
     target = config.record_target_tokens
     if target is None or "|" not in record:
         return 0
-    large = [c for c in uncovered if _string_result_tokens(output, c.group) > target]
+    large = [c for c in uncovered if sum(p.tokens - p.media_tokens for p in _string_results(output, c.group)) > target]
     quoted = frozenset(row_keys(record)) if large else frozenset[RowKey]()
     if not quoted:
         return 0
@@ -1119,13 +1116,9 @@ def _ambiguous_rows(loaded: Iterable[MessageRecord], recall_ids: frozenset[str])
     )
 
 
-def _string_result_tokens(records: Sequence[MessageRecord], group: Group) -> int:
-    return sum(
-        p.tokens - p.media_tokens
-        for i in group.members
-        for p in records[i].parts
-        if p.kind == "function_result" and not p.structured
-    )
+def _string_results(records: Sequence[MessageRecord], group: Group) -> Iterator[Part]:
+    """The plain-text (not structured) tool results of ``group``."""
+    return (p for i in group.members for p in records[i].parts if p.kind == "function_result" and not p.structured)
 
 
 def responses(history: Iterable[MessageRecord]) -> int:
