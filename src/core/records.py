@@ -391,9 +391,9 @@ def step(
     ``memo`` is the previous pass's ``Done.memo``; it never changes the answer.
     """
     history = place_written(history, written(state), measure)
-    record_memo = memo if isinstance(memo, RecordMemo) else None
+    band = memo.band if isinstance(memo, RecordMemo) else None
     stands = state.fallback.decided
-    passed = rules(config, history, state.records, measure, memo=record_memo, fallback_stands=stands)
+    passed = rules(config, history, state.records, measure, memo=memo, fallback_stands=stands)
     # A record due on this request is asked over the prompt as it stands: the history handed in with every record
     # placed and applied (the last request and what came since, whatever list it is). When that shows nothing
     # unrecorded within what the last request sent, the pass goes on, and asks over its output at its end.
@@ -403,21 +403,14 @@ def step(
     memo = passed.memo
     assert isinstance(memo, RecordMemo)
     report, output, fallback_state = passed.report, passed.history, state.fallback
-    band = record_memo.band if record_memo else None
     # The fallback's decisions replay on every pass while they stand, whatever the size, so
     # both lists agree (the in-call copies carry injected context the stored history lacks).
-    netted = net_ceiling(config, state)
-    due = report.fallback is not Fallback.NONE or stands or (netted is not None and report.tokens_after > netted)
+    net = net_ceiling(config, state)
+    due = report.fallback is not Fallback.NONE or stands or (net is not None and report.tokens_after > net)
     fallback = fallback_for(config, state)
     if due and fallback is not None:
         ran = run_with_holds(
-            fallback,
-            state.fallback,
-            output,
-            measure,
-            memo=band,
-            distillable=DISTILLABLE,
-            distill_ceiling=netted,
+            fallback, state.fallback, output, measure, memo=band, distillable=DISTILLABLE, distill_ceiling=net
         )
         output, fallback_state, band = ran.history, ran.state, ran.memo
         overflow = report.fallback is Fallback.BEHIND_RECORD and sent_tokens(output) > config.max_input_tokens
@@ -654,8 +647,6 @@ def kept_record(request: Request, text: str | None) -> Answer | None:
     tool) is no record, and the coverage rule would find nothing it covers.
     """
     body = (text or "").strip().removeprefix(RECORD_PREFIX).strip()
-    if not body:
-        return None
     shown = {
         value
         for record in request.view or ()
@@ -664,7 +655,7 @@ def kept_record(request: Request, text: str | None) -> Answer | None:
         if part.kind == "function_result"
         for value in distinctive_values(part.text)
     }
-    if not shown & word_set(body):
+    if not body or not shown & word_set(body):
         return None
     return Answer(
         identity=request.identity,
