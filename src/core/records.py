@@ -518,12 +518,9 @@ def fitting_prefix(prompt: History, budget: int) -> History | None:
         return prompt
     seen = view(prompt)
     spans = sorted((seen.indices[g.members[0]], seen.indices[g.members[-1]]) for g in seen.grouping.all if g.members)
-    cuts: list[int] = []  # prompt indices where a cut separates no group
-    reach = -1
-    for first, last in spans:
-        if reach < first and first > 0:  # no earlier group reaches past this one's start
-            cuts.append(first)
-        reach = max(reach, last)
+    # Prompt indices where a cut separates no group: no earlier group reaches past this one's start.
+    reaches = accumulate((last for _, last in spans), max, initial=-1)
+    cuts = [first for (first, _), reach in zip(spans, reaches, strict=False) if reach < first and first > 0]
     sizes = [0, *accumulate(0 if record.excluded else record.tokens for record in prompt)]
     return next((pvector(prompt[:cut]) for cut in reversed(cuts) if sizes[cut] <= budget), None)
 
@@ -771,8 +768,8 @@ def rules(
     said = [
         (k, record_text(r, recall_ids) if k in active else _replaced_text(r, recall_ids)) for k, r in enumerate(records)
     ]
-    judging = [k for k, text in said if text]
-    texts = tuple(text for _, text in said if text)
+    judging = [k for k, t in said if t]
+    texts = tuple(t for _, t in said if t)
     judges = _judges(texts, memo.judges)
     values: dict[str, tuple[str, ...]] = {}
     candidates, gone = _candidates(config, records, grouping, found[-1], recall_ids, values=(memo.values, values))
@@ -800,7 +797,9 @@ def rules(
     # Every hold is decided afresh on each pass (so both lists agree on what stays): the
     # holds this pass gives, by index into ``records``; any other hold is released.
     holds = dict.fromkeys((i for c in uncovered for i in c.group.members), HOLD_UNCOVERED)
-    _hold_records(output, grouping, frozenset(found), holds)
+    # Every record is held with its group (the host's own preserve already protects a message).
+    recorded = [g for g in grouping.all if any(i in active for i in g.members)]
+    holds.update((i, HOLD_RECORD) for g in recorded for i in g.members if not output[i].preserved)
     decided, asked = _chain(decisions, {c.ordinal for c in uncovered}, records_written(records), responses(records))
     tokens_after = tokens_before + _change(records, output)
     over = tokens_after > config.max_input_tokens
@@ -912,9 +911,7 @@ def _candidates(
             gone.append(names)
             continue
         texts = [_judged_text(p) for i in members for p in records[i].parts if p.kind == "function_result" and p.text]
-        for text in texts:
-            if text not in seen:
-                seen[text] = known[text] if text in known else distinctive_values(text)
+        seen.update({t: known[t] if t in known else distinctive_values(t) for t in texts if t not in seen})
         group_values = seen[texts[0]] if len(texts) == 1 else tuple(dict.fromkeys(v for t in texts for v in seen[t]))
         found.append(_Candidate(ordinal, group, group_values, names))
     return found, gone
@@ -1043,10 +1040,8 @@ def _judge(candidate: _Candidate, judges: Sequence[tuple[int, frozenset[str], fr
     """Which record judges ``candidate`` (counted from 0): the first after it that itself quotes any of its
     values; ``None`` when no record after it does (a record before it that happens to hold a value does not)."""
     last = candidate.group.members[-1]
-    for number, (position, own, _) in enumerate(judges):
-        if position > last and any(v in own for v in candidate.values):
-            return number
-    return None
+    quoting = (n for n, (at, own, _) in enumerate(judges) if at > last and any(v in own for v in candidate.values))
+    return next(quoting, None)
 
 
 def _judges(texts: tuple[str, ...], memo: _Judges | None) -> _Judges:
@@ -1230,15 +1225,6 @@ def record_expected(state: State) -> bool:
     if no_route(recall):
         return False  # neither route is left: nothing is worth waiting for
     return state.records.ask is not None or recall.next_pin is not None or recall.in_flight or recall.asking is not None
-
-
-def _hold_records(
-    output: Sequence[MessageRecord], grouping: Grouping, found: frozenset[int], holds: dict[int, str]
-) -> None:
-    """Hold every record with its group (in ``holds``): records stay in the prompt, whatever the fallback does."""
-    for group in grouping.all:
-        if any(i in found for i in group.members):  # the host's own preserve already protects a message
-            holds.update((i, HOLD_RECORD) for i in group.members if not output[i].preserved)
 
 
 def _hold_unrecorded(
