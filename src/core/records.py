@@ -1024,8 +1024,7 @@ def _coverage(
         judge = _judge(candidate, judges) if candidate.values else None
         if judge is not None:
             words = judges[judge][2]
-            needed = share_of(len(candidate.values), config.coverage_share)
-            if sum(1 for v in candidate.values if v in words) >= needed:
+            if sum(1 for v in candidate.values if v in words) >= share_of(len(candidate.values), config.coverage_share):
                 covered.append((candidate, words))
             else:
                 weak.append((candidate, judge))
