@@ -179,9 +179,8 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         """
         if self._fallback is not None:
             return self._fallback
-        if self._default_fallback is None:
-            config = self._config.fallback
-            assert config is not None
+        if self._default_fallback is None:  # the same budget, head and tail as the rules run within the pass
+            config = self._config
             self._default_fallback = AnchoredCompactionStrategy(
                 max_input_tokens=config.max_input_tokens,
                 tokenizer=self._tokenizer,
@@ -246,7 +245,6 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
     # -- bookkeeping -------------------------------------------------------------------------
 
     def _observe(self, report: RecordReport, asked: set[str]) -> None:
-        del asked
         self.passes += 1
         self.last_report = report
         if report.records:

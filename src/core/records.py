@@ -801,7 +801,7 @@ def rules(
     recorded = [g for g in grouping.all if any(i in active for i in g.members)]
     holds.update((i, HOLD_RECORD) for g in recorded for i in g.members if not output[i].preserved)
     decided, asked = _chain(decisions, {c.ordinal for c in uncovered}, records_written(records), responses(records))
-    tokens_after = tokens_before + _change(records, output)
+    tokens_after = tokens_before + sent_tokens(output) - sent_tokens(records)
     over = tokens_after > config.max_input_tokens
     # Over the budget, the fallback behind the record runs; when its sheds stand, it replays them under these holds.
     held_unrecorded = _hold_unrecorded(output, grouping, recall_ids, holds) if over or fallback_stands else 0
@@ -840,15 +840,6 @@ def _exclude(output: list[MessageRecord], candidates: Sequence[_Candidate]) -> l
     for index in fresh:
         output[index] = flagged(output[index], excluded=True, reason=EXCLUDE_REASON)
     return [r.origin for r in (output[i] for i in fresh) if r.origin is not None]
-
-
-def _change(before: Sequence[MessageRecord], after: Sequence[MessageRecord]) -> int:
-    """How the included tokens changed from ``before`` to ``after`` (same length)."""
-    return sum(
-        (0 if new.excluded else new.tokens) - (0 if old.excluded else old.tokens)
-        for old, new in zip(before, after, strict=True)
-        if old is not new
-    )
 
 
 def _done(
@@ -1118,13 +1109,8 @@ def responses(history: Iterable[MessageRecord]) -> int:
 
 def _response(record: MessageRecord) -> bool:
     """``record`` is a model response on the conversation's clock (see :func:`responses`)."""
-    return (
-        record.role == "assistant"
-        and not record.is_reasoning_only
-        and not record.written_record
-        and not record.note
-        and not record.injected
-    )
+    ours = record.written_record or record.note or record.injected  # a record compaction wrote, a note, context
+    return record.role == "assistant" and not (record.is_reasoning_only or ours)
 
 
 def written_by(history: Sequence[MessageRecord], clock: int) -> int:
@@ -1269,7 +1255,7 @@ def hold_unrecorded(seen: View) -> History:
     holds = {k: r.held for k, r in enumerate(records) if r.held is not None}
     if not _hold_unrecorded(records, seen.grouping, seen.recall_ids, holds, shed_too=True):
         return seen.history
-    held = _with_holds(records, holds)
+    held = _with_holds(records, holds)  # an excluded message is protected without the hold, which it would drop
     return _placed(
         seen, [flagged(r, held=None, preserved=True) if r.excluded and r.held is not None else r for r in held]
     )
