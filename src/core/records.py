@@ -262,11 +262,9 @@ def ask_for_pending(seen: View, decisions: RecordDecisions) -> RecordDecisions:
     """
     if decisions.ask is not None:
         return decisions
-    records = seen.records
+    records, settled = seen.records, decisions.settled
     ordinals = [
-        ordinal
-        for ordinal, group in _pending(seen)[1]
-        if not any(records[i].preserved for i in group.members) and ordinal not in decisions.settled
+        o for o, g in _pending(seen)[1] if o not in settled and not any(records[i].preserved for i in g.members)
     ]
     if not ordinals:
         return decisions
