@@ -111,13 +111,13 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         record_target_tokens: int | None = core.DEFAULT_RECORD_TARGET_TOKENS,
         fallback: CompactionStrategy | None = None,
     ) -> None:
-        if fallback is not None:
-            require_async_callable("fallback", fallback, kind="a CompactionStrategy or None")
         in_pass = None
         if fallback is None:
             in_pass = AnchoredConfig(
                 max_input_tokens=max_input_tokens, keep_head_groups=keep_head_groups, keep_tail_groups=keep_tail_groups
             )
+        else:
+            require_async_callable("fallback", fallback, kind="a CompactionStrategy or None")
         config = RecordConfig(
             max_input_tokens=max_input_tokens,
             keep_head_groups=keep_head_groups,
@@ -179,9 +179,8 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         """
         if self._fallback is not None:
             return self._fallback
-        if self._default_fallback is None:
-            config = self._config.fallback
-            assert config is not None
+        if self._default_fallback is None:  # the same budget, head and tail as the rules run within the pass
+            config = self._config
             self._default_fallback = AnchoredCompactionStrategy(
                 max_input_tokens=config.max_input_tokens,
                 tokenizer=self._tokenizer,
@@ -246,7 +245,6 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
     # -- bookkeeping -------------------------------------------------------------------------
 
     def _observe(self, report: RecordReport, asked: set[str]) -> None:
-        del asked
         self.passes += 1
         self.last_report = report
         if report.records:
@@ -276,11 +274,9 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
             self._fallback_overflowing = fallback.overflow
 
     def _warn_overflow(self, over: bool, tokens: int) -> None:
-        if not over:
-            self._overflowing = False
-            return
-        self.overflows += 1
-        if not self._overflowing:
+        if over:
+            self.overflows += 1
+        if over and not self._overflowing:
             logger.warning(
                 "The prompt is %d tokens, over the %d-token budget, behind a record: the head, the records "
                 "and the tool groups held because no record quotes them do not fit. Nothing recorded is lost; "
@@ -288,7 +284,7 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
                 tokens,
                 self._config.max_input_tokens,
             )
-        self._overflowing = True
+        self._overflowing = over
 
     def _log(self, report: RecordReport) -> None:
         if report.fallback is Fallback.PLAIN:

@@ -50,9 +50,7 @@ def is_async_callable(value: object) -> bool:
     a callable object is judged by its ``__call__``. A plain function that happens to
     return an awaitable is not recognised: it could not be told from one that does not.
     """
-    if inspect.iscoroutinefunction(value):
-        return True
-    return callable(value) and inspect.iscoroutinefunction(type(value).__call__)
+    return inspect.iscoroutinefunction(value) or (callable(value) and inspect.iscoroutinefunction(type(value).__call__))
 
 
 def require_async_callable(name: str, value: object, *, kind: str = "an async callable") -> None:
@@ -89,9 +87,7 @@ def describe_value(value: object) -> str:
     if value is None:
         return "None"
     text = repr(value)
-    if len(text) > 80:
-        text = text[:77] + "..."
-    return f"{type(value).__name__} {text}"
+    return f"{type(value).__name__} {text if len(text) <= 80 else text[:77] + '...'}"
 
 
 def validate(instance: object) -> None:

@@ -29,20 +29,20 @@ MARKER_TEMPLATE: Final = (
     "[compacted: {left:,} line(s) of this result without distinctive values were left out; "
     "the {kept:,} below are kept verbatim and in order]"
 )
-_MARKER: Final = re.compile(
-    r"\[compacted: [\d,]+ line\(s\) of this result without distinctive values were left out; "
-    r"the [\d,]+ below are kept verbatim and in order\]"
-)
-
-
 REMNANT_TEMPLATE: Final = (
     "[compacted: the compaction record quotes this result's other values; kept here, verbatim and in order, "
     "the {kept:,} line(s) with values it does not quote; {left:,} other line(s) were left out]"
 )
-_REMNANT: Final = re.compile(
-    r"\[compacted: the compaction record quotes this result's other values; kept here, verbatim and in order, "
-    r"the [\d,]+ line\(s\) with values it does not quote; [\d,]+ other line\(s\) were left out\]"
-)
+
+
+def _pattern(template: str) -> re.Pattern[str]:
+    """The marker lines ``template`` makes, whatever its counts."""
+    count = r"[\d,]+"
+    return re.compile(re.escape(template).replace(re.escape("{left:,}"), count).replace(re.escape("{kept:,}"), count))
+
+
+_MARKER: Final = _pattern(MARKER_TEMPLATE)
+_REMNANT: Final = _pattern(REMNANT_TEMPLATE)
 
 
 def is_remnant(text: str) -> bool:
@@ -91,19 +91,16 @@ def _cut(text: str, wanted: Callable[[str], bool], template: str) -> str:
     if not left:
         return text
     kept = [lines[index] for index in sorted(keep)]
-    marker = template.format(kept=len(kept), left=left)
-    return "\n".join([marker, *kept])
+    return "\n".join([template.format(kept=len(kept), left=left), *kept])
 
 
 def newly_distilled(before: Sequence[MessageRecord], after: Iterable[MessageRecord]) -> list[int]:
     """Origins (indices into ``before``) of the included results a pass distilled, for the shell to name."""
-    found: list[int] = []
-    for record in after:
-        origin = record.origin
-        if origin is None or record.excluded or not _distilled(record) or _distilled(before[origin]):
-            continue
-        found.append(origin)
-    return found
+    return [
+        r.origin
+        for r in after
+        if r.origin is not None and not r.excluded and _distilled(r) and not _distilled(before[r.origin])
+    ]
 
 
 def _distilled(record: MessageRecord) -> bool:

@@ -217,24 +217,18 @@ def advance(rule: PinRule, state: RecallState, event: Event) -> tuple[RecallStat
         if streak >= IGNORED_LIMIT and state.route is RecordRoute.PINNED:
             return evolve(state, ignored_streak=streak, route=RecordRoute.PINS_IGNORED), Disable(streak)
         return evolve(state, ignored_streak=streak), Nothing()
-    if isinstance(event, ForcedFailed):
-        return evolve(_pins_given_up(state), in_flight=False, awaiting_record=False), RetryUnpinned()
+    if isinstance(event, ForcedFailed):  # pinning is given up: records are asked over the cached prefix instead
+        route = RecordRoute.PINS_IGNORED if state.route is RecordRoute.PINNED else state.route
+        return evolve(state, route=route, in_flight=False, awaiting_record=False), RetryUnpinned()
     return evolve(state, next_pin=event.pin, in_flight=False, awaiting_record=False), Nothing()
 
 
 def _chosen(rule: PinRule, state: RecallState) -> RecallState:
     """``state`` on the route the host chose: records over the cached prefix (``rule.aligned``) or pinned,
     while neither was given up."""
-    if rule.aligned and state.route is RecordRoute.PINNED:
-        return evolve(state, route=RecordRoute.CACHED_PREFIX)
-    if not rule.aligned and state.route is RecordRoute.CACHED_PREFIX:
-        return evolve(state, route=RecordRoute.PINNED)
-    return state
-
-
-def _pins_given_up(state: RecallState) -> RecallState:
-    """``state`` once pinning failed: records are asked over the cached prefix instead."""
-    return evolve(state, route=RecordRoute.PINS_IGNORED) if state.route is RecordRoute.PINNED else state
+    if state.route not in (RecordRoute.PINNED, RecordRoute.CACHED_PREFIX):
+        return state
+    return evolve(state, route=RecordRoute.CACHED_PREFIX if rule.aligned else RecordRoute.PINNED)
 
 
 def pins_given_up(state: RecallState) -> bool:
@@ -292,11 +286,7 @@ def record_due(rule: PinRule, state: RecallState, *, reforce_pending: bool) -> b
     """
     if no_route(state):
         return False
-    if state.next_pin is not None:
-        return True
-    if state.seen is None:
-        return False
-    return reforce_pending or pin_due(rule, state.seen)
+    return state.next_pin is not None or (state.seen is not None and (reforce_pending or pin_due(rule, state.seen)))
 
 
 def pin_due(rule: PinRule, status: RecallStatus) -> bool:

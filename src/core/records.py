@@ -40,9 +40,12 @@ records and the :class:`~.state.RecordDecisions`:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from functools import partial
+from itertools import accumulate
 from typing import Final, TypeAlias
 
 from msgspec.structs import replace as evolve
@@ -172,10 +175,9 @@ class RecordConfig:
         Never past the budget with the instruction; before any request was seen, the
         fallback's share of the budget (a margin for what a request carries beside its messages).
         """
-        room = self.max_input_tokens - instruction
-        if recall_state.seen is None:
-            return min(room, int(self.max_input_tokens * self.fallback_fraction) - instruction)
-        return min(room, recall_state.seen.included_tokens)
+        if recall_state.seen is None:  # the fallback's share is within the budget (a fraction is at most 1)
+            return self.fallback_tokens - instruction
+        return min(self.max_input_tokens - instruction, recall_state.seen.included_tokens)
 
     @property
     def fallback_tokens(self) -> int:
@@ -220,31 +222,23 @@ def _replaced_text(record: MessageRecord, recall_ids: frozenset[str]) -> str:
     return record_text(replace(record, excluded=False), recall_ids)
 
 
-def is_record(record: MessageRecord, recall_ids: frozenset[str]) -> bool:
-    """``record`` is an active record (see :func:`record_text`)."""
-    return bool(record_text(record, recall_ids))
-
-
 def _is_recall_group(records: Sequence[MessageRecord], group: Group, recall_ids: frozenset[str]) -> bool:
-    for index in group.members:
-        record = records[index]
-        if RECALL_TOOL_NAME in record.call_names:
-            return True
-        if any(p.kind == "function_result" and p.call_id in recall_ids for p in record.parts):
-            return True
-    return False
+    return any(
+        RECALL_TOOL_NAME in records[i].call_names
+        or any(p.kind == "function_result" and p.call_id in recall_ids for p in records[i].parts)
+        for i in group.members
+    )
 
 
 def _pending(seen: View) -> tuple[int, list[tuple[int, Group]]]:
     """Active records, and (ordinal, group) of every tool group after the newest one that
     still has an included message and is not a recall group: new tool material."""
     records, recall_ids = seen.records, seen.recall_ids
-    found = [k for k, r in enumerate(records) if is_record(r, recall_ids)]
+    found = [k for k, r in enumerate(records) if record_text(r, recall_ids)]
     newest = found[-1] if found else -1
-    tool_groups = [g for g in seen.grouping.all if g.kind == "tool_call"]
     return len(found), [
         (ordinal, g)
-        for ordinal, g in enumerate(tool_groups)
+        for ordinal, g in enumerate(g for g in seen.grouping.all if g.kind == "tool_call")
         if g.start > newest
         and not all(records[i].excluded for i in g.members)
         and not _is_recall_group(records, g, recall_ids)
@@ -268,11 +262,9 @@ def ask_for_pending(seen: View, decisions: RecordDecisions) -> RecordDecisions:
     """
     if decisions.ask is not None:
         return decisions
-    records = seen.records
+    records, settled = seen.records, decisions.settled
     ordinals = [
-        ordinal
-        for ordinal, group in _pending(seen)[1]
-        if not any(records[i].preserved for i in group.members) and ordinal not in decisions.settled
+        o for o, g in _pending(seen)[1] if o not in settled and not any(records[i].preserved for i in g.members)
     ]
     if not ordinals:
         return decisions
@@ -365,7 +357,7 @@ class RecordMemo:
             grouping, and a composition reads it as its pass's view.
         values: The distinctive values of each tool result text the last pass judged,
             keyed by the text (the shell reuses the same text objects across passes).
-        quoted: The records' text of the last pass with its word set and name mentions.
+        quoted: The records' text of the last pass with its name mentions.
         judges: The records' texts of the last pass with the words of each, and of each and
             every record before it (:func:`_judges`).
         band: The last fallback run's band (its ``Done.memo``).
@@ -373,7 +365,7 @@ class RecordMemo:
 
     view: View | None = None
     values: Mapping[str, tuple[str, ...]] = field(default_factory=dict[str, tuple[str, ...]])
-    quoted: tuple[str, frozenset[str], Mapping[str, int]] | None = None
+    quoted: tuple[str, Mapping[str, int]] | None = None
     judges: _Judges | None = None
     band: object = None
 
@@ -397,9 +389,9 @@ def step(
     ``memo`` is the previous pass's ``Done.memo``; it never changes the answer.
     """
     history = place_written(history, written(state), measure)
-    record_memo = memo if isinstance(memo, RecordMemo) else None
+    band = memo.band if isinstance(memo, RecordMemo) else None
     stands = state.fallback.decided
-    passed = rules(config, history, state.records, measure, memo=record_memo, fallback_stands=stands)
+    passed = rules(config, history, state.records, measure, memo=memo, fallback_stands=stands)
     # A record due on this request is asked over the prompt as it stands: the history handed in with every record
     # placed and applied (the last request and what came since, whatever list it is). When that shows nothing
     # unrecorded within what the last request sent, the pass goes on, and asks over its output at its end.
@@ -409,21 +401,14 @@ def step(
     memo = passed.memo
     assert isinstance(memo, RecordMemo)
     report, output, fallback_state = passed.report, passed.history, state.fallback
-    band = record_memo.band if record_memo else None
     # The fallback's decisions replay on every pass while they stand, whatever the size, so
     # both lists agree (the in-call copies carry injected context the stored history lacks).
-    netted = net_ceiling(config, state)
-    due = report.fallback is not Fallback.NONE or stands or (netted is not None and report.tokens_after > netted)
+    net = net_ceiling(config, state)
+    due = report.fallback is not Fallback.NONE or stands or (net is not None and report.tokens_after > net)
     fallback = fallback_for(config, state)
     if due and fallback is not None:
         ran = run_with_holds(
-            fallback,
-            state.fallback,
-            output,
-            measure,
-            memo=band,
-            distillable=DISTILLABLE,
-            distill_ceiling=netted,
+            fallback, state.fallback, output, measure, memo=band, distillable=DISTILLABLE, distill_ceiling=net
         )
         output, fallback_state, band = ran.history, ran.state, ran.memo
         overflow = report.fallback is Fallback.BEHIND_RECORD and sent_tokens(output) > config.max_input_tokens
@@ -501,9 +486,8 @@ def run_with_holds(
 
     def restored(record: MessageRecord) -> MessageRecord:
         if record.excluded:  # an excluded message keeps no hold; one that protected stays protected
-            if record.held is None:
-                return record
-            return flagged(record, held=None, preserved=record.preserved or record.held not in releasable)
+            protected = record.preserved or record.held not in releasable
+            return record if record.held is None else flagged(record, held=None, preserved=protected)
         if record.origin not in keep or (record.held == keep[record.origin] and not record.preserved):
             return record
         return flagged(record, held=keep[record.origin], preserved=False)
@@ -532,19 +516,11 @@ def fitting_prefix(prompt: History, budget: int) -> History | None:
         return prompt
     seen = view(prompt)
     spans = sorted((seen.indices[g.members[0]], seen.indices[g.members[-1]]) for g in seen.grouping.all if g.members)
-    cuts: list[int] = []  # prompt indices where a cut separates no group
-    reach = -1
-    for first, last in spans:
-        if reach < first and first > 0:  # no earlier group reaches past this one's start
-            cuts.append(first)
-        reach = max(reach, last)
-    sizes = [0]
-    for record in prompt:
-        sizes.append(sizes[-1] + (0 if record.excluded else record.tokens))
-    for cut in reversed(cuts):
-        if sizes[cut] <= budget:
-            return pvector(prompt[:cut])
-    return None
+    # Prompt indices where a cut separates no group: no earlier group reaches past this one's start.
+    reaches = accumulate((last for _, last in spans), max, initial=-1)
+    cuts = [first for (first, _), reach in zip(spans, reaches, strict=False) if reach < first and first > 0]
+    sizes = [0, *accumulate(0 if record.excluded else record.tokens for record in prompt)]
+    return next((pvector(prompt[:cut]) for cut in reversed(cuts) if sizes[cut] <= budget), None)
 
 
 def ask_over(config: RecordConfig, state: State, prompt: History, measure: Measure) -> Request | None:
@@ -557,8 +533,7 @@ def ask_over(config: RecordConfig, state: State, prompt: History, measure: Measu
     request sent, the pass decides first and asks over its output at its end."""
     if state.recall.asking is None:
         return None
-    limit = config.prefix_tokens(state.recall, instruction_tokens(measure))
-    fitting = fitting_prefix(prompt, limit)
+    fitting = fitting_prefix(prompt, config.prefix_tokens(state.recall, instruction_tokens(measure)))
     return None if fitting is None else ask_aligned(fitting, state, prompt)
 
 
@@ -587,12 +562,11 @@ def ask_aligned(view: History, state: State, conversation: History) -> Request |
     if any(a.identity == key for a in written(state)):
         return None
     turns = sum(1 for r in view if r.role == "user" and not (r.injected or r.note or r.summary))
-    record_id = f"{ALIGNED_RECORD_ID_PREFIX}{key[:16]}"
     return Request(
         key,
         RequestKind.RECORD,
         Route.CACHED_PREFIX,
-        message_id=record_id,
+        message_id=f"{ALIGNED_RECORD_ID_PREFIX}{key[:16]}",
         turns=turns,
         instruction=RECORD_INSTRUCTION,
         view=view,
@@ -634,9 +608,7 @@ def record_place(conversation: History) -> int:
     precedes the record is the part of the prompt the provider already cached.
     """
     seen = view(conversation)
-    if not seen.grouping.all:
-        return originals(conversation)
-    start = max(seen.indices[group.members[0]] for group in seen.grouping.all if group.members)
+    start = max((seen.indices[group.members[0]] for group in seen.grouping.all if group.members), default=None)
     return originals(conversation[:start])
 
 
@@ -670,8 +642,6 @@ def kept_record(request: Request, text: str | None) -> Answer | None:
     tool) is no record, and the coverage rule would find nothing it covers.
     """
     body = (text or "").strip().removeprefix(RECORD_PREFIX).strip()
-    if not body:
-        return None
     shown = {
         value
         for record in request.view or ()
@@ -680,7 +650,7 @@ def kept_record(request: Request, text: str | None) -> Answer | None:
         if part.kind == "function_result"
         for value in distinctive_values(part.text)
     }
-    if not shown & word_set(body):
+    if not body or not shown & word_set(body):
         return None
     return Answer(
         identity=request.identity,
@@ -720,8 +690,7 @@ def place_written(history: History, written: Sequence[Answer], measure: Measure)
         output.append(record)
         if _original(record):
             count += 1
-            for found in by_place.pop(count, ()):
-                output.append(written_record(found.text or "", found.message_id or "", measure))
+            output.extend(written_record(w.text or "", w.message_id or "", measure) for w in by_place.pop(count, ()))
     return pvector(output)
 
 
@@ -737,25 +706,19 @@ def check(config: RecordConfig, state: State, history: History) -> str | None:
                 f"but this conversation has {own}"
             )
     groups = sum(1 for g in regroup(records).all if g.kind == "tool_call")
-    decisions = state.records
-    named = [("records.settled", o) for o in decisions.settled]
-    if decisions.ask is not None:
-        named += [("records.ask.targets", o) for o in decisions.ask.targets]
+    ask = state.records.ask
+    named = [("records.settled", o) for o in state.records.settled]
+    named += [("records.ask.targets", o) for o in (ask.targets if ask is not None else ())]
     for name, ordinal in named:
         if ordinal >= groups:
             return f"snapshot field {name!r} names tool group {ordinal}, but this conversation has {groups}"
-    if decisions.ask is not None:
-        answered = responses(records)
-        if decisions.ask.responses_at_ask > answered:
-            return (
-                f"snapshot field 'records.ask.responses_at_ask' is {decisions.ask.responses_at_ask}, but this "
-                "conversation "
-                f"has {answered} assistant responses (they only grow)"
-            )
+    if ask is not None and ask.responses_at_ask > (answered := responses(records)):
+        return (
+            f"snapshot field 'records.ask.responses_at_ask' is {ask.responses_at_ask}, but this conversation "
+            f"has {answered} assistant responses (they only grow)"
+        )
     fallback = fallback_for(config, state)
-    if fallback is not None:
-        return anchored.check(fallback, state.fallback, history)
-    return None
+    return None if fallback is None else anchored.check(fallback, state.fallback, history)
 
 
 def rules(
@@ -785,40 +748,31 @@ def rules(
     """
     memo = memo if isinstance(memo, RecordMemo) else RecordMemo()
     seen = history if isinstance(history, View) else view(history, memo.view)
-    records = seen.records
-    # Every hold is decided afresh on each pass (so both lists agree on what stays): the
-    # holds this pass gives, by index into ``records``; any other hold is released.
-    holds: dict[int, str] = {}
+    records, recall_ids, grouping = seen.records, seen.recall_ids, seen.grouping
     tokens_before = seen.sent
     triggered = tokens_before > config.trigger_tokens
-    recall_ids = seen.recall_ids
-    found = [k for k, r in enumerate(records) if is_record(r, recall_ids)]
-    grouping = seen.grouping
-    if not found:
+    found = [k for k, r in enumerate(records) if record_text(r, recall_ids)]
+    if not found:  # every hold is released (holds are decided afresh on each pass, so both lists agree)
         fallback = Fallback.PLAIN if tokens_before >= config.fallback_tokens else Fallback.NONE
         report = RecordReport(tokens_before, tokens_before, triggered=triggered, fallback=fallback)
-        output = _with_holds(records, holds)
-        return _done(seen, output, decisions=decisions, report=report, memo=memo)
+        return _done(seen, _with_holds(records, {}), decisions=decisions, report=report, memo=memo)
 
     text = "\n".join(record_text(records[k], recall_ids) for k in found)
-    quoted = _quoted(text, memo.quoted)
+    quoted = memo.quoted if memo.quoted is not None and memo.quoted[0] == text else (text, name_mentions(text))
     # The records that judge: the active ones, and those a composition's merge or rewrite replaced, where they
     # stood (a replacement stands where the first it replaced stood: without these, a group a later replaced
     # record judged would be judged again by the next record, at its old position).
     active = set(found)
-    judging: list[int] = []
-    carried: list[str] = []
-    for k, r in enumerate(records):
-        said = record_text(r, recall_ids) if k in active else _replaced_text(r, recall_ids)
-        if said:
-            judging.append(k)
-            carried.append(said)
-    texts = tuple(carried)
+    said = [
+        (k, record_text(r, recall_ids) if k in active else _replaced_text(r, recall_ids)) for k, r in enumerate(records)
+    ]
+    judging = [k for k, t in said if t]
+    texts = tuple(t for _, t in said if t)
     judges = _judges(texts, memo.judges)
     values: dict[str, tuple[str, ...]] = {}
     candidates, gone = _candidates(config, records, grouping, found[-1], recall_ids, values=(memo.values, values))
     by_position = list(zip(judging, judges[1], judges[2], strict=True))
-    covered, weak, uncovered = _coverage(config, candidates, quoted, gone, by_position)
+    covered, weak, uncovered = _coverage(config, candidates, quoted[1], gone, by_position)
     held_thin: list[_Candidate] = []
     if not cut_thin:  # held whole and asked for again (a large one releases the rows the records quote)
         held_thin, weak = [c for c, _ in weak], []
@@ -829,55 +783,48 @@ def rules(
     uncovered = [c for c in uncovered if c not in broken]
     # A group the records cover in part leaves only what they quote: the lines with a value
     # they do not quote stay, as its remnant (the group counts as covered: it is not asked for).
-    partial = [(c, words) for c, words in covered if any(v not in words for v in c.values)]
+    cut = [(c, words) for c, words in covered if any(v not in words for v in c.values)]
     output = list(records)
     dropped = _exclude(output, [c for c, words in covered if all(v in words for v in c.values)])
-    remnants = _keep_remnants(output, partial, measure)
+    remnants = sum(_rewrite_results(output, c.group, partial(_remnant_of, words), measure)[0] for c, words in cut)
     # A group quoted too thinly: a large result first releases the table rows the judging records quote
     # verbatim, then every result keeps only its lines with a value (the marker names what left).
     rows, distilled = _cut_thin(config, output, weak, texts, judging, measure=measure, recall_ids=recall_ids)
     rows += _release_rows(config, output, held_thin, text, measure=measure, recall_ids=recall_ids)
     joined = _exclude(output, broken)
-    for candidate in uncovered:
-        for index in candidate.group.members:
-            holds[index] = HOLD_UNCOVERED
-    _hold_records(output, grouping, frozenset(found), holds)
-
-    new_decisions, asked = _chain(
-        decisions, {c.ordinal for c in uncovered}, records_written(records), responses(records)
-    )
-    settled = tuple(c.ordinal for c in uncovered if c.ordinal in new_decisions.settled)
-    tokens_after = tokens_before + _change(records, output)
-    held_unrecorded = 0
-    fallback = Fallback.NONE
-    # Holds are recomputed on every pass, so the two lists still agree on what stays.
-    if tokens_after > config.max_input_tokens:
-        fallback = Fallback.BEHIND_RECORD
-        held_unrecorded = _hold_unrecorded(output, grouping, recall_ids, holds)
-    elif fallback_stands:  # the fallback replays its sheds under the holds it ran with
-        _hold_unrecorded(output, grouping, recall_ids, holds)
+    # Every hold is decided afresh on each pass (so both lists agree on what stays): the
+    # holds this pass gives, by index into ``records``; any other hold is released.
+    holds = dict.fromkeys((i for c in uncovered for i in c.group.members), HOLD_UNCOVERED)
+    # Every record is held with its group (the host's own preserve already protects a message).
+    recorded = [g for g in grouping.all if any(i in active for i in g.members)]
+    holds.update((i, HOLD_RECORD) for g in recorded for i in g.members if not output[i].preserved)
+    decided, asked = _chain(decisions, {c.ordinal for c in uncovered}, records_written(records), responses(records))
+    tokens_after = tokens_before + sent_tokens(output) - sent_tokens(records)
+    over = tokens_after > config.max_input_tokens
+    # Over the budget, the fallback behind the record runs; when its sheds stand, it replays them under these holds.
+    held_unrecorded = _hold_unrecorded(output, grouping, recall_ids, holds) if over or fallback_stands else 0
     output = _with_holds(output, holds)
     report = RecordReport(
         tokens_before=tokens_before,
         tokens_after=tokens_after,
         triggered=triggered,
         records=len(found),
-        covered=tuple(sorted([c.ordinal for c, _ in covered] + [c.ordinal for c, _ in weak])),
+        covered=tuple(sorted(c.ordinal for c, _ in [*covered, *weak])),
         dropped=tuple(dropped),
         joined=tuple(joined),
         thin=tuple(c.ordinal for c, _ in weak),
         uncovered=tuple(c.ordinal for c in uncovered),
-        settled=settled,
+        settled=tuple(c.ordinal for c in uncovered if c.ordinal in decided.settled),
         asked=asked,
         rows_released=rows,
         remnants=remnants,
         distilled=distilled,
         unreachable=_unreachable(config, uncovered, measure),
-        held_unrecorded=held_unrecorded,
-        fallback=fallback,
+        held_unrecorded=held_unrecorded if over else 0,
+        fallback=Fallback.BEHIND_RECORD if over else Fallback.NONE,
     )
     memo = RecordMemo(values=values, quoted=quoted, judges=judges)
-    return _done(seen, output, decisions=new_decisions, report=report, memo=memo)
+    return _done(seen, output, decisions=decided, report=report, memo=memo)
 
 
 def _with_holds(records: Sequence[MessageRecord], holds: Mapping[int, str]) -> list[MessageRecord]:
@@ -885,35 +832,12 @@ def _with_holds(records: Sequence[MessageRecord], holds: Mapping[int, str]) -> l
     return [r if r.held == holds.get(k) else flagged(r, held=holds.get(k)) for k, r in enumerate(records)]
 
 
-def _quoted(
-    text: str, memo: tuple[str, frozenset[str], Mapping[str, int]] | None
-) -> tuple[str, frozenset[str], Mapping[str, int]]:
-    """The records' ``text`` with its words and name mentions (the memo's, when it read the same text)."""
-    if memo is not None and memo[0] == text:
-        return memo
-    return text, word_set(text), name_mentions(text)
-
-
 def _exclude(output: list[MessageRecord], candidates: Sequence[_Candidate]) -> list[int]:
     """Exclude every member of ``candidates`` in ``output``; origins of the newly excluded."""
-    origins: list[int] = []
-    for candidate in candidates:
-        for index in candidate.group.members:
-            record = output[index]
-            if not record.excluded:
-                output[index] = flagged(record, excluded=True, reason=EXCLUDE_REASON)
-                if record.origin is not None:
-                    origins.append(record.origin)
-    return origins
-
-
-def _change(before: Sequence[MessageRecord], after: Sequence[MessageRecord]) -> int:
-    """How the included tokens changed from ``before`` to ``after`` (same length)."""
-    return sum(
-        (0 if new.excluded else new.tokens) - (0 if old.excluded else old.tokens)
-        for old, new in zip(before, after, strict=True)
-        if old is not new
-    )
+    fresh = [i for c in candidates for i in c.group.members if not output[i].excluded]
+    for index in fresh:
+        output[index] = flagged(output[index], excluded=True, reason=EXCLUDE_REASON)
+    return [r.origin for r in (output[i] for i in fresh) if r.origin is not None]
 
 
 def _done(
@@ -921,14 +845,19 @@ def _done(
 ) -> Done[RecordDecisions, RecordReport]:
     """The rules' answer: the decisions are its state; its memo carries the view of its history (the input's
     grouping: the rules change only flags and results' text)."""
-    output = seen.history
-    if any(new is not old for new, old in zip(records, seen.records, strict=True)):
-        rebuilt = list(output)
-        for index, record in zip(seen.indices, records, strict=True):
-            rebuilt[index] = record
-        output = pvector(rebuilt)
+    output = _placed(seen, records)
     changed = View(output, seen.indices, tuple(records), seen.grouping, seen.recall_ids, sent_tokens(output))
     return Done(history=output, state=decisions, report=report, memo=replace(memo, view=changed))
+
+
+def _placed(seen: View, records: Sequence[MessageRecord]) -> History:
+    """``seen``'s history with the messages of its view replaced by ``records`` (itself when none changed)."""
+    if all(new is old for new, old in zip(records, seen.records, strict=True)):
+        return seen.history
+    output = list(seen.history)
+    for index, record in zip(seen.indices, records, strict=True):
+        output[index] = record
+    return pvector(output)
 
 
 def _candidates(
@@ -966,16 +895,13 @@ def _candidates(
             continue
         if any(records[i].preserved for i in members) or _is_recall_group(records, group, recall_ids):
             continue  # another component's, or a recall group
+        names = tuple(name for i in members for name in records[i].call_names)
         if all(records[i].excluded for i in members):  # already gone, judged all the same
-            gone.append(tuple(name for i in members for name in records[i].call_names))
+            gone.append(names)
             continue
         texts = [_judged_text(p) for i in members for p in records[i].parts if p.kind == "function_result" and p.text]
-        for text in texts:
-            if text not in seen:
-                cached = known.get(text)
-                seen[text] = distinctive_values(text) if cached is None else cached
+        seen.update({t: known[t] if t in known else distinctive_values(t) for t in texts if t not in seen})
         group_values = seen[texts[0]] if len(texts) == 1 else tuple(dict.fromkeys(v for t in texts for v in seen[t]))
-        names = tuple(name for i in members for name in records[i].call_names)
         found.append(_Candidate(ordinal, group, group_values, names))
     return found, gone
 
@@ -987,41 +913,34 @@ def _judged_text(part: Part) -> str:
     return part.original if part.original is not None and cut else part.text
 
 
-def _keep_remnants(
-    output: list[MessageRecord], groups: Sequence[tuple[_Candidate, frozenset[str]]], measure: Measure
-) -> int:
-    """Cut the included plain-text results of each group to its remnant (the lines with a value the words of the
-    records that judged it do not quote), in ``output``; how many changed."""
-    changed = 0
-    for candidate, words in groups:
-
-        def cut(part: Part, quoted: frozenset[str] = words) -> tuple[str, int]:
-            return remnant(_judged_text(part), quoted), 0
-
-        changed += _rewrite_results(output, candidate.group, cut, measure)[0]
-    return changed
+def _remnant_of(quoted: frozenset[str], part: Part) -> tuple[str, int]:
+    """A result's remnant under the words ``quoted`` of the records that judged it (:func:`.distill.remnant`)."""
+    return remnant(_judged_text(part), quoted), 0
 
 
 def _rewrite_results(
-    output: list[MessageRecord], group: Group, cut: Callable[[Part], tuple[str, int]], measure: Measure
+    output: list[MessageRecord],
+    group: Group,
+    cut: Callable[[Part], tuple[str, int]],
+    measure: Measure,
+    *,
+    excluded_too: bool = False,
 ) -> tuple[int, int]:
-    """Give each included plain-text result of ``group`` the text ``cut`` makes of it, in ``output``; (results
-    changed, the sum of ``cut``'s counts for those)."""
+    """Give each included (or, ``excluded_too``, every) plain-text result of ``group`` the text ``cut`` makes of it,
+    in ``output``; (results changed, the sum of ``cut``'s counts for those)."""
     changed = counted = 0
     for index in group.members:
         record = output[index]
-        if record.excluded:
+        if record.excluded and not excluded_too:
             continue
-        parts: list[Part] = []
-        for part in record.parts:
+        parts = list(record.parts)
+        for k, part in enumerate(parts):
             if part.kind != "function_result" or part.structured or not part.text:
-                parts.append(part)
                 continue
             text, count = cut(part)
-            same = text == part.text
-            parts.append(part if same else replace(part, text=text, tokens=measure(text) + part.media_tokens))
-            changed += not same
-            counted += 0 if same else count
+            if text != part.text:
+                parts[k] = replace(part, text=text, tokens=measure(text) + part.media_tokens)
+                changed, counted = changed + 1, counted + count
         tokens = record.tokens - sum(p.tokens for p in record.parts) + sum(p.tokens for p in parts)
         output[index] = replace(record, parts=tuple(parts), tokens=tokens)
     return changed, counted
@@ -1048,77 +967,57 @@ def _cut_thin(
     target = config.record_target_tokens
     rows = changed = 0
     for candidate, judge in weak:
-        ambiguous: frozenset[RowKey] | None = None
         judging = "\n".join(texts[: judge + 1])
         quoted = frozenset(row_keys(judging)) if target is not None and "|" in judging else frozenset[RowKey]()
-        originals = [
-            _judged_text(p)
-            for i in candidate.group.members
-            for p in output[i].parts
-            if p.kind == "function_result" and not p.structured and p.text
-        ]
-        large = bool(quoted) and target is not None and sum(measure(t) for t in originals) > target
-        if large:
-            ambiguous = repeated_rows(
-                p.original or p.text
-                for r in output[: positions[judge]]
-                for p in r.parts
-                if p.kind == "function_result" and p.call_id not in recall_ids
-            )
-
-        def cut(
-            part: Part, rows_of: frozenset[RowKey] | None = ambiguous, keys: frozenset[RowKey] = quoted
-        ) -> tuple[str, int]:
-            base, released = _judged_text(part), 0
-            if rows_of is not None:
-                base, released = release_rows(base, keys, rows_of)
-            return distill(base), released
-
+        results = [_judged_text(p) for p in _string_results(output, candidate.group) if p.text]
+        large = bool(quoted) and target is not None and sum(map(measure, results)) > target
+        ambiguous = _ambiguous_rows(output[: positions[judge]], recall_ids) if large else None
+        cut = partial(_thinned, quoted, ambiguous)
         cut_now, released_now = _rewrite_results(output, candidate.group, cut, measure)
         changed, rows = changed + cut_now, rows + released_now
     return rows, changed
 
 
+def _thinned(quoted: frozenset[RowKey], ambiguous: frozenset[RowKey] | None, part: Part) -> tuple[str, int]:
+    """A thinly quoted result cut to its value lines (:func:`.distill.distill`), after releasing the ``quoted``
+    table rows when ``ambiguous`` (the rows that must stay) is given; (its text, rows released)."""
+    text, released = _judged_text(part), 0
+    if ambiguous is not None:
+        text, released = release_rows(text, quoted, ambiguous)
+    return distill(text), released
+
+
 def _coverage(
     config: RecordConfig,
     candidates: Sequence[_Candidate],
-    record: tuple[str, frozenset[str], Mapping[str, int]],
+    mentions: Mapping[str, int],
     gone: Sequence[tuple[str, ...]],
     judges: Sequence[tuple[int, frozenset[str], frozenset[str]]],
 ) -> tuple[list[tuple[_Candidate, frozenset[str]]], list[tuple[_Candidate, int]], list[_Candidate]]:
     """Split candidates into covered (with the words that judged each), quoted too thinly (with the number of
     the record that judged each, counted from 0), and uncovered.
 
-    ``record`` is the records' (text, word set, name mentions); ``gone`` holds the tool
+    ``mentions`` counts the tool names the records mention; ``gone`` holds the tool
     names of the judged groups already excluded; ``judges`` gives each record's index with
     its own words and the words of it and every record before it. A group with values is
     judged once, by the first record after it that itself quotes any of them, with the
     records up to that one (:func:`_judge`): a later record never changes what stays of it. A group without values
     is covered when each tool it called is named as often as candidate groups call it.
     """
-    _, _, mentions = record
-    callers: dict[str, int] = {}
-    for names in [*(c.names for c in candidates), *gone]:
-        for name in set(names):
-            callers[name] = callers.get(name, 0) + 1
+    callers = Counter(name for names in [*(c.names for c in candidates), *gone] for name in set(names))
     covered: list[tuple[_Candidate, frozenset[str]]] = []
     weak: list[tuple[_Candidate, int]] = []
     uncovered: list[_Candidate] = []
     for candidate in candidates:
-        if candidate.values:
-            judge = _judge(candidate, judges)
-            if judge is None:
-                uncovered.append(candidate)
-                continue
+        names = set(candidate.names)
+        judge = _judge(candidate, judges) if candidate.values else None
+        if judge is not None:
             words = judges[judge][2]
-            needed = share_of(len(candidate.values), config.coverage_share)
-            if sum(1 for v in candidate.values if v in words) >= needed:
+            if sum(1 for v in candidate.values if v in words) >= share_of(len(candidate.values), config.coverage_share):
                 covered.append((candidate, words))
             else:
                 weak.append((candidate, judge))
-            continue
-        names = set(candidate.names)
-        if names and all(mentions.get(n.lower(), 0) >= callers[n] for n in names):
+        elif not candidate.values and names and all(mentions.get(n.lower(), 0) >= callers[n] for n in names):
             covered.append((candidate, frozenset()))
         else:
             uncovered.append(candidate)
@@ -1129,10 +1028,8 @@ def _judge(candidate: _Candidate, judges: Sequence[tuple[int, frozenset[str], fr
     """Which record judges ``candidate`` (counted from 0): the first after it that itself quotes any of its
     values; ``None`` when no record after it does (a record before it that happens to hold a value does not)."""
     last = candidate.group.members[-1]
-    for number, (position, own, _) in enumerate(judges):
-        if position > last and any(v in own for v in candidate.values):
-            return number
-    return None
+    quoting = (n for n, (at, own, _) in enumerate(judges) if at > last and any(v in own for v in candidate.values))
+    return next(quoting, None)
 
 
 def _judges(texts: tuple[str, ...], memo: _Judges | None) -> _Judges:
@@ -1140,14 +1037,13 @@ def _judges(texts: tuple[str, ...], memo: _Judges | None) -> _Judges:
     memo's, when it read the same texts; a new record after them extends it)."""
     if memo is not None and memo[0] == texts:
         return memo
-    extends = memo is not None and texts[: len(memo[0])] == memo[0]
-    own = list(memo[1]) if memo is not None and extends else []
-    cumulative = list(memo[2]) if memo is not None and extends else []
-    empty: frozenset[str] = frozenset()
+    if memo is None or texts[: len(memo[0])] != memo[0]:
+        memo = ((), (), ())
+    own, cumulative = list(memo[1]), list(memo[2])
     for text in texts[len(own) :]:
         words = word_set(text)
         own.append(words)
-        cumulative.append(words | (cumulative[-1] if cumulative else empty))
+        cumulative.append(words | cumulative[-1] if cumulative else words)
     return texts, tuple(own), tuple(cumulative)
 
 
@@ -1160,7 +1056,7 @@ def _release_rows(
     measure: Measure,
     recall_ids: frozenset[str],
 ) -> int:
-    """Release quoted table rows from large uncovered string results, in ``output``.
+    """Release quoted table rows from large uncovered string results, in ``output`` (their excluded messages too).
 
     A row repeated under the same headings anywhere in the loaded tool results (records
     aside: they quote it) stays, because the record cannot say which result it is from.
@@ -1168,57 +1064,35 @@ def _release_rows(
     target = config.record_target_tokens
     if target is None or "|" not in record:
         return 0
-    large = [c for c in uncovered if _string_result_tokens(output, c.group) > target]
-    if not large:
-        return 0
-    quoted = frozenset(row_keys(record))
+    large = [c for c in uncovered if sum(p.tokens - p.media_tokens for p in _string_results(output, c.group)) > target]
+    quoted = frozenset(row_keys(record)) if large else frozenset[RowKey]()
     if not quoted:
         return 0
-    ambiguous = repeated_rows(
+    ambiguous = _ambiguous_rows(output, recall_ids)
+
+    def release(part: Part) -> tuple[str, int]:
+        # A distilled result is the safety net's final form (every value already kept): releasing
+        # rows from it later would change bytes a pass over its own output must keep.
+        if "|" not in part.text or is_distilled(part.text):
+            return part.text, 0
+        return release_rows(part.text, quoted, ambiguous)
+
+    return sum(_rewrite_results(output, c.group, release, measure, excluded_too=True)[1] for c in large)
+
+
+def _ambiguous_rows(loaded: Iterable[MessageRecord], recall_ids: frozenset[str]) -> frozenset[RowKey]:
+    """Table rows repeated under the same headings in the ``loaded`` tool results (records aside)."""
+    return repeated_rows(
         p.original or p.text
-        for r in output
+        for r in loaded
         for p in r.parts
         if p.kind == "function_result" and p.call_id not in recall_ids
     )
-    released = 0
-    for candidate in large:
-        for index in candidate.group.members:
-            old = output[index]
-            parts, count = _released_parts(old.parts, quoted, ambiguous, measure)
-            if count:
-                released += count
-                tokens = old.tokens - sum(p.tokens for p in old.parts) + sum(p.tokens for p in parts)
-                output[index] = replace(old, parts=parts, tokens=tokens)
-    return released
 
 
-def _string_result_tokens(records: Sequence[MessageRecord], group: Group) -> int:
-    return sum(
-        p.tokens - p.media_tokens
-        for i in group.members
-        for p in records[i].parts
-        if p.kind == "function_result" and not p.structured
-    )
-
-
-def _released_parts(
-    parts: tuple[Part, ...], quoted: frozenset[RowKey], ambiguous: frozenset[RowKey], measure: Measure
-) -> tuple[tuple[Part, ...], int]:
-    out: list[Part] = []
-    released = 0
-    for part in parts:
-        # A distilled result is the safety net's final form (every value already kept): releasing
-        # rows from it later would change bytes a pass over its own output must keep.
-        if part.kind != "function_result" or part.structured or "|" not in part.text or is_distilled(part.text):
-            out.append(part)
-            continue
-        text, count = release_rows(part.text, quoted, ambiguous)
-        if count:
-            released += count
-            out.append(replace(part, text=text, tokens=measure(text) + part.media_tokens))
-        else:
-            out.append(part)
-    return tuple(out), released
+def _string_results(records: Sequence[MessageRecord], group: Group) -> Iterator[Part]:
+    """The plain-text (not structured) tool results of ``group``."""
+    return (p for i in group.members for p in records[i].parts if p.kind == "function_result" and not p.structured)
 
 
 def responses(history: Iterable[MessageRecord]) -> int:
@@ -1233,13 +1107,8 @@ def responses(history: Iterable[MessageRecord]) -> int:
 
 def _response(record: MessageRecord) -> bool:
     """``record`` is a model response on the conversation's clock (see :func:`responses`)."""
-    return (
-        record.role == "assistant"
-        and not record.is_reasoning_only
-        and not record.written_record
-        and not record.note
-        and not record.injected
-    )
+    ours = record.written_record or record.note or record.injected  # a record compaction wrote, a note, context
+    return record.role == "assistant" and not (record.is_reasoning_only or ours)
 
 
 def written_by(history: Sequence[MessageRecord], clock: int) -> int:
@@ -1283,21 +1152,14 @@ def _chain(
     ask = decisions.ask
     if ask is not None:
         still = tuple(t for t in ask.targets if t in uncovered)
-        if records > ask.records_at_ask:
-            if len(still) == len(ask.targets):  # the record came and covered none of them
-                settled.update(still)
-                ask = None
-            else:
-                ask = Ask(targets=still, records_at_ask=records, responses_at_ask=responses) if still else None
-                if ask is not None:
-                    return RecordDecisions(settled=tuple(sorted(settled)), ask=ask), still
-        elif responses >= ask.responses_at_ask + ASK_RESPONSES:
-            settled.update(still)
+        if records > ask.records_at_ask and 0 < len(still) < len(ask.targets):  # the record covered part of them
+            ask = Ask(targets=still, records_at_ask=records, responses_at_ask=responses)
+            return RecordDecisions(settled=tuple(sorted(settled)), ask=ask), still
+        if records > ask.records_at_ask or responses >= ask.responses_at_ask + ASK_RESPONSES:
+            settled.update(still)  # a record came and covered none of them (or all), or the ask timed out
             ask = None
-    asked: tuple[int, ...] = ()
-    waiting = sorted(uncovered - settled)
-    if ask is None and waiting:
-        asked = tuple(waiting)
+    asked = tuple(sorted(uncovered - settled)) if ask is None else ()
+    if asked:
         ask = Ask(targets=asked, records_at_ask=records, responses_at_ask=responses)
     return RecordDecisions(settled=tuple(sorted(settled)), ask=ask), asked
 
@@ -1348,17 +1210,6 @@ def record_expected(state: State) -> bool:
     return state.records.ask is not None or recall.next_pin is not None or recall.in_flight or recall.asking is not None
 
 
-def _hold_records(
-    output: Sequence[MessageRecord], grouping: Grouping, found: frozenset[int], holds: dict[int, str]
-) -> None:
-    """Hold every record with its group (in ``holds``): records stay in the prompt, whatever the fallback does."""
-    for group in grouping.all:
-        if any(i in found for i in group.members):
-            for index in group.members:
-                if not output[index].preserved:  # the host's own preserve already protects it
-                    holds[index] = HOLD_RECORD
-
-
 def _hold_unrecorded(
     output: Sequence[MessageRecord],
     grouping: Grouping,
@@ -1376,19 +1227,12 @@ def _hold_unrecorded(
     """
     held = 0
     for group in grouping.all:
-        members = group.members
-        if group.kind != "tool_call":
+        if group.kind != "tool_call" or any(output[i].preserved or holds.get(i) for i in group.members):
             continue
-        excluded = all(output[i].excluded for i in members)
-        if excluded and not shed_too:
-            continue
-        if any(output[i].preserved or holds.get(i) for i in members):
-            continue
-        if not excluded and _is_recall_group(output, group, recall_ids):
-            continue
-        for index in members:
-            holds[index] = HOLD_UNRECORDED
-        held += 1
+        excluded = all(output[i].excluded for i in group.members)
+        if (excluded and shed_too) or (not excluded and not _is_recall_group(output, group, recall_ids)):
+            holds.update(dict.fromkeys(group.members, HOLD_UNRECORDED))
+            held += 1
     return held
 
 
@@ -1409,14 +1253,10 @@ def hold_unrecorded(seen: View) -> History:
     holds = {k: r.held for k, r in enumerate(records) if r.held is not None}
     if not _hold_unrecorded(records, seen.grouping, seen.recall_ids, holds, shed_too=True):
         return seen.history
-    output = list(seen.history)
-    for k, (index, record) in enumerate(zip(seen.indices, records, strict=True)):
-        hold = holds.get(k)
-        if record.excluded and hold is not None:
-            output[index] = flagged(record, held=None, preserved=True)
-        elif record.held != hold:
-            output[index] = flagged(record, held=hold)
-    return pvector(output)
+    held = _with_holds(records, holds)  # an excluded message is protected without the hold, which it would drop
+    return _placed(
+        seen, [flagged(r, held=None, preserved=True) if r.excluded and r.held is not None else r for r in held]
+    )
 
 
 def release_unrecorded(seen: View) -> History:
@@ -1428,13 +1268,7 @@ def release_unrecorded(seen: View) -> History:
     and its holds are released, so a pass over that output (under the budget from the start,
     where the rules hold nothing) gives the same history.
     """
-    if not any(r.held == HOLD_UNRECORDED for r in seen.records):
-        return seen.history
-    output = list(seen.history)
-    for index, record in zip(seen.indices, seen.records, strict=True):
-        if record.held == HOLD_UNRECORDED:
-            output[index] = flagged(record, held=None)
-    return pvector(output)
+    return _placed(seen, [flagged(r, held=None) if r.held == HOLD_UNRECORDED else r for r in seen.records])
 
 
 def _unreachable(config: RecordConfig, uncovered: Sequence[_Candidate], measure: Measure) -> int:
@@ -1442,12 +1276,8 @@ def _unreachable(config: RecordConfig, uncovered: Sequence[_Candidate], measure:
     target = config.record_target_tokens
     if target is None:
         return 0
-    count = 0
-    for candidate in uncovered:
-        if not candidate.values:
-            continue
-        needed = share_of(len(candidate.values), config.coverage_share)
-        cheapest = sorted(measure(v) for v in candidate.values)[:needed]
-        if sum(cheapest) > target:
-            count += 1
-    return count
+    return sum(
+        1
+        for c in uncovered
+        if c.values and sum(sorted(map(measure, c.values))[: share_of(len(c.values), config.coverage_share)]) > target
+    )

@@ -17,7 +17,7 @@ _MARKER_RE = re.compile(r"\n\[\.\.\. removed by compaction: [\d,]+ characters\]\
 
 #: Refinement passes when converting a token target into a character count.
 _FIT_PASSES = 4
-#: A cut within this many percent under its token target is accepted without refining.
+#: A cut within this many percent under its token target is accepted without refining (sparing tokenizer passes).
 _FIT_SLACK_PERCENT = 3
 #: A cut moves back to a line boundary found within this share of the slice.
 _SNAP_SHARE = 0.2
@@ -41,10 +41,8 @@ def shorten(text: str, budget: int, measure: Measure, tokens: int | None = None)
     total = measure(text) if tokens is None else tokens
     if total <= budget or is_shortened(text):
         return text
-    head_budget = budget // 2
-    tail_budget = budget - head_budget
-    head_end = _fit_head(text, head_budget, total, measure)
-    tail_start = _fit_tail(text, tail_budget, total, measure, floor=head_end)
+    head_end = _fit_head(text, budget // 2, total, measure)
+    tail_start = _fit_tail(text, budget - budget // 2, total, measure, floor=head_end)
     removed = tail_start - head_end
     if removed <= 0:
         return text
@@ -63,7 +61,7 @@ def _fit_head(text: str, target: int, total: int, measure: Measure) -> int:
         used = measure(text[:guess])
         if used <= target:
             best = max(best, guess)
-            if used >= target - _fit_slack(target) or guess == len(text):
+            if used >= target - target * _FIT_SLACK_PERCENT // 100 or guess == len(text):
                 break
             guess = guess * target // max(used, 1) if used else guess * 2
             if guess <= best:
@@ -87,7 +85,7 @@ def _fit_tail(text: str, target: int, total: int, measure: Measure, *, floor: in
         used = measure(text[length - size :])
         if used <= target:
             best = min(best, length - size)
-            if used >= target - _fit_slack(target) or length - size == floor:
+            if used >= target - target * _FIT_SLACK_PERCENT // 100 or length - size == floor:
                 break
             grown = size * target // max(used, 1) if used else size * 2
             if grown <= size:
@@ -96,11 +94,6 @@ def _fit_tail(text: str, target: int, total: int, measure: Measure, *, floor: in
         else:
             size = size * target // used
     return _snap_forward(text, best, floor)
-
-
-def _fit_slack(target: int) -> int:
-    """How far under its target a cut may stop: a few percent, to spare tokenizer passes."""
-    return target * _FIT_SLACK_PERCENT // 100
 
 
 def _snap_back(text: str, end: int) -> int:
@@ -116,6 +109,5 @@ def _snap_forward(text: str, start: int, floor: int) -> int:
     length = len(text)
     if start >= length or start <= floor:
         return start
-    window = max(1, int((length - start) * _SNAP_SHARE))
-    newline = text.find("\n", start, start + window)
+    newline = text.find("\n", start, start + max(1, int((length - start) * _SNAP_SHARE)))
     return newline + 1 if newline >= 0 else start
