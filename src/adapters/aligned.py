@@ -122,23 +122,21 @@ def answer_text(response: ChatResponse) -> str | None:
     the instruction: it is answered as a line naming the call, which the core judges (it
     quotes nothing it was asked about), and no tool runs.
     """
-    calls: list[str] = []
-    for message in response.messages:
-        for content in message.contents:
-            if content.type == "function_call" and content.name != RECALL_TOOL_NAME:
-                calls.append(f"{CALLED_INSTEAD}{content.name}]")
-            if content.type == "function_call" and content.name == RECALL_TOOL_NAME:
-                arguments: object = content.arguments
-                if isinstance(arguments, str):
-                    try:
-                        arguments = json.loads(arguments)
-                    except ValueError:
-                        return arguments.strip() or None
-                if isinstance(arguments, Mapping):
-                    values = arguments.get("values")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
-                    if isinstance(values, str) and values.strip():
-                        return values
+    calls = [c for m in response.messages for c in m.contents if c.type == "function_call"]
+    for call in calls:
+        if call.name != RECALL_TOOL_NAME:
+            continue
+        arguments: object = call.arguments
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                return arguments.strip() or None
+        if isinstance(arguments, Mapping):
+            values = arguments.get("values")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+            if isinstance(values, str) and values.strip():
+                return values
     text = response.text
     if isinstance(text, str) and text.strip():
         return text
-    return " ".join(calls) or None
+    return " ".join(f"{CALLED_INSTEAD}{c.name}]" for c in calls if c.name != RECALL_TOOL_NAME) or None

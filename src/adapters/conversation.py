@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from itertools import islice
 from typing import Any, Generic, TypeVar
 
 from agent_framework import Message
@@ -97,12 +98,9 @@ def message_key(message: Message) -> str:
 
 def conversation_key(messages: Iterable[Message]) -> tuple[str, ...]:
     """The keys of the first messages of history (injected context and our own messages aside)."""
-    keys: list[str] = []
-    for message in messages:
-        props = message.additional_properties
-        if NOTE_KEY in props or WRITTEN_RECORD_KEY in props or is_summary(message) or is_injected(message):
-            continue
-        keys.append(message_key(message))
-        if len(keys) == _KEY_MESSAGES:
-            break
-    return tuple(keys)
+    history = (m for m in messages if not (_ours(m) or is_summary(m) or is_injected(m)))
+    return tuple(message_key(message) for message in islice(history, _KEY_MESSAGES))
+
+
+def _ours(message: Message) -> bool:
+    return NOTE_KEY in message.additional_properties or WRITTEN_RECORD_KEY in message.additional_properties

@@ -30,23 +30,6 @@ from ..core.errors import ErrorValue
 
 logger = logging.getLogger("maf_compaction")
 
-__all__ = [
-    "HeldLease",
-    "LeaseTimeoutError",
-    "SessionLease",
-    "SessionLeaseError",
-    "SessionLeases",
-    "SessionPayloadError",
-    "SessionStore",
-    "SessionStoreError",
-    "SessionVanishedError",
-    "StaleLeaseError",
-    "leased_session",
-    "require_lease_for",
-    "require_session_id",
-    "restore_session",
-]
-
 
 class SessionLeaseError(ErrorValue):
     """Base class of the errors of session leases and session stores."""
