@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from agent_framework import BaseChatClient, ChatResponse, Message
+from agent_framework import BaseChatClient, ChatResponse, Content, Message
 from agent_framework._sessions import is_local_history_conversation_id
 
 from ..core.effects import CALLED_INSTEAD, Request
@@ -122,7 +122,7 @@ def answer_text(response: ChatResponse) -> str | None:
     the instruction: it is answered as a line naming the call, which the core judges (it
     quotes nothing it was asked about), and no tool runs.
     """
-    calls = [c for m in response.messages for c in m.contents if c.type == "function_call"]
+    calls = function_calls(response)
     for call in calls:
         if call.name != RECALL_TOOL_NAME:
             continue
@@ -140,3 +140,8 @@ def answer_text(response: ChatResponse) -> str | None:
     if isinstance(text, str) and text.strip():
         return text
     return " ".join(f"{CALLED_INSTEAD}{c.name}]" for c in calls if c.name != RECALL_TOOL_NAME) or None
+
+
+def function_calls(response: ChatResponse) -> list[Content]:
+    """The function calls in ``response``, in order."""
+    return [content for message in response.messages for content in message.contents if content.type == "function_call"]

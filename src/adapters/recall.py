@@ -42,7 +42,7 @@ from ..core.recall import PinKind, PinRule
 from ..core.records import RECALL_TOOL_NAME, RECORD_PREFIX, RecordConfig, on_recall, recall_status, reforce_pending
 from ..core.stack import with_armed
 from ..core.state import State
-from .aligned import SentHead
+from .aligned import SentHead, function_calls
 from .conversation import Conversation
 from .convert import HistoryCache
 from .counting import Tokenizer, as_estimator
@@ -568,11 +568,9 @@ class ToolResultRecallMiddleware(ChatMiddleware):
 
     def _judge(self, response: ChatResponse) -> None:
         """The provider-support verdict on one complete forced response."""
-        if response.finish_reason == "length":
-            self.records_truncated += 1
+        self.records_truncated += response.finish_reason == "length"
         called = _calls_recall(response)
-        if not called:
-            self.ignored_forced_calls += 1
+        self.ignored_forced_calls += not called
         action = self._advance(machine.ForcedResponse(called_recall=called))
         if isinstance(action, machine.Disable):
             logger.warning(
@@ -592,8 +590,4 @@ class ToolResultRecallMiddleware(ChatMiddleware):
 
 
 def _calls_recall(response: ChatResponse) -> bool:
-    return any(
-        content.type == "function_call" and content.name == RECALL_TOOL_NAME
-        for message in response.messages
-        for content in message.contents
-    )
+    return any(call.name == RECALL_TOOL_NAME for call in function_calls(response))

@@ -543,8 +543,7 @@ class SessionCompactionRegistry:
             scope = scope.parent
         self._end_dropped()
         self._refuse_overlap(session_id, name)
-        entry = self._load(session)
-        opened = _Phase(self, session, name, entry, outer, task=task)
+        opened = _Phase(self, session, name, self._load(session), outer, task=task)
         self._open[session_id] = opened
         return opened
 
