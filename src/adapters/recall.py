@@ -417,6 +417,16 @@ class ToolResultRecallMiddleware(ChatMiddleware):
     async def _forced(self, context: ChatContext, call_next: Callable[[], Awaitable[None]], pin: machine.Pin) -> None:
         caller_options = context.options
         caller_messages = list(context.messages)
+
+        async def call_again() -> object:
+            """Run the rest of the chain again, exactly as the caller asked (no pin, no cap)."""
+            context.options = caller_options
+            # The history middleware rebuilt ``messages`` from the incoming ones; hand it those again.
+            context.messages = list(caller_messages)
+            context.result = None
+            await call_next()
+            return context.result
+
         self._arm()
         self.forced_calls += 1
         self.reforced_calls += pin.kind == "reforce"
@@ -425,14 +435,14 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             await call_next()
         except BaseException as exc:
             self._fail(exc, pin.kind)
-            await self._retry(context, call_next, caller_options, caller_messages)
+            await call_again()
             self._decide(context.messages)
             return
         finally:
             context.options = caller_options
         result = context.result
         if isinstance(result, ResponseStream):
-            context.result = self._buffered(result, context, call_next, caller_options, caller_messages, pin=pin.kind)
+            context.result = self._buffered(result, context, call_again, pin.kind)
         elif isinstance(result, ChatResponse):
             self._judge(result)
         # The record this call asks for reaches history only after the tool runs, so the
@@ -443,13 +453,10 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         self,
         inner: ResponseStream[ChatResponseUpdate, ChatResponse],
         context: ChatContext,
-        call_next: Callable[[], Awaitable[None]],
-        caller_options: Mapping[str, Any] | None,
-        caller_messages: list[Message],
-        *,
+        call_again: Callable[[], Awaitable[object]],
         pin: PinKind,
     ) -> ResponseStream[ChatResponseUpdate, ChatResponse]:
-        """Hold a forced stream until it completes; on an ordinary failure, stream a retry instead.
+        """Hold a forced stream until it completes; on an ordinary failure, stream a retry (``call_again``) instead.
 
         The returned stream's source consumes the forced stream to its end, finalizer and
         result hooks included (the history middleware persists the turn in one of them),
@@ -475,7 +482,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             except BaseException as exc:
                 self._fail(exc, pin)
                 outer = context.result
-                stream = await self._retry(context, call_next, caller_options, caller_messages)
+                stream = await call_again()
                 context.result = outer
                 if not isinstance(stream, ResponseStream):
                     raise ValueError("Streaming chat middleware requires a ResponseStream result.") from exc
@@ -499,21 +506,6 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             raise RuntimeError("The forced recall stream ended before it produced a response.")
 
         return ResponseStream(updates(), finalizer=final)
-
-    async def _retry(
-        self,
-        context: ChatContext,
-        call_next: Callable[[], Awaitable[None]],
-        caller_options: Mapping[str, Any] | None,
-        caller_messages: list[Message],
-    ) -> ChatResponse | ResponseStream[ChatResponseUpdate, ChatResponse] | None:
-        """Run the rest of the chain again, exactly as the caller asked (no pin, no cap)."""
-        context.options = caller_options
-        # The history middleware rebuilt ``messages`` from the incoming ones; hand it those again.
-        context.messages = list(caller_messages)
-        context.result = None
-        await call_next()
-        return context.result
 
     # --- bookkeeping -------------------------------------------------------------------------
 
