@@ -59,16 +59,11 @@ class Conversation(Generic[S]):
         if not prefix:
             return
         bound = self.conversation
-        if bound is None:
+        if bound is None or prefix[: len(bound)] == bound:  # new, or the same conversation grown
             self.conversation = prefix
             return
-        shared = min(len(bound), len(prefix))
-        if prefix[:shared] == bound[:shared]:
-            if len(prefix) > len(bound):
-                self.conversation = prefix
-            return
-        present = {message_key(m) for m in messages}
-        if all(key in present for key in bound):  # our own inserts moved, nothing was lost
+        # The same conversation seen shorter, or our own inserts moved and nothing was lost.
+        if bound[: len(prefix)] == prefix or set(bound) <= {message_key(m) for m in messages}:
             return
         raise RuntimeError(
             f"{owner} serves one conversation (starting {bound[0][:24]}...) but was called with another "

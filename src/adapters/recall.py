@@ -561,7 +561,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
     def _judge(self, response: ChatResponse) -> None:
         """The provider-support verdict on one complete forced response."""
         self.records_truncated += response.finish_reason == "length"
-        called = _calls_recall(response)
+        called = any(call.name == RECALL_TOOL_NAME for call in function_calls(response))
         self.ignored_forced_calls += not called
         action = self._advance(machine.ForcedResponse(called_recall=called))
         if isinstance(action, machine.Disable):
@@ -579,7 +579,3 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         # the cached prefix).
         reforce = self._reforce is not None and bool(self._reforce())
         self._advance(machine.HistorySeen(status, reforce=reforce))
-
-
-def _calls_recall(response: ChatResponse) -> bool:
-    return any(call.name == RECALL_TOOL_NAME for call in function_calls(response))

@@ -749,13 +749,12 @@ class SessionCompactionRegistry:
             )
         self._parts.update(stack.parts())
         self.stacks_built += 1
-        if session_id is None:
-            return stack
-        named = self._named.pop(session_id, None)
-        self._named[session_id] = named = OrderedDict() if named is None else named
-        while len(self._named) > max(self._max, _NAMED_SESSIONS):
-            self._named.popitem(last=False)
-        stack.strategy.share_named(named)
+        if session_id is not None:
+            named = self._named.pop(session_id, None)
+            self._named[session_id] = named = OrderedDict() if named is None else named
+            while len(self._named) > max(self._max, _NAMED_SESSIONS):
+                self._named.popitem(last=False)
+            stack.strategy.share_named(named)
         return stack
 
 
