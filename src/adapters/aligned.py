@@ -61,12 +61,10 @@ class SentHead:
         return cls(client_ref, copied)
 
 
-class _Unchanged:
+async def _unchanged(messages: list[Message]) -> bool:
     """A compaction strategy that changes nothing: a client-level strategy must not run on our request."""
-
-    async def __call__(self, messages: list[Message]) -> bool:
-        del messages
-        return False
+    del messages
+    return False
 
 
 async def ask_over_prefix(head: SentHead | None, sent: Sequence[Message], request: Request, owner: str) -> str | None:
@@ -91,7 +89,7 @@ async def ask_over_prefix(head: SentHead | None, sent: Sequence[Message], reques
         )
         return None
     messages = [*sent, Message("user", [request.instruction])]
-    strategy = _Unchanged() if getattr(client, "compaction_strategy", None) is not None else None
+    strategy = _unchanged if getattr(client, "compaction_strategy", None) is not None else None
     try:
         # The provider layer itself: the function loop would run a tool the model calls, and the client's
         # middleware belongs to the agent's own requests.

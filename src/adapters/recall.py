@@ -99,9 +99,8 @@ class RecallGate:
 
     def attach(self, conversation: Conversation[State]) -> None:
         """Keep the permission in ``conversation``'s state from now on (a stack attaches its gate to its strategy)."""
-        armed = self.armed
+        conversation.value = with_armed(conversation.value, self.armed)
         self.conversation = conversation
-        self._set(armed)
 
     def _set(self, armed: bool) -> None:
         self.conversation.value = with_armed(self.conversation.value, armed)
