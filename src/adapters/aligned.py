@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from agent_framework import BaseChatClient, ChatResponse, Message
+from agent_framework import BaseChatClient, ChatResponse, Content, Message
 from agent_framework._sessions import is_local_history_conversation_id
 
 from ..core.effects import CALLED_INSTEAD, Request
@@ -61,12 +61,10 @@ class SentHead:
         return cls(client_ref, copied)
 
 
-class _Unchanged:
+async def _unchanged(messages: list[Message]) -> bool:
     """A compaction strategy that changes nothing: a client-level strategy must not run on our request."""
-
-    async def __call__(self, messages: list[Message]) -> bool:
-        del messages
-        return False
+    del messages
+    return False
 
 
 async def ask_over_prefix(head: SentHead | None, sent: Sequence[Message], request: Request, owner: str) -> str | None:
@@ -91,7 +89,7 @@ async def ask_over_prefix(head: SentHead | None, sent: Sequence[Message], reques
         )
         return None
     messages = [*sent, Message("user", [request.instruction])]
-    strategy = _Unchanged() if getattr(client, "compaction_strategy", None) is not None else None
+    strategy = _unchanged if getattr(client, "compaction_strategy", None) is not None else None
     try:
         # The provider layer itself: the function loop would run a tool the model calls, and the client's
         # middleware belongs to the agent's own requests.
@@ -122,23 +120,26 @@ def answer_text(response: ChatResponse) -> str | None:
     the instruction: it is answered as a line naming the call, which the core judges (it
     quotes nothing it was asked about), and no tool runs.
     """
-    calls: list[str] = []
-    for message in response.messages:
-        for content in message.contents:
-            if content.type == "function_call" and content.name != RECALL_TOOL_NAME:
-                calls.append(f"{CALLED_INSTEAD}{content.name}]")
-            if content.type == "function_call" and content.name == RECALL_TOOL_NAME:
-                arguments: object = content.arguments
-                if isinstance(arguments, str):
-                    try:
-                        arguments = json.loads(arguments)
-                    except ValueError:
-                        return arguments.strip() or None
-                if isinstance(arguments, Mapping):
-                    values = arguments.get("values")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
-                    if isinstance(values, str) and values.strip():
-                        return values
+    calls = function_calls(response)
+    for call in calls:
+        if call.name != RECALL_TOOL_NAME:
+            continue
+        arguments: object = call.arguments
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                return arguments.strip() or None
+        if isinstance(arguments, Mapping):
+            values = arguments.get("values")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+            if isinstance(values, str) and values.strip():
+                return values
     text = response.text
     if isinstance(text, str) and text.strip():
         return text
-    return " ".join(calls) or None
+    return " ".join(f"{CALLED_INSTEAD}{c.name}]" for c in calls if c.name != RECALL_TOOL_NAME) or None
+
+
+def function_calls(response: ChatResponse) -> list[Content]:
+    """The function calls in ``response``, in order."""
+    return [content for message in response.messages for content in message.contents if content.type == "function_call"]

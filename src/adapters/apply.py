@@ -33,21 +33,11 @@ DEFAULT_EXCLUDE_REASON = "maf_compaction"
 
 def apply(messages: list[Message], before: History, after: History, *, note_kind: str) -> None:
     """Make ``messages`` match ``after`` (which the core derived from ``before``), in place."""
-    notes: dict[str | None, Message] | None = None  # existing notes by id, looked up only for new ones
+    notes = _notes(messages, before)
     updated: list[Message] = []
     for record in after:
         if record.origin is None:
-            if record.summary:
-                updated.append(_summary_message(record))
-                continue
-            if record.written_record:
-                updated.append(_written_record_message(record))
-                continue
-            if notes is None:
-                notes = {
-                    messages[r.origin].message_id: messages[r.origin] for r in before if r.note and r.origin is not None
-                }
-            updated.append(_note_message(record, notes, note_kind))
+            updated.append(_created(record, notes, note_kind, touch=True))
             continue
         message = messages[record.origin]
         source = before[record.origin]
@@ -71,18 +61,13 @@ def render(messages: list[Message], before: History, view: History, *, note_kind
     What :func:`apply` followed by the framework's projection would send, built without
     changing a message: a message whose results ``view`` rewrites is sent as a copy.
     """
-    notes = {messages[r.origin].message_id: messages[r.origin] for r in before if r.note and r.origin is not None}
+    notes = _notes(messages, before)
     sent: list[Message] = []
     for record in view:
         if record.excluded:
             continue
         if record.origin is None:
-            if record.summary:
-                sent.append(_summary_message(record))
-            elif record.written_record:
-                sent.append(_written_record_message(record))
-            else:
-                sent.append(_note_message(record, notes, note_kind, touch=False))
+            sent.append(_created(record, notes, note_kind, touch=False))
             continue
         message = messages[record.origin]
         source = before[record.origin]
@@ -94,49 +79,43 @@ def render(messages: list[Message], before: History, view: History, *, note_kind
     return sent
 
 
-def _note_message(
-    record: MessageRecord, existing: dict[str | None, Message], note_kind: str, *, touch: bool = True
-) -> Message:
-    text = record.parts[0].text
-    found = existing.get(record.message_id)
-    if found is not None and found.text == text:
-        if touch:
-            found.additional_properties[EXCLUDED_KEY] = False
-        return found
-    return Message(
-        "assistant",
-        [text],
-        message_id=record.message_id,
-        additional_properties={NOTE_KEY: note_kind, EXCLUDED_KEY: False},
-    )
-
-
-def _summary_message(record: MessageRecord) -> Message:
-    """A user-turn summary as a user message, linked both ways to the messages it replaces.
-
-    The links are our own keys, not the framework's ``_summary_of_message_ids`` in the
-    group annotation: the framework reconciles summaries that carry those with the
-    caller's messages after every model call, and under the harness (history loaded per
-    call) it rejects every one of ours with a WARNING and strips exclusions it cannot
-    root. Ours are not in-run summaries to reconcile; they are decisions the stored
-    history keeps.
-    """
-    return Message(
-        "user",
-        [record.parts[0].text],
-        message_id=record.message_id,
-        additional_properties={SUMMARY_KEY: record.message_id, SUMMARY_OF_KEY: list(record.replaces)},
-    )
-
-
 #: On a written record the composition made: the ids of the records (and their calls) it replaces.
 RECORD_OF_KEY = "_maf_compaction_record_of"
 
 
-def _written_record_message(record: MessageRecord) -> Message:
-    """A record the composition wrote (a kept merge or rewrite), held so no fallback sheds it."""
-    props: dict[str, object] = {WRITTEN_RECORD_KEY: True, RECORD_OF_KEY: list(record.replaces)}
-    if record.held is not None:
-        props[HOLD_KEY] = record.held
-        props[PRESERVED_KEY] = True
-    return Message("assistant", [record.parts[0].text], message_id=record.message_id, additional_properties=props)
+def _notes(messages: list[Message], before: History) -> dict[str | None, Message]:
+    """The notes already in ``messages``, by id."""
+    return {messages[r.origin].message_id: messages[r.origin] for r in before if r.note and r.origin is not None}
+
+
+def _created(record: MessageRecord, notes: dict[str | None, Message], note_kind: str, *, touch: bool) -> Message:
+    """The message of a record the core created: a user-turn summary, a written record, or a note.
+
+    A summary is a user message linked both ways to the messages it replaces. The links
+    are our own keys, not the framework's ``_summary_of_message_ids`` in the group
+    annotation: the framework reconciles summaries that carry those with the caller's
+    messages after every model call, and under the harness (history loaded per call) it
+    rejects every one of ours with a WARNING and strips exclusions it cannot root. Ours are
+    not in-run summaries to reconcile; they are decisions the stored history keeps.
+
+    A record the composition wrote (a kept merge or rewrite) is held, so no fallback sheds
+    it. A note whose text is unchanged is the one already in the list (``touch``: included
+    again).
+    """
+    text = record.parts[0].text
+    if record.summary:
+        props: dict[str, object] = {SUMMARY_KEY: record.message_id, SUMMARY_OF_KEY: list(record.replaces)}
+        return Message("user", [text], message_id=record.message_id, additional_properties=props)
+    if record.written_record:
+        props = {WRITTEN_RECORD_KEY: True, RECORD_OF_KEY: list(record.replaces)}
+        if record.held is not None:
+            props[HOLD_KEY] = record.held
+            props[PRESERVED_KEY] = True
+        return Message("assistant", [text], message_id=record.message_id, additional_properties=props)
+    found = notes.get(record.message_id)
+    if found is not None and found.text == text:
+        if touch:
+            found.additional_properties[EXCLUDED_KEY] = False
+        return found
+    props = {NOTE_KEY: note_kind, EXCLUDED_KEY: False}
+    return Message("assistant", [text], message_id=record.message_id, additional_properties=props)

@@ -15,6 +15,7 @@ import asyncio
 import hashlib
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from itertools import islice
 from typing import Any, Generic, TypeVar
 
 from agent_framework import Message
@@ -58,16 +59,11 @@ class Conversation(Generic[S]):
         if not prefix:
             return
         bound = self.conversation
-        if bound is None:
+        if bound is None or prefix[: len(bound)] == bound:  # new, or the same conversation grown
             self.conversation = prefix
             return
-        shared = min(len(bound), len(prefix))
-        if prefix[:shared] == bound[:shared]:
-            if len(prefix) > len(bound):
-                self.conversation = prefix
-            return
-        present = {message_key(m) for m in messages}
-        if all(key in present for key in bound):  # our own inserts moved, nothing was lost
+        # The same conversation seen shorter, or our own inserts moved and nothing was lost.
+        if bound[: len(prefix)] == prefix or set(bound) <= {message_key(m) for m in messages}:
             return
         raise RuntimeError(
             f"{owner} serves one conversation (starting {bound[0][:24]}...) but was called with another "
@@ -97,12 +93,9 @@ def message_key(message: Message) -> str:
 
 def conversation_key(messages: Iterable[Message]) -> tuple[str, ...]:
     """The keys of the first messages of history (injected context and our own messages aside)."""
-    keys: list[str] = []
-    for message in messages:
-        props = message.additional_properties
-        if NOTE_KEY in props or WRITTEN_RECORD_KEY in props or is_summary(message) or is_injected(message):
-            continue
-        keys.append(message_key(message))
-        if len(keys) == _KEY_MESSAGES:
-            break
-    return tuple(keys)
+    history = (m for m in messages if not (_ours(m) or is_summary(m) or is_injected(m)))
+    return tuple(message_key(message) for message in islice(history, _KEY_MESSAGES))
+
+
+def _ours(message: Message) -> bool:
+    return NOTE_KEY in message.additional_properties or WRITTEN_RECORD_KEY in message.additional_properties

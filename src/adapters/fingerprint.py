@@ -72,10 +72,7 @@ def tokenizer_identity(tokenizer: object, path: str = "tokenizer", depth: int = 
 
 def _configured(value: object) -> object | None:
     """The core config of a configured strategy (an adapter's ``config``), or ``None``."""
-    config = getattr(type(value), "config", None)
-    if isinstance(config, property):
-        return getattr(value, "config", None)
-    return None
+    return getattr(value, "config", None) if isinstance(getattr(type(value), "config", None), property) else None
 
 
 def stack_parameters(

@@ -30,23 +30,6 @@ from ..core.errors import ErrorValue
 
 logger = logging.getLogger("maf_compaction")
 
-__all__ = [
-    "HeldLease",
-    "LeaseTimeoutError",
-    "SessionLease",
-    "SessionLeaseError",
-    "SessionLeases",
-    "SessionPayloadError",
-    "SessionStore",
-    "SessionStoreError",
-    "SessionVanishedError",
-    "StaleLeaseError",
-    "leased_session",
-    "require_lease_for",
-    "require_session_id",
-    "restore_session",
-]
-
 
 class SessionLeaseError(ErrorValue):
     """Base class of the errors of session leases and session stores."""
@@ -206,23 +189,6 @@ def require_lease_for(session_id: str, lease: object) -> SessionLease:
     return lease
 
 
-def _require_leases(value: object) -> SessionLeases:
-    if not callable(getattr(value, "hold", None)):
-        raise ValueError(
-            f"leases must implement SessionLeases (a hold(session_id) method), got {describe_value(value)}"
-        )
-    return cast(SessionLeases, value)
-
-
-def _require_store(value: object) -> SessionStore:
-    if not (is_async_callable(getattr(value, "load", None)) and is_async_callable(getattr(value, "save", None))):
-        raise ValueError(
-            "store must implement SessionStore (async load(session_id, lease) and async save(session_id, payload, "
-            f"lease) methods), got {describe_value(value)}"
-        )
-    return cast(SessionStore, value)
-
-
 def restore_session(session_id: str, payload: Mapping[str, Any] | None) -> AgentSession:
     """The session a store returned, or a new one when it returned ``None``.
 
@@ -278,8 +244,15 @@ async def leased_session(
         SessionStoreError: The engine failed or is unreachable (raised by the engine; its error is the cause).
     """
     require_session_id("session_id", session_id)
-    leases = _require_leases(leases)
-    store = _require_store(store)
+    if not callable(getattr(leases, "hold", None)):
+        raise ValueError(
+            f"leases must implement SessionLeases (a hold(session_id) method), got {describe_value(leases)}"
+        )
+    if not (is_async_callable(getattr(store, "load", None)) and is_async_callable(getattr(store, "save", None))):
+        raise ValueError(
+            "store must implement SessionStore (async load(session_id, lease) and async save(session_id, payload, "
+            f"lease) methods), got {describe_value(store)}"
+        )
     if not isinstance(create, bool):
         raise ValueError(f"create must be True or False, got {describe_value(create)}")
     async with leases.hold(session_id) as lease:

@@ -150,8 +150,7 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
                 riders |= {r.also.identity for r in done.requests if r.also is not None}
                 # Answers are facts whatever the pass decides or raises next (a budget failure, a tokenizer that
                 # cannot count an answer): they go into the state now, as it is after the awaits.
-                conversation = self.conversation
-                conversation.value = cast("S", absorb(cast("Any", conversation.value), answers))
+                self.conversation.value = cast("S", absorb(cast("Any", self.conversation.value), answers))
                 done = self._step(before)
             changed = self._finish(messages, before, done, {identity for identity, _ in fresh} | riders)
             return await self._after(messages, done, changed)
@@ -287,17 +286,14 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
     def _name_exclusions(self, before: History, after: History, messages: Sequence[Message]) -> None:
         by_reason: dict[str, list[int]] = {}
         for record in after:
-            origin = record.origin
-            if origin is None or not record.excluded or before[origin].excluded:
-                continue
-            by_reason.setdefault(record.reason or "", []).append(origin)
+            if record.origin is not None and record.excluded and not before[record.origin].excluded:
+                by_reason.setdefault(record.reason or "", []).append(record.origin)
         for reason, origins in by_reason.items():
             names = [describe(before, messages, origin) for origin in origins]
             if not self._first_naming(reason, names):
                 continue
-            level = logging.INFO if reason in self.linked_reasons else logging.WARNING
             logger.log(
-                level,
+                logging.INFO if reason in self.linked_reasons else logging.WARNING,
                 "%s excluded %d message(s) (%s); they stay in stored history, excluded: %s",
                 type(self).__name__,
                 len(names),

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from agent_framework import (
@@ -36,14 +35,14 @@ from agent_framework import (
 
 from ..core import recall as machine
 from ..core import records as records_core
-from ..core.checks import AtLeastOne, Fraction, require, require_sync_callable, require_tokenizer, validate
+from ..core.checks import AtLeastOne, Fraction, require, require_sync_callable, require_tokenizer
 from ..core.errors import CompactionBudgetExceeded
 from ..core.grouping import Grouping
 from ..core.recall import PinKind, PinRule
 from ..core.records import RECALL_TOOL_NAME, RECORD_PREFIX, RecordConfig, on_recall, recall_status, reforce_pending
 from ..core.stack import with_armed
 from ..core.state import State
-from .aligned import SentHead
+from .aligned import SentHead, function_calls
 from .conversation import Conversation
 from .convert import HistoryCache
 from .counting import Tokenizer, as_estimator
@@ -100,9 +99,8 @@ class RecallGate:
 
     def attach(self, conversation: Conversation[State]) -> None:
         """Keep the permission in ``conversation``'s state from now on (a stack attaches its gate to its strategy)."""
-        armed = self.armed
+        conversation.value = with_armed(conversation.value, self.armed)
         self.conversation = conversation
-        self._set(armed)
 
     def _set(self, armed: bool) -> None:
         self.conversation.value = with_armed(self.conversation.value, armed)
@@ -182,22 +180,6 @@ def record_reply(gate: RecallGate | None, values: str) -> str:
     if gate is not None and not gate.take():
         return NOT_NEEDED_REPLY
     return f"{RECORD_PREFIX}\n{values}"
-
-
-@dataclass(frozen=True, slots=True)
-class _Budget:
-    """The middleware's own parameters (the pin rule checks the rest)."""
-
-    max_input_tokens: AtLeastOne
-    trigger_fraction: Fraction
-
-
-@dataclass(slots=True)
-class _ForcedOutcome:
-    """How a forced stream ended: its own final response, or the retry's stream."""
-
-    response: ChatResponse | None = None
-    retry: ResponseStream[ChatResponseUpdate, ChatResponse] | None = None
 
 
 class ToolResultRecallMiddleware(ChatMiddleware):
@@ -287,7 +269,8 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         reforce: Callable[[], bool] | None = None,
         record_request: RecordRequest = "pinned",
     ) -> None:
-        validate(_Budget(max_input_tokens, trigger_fraction))
+        require("max_input_tokens", max_input_tokens, AtLeastOne)  # the pin rule checks the rest
+        require("trigger_fraction", trigger_fraction, Fraction)
         require("record_request", record_request, RecordRequest)
         require_sync_callable("arm", arm, kind="a callable taking no arguments")
         for name, value in (("disarm", disarm), ("reforce", reforce)):
@@ -433,27 +416,32 @@ class ToolResultRecallMiddleware(ChatMiddleware):
     async def _forced(self, context: ChatContext, call_next: Callable[[], Awaitable[None]], pin: machine.Pin) -> None:
         caller_options = context.options
         caller_messages = list(context.messages)
+
+        async def call_again() -> object:
+            """Run the rest of the chain again, exactly as the caller asked (no pin, no cap)."""
+            context.options = caller_options
+            # The history middleware rebuilt ``messages`` from the incoming ones; hand it those again.
+            context.messages = list(caller_messages)
+            context.result = None
+            await call_next()
+            return context.result
+
         self._arm()
         self.forced_calls += 1
-        if pin.kind == "reforce":
-            self.reforced_calls += 1
+        self.reforced_calls += pin.kind == "reforce"
         context.options = self._pinned_options(caller_options, pin)
         try:
             await call_next()
         except BaseException as exc:
-            if isinstance(exc, _ABORTS) or not isinstance(exc, Exception):  # cancellation too: the pin is not spent
-                self._advance(machine.ForcedAborted(pin.kind))
-                raise
-            self._fail(exc)
-            await self._retry(context, call_next, caller_options, caller_messages)
+            self._fail(exc, pin.kind)
+            await call_again()
             self._decide(context.messages)
             return
         finally:
-            if context.options is not caller_options:
-                context.options = caller_options
+            context.options = caller_options
         result = context.result
         if isinstance(result, ResponseStream):
-            context.result = self._buffered(result, context, call_next, caller_options, caller_messages, pin=pin.kind)
+            context.result = self._buffered(result, context, call_again, pin.kind)
         elif isinstance(result, ChatResponse):
             self._judge(result)
         # The record this call asks for reaches history only after the tool runs, so the
@@ -464,13 +452,10 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         self,
         inner: ResponseStream[ChatResponseUpdate, ChatResponse],
         context: ChatContext,
-        call_next: Callable[[], Awaitable[None]],
-        caller_options: Mapping[str, Any] | None,
-        caller_messages: list[Message],
-        *,
+        call_again: Callable[[], Awaitable[object]],
         pin: PinKind,
     ) -> ResponseStream[ChatResponseUpdate, ChatResponse]:
-        """Hold a forced stream until it completes; on an ordinary failure, stream a retry instead.
+        """Hold a forced stream until it completes; on an ordinary failure, stream a retry (``call_again``) instead.
 
         The returned stream's source consumes the forced stream to its end, finalizer and
         result hooks included (the history middleware persists the turn in one of them),
@@ -482,59 +467,44 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         middleware's does) unless the updates can be rebuilt from the final response,
         which would not replay what the provider streamed.
         """
-        outcome = _ForcedOutcome()
+        # How the forced stream ended: its own final response, or the retry's stream.
+        response: ChatResponse | None = None
+        retry: ResponseStream[ChatResponseUpdate, ChatResponse] | None = None
 
         async def updates() -> AsyncIterator[ChatResponseUpdate]:
+            nonlocal response, retry
             held: list[ChatResponseUpdate] = []
             try:
                 async for update in inner:
                     held.append(update)
-                response = await inner.get_final_response()
+                complete = await inner.get_final_response()
             except BaseException as exc:
-                if isinstance(exc, _ABORTS) or not isinstance(exc, Exception):
-                    self._advance(machine.ForcedAborted(pin))
-                    raise
-                self._fail(exc)
+                self._fail(exc, pin)
                 outer = context.result
-                stream = await self._retry(context, call_next, caller_options, caller_messages)
+                stream = await call_again()
                 context.result = outer
                 if not isinstance(stream, ResponseStream):
                     raise ValueError("Streaming chat middleware requires a ResponseStream result.") from exc
-                outcome.retry = stream
+                retry = stream
                 async with stream:
                     async for update in stream:
                         yield update
                 return
-            self._judge(response)
-            outcome.response = response
+            self._judge(complete)
+            response = complete
             for update in held:
                 yield update
 
         async def final(_: Sequence[ChatResponseUpdate]) -> ChatResponse:
             # The inner final response carries the continuation state the function loop
             # needs (the history middleware's conversation sentinel); return it, not a rebuild.
-            if outcome.response is not None:
-                return outcome.response
-            if outcome.retry is not None:
-                return await outcome.retry.get_final_response()
+            if response is not None:
+                return response
+            if retry is not None:
+                return await retry.get_final_response()
             raise RuntimeError("The forced recall stream ended before it produced a response.")
 
         return ResponseStream(updates(), finalizer=final)
-
-    async def _retry(
-        self,
-        context: ChatContext,
-        call_next: Callable[[], Awaitable[None]],
-        caller_options: Mapping[str, Any] | None,
-        caller_messages: list[Message],
-    ) -> ChatResponse | ResponseStream[ChatResponseUpdate, ChatResponse] | None:
-        """Run the rest of the chain again, exactly as the caller asked (no pin, no cap)."""
-        context.options = caller_options
-        # The history middleware rebuilt ``messages`` from the incoming ones; hand it those again.
-        context.messages = list(caller_messages)
-        context.result = None
-        await call_next()
-        return context.result
 
     # --- bookkeeping -------------------------------------------------------------------------
 
@@ -565,13 +535,17 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             self._disarm()
 
     def _pinned_options(self, caller: Mapping[str, Any] | None, pin: machine.Pin) -> dict[str, Any]:
-        options = dict(caller) if caller is not None else {}
-        options["tool_choice"] = {"mode": "required", "required_function_name": RECALL_TOOL_NAME}
+        options = {**(caller or {}), "tool_choice": {"mode": "required", "required_function_name": RECALL_TOOL_NAME}}
         if pin.max_tokens is not None:
             options["max_tokens"] = pin.max_tokens
         return options
 
-    def _fail(self, exc: Exception) -> None:
+    def _fail(self, exc: BaseException, pin: PinKind) -> None:
+        """Count an ordinary failure of a forced request (the caller retries it); re-raise an abort or a
+        cancellation, which leaves the pin unspent."""
+        if isinstance(exc, _ABORTS) or not isinstance(exc, Exception):
+            self._advance(machine.ForcedAborted(pin))
+            raise exc
         self.failed_forced_calls += 1
         self._advance(machine.ForcedFailed())
         self._release()
@@ -585,11 +559,9 @@ class ToolResultRecallMiddleware(ChatMiddleware):
 
     def _judge(self, response: ChatResponse) -> None:
         """The provider-support verdict on one complete forced response."""
-        if response.finish_reason == "length":
-            self.records_truncated += 1
-        called = _calls_recall(response)
-        if not called:
-            self.ignored_forced_calls += 1
+        self.records_truncated += response.finish_reason == "length"
+        called = any(call.name == RECALL_TOOL_NAME for call in function_calls(response))
+        self.ignored_forced_calls += not called
         action = self._advance(machine.ForcedResponse(called_recall=called))
         if isinstance(action, machine.Disable):
             logger.warning(
@@ -606,11 +578,3 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         # the cached prefix).
         reforce = self._reforce is not None and bool(self._reforce())
         self._advance(machine.HistorySeen(status, reforce=reforce))
-
-
-def _calls_recall(response: ChatResponse) -> bool:
-    return any(
-        content.type == "function_call" and content.name == RECALL_TOOL_NAME
-        for message in response.messages
-        for content in message.contents
-    )

@@ -46,6 +46,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Final
 
 from agent_framework import (
@@ -64,6 +65,7 @@ from agent_framework import (
 from ..core.anchored import DEFAULT_KEEP_HEAD_GROUPS, DEFAULT_KEEP_TAIL_GROUPS
 from ..core.checks import AtLeastZero, NonEmpty, require, require_sync_callable, require_tokenizer
 from ..core.composition import OverflowPolicy, SummaryRequest
+from ..core.fingerprint import differences
 from ..core.recall import DEFAULT_TRIGGER_FRACTION
 from ..core.records import DEFAULT_FALLBACK_FRACTION, RECALL_TOOL_NAME
 from ..core.stack import (
@@ -151,13 +153,17 @@ class CompactionStack:
         if not recall.arms(gate):
             raise ValueError("recall must arm this gate: build it with arm=gate.arm and disarm=gate.disarm")
         gate.attach(records.conversation)  # its permission is part of the one state value from now on
-        self._strategy: Strategy = strategy
-        self._records = records
-        self._gate = gate
-        self._recall = recall
-        self._kind: StackKind = kind
+        #: The record strategy or the composition.
+        self.strategy: Strategy = strategy
+        #: The record strategy (the composition's record half, or the strategy itself).
+        self.tool_results = records
+        #: The recall gate.
+        self.gate = gate
+        #: The recall middleware.
+        self.recall = recall
+        #: ``"records"`` or ``"composition"``: which state the stack's snapshot holds.
+        self.kind: StackKind = kind
         self._halves: tuple[object, ...] = halves
-        self._tool: FunctionTool | None = None
 
     @classmethod
     def build(
@@ -245,45 +251,18 @@ class CompactionStack:
         )
         return cls(strategy, gate, recall)
 
-    @property
+    @cached_property
     def tool(self) -> FunctionTool:
         """The recall tool, spending this stack's gate (sized for the record strategy's ``record_target_tokens``).
 
         For an agent serving one conversation; an agent serving many registers
         :func:`make_session_recall_tool` instead.
         """
-        if self._tool is None:
-            self._tool = make_recall_tool(self._gate, target_tokens=self._records.record_target_tokens)
-        return self._tool
-
-    @property
-    def strategy(self) -> Strategy:
-        """The record strategy or the composition."""
-        return self._strategy
-
-    @property
-    def gate(self) -> RecallGate:
-        """The recall gate."""
-        return self._gate
-
-    @property
-    def recall(self) -> ToolResultRecallMiddleware:
-        """The recall middleware."""
-        return self._recall
-
-    @property
-    def kind(self) -> StackKind:
-        """``"records"`` or ``"composition"``: which state the stack's snapshot holds."""
-        return self._kind
-
-    @property
-    def tool_results(self) -> ToolResultAnchoredSummarizationCompactionStrategy:
-        """The record strategy (the composition's record half, or the strategy itself)."""
-        return self._records
+        return make_recall_tool(self.gate, target_tokens=self.tool_results.record_target_tokens)
 
     def state(self) -> StackState:
         """The stack's whole behavioural state (an immutable value)."""
-        return StackState(kind=self._kind, state=self._records.conversation.value)  # the conversation's one value
+        return StackState(kind=self.kind, state=self.tool_results.conversation.value)  # the conversation's one value
 
     def restore(self, state: StackState) -> None:
         """Continue from ``state``; the next pass checks it against its history.
@@ -291,9 +270,9 @@ class CompactionStack:
         Raises:
             ValueError: ``state`` belongs to another kind of stack.
         """
-        if state.kind != self._kind:
-            raise ValueError(f"state is a {state.kind!r} stack's, this stack is a {self._kind!r} stack")
-        self._strategy.restore_state(state.state)  # pyright: ignore[reportArgumentType]  (the kinds match: checked above)
+        if state.kind != self.kind:
+            raise ValueError(f"state is a {state.kind!r} stack's, this stack is a {self.kind!r} stack")
+        self.strategy.restore_state(state.state)  # pyright: ignore[reportArgumentType]  (the kinds match: checked above)
 
     def to_dict(self) -> dict[str, object]:
         """The whole behavioural state as one JSON-safe, versioned dict.
@@ -317,14 +296,14 @@ class CompactionStack:
             SnapshotVersionError: It was written by a newer schema.
             SnapshotError: It is malformed (the message names the field).
         """
-        head = self._records.config.keep_head_groups
-        self.restore(StackState.from_dict(data, kind=self._kind, keep_head_groups=head))
+        head = self.tool_results.config.keep_head_groups
+        self.restore(StackState.from_dict(data, kind=self.kind, keep_head_groups=head))
         return self
 
     def restore_fields(self, fields: Mapping[str, object]) -> None:
         """Continue from a stack's fields without their header (a session entry's); read strictly."""
-        head = self._records.config.keep_head_groups
-        self.restore(StackState.read_fields(fields, kind=self._kind, keep_head_groups=head))
+        head = self.tool_results.config.keep_head_groups
+        self.restore(StackState.read_fields(fields, kind=self.kind, keep_head_groups=head))
 
     def configuration(self) -> StackConfiguration:
         """The fingerprint of this stack's configuration: its kind and every parameter that changes a decision.
@@ -334,12 +313,12 @@ class CompactionStack:
         have equal fingerprints in any process.
         """
         return StackConfiguration.of(
-            stack_parameters(self._kind, self._strategy, self._records.host_fallback, self._recall)
+            stack_parameters(self.kind, self.strategy, self.tool_results.host_fallback, self.recall)
         )
 
     def parts(self) -> tuple[object, ...]:
         """Every stateful instance of the stack (a builder must make fresh ones for each stack)."""
-        return (self._strategy, *self._halves, self._gate, self._recall)
+        return (self.strategy, *self._halves, self.gate, self.recall)
 
 
 @dataclass(slots=True)
@@ -464,7 +443,6 @@ class SessionCompactionRegistry:
         self._cache: OrderedDict[str, _Entry] = OrderedDict()
         self._open: dict[str, _Phase] = {}
         self._runs: dict[str, _Run] = {}
-        self._kind: StackKind | None = None
         self._parts: weakref.WeakSet[object] = weakref.WeakSet()
         # What each session's stacks named in log lines, so a rebuilt stack does not name it again
         # (diagnostics only, bounded: at least _NAMED_SESSIONS sessions, more with a larger cache).
@@ -565,8 +543,7 @@ class SessionCompactionRegistry:
             scope = scope.parent
         self._end_dropped()
         self._refuse_overlap(session_id, name)
-        entry = self._load(session)
-        opened = _Phase(self, session, name, entry, outer, task=task)
+        opened = _Phase(self, session, name, self._load(session), outer, task=task)
         self._open[session_id] = opened
         return opened
 
@@ -740,9 +717,8 @@ class SessionCompactionRegistry:
         entry.written = payload
         if self._max == 0:
             return
-        session_id = session.session_id
-        self._cache[session_id] = entry
-        self._cache.move_to_end(session_id)
+        self._cache[session.session_id] = entry
+        self._cache.move_to_end(session.session_id)
         while len(self._cache) > self._max:
             self._cache.popitem(last=False)
 
@@ -750,23 +726,17 @@ class SessionCompactionRegistry:
         stack = self._builder()
         if not isinstance(stack, CompactionStack):
             raise TypeError(f"the registry's builder must return a CompactionStack, got {stack!r}")
-        if self._kind is None:
-            self._kind = stack.kind
-        elif stack.kind != self._kind:
+        first = self._configuration
+        if first is not None and stack.kind != first.parameters["kind"]:
             raise ValueError(
-                f"the registry's builder made a {stack.kind!r} stack after a {self._kind!r} one: it must make the "
-                "same kind of stack, with the same configuration, every time"
+                f"the registry's builder made a {stack.kind!r} stack after a {first.parameters['kind']!r} one: it "
+                "must make the same kind of stack, with the same configuration, every time"
             )
         configuration = stack.configuration()
-        if self._configuration is None:
+        if first is None:
             self._configuration = configuration
-        elif configuration.digest != self._configuration.digest:
-            differing = ", ".join(
-                name
-                for name, _, _ in StackConfigurationError(
-                    self._configuration.parameters, configuration.parameters, state_key=self._key
-                ).differing
-            )
+        elif configuration.digest != first.digest:
+            differing = ", ".join(name for name, _, _ in differences(first.parameters, configuration.parameters))
             raise ValueError(
                 f"the registry's builder made a stack configured differently from its first one ({differing}): it "
                 "must make the same configuration every time"
@@ -779,13 +749,12 @@ class SessionCompactionRegistry:
             )
         self._parts.update(stack.parts())
         self.stacks_built += 1
-        if session_id is None:
-            return stack
-        named = self._named.pop(session_id, None)
-        self._named[session_id] = named = OrderedDict() if named is None else named
-        while len(self._named) > max(self._max, _NAMED_SESSIONS):
-            self._named.popitem(last=False)
-        stack.strategy.share_named(named)
+        if session_id is not None:
+            named = self._named.pop(session_id, None)
+            self._named[session_id] = named = OrderedDict() if named is None else named
+            while len(self._named) > max(self._max, _NAMED_SESSIONS):
+                self._named.popitem(last=False)
+            stack.strategy.share_named(named)
         return stack
 
 
@@ -873,10 +842,8 @@ class SessionCompactionProvider(ContextProvider):
 
 def _history_source(agent: Any) -> str:
     """The ``source_id`` of the agent's history provider that loads messages (the framework's default if none)."""
-    for provider in getattr(agent, "context_providers", None) or ():
-        if isinstance(provider, HistoryProvider) and provider.load_messages:
-            return provider.source_id
-    return _DEFAULT_HISTORY_SOURCE
+    histories = (p for p in getattr(agent, "context_providers", None) or () if isinstance(p, HistoryProvider))
+    return next((p.source_id for p in histories if p.load_messages), _DEFAULT_HISTORY_SOURCE)
 
 
 class SessionToolResultRecallMiddleware(ChatMiddleware):
