@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
+from functools import partial
 from typing import Final, Literal, TypeAlias, get_args
 
 from pyrsistent import pvector
@@ -143,9 +144,7 @@ class UserSummaryConfig:
     @property
     def summary_input_limit(self) -> int:
         """The bound on every summarizer request."""
-        if self.max_summary_input_tokens is not None:
-            return self.max_summary_input_tokens
-        return max(1, self.max_input_tokens // 2)
+        return self.max_summary_input_tokens or max(1, self.max_input_tokens // 2)  # never 0: AtLeastOne
 
 
 class Outcome(Enum):
@@ -236,16 +235,10 @@ class _Pass:
     standing: tuple[int, ...]  # conversation indices of our included summaries
     user_turns: int  # the user's own turns, excluded ones too: grows with the conversation
     gates: bool = True  # the size trigger and the break-even gate apply
+    band_tokens: int = 0  # of the band the pass asks about (its report's)
+    protected: int = 0  # band turns left verbatim (its report's)
 
-    def done(
-        self,
-        outcome: Outcome,
-        *,
-        request: str | None = None,
-        summary_id: str | None = None,
-        band_tokens: int = 0,
-        protected: int = 0,
-    ) -> UserDone:
+    def done(self, outcome: Outcome, *, request: str | None = None, summary_id: str | None = None) -> UserDone:
         """The history unchanged, with a report of why."""
         report = UserReport(
             tokens_before=self.tokens,
@@ -253,8 +246,8 @@ class _Pass:
             outcome=outcome,
             summary_id=summary_id,
             request=request,
-            band_tokens=band_tokens,
-            protected=protected,
+            band_tokens=self.band_tokens,
+            protected=self.protected,
             standing=len(self.standing),
             summary_tokens=sum(self.records[k].tokens for k in self.standing),
         )
@@ -335,8 +328,7 @@ def pass_(
         if isinstance(item, Item):
             items.append(replace(item, run=run))
         else:
-            stand_in = Item(k, "", records[k].tokens, run=run)
-            waiting.append((stand_in, tuple(replace(d, turns=p.user_turns) for d in item)))
+            waiting.append((Item(k, "", records[k].tokens, run=run), tuple(item)))
             run += 1  # until it is described, the turn ends the run a request may cover
     # Worth a call: user turns to summarise (not only our summaries), and enough of them.
     has_turns = bool(waiting) or any(not records[i.index].summary for i in items)
@@ -356,21 +348,20 @@ def pass_(
     while selected and all(records[i.index].summary for i in selected):
         items = items[1:]
         selected = select(config.prompt, items, config.summary_input_limit, measure)
+    band = replace(p, band_tokens=eligible_tokens, protected=protected)
     if selected:
         summary_id = next_id(SUMMARY_ID_PREFIX, state.compactions, records)
         # A band too small to be worth a call still shows a summary already made of it (on the
         # other list, or on an earlier pass of this one, when the prompt was smaller): both lists
         # and every later pass show the same bytes.
-        asked = _ask(
-            p, RequestKind.SUMMARY, selected, summary_id, band_tokens=eligible_tokens, protected=protected, new=worth
-        )
+        asked = _ask(band, RequestKind.SUMMARY, selected, summary_id, new=worth)
         if worth or (isinstance(asked, Done) and asked.report.outcome in APPLIED):
             return asked
     elif worth:
-        return p.done(Outcome.NOTHING_FITS, band_tokens=eligible_tokens, protected=protected)
+        return band.done(Outcome.NOTHING_FITS)
     if config.summary_mode == "fold" and len(p.standing) >= 2:
         return _fold(p)
-    return p.done(Outcome.DECLINED, band_tokens=eligible_tokens, protected=protected)
+    return band.done(Outcome.DECLINED)
 
 
 def user_turns(history: Iterable[MessageRecord]) -> int:
@@ -609,30 +600,19 @@ def message(role: str, text: str, message_id: str, measure: Measure, **flags: ob
 
 
 def _ask(
-    p: _Pass,
-    kind: RequestKind,
-    selected: Sequence[Item],
-    summary_id: str,
-    *,
-    band_tokens: int,
-    protected: int,
-    new: bool = True,
+    p: _Pass, kind: RequestKind, selected: Sequence[Item], summary_id: str, *, new: bool = True
 ) -> UserNeeds | UserDone:
     """The request for ``selected``: asked for (unless not ``new``), or answered from the state and applied."""
     folding = kind is RequestKind.FOLD
     prompt = p.config.fold_prompt if folding else p.config.prompt
     if _below_break_even(p, selected):
-        return p.done(Outcome.DECLINED, band_tokens=band_tokens, protected=protected)
+        return p.done(Outcome.DECLINED)
     asked = request(kind, prompt, selected, summary_id, p.user_turns)
     answer = standing(p.state.answers, asked.identity, asked.turns)
     if answer is None:
-        return Needs((asked,)) if new else p.done(Outcome.DECLINED, band_tokens=band_tokens, protected=protected)
+        return Needs((asked,)) if new else p.done(Outcome.DECLINED)
     summary_id = answer.message_id or summary_id
-
-    def done(outcome: Outcome) -> UserDone:
-        return p.done(
-            outcome, request=asked.identity, summary_id=summary_id, band_tokens=band_tokens, protected=protected
-        )
+    done = partial(p.done, request=asked.identity, summary_id=summary_id)
 
     if not answer.text or not answer.text.strip():
         return done(Outcome.FAILED)
@@ -699,7 +679,7 @@ def _fold(p: _Pass) -> UserNeeds | UserDone:
     if saving < share_of(behind, config.min_band_share):
         return p.done(Outcome.DECLINED)
     fold_id = next_id(FOLD_ID_PREFIX, p.state.folds, records)
-    return _ask(p, RequestKind.FOLD, selected, fold_id, band_tokens=sum(sizes), protected=0)
+    return _ask(replace(p, band_tokens=sum(sizes)), RequestKind.FOLD, selected, fold_id)
 
 
 def check(config: UserSummaryConfig, state: State, history: History) -> str | None:
