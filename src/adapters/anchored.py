@@ -117,12 +117,9 @@ class AnchoredCompactionStrategy(CompactionAdapter[AnchoredConfig, AnchoredSnaps
         overflowing = self.last_report is not None and self.last_report.overflow
         self.passes += 1
         self.last_report = report
-        if report.shed:
-            self.shed_events += 1
-        if report.overflow:
-            self.overflows += 1
-        if report.declined:
-            self.declined_collapses += 1
+        self.shed_events += bool(report.shed)
+        self.overflows += report.overflow
+        self.declined_collapses += report.declined
         log_anchored(report, overflowing=overflowing)
 
 
