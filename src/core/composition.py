@@ -359,7 +359,8 @@ def _record_rules(config: CompositionConfig, work: _Pass, seen: View, measure: a
     if asked is not None:
         return Needs((_with_summary(config, work.state, passed.history, asked, measure),))
     decisions = passed.state
-    roomy = _roomy(config, memo.view, work.state.recall, measure)
+    # The largest step the conversation has taken still fits beside the prompt.
+    roomy = _after_next_step(memo.view, work.state.recall, measure) <= config.max_input_tokens
     if not roomy:  # pinned, or asked over the cached prefix once pinning is given up
         decisions = records.ask_for_pending(memo.view, decisions)
     state = evolve(work.state, records=decisions)
@@ -404,15 +405,11 @@ def _users(config: CompositionConfig, work: _Pass, seen: View, measure: anchored
 def _replay(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
     """Apply every kept replacement whose items lead the conversation's, in the order they were kept."""
     kept, refused = Counter[str](), set[str]()
-    found: dict[object, list[user_summaries.Item]] = {}  # each kind's items in the output so far, by finder
     for answer in work.state.answers:
         if answer.kind not in CHAIN_KINDS or answer.text is None or answer.sources is None:
             continue  # a failure, not a refusal: :func:`_ask` decides when to ask again
         kind = _KINDS[answer.kind]
-        items = found.get(kind.items)
-        if items is None:
-            items = found[kind.items] = kind.items(seen, measure)
-        items = items[: answer.sources]
+        items = kind.items(seen, measure)[: answer.sources]
         if len(items) < answer.sources or all(
             user_summaries.request(kind.request, prompt, items, "", 0).identity != answer.identity
             for prompt in kind.prompts(config)
@@ -423,7 +420,7 @@ def _replay(config: CompositionConfig, work: _Pass, seen: View, measure: anchore
             refused.add(answer.identity)
         else:
             applied = user_summaries.apply(seen.history, (m for i in items for m in i.members), kind.reason, message)
-            seen, found = view(applied, seen), {}
+            seen = view(applied, seen)
             kept[kind.prefix] += 1
     report = replace(
         work.report,
@@ -590,11 +587,6 @@ def _declined(state: State, output: History) -> user_summaries.UserDone:
     return Done(history=output, state=state, report=report)
 
 
-def _roomy(config: CompositionConfig, seen: View, recall_state: RecallState, measure: anchored.Measure) -> bool:
-    """The largest step the conversation has taken still fits beside the prompt (:func:`_after_next_step`)."""
-    return _after_next_step(seen, recall_state, measure) <= config.max_input_tokens
-
-
 def _after_next_step(seen: View, recall_state: RecallState, measure: anchored.Measure) -> int:
     """The prompt after a step like the largest the conversation has taken (its largest group, excluded ones too);
     a tool step with room beside it for the instruction of a record asked over the cached prefix, when the next
@@ -727,13 +719,10 @@ def _next(
     """
     turns, limit = user_summaries.user_turns(seen.history), config.users.summary_input_limit
     refused: list[str] = []
-    found: dict[object, list[user_summaries.Item]] = {}  # each kind's items, by finder
     for name, kind in _KINDS.items():
         if name is RequestKind.REWRITE and _rewrites(state) >= config.harder_attempts:
             continue
-        items = found.get(kind.items)
-        if items is None:
-            items = found[kind.items] = kind.items(seen, measure)
+        items = kind.items(seen, measure)
         kept = sum(
             1 for a in state.answers if a.kind in _KINDS and a.text is not None and _KINDS[a.kind].prefix == kind.prefix
         )
