@@ -93,8 +93,6 @@ DEFAULT_REMEMBERED_REQUESTS: Final = 1
 EXCLUDE_REASON: Final = "user_turn_summarized"
 FOLD_EXCLUDE_REASON: Final = "user_summaries_folded"
 
-_TEXT_KINDS: Final = frozenset({"text"})
-
 
 @dataclass(frozen=True, slots=True)
 class UserSummaryConfig:
@@ -318,8 +316,8 @@ def pass_(
     eligible_tokens = 0
     protected = 0
     run = 0
-    for k in _band(config, records, p.standing):
-        item = _item(config, records[k], k, state, measure, turns=p.user_turns)
+    for k in _band(p):
+        item = _item(p, k)
         if item is None:
             protected += 1
             run += 1
@@ -336,7 +334,7 @@ def pass_(
     # the decision, or the two lists would disagree.
     own = sent_tokens(r for r in history if not r.injected)
     worth = has_turns and eligible_tokens >= share_of(own, config.min_band_share)
-    pending = _reachable_descriptions(config, items, waiting, measure) if has_turns else ()
+    pending = _reachable_descriptions(p, items, waiting) if has_turns else ()
     if pending and worth:
         # Descriptions first: the transcript (and so the request) depends on them.
         return Needs(pending)
@@ -373,10 +371,7 @@ def user_turns(history: Iterable[MessageRecord]) -> int:
 
 
 def _reachable_descriptions(
-    config: UserSummaryConfig,
-    items: Sequence[Item],
-    waiting: Sequence[tuple[Item, tuple[Request, ...]]],
-    measure: Measure,
+    p: _Pass, items: Sequence[Item], waiting: Sequence[tuple[Item, tuple[Request, ...]]]
 ) -> tuple[Request, ...]:
     """Descriptions of the media turns this pass's request could reach, oldest first.
 
@@ -389,7 +384,7 @@ def _reachable_descriptions(
         return ()
     entries = sorted([(i.index, i, ()) for i in items] + [(w.index, w, d) for w, d in waiting], key=lambda e: e[0])
     first = entries[0][1].run
-    budget = config.summary_input_limit - measure(config.prompt) - 2 * MESSAGE_OVERHEAD_TOKENS
+    budget = p.config.summary_input_limit - p.measure(p.config.prompt) - 2 * MESSAGE_OVERHEAD_TOKENS
     used = 0
     found: list[Request] = []
     for _, entry, requests in entries:
@@ -400,27 +395,20 @@ def _reachable_descriptions(
     return tuple(found)
 
 
-def _band(config: UserSummaryConfig, records: Sequence[MessageRecord], standing: Sequence[int]) -> list[int]:
+def _band(p: _Pass) -> list[int]:
     """Indices of the band's user turns (and, in recompact mode, standing summaries), oldest first."""
-    turns = [k for k, r in enumerate(records) if r.role == "user" and not r.excluded]
+    config = p.config
+    turns = [k for k, r in enumerate(p.records) if r.role == "user" and not r.excluded]
     end = len(turns) - config.keep_tail_user_turns
     between = turns[config.keep_head_user_turns : max(end, config.keep_head_user_turns)]
-    if config.summary_mode == "recompact" or not standing:
+    if config.summary_mode == "recompact" or not p.standing:
         return between
-    newest = standing[-1]
-    return [k for k in between if k > newest]
+    return [k for k in between if k > p.standing[-1]]
 
 
-def _item(
-    config: UserSummaryConfig,
-    record: MessageRecord,
-    index: int,
-    state: State,
-    measure: Measure,
-    *,
-    turns: int,
-) -> Item | list[Request] | None:
-    """The band item ``record`` makes, the descriptions it still needs, or ``None`` if protected."""
+def _item(p: _Pass, index: int) -> Item | list[Request] | None:
+    """The band item the record at ``index`` makes, the descriptions it still needs, or ``None`` if protected."""
+    record, turns = p.records[index], p.user_turns
     if record.summary:
         return Item(index, summary_body(record), record.tokens)
     if record.preserved:
@@ -428,11 +416,11 @@ def _item(
     pieces: list[str] = []
     needed: list[Request] = []
     for number, part in enumerate(record.parts):
-        if part.kind in _TEXT_KINDS:
+        if part.kind == "text":
             pieces.append(part.text)
-        elif part.kind in MEDIA_KINDS and config.describe_media:
+        elif part.kind in MEDIA_KINDS and p.config.describe_media:
             key = media_identity(record, number)
-            answer = standing(state.answers, key, turns)  # a failure of an earlier state is asked again
+            answer = standing(p.state.answers, key, turns)  # a failure of an earlier state is asked again
             if answer is None:
                 if record.origin is None:
                     return None  # nothing to hand the host
@@ -441,7 +429,7 @@ def _item(
                 )
                 continue
             text = (answer.text or "").strip()
-            if not text or measure(text) > max(part.tokens, 1):
+            if not text or p.measure(text) > max(part.tokens, 1):
                 return None  # failed, empty or larger than the media it stands for
             pieces.append(f"{MEDIA_DESCRIPTION_PREFIX}{text}{MEDIA_DESCRIPTION_SUFFIX}")
         else:
