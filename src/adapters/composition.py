@@ -170,14 +170,12 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         overflow_policy: OverflowPolicy = core.DEFAULT_OVERFLOW_POLICY,
         summary_request: SummaryRequest = "summarizer",
     ) -> None:
-        if not isinstance(tool_results, ToolResultAnchoredSummarizationCompactionStrategy):
-            raise ValueError(
-                f"tool_results must be a ToolResultAnchoredSummarizationCompactionStrategy, got {tool_results!r}"
-            )
-        if not isinstance(user_turns, UserTurnAnchoredSummarizationCompactionStrategy):
-            raise ValueError(
-                f"user_turns must be a UserTurnAnchoredSummarizationCompactionStrategy, got {user_turns!r}"
-            )
+        for name, half, kind in (
+            ("tool_results", tool_results, ToolResultAnchoredSummarizationCompactionStrategy),
+            ("user_turns", user_turns, UserTurnAnchoredSummarizationCompactionStrategy),
+        ):
+            if not isinstance(half, kind):
+                raise ValueError(f"{name} must be a {kind.__name__}, got {half!r}")
         users = user_turns.config
         if users.summary_mode != "recompact" and users.remembered_requests < 2:
             raise ValueError(

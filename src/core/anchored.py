@@ -198,9 +198,10 @@ class _Plan:
 
     def shields(self, record: MessageRecord) -> bool:
         """``record`` may not be made smaller: preserved, or held by a hold that protects."""
-        if record.preserved:
-            return True
-        return self.releasable is not None and record.held is not None and record.held not in self.releasable
+        releasable = self.releasable
+        return record.preserved or (
+            releasable is not None and record.held is not None and record.held not in releasable
+        )
 
     def protected(self, group: Group) -> bool:
         return any(self.shields(self.records[i]) for i in group.members)
@@ -407,7 +408,7 @@ def _band(config: AnchoredConfig, records: Sequence[MessageRecord], previous: Ba
 
 
 def _extends(indices: tuple[int, ...], prefix: tuple[int, ...]) -> bool:
-    return len(indices) >= len(prefix) and indices[: len(prefix)] == prefix
+    return indices[: len(prefix)] == prefix
 
 
 def _reindex(group: Group, indices: Sequence[int]) -> Group:
@@ -631,17 +632,16 @@ def _exclude(plan: _Plan, group: Group, *, into: list[int] | None) -> None:
 
 def _notes(plan: _Plan, measure: Measure) -> dict[int, MessageRecord]:
     """The note each shed group leaves, keyed by the index of the group's first member."""
-    if plan.notes is not None:
-        return plan.notes
-    notes: dict[int, MessageRecord] = {}
-    for lane in (plan.tools, plan.texts):
-        for position, group in lane.decided():
-            # A shed group keeps its note while it stays excluded, even if it is marked
-            # preserved later: the model must still see that something was there.
-            if _all_excluded(plan.records, group.members):
-                notes[group.start] = _note(plan, group, lane.tag, position, measure)
-    plan.notes = notes
-    return notes
+    if plan.notes is None:
+        # A shed group keeps its note while it stays excluded, even if it is marked
+        # preserved later: the model must still see that something was there.
+        plan.notes = {
+            group.start: _note(plan, group, lane.tag, position, measure)
+            for lane in (plan.tools, plan.texts)
+            for position, group in lane.decided()
+            if _all_excluded(plan.records, group.members)
+        }
+    return plan.notes
 
 
 def _note(plan: _Plan, group: Group, tag: str, position: int, measure: Measure) -> MessageRecord:
@@ -676,6 +676,4 @@ def _note_text(members: Sequence[MessageRecord], kind: str) -> str:
     if kind != "tool_call":
         return TEXT_NOTE
     names = sorted({name for r in members for name in r.call_names})
-    if not names:
-        return TOOL_NOTE_PREFIX + "]"
-    return f"{TOOL_NOTE_PREFIX} ({', '.join(names)})]"
+    return f"{TOOL_NOTE_PREFIX} ({', '.join(names)})]" if names else TOOL_NOTE_PREFIX + "]"
