@@ -185,10 +185,7 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
             )
         except Exception as error:  # the summarizer is outside our control; cancellation propagates
             logger.warning(
-                "The summarizer failed (%s: %s); %s stay as they are",
-                type(error).__name__,
-                error,
-                _what_stays(request),
+                "The summarizer failed (%s: %s); %s stay as they are", type(error).__name__, error, _what_stays(request)
             )
             return None
         text = getattr(response, "text", None)

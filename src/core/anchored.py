@@ -465,13 +465,7 @@ def _unanswered(records: Sequence[MessageRecord], group: Group) -> bool:
 
 
 def _shorten_band(
-    config: AnchoredConfig,
-    plan: _Plan,
-    *,
-    committed: int,
-    measure: Measure,
-    limit: int,
-    shorten: bool = True,
+    config: AnchoredConfig, plan: _Plan, *, committed: int, measure: Measure, limit: int, shorten: bool = True
 ) -> tuple[int, bool, int]:
     """Shorten band results by position (none without ``shorten``); returns (count, declined, new commitment).
 

@@ -544,13 +544,7 @@ def _chain_outcome(refused: Sequence[str], failed: Sequence[str]) -> str:
 
 
 def _user_pass(
-    config: CompositionConfig,
-    state: State,
-    output: History,
-    measure: anchored.Measure,
-    *,
-    breaking: bool,
-    roomy: bool,
+    config: CompositionConfig, state: State, output: History, measure: anchored.Measure, *, breaking: bool, roomy: bool
 ) -> user_summaries.UserNeeds | user_summaries.UserDone:
     """The user half's pass within the composition: when it may ask, and what it replays.
 
