@@ -252,8 +252,7 @@ def step(
     seen = view(history, record_memo.view if record_memo else None)
     # The record half's report is a placeholder until its sub-step runs.
     report = CompositionReport(seen.sent, seen.sent, records=RecordReport(seen.sent, seen.sent))
-    band = record_memo.band if record_memo else None
-    work = _Pass(state, report, record_memo, band, given=given)
+    work = _Pass(state, report, record_memo, record_memo.band if record_memo else None, given=given)
     ran = pipeline.run(_STEPS[config.overflow_policy], config, work, seen, measure)
     if isinstance(ran, Needs):
         return ran
@@ -304,15 +303,15 @@ def _over_prefix(
         return needs
     here = records.record_place(given)
     prompt = records.place_written(given, [w for w in records.written(state) if w.after != here], measure)
-    requests: list[Request] = []
-    for request in needs.requests:
-        sent = None
-        if request.kind in (RequestKind.SUMMARY, RequestKind.FOLD):
-            size = measure(request.prompt) + sum(measure(o) for o in request.openings) + 64
-            fitting = records.fitting_prefix(prompt, config.records.prefix_tokens(state.recall, size))
-            sent = None if fitting is None else user_summaries.over_prefix(request, fitting)
-        requests.append(sent or request)
-    return Needs(tuple(requests))
+
+    def sent(request: Request) -> Request | None:
+        if request.kind not in (RequestKind.SUMMARY, RequestKind.FOLD):
+            return None
+        size = measure(request.prompt) + sum(measure(o) for o in request.openings) + 64
+        fitting = records.fitting_prefix(prompt, config.records.prefix_tokens(state.recall, size))
+        return None if fitting is None else user_summaries.over_prefix(request, fitting)
+
+    return Needs(tuple(sent(request) or request for request in needs.requests))
 
 
 def _with_summary(
@@ -545,7 +544,7 @@ def _chain_outcome(refused: Sequence[str], failed: Sequence[str]) -> str:
 
 def _user_pass(
     config: CompositionConfig, state: State, output: History, measure: anchored.Measure, *, breaking: bool, roomy: bool
-) -> user_summaries.UserNeeds | user_summaries.UserDone:
+) -> Needs | user_summaries.UserDone:
     """The user half's pass within the composition: when it may ask, and what it replays.
 
     - **Replays** of answers the state remembers apply on every pass, whatever the size,

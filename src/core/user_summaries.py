@@ -195,7 +195,6 @@ class UserReport:
 
 
 UserDone = Done[State, UserReport]
-UserNeeds = Needs
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,7 +257,7 @@ class _Pass:
 
 def step(
     config: UserSummaryConfig, state: State, history: History, measure: Measure, *, memo: object = None
-) -> UserNeeds | UserDone:
+) -> Needs | UserDone:
     """One pass over ``history`` (see the module docstring for the rules); ``memo`` is unused.
 
     Below the trigger, a remembered summary this list does not show yet is still applied:
@@ -289,7 +288,7 @@ def replayed(config: UserSummaryConfig, state: State, history: History, measure:
 
 def pass_(
     config: UserSummaryConfig, state: State, history: History, measure: Measure, *, gates: bool = True
-) -> UserNeeds | UserDone:
+) -> Needs | UserDone:
     """:func:`step`'s answer, unwrapped: a composition calls it directly.
 
     Without ``gates``, the size trigger and the break-even gate do not apply: any
@@ -297,25 +296,14 @@ def pass_(
     """
     conversation = conversation_indices(history)
     records = tuple(history[i] for i in conversation)
-    p = _Pass(
-        config=config,
-        history=history,
-        state=state,
-        measure=measure,
-        conversation=conversation,
-        records=records,
-        tokens=sent_tokens(history),
-        standing=tuple(k for k, r in enumerate(records) if r.summary and not r.excluded and r.role == "user"),
-        user_turns=user_turns(records),
-        gates=gates,
-    )
+    standing = tuple(k for k, r in enumerate(records) if r.summary and not r.excluded and r.role == "user")
+    tokens, turns = sent_tokens(history), user_turns(records)
+    p = _Pass(config, history, state, measure, conversation, records, tokens, standing, turns, gates)
     if p.tokens <= (config.trigger_tokens if gates else 0):
         return p.done(Outcome.BELOW_TRIGGER)
     items: list[Item] = []
     waiting: list[tuple[Item, tuple[Request, ...]]] = []  # media turns without descriptions yet
-    eligible_tokens = 0
-    protected = 0
-    run = 0
+    eligible_tokens = protected = run = 0
     for k in _band(p):
         item = _item(p, k)
         if item is None:
@@ -589,7 +577,7 @@ def message(role: str, text: str, message_id: str, measure: Measure, **flags: ob
 
 def _ask(
     p: _Pass, kind: RequestKind, selected: Sequence[Item], summary_id: str, *, new: bool = True
-) -> UserNeeds | UserDone:
+) -> Needs | UserDone:
     """The request for ``selected``: asked for (unless not ``new``), or answered from the state and applied."""
     folding = kind is RequestKind.FOLD
     prompt = p.config.fold_prompt if folding else p.config.prompt
@@ -653,7 +641,7 @@ def _below_break_even(p: _Pass, selected: Sequence[Item]) -> bool:
     return sum(i.tokens for i in selected) < share_of(behind, gain)
 
 
-def _fold(p: _Pass) -> UserNeeds | UserDone:
+def _fold(p: _Pass) -> Needs | UserDone:
     """Fold the oldest standing summaries that fit, if the saving pays for the break it causes."""
     config, records = p.config, p.records
     items = [Item(k, summary_body(records[k]), records[k].tokens) for k in p.standing]
