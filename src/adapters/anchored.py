@@ -89,7 +89,6 @@ class AnchoredCompactionStrategy(CompactionAdapter[AnchoredConfig, AnchoredSnaps
             low_water_fraction=low_water_fraction,
         )
         self._setup(config, tokenizer, AnchoredSnapshot())
-        self._overflowing = False
         self.passes = 0
         self.shed_events = 0
         self.overflows = 0

@@ -136,7 +136,6 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
         self._setup(config, tokenizer, State())
         self.client = client
         self._describe = describe_media
-        self._nothing_fits = False  # the previous pass found nothing that fits (warned once per episode)
         self.last_report: UserReport | None = None
         self.passes = 0
         self.user_compactions = 0
@@ -227,7 +226,7 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
 
     def _observe(self, report: UserReport, asked: set[str]) -> None:
         fresh = report.request in asked  # answered in this pass, not replayed from the state
-        self._nothing_fits = self.last_report is not None and self.last_report.outcome is Outcome.NOTHING_FITS
+        nothing_fitted = self.last_report is not None and self.last_report.outcome is Outcome.NOTHING_FITS
         self.passes += 1
         self.last_report = report
         self.user_summaries_in_conversation = report.standing
@@ -239,7 +238,7 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
             self.user_passes_declined += 1
         elif outcome is Outcome.NOTHING_FITS:
             self.user_passes_nothing_fits += 1
-            if not self._nothing_fits:  # once per episode, not on every pass
+            if not nothing_fitted:  # once per episode, not on every pass
                 logger.warning(
                     "Nothing to summarise fits max_summary_input_tokens=%d with the instructions (the oldest user "
                     "turn or summary alone, or for a fold two summaries, is larger); nothing was sent. Raise "

@@ -62,6 +62,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import takewhile
 from typing import Final, Literal, TypeAlias, cast
 
 from msgspec.structs import replace as evolve
@@ -166,9 +167,7 @@ class CompositionConfig:
         a group quoted in part stays whole (it is not cut to its value lines) and is asked
         for once more, then settled and held.
         """
-        if self.overflow_policy == "raise":
-            return replace(self.records, coverage_share=1.0)
-        return self.records
+        return replace(self.records, coverage_share=1.0) if self.overflow_policy == "raise" else self.records
 
     @property
     def shed(self) -> AnchoredConfig:
@@ -591,11 +590,10 @@ def _after_next_step(seen: View, recall_state: RecallState, measure: anchored.Me
     would follow for it. Asking one step earlier puts the break on the request that sends
     the new group, which the provider reads uncached whatever we do.
     """
-    conversation = seen.records
     reserve = records.instruction_tokens(measure) if records_over_prefix(recall_state) else 0
     largest = max(
         (
-            sum(conversation[i].tokens for i in g.members) + (reserve if g.kind == "tool_call" else 0)
+            sum(seen.records[i].tokens for i in g.members) + (reserve if g.kind == "tool_call" else 0)
             for g in seen.grouping.all
         ),
         default=0,
@@ -688,12 +686,8 @@ def _kept(
 
 def _rewrites(state: State) -> int:
     """Harder rewrites answered (kept or refused) since the last merge answered: ``harder_attempts`` at most."""
-    count = 0
-    for answer in reversed(state.answers):
-        if answer.text is not None and answer.kind is RequestKind.MERGE:
-            break
-        count += answer.text is not None and answer.kind is RequestKind.REWRITE
-    return count
+    answered = [answer.kind for answer in reversed(state.answers) if answer.text is not None]  # newest first
+    return sum(kind is RequestKind.REWRITE for kind in takewhile(lambda kind: kind is not RequestKind.MERGE, answered))
 
 
 def _next(
