@@ -232,11 +232,9 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
         self.user_summaries_in_conversation = report.standing
         self.user_summary_tokens = report.summary_tokens
         outcome = report.outcome
-        if outcome is Outcome.BELOW_TRIGGER:
-            self.user_passes_below_trigger += 1
-        elif outcome is Outcome.DECLINED:
-            self.user_passes_declined += 1
-        elif outcome is Outcome.NOTHING_FITS:
+        self.user_passes_below_trigger += outcome is Outcome.BELOW_TRIGGER
+        self.user_passes_declined += outcome is Outcome.DECLINED
+        if outcome is Outcome.NOTHING_FITS:
             self.user_passes_nothing_fits += 1
             if not nothing_fitted:  # once per episode, not on every pass
                 logger.warning(
@@ -269,7 +267,7 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
                     report.tokens_after,
                     self._config.max_input_tokens,
                 )
-        elif fresh:
+        elif fresh:  # only an answered request's outcome names it: failed or refused
             self.user_summary_failures += 1
             if outcome is Outcome.REFUSED:
                 self.user_summaries_refused += 1

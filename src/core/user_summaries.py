@@ -322,7 +322,7 @@ def pass_(
     # the decision, or the two lists would disagree.
     own = sent_tokens(r for r in history if not r.injected)
     worth = has_turns and eligible_tokens >= share_of(own, config.min_band_share)
-    pending = _reachable_descriptions(p, items, waiting) if has_turns else ()
+    pending = _reachable_descriptions(p, items, waiting) if waiting else ()
     if pending and worth:
         # Descriptions first: the transcript (and so the request) depends on them.
         return Needs(pending)
@@ -368,8 +368,6 @@ def _reachable_descriptions(
     counts, added up from the band's start, fit the request bound are described now.
     The host is not asked about media a request could not carry yet.
     """
-    if not waiting:
-        return ()
     entries = sorted([(i.index, i, ()) for i in items] + [(w.index, w, d) for w, d in waiting], key=lambda e: e[0])
     first = entries[0][1].run
     budget = p.config.summary_input_limit - p.measure(p.config.prompt) - 2 * MESSAGE_OVERHEAD_TOKENS
