@@ -33,7 +33,6 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Final
 
 from pyrsistent import pvector
@@ -248,9 +247,10 @@ def run(
     existing_notes = {r.message_id: r for r in history if r.note and r.message_id}
     band = _band(config, records, memo if isinstance(memo, Band) else None)
     noted = _noted_positions(existing_notes)
-    lane = partial(_lane, noted=noted, records=records)
-    tools = lane(band.tools, "tool", state.tools_shed, state.spared_tools, dict(state.shed_sizes))
-    texts = lane(band.texts, "reply", state.texts_shed, state.spared_texts, {})
+    tools = _Lane(band.tools, "tool", state.tools_shed, set(state.spared_tools), dict(state.shed_sizes))
+    texts = _Lane(band.texts, "reply", state.texts_shed, set(state.spared_texts))
+    for lane in (tools, texts):
+        _recover(lane, noted, records)
     plan = _Plan(records, tools, texts, existing_notes=existing_notes, releasable=releasable, distillable=distillable)
     misplaced = _misplaced_notes(plan, noted)
     if not misplaced:
@@ -317,34 +317,26 @@ def _noted_positions(notes: Mapping[str, MessageRecord]) -> set[tuple[str, int]]
     return {(match.group(1), int(match.group(2))) for match in matches if match is not None}
 
 
-def _lane(
-    groups: tuple[Group, ...],
-    tag: str,
-    shed: int,
-    spared: tuple[int, ...],
-    sizes: dict[int, int],
-    *,
-    noted: set[tuple[str, int]],
-    records: Sequence[MessageRecord],
-) -> _Lane:
-    """A lane's state: the snapshot's, or the notes' when the history shows sheds it does not know.
+def _recover(lane: _Lane, noted: set[tuple[str, int]], records: Sequence[MessageRecord]) -> None:
+    """Move ``lane`` on to the sheds the history's notes show when its snapshot does not know them.
 
     A fresh instance (a restored session, a restarted process, another replica) starts
     from an empty snapshot, but the stored history carries the notes of earlier sheds.
     Positions below the newest note that have no note were passed over (spared).
     """
+    shed, tag = lane.shed, lane.tag
     evidence = max((p + 1 for t, p in noted if t == tag), default=0)
     if evidence <= shed:
-        return _Lane(groups, tag, shed, set(spared), sizes)
-    inferred = {p for p in range(shed, evidence) if (tag, p) not in noted}
+        return
+    lane.spared |= {p for p in range(shed, evidence) if (tag, p) not in noted}
     # Recovered sheds are sized by what is excluded now: a member that arrives later
     # (a result for a shed call) is then reported when it is shed with its group.
     recovered = {
-        p: sum(1 for i in groups[p].members if records[i].excluded)
-        for p in range(shed, min(evidence, len(groups)))
+        p: sum(1 for i in lane.groups[p].members if records[i].excluded)
+        for p in range(shed, min(evidence, len(lane.groups)))
         if (tag, p) in noted
     }
-    return _Lane(groups, tag, evidence, set(spared) | inferred, {**recovered, **sizes})
+    lane.shed, lane.sizes = evidence, {**recovered, **lane.sizes}
 
 
 def check(config: AnchoredConfig, state: AnchoredSnapshot, history: History) -> str | None:
