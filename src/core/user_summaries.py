@@ -345,9 +345,7 @@ def pass_(
             return asked
     elif worth:
         return band.done(Outcome.NOTHING_FITS)
-    if config.summary_mode == "fold" and len(p.standing) >= 2:
-        return _fold(p)
-    return band.done(Outcome.DECLINED)
+    return _fold(p) if config.summary_mode == "fold" and len(p.standing) >= 2 else band.done(Outcome.DECLINED)
 
 
 def user_turns(history: Iterable[MessageRecord]) -> int:
