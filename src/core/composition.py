@@ -356,11 +356,10 @@ def _record_rules(config: CompositionConfig, work: _Pass, seen: View, measure: a
     asked = records.ask_over(config.records, work.state, passed.history, measure)
     if asked is not None:
         return Needs((_with_summary(config, work.state, passed.history, asked, measure),))
-    decisions = passed.state
-    # The largest step the conversation has taken still fits beside the prompt.
+    # The largest step the conversation has taken still fits beside the prompt; when it does not, what no record
+    # holds yet is asked for (pinned, or asked over the cached prefix once pinning is given up).
     roomy = _after_next_step(memo.view, work.state.recall, measure) <= config.max_input_tokens
-    if not roomy:  # pinned, or asked over the cached prefix once pinning is given up
-        decisions = records.ask_for_pending(memo.view, decisions)
+    decisions = passed.state if roomy else records.ask_for_pending(memo.view, passed.state)
     state = evolve(work.state, records=decisions)
     report = replace(work.report, records=passed.report)
     return Done(passed.history, replace(work, state=state, report=report, memo=memo, roomy=roomy), None, memo.view)
@@ -449,9 +448,8 @@ def _fallback(config: CompositionConfig, work: _Pass, seen: View, measure: ancho
     left, where the safety net takes the record's place (:func:`.records.net_ceiling`; on a
     pass whose net break the user half rode, whatever that summary left: ``_Pass.netting``).
     """
-    state = work.state.fallback
     netting = work.netting or _netting(config, work, seen)
-    if seen.sent <= config.max_input_tokens and not state.decided and not netting:
+    if seen.sent <= config.max_input_tokens and not work.state.fallback.decided and not netting:
         # Under the budget (the user half brought it there): the record rules' holds for it go too.
         return Done(records.release_unrecorded(seen), work, None)
     ran = _run_fallback(config, work, seen, measure)
