@@ -89,7 +89,6 @@ class AnchoredCompactionStrategy(CompactionAdapter[AnchoredConfig, AnchoredSnaps
             low_water_fraction=low_water_fraction,
         )
         self._setup(config, tokenizer, AnchoredSnapshot())
-        self._overflowing = False
         self.passes = 0
         self.shed_events = 0
         self.overflows = 0
@@ -117,12 +116,9 @@ class AnchoredCompactionStrategy(CompactionAdapter[AnchoredConfig, AnchoredSnaps
         overflowing = self.last_report is not None and self.last_report.overflow
         self.passes += 1
         self.last_report = report
-        if report.shed:
-            self.shed_events += 1
-        if report.overflow:
-            self.overflows += 1
-        if report.declined:
-            self.declined_collapses += 1
+        self.shed_events += bool(report.shed)
+        self.overflows += report.overflow
+        self.declined_collapses += report.declined
         log_anchored(report, overflowing=overflowing)
 
 

@@ -55,16 +55,10 @@ def _record_rules(
             f"record half's holds, using that fallback's parameters; got {fallback!r}"
         )
     anchored = fallback.config
-    if anchored.max_input_tokens != config.max_input_tokens:
-        raise ValueError(
-            f"tool_results' fallback must have the record half's max_input_tokens ({config.max_input_tokens}), "
-            f"got {anchored.max_input_tokens}"
-        )
-    if anchored.keep_head_groups != config.keep_head_groups:
-        raise ValueError(
-            f"tool_results' fallback must have the record half's keep_head_groups ({config.keep_head_groups}): "
-            f"the head is one for every rule, got {anchored.keep_head_groups}"
-        )
+    for name, why in (("max_input_tokens", ""), ("keep_head_groups", ": the head is one for every rule")):
+        theirs, ours = getattr(anchored, name), getattr(config, name)
+        if theirs != ours:
+            raise ValueError(f"tool_results' fallback must have the record half's {name} ({ours}){why}, got {theirs}")
     _require_same_tokenizer("tool_results' fallback", fallback.tokenizer, tokenizer)
     return replace(config, fallback=anchored)
 
@@ -137,6 +131,8 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             used while no request has been seen, or when an item is outside what fits).
 
     Attributes:
+        tool_results: The record half.
+        user_turns: The user half.
         passes: Passes run, over both lists.
         user_passes_waited: Passes whose user half waited for an expected record.
         fallbacks_after_record: Passes whose fallback with holds changed something.
@@ -174,14 +170,12 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         overflow_policy: OverflowPolicy = core.DEFAULT_OVERFLOW_POLICY,
         summary_request: SummaryRequest = "summarizer",
     ) -> None:
-        if not isinstance(tool_results, ToolResultAnchoredSummarizationCompactionStrategy):
-            raise ValueError(
-                f"tool_results must be a ToolResultAnchoredSummarizationCompactionStrategy, got {tool_results!r}"
-            )
-        if not isinstance(user_turns, UserTurnAnchoredSummarizationCompactionStrategy):
-            raise ValueError(
-                f"user_turns must be a UserTurnAnchoredSummarizationCompactionStrategy, got {user_turns!r}"
-            )
+        for name, half, kind in (
+            ("tool_results", tool_results, ToolResultAnchoredSummarizationCompactionStrategy),
+            ("user_turns", user_turns, UserTurnAnchoredSummarizationCompactionStrategy),
+        ):
+            if not isinstance(half, kind):
+                raise ValueError(f"{name} must be a {kind.__name__}, got {half!r}")
         users = user_turns.config
         if users.summary_mode != "recompact" and users.remembered_requests < 2:
             raise ValueError(
@@ -202,8 +196,8 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         )
         self._setup(config, tokenizer, tool_results.conversation.value, holds=records_core.HOLD_REASONS)
         self.conversation = tool_results.conversation  # one conversation: the record half's (its middleware's, gate's)
-        self._tool_results = tool_results
-        self._user_turns = user_turns
+        self.tool_results = tool_results
+        self.user_turns = user_turns
         self.harder_attempts = harder_attempts
         self.merge_prompt = merge_prompt
         self.chain_gain_fraction = float(chain_gain_fraction)
@@ -224,22 +218,12 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
     @property
     def strategies(self) -> tuple[object, object]:
         """The two halves, for :func:`find_nested_strategy`."""
-        return (self._tool_results, self._user_turns)
-
-    @property
-    def tool_results(self) -> ToolResultAnchoredSummarizationCompactionStrategy:
-        """The record half."""
-        return self._tool_results
-
-    @property
-    def user_turns(self) -> UserTurnAnchoredSummarizationCompactionStrategy:
-        """The user half."""
-        return self._user_turns
+        return (self.tool_results, self.user_turns)
 
     @property
     def groups_held_unreachable_coverage(self) -> int:
         """The record half's estimate (see the record strategy)."""
-        return self._tool_results.groups_held_unreachable_coverage
+        return self.tool_results.groups_held_unreachable_coverage
 
     def _read(self, data: Mapping[str, object]) -> State:
         return State.from_dict(data, keep_head_groups=self._config.records.keep_head_groups)
@@ -258,7 +242,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             raise
 
     async def _perform(self, request: Request, messages: Sequence[Message]) -> str | None:
-        answer = await self._user_turns._perform(request, messages)  # pyright: ignore[reportPrivateUsage]
+        answer = await self.user_turns._perform(request, messages)  # pyright: ignore[reportPrivateUsage]
         if request.kind in CHAIN_KINDS and answer is None:
             self.replacements_failed += 1  # the user half's WARNING says why; it is asked again after a new turn
         return answer
@@ -266,11 +250,10 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
     def _observe(self, report: CompositionReport, asked: set[str]) -> None:
         self.passes += 1
         self.last_report = report
-        self._tool_results._observe(report.records, asked)  # pyright: ignore[reportPrivateUsage]
+        self.tool_results._observe(report.records, asked)  # pyright: ignore[reportPrivateUsage]
         if report.users is not None:
-            self._user_turns._observe(report.users, asked)  # pyright: ignore[reportPrivateUsage]
-        if report.waited:
-            self.user_passes_waited += 1
+            self.user_turns._observe(report.users, asked)  # pyright: ignore[reportPrivateUsage]
+        self.user_passes_waited += report.waited
         if report.over_budget:
             logger.warning(
                 "The prompt is still %d tokens, over the %d-token budget, after this pass; a summary or record "
@@ -279,15 +262,11 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
                 self._config.max_input_tokens,
             )
         if report.fallback is not None:
-            if report.fallback.changed:
-                self.fallbacks_after_record += 1
+            self.fallbacks_after_record += report.fallback.changed
             log_anchored(report.fallback, overflowing=True)
-        if report.shed is not None and report.shed.shed:
-            self.shed_events += 1
-        if report.replaced:
-            self.records_replaced += 1
-        if report.folded:
-            self.emergency_folds += 1
+        self.shed_events += report.shed is not None and bool(report.shed.shed)
+        self.records_replaced += bool(report.replaced)
+        self.emergency_folds += bool(report.folded)
         self._count_refusals(report.refused)
 
     def _count_refusals(self, refused: Sequence[str]) -> None:

@@ -80,6 +80,7 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
         describe_media: The host's media description hook (see above).
 
     Attributes:
+        client: The summarizer client.
         last_report: What the last pass did, or ``None``.
         passes: Passes run, over both lists.
         user_compactions: Summaries accepted from a fresh answer.
@@ -133,9 +134,8 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
             describe_media=describe_media is not None,
         )
         self._setup(config, tokenizer, State())
-        self._client = client
+        self.client = client
         self._describe = describe_media
-        self._nothing_fits = False  # the previous pass found nothing that fits (warned once per episode)
         self.last_report: UserReport | None = None
         self.passes = 0
         self.user_compactions = 0
@@ -163,11 +163,6 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
         """``"recompact"``, ``"boundary"`` or ``"fold"``."""
         return self._config.summary_mode
 
-    @property
-    def client(self) -> Any:
-        """The summarizer client."""
-        return self._client
-
     core: ClassVar[object] = core
     state_type = State
     linked_reasons: ClassVar[frozenset[str]] = frozenset({core.EXCLUDE_REASON, core.FOLD_EXCLUDE_REASON})
@@ -184,15 +179,12 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
     async def _summarize(self, request: Request) -> str | None:
         self.summarizer_calls += 1
         try:
-            response = await self._client.get_response(
+            response = await self.client.get_response(
                 [Message("system", [request.prompt]), Message("user", [request.transcript])], stream=False
             )
         except Exception as error:  # the summarizer is outside our control; cancellation propagates
             logger.warning(
-                "The summarizer failed (%s: %s); %s stay as they are",
-                type(error).__name__,
-                error,
-                _what_stays(request),
+                "The summarizer failed (%s: %s); %s stay as they are", type(error).__name__, error, _what_stays(request)
             )
             return None
         text = getattr(response, "text", None)
@@ -234,52 +226,48 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
 
     def _observe(self, report: UserReport, asked: set[str]) -> None:
         fresh = report.request in asked  # answered in this pass, not replayed from the state
-        self._nothing_fits = self.last_report is not None and self.last_report.outcome is Outcome.NOTHING_FITS
+        nothing_fitted = self.last_report is not None and self.last_report.outcome is Outcome.NOTHING_FITS
         self.passes += 1
         self.last_report = report
         self.user_summaries_in_conversation = report.standing
         self.user_summary_tokens = report.summary_tokens
         outcome = report.outcome
-        if outcome is Outcome.BELOW_TRIGGER:
-            self.user_passes_below_trigger += 1
-        elif outcome is Outcome.DECLINED:
-            self.user_passes_declined += 1
-        elif outcome is Outcome.NOTHING_FITS:
+        self.user_passes_below_trigger += outcome is Outcome.BELOW_TRIGGER
+        self.user_passes_declined += outcome is Outcome.DECLINED
+        if outcome is Outcome.NOTHING_FITS:
             self.user_passes_nothing_fits += 1
-            if not self._nothing_fits:  # once per episode, not on every pass
+            if not nothing_fitted:  # once per episode, not on every pass
                 logger.warning(
                     "Nothing to summarise fits max_summary_input_tokens=%d with the instructions (the oldest user "
                     "turn or summary alone, or for a fold two summaries, is larger); nothing was sent. Raise "
                     "max_summary_input_tokens to let it progress.",
                     self._config.summary_input_limit,
                 )
-        elif outcome in (Outcome.SUMMARIZED, Outcome.FOLDED):
+        elif outcome in core.APPLIED:
             self.user_messages_replaced = len(report.replaced)
             if not fresh:
                 self.user_summaries_replayed += 1
-            elif outcome is Outcome.FOLDED:
-                self.user_folds += 1
-            else:
-                self.user_compactions += 1
-            if fresh:
-                logger.info(
-                    "%s %d message(s) into %s (%d -> %d tokens)",
-                    "Folded" if outcome is Outcome.FOLDED else "Summarised",
-                    len(report.replaced),
+                return
+            self.user_folds += outcome is Outcome.FOLDED
+            self.user_compactions += outcome is Outcome.SUMMARIZED
+            logger.info(
+                "%s %d message(s) into %s (%d -> %d tokens)",
+                "Folded" if outcome is Outcome.FOLDED else "Summarised",
+                len(report.replaced),
+                report.summary_id,
+                report.tokens_before,
+                report.tokens_after,
+            )
+            if report.tokens_after > self._config.max_input_tokens:
+                logger.warning(
+                    "After summary %s the prompt is still %d tokens, over the %d-token budget: the protected "
+                    "and anchored turns, assistant and tool messages stay. Pair this strategy with a record "
+                    "strategy or a fallback to make more room.",
                     report.summary_id,
-                    report.tokens_before,
                     report.tokens_after,
+                    self._config.max_input_tokens,
                 )
-                if report.tokens_after > self._config.max_input_tokens:
-                    logger.warning(
-                        "After summary %s the prompt is still %d tokens, over the %d-token budget: the protected "
-                        "and anchored turns, assistant and tool messages stay. Pair this strategy with a record "
-                        "strategy or a fallback to make more room.",
-                        report.summary_id,
-                        report.tokens_after,
-                        self._config.max_input_tokens,
-                    )
-        elif fresh:
+        elif fresh:  # only an answered request's outcome names it: failed or refused
             self.user_summary_failures += 1
             if outcome is Outcome.REFUSED:
                 self.user_summaries_refused += 1

@@ -31,20 +31,21 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final
 
 from pyrsistent import pvector
 
 from .checks import AtLeastOne, AtLeastZero, Floor, Fraction, validate
-from .counting import MESSAGE_OVERHEAD_TOKENS, Measure
+from .counting import Measure
 from .distill import distill
 from .grouping import Grouping, regroup
 from .model import Group, History, MessageRecord, Part, flagged
 from .protocol import Done, differs, sent_tokens
 from .shorten import shorten
 from .state import AnchoredSnapshot
+from .user_summaries import message
 
 DEFAULT_KEEP_HEAD_GROUPS: Final = 3
 DEFAULT_KEEP_TAIL_GROUPS: Final = 4
@@ -196,32 +197,13 @@ class _Plan:
 
     def shields(self, record: MessageRecord) -> bool:
         """``record`` may not be made smaller: preserved, or held by a hold that protects."""
-        if record.preserved:
-            return True
-        return self.releasable is not None and record.held is not None and record.held not in self.releasable
+        releasable = self.releasable
+        return record.preserved or (
+            releasable is not None and record.held is not None and record.held not in releasable
+        )
 
     def protected(self, group: Group) -> bool:
         return any(self.shields(self.records[i]) for i in group.members)
-
-
-def step(
-    config: AnchoredConfig,
-    state: AnchoredSnapshot,
-    history: History,
-    measure: Measure,
-    *,
-    ceiling: int | None = None,
-    memo: object = None,
-) -> AnchoredDone:
-    """One anchored pass over ``history``.
-
-    ``ceiling`` (default ``max_input_tokens``) bounds only how far shedding goes;
-    shortening never reads it. ``memo`` is the previous pass's ``Done.memo``, a band
-    that saves work and never changes the answer. The anchored strategy never fails and
-    never needs an effect: when the anchors alone exceed the ceiling it answers with
-    ``report.overflow`` (honest overflow).
-    """
-    return run(config, state, history, measure, ceiling=ceiling, memo=memo)
 
 
 def run(
@@ -237,8 +219,14 @@ def run(
     distill_ceiling: int | None = None,
     shorten: bool = True,
 ) -> AnchoredDone:
-    """:func:`step`'s answer, unwrapped: compositions call it directly (``shorten=False``: band results are never
-    shortened, groups only shed whole).
+    """One anchored pass over ``history`` (:func:`step`); compositions call it with their holds (``shorten=False``:
+    band results are never shortened, groups only shed whole).
+
+    ``ceiling`` (default ``max_input_tokens``) bounds only how far shedding goes;
+    shortening never reads it. ``memo`` is the previous pass's ``Done.memo``, a band
+    that saves work and never changes the answer. The anchored strategy never fails and
+    never needs an effect: when the anchors alone exceed the ceiling it answers with
+    ``report.overflow`` (honest overflow).
 
     With ``releasable``, a held message is protected like a preserved one unless its
     hold is in ``releasable`` (the record rules' holds; see :func:`.records.run_with_holds`).
@@ -254,41 +242,26 @@ def run(
     every such band group is distilled at once, where a record would have covered them all in
     one break; shedding still waits for the ceiling.
     """
-    snapshot = state
-    previous = memo if isinstance(memo, Band) else None
     limit = config.max_input_tokens if ceiling is None else ceiling
-    records: list[MessageRecord] = []
-    existing_notes: dict[str, MessageRecord] = {}
-    for record in history:
-        if not record.note:
-            records.append(record)
-        elif record.message_id:
-            existing_notes[record.message_id] = record
-    band = _band(config, records, previous)
+    records = [r for r in history if not r.note]
+    existing_notes = {r.message_id: r for r in history if r.note and r.message_id}
+    band = _band(config, records, memo if isinstance(memo, Band) else None)
     noted = _noted_positions(existing_notes)
-
-    def lane(groups: tuple[Group, ...], tag: str, shed: int, spared: tuple[int, ...], sizes: dict[int, int]) -> _Lane:
-        return _lane(groups, tag, shed=shed, spared=spared, noted=noted, sizes=sizes, records=records)
-
-    plan = _Plan(
-        existing_notes=existing_notes,
-        records=records,
-        releasable=releasable,
-        distillable=distillable,
-        tools=lane(band.tools, "tool", snapshot.tools_shed, snapshot.spared_tools, dict(snapshot.shed_sizes)),
-        texts=lane(band.texts, "reply", snapshot.texts_shed, snapshot.spared_texts, {}),
-    )
+    tools = _Lane(band.tools, "tool", state.tools_shed, set(state.spared_tools), dict(state.shed_sizes))
+    texts = _Lane(band.texts, "reply", state.texts_shed, set(state.spared_texts))
+    for lane in (tools, texts):
+        _recover(lane, noted, records)
+    plan = _Plan(records, tools, texts, existing_notes=existing_notes, releasable=releasable, distillable=distillable)
     misplaced = _misplaced_notes(plan, noted)
     if not misplaced:
         _replay_sheds(plan)
     shortened, declined, committed = _shorten_band(
-        config, plan, committed=snapshot.shortened, measure=measure, limit=limit, shorten=shorten
+        config, plan, committed=state.shortened, measure=measure, limit=limit, shorten=shorten
     )
     if not misplaced:
-        for position in snapshot.distilled:
-            if position < len(plan.tools.groups):
-                _distill_group(plan, plan.tools.groups[position], measure, into=None)
-                plan.distilled.add(position)
+        for position in (p for p in state.distilled if p < len(tools.groups)):
+            _distill_group(plan, tools.groups[position], measure, into=None)
+            plan.distilled.add(position)
         if distill_ceiling is not None and _prompt_tokens(plan, measure) > distill_ceiling:
             _distill_to_low_water(config, plan, measure, distill_ceiling, low_water=0)
         _distill_to_low_water(config, plan, measure, limit)
@@ -322,59 +295,48 @@ def run(
     return Done(history=pvector(output), state=new_snapshot, report=report, memo=band)
 
 
+#: The shell's entry (:mod:`.loop`) is the pass itself.
+step = run
+
+
 def _misplaced_notes(plan: _Plan, noted: set[tuple[str, int]]) -> int:
     """Notes whose band position now holds a live group (or no group at all).
 
     The note's own group starts excluded; a member that arrived later (a late result)
     may not be, and is shed on replay, so only the first member is checked.
     """
-    lanes = {"tool": plan.tools, "reply": plan.texts}
-    misplaced = 0
-    for tag, position in noted:
-        groups = lanes[tag].groups
-        if position >= len(groups) or not plan.records[groups[position].start].excluded:
-            misplaced += 1
-    return misplaced
+    lanes = {"tool": plan.tools.groups, "reply": plan.texts.groups}
+    return sum(
+        position >= len(lanes[tag]) or not plan.records[lanes[tag][position].start].excluded for tag, position in noted
+    )
 
 
 def _noted_positions(notes: Mapping[str, MessageRecord]) -> set[tuple[str, int]]:
     """(lane tag, position) of every note, by its id: evidence of sheds already made."""
-    found: set[tuple[str, int]] = set()
-    for message_id in notes:
-        match = _NOTE_ID.fullmatch(message_id)
-        if match is not None:
-            found.add((match.group(1), int(match.group(2))))
-    return found
+    matches = (_NOTE_ID.fullmatch(message_id) for message_id in notes)
+    return {(match.group(1), int(match.group(2))) for match in matches if match is not None}
 
 
-def _lane(
-    groups: tuple[Group, ...],
-    tag: str,
-    *,
-    shed: int,
-    spared: tuple[int, ...],
-    noted: set[tuple[str, int]],
-    sizes: dict[int, int],
-    records: Sequence[MessageRecord],
-) -> _Lane:
-    """A lane's state: the snapshot's, or the notes' when the history shows sheds it does not know.
+def _recover(lane: _Lane, noted: set[tuple[str, int]], records: Sequence[MessageRecord]) -> None:
+    """Move ``lane`` on to the sheds the history's notes show when its snapshot does not know them.
 
     A fresh instance (a restored session, a restarted process, another replica) starts
     from an empty snapshot, but the stored history carries the notes of earlier sheds.
     Positions below the newest note that have no note were passed over (spared).
     """
+    shed, tag = lane.shed, lane.tag
     evidence = max((p + 1 for t, p in noted if t == tag), default=0)
     if evidence <= shed:
-        return _Lane(groups, tag, shed, set(spared), sizes)
-    inferred = {p for p in range(shed, evidence) if (tag, p) not in noted}
+        return
+    lane.spared |= {p for p in range(shed, evidence) if (tag, p) not in noted}
     # Recovered sheds are sized by what is excluded now: a member that arrives later
     # (a result for a shed call) is then reported when it is shed with its group.
     recovered = {
-        p: sum(1 for i in groups[p].members if records[i].excluded)
-        for p in range(shed, min(evidence, len(groups)))
+        p: sum(1 for i in lane.groups[p].members if records[i].excluded)
+        for p in range(shed, min(evidence, len(lane.groups)))
         if (tag, p) in noted
     }
-    return _Lane(groups, tag, evidence, set(spared) | inferred, {**recovered, **sizes})
+    lane.shed, lane.sizes = evidence, {**recovered, **lane.sizes}
 
 
 def check(config: AnchoredConfig, state: AnchoredSnapshot, history: History) -> str | None:
@@ -432,18 +394,13 @@ def _band(config: AnchoredConfig, records: Sequence[MessageRecord], previous: Ba
             known[k] if k < len(known) and k < len(before) and before[k] is group else _reindex(group, conversation)
             for k, group in enumerate(band)
         )
-    tools: list[Group] = []
-    texts: list[Group] = []
-    for group in band:
-        if group.kind == "tool_call":
-            tools.append(group)
-        elif group.kind == "assistant_text":
-            texts.append(group)
-    return Band(tuple(tools), tuple(texts), grouping, conversation, keep, band)
+    tools = tuple(g for g in band if g.kind == "tool_call")
+    texts = tuple(g for g in band if g.kind == "assistant_text")
+    return Band(tools, texts, grouping, conversation, keep, band)
 
 
 def _extends(indices: tuple[int, ...], prefix: tuple[int, ...]) -> bool:
-    return len(indices) >= len(prefix) and indices[: len(prefix)] == prefix
+    return indices[: len(prefix)] == prefix
 
 
 def _reindex(group: Group, indices: Sequence[int]) -> Group:
@@ -500,90 +457,70 @@ def _unanswered(records: Sequence[MessageRecord], group: Group) -> bool:
 
 
 def _shorten_band(
-    config: AnchoredConfig,
-    plan: _Plan,
-    *,
-    committed: int,
-    measure: Measure,
-    limit: int,
-    shorten: bool = True,
+    config: AnchoredConfig, plan: _Plan, *, committed: int, measure: Measure, limit: int, shorten: bool = True
 ) -> tuple[int, bool, int]:
     """Shorten band results by position (none without ``shorten``); returns (count, declined, new commitment).
 
     Positions below ``committed`` are always shortened. The minimum-gain floor judges
     only the positions above it, and only while the prompt fits.
     """
-    edits: dict[int, tuple[int, MessageRecord]] = {}  # index -> (position, shortened record)
-    saved_by_position: dict[int, int] = {}
-    first_edit: dict[int, int] = {}
     records = plan.records
+    edits: list[tuple[int, int, MessageRecord, MessageRecord]] = []  # (position, index, record, shortened)
     for position, group in enumerate(plan.tools.groups if shorten else ()):
-        allowance = config.allowance(position)
         # A group no record covers is the safety net's: cut to its value lines over the budget, never
         # shortened by position (which would cut values from its middle).
-        netted = bool(plan.distillable) and _distillable(plan, group)
+        if plan.distillable and _distillable(plan, group):
+            continue
+        allowance = config.allowance(position)
         for index in group.members:
             record = records[index]
-            if netted or record.longest_result_text <= allowance or plan.shields(record):
-                continue
-            shortened = _shorten_record(record, allowance, measure)
-            if shortened is record:
-                continue
-            # An excluded result is shortened too (the model never sees it either way), so
-            # the same state gives the same stored bytes on any copy of the conversation,
-            # whether a shed or the shortening reached it first. Only included ones count.
-            edits[index] = (position, shortened)
-            if not record.excluded:
-                saved_by_position[position] = saved_by_position.get(position, 0) + record.tokens - shortened.tokens
-                first_edit.setdefault(position, index)
-    originals = {index: records[index] for index in edits}
+            if record.longest_result_text > allowance and not plan.shields(record):
+                # An excluded result is shortened too (the model never sees it either way), so
+                # the same state gives the same stored bytes on any copy of the conversation,
+                # whether a shed or the shortening reached it first. Only included ones count.
+                shortened = _with_parts(record, tuple(_shortened(p, allowance, measure) for p in record.parts))
+                if shortened is not record:
+                    edits.append((position, index, record, shortened))
 
-    def apply(positions: Callable[[int], bool]) -> None:
-        for index, (position, shortened) in edits.items():
-            if positions(position):
+    def apply(judged: bool) -> None:
+        for position, index, _, shortened in edits:
+            if (position >= committed) == judged:
                 records[index] = shortened
 
     # Committed positions first, so the floor judges the same state on every list (the
     # stored history already holds them shortened; fresh copies do not yet).
-    apply(lambda position: position < committed)
-    pending = [p for p in saved_by_position if p >= committed]
+    apply(judged=False)
+    pending = [(i, r.tokens - s.tokens) for position, i, r, s in edits if position >= committed and not r.excluded]
     declined = False
     if pending and config.min_gain_fraction > 0 and _prompt_tokens(plan, measure) <= limit:
-        start = min(first_edit[p] for p in pending)
-        behind = sum(r.tokens for r in plan.records[start:] if not r.excluded)
-        saved = sum(saved_by_position[p] for p in pending)
-        declined = saved < int(behind * config.min_gain_fraction)
+        behind = sum(r.tokens for r in records[min(i for i, _ in pending) :] if not r.excluded)
+        declined = sum(saved for _, saved in pending) < int(behind * config.min_gain_fraction)
     if not declined:
-        apply(lambda position: position >= committed)
+        apply(judged=True)
     applied = sum(
-        _results_changed(shortened, originals[index])
-        for index, (_, shortened) in edits.items()
+        sum(1 for a, b in zip(shortened.parts, record.parts, strict=True) if a is not b)
+        for _, index, record, shortened in edits
         if records[index] is shortened and not shortened.excluded
     )
     return applied, declined, committed if declined else max(committed, len(plan.tools.groups))
 
 
-def _results_changed(after: MessageRecord, before: MessageRecord) -> int:
-    return sum(1 for a, b in zip(after.parts, before.parts, strict=True) if a is not b)
+def _shortened(part: Part, allowance: int, measure: Measure) -> Part:
+    """A result cut to ``allowance`` by :func:`.shorten.shorten`, when that changes it; else ``part`` itself."""
+    if part.kind != "function_result":
+        return part
+    text = shorten(part.text, allowance, measure, tokens=part.tokens - part.media_tokens)
+    return (
+        replace(part, text=text, tokens=measure(text) + part.media_tokens) if text and text is not part.text else part
+    )
 
 
-def _shorten_record(record: MessageRecord, allowance: int, measure: Measure) -> MessageRecord:
-    if record.longest_result_text <= allowance:
-        return record
-    parts: list[Part] = []
-    changed = False
-    for part in record.parts:
-        text_tokens = part.tokens - part.media_tokens
-        text = shorten(part.text, allowance, measure, tokens=text_tokens) if part.kind == "function_result" else ""
-        if text and text is not part.text:
-            parts.append(replace(part, text=text, tokens=measure(text) + part.media_tokens))
-            changed = True
-        else:
-            parts.append(part)
-    if not changed:
+def _with_parts(record: MessageRecord, parts: tuple[Part, ...]) -> MessageRecord:
+    """``record`` with ``parts``, its size moved by theirs; ``record`` itself when no part changed."""
+    if all(a is b for a, b in zip(parts, record.parts, strict=True)):
         return record
     tokens = record.tokens - sum(p.tokens for p in record.parts) + sum(p.tokens for p in parts)
-    return replace(record, parts=tuple(parts), tokens=tokens)
+    return replace(record, parts=parts, tokens=tokens)
 
 
 def _shed_to_low_water(config: AnchoredConfig, plan: _Plan, measure: Measure, limit: int) -> None:
@@ -649,13 +586,9 @@ def _distill_group(plan: _Plan, group: Group, measure: Measure, *, into: list[in
     freed = 0
     for index in group.members:
         record = plan.records[index]
-        parts = tuple(_distilled(part, measure) for part in record.parts)
-        if all(a is b for a, b in zip(parts, record.parts, strict=True)):
-            continue
-        tokens = record.tokens - sum(p.tokens for p in record.parts) + sum(p.tokens for p in parts)
-        plan.records[index] = replace(record, parts=parts, tokens=tokens)
-        if not record.excluded:
-            freed += record.tokens - tokens
+        distilled = plan.records[index] = _with_parts(record, tuple(_distilled(p, measure) for p in record.parts))
+        if distilled is not record and not record.excluded:
+            freed += record.tokens - distilled.tokens
             if into is not None and record.origin is not None:
                 into.append(record.origin)
     return freed
@@ -685,17 +618,16 @@ def _exclude(plan: _Plan, group: Group, *, into: list[int] | None) -> None:
 
 def _notes(plan: _Plan, measure: Measure) -> dict[int, MessageRecord]:
     """The note each shed group leaves, keyed by the index of the group's first member."""
-    if plan.notes is not None:
-        return plan.notes
-    notes: dict[int, MessageRecord] = {}
-    for lane in (plan.tools, plan.texts):
-        for position, group in lane.decided():
-            # A shed group keeps its note while it stays excluded, even if it is marked
-            # preserved later: the model must still see that something was there.
-            if _all_excluded(plan.records, group.members):
-                notes[group.start] = _note(plan, group, lane.tag, position, measure)
-    plan.notes = notes
-    return notes
+    if plan.notes is None:
+        # A shed group keeps its note while it stays excluded, even if it is marked
+        # preserved later: the model must still see that something was there.
+        plan.notes = {
+            group.start: _note(plan, group, lane.tag, position, measure)
+            for lane in (plan.tools, plan.texts)
+            for position, group in lane.decided()
+            if _all_excluded(plan.records, group.members)
+        }
+    return plan.notes
 
 
 def _note(plan: _Plan, group: Group, tag: str, position: int, measure: Measure) -> MessageRecord:
@@ -704,14 +636,7 @@ def _note(plan: _Plan, group: Group, tag: str, position: int, measure: Measure) 
     found = plan.existing_notes.get(message_id)
     if found is not None and len(found.parts) == 1 and found.parts[0].text == text and not found.excluded:
         return found
-    text_tokens = measure(text)
-    return MessageRecord(
-        role="assistant",
-        parts=(Part(kind="text", text=text, tokens=text_tokens),),
-        tokens=MESSAGE_OVERHEAD_TOKENS + text_tokens,
-        message_id=message_id,
-        note=True,
-    )
+    return message("assistant", text, message_id, measure, note=True)
 
 
 def _prompt_tokens(plan: _Plan, measure: Measure) -> int:
@@ -737,6 +662,4 @@ def _note_text(members: Sequence[MessageRecord], kind: str) -> str:
     if kind != "tool_call":
         return TEXT_NOTE
     names = sorted({name for r in members for name in r.call_names})
-    if not names:
-        return TOOL_NOTE_PREFIX + "]"
-    return f"{TOOL_NOTE_PREFIX} ({', '.join(names)})]"
+    return f"{TOOL_NOTE_PREFIX} ({', '.join(names)})]" if names else TOOL_NOTE_PREFIX + "]"

@@ -62,6 +62,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import takewhile
 from typing import Final, Literal, TypeAlias, cast
 
 from msgspec.structs import replace as evolve
@@ -166,9 +167,7 @@ class CompositionConfig:
         a group quoted in part stays whole (it is not cut to its value lines) and is asked
         for once more, then settled and held.
         """
-        if self.overflow_policy == "raise":
-            return replace(self.records, coverage_share=1.0)
-        return self.records
+        return replace(self.records, coverage_share=1.0) if self.overflow_policy == "raise" else self.records
 
     @property
     def shed(self) -> AnchoredConfig:
@@ -252,8 +251,7 @@ def step(
     seen = view(history, record_memo.view if record_memo else None)
     # The record half's report is a placeholder until its sub-step runs.
     report = CompositionReport(seen.sent, seen.sent, records=RecordReport(seen.sent, seen.sent))
-    band = record_memo.band if record_memo else None
-    work = _Pass(state, report, record_memo, band, given=given)
+    work = _Pass(state, report, record_memo, record_memo.band if record_memo else None, given=given)
     ran = pipeline.run(_STEPS[config.overflow_policy], config, work, seen, measure)
     if isinstance(ran, Needs):
         return ran
@@ -304,15 +302,15 @@ def _over_prefix(
         return needs
     here = records.record_place(given)
     prompt = records.place_written(given, [w for w in records.written(state) if w.after != here], measure)
-    requests: list[Request] = []
-    for request in needs.requests:
-        sent = None
-        if request.kind in (RequestKind.SUMMARY, RequestKind.FOLD):
-            size = measure(request.prompt) + sum(measure(o) for o in request.openings) + 64
-            fitting = records.fitting_prefix(prompt, config.records.prefix_tokens(state.recall, size))
-            sent = None if fitting is None else user_summaries.over_prefix(request, fitting)
-        requests.append(sent or request)
-    return Needs(tuple(requests))
+
+    def sent(request: Request) -> Request | None:
+        if request.kind not in (RequestKind.SUMMARY, RequestKind.FOLD):
+            return None
+        size = measure(request.prompt) + sum(measure(o) for o in request.openings) + 64
+        fitting = records.fitting_prefix(prompt, config.records.prefix_tokens(state.recall, size))
+        return None if fitting is None else user_summaries.over_prefix(request, fitting)
+
+    return Needs(tuple(sent(request) or request for request in needs.requests))
 
 
 def _with_summary(
@@ -358,10 +356,10 @@ def _record_rules(config: CompositionConfig, work: _Pass, seen: View, measure: a
     asked = records.ask_over(config.records, work.state, passed.history, measure)
     if asked is not None:
         return Needs((_with_summary(config, work.state, passed.history, asked, measure),))
-    decisions = passed.state
-    roomy = _roomy(config, memo.view, work.state.recall, measure)
-    if not roomy:  # pinned, or asked over the cached prefix once pinning is given up
-        decisions = records.ask_for_pending(memo.view, decisions)
+    # The largest step the conversation has taken still fits beside the prompt; when it does not, what no record
+    # holds yet is asked for (pinned, or asked over the cached prefix once pinning is given up).
+    roomy = _after_next_step(memo.view, work.state.recall, measure) <= config.max_input_tokens
+    decisions = passed.state if roomy else records.ask_for_pending(memo.view, passed.state)
     state = evolve(work.state, records=decisions)
     report = replace(work.report, records=passed.report)
     return Done(passed.history, replace(work, state=state, report=report, memo=memo, roomy=roomy), None, memo.view)
@@ -404,15 +402,11 @@ def _users(config: CompositionConfig, work: _Pass, seen: View, measure: anchored
 def _replay(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
     """Apply every kept replacement whose items lead the conversation's, in the order they were kept."""
     kept, refused = Counter[str](), set[str]()
-    found: dict[object, list[user_summaries.Item]] = {}  # each kind's items in the output so far, by finder
     for answer in work.state.answers:
         if answer.kind not in CHAIN_KINDS or answer.text is None or answer.sources is None:
             continue  # a failure, not a refusal: :func:`_ask` decides when to ask again
         kind = _KINDS[answer.kind]
-        items = found.get(kind.items)
-        if items is None:
-            items = found[kind.items] = kind.items(seen, measure)
-        items = items[: answer.sources]
+        items = kind.items(seen, measure)[: answer.sources]
         if len(items) < answer.sources or all(
             user_summaries.request(kind.request, prompt, items, "", 0).identity != answer.identity
             for prompt in kind.prompts(config)
@@ -423,7 +417,7 @@ def _replay(config: CompositionConfig, work: _Pass, seen: View, measure: anchore
             refused.add(answer.identity)
         else:
             applied = user_summaries.apply(seen.history, (m for i in items for m in i.members), kind.reason, message)
-            seen, found = view(applied, seen), {}
+            seen = view(applied, seen)
             kept[kind.prefix] += 1
     report = replace(
         work.report,
@@ -454,9 +448,8 @@ def _fallback(config: CompositionConfig, work: _Pass, seen: View, measure: ancho
     left, where the safety net takes the record's place (:func:`.records.net_ceiling`; on a
     pass whose net break the user half rode, whatever that summary left: ``_Pass.netting``).
     """
-    state = work.state.fallback
     netting = work.netting or _netting(config, work, seen)
-    if seen.sent <= config.max_input_tokens and not state.decided and not netting:
+    if seen.sent <= config.max_input_tokens and not work.state.fallback.decided and not netting:
         # Under the budget (the user half brought it there): the record rules' holds for it go too.
         return Done(records.release_unrecorded(seen), work, None)
     ran = _run_fallback(config, work, seen, measure)
@@ -547,14 +540,8 @@ def _chain_outcome(refused: Sequence[str], failed: Sequence[str]) -> str:
 
 
 def _user_pass(
-    config: CompositionConfig,
-    state: State,
-    output: History,
-    measure: anchored.Measure,
-    *,
-    breaking: bool,
-    roomy: bool,
-) -> user_summaries.UserNeeds | user_summaries.UserDone:
+    config: CompositionConfig, state: State, output: History, measure: anchored.Measure, *, breaking: bool, roomy: bool
+) -> Needs | user_summaries.UserDone:
     """The user half's pass within the composition: when it may ask, and what it replays.
 
     - **Replays** of answers the state remembers apply on every pass, whatever the size,
@@ -590,11 +577,6 @@ def _declined(state: State, output: History) -> user_summaries.UserDone:
     return Done(history=output, state=state, report=report)
 
 
-def _roomy(config: CompositionConfig, seen: View, recall_state: RecallState, measure: anchored.Measure) -> bool:
-    """The largest step the conversation has taken still fits beside the prompt (:func:`_after_next_step`)."""
-    return _after_next_step(seen, recall_state, measure) <= config.max_input_tokens
-
-
 def _after_next_step(seen: View, recall_state: RecallState, measure: anchored.Measure) -> int:
     """The prompt after a step like the largest the conversation has taken (its largest group, excluded ones too);
     a tool step with room beside it for the instruction of a record asked over the cached prefix, when the next
@@ -606,11 +588,10 @@ def _after_next_step(seen: View, recall_state: RecallState, measure: anchored.Me
     would follow for it. Asking one step earlier puts the break on the request that sends
     the new group, which the provider reads uncached whatever we do.
     """
-    conversation = seen.records
     reserve = records.instruction_tokens(measure) if records_over_prefix(recall_state) else 0
     largest = max(
         (
-            sum(conversation[i].tokens for i in g.members) + (reserve if g.kind == "tool_call" else 0)
+            sum(seen.records[i].tokens for i in g.members) + (reserve if g.kind == "tool_call" else 0)
             for g in seen.grouping.all
         ),
         default=0,
@@ -703,12 +684,8 @@ def _kept(
 
 def _rewrites(state: State) -> int:
     """Harder rewrites answered (kept or refused) since the last merge answered: ``harder_attempts`` at most."""
-    count = 0
-    for answer in reversed(state.answers):
-        if answer.text is not None and answer.kind is RequestKind.MERGE:
-            break
-        count += answer.text is not None and answer.kind is RequestKind.REWRITE
-    return count
+    answered = [answer.kind for answer in reversed(state.answers) if answer.text is not None]  # newest first
+    return sum(kind is RequestKind.REWRITE for kind in takewhile(lambda kind: kind is not RequestKind.MERGE, answered))
 
 
 def _next(
@@ -727,13 +704,10 @@ def _next(
     """
     turns, limit = user_summaries.user_turns(seen.history), config.users.summary_input_limit
     refused: list[str] = []
-    found: dict[object, list[user_summaries.Item]] = {}  # each kind's items, by finder
     for name, kind in _KINDS.items():
         if name is RequestKind.REWRITE and _rewrites(state) >= config.harder_attempts:
             continue
-        items = found.get(kind.items)
-        if items is None:
-            items = found[kind.items] = kind.items(seen, measure)
+        items = kind.items(seen, measure)
         kept = sum(
             1 for a in state.answers if a.kind in _KINDS and a.text is not None and _KINDS[a.kind].prefix == kind.prefix
         )

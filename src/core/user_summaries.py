@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
+from functools import partial
 from typing import Final, Literal, TypeAlias, get_args
 
 from pyrsistent import pvector
@@ -92,8 +93,6 @@ DEFAULT_REMEMBERED_REQUESTS: Final = 1
 EXCLUDE_REASON: Final = "user_turn_summarized"
 FOLD_EXCLUDE_REASON: Final = "user_summaries_folded"
 
-_TEXT_KINDS: Final = frozenset({"text"})
-
 
 @dataclass(frozen=True, slots=True)
 class UserSummaryConfig:
@@ -143,9 +142,7 @@ class UserSummaryConfig:
     @property
     def summary_input_limit(self) -> int:
         """The bound on every summarizer request."""
-        if self.max_summary_input_tokens is not None:
-            return self.max_summary_input_tokens
-        return max(1, self.max_input_tokens // 2)
+        return self.max_summary_input_tokens or max(1, self.max_input_tokens // 2)  # never 0: AtLeastOne
 
 
 class Outcome(Enum):
@@ -198,7 +195,6 @@ class UserReport:
 
 
 UserDone = Done[State, UserReport]
-UserNeeds = Needs
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,16 +232,10 @@ class _Pass:
     standing: tuple[int, ...]  # conversation indices of our included summaries
     user_turns: int  # the user's own turns, excluded ones too: grows with the conversation
     gates: bool = True  # the size trigger and the break-even gate apply
+    band_tokens: int = 0  # of the band the pass asks about (its report's)
+    protected: int = 0  # band turns left verbatim (its report's)
 
-    def done(
-        self,
-        outcome: Outcome,
-        *,
-        request: str | None = None,
-        summary_id: str | None = None,
-        band_tokens: int = 0,
-        protected: int = 0,
-    ) -> UserDone:
+    def done(self, outcome: Outcome, *, request: str | None = None, summary_id: str | None = None) -> UserDone:
         """The history unchanged, with a report of why."""
         report = UserReport(
             tokens_before=self.tokens,
@@ -253,8 +243,8 @@ class _Pass:
             outcome=outcome,
             summary_id=summary_id,
             request=request,
-            band_tokens=band_tokens,
-            protected=protected,
+            band_tokens=self.band_tokens,
+            protected=self.protected,
             standing=len(self.standing),
             summary_tokens=sum(self.records[k].tokens for k in self.standing),
         )
@@ -267,7 +257,7 @@ class _Pass:
 
 def step(
     config: UserSummaryConfig, state: State, history: History, measure: Measure, *, memo: object = None
-) -> UserNeeds | UserDone:
+) -> Needs | UserDone:
     """One pass over ``history`` (see the module docstring for the rules); ``memo`` is unused.
 
     Below the trigger, a remembered summary this list does not show yet is still applied:
@@ -298,7 +288,7 @@ def replayed(config: UserSummaryConfig, state: State, history: History, measure:
 
 def pass_(
     config: UserSummaryConfig, state: State, history: History, measure: Measure, *, gates: bool = True
-) -> UserNeeds | UserDone:
+) -> Needs | UserDone:
     """:func:`step`'s answer, unwrapped: a composition calls it directly.
 
     Without ``gates``, the size trigger and the break-even gate do not apply: any
@@ -306,27 +296,16 @@ def pass_(
     """
     conversation = conversation_indices(history)
     records = tuple(history[i] for i in conversation)
-    p = _Pass(
-        config=config,
-        history=history,
-        state=state,
-        measure=measure,
-        conversation=conversation,
-        records=records,
-        tokens=sent_tokens(history),
-        standing=tuple(k for k, r in enumerate(records) if r.summary and not r.excluded and r.role == "user"),
-        user_turns=user_turns(records),
-        gates=gates,
-    )
+    standing = tuple(k for k, r in enumerate(records) if r.summary and not r.excluded and r.role == "user")
+    tokens, turns = sent_tokens(history), user_turns(records)
+    p = _Pass(config, history, state, measure, conversation, records, tokens, standing, turns, gates)
     if p.tokens <= (config.trigger_tokens if gates else 0):
         return p.done(Outcome.BELOW_TRIGGER)
     items: list[Item] = []
     waiting: list[tuple[Item, tuple[Request, ...]]] = []  # media turns without descriptions yet
-    eligible_tokens = 0
-    protected = 0
-    run = 0
-    for k in _band(config, records, p.standing):
-        item = _item(config, records[k], k, state, measure, turns=p.user_turns)
+    eligible_tokens = protected = run = 0
+    for k in _band(p):
+        item = _item(p, k)
         if item is None:
             protected += 1
             run += 1
@@ -335,8 +314,7 @@ def pass_(
         if isinstance(item, Item):
             items.append(replace(item, run=run))
         else:
-            stand_in = Item(k, "", records[k].tokens, run=run)
-            waiting.append((stand_in, tuple(replace(d, turns=p.user_turns) for d in item)))
+            waiting.append((Item(k, "", records[k].tokens, run=run), tuple(item)))
             run += 1  # until it is described, the turn ends the run a request may cover
     # Worth a call: user turns to summarise (not only our summaries), and enough of them.
     has_turns = bool(waiting) or any(not records[i.index].summary for i in items)
@@ -344,7 +322,7 @@ def pass_(
     # the decision, or the two lists would disagree.
     own = sent_tokens(r for r in history if not r.injected)
     worth = has_turns and eligible_tokens >= share_of(own, config.min_band_share)
-    pending = _reachable_descriptions(config, items, waiting, measure) if has_turns else ()
+    pending = _reachable_descriptions(p, items, waiting) if waiting else ()
     if pending and worth:
         # Descriptions first: the transcript (and so the request) depends on them.
         return Needs(pending)
@@ -356,21 +334,18 @@ def pass_(
     while selected and all(records[i.index].summary for i in selected):
         items = items[1:]
         selected = select(config.prompt, items, config.summary_input_limit, measure)
+    band = replace(p, band_tokens=eligible_tokens, protected=protected)
     if selected:
         summary_id = next_id(SUMMARY_ID_PREFIX, state.compactions, records)
         # A band too small to be worth a call still shows a summary already made of it (on the
         # other list, or on an earlier pass of this one, when the prompt was smaller): both lists
         # and every later pass show the same bytes.
-        asked = _ask(
-            p, RequestKind.SUMMARY, selected, summary_id, band_tokens=eligible_tokens, protected=protected, new=worth
-        )
+        asked = _ask(band, RequestKind.SUMMARY, selected, summary_id, new=worth)
         if worth or (isinstance(asked, Done) and asked.report.outcome in APPLIED):
             return asked
     elif worth:
-        return p.done(Outcome.NOTHING_FITS, band_tokens=eligible_tokens, protected=protected)
-    if config.summary_mode == "fold" and len(p.standing) >= 2:
-        return _fold(p)
-    return p.done(Outcome.DECLINED, band_tokens=eligible_tokens, protected=protected)
+        return band.done(Outcome.NOTHING_FITS)
+    return _fold(p) if config.summary_mode == "fold" and len(p.standing) >= 2 else band.done(Outcome.DECLINED)
 
 
 def user_turns(history: Iterable[MessageRecord]) -> int:
@@ -382,10 +357,7 @@ def user_turns(history: Iterable[MessageRecord]) -> int:
 
 
 def _reachable_descriptions(
-    config: UserSummaryConfig,
-    items: Sequence[Item],
-    waiting: Sequence[tuple[Item, tuple[Request, ...]]],
-    measure: Measure,
+    p: _Pass, items: Sequence[Item], waiting: Sequence[tuple[Item, tuple[Request, ...]]]
 ) -> tuple[Request, ...]:
     """Descriptions of the media turns this pass's request could reach, oldest first.
 
@@ -394,11 +366,9 @@ def _reachable_descriptions(
     counts, added up from the band's start, fit the request bound are described now.
     The host is not asked about media a request could not carry yet.
     """
-    if not waiting:
-        return ()
     entries = sorted([(i.index, i, ()) for i in items] + [(w.index, w, d) for w, d in waiting], key=lambda e: e[0])
     first = entries[0][1].run
-    budget = config.summary_input_limit - measure(config.prompt) - 2 * MESSAGE_OVERHEAD_TOKENS
+    budget = p.config.summary_input_limit - p.measure(p.config.prompt) - 2 * MESSAGE_OVERHEAD_TOKENS
     used = 0
     found: list[Request] = []
     for _, entry, requests in entries:
@@ -409,27 +379,20 @@ def _reachable_descriptions(
     return tuple(found)
 
 
-def _band(config: UserSummaryConfig, records: Sequence[MessageRecord], standing: Sequence[int]) -> list[int]:
+def _band(p: _Pass) -> list[int]:
     """Indices of the band's user turns (and, in recompact mode, standing summaries), oldest first."""
-    turns = [k for k, r in enumerate(records) if r.role == "user" and not r.excluded]
+    config = p.config
+    turns = [k for k, r in enumerate(p.records) if r.role == "user" and not r.excluded]
     end = len(turns) - config.keep_tail_user_turns
     between = turns[config.keep_head_user_turns : max(end, config.keep_head_user_turns)]
-    if config.summary_mode == "recompact" or not standing:
+    if config.summary_mode == "recompact" or not p.standing:
         return between
-    newest = standing[-1]
-    return [k for k in between if k > newest]
+    return [k for k in between if k > p.standing[-1]]
 
 
-def _item(
-    config: UserSummaryConfig,
-    record: MessageRecord,
-    index: int,
-    state: State,
-    measure: Measure,
-    *,
-    turns: int,
-) -> Item | list[Request] | None:
-    """The band item ``record`` makes, the descriptions it still needs, or ``None`` if protected."""
+def _item(p: _Pass, index: int) -> Item | list[Request] | None:
+    """The band item the record at ``index`` makes, the descriptions it still needs, or ``None`` if protected."""
+    record, turns = p.records[index], p.user_turns
     if record.summary:
         return Item(index, summary_body(record), record.tokens)
     if record.preserved:
@@ -437,11 +400,11 @@ def _item(
     pieces: list[str] = []
     needed: list[Request] = []
     for number, part in enumerate(record.parts):
-        if part.kind in _TEXT_KINDS:
+        if part.kind == "text":
             pieces.append(part.text)
-        elif part.kind in MEDIA_KINDS and config.describe_media:
+        elif part.kind in MEDIA_KINDS and p.config.describe_media:
             key = media_identity(record, number)
-            answer = standing(state.answers, key, turns)  # a failure of an earlier state is asked again
+            answer = standing(p.state.answers, key, turns)  # a failure of an earlier state is asked again
             if answer is None:
                 if record.origin is None:
                     return None  # nothing to hand the host
@@ -450,7 +413,7 @@ def _item(
                 )
                 continue
             text = (answer.text or "").strip()
-            if not text or measure(text) > max(part.tokens, 1):
+            if not text or p.measure(text) > max(part.tokens, 1):
                 return None  # failed, empty or larger than the media it stands for
             pieces.append(f"{MEDIA_DESCRIPTION_PREFIX}{text}{MEDIA_DESCRIPTION_SUFFIX}")
         else:
@@ -609,30 +572,19 @@ def message(role: str, text: str, message_id: str, measure: Measure, **flags: ob
 
 
 def _ask(
-    p: _Pass,
-    kind: RequestKind,
-    selected: Sequence[Item],
-    summary_id: str,
-    *,
-    band_tokens: int,
-    protected: int,
-    new: bool = True,
-) -> UserNeeds | UserDone:
+    p: _Pass, kind: RequestKind, selected: Sequence[Item], summary_id: str, *, new: bool = True
+) -> Needs | UserDone:
     """The request for ``selected``: asked for (unless not ``new``), or answered from the state and applied."""
     folding = kind is RequestKind.FOLD
     prompt = p.config.fold_prompt if folding else p.config.prompt
     if _below_break_even(p, selected):
-        return p.done(Outcome.DECLINED, band_tokens=band_tokens, protected=protected)
+        return p.done(Outcome.DECLINED)
     asked = request(kind, prompt, selected, summary_id, p.user_turns)
     answer = standing(p.state.answers, asked.identity, asked.turns)
     if answer is None:
-        return Needs((asked,)) if new else p.done(Outcome.DECLINED, band_tokens=band_tokens, protected=protected)
+        return Needs((asked,)) if new else p.done(Outcome.DECLINED)
     summary_id = answer.message_id or summary_id
-
-    def done(outcome: Outcome) -> UserDone:
-        return p.done(
-            outcome, request=asked.identity, summary_id=summary_id, band_tokens=band_tokens, protected=protected
-        )
+    done = partial(p.done, request=asked.identity, summary_id=summary_id)
 
     if not answer.text or not answer.text.strip():
         return done(Outcome.FAILED)
@@ -685,7 +637,7 @@ def _below_break_even(p: _Pass, selected: Sequence[Item]) -> bool:
     return sum(i.tokens for i in selected) < share_of(behind, gain)
 
 
-def _fold(p: _Pass) -> UserNeeds | UserDone:
+def _fold(p: _Pass) -> Needs | UserDone:
     """Fold the oldest standing summaries that fit, if the saving pays for the break it causes."""
     config, records = p.config, p.records
     items = [Item(k, summary_body(records[k]), records[k].tokens) for k in p.standing]
@@ -699,7 +651,7 @@ def _fold(p: _Pass) -> UserNeeds | UserDone:
     if saving < share_of(behind, config.min_band_share):
         return p.done(Outcome.DECLINED)
     fold_id = next_id(FOLD_ID_PREFIX, p.state.folds, records)
-    return _ask(p, RequestKind.FOLD, selected, fold_id, band_tokens=sum(sizes), protected=0)
+    return _ask(replace(p, band_tokens=sum(sizes)), RequestKind.FOLD, selected, fold_id)
 
 
 def check(config: UserSummaryConfig, state: State, history: History) -> str | None:
