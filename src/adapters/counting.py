@@ -7,7 +7,6 @@ objects, asks the tokenizer, and remembers the answers.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import operator
 from collections import OrderedDict
@@ -151,16 +150,15 @@ def checked_count(tokenizer: object, value: object) -> int:
     An integer-like value (``numpy.int64``, anything with ``__index__``) is accepted as
     its int; a bool, a float (even ``12.0``), a string or ``None`` is not a count.
     """
-    count: int | None = None
-    if not isinstance(value, bool):
-        with contextlib.suppress(TypeError):
-            count = operator.index(value)  # pyright: ignore[reportArgumentType]
+    problem = f"tokenizer {tokenizer!r} returned {value!r} from count_tokens; it must return an integer >= 0"
+    try:
+        count = None if isinstance(value, bool) else operator.index(value)  # pyright: ignore[reportArgumentType]
+    except TypeError:
+        count = None
     if count is None:
-        raise TypeError(f"tokenizer {tokenizer!r} returned {value!r} from count_tokens; it must return an integer >= 0")
+        raise TypeError(problem)
     if count < 0:
-        raise ValueError(
-            f"tokenizer {tokenizer!r} returned {value!r} from count_tokens; it must return an integer >= 0"
-        )
+        raise ValueError(problem)
     return count
 
 

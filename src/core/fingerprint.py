@@ -79,13 +79,3 @@ def differences(stored: Parameters, built: Parameters) -> tuple[tuple[str, Scala
         for name in names
         if name not in stored or name not in built or stored[name] != built[name]
     )
-
-
-def is_parameters(value: object) -> bool:
-    """``value`` is a mapping of text to JSON scalars (a stored fingerprint's parameters)."""
-    if not isinstance(value, Mapping):
-        return False
-    return all(
-        isinstance(key, str) and (item is None or isinstance(item, (str, int, float, bool)))
-        for key, item in cast("Mapping[object, object]", value).items()
-    )
