@@ -121,8 +121,7 @@ class MediaTokenEstimator:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"estimate_media must return a positive integer, got {value!r}")
             return value
-        media_type = content.media_type or ""
-        return self._image_tokens if media_type.startswith("image/") else self._other_media_tokens
+        return self._image_tokens if (content.media_type or "").startswith("image/") else self._other_media_tokens
 
     def count_message_tokens(self, message: Message) -> int:
         """Tokens of ``message`` on maf-compaction's counting basis.
@@ -219,12 +218,10 @@ class PartCounter:
             )
         else:
             text = basis.other_text(content.to_dict(exclude_none=True))
-        media = 0
-        structured = False
-        if kind == "function_result":
-            items = content.items or ()
-            media = sum(self._estimator.estimate(item) for item in items if item.type in MEDIA_KINDS)
-            structured = any(item.type != "text" for item in items) or basis.is_json_container(text)
+        result = kind == "function_result"
+        items = (content.items or ()) if result else ()  # media inside a tool result
+        media = sum(self._estimator.estimate(item) for item in items if item.type in MEDIA_KINDS)
+        structured = result and (any(item.type != "text" for item in items) or basis.is_json_container(text))
         return Part(
             kind=kind,
             text=text,

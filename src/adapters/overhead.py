@@ -169,11 +169,9 @@ def _tool_tokens(tools: Sequence[object], tokenizer: Tokenizer) -> dict[str, int
     counted: dict[str, int] = {}
     for index, tool in enumerate(tools):
         if isinstance(tool, FunctionTool):
-            spec: object = tool.to_json_schema_spec()
-            name = tool.name
+            spec, name = tool.to_json_schema_spec(), tool.name
         elif isinstance(tool, Mapping):
-            spec = tool
-            name = str(tool.get("name") or tool.get("type") or f"tool {index}")  # pyright: ignore[reportUnknownMemberType]
+            spec, name = tool, str(tool.get("name") or tool.get("type") or f"tool {index}")  # pyright: ignore[reportUnknownMemberType]
         else:  # a hosted tool object or a plain callable: what its declaration would say
             to_dict = getattr(tool, "to_dict", None)
             spec = to_dict() if callable(to_dict) else {"name": getattr(tool, "__name__", repr(tool))}

@@ -30,9 +30,8 @@ class ErrorValue(Exception):
         return (rebuild_error, (type(self), args, kwargs), dict(vars(self)))
 
     def __eq__(self, other: object) -> bool:
-        if type(other) is not type(self):
+        if not isinstance(other, ErrorValue) or type(other) is not type(self):
             return NotImplemented
-        assert isinstance(other, ErrorValue)
         return self.args == other.args and vars(self) == vars(other)
 
     def __hash__(self) -> int:
@@ -54,13 +53,7 @@ class CompactionBudgetExceeded(ErrorValue):
     """
 
     def __init__(
-        self,
-        message: str,
-        *,
-        needed: int,
-        budget: int,
-        refused: tuple[str, ...] = (),
-        failed: tuple[str, ...] = (),
+        self, message: str, *, needed: int, budget: int, refused: tuple[str, ...] = (), failed: tuple[str, ...] = ()
     ) -> None:
         super().__init__(message)
         self.needed = needed

@@ -28,13 +28,12 @@ TOOL_CALL_KINDS: frozenset[str] = frozenset(
     }
 )
 
-#: Declaration/result content types the framework links across non-adjacent spans.
-LINKABLE_CALL_KINDS: frozenset[str] = frozenset({"function_call", "computer_tool_call"})
-RESULT_KIND_FOR_CALL: dict[str, str] = {
-    "function_call": "function_result",
-    "computer_tool_call": "computer_tool_result",
+#: Result content types the framework links to their declaration across non-adjacent spans, with that declaration's.
+CALL_KIND_FOR_RESULT: dict[str, str] = {
+    "function_result": "function_call",
+    "computer_tool_result": "computer_tool_call",
 }
-CALL_KIND_FOR_RESULT: dict[str, str] = {result: call for call, result in RESULT_KIND_FOR_CALL.items()}
+LINKABLE_CALL_KINDS: frozenset[str] = frozenset(CALL_KIND_FOR_RESULT.values())
 
 MEDIA_KINDS: frozenset[str] = frozenset({"data", "uri", "hosted_file"})
 

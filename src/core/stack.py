@@ -106,9 +106,8 @@ class StackConfigurationError(SnapshotError):
             f"{name} is {_shown(old)} in the stored entry, {_shown(new)} in this builder's stack"
             for name, old, new in self.differing[:5]
         )
-        more = len(self.differing) - 5
-        if more > 0:
-            shown += f"; and {more} more"
+        if len(self.differing) > 5:
+            shown += f"; and {len(self.differing) - 5} more"
         shown = shown or "the fingerprints differ"
         super().__init__(
             f"session state under state_key {state_key!r} was written under another configuration: {shown}. "

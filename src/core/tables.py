@@ -73,12 +73,9 @@ def tables(text: str) -> list[Table]:
     fenced = False
     index = 0
     while index < len(lines):
-        line = lines[index]
-        if line.lstrip().startswith(_FENCE):
+        if lines[index].lstrip().startswith(_FENCE):
             fenced = not fenced
-            index += 1
-            continue
-        heading = None if fenced else cells(line)
+        heading = None if fenced else cells(lines[index])  # a fence line is never a row
         if heading is None or index + 1 >= len(lines) or not _is_separator(lines[index + 1], len(heading)):
             index += 1
             continue
@@ -126,26 +123,22 @@ def release_rows(text: str, quoted: Collection[RowKey], ambiguous: Collection[Ro
             if key not in quoted or key in ambiguous or "\\" in lines[line_index]:
                 continue
             values = distinctive_values(" | ".join(row))
-            if not values:
-                continue
-            dropped.add(line_index)
-            entries.append(" ".join(values))
+            if values:
+                dropped.add(line_index)
+                entries.append(" ".join(values))
         if entries:
             markers[table.end] = entries
     if not dropped:
         return text, 0
     output: list[str] = []
     for index, line in enumerate(lines):
-        if index in markers:
-            existing = _marker_entries(line)
-            if existing is not None:  # an earlier release left a marker here: extend it
-                output.append(_marker([*existing, *markers.pop(index)]))
-                continue
-            output.append(_marker(markers.pop(index)))
-        if index not in dropped:
+        entries = markers.pop(index, [])
+        existing = _marker_entries(line) if entries else None  # an earlier release left a marker here: extend it
+        if entries:
+            output.append(_marker([*(existing or []), *entries]))
+        if index not in dropped and existing is None:
             output.append(line)
-    for entries in markers.values():  # tables that end the text
-        output.append(_marker(entries))
+    output.extend(_marker(entries) for entries in markers.values())  # tables that end the text
     return "\n".join(output), len(dropped)
 
 
