@@ -67,8 +67,7 @@ class HistoryCache:
 
     def history(self, messages: Sequence[Message], *, note_kind: str) -> History:
         """Records for ``messages``, each carrying its index as ``origin``."""
-        previous = self._entries
-        by_contents: dict[int, _Entry] | None = None  # built only when a message moved
+        by_contents = {id(e.contents): e for e in self._entries}  # a message's entry, wherever it moved
         current: list[_Entry] = []
         records: list[MessageRecord] = []
         providers = _class_names(HistoryProvider)
@@ -83,11 +82,7 @@ class HistoryCache:
             if not isinstance(props, dict):
                 raise TypeError(f"messages[{index}].additional_properties must be a dict, got {describe_value(props)}")
             contents = message.contents
-            entry = previous[index] if index < len(previous) else None
-            if entry is None or entry.contents is not contents:
-                if by_contents is None:
-                    by_contents = {id(e.contents): e for e in previous}
-                entry = by_contents.get(id(contents))
+            entry = by_contents.get(id(contents))
             if entry is None or entry.contents is not contents or entry.probe != contents:
                 # New, or its list now holds other contents (equal values count as the same).
                 parts = _with_originals(

@@ -52,18 +52,10 @@ _SPECS: dict[str, _EncodingSpec] = {
     "o200k_base": _EncodingSpec(
         url="https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken",
         sha256="446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
-        pat_str="|".join(
-            [
-                r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"""
-                r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-                r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"""
-                r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-                r"""\p{N}{1,3}""",
-                r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
-                r"""\s*[\r\n]+""",
-                r"""\s+(?!\S)""",
-                r"""\s+""",
-            ]
+        pat_str=(
+            r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+            r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+            r"""|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
         ),
         special_tokens={"<|endoftext|>": 199999, "<|endofprompt|>": 200018},
     ),
@@ -118,16 +110,15 @@ class TiktokenTokenizer:
         if encoding not in tiktoken.list_encoding_names():
             raise ValueError(f"encoding must be one of {sorted(tiktoken.list_encoding_names())}, got {encoding!r}")
         self._name = encoding
+        variable = os.environ.get(ENV_VOCABULARY_FILE)
         if vocabulary_file is not None:
             self._encoding = _from_file(tiktoken, encoding, Path(vocabulary_file), label="vocabulary_file")
             self._source = f"vocabulary_file {os.fspath(vocabulary_file)!r}"
-            return
-        variable = os.environ.get(ENV_VOCABULARY_FILE)
-        if variable:
+        elif variable:
             self._encoding = _from_file(tiktoken, encoding, Path(variable), label=ENV_VOCABULARY_FILE)
             self._source = f"{ENV_VOCABULARY_FILE}={variable!r}"
-            return
-        self._encoding, self._source = _from_default_sources(tiktoken, encoding)
+        else:
+            self._encoding, self._source = _from_default_sources(tiktoken, encoding)
 
     @property
     def encoding(self) -> str:
