@@ -163,9 +163,7 @@ def checked_count(tokenizer: object, value: object) -> int:
 
 def as_estimator(tokenizer: Tokenizer) -> MediaTokenEstimator:
     """``tokenizer`` itself if it is an estimator, else one with the default estimates."""
-    if isinstance(tokenizer, MediaTokenEstimator):
-        return tokenizer
-    return MediaTokenEstimator(tokenizer)
+    return tokenizer if isinstance(tokenizer, MediaTokenEstimator) else MediaTokenEstimator(tokenizer)
 
 
 class PartCounter:

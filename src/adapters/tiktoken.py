@@ -224,11 +224,7 @@ def _from_bytes(tiktoken: Any, encoding: str, raw: bytes, *, label: str) -> Any:
     digest = hashlib.sha256(raw).hexdigest()
     if digest != spec.sha256:
         raise ValueError(f"{label} is not the official {encoding} file: sha256 {digest} != {spec.sha256}")
-    ranks: dict[bytes, int] = {}
-    for line in raw.splitlines():
-        if line:
-            token, rank = line.split()
-            ranks[base64.b64decode(token)] = int(rank)
+    ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in raw.splitlines() if line)}
     return tiktoken.Encoding(
         name=encoding, pat_str=spec.pat_str, mergeable_ranks=ranks, special_tokens=spec.special_tokens
     )
