@@ -17,7 +17,7 @@ holds the two to the same answer:
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .model import Group, GroupKind, MessageRecord
@@ -91,7 +91,7 @@ def regroup(records: Sequence[MessageRecord], previous: Grouping | None = None) 
     if _link(suffix, local) is not None:
         return _full(records)
     kept = previous.all[: bisect_left(previous.all, start, key=_last_member)]
-    fresh = tuple(_group(span, start) for span in local)
+    fresh = tuple(_group((kind, first + start, last + start, reasoning)) for kind, first, last, reasoning in local)
     return Grouping(records, kept + fresh, False, prior + tuple(_declarations(suffix, start)))
 
 
@@ -131,9 +131,8 @@ def _last_member(group: Group) -> int:
     return group.members[-1]
 
 
-def _group(span: _Span, offset: int = 0) -> Group:
+def _group(span: _Span) -> Group:
     kind, start, end, reasoning = span
-    start, end = start + offset, end + offset
     return Group(kind=kind, members=tuple(range(start, end + 1)), has_reasoning=reasoning, spans=((start, end),))
 
 
@@ -174,13 +173,13 @@ def _spans(records: Sequence[MessageRecord]) -> list[_Span]:
     while i < len(records):
         current = records[i]
         # A tool call, with the reasoning-only assistants around it and the tool messages after it.
-        call = _skip(records, i, _is_reasoning_only)
+        call = _past_reasoning(records, i) if current.is_reasoning_only else i
         if call < len(records) and records[call].role == "assistant" and records[call].has_tool_call:
-            after = _skip(records, call + 1, _is_reasoning_only)
-            end = _skip(records, after, _is_tool)
+            after = _past_reasoning(records, call + 1)
+            end = _past_tools(records, after)
             spans.append(("tool_call", i, end - 1, call > i or after > call + 1 or records[call].has_reasoning))
         elif current.role == "tool":
-            end = _skip(records, i + 1, _is_tool)
+            end = _past_tools(records, i + 1)
             spans.append(("tool_call", i, end - 1, False))
         else:
             end = i + 1
@@ -189,17 +188,16 @@ def _spans(records: Sequence[MessageRecord]) -> list[_Span]:
     return spans
 
 
-def _is_reasoning_only(record: MessageRecord) -> bool:
-    return record.is_reasoning_only
+def _past_reasoning(records: Sequence[MessageRecord], start: int) -> int:
+    """Index one past the run of reasoning-only messages from ``start``."""
+    while start < len(records) and records[start].is_reasoning_only:
+        start += 1
+    return start
 
 
-def _is_tool(record: MessageRecord) -> bool:
-    return record.role == "tool"
-
-
-def _skip(records: Sequence[MessageRecord], start: int, skipped: Callable[[MessageRecord], bool]) -> int:
-    """Index one past the run of ``skipped`` records from ``start``."""
-    while start < len(records) and skipped(records[start]):
+def _past_tools(records: Sequence[MessageRecord], start: int) -> int:
+    """Index one past the run of tool messages from ``start``."""
+    while start < len(records) and records[start].role == "tool":
         start += 1
     return start
 
@@ -235,8 +233,9 @@ def _link(records: Sequence[MessageRecord], spans: list[_Span]) -> list[int] | N
 
     linked = False
     for declaration, result in _unambiguous_pairs(records):
-        a, b = find(bisect_right(starts, declaration) - 1), find(bisect_right(starts, result) - 1)
-        if a != b:
+        left, right = bisect_right(starts, declaration) - 1, bisect_right(starts, result) - 1
+        if left < right:  # the result sits in a later span than its declaration
+            a, b = find(left), find(right)
             parents[max(a, b)] = min(a, b)
             linked = True
     return [find(index) for index in range(len(spans))] if linked else None
