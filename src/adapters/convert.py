@@ -209,9 +209,9 @@ def is_injected(message: Message, history_names: frozenset[str] | None = None) -
     if not isinstance(attribution, dict):
         return False
     source_type = attribution.get("source_type")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
-    if not isinstance(source_type, str):
-        return True
-    return source_type not in (_class_names(HistoryProvider) if history_names is None else history_names)
+    return not isinstance(source_type, str) or source_type not in (
+        _class_names(HistoryProvider) if history_names is None else history_names
+    )
 
 
 def _class_names(cls: type) -> frozenset[str]:

@@ -30,7 +30,6 @@ from agent_framework import (
     FunctionTool,
     HistoryProvider,
     InMemoryAgentFileStore,
-    Message,
     SessionContext,
 )
 
@@ -132,11 +131,10 @@ async def _measure(agent: Any, tokenizer: Tokenizer) -> AgentOverhead:
     instructions = _instructions(defaults.get("instructions"), context.instructions)
     tools = _tool_tokens([*(defaults.get("tools") or ()), *context.tools], tokenizer)
     estimator = as_estimator(tokenizer)
-    injected: list[Message] = context.get_messages()
     return AgentOverhead(
         instructions_tokens=tokenizer.count_tokens(instructions) if instructions else 0,
         tools_tokens=sum(tools.values()),
-        context_tokens=sum(estimator.count_message_tokens(m) for m in injected),
+        context_tokens=sum(estimator.count_message_tokens(m) for m in context.get_messages()),
         tools=tools,
         instructions=instructions,
     )

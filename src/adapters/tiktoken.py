@@ -166,12 +166,12 @@ def _from_default_sources(tiktoken: Any, encoding: str) -> tuple[Any, str]:
             else f"{str(cache)!r}: absent or not the official file"
         )
         tried.append(f"tiktoken's cache ({why})")
-    url = spec.url if spec is not None else "tiktoken's source"
     try:
         return tiktoken.get_encoding(encoding), "tiktoken's download"
     except Exception as error:  # requests, OSError, hash mismatch...: all mean "not from here"
         first_line = (str(error).strip().splitlines() or [""])[0]
         first_line = first_line if len(first_line) <= 160 else first_line[:159] + "…"
+        url = spec.url if spec is not None else "tiktoken's source"
         tried.append(f"tiktoken's download from {url} ({type(error).__name__}: {first_line})")
     raise TokenizerUnavailableError(
         f"could not load the {encoding!r} vocabulary. Tried: {'; '.join(tried)}. Fix: {_FIX.format(encoding=encoding)}."
