@@ -112,7 +112,18 @@ class MediaTokenEstimator:
         value = self._tokenizer.count_tokens(text)
         if type(value) is int and value >= 0:  # the usual answer: one check
             return value
-        return checked_count(self._tokenizer, value)
+        # An integer-like value (``numpy.int64``, anything with ``__index__``) is its int; a bool, a float (even
+        # ``12.0``), a string or ``None`` is not a count.
+        problem = f"tokenizer {self._tokenizer!r} returned {value!r} from count_tokens; it must return an integer >= 0"
+        try:
+            count = None if isinstance(value, bool) else operator.index(value)
+        except TypeError:
+            count = None
+        if count is None:
+            raise TypeError(problem)
+        if count < 0:
+            raise ValueError(problem)
+        return count
 
     def estimate(self, content: Content) -> int:
         """The estimate for one media part; raises ``ValueError`` for a bad callback answer."""
@@ -141,24 +152,6 @@ class MediaTokenEstimator:
             "estimate_media": self._estimate_media,
             "tokenizer": self._tokenizer,
         }
-
-
-def checked_count(tokenizer: object, value: object) -> int:
-    """``value`` as a token count from ``tokenizer``, or a ``TypeError``/``ValueError`` naming both.
-
-    An integer-like value (``numpy.int64``, anything with ``__index__``) is accepted as
-    its int; a bool, a float (even ``12.0``), a string or ``None`` is not a count.
-    """
-    problem = f"tokenizer {tokenizer!r} returned {value!r} from count_tokens; it must return an integer >= 0"
-    try:
-        count = None if isinstance(value, bool) else operator.index(value)  # pyright: ignore[reportArgumentType]
-    except TypeError:
-        count = None
-    if count is None:
-        raise TypeError(problem)
-    if count < 0:
-        raise ValueError(problem)
-    return count
 
 
 def as_estimator(tokenizer: Tokenizer) -> MediaTokenEstimator:

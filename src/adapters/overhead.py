@@ -33,6 +33,7 @@ from agent_framework import (
     SessionContext,
 )
 
+from ..core.counting import compact_json
 from .counting import Tokenizer, as_estimator
 
 _T = TypeVar("_T")
@@ -174,8 +175,7 @@ def _tool_tokens(tools: Sequence[object], tokenizer: Tokenizer) -> dict[str, int
             to_dict = getattr(tool, "to_dict", None)
             spec = to_dict() if callable(to_dict) else {"name": getattr(tool, "__name__", repr(tool))}
             name = str(getattr(tool, "name", None) or getattr(tool, "__name__", None) or f"tool {index}")
-        text = json.dumps(spec, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
-        counted[name if name not in counted else f"{name} ({index})"] = tokenizer.count_tokens(text)
+        counted[name if name not in counted else f"{name} ({index})"] = tokenizer.count_tokens(compact_json(spec))
     return counted
 
 

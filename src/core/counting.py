@@ -69,7 +69,7 @@ def clear_reasoning_text(protected_data: str | None) -> str:
     except ValueError:
         return ""
     stripped = strip_opaque(cast("object", parsed)) if isinstance(parsed, (dict, list)) else None
-    return "" if stripped is None else _compact_json(stripped)
+    return "" if stripped is None else compact_json(stripped)
 
 
 def is_json_container(text: str) -> bool:
@@ -93,10 +93,10 @@ def arguments_text(arguments: object) -> str:
     """A call's arguments as the string the provider receives."""
     if arguments is None or isinstance(arguments, str):
         return arguments or ""
-    return _compact_json(arguments)
+    return compact_json(arguments)
 
 
-def _compact_json(value: object) -> str:
+def compact_json(value: object) -> str:
     """``value`` as compact JSON with sorted keys (what we count for structured text)."""
     return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
 
@@ -154,7 +154,7 @@ def other_text(payload: Mapping[str, object]) -> str:
     """
     kept = {k: v for k, v in payload.items() if k not in _NOT_VISIBLE}
     stripped = strip_opaque(kept)
-    return _compact_json(stripped) if stripped else ""
+    return compact_json(stripped) if stripped else ""
 
 
 #: Dedicated rules exist for these kinds; everything else goes through :func:`other_text`.
