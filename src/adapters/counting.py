@@ -11,7 +11,7 @@ import hashlib
 import operator
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Protocol, cast, runtime_checkable
+from typing import Protocol, cast
 
 from agent_framework import Content, Message
 
@@ -26,7 +26,6 @@ DEFAULT_OTHER_MEDIA_TOKENS = 1_024
 _CACHE_SIZE = 65_536
 
 
-@runtime_checkable
 class Tokenizer(Protocol):
     """Anything with ``count_tokens(text) -> int``, like the framework's tokenizers.
 

@@ -81,10 +81,7 @@ def tables(text: str) -> list[Table]:
             continue
         rows: list[tuple[int, Cells]] = []
         end = index + 2
-        while end < len(lines):
-            row = cells(lines[end])
-            if row is None or len(row) != len(heading):
-                break
+        while end < len(lines) and (row := cells(lines[end])) is not None and len(row) == len(heading):
             rows.append((end, row))
             end += 1
         found.append(Table(heading=heading, rows=tuple(rows), end=end))
