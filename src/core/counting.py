@@ -74,8 +74,7 @@ def clear_reasoning_text(protected_data: str | None) -> str:
 
 def is_json_container(text: str) -> bool:
     """``text`` is a JSON object or array (a tool returned structured data)."""
-    start = text.lstrip()[:1]
-    if start not in ("{", "["):
+    if text.lstrip()[:1] not in ("{", "["):
         return False
     try:
         parsed: object = json.loads(text)
@@ -152,8 +151,7 @@ def other_text(payload: Mapping[str, object]) -> str:
     ``payload`` is the content's dict; metadata, raw provider objects, mirrored items
     and opaque members are left out.
     """
-    kept = {k: v for k, v in payload.items() if k not in _NOT_VISIBLE}
-    stripped = strip_opaque(kept)
+    stripped = strip_opaque({k: v for k, v in payload.items() if k not in _NOT_VISIBLE})
     return compact_json(stripped) if stripped else ""
 
 

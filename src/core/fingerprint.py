@@ -68,9 +68,8 @@ def digest(parameters: Parameters) -> str:
 
 def differences(stored: Parameters, built: Parameters) -> tuple[tuple[str, Scalar, Scalar], ...]:
     """``(parameter, stored value, built value)`` for every parameter that differs (missing: ``None``), sorted."""
-    names = sorted(set(stored) | set(built))
     return tuple(
         (name, stored.get(name), built.get(name))
-        for name in names
+        for name in sorted(set(stored) | set(built))
         if name not in stored or name not in built or stored[name] != built[name]
     )
