@@ -71,13 +71,12 @@ def tables(text: str) -> list[Table]:
     lines = text.split("\n")
     found: list[Table] = []
     fenced = False
-    index = 0
-    while index < len(lines):
-        if lines[index].lstrip().startswith(_FENCE):
+    end = 0  # the line after the last table found
+    for index, line in enumerate(lines):
+        if line.lstrip().startswith(_FENCE):  # a fence line is never a row
             fenced = not fenced
-        heading = None if fenced else cells(lines[index])  # a fence line is never a row
+        heading = None if fenced or index < end else cells(line)
         if heading is None or index + 1 >= len(lines) or not _is_separator(lines[index + 1], len(heading)):
-            index += 1
             continue
         rows: list[tuple[int, Cells]] = []
         end = index + 2
@@ -85,7 +84,6 @@ def tables(text: str) -> list[Table]:
             rows.append((end, row))
             end += 1
         found.append(Table(heading=heading, rows=tuple(rows), end=end))
-        index = end
     return found
 
 
