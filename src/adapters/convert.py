@@ -255,8 +255,7 @@ def rewrite_results(message: Message, old: tuple[Part, ...], new: tuple[Part, ..
 def _with_result(content: Content, text: str) -> Content:
     shortened = copy.copy(content)
     shortened.result = text
-    media = [item for item in content.items or () if item.type != "text"]
-    shortened.items = [Content.from_text(text), *media]
+    shortened.items = [Content.from_text(text), *(item for item in content.items or () if item.type != "text")]
     if shortened.additional_properties is not None:
         shortened.additional_properties = dict(shortened.additional_properties)
     return shortened

