@@ -67,7 +67,8 @@ class HistoryCache:
 
     def history(self, messages: Sequence[Message], *, note_kind: str) -> History:
         """Records for ``messages``, each carrying its index as ``origin``."""
-        by_contents = {id(e.contents): e for e in self._entries}  # a message's entry, wherever it moved
+        # A message's entry, wherever it moved: an entry holds its contents list, so its id names that list only.
+        by_contents = {id(e.contents): e for e in self._entries}
         current: list[_Entry] = []
         records: list[MessageRecord] = []
         providers = _class_names(HistoryProvider)
@@ -83,7 +84,7 @@ class HistoryCache:
                 raise TypeError(f"messages[{index}].additional_properties must be a dict, got {describe_value(props)}")
             contents = message.contents
             entry = by_contents.get(id(contents))
-            if entry is None or entry.contents is not contents or entry.probe != contents:
+            if entry is None or entry.probe != contents:
                 # New, or its list now holds other contents (equal values count as the same).
                 parts = _with_originals(
                     self._counter.parts(message, where=f"messages[{index}]"), props.get(ORIGINALS_KEY)
