@@ -13,7 +13,7 @@ import copy
 import json
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Final, TypeAlias, cast
+from typing import TypeAlias, cast
 
 from agent_framework import Content, HistoryProvider, Message
 from agent_framework._compaction import EXCLUDE_REASON_KEY, EXCLUDED_KEY
@@ -67,12 +67,11 @@ class HistoryCache:
 
     def history(self, messages: Sequence[Message], *, note_kind: str) -> History:
         """Records for ``messages``, each carrying its index as ``origin``."""
-        previous = self._entries
-        known = len(previous)
-        by_contents: dict[int, _Entry] | None = None  # built only when a message moved
+        # A message's entry, wherever it moved: an entry holds its contents list, so its id names that list only.
+        by_contents = {id(e.contents): e for e in self._entries}
         current: list[_Entry] = []
         records: list[MessageRecord] = []
-        injected_by_source: dict[str, bool] = {}
+        providers = _class_names(HistoryProvider)
         # This loop runs once per message per pass: it is written for speed. Malformed
         # input raises a TypeError naming the index and the field before anything is
         # written: the type checks here are the cheap ones (one per message), the
@@ -84,59 +83,32 @@ class HistoryCache:
             if not isinstance(props, dict):
                 raise TypeError(f"messages[{index}].additional_properties must be a dict, got {describe_value(props)}")
             contents = message.contents
-            entry = previous[index] if index < known else None
-            if entry is None or entry.contents is not contents:
-                if by_contents is None:
-                    by_contents = {id(e.contents): e for e in previous}
-                entry = by_contents.get(id(contents))
-            if entry is None or entry.contents is not contents or entry.probe != contents:
+            entry = by_contents.get(id(contents))
+            if entry is None or entry.probe != contents:
                 # New, or its list now holds other contents (equal values count as the same).
-                parts = self._counter.parts(message, where=f"messages[{index}]")
-                originals = props.get(ORIGINALS_KEY)
-                if originals:
-                    parts = _with_originals(parts, originals)
+                parts = _with_originals(
+                    self._counter.parts(message, where=f"messages[{index}]"), props.get(ORIGINALS_KEY)
+                )
                 entry = _Entry(contents, parts, message_tokens(p.tokens for p in parts))
-            injected = False
-            attribution = props.get(ATTRIBUTION_KEY)
-            if attribution is not None:
-                source = attribution.get("source_type") if isinstance(attribution, dict) else None
-                if isinstance(source, str):
-                    injected = injected_by_source.get(source)
-                    if injected is None:
-                        injected = injected_by_source[source] = is_injected(message)
-                else:
-                    injected = is_injected(message)
             excluded = bool(props.get(EXCLUDED_KEY))
             # Why it is excluded, as the strategy that excluded it wrote (the record rules read a replaced record's).
-            given = props.get(EXCLUDE_REASON_KEY) if excluded else None
-            reason = given if isinstance(given, str) else None
-            preserved = bool(props.get(PRESERVED_KEY))
-            held = props.get(HOLD_KEY) if self._holds else None
-            if not isinstance(held, str) or held not in self._holds:
-                held = None
-            else:
-                preserved = False
+            reason = props.get(EXCLUDE_REASON_KEY) if excluded else None
+            reason = reason if isinstance(reason, str) else None
+            held = props.get(HOLD_KEY)
+            held = held if isinstance(held, str) and held in self._holds else None
+            preserved = bool(props.get(PRESERVED_KEY)) and held is None
+            injected = ATTRIBUTION_KEY in props and is_injected(message, providers)
+            note = props.get(NOTE_KEY) == note_kind
             written = props.get(WRITTEN_RECORD_KEY) is True
             summary = is_summary(message)
-            note = props.get(NOTE_KEY) == note_kind
-            record = entry.record
-            if (
-                record is None
-                or record.origin != index
-                or record.excluded != excluded
-                or record.reason != reason
-                or record.preserved != preserved
-                or record.injected != injected
-                or record.note != note
-                or record.held != held
-                or record.written_record != written
-                or record.summary != summary
-                or record.message_id != message.message_id
-                or record.role != message.role
-            ):
+            # Everything a record copies besides the parts: it is rebuilt only when one of them changed.
+            role = message.role
+            flags = (role, message.message_id, excluded, reason, preserved, injected, note, held, written, summary)
+            if entry.record is None or entry.record.origin != index or entry.flags != flags:
                 _check_identity(message, index)
-                record = entry.record = MessageRecord(
-                    role=str(message.role),
+                entry.flags = flags
+                entry.record = MessageRecord(
+                    role=str(role),
                     parts=entry.parts,
                     tokens=entry.tokens,
                     message_id=message.message_id,
@@ -151,7 +123,7 @@ class HistoryCache:
                     origin=index,
                 )
             current.append(entry)
-            records.append(record)
+            records.append(entry.record)
         self._entries = current
         return history(records)
 
@@ -166,10 +138,6 @@ def _check_identity(message: Message, index: int) -> None:
         raise TypeError(f"messages[{index}].message_id must be a string or None, got {describe_value(message_id)}")
 
 
-#: Marks an absent key where ``None`` could be a stored value.
-_MISSING: Final = object()
-
-
 def _with_originals(parts: tuple[Part, ...], originals: object) -> tuple[Part, ...]:
     """Parts with the original text of each result an earlier pass rewrote (see ``original_results``).
 
@@ -177,37 +145,38 @@ def _with_originals(parts: tuple[Part, ...], originals: object) -> tuple[Part, .
     model saw for it, and its part stays ``structured``: the shortened text is not JSON,
     but the result was, so partial records still leave it alone.
     """
-    if not isinstance(originals, dict):
+    if not originals or not isinstance(originals, dict):
         return parts
     stored = cast("dict[object, object]", originals)
     ids = [p.call_id for p in parts]
-    out: list[Part] = []
+    out = list(parts)
     for index, part in enumerate(parts):
-        if part.kind != "function_result":
-            out.append(part)
-            continue
-        key = part.call_id if part.call_id and ids.count(part.call_id) == 1 else f"{part.call_id}#{index}"
-        value = stored.get(key, _MISSING)
+        value = stored.get(_result_key(ids, index)) if part.kind == "function_result" else None
         if isinstance(value, str):
-            out.append(replace(part, original=value))
-        elif value is not _MISSING and value is not None:
+            out[index] = replace(part, original=value)
+        elif value is not None:
             structured = part.structured or isinstance(value, (dict, list))
-            out.append(replace(part, original=result_text(value), structured=structured))
-        else:
-            out.append(part)
+            out[index] = replace(part, original=result_text(value), structured=structured)
     return tuple(out)
+
+
+def _result_key(call_ids: Sequence[str | None], index: int) -> str:
+    """How the original of the result at ``index`` is keyed: its call id, ``"<call id>#<index>"`` if not unique."""
+    call_id = call_ids[index]
+    return call_id if call_id and call_ids.count(call_id) == 1 else f"{call_id}#{index}"
 
 
 class _Entry:
     """A converted message: its contents (held, so their ids stay unique) and its record."""
 
-    __slots__ = ("contents", "parts", "probe", "record", "tokens")
+    __slots__ = ("contents", "flags", "parts", "probe", "record", "tokens")
 
     def __init__(self, contents: list[Content], parts: tuple[Part, ...], tokens: int) -> None:
         self.contents = contents
         self.probe = list(contents)  # the Content objects it held when converted
         self.parts = parts
         self.tokens = tokens
+        self.flags: tuple[object, ...] = ()  # what the record was made from besides the parts
         self.record: MessageRecord | None = None
 
 
@@ -219,11 +188,13 @@ def is_summary(message: Message) -> bool:
     """
     props = message.additional_properties
     summary_id = props.get(SUMMARY_KEY)
-    if message.role != "user" or not isinstance(summary_id, str) or summary_id != message.message_id:
-        return False
-    if not isinstance(props.get(SUMMARY_OF_KEY), list):
-        return False
-    return message.text.startswith(USER_SUMMARY_MARKER)
+    return (
+        message.role == "user"
+        and isinstance(summary_id, str)
+        and summary_id == message.message_id
+        and isinstance(props.get(SUMMARY_OF_KEY), list)
+        and message.text.startswith(USER_SUMMARY_MARKER)
+    )
 
 
 def is_injected(message: Message, history_names: frozenset[str] | None = None) -> bool:
@@ -239,34 +210,23 @@ def is_injected(message: Message, history_names: frozenset[str] | None = None) -
     if not isinstance(attribution, dict):
         return False
     source_type = attribution.get("source_type")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
-    if not isinstance(source_type, str):
-        return True
-    return source_type not in (history_provider_names() if history_names is None else history_names)
+    return not isinstance(source_type, str) or source_type not in (
+        _class_names(HistoryProvider) if history_names is None else history_names
+    )
 
 
-def history_provider_names() -> frozenset[str]:
-    """Class names of every history provider class defined so far."""
-    return frozenset(cls.__name__ for cls in _all_subclasses(HistoryProvider))
-
-
-def _all_subclasses(cls: type) -> list[type]:
-    found: list[type] = []
-    pending = [cls]
-    while pending:
-        current = pending.pop()
-        found.append(current)
-        pending.extend(current.__subclasses__())
-    return found
+def _class_names(cls: type) -> frozenset[str]:
+    """Names of ``cls`` and of every subclass of it defined so far."""
+    return frozenset({cls.__name__}).union(*map(_class_names, cls.__subclasses__()))
 
 
 def set_hold(message: Message, reason: str | None) -> None:
     props = message.additional_properties
-    if reason is None:
-        if props.pop(HOLD_KEY, None) is not None:
-            props.pop(PRESERVED_KEY, None)
-        return
-    props[HOLD_KEY] = reason
-    props[PRESERVED_KEY] = True
+    if reason is not None:
+        props[HOLD_KEY] = reason
+        props[PRESERVED_KEY] = True
+    elif props.pop(HOLD_KEY, None) is not None:
+        props.pop(PRESERVED_KEY, None)
 
 
 def rewrite_results(message: Message, old: tuple[Part, ...], new: tuple[Part, ...]) -> None:
@@ -284,11 +244,7 @@ def rewrite_results(message: Message, old: tuple[Part, ...], new: tuple[Part, ..
         if after.text is before.text:
             continue
         content = contents[index]
-        key = (
-            content.call_id
-            if content.call_id and call_ids.count(content.call_id) == 1
-            else f"{content.call_id}#{index}"
-        )
+        key = _result_key(call_ids, index)
         if key not in originals:
             result: object = content.result
             originals[key] = before.text if isinstance(result, str) or result is None else json_value(result)
@@ -300,8 +256,7 @@ def rewrite_results(message: Message, old: tuple[Part, ...], new: tuple[Part, ..
 def _with_result(content: Content, text: str) -> Content:
     shortened = copy.copy(content)
     shortened.result = text
-    media = [item for item in content.items or () if item.type != "text"]
-    shortened.items = [Content.from_text(text), *media]
+    shortened.items = [Content.from_text(text), *(item for item in content.items or () if item.type != "text")]
     if shortened.additional_properties is not None:
         shortened.additional_properties = dict(shortened.additional_properties)
     return shortened
@@ -320,16 +275,10 @@ def json_value(value: object) -> JsonValue:
     at all (a circular structure, a tuple key) is kept as the text the model saw.
     """
     try:
-        encoded = json.dumps(value, default=_json_default, allow_nan=True)
+        encoded = json.dumps(value, default=lambda v: v.to_dict() if isinstance(v, Content) else str(v), allow_nan=True)
     except (TypeError, ValueError):
         return result_text(value)
     return cast("JsonValue", json.loads(encoded))
-
-
-def _json_default(value: object) -> object:
-    if isinstance(value, Content):
-        return value.to_dict()
-    return str(value)
 
 
 def original_results(message: Message) -> dict[str, JsonValue]:

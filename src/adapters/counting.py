@@ -7,12 +7,11 @@ objects, asks the tokenizer, and remembers the answers.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import operator
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Protocol, cast, runtime_checkable
+from typing import Protocol, cast
 
 from agent_framework import Content, Message
 
@@ -27,7 +26,6 @@ DEFAULT_OTHER_MEDIA_TOKENS = 1_024
 _CACHE_SIZE = 65_536
 
 
-@runtime_checkable
 class Tokenizer(Protocol):
     """Anything with ``count_tokens(text) -> int``, like the framework's tokenizers.
 
@@ -113,7 +111,18 @@ class MediaTokenEstimator:
         value = self._tokenizer.count_tokens(text)
         if type(value) is int and value >= 0:  # the usual answer: one check
             return value
-        return checked_count(self._tokenizer, value)
+        # An integer-like value (``numpy.int64``, anything with ``__index__``) is its int; a bool, a float (even
+        # ``12.0``), a string or ``None`` is not a count.
+        problem = f"tokenizer {self._tokenizer!r} returned {value!r} from count_tokens; it must return an integer >= 0"
+        try:
+            count = None if isinstance(value, bool) else operator.index(value)
+        except TypeError:
+            count = None
+        if count is None:
+            raise TypeError(problem)
+        if count < 0:
+            raise ValueError(problem)
+        return count
 
     def estimate(self, content: Content) -> int:
         """The estimate for one media part; raises ``ValueError`` for a bad callback answer."""
@@ -122,8 +131,7 @@ class MediaTokenEstimator:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"estimate_media must return a positive integer, got {value!r}")
             return value
-        media_type = content.media_type or ""
-        return self._image_tokens if media_type.startswith("image/") else self._other_media_tokens
+        return self._image_tokens if (content.media_type or "").startswith("image/") else self._other_media_tokens
 
     def count_message_tokens(self, message: Message) -> int:
         """Tokens of ``message`` on maf-compaction's counting basis.
@@ -145,30 +153,9 @@ class MediaTokenEstimator:
         }
 
 
-def checked_count(tokenizer: object, value: object) -> int:
-    """``value`` as a token count from ``tokenizer``, or a ``TypeError``/``ValueError`` naming both.
-
-    An integer-like value (``numpy.int64``, anything with ``__index__``) is accepted as
-    its int; a bool, a float (even ``12.0``), a string or ``None`` is not a count.
-    """
-    count: int | None = None
-    if not isinstance(value, bool):
-        with contextlib.suppress(TypeError):
-            count = operator.index(value)  # pyright: ignore[reportArgumentType]
-    if count is None:
-        raise TypeError(f"tokenizer {tokenizer!r} returned {value!r} from count_tokens; it must return an integer >= 0")
-    if count < 0:
-        raise ValueError(
-            f"tokenizer {tokenizer!r} returned {value!r} from count_tokens; it must return an integer >= 0"
-        )
-    return count
-
-
 def as_estimator(tokenizer: Tokenizer) -> MediaTokenEstimator:
     """``tokenizer`` itself if it is an estimator, else one with the default estimates."""
-    if isinstance(tokenizer, MediaTokenEstimator):
-        return tokenizer
-    return MediaTokenEstimator(tokenizer)
+    return tokenizer if isinstance(tokenizer, MediaTokenEstimator) else MediaTokenEstimator(tokenizer)
 
 
 class PartCounter:
@@ -221,12 +208,10 @@ class PartCounter:
             )
         else:
             text = basis.other_text(content.to_dict(exclude_none=True))
-        media = 0
-        structured = False
-        if kind == "function_result":
-            items = content.items or ()
-            media = sum(self._estimator.estimate(item) for item in items if item.type in MEDIA_KINDS)
-            structured = any(item.type != "text" for item in items) or basis.is_json_container(text)
+        result = kind == "function_result"
+        items = (content.items or ()) if result else ()  # media inside a tool result
+        media = sum(self._estimator.estimate(item) for item in items if item.type in MEDIA_KINDS)
+        structured = result and (any(item.type != "text" for item in items) or basis.is_json_container(text))
         return Part(
             kind=kind,
             text=text,

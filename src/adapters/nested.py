@@ -32,8 +32,7 @@ def find_nested_strategy(strategy: object, kind: type[T]) -> T | None:
         raise ValueError(f"kind must be a class, got {kind!r}")
     pending: list[object] = [strategy]
     seen: set[int] = set()
-    while pending:
-        current = pending.pop(0)
+    for current in pending:  # breadth-first: the list grows as the walk goes
         if id(current) in seen:
             continue
         seen.add(id(current))

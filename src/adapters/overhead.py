@@ -30,11 +30,11 @@ from agent_framework import (
     FunctionTool,
     HistoryProvider,
     InMemoryAgentFileStore,
-    Message,
     SessionContext,
 )
 
-from .counting import MediaTokenEstimator, Tokenizer
+from ..core.counting import compact_json
+from .counting import Tokenizer, as_estimator
 
 _T = TypeVar("_T")
 
@@ -131,12 +131,11 @@ async def _measure(agent: Any, tokenizer: Tokenizer) -> AgentOverhead:
         )
     instructions = _instructions(defaults.get("instructions"), context.instructions)
     tools = _tool_tokens([*(defaults.get("tools") or ()), *context.tools], tokenizer)
-    estimator = tokenizer if isinstance(tokenizer, MediaTokenEstimator) else MediaTokenEstimator(tokenizer)
-    injected: list[Message] = context.get_messages()
+    estimator = as_estimator(tokenizer)
     return AgentOverhead(
         instructions_tokens=tokenizer.count_tokens(instructions) if instructions else 0,
         tools_tokens=sum(tools.values()),
-        context_tokens=sum(estimator.count_message_tokens(m) for m in injected),
+        context_tokens=sum(estimator.count_message_tokens(m) for m in context.get_messages()),
         tools=tools,
         instructions=instructions,
     )
@@ -158,31 +157,25 @@ def _measured(provider: ContextProvider) -> ContextProvider:
 
 def _instructions(own: object, added: Sequence[str]) -> str:
     """The instructions as the framework joins them (its own, then the providers', one per line)."""
-    parts: list[str] = []
-    if isinstance(own, str) and own:
-        parts.append(own)
-    elif own:  # a provider-native structured form: count what it says
-        parts.append(json.dumps(own, ensure_ascii=False, sort_keys=True, default=str))
-    if added:
-        parts.append("\n".join(added))
-    return "\n".join(parts)
+    if isinstance(own, str) or not own:
+        text = str(own or "")
+    else:  # a provider-native structured form: count what it says
+        text = json.dumps(own, ensure_ascii=False, sort_keys=True, default=str)
+    return "\n".join([text, *added] if text else added)
 
 
 def _tool_tokens(tools: Sequence[object], tokenizer: Tokenizer) -> dict[str, int]:
     counted: dict[str, int] = {}
     for index, tool in enumerate(tools):
         if isinstance(tool, FunctionTool):
-            spec: object = tool.to_json_schema_spec()
-            name = tool.name
+            spec, name = tool.to_json_schema_spec(), tool.name
         elif isinstance(tool, Mapping):
-            spec = tool
-            name = str(tool.get("name") or tool.get("type") or f"tool {index}")  # pyright: ignore[reportUnknownMemberType]
+            spec, name = tool, str(tool.get("name") or tool.get("type") or f"tool {index}")  # pyright: ignore[reportUnknownMemberType]
         else:  # a hosted tool object or a plain callable: what its declaration would say
             to_dict = getattr(tool, "to_dict", None)
             spec = to_dict() if callable(to_dict) else {"name": getattr(tool, "__name__", repr(tool))}
             name = str(getattr(tool, "name", None) or getattr(tool, "__name__", None) or f"tool {index}")
-        text = json.dumps(spec, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
-        counted[name if name not in counted else f"{name} ({index})"] = tokenizer.count_tokens(text)
+        counted[name if name not in counted else f"{name} ({index})"] = tokenizer.count_tokens(compact_json(spec))
     return counted
 
 

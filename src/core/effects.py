@@ -105,15 +105,10 @@ def answered(request: Request, text: str | None) -> Answer:
     )
 
 
-def find(table: Sequence[Answer], identity: str) -> Answer | None:
-    """The answer in ``table`` to the request ``identity``, if any (the newest: see :func:`remember`)."""
-    return next((answer for answer in reversed(table) if answer.identity == identity), None)
-
-
 def standing(table: Sequence[Answer], identity: str, turns: int) -> Answer | None:
     """The answer in ``table`` to the request ``identity``, unless it is a failure from an earlier state
     (one with fewer than ``turns`` user turns): that request is asked again."""
-    answer = find(table, identity)
+    answer = next((answer for answer in reversed(table) if answer.identity == identity), None)  # the newest
     return answer if answer is not None and answer.stands(turns) else None
 
 

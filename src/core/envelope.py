@@ -114,20 +114,17 @@ def present(data: object, info: Any, path: str) -> None:
     elif isinstance(info, msgspec.inspect.StructType) and isinstance(data, Mapping):
         fields = cast("Mapping[str, object]", data)
         known = [f.encode_name for f in info.fields]
-        for problem, names in (
-            ("missing", [name for name in known if name not in fields]),
-            ("unknown", [name for name in fields if name not in known]),
-        ):
-            if names:
-                where = ", ".join(repr(f"{path}.{name}" if path else name) for name in names)
-                many = len(names) > 1
-                raise SnapshotError(
-                    f"snapshot field{'s' if many else ''} {where} {'are' if many else 'is'} missing"
-                    if problem == "missing"
-                    else f"unknown snapshot field(s) {where}"
-                )
+        missing = [repr(_field(path, name)) for name in known if name not in fields]
+        if missing:
+            many = len(missing) > 1
+            raise SnapshotError(
+                f"snapshot field{'s' if many else ''} {', '.join(missing)} {'are' if many else 'is'} missing"
+            )
+        unknown = [repr(_field(path, name)) for name in fields if name not in known]
+        if unknown:
+            raise SnapshotError(f"unknown snapshot field(s) {', '.join(unknown)}")
         for f in info.fields:
-            present(fields[f.encode_name], f.type, f"{path}.{f.encode_name}" if path else f.encode_name)
+            present(fields[f.encode_name], f.type, _field(path, f.encode_name))
     elif isinstance(info, msgspec.inspect.VarTupleType | msgspec.inspect.ListType) and isinstance(data, list | tuple):
         for index, item in enumerate(cast("Sequence[object]", data)):
             present(item, info.item_type, f"{path}[{index}]")
@@ -151,7 +148,7 @@ def _translated(failure: msgspec.ValidationError, data: object, prefix: str, kin
     path = f"{prefix}{'.' if prefix and where[:1] != '[' else ''}{where}" if where else prefix
     unknown = re.fullmatch(r"Object contains unknown field `(.+)`", problem)
     if unknown is not None:
-        return SnapshotError(f"unknown snapshot field(s) {f'{path}.{unknown[1]}' if path else unknown[1]!r}")
+        return SnapshotError(f"unknown snapshot field(s) {_field(path, unknown[1])!r}")
     value = data
     for key in re.findall(r"[^.\[\]]+", where):
         value = cast("Any", value)[int(key) if key.isdigit() and isinstance(value, list | tuple) else key]
@@ -206,6 +203,11 @@ def shown(value: object) -> str:
     """``repr(value)``, cut short: an error message must not carry a whole corrupt snapshot."""
     text = repr(value)
     return text if len(text) <= _SHOWN_LIMIT else f"{text[: _SHOWN_LIMIT - 3]}..."
+
+
+def _field(path: str, name: str) -> str:
+    """The path of field ``name`` of the value at ``path``."""
+    return f"{path}.{name}" if path else name
 
 
 def _a(kind: str) -> str:

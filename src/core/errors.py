@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
-
-
-def rebuild_error(cls: type[ErrorValue], args: tuple[Any, ...], kwargs: dict[str, Any]) -> ErrorValue:
-    """Call ``cls(*args, **kwargs)``: how a pickled :class:`ErrorValue` is rebuilt in another process."""
-    return cls(*args, **kwargs)
 
 
 class ErrorValue(Exception):
@@ -27,12 +23,11 @@ class ErrorValue(Exception):
 
     def __reduce__(self) -> tuple[Any, ...]:
         args, kwargs = self._arguments()
-        return (rebuild_error, (type(self), args, kwargs), dict(vars(self)))
+        return (functools.partial(type(self), **kwargs), args, dict(vars(self)))
 
     def __eq__(self, other: object) -> bool:
-        if type(other) is not type(self):
+        if not isinstance(other, ErrorValue) or type(other) is not type(self):
             return NotImplemented
-        assert isinstance(other, ErrorValue)
         return self.args == other.args and vars(self) == vars(other)
 
     def __hash__(self) -> int:
@@ -54,13 +49,7 @@ class CompactionBudgetExceeded(ErrorValue):
     """
 
     def __init__(
-        self,
-        message: str,
-        *,
-        needed: int,
-        budget: int,
-        refused: tuple[str, ...] = (),
-        failed: tuple[str, ...] = (),
+        self, message: str, *, needed: int, budget: int, refused: tuple[str, ...] = (), failed: tuple[str, ...] = ()
     ) -> None:
         super().__init__(message)
         self.needed = needed

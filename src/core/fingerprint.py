@@ -44,25 +44,20 @@ def flatten(value: object, path: str) -> dict[str, Scalar]:
         return {path: value}
     if isinstance(value, str):
         return {path: value if len(value) <= LONG_TEXT else _digest_text(value)}
+    empty: dict[str, Scalar] = {}  # what stands for a value with no leaves
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        found: dict[str, Scalar] = {}
-        for field in dataclasses.fields(value):
-            found.update(flatten(getattr(value, field.name), f"{path}.{field.name}"))
-        return found
-    if isinstance(value, Mapping):
-        found = {}
-        for key, item in sorted(cast("Mapping[object, object]", value).items(), key=lambda pair: str(pair[0])):
-            found.update(flatten(item, f"{path}.{key}"))
-        return found or {path: "{}"}
-    if isinstance(value, (tuple, list, frozenset, set)):
+        children = [(field.name, getattr(value, field.name)) for field in dataclasses.fields(value)]
+    elif isinstance(value, Mapping):
+        children = sorted(((str(k), v) for k, v in cast("Mapping[object, object]", value).items()), key=lambda c: c[0])
+        empty = {path: "{}"}
+    elif isinstance(value, (tuple, list, frozenset, set)):
         items = cast("tuple[object, ...] | list[object] | frozenset[object] | set[object]", value)
-        ordered = sorted(items, key=str) if isinstance(items, (frozenset, set)) else list(items)
-        found = {}
-        for index, item in enumerate(ordered):
-            found.update(flatten(item, f"{path}.{index}"))
-        return found or {path: "[]"}
-    kind = type(value)
-    return {path: f"{kind.__module__}.{kind.__qualname__}"}
+        children = list(enumerate(sorted(items, key=str) if isinstance(items, (frozenset, set)) else items))
+        empty = {path: "[]"}
+    else:
+        return {path: f"{type(value).__module__}.{type(value).__qualname__}"}
+    found = {leaf: item for name, child in children for leaf, item in flatten(child, f"{path}.{name}").items()}
+    return found or empty
 
 
 def digest(parameters: Parameters) -> str:
@@ -73,19 +68,8 @@ def digest(parameters: Parameters) -> str:
 
 def differences(stored: Parameters, built: Parameters) -> tuple[tuple[str, Scalar, Scalar], ...]:
     """``(parameter, stored value, built value)`` for every parameter that differs (missing: ``None``), sorted."""
-    names = sorted(set(stored) | set(built))
     return tuple(
         (name, stored.get(name), built.get(name))
-        for name in names
+        for name in sorted(set(stored) | set(built))
         if name not in stored or name not in built or stored[name] != built[name]
-    )
-
-
-def is_parameters(value: object) -> bool:
-    """``value`` is a mapping of text to JSON scalars (a stored fingerprint's parameters)."""
-    if not isinstance(value, Mapping):
-        return False
-    return all(
-        isinstance(key, str) and (item is None or isinstance(item, (str, int, float, bool)))
-        for key, item in cast("Mapping[object, object]", value).items()
     )

@@ -24,6 +24,8 @@ from .model import Group, GroupKind, MessageRecord
 
 _Span = tuple[GroupKind, int, int, bool]
 _Key = tuple[str, str]
+#: Roles whose every message is a group of its own kind (any other lone message is ``assistant_text``).
+_OWN_KINDS: dict[str, GroupKind] = {"system": "system", "user": "user"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +82,7 @@ def regroup(records: Sequence[MessageRecord], previous: Grouping | None = None) 
     start = _reusable_prefix(records, previous)
     if previous is None or start == 0:
         return _full(records)
-    prior = previous.declarations[: bisect_left(previous.declarations, start, key=_declared_at)]
+    prior = previous.declarations[: bisect_left(previous.declarations, start, key=lambda declaration: declaration[0])]
     declared = {key for _, key in prior}
     suffix = records[start:]
     if any((kind, call_id) in declared for r in suffix for kind, call_id, _ in r.links):
@@ -89,7 +91,7 @@ def regroup(records: Sequence[MessageRecord], previous: Grouping | None = None) 
     if _link(suffix, local) is not None:
         return _full(records)
     kept = previous.all[: bisect_left(previous.all, start, key=_last_member)]
-    fresh = tuple(_group(_shift(span, start)) for span in local)
+    fresh = tuple(_group((kind, first + start, last + start, reasoning)) for kind, first, last, reasoning in local)
     return Grouping(records, kept + fresh, False, prior + tuple(_declarations(suffix, start)))
 
 
@@ -125,17 +127,8 @@ def same_shape(a: MessageRecord, b: MessageRecord) -> bool:
     )
 
 
-def _declared_at(declaration: tuple[int, _Key]) -> int:
-    return declaration[0]
-
-
 def _last_member(group: Group) -> int:
     return group.members[-1]
-
-
-def _shift(span: _Span, offset: int) -> _Span:
-    kind, start, end, reasoning = span
-    return (kind, start + offset, end + offset, reasoning)
 
 
 def _group(span: _Span) -> Group:
@@ -160,82 +153,53 @@ def _declarations(records: Sequence[MessageRecord], offset: int) -> list[tuple[i
 
 
 def _merged(spans: Sequence[_Span], roots: Sequence[int]) -> list[Group]:
-    members: dict[int, list[int]] = {}
-    runs: dict[int, list[tuple[int, int]]] = {}
-    reasoning: dict[int, bool] = {}
-    for index, (_, start, end, has_reasoning) in enumerate(spans):
-        root = roots[index]
-        members.setdefault(root, []).extend(range(start, end + 1))
-        runs.setdefault(root, []).append((start, end))
-        reasoning[root] = reasoning.get(root, False) or has_reasoning
+    joined: dict[int, list[_Span]] = {}  # each root's spans, in order
+    for span, root in zip(spans, roots, strict=True):
+        joined.setdefault(root, []).append(span)
     return [
         Group(
             kind=spans[root][0],
-            members=tuple(sorted(members[root])),
-            has_reasoning=reasoning[root],
-            spans=tuple(runs[root]),
+            members=tuple(sorted(m for _, start, end, _ in runs for m in range(start, end + 1))),
+            has_reasoning=any(reasoning for *_, reasoning in runs),
+            spans=tuple((start, end) for _, start, end, _ in runs),
         )
-        for root in sorted(members)
+        for root, runs in sorted(joined.items())
     ]
 
 
 def _spans(records: Sequence[MessageRecord]) -> list[_Span]:
     spans: list[_Span] = []
-    count = len(records)
     i = 0
-    while i < count:
+    while i < len(records):
         current = records[i]
-        if current.role in ("system", "user"):
-            kind: GroupKind = "system" if current.role == "system" else "user"
-            spans.append((kind, i, i, current.has_reasoning))
-            i += 1
-            continue
-        if current.is_reasoning_only:
-            j = i
-            while j < count and records[j].is_reasoning_only:
-                j += 1
-            if j < count and _is_tool_call_assistant(records[j]):
-                end = _tool_run_end(records, j + 1)
-                spans.append(("tool_call", i, end - 1, True))
-                i = end
-                continue
-        if _is_tool_call_assistant(current):
-            k = j = i + 1
-            while k < count and records[k].is_reasoning_only:
-                k += 1
-            has_reasoning = current.has_reasoning or k > j
-            end = _tool_run_end(records, k)
-            spans.append(("tool_call", i, end - 1, has_reasoning))
-            i = end
-            continue
-        if current.role == "tool":
-            end = _tool_messages_end(records, i + 1)
+        # A tool call, with the reasoning-only assistants around it and the tool messages after it.
+        call = _past_reasoning(records, i) if current.is_reasoning_only else i
+        if call < len(records) and records[call].role == "assistant" and records[call].has_tool_call:
+            after = _past_reasoning(records, call + 1)
+            end = _past_tools(records, after)
+            spans.append(("tool_call", i, end - 1, call > i or after > call + 1 or records[call].has_reasoning))
+        elif current.role == "tool":
+            end = _past_tools(records, i + 1)
             spans.append(("tool_call", i, end - 1, False))
-            i = end
-            continue
-        spans.append(("assistant_text", i, i, current.has_reasoning))
-        i += 1
+        else:
+            end = i + 1
+            spans.append((_OWN_KINDS.get(current.role, "assistant_text"), i, i, current.has_reasoning))
+        i = end
     return spans
 
 
-def _is_tool_call_assistant(record: MessageRecord) -> bool:
-    return record.role == "assistant" and record.has_tool_call
+def _past_reasoning(records: Sequence[MessageRecord], start: int) -> int:
+    """Index one past the run of reasoning-only messages from ``start``."""
+    while start < len(records) and records[start].is_reasoning_only:
+        start += 1
+    return start
 
 
-def _tool_run_end(records: Sequence[MessageRecord], start: int) -> int:
-    """Index one past the reasoning-only assistants and then the tool messages from ``start``."""
-    k = start
-    while k < len(records) and records[k].is_reasoning_only:
-        k += 1
-    return _tool_messages_end(records, k)
-
-
-def _tool_messages_end(records: Sequence[MessageRecord], start: int) -> int:
+def _past_tools(records: Sequence[MessageRecord], start: int) -> int:
     """Index one past the run of tool messages from ``start``."""
-    k = start
-    while k < len(records) and records[k].role == "tool":
-        k += 1
-    return k
+    while start < len(records) and records[start].role == "tool":
+        start += 1
+    return start
 
 
 def _unambiguous_pairs(records: Sequence[MessageRecord]) -> list[tuple[int, int]]:
@@ -244,13 +208,11 @@ def _unambiguous_pairs(records: Sequence[MessageRecord]) -> list[tuple[int, int]
     pairs: list[tuple[int, int]] = []
     for index, record in enumerate(records):
         for call_kind, call_id, declaration in record.links:
+            key = (call_kind, call_id)
             if declaration:
-                open_declarations.setdefault((call_kind, call_id), []).append(index)
-                continue
-            candidates = open_declarations.get((call_kind, call_id))
-            if candidates is None or len(candidates) != 1:
-                continue
-            pairs.append((candidates.pop(), index))
+                open_declarations.setdefault(key, []).append(index)
+            elif len(open_declarations.get(key, ())) == 1:
+                pairs.append((open_declarations[key].pop(), index))
     return pairs
 
 
@@ -260,26 +222,20 @@ def _link(records: Sequence[MessageRecord], spans: list[_Span]) -> list[int] | N
     Returns each span's root span, or ``None`` when no result links two spans (the
     common case: every result sits in its call's span).
     """
-    if len(spans) < 2:
-        return None
     starts = [start for _, start, _, _ in spans]
-    parents: list[int] | None = None
+    parents = list(range(len(spans)))
 
     def find(index: int) -> int:
-        assert parents is not None
         while parents[index] != index:
             parents[index] = parents[parents[index]]
             index = parents[index]
         return index
 
+    linked = False
     for declaration, result in _unambiguous_pairs(records):
         left, right = bisect_right(starts, declaration) - 1, bisect_right(starts, result) - 1
-        if left < right:
-            if parents is None:
-                parents = list(range(len(spans)))
+        if left < right:  # the result sits in a later span than its declaration
             a, b = find(left), find(right)
-            if a != b:
-                parents[max(a, b)] = min(a, b)
-    if parents is None:
-        return None
-    return [find(index) for index in range(len(spans))]
+            parents[max(a, b)] = min(a, b)
+            linked = True
+    return [find(index) for index in range(len(spans))] if linked else None

@@ -28,13 +28,12 @@ TOOL_CALL_KINDS: frozenset[str] = frozenset(
     }
 )
 
-#: Declaration/result content types the framework links across non-adjacent spans.
-LINKABLE_CALL_KINDS: frozenset[str] = frozenset({"function_call", "computer_tool_call"})
-RESULT_KIND_FOR_CALL: dict[str, str] = {
-    "function_call": "function_result",
-    "computer_tool_call": "computer_tool_result",
+#: Result content types the framework links to their declaration across non-adjacent spans, with that declaration's.
+CALL_KIND_FOR_RESULT: dict[str, str] = {
+    "function_result": "function_call",
+    "computer_tool_result": "computer_tool_call",
 }
-CALL_KIND_FOR_RESULT: dict[str, str] = {result: call for call, result in RESULT_KIND_FOR_CALL.items()}
+LINKABLE_CALL_KINDS: frozenset[str] = frozenset(CALL_KIND_FOR_RESULT.values())
 
 MEDIA_KINDS: frozenset[str] = frozenset({"data", "uri", "hosted_file"})
 
@@ -154,11 +153,8 @@ class MessageRecord:
         object.__setattr__(self, "links", _links(self.role, self.parts))
         names = tuple(p.name for p in self.parts if p.name and p.kind in TOOL_CALL_KINDS)
         object.__setattr__(self, "call_names", names)
-        object.__setattr__(
-            self,
-            "longest_result_text",
-            max((p.tokens - p.media_tokens for p in self.parts if p.kind == "function_result"), default=0),
-        )
+        longest = max((p.tokens - p.media_tokens for p in self.parts if p.kind == "function_result"), default=0)
+        object.__setattr__(self, "longest_result_text", longest)
 
 
 def _links(role: str, parts: tuple[Part, ...]) -> tuple[tuple[str, str, bool], ...]:
@@ -166,11 +162,9 @@ def _links(role: str, parts: tuple[Part, ...]) -> tuple[tuple[str, str, bool], .
         return ()
     found: list[tuple[str, str, bool]] = []
     for part in parts:
-        if not part.call_id:
-            continue
-        if role == "assistant" and part.kind in LINKABLE_CALL_KINDS:
+        if part.call_id and role == "assistant" and part.kind in LINKABLE_CALL_KINDS:
             found.append((part.kind, part.call_id, True))
-        elif part.kind in CALL_KIND_FOR_RESULT:
+        elif part.call_id and part.kind in CALL_KIND_FOR_RESULT:
             found.append((CALL_KIND_FOR_RESULT[part.kind], part.call_id, False))
     return tuple(found)
 

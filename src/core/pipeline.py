@@ -27,11 +27,7 @@ SubStep: TypeAlias = Callable[[ConfigT, StateT, View, Measure], Needs | Done[Sta
 
 
 def run(
-    steps: Sequence[SubStep[ConfigT, StateT, ReportT]],
-    config: ConfigT,
-    state: StateT,
-    seen: View,
-    measure: Measure,
+    steps: Sequence[SubStep[ConfigT, StateT, ReportT]], config: ConfigT, state: StateT, seen: View, measure: Measure
 ) -> Needs | tuple[History, StateT]:
     """Run ``steps`` in order from ``state`` over ``seen``: the first ``Needs``, else the last history and state."""
     history, handed = seen.history, None

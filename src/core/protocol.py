@@ -97,9 +97,7 @@ def sent_tokens(history: Iterable[MessageRecord]) -> int:
 def differs(before: Sequence[MessageRecord], after: Sequence[MessageRecord]) -> bool:
     """Whether ``after`` changes what ``before`` holds: a message added or removed, or one's
     inclusion, hold or parts (records the core left alone are the same objects)."""
-    if len(before) != len(after):
-        return True
-    return any(
+    return len(before) != len(after) or any(
         a is not b and (a.note != b.note or a.excluded != b.excluded or a.held != b.held or a.parts != b.parts)
         for a, b in zip(before, after, strict=True)
     )

@@ -26,14 +26,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, Literal, cast
+from typing import Any, ClassVar, Final, Literal
 
 import msgspec
 from msgspec.structs import replace
 
 from .envelope import VERSION, Stored, Text, body, convert, error, read
 from .errors import SnapshotError
-from .fingerprint import Parameters, Scalar, differences, digest, is_parameters
+from .fingerprint import Parameters, Scalar, differences, digest
 from .state import State
 
 StackKind = Literal["records", "composition"]
@@ -106,9 +106,8 @@ class StackConfigurationError(SnapshotError):
             f"{name} is {_shown(old)} in the stored entry, {_shown(new)} in this builder's stack"
             for name, old, new in self.differing[:5]
         )
-        more = len(self.differing) - 5
-        if more > 0:
-            shown += f"; and {more} more"
+        if len(self.differing) > 5:
+            shown += f"; and {len(self.differing) - 5} more"
         shown = shown or "the fingerprints differ"
         super().__init__(
             f"session state under state_key {state_key!r} was written under another configuration: {shown}. "
@@ -201,11 +200,8 @@ def session_entry_from_dict(data: object) -> tuple[StackConfiguration, Mapping[s
     if "configuration" not in fields:
         raise SnapshotError("snapshot field 'configuration' is missing")
     stored = convert(fields["configuration"], _Configuration, "configuration")
-    parameters = stored.parameters
-    if not is_parameters(parameters):
-        raise error("configuration.parameters", "must be an object of parameter names to JSON scalars")
     try:
-        found = StackConfiguration.of(cast("Parameters", parameters))
+        found = StackConfiguration.of(stored.parameters)
     except ValueError as failure:  # a non-finite number: not JSON
         raise error("configuration.parameters", f"must hold JSON scalars only: {failure}") from failure
     if stored.digest != found.digest:

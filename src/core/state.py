@@ -119,20 +119,13 @@ class AnchoredSnapshot(Stored, frozen=True, kw_only=True, forbid_unknown_fields=
         for name in ("spared_tools", "spared_texts", "distilled"):
             distinct(f"{at}{name}", getattr(self, name))
         distinct(f"{at}shed_sizes", [p for p, _ in self.shed_sizes])
-        value = replace(
-            self,
-            distilled=tuple(sorted(self.distilled)),
-            spared_tools=tuple(sorted(self.spared_tools)),
-            spared_texts=tuple(sorted(self.spared_texts)),
-            shed_sizes=tuple(sorted(self.shed_sizes)),
-        )
-        for name, spared, watermark in (
-            ("spared_tools", value.spared_tools, "tools_shed"),
-            ("spared_texts", value.spared_texts, "texts_shed"),
-        ):
-            beyond = [p for p in spared if p >= getattr(value, watermark)]
-            if beyond:
-                raise error(f"{at}{name}", f"position {beyond[0]} is not below {watermark}={getattr(value, watermark)}")
+        lists = ("spared_tools", "spared_texts", "distilled", "shed_sizes")
+        value = replace(self, **{name: tuple(sorted(getattr(self, name))) for name in lists})
+        for name, watermark in (("spared_tools", "tools_shed"), ("spared_texts", "texts_shed")):
+            limit = getattr(value, watermark)
+            beyond = next((p for p in getattr(value, name) if p >= limit), None)
+            if beyond is not None:
+                raise error(f"{at}{name}", f"position {beyond} is not below {watermark}={limit}")
         for position, _ in value.shed_sizes:
             if position >= value.tools_shed:
                 raise error(f"{at}shed_sizes", f"position {position} is not below tools_shed={value.tools_shed}")
@@ -372,9 +365,8 @@ class State(Stored, frozen=True, kw_only=True, forbid_unknown_fields=True):
             if a.text is not None and a.turns is not None:
                 raise error(f"{here}.turns", f"an answer with text carries no turns, got {a.turns}")
             form = _IDS.get(a.kind)
-            if (form is None) != (a.message_id is None) or (
-                form is not None and a.message_id is not None and not form.fullmatch(a.message_id)
-            ):
+            fits = a.message_id is None if form is None else bool(a.message_id and form.fullmatch(a.message_id))
+            if not fits:
                 wanted = "null" if form is None else f"an id of the form {form.pattern}"
                 raise error(
                     f"{here}.message_id", f"must be {wanted} for a {a.kind.value} answer, got {shown(a.message_id)}"

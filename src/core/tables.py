@@ -71,27 +71,19 @@ def tables(text: str) -> list[Table]:
     lines = text.split("\n")
     found: list[Table] = []
     fenced = False
-    index = 0
-    while index < len(lines):
-        line = lines[index]
-        if line.lstrip().startswith(_FENCE):
+    end = 0  # the line after the last table found
+    for index, line in enumerate(lines):
+        if line.lstrip().startswith(_FENCE):  # a fence line is never a row
             fenced = not fenced
-            index += 1
-            continue
-        heading = None if fenced else cells(line)
+        heading = None if fenced or index < end else cells(line)
         if heading is None or index + 1 >= len(lines) or not _is_separator(lines[index + 1], len(heading)):
-            index += 1
             continue
         rows: list[tuple[int, Cells]] = []
         end = index + 2
-        while end < len(lines):
-            row = cells(lines[end])
-            if row is None or len(row) != len(heading):
-                break
+        while end < len(lines) and (row := cells(lines[end])) is not None and len(row) == len(heading):
             rows.append((end, row))
             end += 1
         found.append(Table(heading=heading, rows=tuple(rows), end=end))
-        index = end
     return found
 
 
@@ -126,26 +118,22 @@ def release_rows(text: str, quoted: Collection[RowKey], ambiguous: Collection[Ro
             if key not in quoted or key in ambiguous or "\\" in lines[line_index]:
                 continue
             values = distinctive_values(" | ".join(row))
-            if not values:
-                continue
-            dropped.add(line_index)
-            entries.append(" ".join(values))
+            if values:
+                dropped.add(line_index)
+                entries.append(" ".join(values))
         if entries:
             markers[table.end] = entries
     if not dropped:
         return text, 0
     output: list[str] = []
     for index, line in enumerate(lines):
-        if index in markers:
-            existing = _marker_entries(line)
-            if existing is not None:  # an earlier release left a marker here: extend it
-                output.append(_marker([*existing, *markers.pop(index)]))
-                continue
-            output.append(_marker(markers.pop(index)))
-        if index not in dropped:
+        entries = markers.pop(index, [])
+        existing = _marker_entries(line) if entries else None  # an earlier release left a marker here: extend it
+        if entries:
+            output.append(_marker([*(existing or []), *entries]))
+        if index not in dropped and existing is None:
             output.append(line)
-    for entries in markers.values():  # tables that end the text
-        output.append(_marker(entries))
+    output.extend(_marker(entries) for entries in markers.values())  # tables that end the text
     return "\n".join(output), len(dropped)
 
 

@@ -14,6 +14,7 @@ and ``| TL-3FA9C2 |`` yield the same value.
 from __future__ import annotations
 
 import string
+from collections import Counter
 from typing import Final
 
 #: Characters that end a word.
@@ -54,8 +55,4 @@ def word_set(text: str) -> frozenset[str]:
 
 def name_mentions(text: str) -> dict[str, int]:
     """How often each lowercased word occurs in ``text`` (tool names are matched this way)."""
-    counts: dict[str, int] = {}
-    for word in words(text):
-        lowered = word.lower()
-        counts[lowered] = counts.get(lowered, 0) + 1
-    return counts
+    return dict(Counter(word.lower() for word in words(text)))
