@@ -104,6 +104,12 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def run_python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter of this environment (our experimental warning silenced)."""
+    argv = [sys.executable, "-W", "ignore:maf-compaction is experimental", "-c", code]
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, env=subprocess_env(), check=False, timeout=60)
+
+
 # -- missing optional dependencies: one line naming the extra, before any work -----------------------
 
 
@@ -151,15 +157,7 @@ def test_a_missing_package_in_a_fresh_interpreter_is_one_line(tmp_path: Path) ->
         "from maf_compaction.bench.__main__ import main\n"
         "sys.exit(main(['bench', '--rows', 'none', '--seeds', '1', '--fill', '0.9']))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-W", "ignore:maf-compaction is experimental", "-c", code],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        check=False,
-        timeout=60,
-    )
+    done = run_python(code, tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "python -m maf_compaction.bench bench: error: the bench needs tiktoken, which is not installed: "
@@ -553,15 +551,7 @@ def test_no_install_hint_names_the_other_pypi_project() -> None:
 def test_the_offline_provider_without_the_bench_extra_names_it(missing: str, tmp_path: Path) -> None:
     """The finding: ``import maf_compaction.bench.offline`` without the extra raised a bare "No module named"."""
     code = f"import sys; sys.modules[{missing!r}] = None\nimport maf_compaction.bench.offline\n"
-    done = subprocess.run(
-        [sys.executable, "-W", "ignore:maf-compaction is experimental", "-c", code],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        check=False,
-        timeout=60,
-    )
+    done = run_python(code, tmp_path)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1] == (
         f"ImportError: maf_compaction.bench.offline needs {missing}, which the bench extra installs: "
