@@ -321,7 +321,7 @@ async def test_a_users_own_values_get_records_and_the_report_labels_requests_and
     assert totals.requests.get("record", 0) >= 1, report
     asked = [c for c in calls if c.label == "record"]
     assert [f"call {c.number} (a record request): " in report for c in asked] == [True] * len(asked)
-    assert strategy.records_in_conversation > 0  # the answers quoted the user's values: kept as records
+    assert stack.tool_results.records_in_conversation > 0  # the answers quoted the user's values: kept as records
     lines = report.splitlines()
     assert lines[-2].startswith(f"total: {totals.calls} call(s) ({sum(totals.requests.values())} compaction request")
     assert lines[-1].startswith("without compaction: $")
