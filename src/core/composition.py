@@ -402,11 +402,15 @@ def _users(config: CompositionConfig, work: _Pass, seen: View, measure: anchored
 def _replay(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
     """Apply every kept replacement whose items lead the conversation's, in the order they were kept."""
     kept, refused = Counter[str](), set[str]()
+    found: dict[object, list[user_summaries.Item]] = {}  # each kind's items in the output so far, by finder
     for answer in work.state.answers:
         if answer.kind not in CHAIN_KINDS or answer.text is None or answer.sources is None:
             continue  # a failure, not a refusal: :func:`_ask` decides when to ask again
         kind = _KINDS[answer.kind]
-        items = kind.items(seen, measure)[: answer.sources]
+        items = found.get(kind.items)
+        if items is None:
+            items = found[kind.items] = kind.items(seen, measure)
+        items = items[: answer.sources]
         if len(items) < answer.sources or all(
             user_summaries.request(kind.request, prompt, items, "", 0).identity != answer.identity
             for prompt in kind.prompts(config)
@@ -417,7 +421,7 @@ def _replay(config: CompositionConfig, work: _Pass, seen: View, measure: anchore
             refused.add(answer.identity)
         else:
             applied = user_summaries.apply(seen.history, (m for i in items for m in i.members), kind.reason, message)
-            seen = view(applied, seen)
+            seen, found = view(applied, seen), {}
             kept[kind.prefix] += 1
     report = replace(
         work.report,
@@ -704,10 +708,13 @@ def _next(
     """
     turns, limit = user_summaries.user_turns(seen.history), config.users.summary_input_limit
     refused: list[str] = []
+    found: dict[object, list[user_summaries.Item]] = {}  # each kind's items, by finder
     for name, kind in _KINDS.items():
         if name is RequestKind.REWRITE and _rewrites(state) >= config.harder_attempts:
             continue
-        items = kind.items(seen, measure)
+        items = found.get(kind.items)
+        if items is None:
+            items = found[kind.items] = kind.items(seen, measure)
         kept = sum(
             1 for a in state.answers if a.kind in _KINDS and a.text is not None and _KINDS[a.kind].prefix == kind.prefix
         )
