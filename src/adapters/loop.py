@@ -63,7 +63,7 @@ def describe(before: History, messages: Sequence[Message], origin: int) -> str:
     message = messages[origin]
     if message.message_id:
         return message.message_id
-    ordinal = sum(1 for r in before[:origin] if not r.note and not r.injected and not r.summary)
+    ordinal = sum(1 for r in before[:origin] if r.in_conversation and not r.summary)
     calls = [c.call_id for c in message.contents if c.call_id]
     suffix = f", call {', '.join(calls)}" if calls else ""
     return f"<{message.role} message {ordinal + 1} of the conversation{suffix}>"

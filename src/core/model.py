@@ -133,6 +133,12 @@ class MessageRecord:
     """``(call kind, call id, is_declaration)`` of each linkable call or result part."""
     call_names: tuple[str, ...] = field(init=False, compare=False, repr=False)
     """Tool names of the message's call declarations, in order."""
+
+    @property
+    def in_conversation(self) -> bool:
+        """Part of the conversation: neither context injected for one call nor one of our notes (the one test)."""
+        return not self.injected and not self.note
+
     longest_result_text: int = field(init=False, compare=False, repr=False)
     """Text tokens (media excluded) of the largest function result part; 0 without one."""
 
@@ -196,12 +202,12 @@ def history(records: Iterable[MessageRecord] = ()) -> History:
 
 def conversation_indices(records: Sequence[MessageRecord]) -> tuple[int, ...]:
     """Indices of the conversation in ``records``: every record that is neither injected nor a note."""
-    return tuple(i for i, r in enumerate(records) if not r.injected and not r.note)
+    return tuple(i for i, r in enumerate(records) if r.in_conversation)
 
 
 def conversation_records(records: Iterable[MessageRecord]) -> list[MessageRecord]:
     """The conversation in ``records`` (see :func:`conversation_indices`), in order."""
-    return [r for r in records if not r.injected and not r.note]
+    return [r for r in records if r.in_conversation]
 
 
 class Group(NamedTuple):

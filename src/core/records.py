@@ -561,7 +561,7 @@ def ask_aligned(view: History, state: State, conversation: History) -> Request |
     key = identity("aligned_record", RECORD_INSTRUCTION, shown)
     if any(a.identity == key for a in written(state)):
         return None
-    turns = sum(1 for r in view if r.role == "user" and not (r.injected or r.note or r.summary))
+    turns = sum(1 for r in view if r.role == "user" and r.in_conversation and not r.summary)
     return Request(
         key,
         RequestKind.RECORD,
@@ -624,7 +624,7 @@ def originals(history: Iterable[MessageRecord]) -> int:
 
 def _shown_results(view: History) -> list[str]:
     """Call ids of the tool results ``view`` sends (recall results aside), in order."""
-    recall_ids = recall_call_ids([r for r in view if not r.injected and not r.note])
+    recall_ids = recall_call_ids(conversation_records(view))
     return [
         part.call_id
         for record in view

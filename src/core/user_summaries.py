@@ -353,7 +353,7 @@ def user_turns(history: Iterable[MessageRecord]) -> int:
 
     It only grows, so it dates a failure: a failed request stands until it grows.
     """
-    return sum(1 for r in history if r.role == "user" and not r.summary and not r.note and not r.injected)
+    return sum(1 for r in history if r.role == "user" and r.in_conversation and not r.summary)
 
 
 def _reachable_descriptions(
@@ -527,9 +527,7 @@ def over_prefix(request: Request, view: History) -> Request | None:
     """``request`` sent over ``view`` (the cached prefix) plus one instruction, or ``None`` when ``view``
     lacks an item (every item must be an included message of ``view`` the instruction can name)."""
     texts = [
-        "\n".join(p.text for p in r.parts)
-        for r in view
-        if r.role == "user" and not r.excluded and not r.injected and not r.note
+        "\n".join(p.text for p in r.parts) for r in view if r.role == "user" and r.in_conversation and not r.excluded
     ]
     if not request.openings or not all(any(o in text for text in texts) for o in request.openings):
         return None
