@@ -69,7 +69,7 @@ from maf_compaction.core import records as record_rules
 from maf_compaction.core.composition import SummaryRequest
 from maf_compaction.core.counting import MESSAGE_OVERHEAD_TOKENS
 from maf_compaction.core.effects import COMPACTION_REQUEST
-from maf_compaction.core.recall import RecallState, no_route
+from maf_compaction.core.recall import FAILURE_LIMIT, RecallState, no_route
 from maf_compaction.core.records import RECORD_INSTRUCTION, RECORD_MARKER, SUMMARY_SECTION
 from maf_compaction.core.state import BOUNDED_KINDS, Answer
 from maf_compaction.core.user_summaries import (
@@ -112,7 +112,7 @@ CALL_MARK: Final = "[a call of"
 
 #: How the scripted model answers a summary instruction (see :class:`Model`).
 SummaryAnswer = Literal["faithful", "small_talk", "continue", "tool", "empty", "raise", "verbose"]
-IGNORING: Final[tuple[SummaryAnswer, ...]] = ("small_talk", "continue", "tool", "empty", "raise")
+IGNORING: Final[tuple[SummaryAnswer, ...]] = ("small_talk", "continue", "tool", "empty")
 
 _NAMED: Final = re.compile(r"^\d+\. \u00ab(.*)\u00bb$", re.MULTILINE)
 _NOTE: Final = re.compile(r"^note (\d+):")
@@ -802,10 +802,10 @@ def check_ignored_answer_left_out(run: Talk) -> None:
 
 
 @pytest.mark.parametrize("answer", IGNORING)
-async def test_one_ignored_or_failed_summary_goes_to_the_summarizer_on_the_same_pass_and_so_do_all_later_ones(
+async def test_one_ignored_summary_goes_to_the_summarizer_on_the_same_pass_and_so_do_all_later_ones(
     answer: SummaryAnswer, warnings_seen: list[str]
 ) -> None:
-    """Small talk, the task continued, a tool call, nothing, or a failed request, for the first summary asked over the
+    """Small talk, the task continued, a tool call or nothing, for the first summary asked over the
     cached prefix: no summary is kept of it (not even a failure), ``summaries_to_summarizer`` is set, and the same
     summary goes to the summarizer client at once, whose answer enters history; every later summary goes there too.
     The record route's own streak is untouched, no tool runs, and the conversation and its history are those of the
@@ -822,7 +822,7 @@ async def test_one_ignored_or_failed_summary_goes_to_the_summarizer_on_the_same_
     state = run.stack.tool_results.conversation.value.recall
     assert (state.summaries_to_summarizer, no_route(state), state.ignored_instructions) == (True, False, 0)
     assert run.strategy.prefix_requests == 1
-    assert run.strategy.failed_prefix_requests == (1 if answer in ("raise", "empty") else 0)
+    assert run.strategy.failed_prefix_requests == 0  # an answer, whatever it says, is no failure
     summaries = summarizer_summaries(run)
     assert run.summarizer.calls == run.strategy.user_turns.user_compactions == len(summaries) >= 1
     assert user_answers(run) == user_answers(faithful)
@@ -834,8 +834,41 @@ async def test_one_ignored_or_failed_summary_goes_to_the_summarizer_on_the_same_
     assert run.invoked == []
     assert run.replies == [f"noted {n}" for n in range(NOTES)]
     assert not facts_kept(run, range(NOTES))
+    assert not [w for w in warnings_seen if "asked for a summary over the cached prefix and the request failed" in w]
+
+
+@dataclass(frozen=True)
+class FlakyModel(Model):
+    """:class:`Model` whose first ``failures`` summary requests fail at the provider (a brief outage)."""
+
+    failures: int = 2
+    asked: list[int] = field(default_factory=list[int])
+
+    def _summary(self, messages: Sequence[Message]) -> list[Content]:
+        self.asked.append(len(messages))
+        if len(self.asked) <= self.failures:
+            raise ScriptError("the summary request failed at the provider")
+        return super()._summary(messages)
+
+
+async def test_a_failed_summary_request_is_asked_again_over_the_cached_prefix_once_the_conversation_grows(
+    warnings_seen: list[str],
+) -> None:
+    """The finding: one failed summary request sent every later summary to the summarizer for good. A failure is
+    no verdict on the model: the failed request stands until the conversation grows, then is asked again over the
+    cached prefix; below FAILURE_LIMIT failures in a row the summarizer is never asked, and the route's state is
+    reset by the first answer."""
+    model = FlakyModel(failures=FAILURE_LIMIT - 1)
+    run = await talk(model=model, words=note, summarizer=RecordingSummarizer()).play(range(NOTES))
+    state = run.stack.tool_results.conversation.value.recall
+    assert (state.summaries_to_summarizer, state.failed_requests, state.resting) == (False, 0, 0)
+    assert run.strategy.failed_prefix_requests == FAILURE_LIMIT - 1
+    assert len(model.asked) > FAILURE_LIMIT - 1, "asked again after the failures"
+    assert run.summarizer.calls == 0
+    assert run.strategy.user_turns.user_compactions >= 1  # a summary over the cached prefix was kept after them
     failed = [w for w in warnings_seen if "asked for a summary over the cached prefix and the request failed" in w]
-    assert len(failed) == (1 if answer == "raise" else 0)
+    assert len(failed) == FAILURE_LIMIT - 1
+    assert run.replies == [f"noted {n}" for n in range(NOTES)]
 
 
 @pytest.mark.parametrize(

@@ -68,7 +68,8 @@ async def _unchanged(messages: list[Message]) -> bool:
 
 
 async def ask_over_prefix(head: SentHead | None, sent: Sequence[Message], request: Request, owner: str) -> str | None:
-    """Send ``sent`` plus ``request.instruction`` with ``head``; the answer's text, or ``None`` on a failure.
+    """Send ``sent`` plus ``request.instruction`` with ``head``; the answer's text (empty when it has none), or
+    ``None`` on a failure.
 
     A recall call in the answer counts as its ``values`` argument; otherwise the answer's
     text. An ordinary exception is a failure (logged, never raised: history stays as it
@@ -108,9 +109,9 @@ async def ask_over_prefix(head: SentHead | None, sent: Sequence[Message], reques
         )
         return None
     text = answer_text(response)
-    if text is None:
+    if text is None:  # an answer all the same (the provider is up): judged as one that ignored the instruction
         logger.warning("%s asked for %s over the cached prefix and got no text; %s", owner, what, stays)
-    return text
+    return text or ""
 
 
 def answer_text(response: ChatResponse) -> str | None:

@@ -32,7 +32,8 @@ from ..core.errors import SnapshotError
 from ..core.model import History
 from ..core.ownership import provider_increment
 from ..core.protocol import CoreStrategy, Done, Needs, differs
-from ..core.state import RequestKind
+from ..core.recall import route_news
+from ..core.state import RequestKind, State
 from .aligned import ask_over_prefix
 from .apply import apply, render
 from .conversation import STORE_FALSE_HINT, Conversation, NamedSets
@@ -150,7 +151,10 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
                 riders |= {r.also.identity for r in done.requests if r.also is not None}
                 # Answers are facts whatever the pass decides or raises next (a budget failure, a tokenizer that
                 # cannot count an answer): they go into the state now, as it is after the awaits.
-                self.conversation.value = cast("S", absorb(cast("Any", self.conversation.value), answers))
+                previous: Any = self.conversation.value
+                current = absorb(previous, answers)
+                self.conversation.value = cast("S", current)
+                tell_route(type(self).__name__, previous, current)
                 done = self._step(before)
             changed = self._finish(messages, before, done, {identity for identity, _ in fresh} | riders)
             return await self._after(messages, done, changed)
@@ -333,3 +337,10 @@ EXCLUSION_CAUSES: dict[str, str] = {
     "user_summaries_folded": "folded into a newer summary that links to them",
     "record_replaced": "replaced by a written record that quotes every value and links to them",
 }
+
+
+def tell_route(owner: str, before: State, after: State) -> None:
+    """Say at WARNING how asking for records and summaries changed between two states (the core words it)."""
+    news = route_news(before.recall, after.recall)
+    if news is not None:
+        logger.warning("%s: %s", owner, news)

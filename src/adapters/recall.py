@@ -46,7 +46,7 @@ from .aligned import SentHead, function_calls
 from .conversation import Conversation
 from .convert import HistoryCache
 from .counting import Tokenizer, as_estimator
-from .loop import NOTE_KIND
+from .loop import NOTE_KIND, tell_route
 
 logger = logging.getLogger("maf_compaction")
 
@@ -510,7 +510,9 @@ class ToolResultRecallMiddleware(ChatMiddleware):
 
     def _advance(self, event: machine.Event) -> machine.Action:
         """One transition of the recall protocol on the shared state."""
-        self.conversation.value, action = on_recall(self._rule, self.conversation.value, event)
+        before = self.conversation.value
+        self.conversation.value, action = on_recall(self._rule, before, event)
+        tell_route(type(self).__name__, before, self.conversation.value)
         return action
 
     def _bind(self, context: ChatContext) -> None:

@@ -8,6 +8,8 @@ are judged here: a record asked over the cached prefix is kept only when it quot
 of what it was shown (two that do not give the route up, :func:`.recall.judged_instruction`),
 and a summary asked over the cached prefix that is not a summary of its items sends the
 summaries to the summarizer from then on (it is not remembered: the summarizer is asked).
+A request over the cached prefix that failed is no verdict on the model: it counts toward
+the route's rest (:func:`.recall.failed`) and is asked again later.
 """
 
 from __future__ import annotations
@@ -46,15 +48,21 @@ def _one(state: State, request: Request, text: str | None) -> State:
     if request.kind is RequestKind.RECORD:
         if any(a.identity == request.identity for a in state.answers):
             return replace(state, recall=replace(state.recall, asking=None))  # answered already: nothing to judge
+        if text is None:  # the provider did not answer: asked again on a later call, or the route rests
+            return replace(state, recall=replace(recall.failed(state.recall), asking=None))
         kept = records.kept_record(request, text)
-        # A failed request counts like an ignored one: a route that keeps failing is given up, as a pin is.
         judged = recall.judged_instruction(state.recall, followed=kept is not None)
         state = replace(state, recall=replace(judged, asking=None))
         return state if kept is None else remember(state, kept)
-    if request.route is Route.CACHED_PREFIX and (text is None or not user_summaries.follows(request, text)):
-        # An answer that ignored the instruction is no summary, and not even a failure: the summaries go to the
-        # summarizer from now on, this one at once.
-        return replace(state, recall=replace(state.recall, summaries_to_summarizer=True))
+    if request.route is Route.CACHED_PREFIX:
+        if text is None:  # remembered as any failure is (asked again once the conversation grows); toward a rest
+            state = replace(state, recall=recall.failed(state.recall))
+        elif not user_summaries.follows(request, text):
+            # An answer that ignored the instruction is no summary, and not even a failure: the summaries go to the
+            # summarizer from now on, this one at once.
+            return replace(state, recall=replace(state.recall, summaries_to_summarizer=True, failed_requests=0))
+        else:
+            state = replace(state, recall=recall.answered_over_prefix(state.recall))
     answer = answered(request, text)
     state = remember(state, answer)
     if answer.text is None or request.kind not in (RequestKind.SUMMARY, RequestKind.FOLD):

@@ -278,12 +278,13 @@ def step(
 
 
 def _summaries_over_prefix(config: CompositionConfig, recall_state: RecallState) -> bool:
-    """The user half's summaries go over the cached prefix: configured so, and neither that route nor the
-    records' was given up."""
+    """The user half's summaries go over the cached prefix: configured so, neither that route nor the
+    records' was given up, and it does not rest after failures."""
     return (
         config.summary_request == "cached_prefix"
         and recall_state.route is not RecordRoute.NONE
         and not recall_state.summaries_to_summarizer
+        and recall_state.resting == 0
     )
 
 

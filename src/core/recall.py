@@ -46,6 +46,13 @@ from .state import PinKind, RecallState, RecallStatus, RecordRoute, State
 
 #: Consecutive pinned responses without a recall call after which pinning stops.
 IGNORED_LIMIT: Final = 2
+#: Consecutive failed requests over the cached prefix after which that route rests (a provider's outage, not its
+#: verdict: the route comes back after :data:`REST_CALLS` model calls).
+FAILURE_LIMIT: Final = 3
+#: Model calls the cached-prefix route rests after :data:`FAILURE_LIMIT` failures in a row (doubled on each further
+#: failure, up to :data:`MAX_REST_CALLS`).
+REST_CALLS: Final = 8
+MAX_REST_CALLS: Final = 128
 #: Share of the budget above which a record is due (the record strategy's trigger too).
 DEFAULT_TRIGGER_FRACTION: Final = 0.6
 DEFAULT_MIN_GROUPS_BEFORE_REPEAT: Final = 4
@@ -192,8 +199,9 @@ def advance(rule: PinRule, state: RecallState, event: Event) -> tuple[RecallStat
     if isinstance(event, (HistorySeen, RequestStarting)):
         state = _chosen(rule, state)
     if isinstance(event, HistorySeen):
-        # The pass inside the request that asked over the cached prefix has run (or never will).
-        state = evolve(state, asking=None, awaiting_record=False, seen=event.status)
+        # The pass inside the request that asked over the cached prefix has run (or never will); a rest after
+        # failures counts down one model call.
+        state = evolve(state, asking=None, awaiting_record=False, seen=event.status, resting=max(0, state.resting - 1))
         if event.reforce:
             return evolve(state, next_pin="reforce"), TakeAsk()
         # A re-force pin stands until a request spends it: its ask is already taken, and a second
@@ -207,7 +215,7 @@ def advance(rule: PinRule, state: RecallState, event: Event) -> tuple[RecallStat
             return state, Unpinned()
         if records_over_prefix(state):  # asked by the pass inside it
             return evolve(state, next_pin=None, asking=state.next_pin), Unpinned()
-        if state.route is RecordRoute.NONE:
+        if no_route(state):
             return evolve(state, next_pin=None), Unpinned()
         return evolve(state, next_pin=None, in_flight=True), Pin(rule.record_max_tokens, state.next_pin)
     if isinstance(event, ForcedReturned):
@@ -238,21 +246,60 @@ def pins_given_up(state: RecallState) -> bool:
 
 
 def no_route(state: RecallState) -> bool:
-    """No record can be asked for in this conversation: pinning was given up (or the host asks over the cached
-    prefix) and the model ignored two instructions over the cached prefix.
+    """No record can be asked for now: pinning was given up (or the host asks over the cached prefix) and the
+    model ignored two instructions over the cached prefix (for good), or that route rests after failing
+    :data:`FAILURE_LIMIT` times in a row (for the rest's model calls).
 
     The record strategies then let the safety net take the record's place: past the record
     trigger, every tool group no record covers, after the head and before the newest group,
     is cut to its value lines at once.
     """
-    return state.route is RecordRoute.NONE
+    return state.route is RecordRoute.NONE or (state.resting > 0 and state.route is not RecordRoute.PINNED)
 
 
 def records_over_prefix(state: RecallState) -> bool:
     """Would the conversation's next record be asked over the cached prefix (an instruction appended to the
     request it repeats)? For a host that asks that way, or one that pins once pinning was given up, until that
-    route is given up too."""
-    return state.route in (RecordRoute.CACHED_PREFIX, RecordRoute.PINS_IGNORED)
+    route is given up too (or while it rests)."""
+    return state.route in (RecordRoute.CACHED_PREFIX, RecordRoute.PINS_IGNORED) and state.resting == 0
+
+
+def failed(state: RecallState) -> RecallState:
+    """``state`` after a request over the cached prefix failed (an error, a time-out, a cancellation).
+
+    A failure says nothing of the model, only that the provider did not answer this time: the
+    route is tried again on later calls, and only :data:`FAILURE_LIMIT` failures in a row set it
+    to rest for :data:`REST_CALLS` model calls (each further failure doubles the rest).
+    """
+    count = state.failed_requests + 1
+    if count < FAILURE_LIMIT:
+        return evolve(state, failed_requests=count)
+    return evolve(state, failed_requests=count, resting=min(REST_CALLS << (count - FAILURE_LIMIT), MAX_REST_CALLS))
+
+
+def answered_over_prefix(state: RecallState) -> RecallState:
+    """``state`` after a request over the cached prefix was answered (whatever the answer): the provider is
+    back, so failures start counting afresh."""
+    return evolve(state, failed_requests=0)
+
+
+def route_news(before: RecallState, after: RecallState) -> str | None:
+    """What changed in how records and summaries are asked for, worded for the WARNING the shell logs, or
+    ``None``."""
+    if after.resting > before.resting:
+        return (
+            f"{after.failed_requests} requests over the cached prefix failed in a row: that route rests for the next "
+            f"{after.resting} model call(s) (the safety net keeps each tool result's value lines; summaries go to the "
+            "summarizer), then it is tried again"
+        )
+    if before.resting > 0 and after.resting == 0 and after.route is not RecordRoute.NONE:
+        return "requests over the cached prefix are tried again after their rest"
+    if after.route is RecordRoute.NONE and before.route is not RecordRoute.NONE:
+        return (
+            f"{IGNORED_LIMIT} answers in a row ignored the record instruction over the cached prefix: no record is "
+            "asked for in this conversation from now on (the safety net keeps each tool result's value lines)"
+        )
+    return None
 
 
 def forget_pending(state: State) -> State:
@@ -274,7 +321,7 @@ def judged_instruction(state: RecallState, *, followed: bool) -> RecallState:
     """``state`` after an answer to a record request over the cached prefix: two ignored in a row leave no route."""
     streak = 0 if followed else state.ignored_instructions + 1
     route = RecordRoute.NONE if streak >= IGNORED_LIMIT else state.route
-    return evolve(state, ignored_instructions=streak, route=route)
+    return evolve(answered_over_prefix(state), ignored_instructions=streak, route=route)
 
 
 def record_due(rule: PinRule, state: RecallState, *, reforce_pending: bool) -> bool:

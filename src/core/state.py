@@ -257,8 +257,13 @@ class RecallState(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             (the compaction pass inside the request asks), with why.
         ignored_instructions: Consecutive answers over the cached prefix to record requests
             that did not follow the instruction (no value of what they were shown).
-        summaries_to_summarizer: A summary asked over the cached prefix was ignored or
-            failed: summaries go to the summarizer from then on.
+        summaries_to_summarizer: A summary asked over the cached prefix was ignored: summaries
+            go to the summarizer from then on.
+        failed_requests: Consecutive requests over the cached prefix (records and summaries)
+            that failed (an error, a time-out, a cancellation); any answer resets it.
+        resting: Model calls left before requests over the cached prefix are tried again:
+            set when ``failed_requests`` reaches :data:`~.recall.FAILURE_LIMIT` (and doubled on
+            each failure past it), counted down by each request the middleware sees.
     """
 
     next_pin: PinKind | None = None
@@ -271,6 +276,8 @@ class RecallState(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     asking: PinKind | None = None
     ignored_instructions: Count = 0
     summaries_to_summarizer: bool = False
+    failed_requests: Count = 0
+    resting: Count = 0
 
 
 class ChainDecisions(Stored, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -1,0 +1,83 @@
+"""Failed requests over the cached prefix back off; they never give the route up (pure core, hypothesis).
+
+The finding: two brief provider failures (a 503 on turns 3-4, healthy after) counted like two ignored instructions
+and switched records off for the rest of the session, in its saved state too. A failure says nothing of the model:
+:func:`recall.failed` counts it, and only ``FAILURE_LIMIT`` in a row set the route to rest for ``REST_CALLS`` model
+calls (doubled on each further failure, at most ``MAX_REST_CALLS``); each model call the middleware sees counts the
+rest down; any answer resets the count. Every change is worded for a WARNING by :func:`recall.route_news`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from maf_compaction.core import recall
+from maf_compaction.core.recall import FAILURE_LIMIT, MAX_REST_CALLS, REST_CALLS, HistorySeen, PinRule
+from maf_compaction.core.state import RecallState, RecallStatus, RecordRoute
+
+Event = Literal["fail", "answer", "ignored", "call"]
+RULE = PinRule(trigger_tokens=6_000, aligned=True)  # a host that asks over the cached prefix
+PINNING = PinRule(trigger_tokens=6_000)
+STATUS = RecallStatus(included_tokens=9_000, records=0, pending_groups=5)
+
+
+def step(state: RecallState, event: Event) -> RecallState:
+    if event == "fail":
+        return recall.failed(state)
+    if event == "answer":
+        return recall.judged_instruction(state, followed=True)
+    if event == "ignored":
+        return recall.judged_instruction(state, followed=False)
+    return recall.advance(RULE, state, HistorySeen(STATUS))[0]
+
+
+@given(
+    st.sampled_from([RecordRoute.CACHED_PREFIX, RecordRoute.PINS_IGNORED]),
+    st.lists(st.sampled_from(["fail", "answer", "call"]), max_size=60),
+)
+def test_failures_alone_never_give_the_route_up_and_a_rest_follows_only_a_run_of_them(
+    route: RecordRoute, events: list[Event]
+) -> None:
+    state = RecallState(route=route)
+    run = 0
+    for event in events:
+        before, state = state, step(state, event)
+        assert state.route is route  # never NONE for failures
+        run = run + 1 if event == "fail" else 0 if event == "answer" else run
+        assert state.failed_requests == run
+        if event == "fail":
+            expected = 0 if run < FAILURE_LIMIT else min(REST_CALLS << (run - FAILURE_LIMIT), MAX_REST_CALLS)
+            assert state.resting == (expected or before.resting)
+        elif event == "call":
+            assert state.resting == max(0, before.resting - 1)
+        assert recall.records_over_prefix(state) == (state.resting == 0)
+        assert recall.no_route(state) == (state.resting > 0)
+        news = recall.route_news(before, state)
+        if state.resting > before.resting:
+            assert f"rests for the next {state.resting} model call(s)" in (news or "")
+        elif before.resting and not state.resting:
+            assert news == "requests over the cached prefix are tried again after their rest"
+        else:
+            assert news is None
+
+
+def test_ignored_instructions_still_give_the_route_up_and_say_so() -> None:
+    state = RecallState(route=RecordRoute.CACHED_PREFIX)
+    once = step(state, "ignored")
+    twice = step(once, "ignored")
+    assert (once.route, twice.route) == (RecordRoute.CACHED_PREFIX, RecordRoute.NONE)
+    assert "no record is asked for in this conversation" in (recall.route_news(once, twice) or "")
+    assert recall.no_route(step(twice, "answer"))  # an answer after giving up does not bring it back
+
+
+def test_a_pinning_host_is_never_set_to_rest_by_prefix_failures() -> None:
+    """Only the cached-prefix route fails this way; a host that pins keeps pinning."""
+    state = RecallState(route=RecordRoute.PINNED)
+    for _ in range(FAILURE_LIMIT):
+        state = recall.failed(state)
+    assert state.resting == REST_CALLS
+    assert not recall.no_route(state)
+    assert recall.advance(PINNING, state, HistorySeen(STATUS))[0].next_pin == "size"
