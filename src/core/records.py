@@ -1253,10 +1253,15 @@ def hold_unrecorded(seen: View) -> History:
     holds = {k: r.held for k, r in enumerate(records) if r.held is not None}
     if not _hold_unrecorded(records, seen.grouping, seen.recall_ids, holds, shed_too=True):
         return seen.history
-    held = _with_holds(records, holds)  # an excluded message is protected without the hold, which it would drop
-    return _placed(
-        seen, [flagged(r, held=None, preserved=True) if r.excluded and r.held is not None else r for r in held]
-    )
+    return _placed(seen, [_held(r, holds.get(k)) for k, r in enumerate(records)])
+
+
+def _held(record: MessageRecord, hold: str | None) -> MessageRecord:
+    """``record`` with ``hold``; an excluded message protected without it instead, which it would only drop."""
+    if record.excluded and hold is not None:
+        protected = record.held is None and record.preserved
+        return record if protected else flagged(record, held=None, preserved=True)
+    return record if record.held == hold else flagged(record, held=hold)
 
 
 def release_unrecorded(seen: View) -> History:
