@@ -115,7 +115,7 @@ SMALL_TALK: Final = "Happy to keep going: what would you like to look at next?"
 Kind = Literal["records", "composition"]
 KINDS: Final[tuple[Kind, ...]] = ("records", "composition")
 #: How the scripted model answers a request that ends with the record instruction.
-RecordAnswer = Literal["text", "recall", "small_talk", "tool", "empty", "raise", "cancel"]
+RecordAnswer = Literal["text", "recall", "small_talk", "tool", "empty", "raise", "cancel", "hang"]
 
 
 class ScriptError(RuntimeError):
@@ -295,9 +295,10 @@ class Provider(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelemetryLayer,
         self.answers[-1] = str(values[0]["values"]) if values and isinstance(values[0], Mapping) else text
         response = ChatResponse(messages=[Message("assistant", contents)], response_id=f"r{sent.number}")
         if not stream:
+            hangs = sent.asks_record and self.script.record_answer == "hang"
 
             async def whole() -> ChatResponse:
-                await asyncio.sleep(0)
+                await asyncio.sleep(3_600 if hangs else 0)  # a provider that never answers a record request
                 return response
 
             return whole()
@@ -1321,6 +1322,52 @@ async def test_a_brief_outage_of_record_requests_leaves_the_route_on_and_records
     _results_intact(run)
     told = [w for w in warnings_seen if "over the cached prefix failed in a row" in w or "tried again" in w]
     assert len(told) == 2, "the rest and the return are said"
+
+
+async def test_a_record_request_that_hangs_times_out_on_its_own_and_counts_as_failed(
+    warnings_seen: list[str],
+) -> None:
+    """The finding: the library set no time limit on a compaction request. Past ``request_timeout_s`` the request
+    counts as failed (a WARNING names the limit), the turn completes, and the failures back off as any do."""
+    run = conversation(client=Provider(Script(record_answer="hang")))
+    run.stack.strategy.request_timeout_s = 0.05
+    await run.play(range(2 * TURNS))
+    strategy = run.stack.strategy
+    asks = asked(run.sent)
+    assert strategy.timed_out_requests == strategy.failed_prefix_requests == len(asks) >= FAILURE_LIMIT
+    assert run.replies == [f"done with item {n}" for n in range(2 * TURNS)]
+    timed_out = [w for w in warnings_seen if "took longer than request_timeout_s=0.05 s and counts as failed" in w]
+    assert len(timed_out) == len(asks)
+    assert any("failed in a row: that route rests" in w for w in warnings_seen)
+    _results_intact(run)
+
+
+async def test_a_host_that_cuts_each_turn_while_a_record_request_hangs_sees_it_counted_and_backed_off() -> None:
+    """The finding: a record request that hung while the host cut each turn with ``asyncio.timeout`` was sent again
+    on every turn and never counted. The cut counts as a failure (its cancellation still propagates), so after
+    FAILURE_LIMIT cut turns the route rests and the next turns run without it."""
+    run = conversation(client=Provider(Script(record_answer="hang")))
+    cut = 0
+    for n in range(2 * TURNS):
+        try:
+            async with asyncio.timeout(0.5):
+                await run.turn(n)
+        except TimeoutError:
+            cut += 1
+    state = run.records.conversation.value.recall
+    asks = asked(run.sent)
+    assert cut == len(asks) == state.failed_requests, (cut, asks)
+    assert FAILURE_LIMIT <= cut <= FAILURE_LIMIT + 1  # of 20 turns: the rest (8 calls, then 16) spares the others
+    assert run.records.failed_prefix_requests == 0  # the provider never answered: no failure of its own
+    assert len(run.replies) == 2 * TURNS - cut  # every turn not cut completed
+
+
+@pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf"), 86_401])
+def test_request_timeout_s_must_be_a_positive_number_of_seconds_up_to_a_day(value: float) -> None:
+    strategy = conversation().stack.strategy
+    with pytest.raises(ValueError, match=r"^request_timeout_s must be "):
+        strategy.request_timeout_s = value
+    assert strategy.request_timeout_s == 120.0
 
 
 def _pinned_questions(sent: Sequence[Sent]) -> set[int]:

@@ -24,7 +24,7 @@ from .convert import NOTE_KEY, WRITTEN_RECORD_KEY, is_injected, is_summary
 
 S = TypeVar("S")
 #: The excluded sets already named, per reason (most recent last; see ``CompactionAdapter.share_named``).
-NamedSets = OrderedDict[tuple[str, frozenset[str]], None]
+NamedSets = OrderedDict[tuple[str, str], None]
 
 
 class Conversation(Generic[S]):

@@ -17,14 +17,16 @@ counters. Everything else is here, the same for every strategy:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
+from typing import Annotated, Any, ClassVar, Final, Generic, Protocol, TypeVar, cast
 
 from agent_framework import Message
+from msgspec import Meta
 
 from ..core.answers import absorb
-from ..core.checks import require_tokenizer
+from ..core.checks import require, require_tokenizer
 from ..core.distill import newly_distilled
 from ..core.effects import Request, Route
 from ..core.envelope import Stored
@@ -41,11 +43,15 @@ from .convert import HistoryCache
 from .counting import MediaTokenEstimator, Tokenizer, as_estimator
 
 logger = logging.getLogger("maf_compaction")
+#: Seconds a compaction request may take before it counts as failed (:attr:`CompactionAdapter.request_timeout_s`).
+DEFAULT_REQUEST_TIMEOUT_S: Final = 120.0
+#: A time limit: above zero, at most a day.
+Seconds = Annotated[float, Meta(gt=0, le=86_400)]
 
 #: The note kind of every strategy's notes (they are ours, not conversation history).
 NOTE_KIND = "anchored"
 #: Distinct excluded sets remembered for "named once" (both lists of one turn repeat one).
-_WARNED_SETS = 256
+_NAMED_MESSAGES = 4_096
 
 S = TypeVar("S")
 R = TypeVar("R")
@@ -97,6 +103,20 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
         #: Requests sent over the cached prefix (records asked that way), and those that failed or got no text.
         self.prefix_requests = 0
         self.failed_prefix_requests = 0
+        #: Compaction requests that took longer than ``request_timeout_s`` (counted as failed).
+        self.timed_out_requests = 0
+        self._request_timeout_s = DEFAULT_REQUEST_TIMEOUT_S
+
+    @property
+    def request_timeout_s(self) -> float:
+        """Seconds one compaction request (a record, a summary, a media description) may take; past it the
+        request counts as failed, as one the provider refused (default :data:`DEFAULT_REQUEST_TIMEOUT_S`)."""
+        return self._request_timeout_s
+
+    @request_timeout_s.setter
+    def request_timeout_s(self, value: float) -> None:
+        require("request_timeout_s", value, Seconds)
+        self._request_timeout_s = float(value)
 
     @property
     def config(self) -> ConfigT:
@@ -259,6 +279,22 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
         return changed
 
     async def _answer(self, request: Request, messages: list[Message], before: History) -> str | None:
+        """Perform one effect request within ``request_timeout_s``; ``None`` for a failure (a time-out too)."""
+        try:
+            async with asyncio.timeout(self._request_timeout_s):
+                return await self._send(request, messages, before)
+        except TimeoutError:
+            self.timed_out_requests += 1
+            self.failed_prefix_requests += request.route is Route.CACHED_PREFIX
+            logger.warning(
+                "%s: a %s request took longer than request_timeout_s=%g s and counts as failed; nothing changes",
+                type(self).__name__,
+                request.kind.value,
+                self._request_timeout_s,
+            )
+            return None
+
+    async def _send(self, request: Request, messages: list[Message], before: History) -> str | None:
         """Perform one effect request: over the cached prefix here, any other through :meth:`_perform`."""
         head = self.conversation.head
         if request.route is not Route.CACHED_PREFIX or (request.kind is not RequestKind.RECORD and head is None):
@@ -266,7 +302,13 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
         assert request.view is not None
         self.prefix_requests += 1
         sent = render(messages, before, request.view, note_kind=NOTE_KIND)
-        text = await ask_over_prefix(head, sent, request, type(self).__name__)
+        try:
+            text = await ask_over_prefix(head, sent, request, type(self).__name__)
+        except asyncio.CancelledError:
+            # The host cut the turn while the provider had not answered: a failure all the same (toward the route's
+            # rest), so a request that hangs past every turn's deadline is not sent again on every turn.
+            self.conversation.value = cast("S", absorb(cast("Any", self.conversation.value), [(request, None)]))
+            raise
         self.failed_prefix_requests += text is None
         return text
 
@@ -293,8 +335,8 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
             if record.origin is not None and record.excluded and not before[record.origin].excluded:
                 by_reason.setdefault(record.reason or "", []).append(record.origin)
         for reason, origins in by_reason.items():
-            names = [describe(before, messages, origin) for origin in origins]
-            if not self._first_naming(reason, names):
+            names = self._unnamed(reason, [describe(before, messages, origin) for origin in origins])
+            if not names:
                 continue
             logger.log(
                 logging.INFO if reason in self.linked_reasons else logging.WARNING,
@@ -304,8 +346,8 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
                 EXCLUSION_CAUSES.get(reason, reason or "no reason given"),
                 ", ".join(names),
             )
-        distilled = [describe(before, messages, origin) for origin in newly_distilled(before, after)]
-        if distilled and self._first_naming("distilled", distilled):
+        distilled = self._unnamed("distilled", [describe(before, messages, o) for o in newly_distilled(before, after)])
+        if distilled:
             logger.warning(
                 "%s cut %d tool result(s) that no record covers to their first line and the lines that carry "
                 "distinctive values, verbatim (a record quoted too few of their values, no record can be asked for, "
@@ -316,15 +358,15 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
                 ", ".join(distilled),
             )
 
-    def _first_naming(self, reason: str, names: Sequence[str]) -> bool:
-        """Whether this set of messages is named for this reason for the first time (both lists name it once)."""
-        key, named = (reason, frozenset(names)), self.conversation.named
-        if key in named:
-            return False
-        named[key] = None
-        if len(named) > _WARNED_SETS:
+    def _unnamed(self, reason: str, names: Sequence[str]) -> list[str]:
+        """The messages of ``names`` not yet named for this reason in this conversation: each is named once, though
+        both lists exclude it and a copy rebuilt from stored history on every call excludes it again."""
+        named = self.conversation.named
+        fresh = [name for name in names if (reason, name) not in named]
+        named.update(dict.fromkeys((reason, name) for name in fresh))
+        while len(named) > _NAMED_MESSAGES:
             named.popitem(last=False)
-        return True
+        return fresh
 
 
 #: What each exclusion reason means, for the log line that names the messages.
