@@ -1370,6 +1370,34 @@ def test_request_timeout_s_must_be_a_positive_number_of_seconds_up_to_a_day(valu
     assert strategy.request_timeout_s == 120.0
 
 
+async def test_a_pinning_middleware_without_the_recall_tool_refuses_to_pin_naming_the_missing_tool() -> None:
+    """The finding: a pinned middleware whose recall tool was never registered forced requests to call an
+    undeclared tool (46 calls instead of 28 here; a real provider rejects such a tool_choice). Now the request that
+    would be pinned is refused before it is sent, with an error naming the tool and the two fixes."""
+    client = Provider()
+    stack = build_stack("records", "pinned")
+    invoked: list[int] = []
+    agent = create_harness_agent(
+        client,
+        agent_instructions="Answer from the lookups.",
+        tools=[make_lookup(invoked)],  # no recall tool
+        middleware=[stack.recall],
+        before_compaction_strategy=stack.strategy,
+        after_compaction_strategy=stack.strategy,
+        tokenizer=TOKENIZER,
+        disable_web_search=True,
+        disable_file_memory=True,
+        **HARNESS_OFF,
+    )
+    run = Conversation(client, stack, agent, agent.create_session(), invoked)
+    with pytest.raises(RuntimeError, match=r"declares no tool of that name.*add the recall tool") as refused:
+        await run.play(range(TURNS))
+    assert RECALL_TOOL_NAME in str(refused.value)
+    assert not [s for s in client.requests if s.pinned]  # nothing forced was sent
+    assert stack.recall.forced_calls == 0
+    assert stack.recall.conversation.value.recall.next_pin is not None  # the pin stands until the wiring is fixed
+
+
 def _pinned_questions(sent: Sequence[Sent]) -> set[int]:
     """Turns whose first request (the one ending with the user's question) was pinned to the recall tool."""
     return {_turn_of(s) for s in sent if s.pinned and _is_question(s.messages[-1])}

@@ -29,6 +29,7 @@ from histories import deep_copy_messages, with_injected_context
 from maf_compaction import (
     AnchoredCompactionStrategy,
     CompactionBudgetExceeded,
+    TiktokenTokenizer,
     ToolResultAnchoredSummarizationCompactionStrategy,
     ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy,
     UserTurnAnchoredSummarizationCompactionStrategy,
@@ -1084,3 +1085,22 @@ def test_the_user_half_waits_only_while_a_record_can_still_come(recall_state: Re
     assert strategy.last_report.records.asked == (3, 4, 5), "the record half asks for the uncovered lookups"
     assert strategy.last_report.waited is waits
     assert summarizer.calls == (0 if waits else 1)
+
+
+def test_two_tiktoken_tokenizers_of_one_encoding_are_the_same_tokenizer() -> None:
+    """The finding: two equal ``TiktokenTokenizer()`` instances were refused as "not the same tokenizer", with two
+    identical reprs. They count alike (every vocabulary source is checked against the official file); another
+    encoding is still refused."""
+    first, second = TiktokenTokenizer(), TiktokenTokenizer()
+    assert first == second
+    assert hash(first) == hash(second)
+    record_half = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=1_000, tokenizer=first)
+    user_half = UserTurnAnchoredSummarizationCompactionStrategy(
+        max_input_tokens=1_000, tokenizer=second, client=ScriptedSummarizer(), remembered_requests=2
+    )
+    composed = Composition(tokenizer=TiktokenTokenizer(), tool_results=record_half, user_turns=user_half)
+    assert composed.tokenizer == first
+    other = TiktokenTokenizer("cl100k_base")
+    assert other != first
+    with pytest.raises(ValueError, match=r"^tokenizer must be the same tokenizer as tool_results'"):
+        Composition(tokenizer=other, tool_results=record_half, user_turns=user_half)

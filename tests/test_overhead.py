@@ -160,3 +160,22 @@ def test_budget_subtracts_the_overhead_and_refuses_nothing_left() -> None:
     with pytest.raises(ValueError, match="no room for the conversation"):
         overhead.budget(5_000, 2_000)
     assert str(overhead).startswith("3,050 tokens beside the messages")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ((32_000, 2_000, -1), r"^margin must be an integer >= 0, got -1$"),
+        ((32_000, -5, 0), r"^max_output_tokens must be an integer >= 0, got -5$"),
+        ((0, 2_000, 0), r"^context_window must be an integer >= 1, got 0$"),
+        ((32_000.5, 2_000, 0), r"^context_window must be an integer >= 1, got 32000.5$"),
+    ],
+)
+def test_budget_refuses_a_negative_margin_and_other_impossible_sizes(
+    arguments: tuple[float, int, int], message: str
+) -> None:
+    """The finding: ``margin=-1`` gave a budget larger than the window allows, without a word."""
+    overhead = AgentOverhead(instructions_tokens=1_000, tools_tokens=2_000, context_tokens=50)
+    window, output, margin = arguments
+    with pytest.raises(ValueError, match=message):
+        overhead.budget(window, output, margin=margin)  # type: ignore[arg-type]

@@ -33,6 +33,7 @@ from agent_framework import (
     SessionContext,
 )
 
+from ..core.checks import AtLeastOne, AtLeastZero, require
 from ..core.counting import compact_json
 from .counting import Tokenizer, as_estimator
 
@@ -76,8 +77,12 @@ class AgentOverhead:
         of messages and tools (a few tokens each), and tools or instructions added later.
 
         Raises:
-            ValueError: Nothing would be left for the conversation.
+            ValueError: ``context_window`` is not a whole number >= 1, ``max_output_tokens`` or ``margin`` not a
+                whole number >= 0, or nothing would be left for the conversation.
         """
+        require("context_window", context_window, AtLeastOne)
+        require("max_output_tokens", max_output_tokens, AtLeastZero)
+        require("margin", margin, AtLeastZero)
         budget = context_window - max_output_tokens - self.total - margin
         if budget <= 0:
             raise ValueError(

@@ -416,6 +416,15 @@ class ToolResultRecallMiddleware(ChatMiddleware):
     async def _forced(self, context: ChatContext, call_next: Callable[[], Awaitable[None]], pin: machine.Pin) -> None:
         caller_options = context.options
         caller_messages = list(context.messages)
+        if not _declares_recall_tool(caller_options):
+            self._advance(machine.ForcedAborted(pin.kind))  # the pin stands: refused again until the wiring is fixed
+            raise RuntimeError(
+                f"ToolResultRecallMiddleware would force this request to call {RECALL_TOOL_NAME}, but the request "
+                f"declares no tool of that name (a provider rejects a tool_choice naming an undeclared tool): add "
+                "the recall tool to the agent's tools (stack.tool, make_recall_tool(gate), or "
+                "make_session_recall_tool(registry)), or ask for records over the cached prefix "
+                '(record_request="cached_prefix"), which needs no tool'
+            )
 
         async def call_again() -> object:
             """Run the rest of the chain again, exactly as the caller asked (no pin, no cap)."""
@@ -580,3 +589,13 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         # the cached prefix).
         reforce = self._reforce is not None and bool(self._reforce())
         self._advance(machine.HistorySeen(status, reforce=reforce))
+
+
+def _declares_recall_tool(options: Mapping[str, Any] | None) -> bool:
+    """The request's options declare the recall tool (a tool object or a provider-shaped declaration)."""
+    for given in (options or {}).get("tools") or ():
+        declared = given.get("function", given) if isinstance(given, Mapping) else given
+        name = declared.get("name") if isinstance(declared, Mapping) else getattr(declared, "name", None)
+        if name == RECALL_TOOL_NAME:
+            return True
+    return False

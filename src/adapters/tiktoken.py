@@ -138,6 +138,14 @@ class TiktokenTokenizer:
         """What identifies this tokenizer's counts: its encoding (not the file or cache it was loaded from)."""
         return {"encoding": self._name}
 
+    def __eq__(self, other: object) -> bool:
+        """Two tokenizers of one encoding count alike, wherever each loaded its vocabulary (every source is checked
+        against the official file)."""
+        return other is self or (isinstance(other, TiktokenTokenizer) and other.encoding == self._name)
+
+    def __hash__(self) -> int:
+        return hash((TiktokenTokenizer, self._name))
+
     def __repr__(self) -> str:
         return f"TiktokenTokenizer({self._name!r})"
 
