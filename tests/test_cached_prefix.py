@@ -424,11 +424,18 @@ class Conversation:
         return list(self.session.state["in_memory"]["messages"])
 
 
-def agent_for(client: Provider, stack: CompactionStack, invoked: list[int], harness: Mapping[str, Any]) -> Any:
+def agent_for(
+    client: Provider,
+    stack: CompactionStack,
+    invoked: list[int],
+    harness: Mapping[str, Any],
+    *,
+    recall_tool: bool = True,
+) -> Any:
     return create_harness_agent(
         client,
         agent_instructions="Answer from the lookups.",
-        tools=[make_lookup(invoked), make_recall_tool(stack.gate)],
+        tools=[make_lookup(invoked), *([make_recall_tool(stack.gate)] if recall_tool else [])],
         middleware=[stack.recall],
         before_compaction_strategy=stack.strategy,
         after_compaction_strategy=stack.strategy,
@@ -1377,18 +1384,7 @@ async def test_a_pinning_middleware_without_the_recall_tool_refuses_to_pin_namin
     client = Provider()
     stack = build_stack("records", "pinned")
     invoked: list[int] = []
-    agent = create_harness_agent(
-        client,
-        agent_instructions="Answer from the lookups.",
-        tools=[make_lookup(invoked)],  # no recall tool
-        middleware=[stack.recall],
-        before_compaction_strategy=stack.strategy,
-        after_compaction_strategy=stack.strategy,
-        tokenizer=TOKENIZER,
-        disable_web_search=True,
-        disable_file_memory=True,
-        **HARNESS_OFF,
-    )
+    agent = agent_for(client, stack, invoked, HARNESS_OFF, recall_tool=False)
     run = Conversation(client, stack, agent, agent.create_session(), invoked)
     with pytest.raises(RuntimeError, match=r"declares no tool of that name.*add the recall tool") as refused:
         await run.play(range(TURNS))
