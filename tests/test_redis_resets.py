@@ -79,13 +79,17 @@ async def test_a_holder_whose_lease_was_lost_to_a_reset_never_saves_over_a_later
         else:  # a restore from the snapshot taken before A acquired: the lease is gone, the counter is older
             await client.set(f"maf_compaction:fence:{{{SID}}}", older_counter)
             await client.delete(f"maf_compaction:lease:{{{SID}}}")
-        with pytest.raises(StaleLeaseError):  # nobody holds it yet: A's save is refused already
+        with pytest.raises(StaleLeaseError) as lost:  # nobody holds it yet: A's save is refused already
             await store.save(SID, payload("A (stale)"), lease_a)
+        # The finding: this said "another holder acquired the session" when none had.
+        assert "the store lost or rolled back the session's fence while this lease was held" in str(lost.value)
+        assert "another holder" not in str(lost.value)
         async with leases.hold(SID) as lease_b:
             assert lease_b.token > lease_a.token, "the fencing token went back after the reset"
             await store.save(SID, payload("B"), lease_b)
         with pytest.raises(StaleLeaseError) as refused:
             await store.save(SID, payload("A (stale)"), lease_a)
+        assert "so another holder acquired the session after this lease" in str(refused.value)
         assert refused.value.token == lease_a.token
         assert refused.value.newest == lease_b.token
         assert await writer(store, HeldLease(SID, lease_b.token)) == "B"

@@ -57,9 +57,16 @@ class StaleLeaseError(SessionLeaseError):
     """
 
     def __init__(self, session_id: str, token: int, newest: int) -> None:
+        why = (
+            "so another holder acquired the session after this lease (the lease expired or was lost)"
+            if newest > token
+            else "older than this lease's: the store lost or rolled back the session's fence while this lease was "
+            "held (a reset, a restart without persistence, a restore from an older snapshot), so what it holds for "
+            "the session may not be what this holder loaded"
+        )
         super().__init__(
             f"refused to save session {session_id!r} under lease token {token}: the session's newest fencing token "
-            f"is {newest}, so another holder acquired the session after this lease (the lease expired or was lost)"
+            f"is {newest}, {why}"
         )
         self.session_id = session_id
         self.token = token
