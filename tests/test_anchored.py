@@ -577,6 +577,25 @@ async def test_overflow_is_reported_when_anchors_and_user_turns_exceed_the_budge
     assert (compactor.last_report.overflow, compactor.overflows, included_tokens(messages) > 1_000) == (True, 1, True)
 
 
+async def test_each_shed_message_is_named_once_though_every_call_sheds_it_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Each message is named once per reason in a conversation: a later WARNING names only what is newly shed, on
+    copies rebuilt from stored history on every call as on the stored list itself."""
+    caplog.set_level(logging.WARNING, logger="maf_compaction")
+    worker = shedder()
+    stored = conversation(*(["x" * 800] * 6))
+    await worker([copy.deepcopy(m) for m in stored])  # the first call's copy
+    for index in range(6, 9):  # three more tool turns, each call on a fresh copy of the unchanged stored history
+        stored[-1:-1] = tool_turn(index, "x" * 800)
+        await worker([copy.deepcopy(m) for m in stored])
+    shed = [w for w in warnings_of(caplog) if "shed to fit the budget" in w]
+    names = [name for w in shed for name in w.rsplit(": ", 1)[1].split(", ")]
+    assert len(shed) > 1
+    assert len(names) == len(set(names)), names  # never named twice
+    assert names[:6] == ["a0", "t0", "a1", "t1", "a2", "t2"]
+
+
 async def test_overflow_is_logged_as_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="maf_compaction")
 

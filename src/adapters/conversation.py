@@ -23,7 +23,7 @@ from agent_framework import Message
 from .convert import NOTE_KEY, WRITTEN_RECORD_KEY, is_injected, is_summary
 
 S = TypeVar("S")
-#: The excluded sets already named, per reason (most recent last; see ``CompactionAdapter.share_named``).
+#: The (reason, message) pairs already named (most recent last; see ``CompactionAdapter.share_named``).
 NamedSets = OrderedDict[tuple[str, str], None]
 
 

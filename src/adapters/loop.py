@@ -50,8 +50,8 @@ Seconds = Annotated[float, Meta(gt=0, le=86_400)]
 
 #: The note kind of every strategy's notes (they are ours, not conversation history).
 NOTE_KIND = "anchored"
-#: Distinct excluded sets remembered for "named once" (both lists of one turn repeat one).
-_NAMED_MESSAGES = 4_096
+#: (reason, message) pairs remembered as named, per conversation (each message is named once per reason).
+_NAMED_MESSAGES = 1_024
 
 S = TypeVar("S")
 R = TypeVar("R")
