@@ -1342,6 +1342,7 @@ async def test_a_record_request_that_hangs_times_out_on_its_own_and_counts_as_fa
     strategy = run.stack.strategy
     asks = asked(run.sent)
     assert strategy.timed_out_requests == strategy.failed_prefix_requests == len(asks) >= FAILURE_LIMIT
+    assert run.records.conversation.value.recall.failed_requests == len(asks)  # each counted once
     assert run.replies == [f"done with item {n}" for n in range(2 * TURNS)]
     timed_out = [w for w in warnings_seen if "took longer than request_timeout_s=0.05 s and counts as failed" in w]
     assert len(timed_out) == len(asks)

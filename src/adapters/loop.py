@@ -283,9 +283,15 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
         try:
             async with asyncio.timeout(self._request_timeout_s):
                 return await self._send(request, messages, before)
+        except asyncio.CancelledError:
+            if self._over_prefix(request):
+                # The host cut the turn while the provider had not answered: a failure all the same (toward the
+                # route's rest), so a request that hangs past every turn's deadline is not sent on every turn.
+                self.conversation.value = cast("S", absorb(cast("Any", self.conversation.value), [(request, None)]))
+            raise
         except TimeoutError:
             self.timed_out_requests += 1
-            self.failed_prefix_requests += request.route is Route.CACHED_PREFIX
+            self.failed_prefix_requests += self._over_prefix(request)
             logger.warning(
                 "%s: a %s request took longer than request_timeout_s=%g s and counts as failed; nothing changes",
                 type(self).__name__,
@@ -296,21 +302,20 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
 
     async def _send(self, request: Request, messages: list[Message], before: History) -> str | None:
         """Perform one effect request: over the cached prefix here, any other through :meth:`_perform`."""
-        head = self.conversation.head
-        if request.route is not Route.CACHED_PREFIX or (request.kind is not RequestKind.RECORD and head is None):
+        if not self._over_prefix(request):
             return await self._perform(request, messages)  # a summary goes to the summarizer until a request is seen
         assert request.view is not None
         self.prefix_requests += 1
         sent = render(messages, before, request.view, note_kind=NOTE_KIND)
-        try:
-            text = await ask_over_prefix(head, sent, request, type(self).__name__)
-        except asyncio.CancelledError:
-            # The host cut the turn while the provider had not answered: a failure all the same (toward the route's
-            # rest), so a request that hangs past every turn's deadline is not sent again on every turn.
-            self.conversation.value = cast("S", absorb(cast("Any", self.conversation.value), [(request, None)]))
-            raise
+        text = await ask_over_prefix(self.conversation.head, sent, request, type(self).__name__)
         self.failed_prefix_requests += text is None
         return text
+
+    def _over_prefix(self, request: Request) -> bool:
+        """``request`` is sent over the cached prefix here (a summary goes to the summarizer until a request of the
+        conversation has been seen sent)."""
+        routed = request.route is Route.CACHED_PREFIX
+        return routed and (request.kind is RequestKind.RECORD or self.conversation.head is not None)
 
     # -- what subclasses supply -------------------------------------------------------------
 
