@@ -33,11 +33,13 @@ DEFAULT_EXCLUDE_REASON = "maf_compaction"
 
 def apply(messages: list[Message], before: History, after: History, *, note_kind: str) -> None:
     """Make ``messages`` match ``after`` (which the core derived from ``before``), in place."""
-    notes = _notes(messages, before)
+    notes: dict[str | None, Message] | None = None  # existing notes by id, looked up only for a created note
     updated: list[Message] = []
     for record in after:
         if record.origin is None:
-            updated.append(_created(record, notes, note_kind, touch=True))
+            if notes is None and not (record.summary or record.written_record):
+                notes = _notes(messages, before)
+            updated.append(_created(record, notes or {}, note_kind, touch=True))
             continue
         message = messages[record.origin]
         source = before[record.origin]

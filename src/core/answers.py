@@ -57,12 +57,12 @@ def _one(state: State, request: Request, text: str | None) -> State:
     if request.route is Route.CACHED_PREFIX:
         if text is None:  # remembered as any failure is (asked again once the conversation grows); toward a rest
             state = replace(state, recall=recall.failed(state.recall))
-        elif not user_summaries.follows(request, text):
-            # An answer that ignored the instruction is no summary, and not even a failure: the summaries go to the
-            # summarizer from now on, this one at once.
-            return replace(state, recall=replace(state.recall, summaries_to_summarizer=True, failed_requests=0))
         else:
             state = replace(state, recall=recall.answered_over_prefix(state.recall))
+            if not user_summaries.follows(request, text):
+                # An answer that ignored the instruction is no summary, and not even a failure: the summaries go to
+                # the summarizer from now on, this one at once.
+                return replace(state, recall=replace(state.recall, summaries_to_summarizer=True))
     answer = answered(request, text)
     state = remember(state, answer)
     if answer.text is None or request.kind not in (RequestKind.SUMMARY, RequestKind.FOLD):

@@ -62,7 +62,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import takewhile
 from typing import Final, Literal, TypeAlias, cast
 
 from msgspec.structs import replace as evolve
@@ -689,8 +688,12 @@ def _kept(
 
 def _rewrites(state: State) -> int:
     """Harder rewrites answered (kept or refused) since the last merge answered: ``harder_attempts`` at most."""
-    answered = [answer.kind for answer in reversed(state.answers) if answer.text is not None]  # newest first
-    return sum(kind is RequestKind.REWRITE for kind in takewhile(lambda kind: kind is not RequestKind.MERGE, answered))
+    count = 0
+    for answer in reversed(state.answers):  # newest first, back to the last merge answered
+        if answer.text is not None and answer.kind is RequestKind.MERGE:
+            break
+        count += answer.text is not None and answer.kind is RequestKind.REWRITE
+    return count
 
 
 def _next(
