@@ -12,7 +12,9 @@ that::
     client = redis.Redis.from_url("redis://localhost:6379/0")
     leases, store = RedisSessionLeases(client), RedisSessionStore(client)
 
-    async with leased_session(session_id, leases=leases, store=store) as session:
+    # create=True on a session's first turn only: later, a session the store lost raises
+    # SessionVanishedError instead of the conversation silently starting over empty.
+    async with leased_session(session_id, leases=leases, store=store, create=first_turn) as session:
         await agent.run(user_text, session=session)
 
 How the guarantees are kept, per session id ``S`` under ``prefix`` ``P``:
@@ -34,7 +36,7 @@ How the guarantees are kept, per session id ``S`` under ``prefix`` ``P``:
 
 - A Redis failure while acquiring, loading or saving (connection refused or lost, a timeout) raises
   :class:`~maf_compaction.adapters.leases.SessionStoreError` with the Redis error as its cause. A session the store
-  lost comes back as nothing stored; ``leased_session(..., create=False)`` reports it
+  lost comes back as nothing stored; ``leased_session`` reports it unless the turn says it starts the session
   (:class:`~maf_compaction.adapters.leases.SessionVanishedError`) instead of starting the conversation over empty.
 
 The braces make the three keys of a session share a Redis Cluster hash slot, so the scripts also run on a cluster.

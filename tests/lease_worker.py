@@ -67,7 +67,7 @@ async def play(url: str, session_ids: Sequence[str], name: str, turns: int, seed
         await client.blpop([GO], timeout=30)
         for turn in range(turns):
             session_id = rng.choice(session_ids)
-            async with leased_session(session_id, leases=leases, store=store) as session:
+            async with leased_session(session_id, leases=leases, store=store, create=True) as session:
                 token = await leases.fencing_token(session_id)
                 await client.rpush(f"{JOURNAL}:{session_id}", f"enter {name} {token} {turn}")
                 await agent.run(f"{name} turn {turn}", session=session)

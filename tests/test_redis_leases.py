@@ -204,7 +204,7 @@ async def test_an_expired_lease_lets_another_holder_in_and_the_stale_save_is_ref
     newer_saved = asyncio.Event()
 
     async def newer_holder() -> None:
-        async with leased_session(SID, leases=fast, store=store) as session:
+        async with leased_session(SID, leases=fast, store=store, create=True) as session:
             session.state["holder"] = "newer"
         newer_saved.set()
 
@@ -215,7 +215,7 @@ async def test_an_expired_lease_lets_another_holder_in_and_the_stale_save_is_ref
             await asyncio.sleep(0.01)
 
     async def stale_turn() -> None:
-        async with leased_session(SID, leases=slow, store=store) as session:
+        async with leased_session(SID, leases=slow, store=store, create=True) as session:
             newer.append(asyncio.create_task(newer_holder()))
             await asyncio.sleep(0.02)  # the newer holder is waiting now
             time.sleep(0.4)  # the loop is blocked: nothing renews, the lease expires in Redis
@@ -228,7 +228,7 @@ async def test_an_expired_lease_lets_another_holder_in_and_the_stale_save_is_ref
     await newer[0]
     stale = caught.value.token
     assert stale < caught.value.newest
-    async with leased_session(SID, leases=fast, store=store) as session:
+    async with leased_session(SID, leases=fast, store=store, create=True) as session:
         assert session.state["holder"] == "newer"  # the stale write changed nothing
     messages = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(f"Lost the lease on session 'conversation-1' (token {stale})" in m for m in messages), messages
@@ -266,7 +266,7 @@ async def test_leased_session_round_trips_a_real_session_between_replicas(redis_
             (RedisSessionLeases(b), RedisSessionStore(b), make_agent(second_client)),
         ]
         for turn, (leases, store, agent) in enumerate(replicas * 2):
-            async with leased_session(SID, leases=leases, store=store) as session:
+            async with leased_session(SID, leases=leases, store=store, create=True) as session:
                 assert session.session_id == SID
                 assert len(history(session)) == 2 * turn
                 assert all(isinstance(m, Message) for m in history(session))
@@ -297,11 +297,11 @@ async def test_a_client_that_decodes_responses_works_the_same(redis_url: str) ->
         leases, store, agent = RedisSessionLeases(text_client), RedisSessionStore(text_client), make_agent(EchoClient())
         seen = [await leases.fencing_token(SID)]
         for turn in range(2):
-            async with leased_session(SID, leases=leases, store=store) as session:
+            async with leased_session(SID, leases=leases, store=store, create=True) as session:
                 await agent.run(f"turn {turn}", session=session)
             seen.append(await leases.fencing_token(SID))
         assert seen == sorted(set(seen))
-        async with leased_session(SID, leases=leases, store=store) as session:
+        async with leased_session(SID, leases=leases, store=store, create=True) as session:
             assert texts(session) == ["turn 0", "echo: turn 0", "turn 1", "echo: turn 1"]
     finally:
         await text_client.aclose()
@@ -311,25 +311,25 @@ async def test_leased_session_saves_on_an_ordinary_exception(client: aioredis.Re
     leases, store, agent = RedisSessionLeases(client), RedisSessionStore(client), make_agent(EchoClient())
 
     async def failing_turn() -> None:
-        async with leased_session(SID, leases=leases, store=store) as session:
+        async with leased_session(SID, leases=leases, store=store, create=True) as session:
             await agent.run("hello", session=session)
             raise RuntimeError("after the model answered")
 
     with pytest.raises(RuntimeError, match="after the model answered"):
         await failing_turn()
     assert await lease_ttl_ms(client) == -2
-    async with leased_session(SID, leases=leases, store=store) as session:
+    async with leased_session(SID, leases=leases, store=store, create=True) as session:
         assert texts(session) == ["hello", "echo: hello"]
 
 
 async def test_leased_session_saves_nothing_when_cancelled_and_releases(client: aioredis.Redis) -> None:
     leases, store, agent = RedisSessionLeases(client), RedisSessionStore(client), make_agent(EchoClient())
-    async with leased_session(SID, leases=leases, store=store) as session:
+    async with leased_session(SID, leases=leases, store=store, create=True) as session:
         await agent.run("kept", session=session)
     inside = asyncio.Event()
 
     async def unfinished_turn() -> None:
-        async with leased_session(SID, leases=leases, store=store) as session:
+        async with leased_session(SID, leases=leases, store=store, create=True) as session:
             await agent.run("lost with the cancelled turn", session=session)
             inside.set()
             await asyncio.sleep(3_600)
@@ -340,7 +340,9 @@ async def test_leased_session_saves_nothing_when_cancelled_and_releases(client: 
     with pytest.raises(asyncio.CancelledError):
         await task
     assert await lease_ttl_ms(client) == -2
-    async with leased_session(SID, leases=RedisSessionLeases(client, wait_timeout_s=0), store=store) as session:
+    async with leased_session(
+        SID, leases=RedisSessionLeases(client, wait_timeout_s=0), store=store, create=True
+    ) as session:
         assert texts(session) == ["kept", "echo: kept"]
 
 
@@ -350,7 +352,7 @@ async def test_a_failed_save_after_an_exception_keeps_the_exception_and_says_why
     leases, store = RedisSessionLeases(client), RedisSessionStore(client)
 
     async def failing_turn() -> None:
-        async with leased_session(SID, leases=leases, store=store) as session:
+        async with leased_session(SID, leases=leases, store=store, create=True) as session:
             session.state["bad"] = object()  # not JSON-serializable: the save fails too
             raise RuntimeError("turn failed")
 
@@ -366,7 +368,9 @@ async def test_a_failed_save_after_an_exception_keeps_the_exception_and_says_why
 
 
 async def test_a_new_session_when_nothing_is_stored(client: aioredis.Redis) -> None:
-    async with leased_session("fresh", leases=RedisSessionLeases(client), store=RedisSessionStore(client)) as session:
+    async with leased_session(
+        "fresh", leases=RedisSessionLeases(client), store=RedisSessionStore(client), create=True
+    ) as session:
         assert session.session_id == "fresh"
         assert session.state == {}
     stored = await client.get("maf_compaction:session:{fresh}")
@@ -391,7 +395,7 @@ async def test_a_stored_payload_of_another_session_or_malformed_is_a_typed_error
     for raw, problem in cases.items():
         await client.set(key, raw)
         with pytest.raises(SessionPayloadError, match=problem):
-            async with leased_session(SID, leases=leases, store=store):
+            async with leased_session(SID, leases=leases, store=store, create=True):
                 pytest.fail("a malformed payload was loaded")
         assert await lease_ttl_ms(client) == -2
         assert await client.get(key) == raw.encode()  # left as it was
@@ -404,7 +408,7 @@ async def test_concurrent_holders_in_one_event_loop_never_overlap_and_lose_no_tu
 
     async def replica(name: str) -> None:
         for turn in range(3):
-            async with leased_session(SID, leases=leases, store=store) as session:
+            async with leased_session(SID, leases=leases, store=store, create=True) as session:
                 token = await leases.fencing_token(SID)
                 await client.rpush(JOURNAL, f"enter {name} {token} {turn}")
                 await agent.run(f"{name} turn {turn}", session=session)
@@ -416,7 +420,7 @@ async def test_concurrent_holders_in_one_event_loop_never_overlap_and_lose_no_tu
     granted = assert_no_overlap(await journal(client))
     assert len(granted) == 18
     assert await leases.fencing_token(SID) == granted[-1][1]  # no acquisition after the last journaled one
-    async with leased_session(SID, leases=leases, store=store) as session:
+    async with leased_session(SID, leases=leases, store=store, create=True) as session:
         users = [m.text for m in history(session) if m.role == "user"]
     assert sorted(users) == sorted(f"{n} turn {t}" for n in names for t in range(3))  # no lost update
     for name in names:
@@ -452,7 +456,7 @@ async def test_two_processes_never_overlap_and_lose_no_turn(client: aioredis.Red
     for session_id in sessions:
         granted = assert_no_overlap(await journal(client, f"{JOURNAL}:{session_id}"))
         assert await leases.fencing_token(session_id) == granted[-1][1]  # no acquisition after the last journaled
-        async with leased_session(session_id, leases=leases, store=store) as session:
+        async with leased_session(session_id, leases=leases, store=store, create=True) as session:
             users = [m.text for m in history(session) if m.role == "user"]
         # Every turn is in its session's history, in the order the lease granted them: no lost update.
         assert users == [f"{name} turn {turn}" for name, _, turn in granted]
@@ -559,7 +563,7 @@ async def test_bad_arguments_raise_value_error_naming_them() -> None:
             with pytest.raises(ValueError, match="session_id must be a non-empty string"):
                 await leases.fencing_token(bad_id)  # pyright: ignore[reportArgumentType]
             with pytest.raises(ValueError, match="session_id must be a non-empty string"):
-                async with leased_session(bad_id, leases=leases, store=store):  # pyright: ignore[reportArgumentType]
+                async with leased_session(bad_id, leases=leases, store=store, create=True):  # pyright: ignore[reportArgumentType]
                     pytest.fail("entered")
         with pytest.raises(ValueError, match="lease must be held on session 'a', got a lease on 'b'"):
             await store.save("a", {}, HeldLease("b", 1))
@@ -570,10 +574,10 @@ async def test_bad_arguments_raise_value_error_naming_them() -> None:
         with pytest.raises(SessionPayloadError, match="not a mapping"):
             await store.save("a", ["a"], HeldLease("a", 1))  # pyright: ignore[reportArgumentType]
         with pytest.raises(ValueError, match="leases must implement SessionLeases"):
-            async with leased_session("a", leases=store, store=store):  # pyright: ignore[reportArgumentType]
+            async with leased_session("a", leases=store, store=store, create=True):  # pyright: ignore[reportArgumentType]
                 pytest.fail("entered")
         with pytest.raises(ValueError, match="store must implement SessionStore"):
-            async with leased_session("a", leases=leases, store=leases):  # pyright: ignore[reportArgumentType]
+            async with leased_session("a", leases=leases, store=leases, create=True):  # pyright: ignore[reportArgumentType]
                 pytest.fail("entered")
     finally:
         await connection.aclose()

@@ -110,7 +110,7 @@ async def test_tokens_keep_rising_across_a_restart_without_persistence(redis_bin
             client = aioredis.Redis.from_url(url)
             leases, store = RedisSessionLeases(client, ttl_ms=60_000), RedisSessionStore(client)
             agent = make_agent(EchoClient())
-            async with leased_session(SID, leases=leases, store=store) as session:
+            async with leased_session(SID, leases=leases, store=store, create=True) as session:
                 await agent.run("turn 0", session=session)
             stale = HeldLease(SID, await leases.fencing_token(SID))
         with local_redis_server(binary, port=port):  # restarted: everything is gone
@@ -119,7 +119,9 @@ async def test_tokens_keep_rising_across_a_restart_without_persistence(redis_bin
                 async with leased_session(SID, leases=leases, store=store, create=False):
                     pytest.fail("a vanished session was continued")
             assert vanished.value.token > stale.token
-            async with leased_session(SID, leases=leases, store=store) as session:  # started over on purpose
+            async with leased_session(
+                SID, leases=leases, store=store, create=True
+            ) as session:  # started over on purpose
                 await agent.run("turn 0 again", session=session)
             assert await leases.fencing_token(SID) > stale.token
             with pytest.raises(StaleLeaseError):
@@ -135,13 +137,13 @@ async def test_tokens_keep_rising_across_a_restart_without_persistence(redis_bin
 async def test_a_session_that_vanished_with_the_store_is_reported_not_recreated_empty(client: aioredis.Redis) -> None:
     leases, store = RedisSessionLeases(client, wait_timeout_s=0), RedisSessionStore(client)
     agent = make_agent(EchoClient())
-    async with leased_session(SID, leases=leases, store=store) as session:  # the first turn creates it
+    async with leased_session(SID, leases=leases, store=store, create=True) as session:  # the first turn creates it
         await agent.run("turn 0", session=session)
     async with leased_session(SID, leases=leases, store=store, create=False) as session:
         await agent.run("turn 1", session=session)
     await client.flushall()
     with pytest.raises(SessionVanishedError) as vanished:
-        async with leased_session(SID, leases=leases, store=store, create=False):
+        async with leased_session(SID, leases=leases, store=store):  # the default: continue, never start over
             pytest.fail("a vanished session was continued")
     assert isinstance(vanished.value, SessionLeaseError)
     assert vanished.value.session_id == SID
@@ -151,6 +153,26 @@ async def test_a_session_that_vanished_with_the_store_is_reported_not_recreated_
     with pytest.raises(ValueError, match="create must be True or False"):
         async with leased_session(SID, leases=leases, store=store, create=1):  # pyright: ignore[reportArgumentType]
             pass
+
+
+async def test_by_default_a_session_is_continued_never_started_over_empty(client: aioredis.Redis) -> None:
+    """``create`` is false unless given: the store losing a session (as src/redis.py's example runs it, with no
+    ``create``) is reported on the next turn, and a new session needs ``create=True`` on its first turn."""
+    leases, store = RedisSessionLeases(client, wait_timeout_s=0), RedisSessionStore(client)
+    agent = make_agent(EchoClient())
+    with pytest.raises(SessionVanishedError, match="use create=True for a session's first turn"):
+        async with leased_session("new", leases=leases, store=store):
+            pytest.fail("a session nobody created was started")
+    async with leased_session(SID, leases=leases, store=store, create=True) as session:
+        await agent.run("turn 0", session=session)
+    async with leased_session(SID, leases=leases, store=store) as session:
+        await agent.run("turn 1", session=session)
+        assert len(session.state) > 0, "the second turn did not see the first"
+    await client.flushall()  # the store loses everything between turns
+    with pytest.raises(SessionVanishedError, match="the store lost it"):
+        async with leased_session(SID, leases=leases, store=store):
+            pytest.fail("a session the store lost was started over empty")
+    assert await store.load(SID, HeldLease(SID, 1)) is None, "the refused turn wrote"
 
 
 # --- outages -----------------------------------------------------------------------------------------------------
@@ -166,7 +188,7 @@ async def test_an_unreachable_store_raises_our_typed_error_with_the_cause_attach
     dead = aioredis.Redis.from_url(_dead_url(), socket_connect_timeout=0.5)
     try:
         with pytest.raises(SessionStoreError, match="acquiring the lease") as acquiring:
-            async with leased_session(SID, leases=RedisSessionLeases(dead), store=RedisSessionStore(dead)):
+            async with leased_session(SID, leases=RedisSessionLeases(dead), store=RedisSessionStore(dead), create=True):
                 pytest.fail("entered without a store")
         assert isinstance(acquiring.value.__cause__, (RedisError, OSError))
         with pytest.raises(SessionStoreError, match="reading the fencing token"):
@@ -196,7 +218,7 @@ async def test_a_store_that_goes_down_mid_turn_fails_the_save_with_our_error(red
         with local_redis_server(binary, port=port) as url:
             client = aioredis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=2)
             leases, store = RedisSessionLeases(client, ttl_ms=2_000), RedisSessionStore(client)
-            turn = leased_session(SID, leases=leases, store=store)
+            turn = leased_session(SID, leases=leases, store=store, create=True)
             session = await turn.__aenter__()
         with pytest.raises(SessionStoreError, match="saving the session"):
             await turn.__aexit__(None, None, None)

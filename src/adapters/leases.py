@@ -107,8 +107,9 @@ class SessionStoreError(SessionLeaseError):
 class SessionVanishedError(SessionLeaseError):
     """A session the host continues is not in the store: the store lost it (a reset, a restart without persistence).
 
-    Raised by ``leased_session(..., create=False)`` instead of starting the conversation over
-    empty. ``token`` is the lease the turn would have run under (it is released).
+    Raised by ``leased_session(...)`` (whose ``create`` is false unless the host says the turn starts a session)
+    instead of starting the conversation over empty. ``token`` is the lease the turn would have run under (it is
+    released).
     """
 
     def __init__(self, session_id: str, token: int) -> None:
@@ -223,18 +224,18 @@ def restore_session(session_id: str, payload: Mapping[str, Any] | None) -> Agent
 
 @asynccontextmanager
 async def leased_session(
-    session_id: str, *, leases: SessionLeases, store: SessionStore, create: bool = True
+    session_id: str, *, leases: SessionLeases, store: SessionStore, create: bool = False
 ) -> AsyncIterator[AgentSession]:
     """Hold ``session_id``'s lease, load its session, yield it, save it, release the lease.
 
     What is saved when:
 
     - On entry the lease is acquired (waiting as ``leases`` does, :class:`LeaseTimeoutError` past its timeout) and the
-      stored payload is loaded under it: ``AgentSession.from_dict(payload)``, or a new ``AgentSession(session_id=
-      session_id)`` when nothing is stored and ``create`` is true. With ``create=False`` (every request after a
-      session's first, when the host knows the session exists) nothing stored raises :class:`SessionVanishedError`:
-      a store that lost the session (a reset, a restart without persistence, an eviction) is reported instead of
-      the conversation silently starting over empty. Nothing is written on entry.
+      stored payload is loaded under it: ``AgentSession.from_dict(payload)``. Nothing stored raises
+      :class:`SessionVanishedError`: a store that lost the session (a reset, a restart without persistence, an
+      eviction) is reported instead of the conversation silently starting over empty. Only ``create=True``, which
+      the host passes on a session's first turn (it knows the session is new), starts a new
+      ``AgentSession(session_id=session_id)`` when nothing is stored. Nothing is written on entry.
     - When the block ends normally, or raises an ordinary exception (an :class:`Exception`), ``session.to_dict()`` as
       the block left it is saved under the same lease, and then the lease is released. After an exception the
       exception propagates; if that save fails too, the save's error is logged at WARNING and attached to the
@@ -247,7 +248,7 @@ async def leased_session(
     Raises:
         ValueError: ``session_id``, ``leases``, ``store`` or ``create`` is not what is described above.
         SessionPayloadError: The stored payload is malformed or belongs to another session.
-        SessionVanishedError: ``create=False`` and the store holds nothing for the session.
+        SessionVanishedError: The store holds nothing for the session and ``create`` is false (the default).
         SessionStoreError: The engine failed or is unreachable (raised by the engine; its error is the cause).
     """
     require_session_id("session_id", session_id)
