@@ -12,7 +12,7 @@ from msgspec.structs import replace
 
 from maf_compaction import AnchoredSnapshot, Answer, Ask, ChainDecisions, RecordDecisions, RecordRoute, State
 from maf_compaction.core.envelope import MAX_COUNT
-from maf_compaction.core.state import RecallState, RecallStatus, RequestKind
+from maf_compaction.core.state import RecallState, RecallStatus, RequestKind, record_message_id
 
 #: Counts near zero (where real snapshots live) and anywhere up to the bound.
 counts = st.integers(0, 40) | st.integers(0, MAX_COUNT)
@@ -68,12 +68,11 @@ def record_decisions(draw: DrawFn) -> RecordDecisions:
 
 
 texts = st.text(min_size=1, max_size=40).filter(lambda s: bool(s.strip()))
-hexes = st.text("0123456789abcdef", min_size=16, max_size=16)
+hexes32 = st.text("0123456789abcdef", min_size=32, max_size=32)
 numbers = st.integers(0, 99) | st.integers(0, MAX_COUNT)
 
 #: The message id each kind allocates (none for a media description).
 _IDS: dict[RequestKind, SearchStrategy[str | None]] = {
-    RequestKind.RECORD: hexes.map(lambda h: f"compaction_record_{h}"),
     RequestKind.SUMMARY: numbers.map(lambda n: f"user_summary_{n}"),
     RequestKind.FOLD: numbers.map(lambda n: f"user_summary_fold_{n}"),
     RequestKind.MERGE: numbers.map(lambda n: f"record_replacement_{n}"),
@@ -94,11 +93,12 @@ def answers(draw: DrawFn, kind: RequestKind | None = None) -> Answer:
     sources = draw(st.integers(minimum, 12) | st.integers(minimum, MAX_COUNT))
     if kind in (RequestKind.MEDIA, RequestKind.RECORD):
         sources = draw(st.none() | st.just(sources))
+    key = draw(hexes32) if kind is RequestKind.RECORD else draw(texts)
     return Answer(
-        identity=draw(texts),
+        identity=key,
         kind=kind,
         text=text,
-        message_id=draw(_IDS[kind]),
+        message_id=record_message_id(key) if kind is RequestKind.RECORD else draw(_IDS[kind]),
         sources=sources,
         turns=turns,
         after=draw(counts) if kind is RequestKind.RECORD else None,

@@ -95,7 +95,7 @@ from maf_compaction.core.records import (
     ask_aligned,
     place_written,
 )
-from maf_compaction.core.state import Answer, RecordRoute, RequestKind, State
+from maf_compaction.core.state import Answer, RecordRoute, RequestKind, State, record_message_id
 from maf_compaction.core.values import distinctive_values
 from maf_compaction.errors import SnapshotError, SnapshotVersionError
 from offline_tokenizers import offline_tiktoken
@@ -1674,7 +1674,7 @@ def placements(draw: st.DrawFn) -> tuple[History, tuple[Answer, ...]]:
             identity=f"identity{k}",
             kind=RequestKind.RECORD,
             text=f"lookup values: XR-{k:04d}",
-            message_id=f"compaction_record_{k:016x}",
+            message_id=record_message_id(f"identity{k}"),
             after=after,
         )
         for k, after in enumerate(places)

@@ -40,7 +40,7 @@ from maf_compaction.core import records as records_core
 from maf_compaction.core.distill import distill, is_distilled, is_remnant
 from maf_compaction.core.model import MessageRecord, Part
 from maf_compaction.core.records import HOLD_RECORD, HOLD_UNCOVERED, HOLD_UNRECORDED, RECALL_TOOL_NAME, RECORD_PREFIX
-from maf_compaction.core.state import RequestKind
+from maf_compaction.core.state import RequestKind, record_message_id
 from maf_compaction.core.tables import PARTIAL_MARKER_PREFIX
 from maf_compaction.core.values import distinctive_values, words
 
@@ -978,7 +978,7 @@ def test_a_restored_record_state_placing_a_record_past_the_conversation_is_refus
             identity="i" * 32,
             kind=RequestKind.RECORD,
             text="TL-000001",
-            message_id="compaction_record_0123456789abcdef",
+            message_id=record_message_id("i" * 32),
             after=after,
         )
         return State(answers=(written,))

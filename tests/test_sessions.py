@@ -813,6 +813,36 @@ def test_a_malformed_entry_raises_snapshot_error_naming_the_field(
     assert session.state[KEY] == corrupt, f"{case}: a refused phase wrote"
 
 
+def _nested(depth: int, leaf: object, wrap: Callable[[object], object]) -> object:
+    value = leaf
+    for _ in range(depth):
+        value = wrap(value)
+    return value
+
+
+@pytest.mark.parametrize("where", ["entry", "configuration.parameters", "state.recall", "state"])
+def test_an_entry_nested_a_hundred_thousand_deep_raises_snapshot_error_not_recursion_error(where: str) -> None:
+    """A hostile or damaged entry, nested far past Python's recursion limit anywhere, is refused with the typed
+    error naming the field; its description in the message is a few levels of it, never its whole repr."""
+    deep = _nested(100_000, 0, lambda inner: [inner])
+    if where == "entry":
+        corrupt: object = deep
+    else:
+        corrupt = _dead_registry_entry(records_stack)
+        *parents, leaf = where.split(".")
+        holder: Any = corrupt
+        for name in parents:
+            holder = holder[name]
+        holder[leaf] = {"kind": deep} if leaf == "parameters" else _nested(100_000, {}, lambda inner: {"a": inner})
+    registry = SessionCompactionRegistry(records_stack)
+    session = AgentSession()
+    session.state[KEY] = corrupt
+    with pytest.raises(SnapshotError) as refused, registry.phase(session):
+        pass
+    assert len(str(refused.value)) < 2_000
+    assert session.state[KEY] is corrupt, "a refused phase replaced the entry"
+
+
 async def test_stack_to_dict_and_from_dict_round_trip_a_conversations_state() -> None:
     summarizer = Summarizer()
     for build in (records_stack, lambda: composition_stack(summarizer)):

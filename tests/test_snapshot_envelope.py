@@ -341,8 +341,13 @@ def test_wrong_types_and_ranges_are_refused_naming_the_path(data: dict[str, obje
         (state(answers=[answer(kind="media")]), r"'answers\[0\]\.message_id': must be null for a media answer"),
         (state(answers=[answer(after=4)]), r"'answers\[0\]\.after': a summary answer has no place"),
         (
-            state(answers=[answer(kind="record", message_id="compaction_record_0123456789abcdef")]),
+            state(answers=[answer(kind="record", message_id="compaction_record_" + "a" * 16)]),
             r"'answers\[0\]\.after': a record answer needs place",
+        ),
+        (
+            # Another record's id (one of the allocated form): the record would be placed a second time.
+            state(answers=[answer(kind="record", message_id="compaction_record_0123456789abcdef", after=3)]),
+            r"'answers\[0\]\.message_id': must be 'compaction_record_aaaaaaaaaaaaaaaa' \(the id its request",
         ),
         (
             state(answers=[answer(kind="emergency_fold", message_id="user_summary_emergency_fold_0")]),

@@ -15,6 +15,7 @@ import functools
 import inspect
 import math
 import re
+import reprlib
 from dataclasses import fields
 from types import NoneType, UnionType
 from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
@@ -82,12 +83,33 @@ def require_tokenizer(name: str, value: object) -> None:
         raise ValueError(f"{name} must have a count_tokens(text) -> int method that is not async, got {value!r}")
 
 
+def _short_repr() -> reprlib.Repr:
+    """How much of a wrong value an error message shows: a few levels, items and characters, whatever its size."""
+    short = reprlib.Repr()  # keyword settings arrived in Python 3.12
+    short.maxlevel, short.maxstring, short.maxother = 3, 60, 60
+    short.maxdict = short.maxlist = short.maxtuple = short.maxset = short.maxfrozenset = 4
+    return short
+
+
+_SHORT = _short_repr()
+
+
 def describe_value(value: object) -> str:
-    """A wrong value, short, for an error message: ``None``, or its type and (cut) repr."""
-    if value is None:
-        return "None"
-    text = repr(value)
-    return f"{type(value).__name__} {text if len(text) <= 80 else text[:77] + '...'}"
+    """A wrong value, short, for an error message: ``None``, or its type and (cut) repr.
+
+    Only the first levels and items are shown (``reprlib``), so a value nested a hundred thousand deep or a
+    million items long is described in the time and stack a small one takes.
+    """
+    return "None" if value is None else f"{type(value).__name__} {shown(value, 80)}"
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, of its first levels and items only (see :func:`describe_value`)."""
+    try:
+        text = _SHORT.repr(value)
+    except Exception:  # a repr of the host's own that fails (or recurses without end) still gets a description
+        text = f"<{type(value).__name__} object>"
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def validate(instance: object) -> None:

@@ -23,6 +23,7 @@ from typing import Annotated, Any, ClassVar, Final, Self, TypeVar, cast
 import msgspec
 from msgspec import Meta
 
+from .checks import shown
 from .errors import SnapshotError, SnapshotVersionError
 
 T = TypeVar("T")
@@ -42,8 +43,6 @@ Positive = Annotated[int, Meta(ge=1, le=MAX_COUNT)]
 Text = Annotated[str, Meta(pattern=r"\S")]
 #: A ``[position, count]`` pair.
 Pair = tuple[Count, Count]
-
-_SHOWN_LIMIT: Final = 60
 
 
 class Stored(msgspec.Struct, frozen=True, kw_only=True):
@@ -197,12 +196,6 @@ def distinct(path: str, values: Sequence[Hashable], *, what: str = "position") -
         if value in seen:
             raise error(path, f"duplicate {what} {shown(value)}")
         seen.add(value)
-
-
-def shown(value: object) -> str:
-    """``repr(value)``, cut short: an error message must not carry a whole corrupt snapshot."""
-    text = repr(value)
-    return text if len(text) <= _SHOWN_LIMIT else f"{text[: _SHOWN_LIMIT - 3]}..."
 
 
 def _field(path: str, name: str) -> str:

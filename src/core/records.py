@@ -61,7 +61,16 @@ from .grouping import Grouping, regroup
 from .model import Group, History, MessageRecord, Part, conversation_records, flagged
 from .protocol import Done, Needs, Step, sent_tokens
 from .recall import no_route, pins_given_up
-from .state import AnchoredSnapshot, Answer, Ask, RecallState, RecallStatus, RecordDecisions, State
+from .state import (
+    AnchoredSnapshot,
+    Answer,
+    Ask,
+    RecallState,
+    RecallStatus,
+    RecordDecisions,
+    State,
+    record_message_id,
+)
 from .tables import RowKey, release_rows, repeated_rows, row_keys
 from .values import distinctive_values, name_mentions, word_set
 from .view import RECALL_TOOL_NAME, View, recall_call_ids, view
@@ -566,7 +575,7 @@ def ask_aligned(view: History, state: State, conversation: History) -> Request |
         key,
         RequestKind.RECORD,
         Route.CACHED_PREFIX,
-        message_id=f"{ALIGNED_RECORD_ID_PREFIX}{key[:16]}",
+        message_id=record_message_id(key),
         turns=turns,
         instruction=RECORD_INSTRUCTION,
         view=view,

@@ -21,7 +21,8 @@ from typing import ClassVar, Final, Literal, TypeAlias
 import msgspec
 from msgspec.structs import replace
 
-from .envelope import Count, Pair, Positive, Stored, Text, distinct, error, shown
+from .checks import shown
+from .envelope import Count, Pair, Positive, Stored, Text, distinct, error
 from .errors import SnapshotError
 
 PinKind: TypeAlias = Literal["size", "reforce"]
@@ -302,6 +303,12 @@ class ChainDecisions(Stored, frozen=True, kw_only=True, forbid_unknown_fields=Tr
         return replace(self, shed=self.shed.checked(path=f"{at}shed", keep_head_groups=keep_head_groups))
 
 
+def record_message_id(identity: str) -> str:
+    """The message id of the record that answers the request ``identity`` over the cached prefix (one per request,
+    so a restored or another replica's pass recognises the record it already placed)."""
+    return f"compaction_record_{identity[:16]}"
+
+
 class Answer(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What came back for one request: the one shape every answer is remembered in.
 
@@ -373,8 +380,12 @@ class State(Stored, frozen=True, kw_only=True, forbid_unknown_fields=True):
                 raise error(f"{here}.turns", f"an answer with text carries no turns, got {a.turns}")
             form = _IDS.get(a.kind)
             fits = a.message_id is None if form is None else bool(a.message_id and form.fullmatch(a.message_id))
+            if a.kind is RequestKind.RECORD:  # its id is its request's: another would place the record twice
+                fits = a.message_id == record_message_id(a.identity)
             if not fits:
                 wanted = "null" if form is None else f"an id of the form {form.pattern}"
+                if a.kind is RequestKind.RECORD:
+                    wanted = f"{record_message_id(a.identity)!r} (the id its request allocates)"
                 raise error(
                     f"{here}.message_id", f"must be {wanted} for a {a.kind.value} answer, got {shown(a.message_id)}"
                 )
