@@ -66,10 +66,14 @@ from msgspec.structs import replace as evolve
 from maf_compaction import (
     CompactionStack,
     MediaTokenEstimator,
+    RecallGate,
     SessionCompactionProvider,
     SessionCompactionRegistry,
     SessionToolResultRecallMiddleware,
     ToolResultAnchoredSummarizationCompactionStrategy,
+    ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy,
+    ToolResultRecallMiddleware,
+    UserTurnAnchoredSummarizationCompactionStrategy,
     make_recall_tool,
     make_session_recall_tool,
     original_results,
@@ -1393,6 +1397,79 @@ async def test_a_pinning_middleware_without_the_recall_tool_refuses_to_pin_namin
     assert not [s for s in client.requests if s.pinned]  # nothing forced was sent
     assert stack.recall.forced_calls == 0
     assert stack.recall.conversation.value.recall.next_pin is not None  # the pin stands until the wiring is fixed
+
+
+def _direct_agent(client: Provider, strategy: Any, middleware: list[Any], gate: RecallGate | None = None) -> Any:
+    """The README's direct wiring (no stack): a plain harness agent with the strategy and ``middleware``."""
+    return create_harness_agent(
+        client,
+        agent_instructions="Answer from the lookups.",
+        tools=[make_lookup([]), make_recall_tool(gate or RecallGate())],
+        middleware=middleware,
+        before_compaction_strategy=strategy,
+        after_compaction_strategy=strategy,
+        tokenizer=TOKENIZER,
+        disable_web_search=True,
+        disable_file_memory=True,
+        **HARNESS_OFF,
+    )
+
+
+def _records(**options: Any) -> ToolResultAnchoredSummarizationCompactionStrategy:
+    return ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=BUDGET, tokenizer=TOKENIZER, **options)
+
+
+def _composition(summary_request: Literal["summarizer", "cached_prefix"]) -> Any:
+    users = UserTurnAnchoredSummarizationCompactionStrategy(
+        max_input_tokens=BUDGET,
+        tokenizer=TOKENIZER,
+        client=Summarizer(),
+        summary_mode="boundary",
+        remembered_requests=2,
+    )
+    return ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
+        tokenizer=TOKENIZER, tool_results=_records(), user_turns=users, summary_request=summary_request
+    )
+
+
+@pytest.mark.parametrize("kind", ["records", "composition", "composition over the cached prefix"])
+async def test_a_record_strategy_without_its_recall_middleware_refuses_its_first_pass_naming_the_fix(kind: str) -> None:
+    """The findings: a record strategy (or a composition, also with summary_request="cached_prefix") wired with no
+    recall middleware ran on without a word, never asking for a record (its tool results only trimmed) and, over
+    the cached prefix, never seeing a request to repeat. Now its first pass raises, naming the middleware and the
+    one-call wiring, before anything is sent."""
+    strategy = {
+        "records": _records,
+        "composition": lambda: _composition("summarizer"),
+        "composition over the cached prefix": lambda: _composition("cached_prefix"),
+    }[kind]()
+    client = Provider()
+    agent = _direct_agent(client, strategy, [])
+    with pytest.raises(RuntimeError, match=r"has no recall middleware.*ToolResultRecallMiddleware.*CompactionStack"):
+        await agent.run(question(0), session=agent.create_session())
+    assert client.requests == [], "a request was sent before the wiring was refused"
+
+
+async def test_a_middleware_that_wraps_take_reforce_shares_only_through_bind_recall_which_checks_its_trigger() -> None:
+    """A middleware whose reforce wraps take_reforce shares nothing by itself: the strategy's first pass refuses,
+    naming bind_recall; bind_recall refuses a middleware whose trigger differs from the strategy's, naming it."""
+    records = _records(trigger_fraction=0.6)
+    gate = RecallGate()
+    options: dict[str, Any] = {"max_input_tokens": BUDGET, "tokenizer": TOKENIZER, "arm": gate.arm}
+    differs = ToolResultRecallMiddleware(**options, trigger_fraction=0.8, reforce=lambda: records.take_reforce())  # noqa: PLW0108 (a wrapper)
+    with pytest.raises(RuntimeError, match=r"bind_recall"):
+        await _direct_agent(Provider(), records, [differs], gate).run(question(0), session=AgentSession())
+    with pytest.raises(ValueError, match=r"trigger_fraction must be the trigger_fraction of the record strategy"):
+        records.bind_recall(differs)
+    agrees = ToolResultRecallMiddleware(**options, trigger_fraction=0.6, reforce=lambda: records.take_reforce())  # noqa: PLW0108 (a wrapper)
+    records.bind_recall(agrees)
+    client = Provider()
+    agent = _direct_agent(client, records, [agrees], gate)
+    session = agent.create_session()
+    for n in range(TURNS):
+        await agent.run(question(n), session=session)
+    assert agrees.forced_calls > 0
+    assert records.records_found > 0, "the bound middleware never got a record asked for"
 
 
 def _pinned_questions(sent: Sequence[Sent]) -> set[int]:

@@ -47,6 +47,7 @@ from maf_compaction.core.user_summaries import Outcome
 from maf_compaction.core.values import distinctive_values
 from test_composition_properties import shown
 from test_user_summaries import ScriptedSummarizer, extractive
+from wiring import recalled
 
 TOKENIZER = CharacterEstimatorTokenizer()
 Composition = ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
@@ -168,7 +169,7 @@ def build(
         max_summary_input_tokens=10_000,
         **(users or {}),
     )
-    return Composition(tokenizer=TOKENIZER, tool_results=record_half, user_turns=user_half, **kwargs)
+    return recalled(Composition(tokenizer=TOKENIZER, tool_results=record_half, user_turns=user_half, **kwargs))
 
 
 def run(strategy: Composition, messages: list[Message]) -> bool:

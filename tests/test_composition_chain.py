@@ -30,6 +30,7 @@ from maf_compaction import (
 )
 from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_PREFIX
 from test_user_summaries import ScriptedSummarizer
+from wiring import recalled
 
 TOKENIZER = CharacterEstimatorTokenizer()
 CODE = re.compile(r"code_\d+=[A-Z]{2}-[0-9A-F]{6}")
@@ -82,7 +83,7 @@ def build(script: Callable[[Sequence[Message]], str], budget: int, **kwargs: Any
     strategy = ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         tokenizer=TOKENIZER, tool_results=records, user_turns=users, **kwargs
     )
-    return strategy, client
+    return recalled(strategy), client
 
 
 def size(messages: Sequence[Message]) -> int:

@@ -39,6 +39,7 @@ from maf_compaction.adapters.user_summaries import FOLD_EXCLUDE_REASON
 from maf_compaction.core.composition import EMERGENCY_FOLD_ID_PREFIX
 from maf_compaction.core.user_summaries import DEFAULT_FOLD_PROMPT, USER_SUMMARY_MARKER
 from test_user_summaries import ScriptedSummarizer
+from wiring import recalled
 
 TOKENIZER = CharacterEstimatorTokenizer()
 REQUIREMENT = re.compile(r"RQ-\d{6}")
@@ -108,7 +109,7 @@ def build(
     strategy = ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         tokenizer=TOKENIZER, tool_results=records, user_turns=users, **kwargs
     )
-    return strategy, client
+    return recalled(strategy), client
 
 
 def size(messages: Sequence[Message]) -> int:

@@ -59,6 +59,7 @@ from maf_compaction.core.state import RecallState, RecordRoute
 from maf_compaction.core.user_summaries import Outcome
 from test_records_properties import records_for
 from test_user_summaries import ScriptedSummarizer, extractive
+from wiring import recalled
 
 TOKENIZER = CharacterEstimatorTokenizer()
 Composition = ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
@@ -127,6 +128,7 @@ def build(case: Case, summarizer: ScriptedSummarizer) -> Composition:
         user_turns=users,
         overflow_policy=case.policy,  # type: ignore[arg-type]
     )
+    recalled(strategy)
     routes = {"pinned": RecallState(next_pin="size"), "none": RecallState(route=RecordRoute.NONE)}
     if case.route in routes:
         shared = records.conversation

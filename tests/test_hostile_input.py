@@ -53,6 +53,7 @@ from maf_compaction.core.anchored import AnchoredConfig
 from maf_compaction.core.records import RecordConfig
 from maf_compaction.core.shorten import is_shortened
 from maf_compaction.core.user_summaries import UserSummaryConfig
+from wiring import recalled
 
 TOKENIZER = CharacterEstimatorTokenizer()
 BUDGET = 1_500  # the conversation below is several times this: every strategy acts on it
@@ -108,7 +109,7 @@ def min_gain(tokenizer: Any) -> MinimumGainAnchoredCompactionStrategy:
 
 
 def records(tokenizer: Any) -> ToolResultAnchoredSummarizationCompactionStrategy:
-    return ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=BUDGET, tokenizer=tokenizer)
+    return recalled(ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=BUDGET, tokenizer=tokenizer))
 
 
 def user_turns(tokenizer: Any) -> UserTurnAnchoredSummarizationCompactionStrategy:
@@ -515,8 +516,10 @@ async def test_an_async_fallback_is_awaited() -> None:
             calls.append(len(messages))
             return False
 
-    strategy = ToolResultAnchoredSummarizationCompactionStrategy(
-        max_input_tokens=BUDGET, tokenizer=TOKENIZER, fallback=Counting()
+    strategy = recalled(
+        ToolResultAnchoredSummarizationCompactionStrategy(
+            max_input_tokens=BUDGET, tokenizer=TOKENIZER, fallback=Counting()
+        )
     )
     await strategy(conversation())  # no record and far over the fallback fraction
     assert calls == [len(conversation())]

@@ -31,6 +31,7 @@ from maf_compaction.core import anchored, answers, records, user_summaries
 from maf_compaction.core.protocol import Done, Needs
 from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_MARKER
 from test_user_summaries import ScriptedSummarizer, conversation, over_budget
+from wiring import recalled
 
 TOKENIZER = CharacterEstimatorTokenizer()
 
@@ -247,7 +248,9 @@ def test_a_restored_count_past_what_the_history_holds_is_refused_before_anything
 def test_restored_record_decisions_naming_groups_the_conversation_lacks_are_refused() -> None:
     from maf_compaction import RecordDecisions, ToolResultAnchoredSummarizationCompactionStrategy
 
-    strategy = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=100_000, tokenizer=TOKENIZER)
+    strategy = recalled(
+        ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=100_000, tokenizer=TOKENIZER)
+    )
     strategy.restore_decisions(State(records=RecordDecisions(settled=(0, 40))).to_dict())
     messages = tool_conversation()
     before = dump(messages)
@@ -295,7 +298,9 @@ def test_a_restored_ask_counting_more_responses_than_the_conversation_has_is_ref
     """Review finding: a forged ``responses_at_ask`` kept an ask outstanding for ever."""
     from maf_compaction import Ask, RecordDecisions, ToolResultAnchoredSummarizationCompactionStrategy
 
-    strategy = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=100_000, tokenizer=TOKENIZER)
+    strategy = recalled(
+        ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=100_000, tokenizer=TOKENIZER)
+    )
     forged = State(records=RecordDecisions(ask=Ask(targets=(1,), records_at_ask=1, responses_at_ask=2**31 - 1)))
     strategy.restore_decisions(forged.to_dict())
     with pytest.raises(SnapshotError, match="responses_at_ask"):

@@ -43,6 +43,7 @@ from maf_compaction.core.records import HOLD_RECORD, HOLD_UNCOVERED, HOLD_UNRECO
 from maf_compaction.core.state import RequestKind, record_message_id
 from maf_compaction.core.tables import PARTIAL_MARKER_PREFIX
 from maf_compaction.core.values import distinctive_values, words
+from wiring import recalled
 
 TOKENIZER = CharacterEstimatorTokenizer()
 FILLER = "eu-west cache-miss status=ok took=12 ms shard=3 the request completed within its window"
@@ -106,7 +107,7 @@ def conversation(lookups: int = 6, *, head: int = 0) -> list[Message]:
 
 
 def strategy(budget: int = 100_000, **kwargs: Any) -> Strategy:
-    return Strategy(max_input_tokens=budget, tokenizer=TOKENIZER, **kwargs)
+    return recalled(Strategy(max_input_tokens=budget, tokenizer=TOKENIZER, **kwargs))
 
 
 def run(strategy: Strategy, messages: list[Message]) -> bool:

@@ -54,6 +54,7 @@ from maf_compaction.core.distill import is_remnant
 from maf_compaction.core.grouping import group_records
 from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_PREFIX, Fallback, RecordConfig, responses, rules
 from maf_compaction.core.values import distinctive_values, words
+from wiring import recalled
 
 TOKENIZER = CharacterEstimatorTokenizer()
 Strategy = ToolResultAnchoredSummarizationCompactionStrategy
@@ -120,7 +121,7 @@ decisions = st.builds(
 
 
 def _strategy(budget: int = 1_000_000, **kwargs: Any) -> Strategy:
-    return Strategy(max_input_tokens=budget, tokenizer=TOKENIZER, record_target_tokens=150, **kwargs)
+    return recalled(Strategy(max_input_tokens=budget, tokenizer=TOKENIZER, record_target_tokens=150, **kwargs))
 
 
 def _run(strategy: Strategy, messages: list[Message]) -> bool:

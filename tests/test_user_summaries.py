@@ -66,6 +66,7 @@ from maf_compaction.core.user_summaries import (
     UserSummaryConfig,
     media_identity,
 )
+from wiring import recalled
 
 TOKENIZER = CharacterEstimatorTokenizer()
 ESTIMATOR = MediaTokenEstimator(TOKENIZER)
@@ -1380,7 +1381,7 @@ def test_hostile_summarizer_output_is_only_ever_one_marked_user_summary(hostile:
     assert NOTE_KEY not in summary.additional_properties
 
     # The record strategy does not take it for a record.
-    records = ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=200, tokenizer=TOKENIZER)
+    records = recalled(ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=200, tokenizer=TOKENIZER))
     copies = copy.deepcopy(messages)
     run(records, copies)
     assert records.records_found == 0

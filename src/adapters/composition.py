@@ -151,6 +151,8 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         last_report: What the last pass did, or ``None``.
     """
 
+    needs_recall = True
+
     core: ClassVar[object] = core
     state_type = State
     linked_reasons: ClassVar[frozenset[str]] = frozenset(

@@ -43,6 +43,8 @@ class Conversation(Generic[S]):
         #: The head (chat client, options) of the conversation's last unpinned request, as the recall
         #: middleware saw it sent: a request over the cached prefix repeats it (``adapters.aligned``).
         self.head: Any = None
+        #: A recall middleware reads and writes this conversation (a record strategy cannot ask without one).
+        self.recall_shared = False
         #: What the strategy named in log lines already (kept across stacks of one session by its registry).
         self.named: NamedSets = OrderedDict()
 

@@ -89,6 +89,8 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
     state_type: ClassVar[type[Stored]]
     #: Linked from a marker the model sees: exclusions with these reasons log at INFO.
     linked_reasons: ClassVar[frozenset[str]] = frozenset()
+    #: Records are asked for by a recall middleware sharing the conversation: a pass without one is refused.
+    needs_recall: ClassVar[bool] = False
 
     def _setup(self, config: ConfigT, tokenizer: Tokenizer, state: S, *, holds: frozenset[str] = frozenset()) -> None:
         require_tokenizer("tokenizer", tokenizer)
@@ -199,6 +201,16 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
         conversation = self.conversation
         if conversation.provider_owned:
             return None
+        if self.needs_recall and not conversation.recall_shared:
+            name = type(self).__name__
+            raise RuntimeError(
+                f"{name} has no recall middleware: no ToolResultRecallMiddleware shares its state, so no record could "
+                "ever be asked for and its tool results would only be trimmed. Add "
+                "ToolResultRecallMiddleware(max_input_tokens, tokenizer, reforce=records.take_reforce, ...) to the "
+                "agent's middleware and make_recall_tool(...) to its tools, where records is this strategy (or a "
+                "composition's record half, find_nested_strategy); a middleware whose reforce wraps take_reforce "
+                "needs records.bind_recall(middleware). CompactionStack.build(...) wires all of it in one call."
+            )
         history = self._histories.history(messages, note_kind=NOTE_KIND)
         orphans = provider_increment(history)
         if not orphans:

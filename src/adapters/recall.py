@@ -324,6 +324,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         """Read and write ``conversation`` (a record strategy's, configured by ``config``); see ``bind_recall``."""
         self._agree(config)
         conversation.value = machine.adopted(conversation.value, self.conversation.value)
+        conversation.recall_shared = True
         self.conversation = conversation
 
     def shares(self, conversation: Conversation[State]) -> bool:

@@ -95,6 +95,8 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         failed_prefix_requests: Of those, requests that failed or came back without text.
     """
 
+    needs_recall = True
+
     core: ClassVar[object] = core
     state_type = State
 

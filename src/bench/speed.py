@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.resources import as_file, files
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from agent_framework import CharacterEstimatorTokenizer, Content, ContextWindowCompactionStrategy, Message
 from agent_framework._compaction import (  # pyright: ignore[reportPrivateUsage]
@@ -43,6 +43,8 @@ from ..adapters.anchored import AnchoredCompactionStrategy
 from ..adapters.composition import ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
 from ..adapters.counting import MediaTokenEstimator
 from ..adapters.loop import CompactionAdapter
+from ..adapters.nested import find_nested_strategy
+from ..adapters.recall import RecallGate, ToolResultRecallMiddleware
 from ..adapters.records import ToolResultAnchoredSummarizationCompactionStrategy
 from ..adapters.tiktoken import TiktokenTokenizer
 from ..adapters.user_summaries import UserTurnAnchoredSummarizationCompactionStrategy
@@ -332,12 +334,39 @@ def _summarizer(budget: int, tokenizer: TokenizerProtocol) -> SimulatedChatClien
     return SimulatedChatClient(model=model, provider=provider, kind="summarizer")
 
 
+Recorded = TypeVar(
+    "Recorded",
+    ToolResultAnchoredSummarizationCompactionStrategy,
+    ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy,
+)
+
+
+def with_recall(strategy: Recorded) -> Recorded:
+    """``strategy`` with a recall middleware (and gate) sharing its record half's state, as every wiring has it (a
+    pass here is driven directly, the model's record calls already in the history); returns ``strategy``."""
+    records = find_nested_strategy(strategy, ToolResultAnchoredSummarizationCompactionStrategy)
+    if records is None:
+        raise ValueError(f"{type(strategy).__name__} has no record half")
+    gate = RecallGate()
+    ToolResultRecallMiddleware(
+        max_input_tokens=records.max_input_tokens,
+        tokenizer=records.tokenizer,
+        trigger_fraction=records.config.trigger_fraction,
+        arm=gate.arm,
+        disarm=gate.disarm,
+        reforce=records.take_reforce,
+    )
+    return strategy
+
+
 def make_strategy(name: str, budget: int, tokenizer: TokenizerProtocol) -> CompactionStrategy:
     """A fresh instance of the named contender for ``budget`` input tokens (wired as the README wires it)."""
     if name == OURS:
         return AnchoredCompactionStrategy(max_input_tokens=budget, tokenizer=tokenizer)
     if name == RECORDS:
-        return ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=budget, tokenizer=tokenizer)
+        return with_recall(
+            ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=budget, tokenizer=tokenizer)
+        )
     if name == COMPOSED:
         users = UserTurnAnchoredSummarizationCompactionStrategy(
             max_input_tokens=budget,
@@ -346,13 +375,15 @@ def make_strategy(name: str, budget: int, tokenizer: TokenizerProtocol) -> Compa
             summary_mode="boundary",
             remembered_requests=2,
         )
-        return ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
-            tokenizer=tokenizer,
-            tool_results=ToolResultAnchoredSummarizationCompactionStrategy(
-                max_input_tokens=budget, tokenizer=tokenizer
-            ),
-            user_turns=users,
-            overflow_policy="shed",
+        return with_recall(
+            ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
+                tokenizer=tokenizer,
+                tool_results=ToolResultAnchoredSummarizationCompactionStrategy(
+                    max_input_tokens=budget, tokenizer=tokenizer
+                ),
+                user_turns=users,
+                overflow_policy="shed",
+            )
         )
     if name == FRAMEWORK:
         return ContextWindowCompactionStrategy(
