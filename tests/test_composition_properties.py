@@ -331,6 +331,24 @@ def test_a_pass_meets_the_budget_or_raises_and_leaves_the_list_untouched(case: C
         assert failure.needed > budget
 
 
+@given(cases())
+def test_no_step_reports_making_the_prompt_larger_as_the_conversation_grows(case: Case) -> None:
+    """The finding: a pass reported its shed step taking the prompt from 9,690 to 10,210 tokens. The step had
+    counted its input without the notes of earlier sheds (the stored list keeps their exclusions, not their notes),
+    then put them back. Each step's figures now start from the prompt as the earlier decisions leave it."""
+    strategy = build(case, ScriptedSummarizer(extractive))
+    grown: list[Message] = []
+    for message in case.history:
+        grown.append(message)
+        if message.role != "user":
+            continue
+        run(strategy, grown)
+        report = strategy.last_report
+        for name, step in (("shed", report and report.shed), ("fallback", report and report.fallback)):
+            if step:
+                assert step.tokens_after <= step.tokens_before, f"the {name} step grew the prompt at {len(grown)}"
+
+
 def test_the_generator_reaches_every_outcome() -> None:
     """The properties are not vacuous: over the sample, passes fit, shed, summarise, wait and raise."""
     seen: dict[str, int] = {"fit": 0, "raised": 0, "shed": 0, "summarized": 0, "waited": 0, "recorded": 0, "netted": 0}

@@ -109,7 +109,10 @@ class Report:
     """What a pass did, for the shell to log and count.
 
     Attributes:
-        tokens_before: Included tokens of the input.
+        tokens_before: Included tokens of the input with earlier passes' sheds replayed (their notes in place:
+            a list that kept their exclusions but not their notes, as a step within a composition sees it,
+            counts as the prompt the last pass sent), so ``tokens_after - tokens_before`` is this pass's own
+            change.
         tokens_after: Included tokens of the output.
         ceiling: The ceiling the pass compacted to.
         changed: Any message's inclusion or content changed, or notes changed.
@@ -253,8 +256,11 @@ def run(
         _recover(lane, noted, records)
     plan = _Plan(records, tools, texts, existing_notes=existing_notes, releasable=releasable, distillable=distillable)
     misplaced = _misplaced_notes(plan, noted)
+    tokens_before = sent_tokens(history)
     if not misplaced:
         _replay_sheds(plan)
+        if len(_notes(plan, measure)) > len(existing_notes):  # earlier sheds' notes placed afresh
+            tokens_before = sent_tokens(_with_notes(plan, measure))
     shortened, declined, committed = _shorten_band(
         config, plan, committed=state.shortened, measure=measure, limit=limit, shorten=shorten
     )
@@ -280,7 +286,7 @@ def run(
         keep_head_groups=config.keep_head_groups,
     )
     report = Report(
-        tokens_before=sent_tokens(history),
+        tokens_before=tokens_before,
         tokens_after=tokens_after,
         ceiling=limit,
         changed=differs(history, output),
