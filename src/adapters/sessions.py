@@ -24,10 +24,14 @@ Runs of one session must not overlap in one process (the host serializes a sessi
 requests; across replicas, a lease does: see :mod:`maf_compaction.redis`). The provider's
 ``before_run`` claims the session for its run, so a second run of a session that starts
 while another is in progress raises ``RuntimeError`` before anything of it is written; a
-second, independent phase for a session that is in a phase raises too. Distinct sessions
+second, independent phase for a session that is in a phase raises too. The claims are per
+session id in the process, shared by every registry (``_SessionGuard``): a registry built
+per request, two registries configured alike and registries under other state keys refuse
+each other's overlapping runs and phases as one registry refuses its own. Distinct sessions
 run concurrently. A phase nested in another phase of the same session in the same task (a
 context variable marks it) shares the outer phase's stack and leaves the reading and
-writing to it.
+writing to it; nested in another registry's phase, it reads and writes its own entry under
+the outer phase's claim.
 
 A phase ends when its run ends, however it ends: a streamed call's phase when its stream
 is consumed, closed or garbage-collected, any phase when its task is done; a run ends at
@@ -578,7 +582,10 @@ class SessionCompactionRegistry:
     fingerprint matches its own builder's, whichever registry instance wrote it: a registry
     built per request, a second one in the same process, another replica. An entry written
     under another configuration raises :class:`StackConfigurationError` naming the
-    parameters that differ; :meth:`migrate` carries it over on purpose.
+    parameters that differ; :meth:`migrate` carries it over on purpose. Whichever registry
+    serves a session, its phases and runs are guarded per session id in the process, not
+    per registry: a run of a session through one registry refuses an overlapping run of it
+    through any other, as one registry refuses a second run of its own.
 
     Args:
         builder: Makes one stack: ``() -> CompactionStack``.
