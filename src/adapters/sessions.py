@@ -24,10 +24,14 @@ Runs of one session must not overlap in one process (the host serializes a sessi
 requests; across replicas, a lease does: see :mod:`maf_compaction.redis`). The provider's
 ``before_run`` claims the session for its run, so a second run of a session that starts
 while another is in progress raises ``RuntimeError`` before anything of it is written; a
-second, independent phase for a session that is in a phase raises too. Distinct sessions
+second, independent phase for a session that is in a phase raises too. The claims are per
+session id in the process, shared by every registry (``_SessionGuard``): a registry built
+per request, two registries configured alike and registries under other state keys refuse
+each other's overlapping runs and phases as one registry refuses its own. Distinct sessions
 run concurrently. A phase nested in another phase of the same session in the same task (a
 context variable marks it) shares the outer phase's stack and leaves the reading and
-writing to it.
+writing to it; nested in another registry's phase, it reads and writes its own entry under
+the outer phase's claim.
 
 A phase ends when its run ends, however it ends: a streamed call's phase when its stream
 is consumed, closed or garbage-collected, any phase when its task is done; a run ends at
@@ -40,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -102,6 +107,8 @@ DEFAULT_STATE_KEY: Final = "maf_compaction"
 _NAMED_SESSIONS: Final = 1_024
 #: Event-loop steps a new run waits for a dropped stream's generators to be closed (see ``begin_run``).
 _SETTLE_STEPS: Final = 8
+#: Runs the process-wide guard holds before it sweeps out those that ended without their ``after_run``.
+_SWEEP_AT: Final = 1_024
 #: The history provider's ``source_id`` when the agent shows none (the framework's default).
 _DEFAULT_HISTORY_SOURCE: Final = "in_memory"
 
@@ -373,7 +380,7 @@ class _Run:
     def alive(self) -> asyncio.Task[Any] | None:
         """The run's task while the run is in progress (``None``: it has ended, or ran outside a task)."""
         task = None if self.task is None else self.task()
-        if task is None or task.done():
+        if task is None or _ended(task):
             return None
         return None if self.context is not None and self.context() is None else task
 
@@ -389,6 +396,168 @@ def _current_task() -> asyncio.Task[Any] | None:
         return asyncio.current_task()
     except RuntimeError:
         return None
+
+
+def _ended(task: asyncio.Task[Any]) -> bool:
+    """Whether ``task`` is done, or can never run again (its event loop, perhaps another thread's, is closed)."""
+    return task.done() or task.get_loop().is_closed()
+
+
+class _SessionGuard:
+    """Which sessions of this process are in a phase or a run: one record shared by every registry.
+
+    The overlap rules hold per session id, whichever registry opened the phase or began the run: a registry built
+    per request, two registries configured alike (a blue/green reload) and registries under other state keys all
+    see each other's phases and runs, so a second request of a session is refused as one registry refuses it. A
+    lock makes each check-and-claim atomic for hosts that run event loops in several threads; nothing is awaited
+    while it is held. What it holds ends with the phase or run: a closed phase leaves it at once, a phase whose
+    stream was dropped at the next phase any registry opens, and runs that ended without their ``after_run`` (a
+    run that raised) are swept out whenever the runs double past :data:`_SWEEP_AT`.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self._open: dict[str, _Phase] = {}
+        self._runs: dict[str, _Run] = {}
+        #: Phases whose stream was dropped, not yet ended (filled by finalizers, which take no lock).
+        self._dropped: list[_Phase] = []
+        self._sweep_at = _SWEEP_AT
+
+    def sessions(self) -> int:
+        """Entries held now: open phases and runs (a diagnostic for the bound)."""
+        return len(self._open) + len(self._runs)
+
+    def in_phase(self, session_id: str) -> bool:
+        """Whether a phase of the session is open in this process."""
+        return session_id in self._open
+
+    # -- phases -------------------------------------------------------------------------------------
+
+    def claim(self, phase: _Phase) -> None:
+        """Make ``phase`` its session's open phase (the caller refused an overlap under the lock)."""
+        self._open[phase.session.session_id] = phase
+
+    def release(self, phase: _Phase) -> None:
+        """The phase has ended: its session is free (if the phase still holds it)."""
+        with self.lock:
+            if self._open.get(phase.session.session_id) is phase:
+                del self._open[phase.session.session_id]
+
+    def refuse_overlap(self, session_id: str, name: str) -> None:
+        """Raise if a phase of the session is open and alive; end an open phase whose run has ended.
+
+        A phase whose task is done (a cancelled or finished task that never closed it) has
+        ended. A streamed model call's phase ends when its stream is consumed, closed or
+        garbage-collected: on a conflict, unreachable streams are collected first, so a
+        stream the client abandoned releases its session at once.
+        """
+        busy = self._open.get(session_id)
+        if busy is None:
+            return
+        if busy.task is not None and _ended(busy.task):
+            self.abandon(busy, "its task ended without closing it")
+            return
+        if busy.streaming:
+            gc.collect()  # an abandoned stream's finalizer marks its phase dropped
+            if busy.dropped is not None:
+                self.abandon(busy, busy.dropped)
+            if busy.closed:
+                return
+        raise RuntimeError(
+            f"{name} for session {session_id!r} overlaps its {busy.name}: requests of one session must run one "
+            "at a time (a streamed response holds its session until it is consumed, closed or dropped)"
+        )
+
+    @staticmethod
+    def abandon(phase: _Phase, why: str) -> None:
+        """End a phase whose run ended without ending it (its state is written, as on any exit)."""
+        if phase.closed:
+            return
+        logger.warning(
+            "Session %r: ended its %s, which was left open (%s); its state is written as on any exit",
+            phase.session.session_id,
+            phase.name,
+            why,
+        )
+        try:
+            phase.registry.close(phase)
+        except Exception:  # a finalizer must not raise; the phase is ended either way
+            logger.exception("Session %r: writing the state of an abandoned phase failed", phase.session.session_id)
+
+    def drop(self, phase: _Phase, why: str) -> None:
+        """Mark a phase whose stream was garbage-collected. A finalizer: it may run inside any operation, on any
+        thread, so it only marks; the next phase opened ends it, state written (:meth:`end_dropped`)."""
+        if phase.closed:
+            return  # its stream was consumed or closed, and then collected
+        phase.dropped = why
+        self._dropped.append(phase)
+
+    def end_dropped(self) -> None:
+        """End every open phase whose stream was dropped (its state written, as on any exit)."""
+        while self._dropped:
+            try:
+                phase = self._dropped.pop()
+            except IndexError:  # another thread ended the last one
+                return
+            self.abandon(phase, phase.dropped or "")
+
+    # -- runs ---------------------------------------------------------------------------------------
+
+    async def begin_run(self, session_id: str, name: str, context: object) -> None:
+        """Claim the session for a run in the current task (see :meth:`SessionCompactionRegistry.begin_run`)."""
+        task = _current_task()
+        busy = self._runs.get(session_id)
+        if busy is not None and busy.context is not None and busy.alive() not in (None, task):
+            # A run that raised, or whose stream was dropped, in a task that lives on: its context is unreachable
+            # garbage, or held by a dropped stream's generators until the loop has run their aclose().
+            for _ in range(_SETTLE_STEPS):
+                gc.collect()
+                if busy.alive() is None:
+                    break
+                await asyncio.sleep(0)
+        self._refuse_run(session_id, name, task)
+        if _CURRENT.get() is None:
+            busy_phase = self._open.get(session_id)
+            if busy_phase is not None and busy_phase.streaming:
+                # A dropped stream whose async generators the event loop closes: collect them and let the
+                # loop run their aclose() (it closes the stream, whose cleanup ends the phase).
+                gc.collect()
+                for _ in range(_SETTLE_STEPS):
+                    if busy_phase.closed or busy_phase.dropped is not None:
+                        break
+                    await asyncio.sleep(0)
+        with self.lock:  # the checks again (another task may have claimed meanwhile), and the claim, in one step
+            self._refuse_run(session_id, name, task)
+            if _CURRENT.get() is None:
+                self.refuse_overlap(session_id, name)
+            self._runs[session_id] = _Run(
+                name, None if task is None else weakref.ref(task), None if context is None else weakref.ref(context)
+            )
+            if len(self._runs) > self._sweep_at:  # runs that raised before their after_run
+                for ended in [key for key, run in self._runs.items() if run.alive() is None and key != session_id]:
+                    del self._runs[ended]
+                self._sweep_at = max(_SWEEP_AT, 2 * len(self._runs))
+
+    def _refuse_run(self, session_id: str, name: str, task: asyncio.Task[Any] | None) -> None:
+        """Raise if a run of the session is alive in another task."""
+        busy = self._runs.get(session_id)
+        running = None if busy is None else busy.alive()
+        if busy is not None and running is not None and running is not task:
+            raise RuntimeError(
+                f"{name}: this run of session {session_id!r} overlaps its {busy.name} run, still in progress: "
+                "requests of one session must run one at a time (serialize them, for example with leased_session)"
+            )
+
+    def end_run(self, session_id: str) -> None:
+        """Mark the end of the session's run started in this task."""
+        with self.lock:
+            busy = self._runs.get(session_id)
+            if busy is not None and busy.alive() in (None, _current_task()):
+                del self._runs[session_id]
+
+
+#: The one guard of this process: every registry's phases and runs, by session id.
+_GUARD: Final = _SessionGuard()
 
 
 class SessionCompactionRegistry:
@@ -413,7 +582,10 @@ class SessionCompactionRegistry:
     fingerprint matches its own builder's, whichever registry instance wrote it: a registry
     built per request, a second one in the same process, another replica. An entry written
     under another configuration raises :class:`StackConfigurationError` naming the
-    parameters that differ; :meth:`migrate` carries it over on purpose.
+    parameters that differ; :meth:`migrate` carries it over on purpose. Whichever registry
+    serves a session, its phases and runs are guarded per session id in the process, not
+    per registry: a run of a session through one registry refuses an overlapping run of it
+    through any other, as one registry refuses a second run of its own.
 
     Args:
         builder: Makes one stack: ``() -> CompactionStack``.
@@ -441,8 +613,6 @@ class SessionCompactionRegistry:
         self._key = state_key
         self._configuration: StackConfiguration | None = None
         self._cache: OrderedDict[str, _Entry] = OrderedDict()
-        self._open: dict[str, _Phase] = {}
-        self._runs: dict[str, _Run] = {}
         self._parts: weakref.WeakSet[object] = weakref.WeakSet()
         # What each session's stacks named in log lines, so a rebuilt stack does not name it again
         # (diagnostics only, bounded: at least _NAMED_SESSIONS sessions, more with a larger cache).
@@ -494,7 +664,7 @@ class SessionCompactionRegistry:
         """
         if not isinstance(session, AgentSession):
             raise ValueError(f"migrate needs an AgentSession, got {session!r}")
-        if session.session_id in self._open:
+        if _GUARD.in_phase(session.session_id):
             raise RuntimeError(f"session {session.session_id!r} is in a phase: migrate it between requests")
         stored = session.state.get(self._key)
         if stored is None:
@@ -532,75 +702,36 @@ class SessionCompactionRegistry:
         session_id = session.session_id
         outer = _CURRENT.get()
         task = _current_task()
+        inside = False  # this task runs a phase of the session through another registry (which holds the session)
         scope = outer
         while scope is not None:
-            # Nested only in the task that opened the outer phase: a child task inherits the context
-            # variable, but running beside its parent is an overlap, not a nesting.
-            if scope.registry is self and scope.session.session_id == session_id and not scope.closed:
-                if scope.task is task:
+            if scope.session.session_id == session_id and not scope.closed:
+                if scope.task is not task:
+                    # A child task inherits the context variable, but running beside its parent is an overlap,
+                    # not a nesting.
+                    break
+                if scope.registry is self:
                     return _Phase(self, session, name, scope.entry, outer, nested=True, task=task)
-                break
+                inside = True  # another registry's phase: its own entry, under the outer phase's hold
             scope = scope.parent
-        self._end_dropped()
-        self._refuse_overlap(session_id, name)
-        opened = _Phase(self, session, name, self._load(session), outer, task=task)
-        self._open[session_id] = opened
+        with _GUARD.lock:
+            _GUARD.end_dropped()
+            if not inside:
+                _GUARD.refuse_overlap(session_id, name)
+            opened = _Phase(self, session, name, self._load(session), outer, task=task)
+            if not inside:
+                _GUARD.claim(opened)
         return opened
-
-    def _refuse_overlap(self, session_id: str, name: str) -> None:
-        """Raise if a phase of the session is open and alive; end an open phase whose run has ended.
-
-        A phase whose task is done (a cancelled or finished task that never closed it) has
-        ended. A streamed model call's phase ends when its stream is consumed, closed or
-        garbage-collected: on a conflict, unreachable streams are collected first, so a
-        stream the client abandoned releases its session at once.
-        """
-        busy = self._open.get(session_id)
-        if busy is None:
-            return
-        if busy.task is not None and busy.task.done():
-            self._abandon(busy, "its task ended without closing it")
-            return
-        if busy.streaming:
-            gc.collect()  # an abandoned stream's finalizer marks its phase dropped
-            if busy.dropped is not None:
-                self._abandon(busy, busy.dropped)
-            if busy.closed:
-                return
-        raise RuntimeError(
-            f"{name} for session {session_id!r} overlaps its {busy.name}: requests of one session must run one "
-            "at a time (a streamed response holds its session until it is consumed, closed or dropped)"
-        )
-
-    def _abandon(self, phase: _Phase, why: str) -> None:
-        """End a phase whose run ended without ending it (its state is written, as on any exit)."""
-        if phase.closed:
-            return
-        logger.warning(
-            "Session %r: ended its %s, which was left open (%s); its state is written as on any exit",
-            phase.session.session_id,
-            phase.name,
-            why,
-        )
-        try:
-            self.close(phase)
-        except Exception:  # a finalizer must not raise; the phase is ended either way
-            logger.exception("Session %r: writing the state of an abandoned phase failed", phase.session.session_id)
 
     def watch_stream(self, phase: _Phase, stream: object) -> None:
         """Keep ``phase`` open while ``stream`` is alive: it ends when the stream is consumed or closed (the
         caller's cleanup hook) or garbage-collected (abandoned by its consumer)."""
         phase.streaming = True
-        # Garbage collection may run the finalizer inside any operation of this registry (or on another thread),
-        # so it only marks the phase; the registry ends it, state written, at its next safe point: the next phase
-        # it opens, of any session (:meth:`_end_dropped`).
-        finalizer = weakref.finalize(stream, setattr, phase, "dropped", "its stream was dropped before it was consumed")
+        # Garbage collection may run the finalizer inside any operation of any registry (or on another thread), so
+        # it only marks the phase; it is ended, state written, at the next safe point: the next phase any registry
+        # opens, of any session.
+        finalizer = weakref.finalize(stream, _GUARD.drop, phase, "its stream was dropped before it was consumed")
         finalizer.atexit = False  # at interpreter exit there is no session left to write
-
-    def _end_dropped(self) -> None:
-        """End every open phase whose stream was dropped (its state written, as on any exit)."""
-        for phase in [p for p in self._open.values() if p.dropped is not None and not p.closed]:
-            self._abandon(phase, phase.dropped or "")
 
     async def begin_run(self, session: AgentSession | None, name: str, context: object = None) -> None:
         """Mark the start of an agent run of ``session``; refuse it while another run of the session is alive.
@@ -620,48 +751,12 @@ class SessionCompactionRegistry:
         """
         if not isinstance(session, AgentSession):
             raise ValueError(f"{name} needs the run's AgentSession (got {session!r}): pass session=... to agent.run")
-        session_id = session.session_id
-        task = _current_task()
-        busy = self._runs.get(session_id)
-        running = None if busy is None else busy.alive()
-        if busy is not None and running is not None and running is not task and busy.context is not None:
-            # A run that raised, or whose stream was dropped, in a task that lives on: its context is unreachable
-            # garbage, or held by a dropped stream's generators until the loop has run their aclose().
-            for _ in range(_SETTLE_STEPS):
-                gc.collect()
-                if (running := busy.alive()) is None:
-                    break
-                await asyncio.sleep(0)
-        if busy is not None and running is not None and running is not task:
-            raise RuntimeError(
-                f"{name}: this run of session {session_id!r} overlaps its {busy.name} run, still in progress: "
-                "requests of one session must run one at a time (serialize them, for example with leased_session)"
-            )
-        if _CURRENT.get() is None:
-            busy_phase = self._open.get(session_id)
-            if busy_phase is not None and busy_phase.streaming:
-                # A dropped stream whose async generators the event loop closes: collect them and let the
-                # loop run their aclose() (it closes the stream, whose cleanup ends the phase).
-                gc.collect()
-                for _ in range(_SETTLE_STEPS):
-                    if busy_phase.closed or busy_phase.dropped is not None:
-                        break
-                    await asyncio.sleep(0)
-            self._refuse_overlap(session_id, name)
-        self._runs[session_id] = _Run(
-            name, None if task is None else weakref.ref(task), None if context is None else weakref.ref(context)
-        )
-        if len(self._runs) > max(self._max, _NAMED_SESSIONS):  # runs that raised before their after_run
-            for ended in [key for key, run in self._runs.items() if run.alive() is None and key != session_id]:
-                del self._runs[ended]
+        await _GUARD.begin_run(session.session_id, name, context)
 
     def end_run(self, session: AgentSession | None) -> None:
         """Mark the end of the session's run started in this task (from the provider's ``after_run``)."""
-        if not isinstance(session, AgentSession):
-            return
-        busy = self._runs.get(session.session_id)
-        if busy is not None and busy.alive() in (None, _current_task()):
-            del self._runs[session.session_id]
+        if isinstance(session, AgentSession):
+            _GUARD.end_run(session.session_id)
 
     def close(self, phase: _Phase) -> None:
         """Write the phase's state into its session and end it (idempotent; a nested phase writes nothing)."""
@@ -673,7 +768,7 @@ class SessionCompactionRegistry:
         try:
             self._save(phase.session, phase.entry)
         finally:
-            del self._open[phase.session.session_id]
+            _GUARD.release(phase)
 
     # -- reading and writing -----------------------------------------------------------------
 
