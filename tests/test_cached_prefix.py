@@ -394,6 +394,8 @@ class Conversation:
     session: AgentSession
     invoked: list[int] = field(default_factory=list[int])
     replies: list[str] = field(default_factory=list[str])
+    #: Options every run passes (``None``: the agent's own).
+    options: Mapping[str, Any] | None = None
     #: After each turn: the requests sent so far, and stored history's included messages (rendered) with their ids.
     turn_ends: list[tuple[int, list[str], list[str | None]]] = field(
         default_factory=list[tuple[int, list[str], list[str | None]]]
@@ -408,13 +410,14 @@ class Conversation:
         return self.stack.tool_results
 
     async def turn(self, n: int, *, stream: bool = False) -> None:
+        options = {} if self.options is None else {"options": dict(self.options)}
         if stream:
-            run = self.agent.run(question(n), session=self.session, stream=True)
+            run = self.agent.run(question(n), session=self.session, stream=True, **options)
             async for _ in run:
                 pass
             response = await run.get_final_response()
         else:
-            response = await self.agent.run(question(n), session=self.session)
+            response = await self.agent.run(question(n), session=self.session, **options)
         self.replies.append(response.text)
         included = [m for m in self.stored() if not excluded(m)]
         self.turn_ends.append((len(self.sent), [render(m) for m in included], [m.message_id for m in included]))
@@ -1590,6 +1593,57 @@ async def test_after_two_ignored_pins_the_next_record_is_asked_over_the_cached_p
         assert not sent[i].pinned
         assert render_options(sent[i].options) == render_options(sent[i + 1].options)
     assert run.records.groups_covered > 0
+
+
+#: Anthropic's extended thinking, as a caller turns it on in the options.
+THINKING: Final[Mapping[str, Any]] = {"thinking": {"type": "enabled", "budget_tokens": 2_048}}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_with_extended_thinking_no_request_is_forced_and_each_record_is_asked_over_the_cached_prefix(
+    kind: Kind,
+) -> None:
+    """Anthropic rejects a tool_choice naming a tool while extended thinking is on, so a pinning host whose requests
+    turn thinking on must never pin one: each record due is asked over the cached prefix instead, and pinning is not
+    given up (no request was refused; a request without thinking is pinned again)."""
+    run = conversation(kind, record_request="pinned")
+    run.options = THINKING
+    await run.play(range(TURNS))
+    sent, recall = run.sent, run.stack.recall
+    assert not [s.number for s in sent if s.pinned], "a request with extended thinking was forced to call a tool"
+    assert recall.forced_calls == 0
+    asks = asked(sent)
+    assert asks, "no record was asked over the cached prefix"
+    assert len(written_records(run.stored())) == len(asks)
+    assert run.records.groups_covered > 0
+    assert recall.conversation.value.recall.route is RecordRoute.PINNED, "pinning was given up"
+    assert all(s.options.get("thinking") == THINKING["thinking"] for s in sent)
+
+    # The same conversation without thinking pins as before: the route stood.
+    plain = await conversation(kind, record_request="pinned").play(range(TURNS))
+    assert [s for s in plain.sent if s.pinned]
+
+
+def test_a_request_that_cannot_be_forced_asks_its_due_record_over_the_cached_prefix() -> None:
+    """The pure protocol: on a pinning host, a pin decided for a request that cannot be forced (extended thinking)
+    becomes an ask over the cached prefix on that request; the route stays pinned, so the next forcible request is
+    pinned; while that route rests after failures, the pin is dropped instead (never forced)."""
+    from maf_compaction.core.recall import HistorySeen, PinRule, RecallStatus, RequestStarting, Unpinned, advance
+
+    rule = PinRule(trigger_tokens=1_000)
+    big = HistorySeen(RecallStatus(included_tokens=5_000, records=0, pending_groups=3))
+    ready, _ = advance(rule, RecallState(), big)
+    assert ready.next_pin == "size"
+    forced, action = advance(rule, ready, RequestStarting())
+    assert isinstance(action, Pin)
+    asked_state, action = advance(rule, ready, RequestStarting(forcible=False))
+    assert action == Unpinned()
+    assert (asked_state.asking, asked_state.next_pin, asked_state.in_flight) == ("size", None, False)
+    assert asked_state.route is RecordRoute.PINNED
+    resting, action = advance(rule, evolve(ready, resting=3), RequestStarting(forcible=False))
+    assert action == Unpinned()
+    assert (resting.asking, resting.next_pin) == (None, None)
+    assert forced.route is RecordRoute.PINNED
 
 
 @pytest.mark.parametrize(

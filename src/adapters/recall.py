@@ -405,7 +405,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             # A conversation this instance has not seen sent (a restore, a new replica, a rebuilt stack): the
             # caller's head until the request has gone out (providers may add instructions and tools on the way).
             self._sent(context)
-        action = self._advance(machine.RequestStarting())
+        action = self._advance(machine.RequestStarting(forcible=not _thinks(context.options)))
         if not isinstance(action, machine.Pin):
             self._release()
             await call_next()
@@ -590,6 +590,13 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         # the cached prefix).
         reforce = self._reforce is not None and bool(self._reforce())
         self._advance(machine.HistorySeen(status, reforce=reforce))
+
+
+def _thinks(options: Mapping[str, Any] | None) -> bool:
+    """The request turns Anthropic's extended thinking on (``thinking``: enabled or adaptive), which forbids a
+    ``tool_choice`` naming a tool: a record due on it is asked for over the cached prefix instead."""
+    thinking = (options or {}).get("thinking")
+    return isinstance(thinking, Mapping) and thinking.get("type") in ("enabled", "adaptive")  # pyright: ignore[reportUnknownMemberType]
 
 
 def _declares_recall_tool(options: Mapping[str, Any] | None) -> bool:

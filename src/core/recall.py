@@ -15,8 +15,9 @@ HistorySeen         the next request's pin: an outstanding re-force ask first,  
                     an ask over the cached prefix is over
 RequestStarting     the decided pin is spent on this request, by the record     Pin /
                     route (:class:`.state.RecordRoute`): pinned, or asked over  Unpinned
-                    the cached prefix by the pass inside it, or dropped when
-                    no route is left
+                    the cached prefix by the pass inside it (also when the
+                    request cannot be forced), or dropped when no route is
+                    left
 ForcedReturned      the forced call returned: its record is awaited             Nothing
 ForcedResponse      the streak of pinned responses without a recall call;       Disable /
                     two in a row give pinning up                                Nothing
@@ -106,7 +107,15 @@ class HistorySeen:
 
 @dataclass(frozen=True, slots=True)
 class RequestStarting:
-    """A request is about to be sent."""
+    """A request is about to be sent.
+
+    Attributes:
+        forcible: The request may be forced to call a tool. Anthropic's extended thinking forbids a
+            ``tool_choice`` that names a tool, so a record due on such a request is asked for over the cached
+            prefix instead (pinning is not given up: the next forcible request is pinned again).
+    """
+
+    forcible: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,9 +222,10 @@ def advance(rule: PinRule, state: RecallState, event: Event) -> tuple[RecallStat
     if isinstance(event, RequestStarting):
         if state.next_pin is None:
             return state, Unpinned()
-        if records_over_prefix(state):  # asked by the pass inside it
+        unforced = not event.forcible and state.route is RecordRoute.PINNED and state.resting == 0
+        if records_over_prefix(state) or unforced:  # asked by the pass inside it
             return evolve(state, next_pin=None, asking=state.next_pin), Unpinned()
-        if no_route(state):
+        if no_route(state) or not event.forcible:
             return evolve(state, next_pin=None), Unpinned()
         return evolve(state, next_pin=None, in_flight=True), Pin(rule.record_max_tokens, state.next_pin)
     if isinstance(event, ForcedReturned):
