@@ -1763,10 +1763,12 @@ def _text_record(role: str, text: str, message_id: str, *, injected: bool = Fals
     )
 
 
-def _group(n: int, *, parallel: bool = False) -> list[MessageRecord]:
-    """A lookup group: the call (two calls in parallel when ``parallel``) and one tool message with the results."""
+def _group(n: int, *, parallel: bool = False, thinking: bool = False) -> list[MessageRecord]:
+    """A lookup group: the call (two calls in parallel when ``parallel``; opening with the model's reasoning when
+    ``thinking``, as a Claude turn with extended thinking does) and one tool message with the results."""
     ids = [f"c{n}", f"c{n}b"] if parallel else [f"c{n}"]
-    calls = tuple(Part("function_call", f'lookup {{"n":{n}}}', 4, call_id=i, name="lookup") for i in ids)
+    reasoning = (Part("text_reasoning", f"I should look up item {n}.", 8),) if thinking else ()
+    calls = reasoning + tuple(Part("function_call", f'lookup {{"n":{n}}}', 4, call_id=i, name="lookup") for i in ids)
     results = tuple(Part("function_result", lookup_result(n), 80, call_id=i) for i in ids)
     return [
         MessageRecord("assistant", calls, 4 + 4 * len(ids), message_id=f"a{n}"),
@@ -1850,17 +1852,17 @@ def _asking() -> State:
     return State(recall=RecallState(asking="size"))
 
 
-#: How a drawn conversation ends when the record is asked: with the turn's answer (as drawn), a new question, or a
-#: new question and its lookup (a run's follow-up request).
-Ending = Literal["answer", "question", "call"]
-ENDINGS: Final[tuple[Ending, ...]] = ("answer", "question", "call")
+#: How a drawn conversation ends when the record is asked: with the turn's answer (as drawn), a new question, a
+#: new question and its lookup (a run's follow-up request), or that lookup made while thinking.
+Ending = Literal["answer", "question", "call", "thinking call"]
+ENDINGS: Final[tuple[Ending, ...]] = ("answer", "question", "call", "thinking call")
 
 
 def _ended(view: History, ending: Ending) -> History:
     """``view`` ending as ``ending`` says."""
     extra: list[MessageRecord] = [] if ending == "answer" else [_text_record("user", "question 50", "u50")]
-    if ending == "call":
-        extra += _group(50)
+    if ending in ("call", "thinking call"):
+        extra += _group(50, thinking=ending == "thinking call")
     return history([*view, *extra])
 
 
@@ -1871,7 +1873,9 @@ def test_the_asks_identity_and_place_are_the_same_on_a_copy_with_injected_contex
     """The in-call copy carries a provider's context the stored history lacks: the ask is the same ask on
     both lists (its identity, record id and place), and once answered it is not asked again on either. Its place
     is right before the conversation's newest group: the question, the lookup call and its results, or the
-    answer (each message but a call and its results is a group of its own)."""
+    answer (each message but a call and its results is a group of its own). A lookup made while thinking keeps its
+    reasoning first in its turn (a provider joins adjacent assistant messages; Anthropic rejects a final turn with
+    thinking on that opens with anything else): the record stands before the question instead."""
     view = _ended(case[0], ending)
     plain = history(r for r in view if not r.injected)
     copy = list(view)
@@ -1884,7 +1888,7 @@ def test_the_asks_identity_and_place_are_the_same_on_a_copy_with_injected_contex
     assert (one.kind, one.route) == (other.kind, other.route) == (RequestKind.RECORD, Route.CACHED_PREFIX)
     assert (one.identity, one.message_id, one.after) == (other.identity, other.message_id, other.after)
     assert one.instruction == RECORD_INSTRUCTION
-    newest = len(plain) - (2 if ending == "call" else 1)  # where the newest group starts
+    newest = len(plain) - {"call": 2, "thinking call": 3}.get(ending, 1)  # where the record stands
     assert one.after == _originals(plain[:newest])
     done = State(
         recall=RecallState(asking="size"),

@@ -614,10 +614,19 @@ def record_place(conversation: History) -> int:
     Right before the newest group (the user's message, or the newest tool call and its
     results), so every request still ends with what the conversation ends with (a
     request ending with an assistant message would read as a reply to continue), and what
-    precedes the record is the part of the prompt the provider already cached.
+    precedes the record is the part of the prompt the provider already cached. A newest
+    group that is the model's turn opening with its reasoning (a tool call made while
+    thinking) keeps its reasoning first: the record stands before the group before it, since
+    a provider joins adjacent assistant messages into one turn, and Anthropic rejects a
+    final assistant turn with thinking on that starts with anything but its thinking.
     """
     seen = view(conversation)
-    start = max((seen.indices[group.members[0]] for group in seen.grouping.all if group.members), default=None)
+    groups = sorted((seen.indices[group.members[0]], group) for group in seen.grouping.all if group.members)
+    if not groups:
+        return originals(conversation)
+    start, newest = groups[-1]
+    if len(groups) > 1 and newest.has_reasoning and conversation[start].role == "assistant":
+        start = groups[-2][0]
     return originals(conversation[:start])
 
 
