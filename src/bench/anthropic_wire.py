@@ -23,7 +23,7 @@ import socket
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Final
 
 from agent_framework import Content, Message
 from aiohttp import web
@@ -54,6 +54,7 @@ from .rendering import (
     system_entry,
     tool_spec,
 )
+from .runner import ANTHROPIC_CACHE_MODES, AnthropicCacheMode
 from .simulator import (
     ANTHROPIC_LOOKBACK_BLOCKS,
     ANTHROPIC_MAX_BREAKPOINTS,
@@ -70,10 +71,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("maf_compaction")
 
-#: What the bench's agent sends as ``cache_control``: ``"auto"``, the request-level automatic mark (one line a
-#: user adds to the agent's options); ``"none"``, nothing (what the framework's client sends by default).
-AnthropicCacheMode: TypeAlias = Literal["auto", "none"]
-ANTHROPIC_CACHE_MODES: Final[tuple[AnthropicCacheMode, ...]] = ("auto", "none")
 
 #: The model name the bench's client sends (its minimum cacheable length is 1,024 tokens).
 DEFAULT_MODEL: Final = "claude-sonnet-4-5"
@@ -232,8 +229,7 @@ def _check_shape(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
         content = message.get("content")
         if content is None or content in ("", []):
             raise InvalidRequest("request", f"messages.{number}: all messages must have non-empty content")
-    if messages[0].get("role") != "user":
-        raise InvalidRequest("request", 'messages.0.role: the first message must use the "user" role')
+    # The first-party API takes a first message of either role (Bedrock refuses an assistant one: not simulated).
     return messages
 
 
