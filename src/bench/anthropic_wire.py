@@ -72,8 +72,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("maf_compaction")
 
 
-#: The model name the bench's client sends (its minimum cacheable length is 1,024 tokens).
-DEFAULT_MODEL: Final = "claude-sonnet-4-5"
+#: The model name the bench's client sends (its minimum cacheable length is 2,048 tokens, reference §3).
+DEFAULT_MODEL: Final = "claude-sonnet-4-6"
 #: The smallest ``budget_tokens`` Anthropic accepts for extended thinking, and what the bench asks for.
 MIN_THINKING_BUDGET: Final = 1_024
 #: The thinking text of every answer when extended thinking is on (no planted values, no summary keywords).
