@@ -21,7 +21,7 @@ import logging
 import secrets
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
@@ -149,12 +149,14 @@ class Rejection:
         rule: The rule it broke (:data:`RULES`).
         message: The error message sent.
         number: 1-based number of the request among all the server received.
+        body: The refused request body, as received.
     """
 
     kind: CallKind
     rule: str
     message: str
     number: int
+    body: Mapping[str, Any] = field(default_factory=dict[str, Any], repr=False, compare=False)
 
 
 def error_body(message: str, kind: str = "invalid_request_error") -> dict[str, Any]:
@@ -825,7 +827,7 @@ class AnthropicLoopback:
             try:
                 validate_request(payload, self.issued)
             except InvalidRequest as invalid:
-                self.rejected.append(Rejection(kind, invalid.rule, invalid.message, self._received))
+                self.rejected.append(Rejection(kind, invalid.rule, invalid.message, self._received, payload))
                 logger.debug("anthropic loopback: refused request %d (%s)", self._received, invalid.message)
                 return web.json_response(
                     error_body(invalid.message), status=400, headers={"request-id": "req_loopback"}
