@@ -638,3 +638,26 @@ def test_stream_events_follow_anthropics_sequence() -> None:
     ) == {"q": 1}
     for _, data in events:
         _EVENTS.validate_python(data)
+
+
+def test_thinking_goes_with_the_anthropic_client(capsys: pytest.CaptureFixture[str]) -> None:
+    from maf_compaction.bench import __main__ as bench_main
+
+    assert bench_main.main(["bench", "--thinking", "--rows", "none"]) == 2
+    assert "--thinking goes with --client anthropic" in capsys.readouterr().err
+
+
+def test_the_command_line_reports_the_wire_rule_and_a_rejected_column(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from maf_compaction.bench import __main__ as bench_main
+
+    monkeypatch.setattr(runner, "_tokenizer", offline_tiktoken)
+    argv = ["bench", "--client", "anthropic", "--anthropic-cache", "none", "--thinking", "--rows", "none"]
+    argv += ["--context-window", "8192", "--max-output-tokens", "2048", "--tool-turns", "3", "--markers-per-tool", "4"]
+    argv += ["--fill", "0.9", "--seeds", "1", "--jobs", "1", "--quiet"]
+    assert bench_main.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "the Anthropic wire (anthropic client over the loopback, no cache_control, extended thinking on)" in out
+    header = next(line for line in out.splitlines() if line.strip().startswith("row "))
+    assert header.split()[-1] == "rejected"
