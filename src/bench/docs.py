@@ -28,7 +28,7 @@ from typing import Final
 from .args import positive_int, program_name
 from .breaks import DOC_ROWS
 from .provider import CacheKind
-from .report import COLUMNS, _cells, row_figures, verdict, vs_none  # pyright: ignore[reportPrivateUsage]
+from .report import _cells, columns_for, row_figures, verdict, vs_none  # pyright: ignore[reportPrivateUsage]
 from .rows import ROWS
 from .runner import SPEND, Cell, CellResult, RowSummary, Settings, run_batches, run_grid, summarize
 
@@ -266,7 +266,7 @@ def render_demo(run: Run, summaries: Sequence[RowSummary], timed: Timed | None =
 
     ``timed`` is how long ``make demo``'s grid took when ``make docs --write`` ran it.
     """
-    keys = [(key, title) for key, title in COLUMNS if key != "pass"]
+    keys = [(key, title) for key, title in columns_for(run.settings, full=True) if key != "pass"]
     lines = [demo_grid_line(timed), "", _source_line(run), ""]
     for fill, rows in _by_fill(summaries).items():
         lines.append(

@@ -27,6 +27,7 @@ from .provider import CACHE_KINDS, default_profile
 from .report import plot, render_table, to_json
 from .rows import ROW_DESCRIPTIONS, ROWS, RowFactoryError, load_factory, parse_strategy_options, resolve_rows
 from .runner import (
+    ANTHROPIC_CACHE_MODES,
     CLIENT_MODES,
     Cell,
     CellError,
@@ -273,9 +274,20 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
         "--client",
         choices=CLIENT_MODES,
         default="inprocess",
-        help="in process, or a real agent-framework-openai client against a loopback server",
+        help="in process, or a real agent-framework-openai or agent-framework-anthropic client against a loopback "
+        "server (anthropic: Anthropic's Messages API, validated and priced from the request's own cache_control)",
     )
     sim.add_argument("--stream", action="store_true", help="streaming model calls")
+    sim.add_argument(
+        "--thinking", action="store_true", help="with --client anthropic: extended thinking on (budget 1,024 tokens)"
+    )
+    sim.add_argument(
+        "--anthropic-cache",
+        choices=ANTHROPIC_CACHE_MODES,
+        default="auto",
+        help="with --client anthropic: auto sends the request-level cache_control (automatic caching, one line in "
+        "the agent's options); none sends no cache_control at all (the framework's default)",
+    )
     rows_group = cli.add_argument_group("rows")
     rows_group.add_argument(
         "--rows", help="comma-separated rows (default: every built-in row, then every --strategy row)"
@@ -321,9 +333,13 @@ def settings_from(args: argparse.Namespace) -> Settings:
         raise ValueError(
             f"--max-output-tokens ({args.max_output_tokens}) must be below --context-window ({args.context_window})"
         )
-    names = set(Settings.__dataclass_fields__) - {"profile", "strategies"}
-    profile = args.prices or default_profile(args.cache)
-    return Settings(profile=profile, strategies=extra, **{name: getattr(args, name) for name in names})
+    if args.thinking and args.client != "anthropic":
+        raise ValueError("--thinking goes with --client anthropic")
+    names = set(Settings.__dataclass_fields__) - {"profile", "strategies", "cache"}
+    # Over the Anthropic wire the request's own cache_control marks decide (docs/bench.md, "The Anthropic loopback").
+    cache = "anthropic" if args.client == "anthropic" else args.cache
+    profile = args.prices or default_profile(cache)
+    return Settings(profile=profile, strategies=extra, cache=cache, **{name: getattr(args, name) for name in names})
 
 
 def row_names(args: argparse.Namespace, settings: Settings) -> list[str]:
@@ -350,7 +366,9 @@ def check_environment(args: argparse.Namespace, settings: Settings) -> None:
         UsageError: One line naming what is missing and the extra that installs it.
     """
     needed = [("tiktoken", "the bench")]
-    if settings.client != "inprocess":
+    if settings.client == "anthropic":
+        needed += [(module, "--client anthropic") for module in ("agent_framework_anthropic", "anthropic", "aiohttp")]
+    elif settings.client != "inprocess":
         needed += [
             (module, f"--client {settings.client}") for module in ("agent_framework_openai", "openai", "aiohttp")
         ]

@@ -12,7 +12,7 @@ from typing import Final, Literal, Protocol
 
 from .causes import Break, break_cause
 from .rendering import MESSAGE_LAYER_FIELDS, OPAQUE_MARKER, RenderedRequest, common_prefix
-from .simulator import AnthropicCache, OpenAICache, PriceProfile, Salt, bill
+from .simulator import AnthropicCache, BreakpointResult, OpenAICache, PriceProfile, Salt, bill, bill_breakpoints
 
 CacheKind = Literal["openai", "openai-free-tool-choice", "anthropic"]
 CallKind = Literal["model", "summarizer"]
@@ -196,6 +196,10 @@ class SimulatedProvider:
             found = self._tokens[entry] = (tuple(ids), tuple(salts))
         return found
 
+    def encoded(self, entry: str) -> tuple[tuple[int, ...], tuple[Salt, ...]]:
+        """Token ids of one rendered entry and the salts of its opaque markers (at offsets into those ids)."""
+        return self._encoded(entry)
+
     def count(self, text: str) -> int:
         """Tokens of ``text`` on the provider's own count."""
         return len(self.tokens(text))
@@ -250,18 +254,24 @@ class SimulatedProvider:
         label: str = TASK,
         instruction: bool = False,
         reasoning_tokens: int = 0,
+        priced: BreakpointResult | None = None,
     ) -> CallRecord:
         """Account one call: cache lookup by the provider's rule, DQ check and bill.
 
         ``label`` says what the model took the request for (:data:`TASK`, or a compaction
         request's kind); ``instruction`` that it ends with a compaction instruction (a request
         over the cached prefix), which the next request never repeats, so breaks are judged
-        against what came before it. ``reasoning_tokens`` are billed as output.
+        against what came before it. ``reasoning_tokens`` are billed as output. ``priced``: the
+        cache outcome a wire server computed from the breakpoints the request itself marks (the
+        Anthropic loopback, ``docs/bench.md``); it replaces the rule's lookup and is billed by
+        Anthropic's write prices (:func:`~.simulator.bill_breakpoints`).
         """
         if reasoning_tokens < 0:
             raise ValueError(f"reasoning_tokens must be >= 0, got {reasoning_tokens}")
         layout = self.layout(request)
-        if self.cache == "anthropic":
+        if priced is not None:
+            result = priced.result
+        elif self.cache == "anthropic":
             points = _breakpoints(layout.preamble_end, len(layout.tokens))
             result = self._anthropic.lookup_and_store(layout.tokens, points, layout.salts, now=self.clock)
         else:
@@ -273,7 +283,12 @@ class SimulatedProvider:
         cause = break_cause(previous[1], request, ignore_head=ignored) if broke and previous is not None else None
         asked = instruction and bool(request.messages)
         self._previous[kind] = (entries[:-1] if asked else entries, request)
-        cost = bill(self.profile, result, output_tokens)
+        if priced is not None:
+            cost = bill_breakpoints(self.profile, priced, output_tokens)
+            timeless = bill_breakpoints(self.profile, priced, output_tokens, timeless=True)
+        else:
+            cost = bill(self.profile, result, output_tokens)
+            timeless = bill(self.profile, result.without_expiry(), output_tokens)
         record = CallRecord(
             kind=kind,
             turn=self.turn,
@@ -289,7 +304,7 @@ class SimulatedProvider:
             label=label,
             reasoning_tokens=reasoning_tokens,
             instruction_tokens=self._instruction_tokens(request, kind, label, asked),
-            expiry_cost=cost - bill(self.profile, result.without_expiry(), output_tokens),
+            expiry_cost=cost - timeless,
             at=self.clock,
         )
         self.clock += CALL_SECONDS + output_tokens / OUTPUT_TOKENS_PER_SECOND

@@ -29,11 +29,14 @@ COLUMNS = (
     ("calls", "model calls"),
     ("summ", "summarizer"),
     ("pass", "pass ms med/max"),
+    ("rejected", "rejected"),
 )
 #: The default table's columns: what a choice needs, within :data:`WIDTH` with the default grid's rows.
 COMPACT_COLUMNS = tuple(
     (key, title) for key, title in COLUMNS if key in ("row", "cost", "vs", "hit", "max", "dq", "facts", "acc")
 )
+#: The columns only ``--client anthropic`` fills (its loopback refuses invalid requests).
+ANTHROPIC_ONLY = frozenset({"rejected"})
 #: The terminal width the default output keeps to (every line, the default grid's rows included).
 WIDTH = 120
 
@@ -94,6 +97,7 @@ def _cells(summary: RowSummary) -> dict[str, str]:
         "calls": f"{summary.model_calls:.1f}",
         "summ": f"{summary.summarizer_calls:.1f}",
         "pass": f"{median}/{worst}",
+        "rejected": f"{summary.rejected:g}",
     }
 
 
@@ -221,6 +225,38 @@ def table_lines(
     return lines
 
 
+def refusal_lines(summary: RowSummary) -> list[str]:
+    """One paragraph per validation rule that refused a row's requests: the mean count per seed and a message."""
+    lines: list[str] = []
+    for rule, count in summary.rejections.items():
+        text = f"{summary.row} refused ({rule}, {count:g} per seed): {summary.rejection_messages.get(rule, '')}"
+        lines += textwrap.wrap(text, WIDTH, initial_indent="  ", subsequent_indent="    ")
+    return lines
+
+
+def rule_line(settings: Settings) -> str:
+    """The cache rule a run priced by, and the client that sent its requests."""
+    if settings.client == "anthropic":
+        automatic = (
+            "request-level automatic cache_control" if settings.anthropic_cache == "auto" else "no cache_control"
+        )
+        thinking = "extended thinking on" if settings.thinking else "thinking off"
+        return (
+            f"cache rule: the Anthropic wire (anthropic client over the loopback, {automatic}, {thinking}): "
+            "each request is validated as Anthropic documents (rejected: answered with a 400) and priced from the "
+            "cache_control marks it carries (at most 4, 20-block lookback, minimum length, 5m/1h writes at 1.25x/2x, "
+            "reads at 0.1x)."
+        )
+    client = "in process" if settings.client == "inprocess" else f"{settings.client} client over the loopback"
+    return f"cache rule {settings.cache} ({client}): {CACHE_RULES[settings.cache]}."
+
+
+def columns_for(settings: Settings, *, full: bool) -> tuple[tuple[str, str], ...]:
+    """The table's columns: every one (``full``) or the compact ones, ``rejected`` only for ``--client anthropic``."""
+    chosen = COLUMNS if full else (*COMPACT_COLUMNS, ("rejected", "rejected"))
+    return tuple((k, t) for k, t in chosen if settings.client == "anthropic" or k not in ANTHROPIC_ONLY)
+
+
 def render_table(
     summaries: Sequence[RowSummary], settings: Settings, *, workload: str | None = None, full: bool = False
 ) -> str:
@@ -230,10 +266,7 @@ def render_table(
     fits :data:`WIDTH`; ``full`` prints every column, each row's counters and lost values, and
     the legend of those. ``workload`` is a file workload's name.
     """
-    client = "in process" if settings.client == "inprocess" else f"{settings.client} client over the loopback"
-    lines = textwrap.wrap(
-        f"cache rule {settings.cache} ({client}): {CACHE_RULES[settings.cache]}.", WIDTH, subsequent_indent="  "
-    )
+    lines = textwrap.wrap(rule_line(settings), WIDTH, subsequent_indent="  ")
     lines.append("")
     by_fill = {v.fill: v for v in verdicts(summaries)}
     for fill, judged in by_fill.items():
@@ -246,7 +279,7 @@ def render_table(
         )
         lines += [f"  {line}" for line in judged.lines]
         floor = next((s.floor for s in rows if s.row == "none" and s.floor is not None), None)
-        lines += table_lines(rows, COLUMNS if full else COMPACT_COLUMNS, floor=floor)
+        lines += table_lines(rows, columns_for(settings, full=full), floor=floor)
         if full:
             for summary in rows:
                 shown = row_figures(summary)
@@ -255,6 +288,8 @@ def render_table(
                     lines += textwrap.wrap(text, WIDTH, initial_indent="  ", subsequent_indent="    ")
                 text = f"{summary.row} cost goes to: {spend_line(summary)}"
                 lines += textwrap.wrap(text, WIDTH, initial_indent="  ", subsequent_indent="    ")
+        for summary in rows:
+            lines += refusal_lines(summary)
         lines.append("")
     errors = [f"  {s.row} (fill {s.fill:g}) {e}" for s in summaries for e in s.errors]
     lines += [*_LEGEND, *([_STOPPED] if errors else []), *(_FULL_LEGEND if full else _MORE)]

@@ -39,8 +39,12 @@ from .simulator import PriceProfile, get_profile
 
 logger = logging.getLogger("maf_compaction")
 
-ClientMode = Literal["inprocess", "openai-responses", "openai-chat"]
-CLIENT_MODES: tuple[ClientMode, ...] = ("inprocess", "openai-responses", "openai-chat")
+ClientMode = Literal["inprocess", "openai-responses", "openai-chat", "anthropic"]
+CLIENT_MODES: tuple[ClientMode, ...] = ("inprocess", "openai-responses", "openai-chat", "anthropic")
+#: What ``--anthropic-cache`` makes the Anthropic client send: the request-level automatic ``cache_control``
+#: (``auto``) or none (``none``, the framework's default).
+AnthropicCacheMode = Literal["auto", "none"]
+ANTHROPIC_CACHE_MODES: tuple[AnthropicCacheMode, ...] = ("auto", "none")
 
 #: The loopback server's id seed in every cell: the ids it issues (and so the opaque reasoning markers the cache
 #: counts) are the same from run to run, so the figures are reproducible.
@@ -111,6 +115,8 @@ class Settings(ModelKnobs):
     ttl: float | None = None
     client: ClientMode = "inprocess"
     stream: bool = False
+    thinking: bool = False
+    anthropic_cache: AnthropicCacheMode = "auto"
     workload: str | None = None
     session: str | None = None
     facts: str | None = None
@@ -184,6 +190,9 @@ class CellResult:
         spend: Where the cost went, in dollars (:func:`spend`; its parts add up to :attr:`cost`, but
             ``expiry``, which is part of the others).
         requests: Compaction requests by what the model took them for (``record``, ``summary``...).
+        rejected: Requests the Anthropic loopback refused as Anthropic would (a 400; ``--client anthropic``).
+        rejections: Of those, how many each validation rule refused (``anthropic_wire.RULES``).
+        rejection_messages: The first error message sent for each rule, by rule.
     """
 
     row: str
@@ -219,6 +228,9 @@ class CellResult:
     break_causes: dict[str, int] = field(default_factory=dict[str, int])
     spend: dict[str, float] = field(default_factory=dict[str, float])
     requests: dict[str, int] = field(default_factory=dict[str, int])
+    rejected: int = 0
+    rejections: dict[str, int] = field(default_factory=dict[str, int])
+    rejection_messages: dict[str, str] = field(default_factory=dict[str, str])
 
     @property
     def hit(self) -> float:
@@ -326,7 +338,7 @@ async def play_cell(
     if factory is None:
         factory = resolve_rows([cell.row], settings.strategies)[cell.row]
     with seeded_framework_ids(cell.seed):
-        async with _clients(settings, model, provider) as (client, summarizer, agent_options):
+        async with _clients(settings, model, provider) as (client, summarizer, agent_options, refused):
             context = _row_context(settings, summarizer)
             setup = setup_of(factory, context, row=cell.row)
             timed: dict[int, TimedStrategy] = {}
@@ -376,6 +388,10 @@ async def play_cell(
                 logger.warning("row %s stopped at %s", cell.row, result.error)
             if setup.counters is not None:
                 result.counters = {name: float(value) for name, value in setup.counters().items()}
+            for rule, message in refused():
+                result.rejected += 1
+                result.rejections[rule] = result.rejections.get(rule, 0) + 1
+                result.rejection_messages.setdefault(rule, message)
     _fill_figures(
         result, scenario, provider.calls, replies, stored_messages(session), warned=warned, profile=provider.profile
     )
@@ -499,11 +515,16 @@ def _fill_figures(
 @contextlib.asynccontextmanager
 async def _clients(
     settings: Settings, model: ScriptedModel, provider: SimulatedProvider
-) -> AsyncIterator[tuple[Any, Any, dict[str, Any]]]:
-    """The model client, the summarizer client and the agent's default options, in process or over loopback."""
+) -> AsyncIterator[tuple[Any, Any, dict[str, Any], Callable[[], list[tuple[str, str]]]]]:
+    """The model client, the summarizer client, the agent's default options and the refused requests so far
+    (``(rule, message)`` pairs: only the Anthropic loopback refuses any), in process or over loopback."""
     if settings.client == "inprocess":
         summarizer = SimulatedChatClient(model=model, provider=provider, kind="summarizer")
-        yield SimulatedChatClient(model=model, provider=provider), summarizer, {}
+        yield SimulatedChatClient(model=model, provider=provider), summarizer, {}, list
+        return
+    if settings.client == "anthropic":
+        async with _anthropic_clients(settings, model, provider) as clients:
+            yield clients
         return
     from .loopback import (  # noqa: PLC0415 - needs the openai extras
         LoopbackProvider,
@@ -517,10 +538,28 @@ async def _clients(
         client = make_client(kind, server.base_url("model"))
         summarizer = make_client(kind, server.base_url("summarizer"))
         try:
-            yield client, summarizer, agent_options(kind)
+            yield client, summarizer, agent_options(kind), list
         finally:  # before the cell's event loop ends, or the garbage collector closes them on a closed loop
             await close_client(client)
             await close_client(summarizer)
+
+
+@contextlib.asynccontextmanager
+async def _anthropic_clients(
+    settings: Settings, model: ScriptedModel, provider: SimulatedProvider
+) -> AsyncIterator[tuple[Any, Any, dict[str, Any], Callable[[], list[tuple[str, str]]]]]:
+    """agent-framework-anthropic's clients against the Anthropic loopback (``docs/bench.md``)."""
+    from . import anthropic_wire  # noqa: PLC0415 - needs the anthropic extras
+
+    async with anthropic_wire.AnthropicLoopback(model, provider, id_seed=LOOPBACK_ID_SEED) as server:
+        client = anthropic_wire.make_client(server.base_url("model"))
+        summarizer = anthropic_wire.make_client(server.base_url("summarizer"))
+        options = anthropic_wire.agent_options(cache=settings.anthropic_cache, thinking=settings.thinking)
+        try:
+            yield client, summarizer, options, lambda: [(r.rule, r.message) for r in server.rejected]
+        finally:
+            await anthropic_wire.close_client(client)
+            await anthropic_wire.close_client(summarizer)
 
 
 # ----------------------------------------------------------------------------------------
@@ -607,7 +646,8 @@ class RowSummary:
     (``None`` when none did);
     ``errors`` holds ``"seed N: turn M: Exception: message"`` for each cell that stopped early;
     ``pinned_cost`` and ``summarizer_cost`` are the mean dollars of pinned record calls and of
-    summarizer calls (parts of ``cost``).
+    summarizer calls (parts of ``cost``); ``rejected`` and ``rejections`` the mean requests per seed
+    the Anthropic loopback refused (by rule), ``rejection_messages`` an error message per rule.
     """
 
     row: str
@@ -638,6 +678,9 @@ class RowSummary:
     summarizer_cost: float = 0.0
     spend: dict[str, float] = field(default_factory=dict[str, float])
     requests: dict[str, float] = field(default_factory=dict[str, float])
+    rejected: float = 0.0
+    rejections: dict[str, float] = field(default_factory=dict[str, float])
+    rejection_messages: dict[str, str] = field(default_factory=dict[str, str])
 
 
 #: The figures a summary averages over seeds, cell by cell.
@@ -653,6 +696,7 @@ _MEANS: Final = (
     "summarizer_calls",
     "pinned_cost",
     "summarizer_cost",
+    "rejected",
 )
 
 
@@ -701,6 +745,8 @@ def summarize(results: Sequence[CellResult]) -> list[RowSummary]:
                 counters=_mean_counters(cells),
                 spend=_mean_of([c.spend for c in cells]),
                 requests=_mean_of([{k: float(v) for k, v in c.requests.items()} for c in cells]),
+                rejections=_mean_of([{k: float(v) for k, v in c.rejections.items()} for c in cells]),
+                rejection_messages={k: v for c in reversed(cells) for k, v in c.rejection_messages.items()},
                 floor=statistics.fmean(floors) if floors else None,
                 gap_closed=statistics.fmean(gaps) if gaps else None,
                 accuracy=statistics.fmean(asked) if asked else None,

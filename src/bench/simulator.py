@@ -315,6 +315,154 @@ class AnthropicCache:
         return _expiry(hit, written(hit), timeless, written(timeless), n)
 
 
+ANTHROPIC_LOOKBACK_BLOCKS = 20
+"""From each breakpoint Anthropic looks for an earlier cache entry at most 20 block boundaries back (the
+breakpoint's own included); an entry further back is not found, so the request writes its prefix again."""
+
+ANTHROPIC_WRITE_5M = 1.25
+"""A token written to Anthropic's 5-minute cache costs 1.25x the input price (reference §3)."""
+
+ANTHROPIC_WRITE_1H = 2.0
+"""A token written to Anthropic's 1-hour cache costs 2x the input price (reference §3)."""
+
+ANTHROPIC_TTLS: Mapping[str, float] = MappingProxyType({"5m": 300.0, "1h": 3_600.0})
+"""The ``ttl`` values a ``cache_control`` mark may carry, in seconds (``5m`` when it names none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Breakpoint:
+    """One ``cache_control`` mark of a request: where its block ends and how long its entry lives.
+
+    Attributes:
+        end: Token offset where the marked block ends (the cached prefix is ``tokens[:end]``).
+        block: Index of the marked block among the request's blocks (tools, system, message blocks).
+        ttl: The entry's time to live in seconds (300 or 3,600: :data:`ANTHROPIC_TTLS`).
+    """
+
+    end: int
+    block: int
+    ttl: float = ANTHROPIC_TTLS["5m"]
+
+
+@dataclass(frozen=True, slots=True)
+class BreakpointResult:
+    """A request's cache outcome under :class:`BreakpointCache`.
+
+    Attributes:
+        result: Read, written and plain input tokens (``written_tokens`` at both TTLs together).
+        written_long: Of the written tokens, those written to the 1-hour cache (the rest: 5 minutes).
+        timeless_written_long: The same had no entry expired (see :meth:`CacheResult.without_expiry`).
+    """
+
+    result: CacheResult
+    written_long: int = 0
+    timeless_written_long: int = 0
+
+
+class BreakpointCache:
+    """Anthropic's prompt cache for one conversation, driven by the breakpoints each request marks itself.
+
+    Unlike :class:`AnthropicCache` (the simulated ``--cache anthropic`` rule, whose breakpoints the
+    provider places), nothing here is invented: a request comes as its token ids, the token offsets
+    where each of its blocks ends (``boundaries``: tools, system blocks, message content blocks, in
+    that order) and the :class:`Breakpoint` s its ``cache_control`` marks put on some of them
+    (the request-level automatic mark included). No mark, no caching.
+
+    - **Writes**: each breakpoint whose prefix is at least ``min_tokens`` long stores that prefix
+      with its TTL; the tokens written are those from the hit to the newest such breakpoint, each
+      segment at the TTL of the breakpoint that ends it. Below ``min_tokens`` a mark caches nothing.
+    - **Reads**: from each breakpoint the cache looks back over at most ``lookback_blocks`` block
+      boundaries (the breakpoint's own first) for a stored prefix; the longest one found, and
+      fresh, is the hit. A prefix stored further back is not found, so an edit more than
+      ``lookback_blocks`` blocks before the newest mark writes everything again unless an
+      earlier mark sits closer to it.
+    - **Expiry**: an entry is read only within its TTL of its last write or read; a read refreshes it.
+    """
+
+    def __init__(
+        self,
+        *,
+        min_tokens: int = ANTHROPIC_MIN_CACHEABLE_TOKENS,
+        lookback_blocks: int = ANTHROPIC_LOOKBACK_BLOCKS,
+        max_breakpoints: int = ANTHROPIC_MAX_BREAKPOINTS,
+    ) -> None:
+        if min_tokens < 1:
+            raise ValueError(f"min_tokens must be >= 1, got {min_tokens}")
+        if lookback_blocks < 1:
+            raise ValueError(f"lookback_blocks must be >= 1, got {lookback_blocks}")
+        if max_breakpoints < 1:
+            raise ValueError(f"max_breakpoints must be >= 1, got {max_breakpoints}")
+        self.min_tokens = min_tokens
+        self.lookback_blocks = lookback_blocks
+        self.max_breakpoints = max_breakpoints
+        self._entries: dict[bytes, tuple[float, float]] = {}  # digest -> (last written or read, ttl)
+
+    def _check(self, boundaries: Sequence[int], breakpoints: Sequence[Breakpoint], n: int) -> None:
+        previous = 0
+        for end in boundaries:
+            if not isinstance(end, int) or not previous <= end <= n:
+                raise ValueError(f"boundaries must be non-decreasing token offsets in [0, {n}], got {list(boundaries)}")
+            previous = end
+        if len(breakpoints) > self.max_breakpoints:
+            raise ValueError(f"breakpoints: at most {self.max_breakpoints} allowed, got {len(breakpoints)}")
+        for point in breakpoints:
+            if not 0 <= point.block < len(boundaries) or boundaries[point.block] != point.end:
+                raise ValueError(f"breakpoint {point} does not end one of the request's blocks")
+            _check_ttl(point.ttl)
+
+    def lookup_and_store(
+        self,
+        tokens: Sequence[int],
+        boundaries: Sequence[int],
+        breakpoints: Sequence[Breakpoint],
+        salts: Sequence[Salt] = (),
+        *,
+        now: float = 0.0,
+    ) -> BreakpointResult:
+        """The cache outcome of ``tokens`` marked at ``breakpoints`` at time ``now``; then store its writes."""
+        data = _validate_tokens(tokens)
+        n = len(tokens)
+        self._check(boundaries, breakpoints, n)
+        _check_salts(salts, n)
+        points = sorted(breakpoints, key=lambda point: point.end)
+        if not points:
+            return BreakpointResult(CacheResult(cached_tokens=0, input_tokens=n))
+        candidates = {
+            boundaries[block]
+            for point in points
+            for block in range(max(0, point.block - self.lookback_blocks + 1), point.block + 1)
+        }
+        hasher = _PrefixHasher(data, salts)
+        digests = {offset: hasher.digest_at(offset) for offset in sorted(candidates | {p.end for p in points})}
+        hit = timeless = 0
+        for offset in sorted(candidates):
+            entry = self._entries.get(digests[offset])
+            if offset < self.min_tokens or entry is None:
+                continue
+            timeless = offset
+            if now - entry[0] <= entry[1]:
+                hit = offset
+        if hit:
+            self._entries[digests[hit]] = (now, self._entries[digests[hit]][1])  # a read refreshes the entry
+        kept = [point for point in points if point.end >= self.min_tokens]
+        for point in kept:
+            known = self._entries.get(digests[point.end])
+            self._entries[digests[point.end]] = (now, max(point.ttl, known[1] if known else 0.0))
+
+        def written(read: int) -> tuple[int, int]:
+            total = long = 0
+            start = read
+            for point in kept:
+                if point.end > start:
+                    total += point.end - start
+                    long += point.end - start if point.ttl > ANTHROPIC_TTLS["5m"] else 0
+                    start = point.end
+            return total, long
+
+        (write, long), (timeless_write, timeless_long) = written(hit), written(timeless)
+        return BreakpointResult(_expiry(hit, write, timeless, timeless_write, n), long, timeless_long)
+
+
 @dataclass(frozen=True, slots=True)
 class PriceProfile:
     """Prices in dollars per million tokens.
@@ -378,6 +526,33 @@ def bill(profile: PriceProfile, result: CacheResult, output_tokens: int) -> floa
         result.uncached_tokens * profile.input
         + result.cached_tokens * profile.cached_input
         + result.written_tokens * write_price
+        + output_tokens * profile.output
+    )
+    return total / 1_000_000
+
+
+def bill_breakpoints(
+    profile: PriceProfile, outcome: BreakpointResult, output_tokens: int, *, timeless: bool = False
+) -> float:
+    """Dollars for one call priced by Anthropic's rules: reads at ``cached_input``, writes at 1.25x ``input`` (5
+    minutes) or 2x (1 hour), the rest at ``input``, output at ``output`` (per million tokens).
+
+    ``timeless``: what the call would have cost had no cache entry expired.
+    """
+    if output_tokens < 0:
+        raise ValueError(f"output_tokens must be >= 0, got {output_tokens}")
+    result = outcome.result.without_expiry() if timeless else outcome.result
+    long = (
+        outcome.timeless_written_long
+        if timeless and outcome.result.timeless_cached is not None
+        else outcome.written_long
+    )
+    short = result.written_tokens - long
+    total = (
+        result.uncached_tokens * profile.input
+        + result.cached_tokens * profile.cached_input
+        + short * profile.input * ANTHROPIC_WRITE_5M
+        + long * profile.input * ANTHROPIC_WRITE_1H
         + output_tokens * profile.output
     )
     return total / 1_000_000
