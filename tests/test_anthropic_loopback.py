@@ -557,23 +557,34 @@ SMALL = Settings(
 )
 
 
+@pytest.mark.parametrize("row", ["tool_summary_anchored_pinned", "tool_and_user_summary_anchored_pinned"])
+async def test_with_thinking_every_request_of_a_pinning_row_is_valid(monkeypatch: pytest.MonkeyPatch, row: str) -> None:
+    """Issue 35, item 3. With extended thinking on, Anthropic refuses a forced tool_choice and a final assistant turn
+    that opens with anything but its thinking. Both happened here before: the pinned record was refused, then the
+    record asked over the cached prefix stood as assistant text right before the current step's thinking and tool
+    call, and the row stopped at turn 5. Now no request is pinned while thinking, the record keeps the model's
+    reasoning first in its turn, and every request of the row is valid, with every fact kept."""
+    monkeypatch.setattr(runner, "_tokenizer", offline_tiktoken)
+    settings = Settings(**{**_fields(SMALL), "thinking": True})
+    result = await run_cell(Cell(row, 1.5, 1), settings)
+    assert (result.rejected, dict(result.rejections), result.error) == (0, {}, None)
+    assert result.facts_kept == result.facts_total > 0
+
+
 async def test_a_cell_counts_the_requests_the_loopback_refused_instead_of_crashing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A pinned record with extended thinking on is refused (a forced tool_choice): counted by rule, with its message.
-
-    On this workload the library then places a record as assistant text before the current step's thinking
-    and tool call (issue 35, item 3), which is refused too and ends the row: the cell reports it as stopped.
-    """
+    """A thinking budget that is not below ``max_tokens`` is refused on every request: the cell counts the refusals
+    by rule, with the message, and reports the row as stopped instead of crashing."""
     monkeypatch.setattr(runner, "_tokenizer", offline_tiktoken)
-    settings = Settings(**{**_fields(SMALL), "thinking": True})
-    result = await run_cell(Cell("tool_summary_anchored_pinned", 1.5, 1), settings)
+    settings = Settings(**{**_fields(SMALL), "thinking": True, "max_output_tokens": 1_024})
+    result = await run_cell(Cell("none", 1.5, 1), settings)
     assert result.rejected >= 1
     assert sum(result.rejections.values()) == result.rejected
-    assert "thinking_tool_choice" in result.rejections
-    assert "tool_choice forces tool use" in result.rejection_messages["thinking_tool_choice"]
-    assert set(result.rejections) <= set(RULES)
-    assert result.error is None or "400" in result.error
+    assert set(result.rejections) == {"thinking_config"}
+    assert "greater than `thinking.budget_tokens`" in result.rejection_messages["thinking_config"]
+    assert result.error is not None
+    assert "400" in result.error
 
 
 async def test_a_cell_without_cache_control_reads_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
