@@ -60,6 +60,7 @@ PREFIX_STABLE: Final = "maf_compaction.pass.prefix_stable"
 PREFIX_MESSAGES: Final = "maf_compaction.pass.prefix_messages"
 PREFIX_TOKENS: Final = "maf_compaction.pass.prefix_tokens"
 PASS_REQUESTS: Final = "maf_compaction.pass.requests"
+PROMPT_MESSAGES: Final = "maf_compaction.pass.prompt_messages"
 KIND: Final = "maf_compaction.request.kind"
 ROUTE: Final = "maf_compaction.request.route"
 IDENTITY: Final = "maf_compaction.request.identity"
@@ -321,6 +322,7 @@ class PassTrace:
             RECORDED: figures.recorded,
             SUMMARISED: figures.summarised,
             PASS_REQUESTS: len(self.requests),
+            PROMPT_MESSAGES: len(sent),
         }
         if figures.first is not None:
             attributes[FIRST_CHANGED] = figures.first

@@ -122,7 +122,7 @@ def _change(source: MessageRecord, record: MessageRecord) -> str | None:
     """What the pass did to one message: its kind of change, ``"other"``, or ``None`` for nothing."""
     if record.excluded and not source.excluded:
         return _KIND_OF_REASON.get(record.reason or "", "other")
-    if record.parts != source.parts:
+    if record.parts is not source.parts and _sent(record) != _sent(source):
         return "shortened" if not record.excluded else "other"
     if record.excluded != source.excluded:
         return "other"
@@ -135,16 +135,23 @@ def _earlier(first: int | None, index: int) -> int:
 
 def _carried(record: MessageRecord, before: History) -> bool:
     """A created record that stands for a note of ``before`` unchanged (a note re-made with its text)."""
-    return record.note and any(r.note and r.message_id == record.message_id and r.parts == record.parts for r in before)
+    return record.note and any(
+        r.note and r.message_id == record.message_id and _sent(r) == _sent(record) for r in before
+    )
 
 
 def _recreated(record: MessageRecord, after: History) -> bool:
     """A note of ``before`` the answer re-made with the same text (not dropped)."""
     return record.note and any(
-        r.origin is None and r.note and r.message_id == record.message_id and r.parts == record.parts for r in after
+        r.origin is None and r.note and r.message_id == record.message_id and _sent(r) == _sent(record) for r in after
     )
 
 
 def _same(old: MessageRecord, new: MessageRecord) -> bool:
     """The two records send the same message."""
-    return old is new or (old.role == new.role and old.message_id == new.message_id and old.parts == new.parts)
+    return old is new or (old.role == new.role and old.message_id == new.message_id and _sent(old) == _sent(new))
+
+
+def _sent(record: MessageRecord) -> tuple[tuple[str, str, str | None, str | None, str | None], ...]:
+    """What the model is sent of a record's parts (not how we counted them, nor the text an earlier pass cut)."""
+    return tuple((p.kind, p.text, p.call_id, p.name, p.ref) for p in record.parts)
