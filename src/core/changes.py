@@ -148,8 +148,9 @@ def _recreated(record: MessageRecord, after: History) -> bool:
 
 
 def _same(old: MessageRecord, new: MessageRecord) -> bool:
-    """The two records send the same message."""
-    return old is new or (old.role == new.role and old.message_id == new.message_id and _sent(old) == _sent(new))
+    """The two records send the same message (its role and parts: ids are ours and the framework's, and the two
+    lists of a conversation may give one message different ids)."""
+    return old is new or (old.role == new.role and _sent(old) == _sent(new))
 
 
 def _sent(record: MessageRecord) -> tuple[tuple[str, str, str | None, str | None, str | None], ...]:
