@@ -58,7 +58,9 @@ from opentelemetry.trace import StatusCode
 
 from maf_compaction import (
     AnchoredCompactionStrategy,
+    CompactionBudgetExceeded,
     CompactionStack,
+    ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy,
     UserTurnAnchoredSummarizationCompactionStrategy,
     make_recall_tool,
 )
@@ -634,6 +636,87 @@ async def test_a_summary_past_its_time_limit_is_marked_timed_out_with_error_stat
     points = otel.points()
     outcome = {"maf_compaction__request__outcome": "timed_out"}
     assert total(points, "maf_compaction.requests", **outcome) == strategy.timed_out_requests
+
+
+class ProviderDown(RuntimeError):
+    """The scripted provider refused a record request."""
+
+
+def refusing_records(messages: Sequence[Message]) -> list[Content]:
+    """The agent's model, whose provider fails every record request (the conversation's own calls go through)."""
+    last = messages[-1]
+    if last.role == "user" and (last.text or "").startswith(RECORD_INSTRUCTION):
+        raise ProviderDown("503")
+    return agent_reply(messages)
+
+
+async def test_a_failed_record_request_is_marked_failed_and_counted_as_the_strategy_counts_it(otel: Telemetry) -> None:
+    stack = CompactionStack.build(
+        max_input_tokens=RECORD_BUDGET, tokenizer=TOKENIZER, keep_head_groups=1, keep_tail_groups=1
+    )
+    agent = Agent(
+        Scripted(refusing_records),
+        "Answer from the lookups.",
+        tools=[lookup, make_recall_tool(stack.gate)],
+        middleware=[stack.recall],
+        compaction_strategy=stack.strategy,
+        tokenizer=TOKENIZER,
+    )
+    session = agent.create_session()
+    for n in range(TURNS):
+        await agent.run(question(n), session=session)
+
+    records = stack.tool_results
+    failed = [s for s in otel.named("compaction_request record") if s.attributes]
+    assert len(failed) == records.failed_prefix_requests == records.prefix_requests > 0
+    for span in failed:
+        assert span.attributes is not None
+        assert span.attributes[telemetry.ROUTE] == "cached_prefix"
+        assert span.attributes[telemetry.OUTCOME] == "failed"
+        assert span.attributes[telemetry.KEPT] is False
+        assert span.attributes[telemetry.REFUSED] == "failed"
+        assert span.attributes[telemetry.ERROR_TYPE] == "ProviderDown"
+        assert span.status.status_code is StatusCode.ERROR
+    points = otel.points()
+    assert total(points, "maf_compaction.requests", maf_compaction__request__outcome="failed") == len(failed)
+
+
+async def test_a_pass_that_raises_is_marked_failed_with_the_errors_type(otel: Telemetry) -> None:
+    stack = CompactionStack.build(
+        max_input_tokens=300,
+        tokenizer=TOKENIZER,
+        client=Scripted(summary_reply),
+        keep_head_groups=1,
+        keep_tail_groups=1,
+        overflow_policy="raise",
+    )
+    agent = Agent(
+        Scripted(agent_reply),
+        "Keep every requirement.",
+        tools=[lookup, make_recall_tool(stack.gate)],
+        middleware=[stack.recall],
+        compaction_strategy=stack.strategy,
+        tokenizer=TOKENIZER,
+    )
+    session = agent.create_session()
+
+    async def turns() -> None:
+        for n in range(TURNS):
+            await agent.run(requirement(n), session=session)
+
+    with pytest.raises(CompactionBudgetExceeded):
+        await turns()
+
+    failed = [s for s in otel.named("compaction_pass ") if s.status.status_code is StatusCode.ERROR]
+    composed = stack.strategy
+    assert isinstance(composed, ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy)
+    assert len(failed) == composed.budget_failures == 1
+    (span,) = failed
+    assert span.attributes is not None
+    assert span.attributes[telemetry.ERROR_TYPE] == "CompactionBudgetExceeded"
+    assert telemetry.TOKENS_AFTER not in span.attributes  # no figures for a pass that did not finish
+    points = otel.points()
+    assert total(points, "maf_compaction.passes", error__type="CompactionBudgetExceeded") == 1
 
 
 # --- the switch, and the cost --------------------------------------------------------------------------
