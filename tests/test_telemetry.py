@@ -65,7 +65,12 @@ from maf_compaction import (
     make_recall_tool,
 )
 from maf_compaction.adapters import telemetry
+from maf_compaction.core import anchored as anchored_rules
+from maf_compaction.core import records as record_rules
+from maf_compaction.core import user_summaries as user_rules
 from maf_compaction.core.anchored import Report
+from maf_compaction.core.changes import Changes, Prefix, changes, kept_prefix, prompt
+from maf_compaction.core.model import MessageRecord, Part, flagged, history
 from maf_compaction.core.records import RECORD_INSTRUCTION
 from maf_compaction.core.state import RequestKind
 from maf_compaction.core.values import distinctive_values
@@ -810,3 +815,40 @@ def test_without_an_sdk_a_pass_does_no_telemetry_work(tmp_path: Path) -> None:
     assert result["passes"] > 0
     assert result["shed"] > 0
     assert result["summaries"] > 0
+
+
+# --- the figures, on core values -----------------------------------------------------------------------
+
+
+def _record(index: int, text: str, **flags: Any) -> MessageRecord:
+    return MessageRecord("user", (Part("text", text, tokens=len(text)),), tokens=len(text) + 4, origin=index, **flags)
+
+
+def test_the_figures_of_a_pass_count_each_change_by_the_reason_the_core_gave_and_find_the_first() -> None:
+    before = history(_record(i, f"message {i}") for i in range(6))
+    after = history(
+        [
+            before[0],
+            flagged(before[1], excluded=True, reason=anchored_rules.EXCLUDE_REASON),
+            MessageRecord("assistant", (Part("text", "[a note]"),), note=True, message_id="note_0"),
+            flagged(before[2], excluded=True, reason=record_rules.EXCLUDE_REASON),
+            MessageRecord("user", (Part("text", "message 3, cut"),), origin=3),
+            before[4],
+            flagged(before[5], excluded=True, reason=user_rules.EXCLUDE_REASON),
+        ]
+    )
+
+    assert changes(before, after) == Changes(changed=5, shortened=1, shed=1, recorded=1, summarised=1, first=1)
+    assert changes(before, before) == Changes()
+
+
+def test_a_prompt_that_only_appends_keeps_the_last_one_as_its_prefix_and_a_change_breaks_it_there() -> None:
+    earlier = prompt(history(_record(i, f"message {i}") for i in range(4)))
+    appended = prompt(history([*earlier, _record(4, "message 4")]))
+    assert kept_prefix(earlier, appended) == Prefix(4, sum(r.tokens for r in earlier), stable=True)
+    recounted = tuple(MessageRecord(r.role, r.parts, r.tokens, message_id="another id") for r in earlier)
+    assert kept_prefix(earlier, recounted).stable  # ids are not sent: the same bytes
+    cut = (*earlier[:2], _record(2, "message 2, cut"), earlier[3])
+    assert kept_prefix(earlier, cut) == Prefix(2, earlier[0].tokens + earlier[1].tokens, stable=False)
+    excluded = history([earlier[0], flagged(earlier[1], excluded=True), *earlier[2:]])
+    assert kept_prefix(earlier, prompt(excluded)) == Prefix(1, earlier[0].tokens, stable=False)

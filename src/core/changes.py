@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from . import anchored, records, user_summaries
-from .model import History, MessageRecord
+from .model import History, MessageRecord, Part
 
 #: The change each exclusion reason stands for.
 _KIND_OF_REASON: Final[dict[str, str]] = {
@@ -71,34 +71,42 @@ def changes(before: History, after: History) -> Changes:
     counts = {"shortened": 0, "shed": 0, "recorded": 0, "summarised": 0}
     changed = 0
     first: int | None = None
-    carried: set[int] = set()
+    carried = [False] * len(before)
+    created: list[MessageRecord] = []
     pending = False  # a message was created: it stands before the next carried one
     for record in after:
-        if record.origin is None:
-            if not _carried(record, before):
-                changed += 1
-                pending = True
+        origin = record.origin
+        if origin is None:
+            created.append(record)
+            pending = True
             continue
-        carried.add(record.origin)
+        carried[origin] = True
         if pending:
-            first = _earlier(first, record.origin)
+            first = _earlier(first, origin)
             pending = False
-        source = before[record.origin]
+        source = before[origin]
         if record is source:
             continue
         kind = _change(source, record)
         if kind is None:
             continue
         changed += 1
-        first = _earlier(first, record.origin)
+        first = _earlier(first, origin)
         if kind in counts:
             counts[kind] += 1
     if pending:
         first = _earlier(first, len(before))
-    dropped = [index for index in range(len(before)) if index not in carried and not _recreated(before[index], after)]
-    if dropped:
+    if created or not all(carried):
+        # A note the answer re-made with the text it had is the same message, neither created nor dropped.
+        old = {_note_key(before[i]) for i in range(len(before)) if not carried[i] and before[i].note}
+        new = {_note_key(record) for record in created if record.note}
+        changed += sum(1 for record in created if not (record.note and _note_key(record) in old))
+        dropped = [
+            i for i in range(len(before)) if not carried[i] and not (before[i].note and _note_key(before[i]) in new)
+        ]
         changed += len(dropped)
-        first = _earlier(first, dropped[0])
+        if dropped:
+            first = _earlier(first, dropped[0])
     return Changes(changed=changed, first=first, **counts)
 
 
@@ -133,26 +141,30 @@ def _earlier(first: int | None, index: int) -> int:
     return index if first is None else min(first, index)
 
 
-def _carried(record: MessageRecord, before: History) -> bool:
-    """A created record that stands for a note of ``before`` unchanged (a note re-made with its text)."""
-    return record.note and any(
-        r.note and r.message_id == record.message_id and _sent(r) == _sent(record) for r in before
-    )
+_Sent = tuple[tuple[str, str, str | None, str | None, str | None], ...]
 
 
-def _recreated(record: MessageRecord, after: History) -> bool:
-    """A note of ``before`` the answer re-made with the same text (not dropped)."""
-    return record.note and any(
-        r.origin is None and r.note and r.message_id == record.message_id and _sent(r) == _sent(record) for r in after
-    )
+def _note_key(record: MessageRecord) -> tuple[str | None, _Sent]:
+    """A note's id and what it sends."""
+    return record.message_id, _sent(record)
 
 
 def _same(old: MessageRecord, new: MessageRecord) -> bool:
     """The two records send the same message (its role and parts: ids are ours and the framework's, and the two
     lists of a conversation may give one message different ids)."""
-    return old is new or (old.role == new.role and _sent(old) == _sent(new))
+    if old is new:
+        return True
+    if old.role != new.role or len(old.parts) != len(new.parts):
+        return False
+    pairs = zip(old.parts, new.parts, strict=True)
+    return old.parts is new.parts or all(a is b or _part(a) == _part(b) for a, b in pairs)
 
 
-def _sent(record: MessageRecord) -> tuple[tuple[str, str, str | None, str | None, str | None], ...]:
+def _part(part: Part) -> tuple[str, str, str | None, str | None, str | None]:
+    """What the model is sent of a part (not how we counted it, nor the text an earlier pass cut)."""
+    return part.kind, part.text, part.call_id, part.name, part.ref
+
+
+def _sent(record: MessageRecord) -> _Sent:
     """What the model is sent of a record's parts (not how we counted them, nor the text an earlier pass cut)."""
-    return tuple((p.kind, p.text, p.call_id, p.name, p.ref) for p in record.parts)
+    return tuple(_part(p) for p in record.parts)
