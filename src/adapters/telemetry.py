@@ -398,11 +398,6 @@ def compaction_pass(strategy: str) -> Iterator[PassTrace | None]:
         current.end(error)
 
 
-def current_request() -> RequestTrace | None:
-    """The request being traced in this task, if any (the shell notes its answer's usage and failure on it)."""
-    return _CURRENT.get()
-
-
 def note_response(response: object) -> None:
     """Note a chat response's usage on the request being traced (nothing when none is)."""
     traced = _CURRENT.get()
