@@ -244,7 +244,7 @@ def test_every_readme_block_runs_outside_the_repository_from_a_wheel(
         replies = result["printed"][number - 1].splitlines()
         assert len(replies) == 3, (number, replies)
         assert all(CODE in reply for reply in replies), (number, replies)
-    assert result["calls_after_blocks"] == 6 * 2 * 3
+    assert result["calls_after_blocks"] == 6 * 2 * 3 + 2  # and the telemetry block's turn: a lookup, the answer
     assert result["stores"] == ["false"]  # every request: store=False
     assert result["previous_response_ids"] == 0
     # The report says call by call what was sent; the README prints it after the first two wirings.
@@ -256,6 +256,12 @@ def test_every_readme_block_runs_outside_the_repository_from_a_wheel(
     report = result["report"].splitlines()
     assert report[0].startswith("call 1: prompt ")
     assert sum(line.startswith("call ") for line in report) == result["calls_after_blocks"]
+    # The telemetry block printed its turn's compaction spans, one line each, and none of the framework's.
+    (telemetry_block,) = [n for n, block in enumerate(blocks, start=1) if "ConsoleSpanExporter" in block]
+    spans = result["printed"][telemetry_block - 1].splitlines()
+    assert spans, "no compaction span was printed"
+    assert all(line.startswith(("compaction_pass ", "compaction_request ")) for line in spans), spans
+    assert any("'tokens_before':" in line and "'prefix_stable':" in line for line in spans), spans
     if mode == "sse":  # every turn of ask() streamed through the real client, update by update
         assert len(result["updates"]) == 6 * 3
         assert all(updates > 1 for updates in result["updates"]), result["updates"]
@@ -263,7 +269,7 @@ def test_every_readme_block_runs_outside_the_repository_from_a_wheel(
     else:
         assert result["updates"] == []
         assert result["streamed_requests"] == 0
-    assert result["requests"] == 6 * 2 * 3 + 2 * 2 * 3  # and the two interleaved sessions below
+    assert result["requests"] == 6 * 2 * 3 + 2 + 2 * 2 * 3  # and the two interleaved sessions below
     assert result["composed_passes"] > 0
     assert result["record_block_fallback_used"]  # the record block composes, its fallback's parameters used
     assert result["strategy"] == "ToolResultAnchoredSummarizationCompactionStrategy"  # the last agent's wiring
@@ -287,7 +293,7 @@ def test_every_readme_block_runs_outside_the_repository_from_a_wheel(
     assert len(shared["replies"]) == 2 * 3
     assert shared["entries"] == ["session_compaction", "session_compaction"]
     assert shared["stacks"] == ["composition", "composition"]
-    assert shared["cached"] == shared["built"] == 3  # the README block's session and these two
+    assert shared["cached"] == shared["built"] == 4  # the README block's session, the telemetry block's and these two
 
 
 def test_a_wrong_client_keyword_fails_the_readme_run(installed: Path, tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from agent_framework._sessions import is_local_history_conversation_id
 from ..core.effects import CALLED_INSTEAD, Request
 from ..core.records import RECALL_TOOL_NAME
 from ..core.state import RequestKind
+from . import telemetry
 
 logger = logging.getLogger("maf_compaction")
 
@@ -99,6 +100,7 @@ async def ask_over_prefix(head: SentHead | None, sent: Sequence[Message], reques
         )
         response: ChatResponse = await pending
     except Exception as error:  # the provider is outside our control; cancellation propagates
+        telemetry.note_failure(error)
         logger.warning(
             "%s asked for %s over the cached prefix and the request failed (%s: %s); %s",
             owner,
@@ -108,6 +110,7 @@ async def ask_over_prefix(head: SentHead | None, sent: Sequence[Message], reques
             stays,
         )
         return None
+    telemetry.note_response(response)
     text = answer_text(response)
     if text is None:  # an answer all the same (the provider is up): judged as one that ignored the instruction
         logger.warning("%s asked for %s over the cached prefix and got no text; %s", owner, what, stays)

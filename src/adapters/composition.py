@@ -32,6 +32,8 @@ from .records import ToolResultAnchoredSummarizationCompactionStrategy
 from .user_summaries import UserTurnAnchoredSummarizationCompactionStrategy
 
 logger = logging.getLogger("maf_compaction")
+#: Why a record replacement or an emergency fold was not kept (telemetry): not smaller, or a value missing.
+REFUSED_REPLACEMENT = "not_smaller_or_value_missing"
 
 
 def _record_rules(
@@ -248,6 +250,11 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         if request.kind in CHAIN_KINDS and answer is None:
             self.replacements_failed += 1  # the user half's WARNING says why; it is asked again after a new turn
         return answer
+
+    def _refusals(self, report: CompositionReport) -> Mapping[str, str]:
+        users = report.users
+        refusals = self.user_turns._refusals(users) if users is not None else {}  # pyright: ignore[reportPrivateUsage]
+        return {**refusals, **dict.fromkeys(report.refused, REFUSED_REPLACEMENT)}
 
     def _observe(self, report: CompositionReport, asked: set[str]) -> None:
         self.passes += 1

@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 
 from agent_framework import Message
 
+from ..core.model import MessageRecord
 from .convert import NOTE_KEY, WRITTEN_RECORD_KEY, is_injected, is_summary
 
 S = TypeVar("S")
@@ -47,6 +48,8 @@ class Conversation(Generic[S]):
         self.recall_shared = False
         #: What the strategy named in log lines already (kept across stacks of one session by its registry).
         self.named: NamedSets = OrderedDict()
+        #: The prompt the last traced pass left (telemetry: whether the next pass keeps it as its prefix).
+        self.last_prompt: tuple[MessageRecord, ...] | None = None
 
     def bind(self, messages: Sequence[Message], owner: str) -> None:
         """Bind to the conversation ``messages`` belong to; refuse another one.

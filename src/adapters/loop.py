@@ -36,11 +36,13 @@ from ..core.ownership import provider_increment
 from ..core.protocol import CoreStrategy, Done, Needs, differs
 from ..core.recall import route_news
 from ..core.state import RequestKind, State
+from . import telemetry
 from .aligned import ask_over_prefix
 from .apply import apply, render
 from .conversation import STORE_FALSE_HINT, Conversation, NamedSets
 from .convert import HistoryCache
 from .counting import MediaTokenEstimator, Tokenizer, as_estimator
+from .telemetry import PassTrace
 
 logger = logging.getLogger("maf_compaction")
 #: Seconds a compaction request may take before it counts as failed (:attr:`CompactionAdapter.request_timeout_s`).
@@ -150,46 +152,52 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
             before = self._open(messages)
             if before is None:
                 return False
-            fresh: set[tuple[str, Route]] = set()
-            riders: set[str] = set()
+            with telemetry.compaction_pass(type(self).__name__) as traced:
+                return await self._pass(messages, before, traced)
+
+    async def _pass(self, messages: list[Message], before: History, traced: PassTrace | None) -> bool:
+        """One pass over the converted list: step, perform, absorb, step again, apply once."""
+        fresh: set[tuple[str, Route]] = set()
+        riders: set[str] = set()
+        done = self._step(before)
+        rounds = 0
+        while isinstance(done, Needs):
+            rounds += 1
+            # A request over the cached prefix and the same request to the summarizer are two attempts.
+            asked = {(r.identity, r.route) for r in done.requests}
+            # Every round must ask something new (identities are finite: media parts, then
+            # one summary), so the loop ends; asking again for an answer it has is a bug.
+            if asked <= fresh:
+                kinds = ", ".join(sorted({r.kind.value for r in done.requests}))
+                raise RuntimeError(
+                    f"maf_compaction: {type(self).__name__} asked again for an answer it already has ({kinds}) "
+                    f"after {rounds - 1} round(s); this is a bug, please report it"
+                )
+            answers = [(request, await self._answer(request, messages, before, traced)) for request in done.requests]
+            fresh |= asked
+            # A summary asked within a record's request is answered in this pass too (it is not part of
+            # the guard: when the answer lacked it, the pass asks for it alone next).
+            riders |= {r.also.identity for r in done.requests if r.also is not None}
+            # Answers are facts whatever the pass decides or raises next (a budget failure, a tokenizer that
+            # cannot count an answer): they go into the state now, as it is after the awaits.
+            previous: Any = self.conversation.value
+            current = absorb(previous, answers)
+            self.conversation.value = cast("S", current)
+            tell_route(type(self).__name__, previous, current)
             done = self._step(before)
-            rounds = 0
-            while isinstance(done, Needs):
-                rounds += 1
-                # A request over the cached prefix and the same request to the summarizer are two attempts.
-                asked = {(r.identity, r.route) for r in done.requests}
-                # Every round must ask something new (identities are finite: media parts, then
-                # one summary), so the loop ends; asking again for an answer it has is a bug.
-                if asked <= fresh:
-                    kinds = ", ".join(sorted({r.kind.value for r in done.requests}))
-                    raise RuntimeError(
-                        f"maf_compaction: {type(self).__name__} asked again for an answer it already has ({kinds}) "
-                        f"after {rounds - 1} round(s); this is a bug, please report it"
-                    )
-                answers = [(request, await self._answer(request, messages, before)) for request in done.requests]
-                fresh |= asked
-                # A summary asked within a record's request is answered in this pass too (it is not part of
-                # the guard: when the answer lacked it, the pass asks for it alone next).
-                riders |= {r.also.identity for r in done.requests if r.also is not None}
-                # Answers are facts whatever the pass decides or raises next (a budget failure, a tokenizer that
-                # cannot count an answer): they go into the state now, as it is after the awaits.
-                previous: Any = self.conversation.value
-                current = absorb(previous, answers)
-                self.conversation.value = cast("S", current)
-                tell_route(type(self).__name__, previous, current)
-                done = self._step(before)
-            changed = self._finish(messages, before, done, {identity for identity, _ in fresh} | riders)
-            return await self._after(messages, done, changed)
+        changed = self._finish(messages, before, done, {identity for identity, _ in fresh} | riders, traced)
+        return await self._after(messages, done, changed)
 
     def _run_sync(self, messages: list[Message], **options: object) -> bool:
         """One pass of a strategy that needs no effects (no awaits, so nothing interleaves)."""
         before = self._open(messages) if messages else None
         if before is None:
             return False
-        done = self._step(before, options=options)
-        if isinstance(done, Needs):
-            raise RuntimeError(f"{type(self).__name__} needs effects; await it instead")
-        return self._finish(messages, before, done, set())
+        with telemetry.compaction_pass(type(self).__name__) as traced:
+            done = self._step(before, options=options)
+            if isinstance(done, Needs):
+                raise RuntimeError(f"{type(self).__name__} needs effects; await it instead")
+            return self._finish(messages, before, done, set(), traced)
 
     def _open(self, messages: Sequence[Message]) -> History | None:
         """The list converted once for the pass, bound to this conversation; ``None`` when the server owns it.
@@ -280,17 +288,47 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
             self._restored = False
         return core.step(self._config, current, before, self._counter.measure, memo=self._memo, **(options or {}))
 
-    def _finish(self, messages: list[Message], before: History, done: Done[S, R], fresh: set[str]) -> bool:
+    def _finish(
+        self, messages: list[Message], before: History, done: Done[S, R], fresh: set[str], traced: PassTrace | None
+    ) -> bool:
         self.conversation.value = done.state
         self._memo = done.memo
         changed = differs(before, done.history)
         self._observe(done.report, fresh)
+        if traced is not None:
+            conversation = self.conversation
+            conversation.last_prompt = traced.finish(
+                before,
+                done.history,
+                done.report,
+                budget=self._config.max_input_tokens,
+                refusals=self._refusals(done.report),
+                previous=conversation.last_prompt,
+            )
         if changed:
             self._name_exclusions(before, done.history, messages)  # named as the list was handed in
             apply(messages, before, done.history, note_kind=NOTE_KIND)
         return changed
 
-    async def _answer(self, request: Request, messages: list[Message], before: History) -> str | None:
+    async def _answer(
+        self, request: Request, messages: list[Message], before: History, traced: PassTrace | None = None
+    ) -> str | None:
+        """Perform one effect request within ``request_timeout_s``, traced; ``None`` for a failure (a time-out too)."""
+        if traced is None:
+            return await self._bounded(request, messages, before)
+        with traced.request(request, self._route(request), self._request_timeout_s) as asked:
+            text = await self._bounded(request, messages, before)
+            asked.answered(text)
+            return text
+
+    def _route(self, request: Request) -> str:
+        """The route ``request`` is sent by here (a summary over the cached prefix goes to the summarizer until a
+        request of the conversation has been seen sent)."""
+        if self._over_prefix(request):
+            return Route.CACHED_PREFIX.value
+        return Route.SUMMARIZER.value if request.route is Route.CACHED_PREFIX else request.route.value
+
+    async def _bounded(self, request: Request, messages: list[Message], before: History) -> str | None:
         """Perform one effect request within ``request_timeout_s``; ``None`` for a failure (a time-out too)."""
         try:
             async with asyncio.timeout(self._request_timeout_s):
@@ -301,7 +339,8 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
                 # route's rest), so a request that hangs past every turn's deadline is not sent on every turn.
                 self.conversation.value = cast("S", absorb(cast("Any", self.conversation.value), [(request, None)]))
             raise
-        except TimeoutError:
+        except TimeoutError as error:
+            telemetry.note_failure(error, telemetry.TIMED_OUT)
             self.timed_out_requests += 1
             self.failed_prefix_requests += self._over_prefix(request)
             logger.warning(
@@ -338,6 +377,11 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
     def _observe(self, report: R, asked: set[str]) -> None:
         """Update counters and log what the report says (``asked``: the requests this pass asked; the loop names
         every exclusion)."""
+
+    def _refusals(self, report: R) -> Mapping[str, str]:
+        """Why the report refused answers of this pass, by request identity (for telemetry; none by default)."""
+        del report
+        return {}
 
     async def _after(self, messages: list[Message], done: Done[S, R], changed: bool) -> bool:
         """Work on the applied list after the pass; returns whether anything changed."""

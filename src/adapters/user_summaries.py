@@ -23,6 +23,7 @@ from ..core.effects import Request
 from ..core.effects import trimmed as remembered
 from ..core.state import RequestKind, State
 from ..core.user_summaries import Outcome, SummaryMode, UserReport, UserSummaryConfig
+from . import telemetry
 from .counting import Tokenizer
 from .loop import CompactionAdapter
 
@@ -32,6 +33,9 @@ logger = logging.getLogger("maf_compaction")
 EXCLUDE_REASON = core.EXCLUDE_REASON
 #: Why a folded summary is excluded.
 FOLD_EXCLUDE_REASON = core.FOLD_EXCLUDE_REASON
+
+#: Why a summary was not kept (telemetry): it was not smaller than what it would replace.
+REFUSED_NOT_SMALLER = "not_smaller"
 
 DescribeMediaHook = Callable[[Content, Message], Awaitable[str | None]]
 
@@ -183,10 +187,12 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
                 [Message("system", [request.prompt]), Message("user", [request.transcript])], stream=False
             )
         except Exception as error:  # the summarizer is outside our control; cancellation propagates
+            telemetry.note_failure(error)
             logger.warning(
                 "The summarizer failed (%s: %s); %s stay as they are", type(error).__name__, error, _what_stays(request)
             )
             return None
+        telemetry.note_response(response)
         text = getattr(response, "text", None)
         if not isinstance(text, str) or not text.strip():
             logger.warning("The summarizer returned no text; %s stay as they are", _what_stays(request))
@@ -202,6 +208,7 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
         try:
             text = await hook(copy.deepcopy(message.contents[request.part]), copy.deepcopy(message))
         except Exception as error:  # the host's hook; cancellation propagates
+            telemetry.note_failure(error)
             self.media_description_failures += 1
             logger.warning(
                 "describe_media failed for message %s (%s: %s); the turn stays verbatim",
@@ -223,6 +230,11 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
         return remembered(State.from_dict(data), self._config.remembered_requests)
 
     # -- bookkeeping ---------------------------------------------------------------------------
+
+    def _refusals(self, report: UserReport) -> Mapping[str, str]:
+        if report.outcome is Outcome.REFUSED and report.request is not None:
+            return {report.request: REFUSED_NOT_SMALLER}
+        return {}
 
     def _observe(self, report: UserReport, asked: set[str]) -> None:
         fresh = report.request in asked  # answered in this pass, not replayed from the state
