@@ -100,7 +100,7 @@ def _filler(seed: int, length: int) -> str:
     return " ".join(out)[:length]
 
 
-def _blob(seed: int, length: int) -> str:
+def opaque_blob(seed: int, length: int) -> str:
     """An opaque base64 payload of exactly ``length`` characters."""
     raw = random.Random(seed).randbytes(length)
     return base64.b64encode(raw).decode("ascii")[:length]
@@ -144,7 +144,7 @@ def _protected_data(draw: DrawFn, reasoning_id: str) -> str | None:
     if shape == "none":
         return None
     length = draw(st.integers(40, 400) | st.integers(400, 4_000))
-    blob = _blob(draw(st.integers(0, 2**16)), length)
+    blob = opaque_blob(draw(st.integers(0, 2**16)), length)
     if shape == "blob":
         return blob
     if shape == "encrypted":
