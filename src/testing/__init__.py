@@ -1,7 +1,7 @@
 """Check a host's configuration of the core: hypothesis strategies for realistic histories, and replay checks.
 
-Needs hypothesis: install the ``testing`` extra (``pip install "maf-compaction[testing]"`` from this project's
-source or wheel). A host runs the checks in its own property tests, on its own configuration::
+Needs hypothesis: install the ``testing`` extra (``pip install '.[testing]'`` in a checkout of this project; PyPI's
+maf-compaction is another project). A host runs the checks in its own property tests, on its own configuration::
 
     from hypothesis import given
     from maf_compaction import core
@@ -21,12 +21,13 @@ core's ``History``. The package's own property tests draw from the same strategi
 
 from __future__ import annotations
 
+from ..core.extras import install_hint
+
 try:
     import hypothesis as _hypothesis
 except ImportError as error:  # pragma: no cover - exercised in a subprocess without hypothesis
     raise ImportError(
-        "maf_compaction.testing needs hypothesis: install the testing extra, "
-        'pip install "maf-compaction[testing]" (from this project\'s source or wheel)'
+        f"maf_compaction.testing needs hypothesis, the testing extra: {install_hint('testing')}"
     ) from error
 
 from .messages import MEDIA_TOKENS, Call, Content, Drawn, Media, Reasoning, Result, Text, to_history, to_part, to_record
