@@ -42,7 +42,7 @@ docs: $(STAMP)
 	$(BIN)/python -W "ignore:maf-compaction is experimental" -m maf_compaction.bench docs --write
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests
+	$(BIN)/ruff check src tests docs/examples
 	$(BIN)/ruff format --check src tests
 
 typecheck: $(STAMP)
@@ -60,7 +60,7 @@ test-long: $(STAMP)
 	HYPOTHESIS_PROFILE=long $(BIN)/python -m pytest -q tests/test_anchored_properties.py tests/test_grouping.py \
 		tests/test_regroup.py tests/test_record_cache.py tests/test_records_properties.py tests/test_user_summaries_properties.py \
 		tests/test_snapshot_envelope.py tests/test_composition_properties.py \
-		tests/test_sessions_properties.py
+		tests/test_sessions_properties.py tests/test_core_replay_properties.py
 
 bench-speed: $(STAMP)
 	$(BIN)/python -W "ignore:maf-compaction is experimental" -m maf_compaction.bench speed

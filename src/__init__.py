@@ -7,40 +7,12 @@ Experimental: releases before 1.0 may change or remove APIs. Importing the packa
 from __future__ import annotations
 
 import contextlib as _contextlib
+import importlib as _importlib
 import os as _os
 import sys as _sys
 import warnings as _warnings
+from typing import TYPE_CHECKING
 
-from .adapters.anchored import AnchoredCompactionStrategy, MinimumGainAnchoredCompactionStrategy
-from .adapters.composition import ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
-from .adapters.convert import original_results
-from .adapters.counting import MediaTokenEstimator
-from .adapters.leases import (
-    HeldLease,
-    LeaseTimeoutError,
-    SessionLease,
-    SessionLeaseError,
-    SessionLeases,
-    SessionPayloadError,
-    SessionStore,
-    SessionStoreError,
-    SessionVanishedError,
-    StaleLeaseError,
-    leased_session,
-)
-from .adapters.nested import find_nested_strategy
-from .adapters.overhead import AgentOverhead, measure_agent_overhead
-from .adapters.recall import RecallGate, ToolResultRecallMiddleware, make_recall_tool
-from .adapters.records import ToolResultAnchoredSummarizationCompactionStrategy, record_text
-from .adapters.sessions import (
-    CompactionStack,
-    SessionCompactionProvider,
-    SessionCompactionRegistry,
-    SessionToolResultRecallMiddleware,
-    make_session_recall_tool,
-)
-from .adapters.tiktoken import TiktokenTokenizer, TokenizerUnavailableError
-from .adapters.user_summaries import UserTurnAnchoredSummarizationCompactionStrategy
 from .core.stack import StackConfiguration, StackConfigurationError, StackKindError, StackState
 from .core.state import AnchoredSnapshot, Answer, Ask, ChainDecisions, RecallState, RecordDecisions, RecordRoute, State
 from .errors import (
@@ -49,6 +21,101 @@ from .errors import (
     SnapshotError,
     SnapshotVersionError,
 )
+
+if TYPE_CHECKING:  # the adapters' names, seen by type checkers and IDEs; imported on first use at run time
+    from .adapters.anchored import AnchoredCompactionStrategy, MinimumGainAnchoredCompactionStrategy
+    from .adapters.composition import ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
+    from .adapters.convert import original_results
+    from .adapters.counting import MediaTokenEstimator
+    from .adapters.leases import (
+        HeldLease,
+        LeaseTimeoutError,
+        SessionLease,
+        SessionLeaseError,
+        SessionLeases,
+        SessionPayloadError,
+        SessionStore,
+        SessionStoreError,
+        SessionVanishedError,
+        StaleLeaseError,
+        leased_session,
+    )
+    from .adapters.nested import find_nested_strategy
+    from .adapters.overhead import AgentOverhead, measure_agent_overhead
+    from .adapters.recall import RecallGate, ToolResultRecallMiddleware, make_recall_tool
+    from .adapters.records import ToolResultAnchoredSummarizationCompactionStrategy, record_text
+    from .adapters.sessions import (
+        CompactionStack,
+        SessionCompactionProvider,
+        SessionCompactionRegistry,
+        SessionToolResultRecallMiddleware,
+        make_session_recall_tool,
+    )
+    from .adapters.tiktoken import TiktokenTokenizer, TokenizerUnavailableError
+    from .adapters.user_summaries import UserTurnAnchoredSummarizationCompactionStrategy
+
+#: Where each adapter name lives. The adapters import agent_framework, so they are imported on first use (PEP 562):
+#: ``import maf_compaction.core`` (a custom host's whole need) never loads the framework.
+_LAZY: dict[str, str] = {
+    "AnchoredCompactionStrategy": "anchored",
+    "MinimumGainAnchoredCompactionStrategy": "anchored",
+    "ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy": "composition",
+    "original_results": "convert",
+    "MediaTokenEstimator": "counting",
+    **dict.fromkeys(
+        (
+            "HeldLease",
+            "LeaseTimeoutError",
+            "SessionLease",
+            "SessionLeaseError",
+            "SessionLeases",
+            "SessionPayloadError",
+            "SessionStore",
+            "SessionStoreError",
+            "SessionVanishedError",
+            "StaleLeaseError",
+            "leased_session",
+        ),
+        "leases",
+    ),
+    "find_nested_strategy": "nested",
+    "AgentOverhead": "overhead",
+    "measure_agent_overhead": "overhead",
+    "RecallGate": "recall",
+    "ToolResultRecallMiddleware": "recall",
+    "make_recall_tool": "recall",
+    "ToolResultAnchoredSummarizationCompactionStrategy": "records",
+    "record_text": "records",
+    **dict.fromkeys(
+        (
+            "CompactionStack",
+            "SessionCompactionProvider",
+            "SessionCompactionRegistry",
+            "SessionToolResultRecallMiddleware",
+            "make_session_recall_tool",
+        ),
+        "sessions",
+    ),
+    "TiktokenTokenizer": "tiktoken",
+    "TokenizerUnavailableError": "tiktoken",
+    "UserTurnAnchoredSummarizationCompactionStrategy": "user_summaries",
+}
+
+
+def __getattr__(name: str) -> object:
+    """An adapter name, imported from its module on first use (and then kept in this module's namespace)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(f"{__name__}.adapters.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    """Every public name, the lazy ones included."""
+    return sorted({*globals(), *__all__})
+
 
 __version__ = "0.1.0.dev0"
 

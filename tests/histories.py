@@ -1,51 +1,27 @@
-"""Hypothesis strategies that build realistic histories of a tool-using agent.
+"""The package's property tests draw histories as framework messages, from ``maf_compaction.testing``.
 
-A history is a list of framework ``Message`` objects, built fresh on every draw. It is
-made of *steps*: the chunks of messages an agent run appends at once (a user turn, a
-tool round with its results, an assistant reply). Cutting a history between steps
-gives a prefix the harness could really have stored or sent, so append-only growth is
-drawn as "the same steps, cut later".
-
-What the generator covers, with realistic weights:
-
-- an optional system message; user turns, a few with image or document parts;
-- tool rounds: a single call, reasoning in the call's message (the Responses shape), a
-  reasoning-only message before the call, a trailing reasoning-only message after it,
-  parallel calls answered by one tool message or by one message per result, a result
-  that arrives later (call, then a user message, then the result: the framework links
-  them), a stray tool message whose call is gone, failing tools, and rich results that
-  carry an image;
-- tool results of 50 to 3,000 characters: markdown tables, prose and planted lines
-  such as ``code_3=TL-3FA9C2`` that a compaction must not split;
-- reasoning with empty or short clear text and an opaque ``protected_data`` payload
-  (a base64 blob, JSON holding ``encrypted_content`` or a ``signature``, or a Chat
-  Completions ``reasoning_details`` list whose ``reasoning.encrypted`` entry holds
-  ciphertext under ``data``) of 40 to 4,000 characters;
-- assistant text replies, sometimes with reasoning, sometimes after a reasoning-only
-  message that is not followed by a call;
-- message ids present or absent, in a mix; call ids usually unique, sometimes reused
-  across turns as some clients do (call id = tool name).
-
-Helpers build the other lists a pass sees: :func:`with_injected_context` (the harness's
-todo list at position 0, loaded copies attributed to the history provider),
-:func:`reshape_opaque_payloads` (the same history with opaque payloads of other lengths)
-and :func:`describe` (a readable rendering for ``hypothesis.note``).
+The generator is ``maf_compaction.testing`` (one copy: a host's checks and ours draw the same
+conversations, see its strategies module for what they cover); this module makes fresh
+Agent Framework ``Message`` objects of every draw, and builds the other lists a pass sees:
+:func:`with_injected_context` (the harness's todo list at position 0, loaded copies
+attributed to the history provider), :func:`reshape_opaque_payloads` (the same history
+with opaque payloads of other lengths) and :func:`describe` (a readable rendering for
+``hypothesis.note``).
 """
 
 from __future__ import annotations
 
-import base64
 import copy
-import itertools
 import json
-import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import cast
 
 from agent_framework import Content, Message
 from hypothesis import strategies as st
-from hypothesis.strategies import DrawFn
+
+from maf_compaction import testing
+from maf_compaction.testing import messages as drawn
+from maf_compaction.testing.strategies import opaque_blob
 
 __all__ = [
     "HISTORY_ATTRIBUTION",
@@ -70,316 +46,64 @@ TODO_ATTRIBUTION: dict[str, str] = {"source_id": "todo", "source_type": "TodoPro
 NOTE_KEY = "_maf_compaction_note"
 
 Chunks = list[list[Message]]
-_Step = list[Message]
-
-_WORD_TEXT = """
-invoice customer ticket refund shipment order warehouse latency error deploy region cluster budget quarter
-revenue churn contract vendor policy audit backlog sprint release migration schema index query report metric
-alert incident owner status pending approved blocked escalated resolved summary detail table column row value
-"""
-_WORDS = tuple(_WORD_TEXT.split())
-_TOOLS = ("search_docs", "read_file", "run_sql", "list_tickets", "get_weather", "fetch_url")
-#: A tool whose result carries an image (drawn rarely: each image costs a media estimate).
-_SCREENSHOT = "take_screenshot"
-#: Character ranges of tool results: mostly small, a third medium, a few large.
-_RESULT_SIZES = ((50, 450),) * 6 + ((450, 1_500),) * 3 + ((1_500, 3_000),)
-_STATUSES = ("open", "closed", "pending", "blocked", "done")
 
 
-@dataclass
-class _Counters:
-    """Per-draw counters, so ids and planted codes are unique within one history."""
-
-    message: int = 0
-    call: int = 0
-    reasoning: int = 0
-    code: int = 0
-    reuse_call_ids: bool = False
-
-    def message_id(self, draw: DrawFn) -> str | None:
-        self.message += 1
-        return f"m{self.message:03d}" if draw(st.integers(0, 2)) else None
-
-    def call_id(self, name: str) -> str:
-        self.call += 1
-        return name if self.reuse_call_ids else f"call_{self.call:03d}"
+# ----------------------------------------------------------------------------- framework messages of the draws
 
 
-# ----------------------------------------------------------------------------- text
-
-
-def _words(draw: DrawFn, low: int, high: int) -> str:
-    return " ".join(draw(st.lists(st.sampled_from(_WORDS), min_size=low, max_size=high)))
-
-
-def _filler(seed: int, length: int) -> str:
-    """Deterministic prose of about ``length`` characters (cheap to draw: one integer)."""
-    rng = random.Random(seed)
-    out: list[str] = []
-    size = 0
-    while size < length:
-        word = rng.choice(_WORDS)
-        out.append(word)
-        size += len(word) + 1
-    return " ".join(out)[:length]
-
-
-def _blob(seed: int, length: int) -> str:
-    """An opaque base64 payload of exactly ``length`` characters."""
-    raw = random.Random(seed).randbytes(length)
-    return base64.b64encode(raw).decode("ascii")[:length]
-
-
-def _result_text(draw: DrawFn, counters: _Counters, tool: str) -> str:
-    """A multi-line tool result of 50 to 3,000 characters with planted facts and a table."""
-    low, high = draw(st.sampled_from(_RESULT_SIZES))
-    target = draw(st.integers(low, high))
-    rng = random.Random(draw(st.integers(0, 2**16)))
-    lines = [f"# {tool}: {rng.choice(_WORDS)} {rng.choice(_WORDS)}"]
-    size = len(lines[0]) + 1
-    row = 0
-    while size < target:
-        roll = rng.random()
-        if roll < 0.15:
-            counters.code += 1
-            line = f"code_{counters.code}=TL-{rng.randrange(16**6):06X}"
-        elif roll < 0.6:
-            if row == 0:
-                lines.append("| id | name | status | value |")
-                lines.append("|---|---|---|---|")
-            row += 1
-            name = f"{rng.choice(_WORDS)}-{rng.choice(_WORDS)}"
-            line = f"| {row} | {name} | {rng.choice(_STATUSES)} | {rng.randrange(10**5)} |"
-        else:
-            line = _filler(rng.randrange(2**16), rng.randrange(20, 120))
-        lines.append(line)
-        size += len(line) + 1
-    text = "\n".join(lines)
-    if len(text) < 50:
-        text = text + "\n" + _filler(rng.randrange(2**16), 50)
-    return text
-
-
-def _protected_data(draw: DrawFn, reasoning_id: str) -> str | None:
-    """None, an opaque base64 blob, or JSON whose opaque members hide in known keys."""
-    shape = draw(
-        st.sampled_from(["none", "blob", "blob", "encrypted", "encrypted_summary", "signature", "reasoning_details"])
-    )
-    if shape == "none":
-        return None
-    length = draw(st.integers(40, 400) | st.integers(400, 4_000))
-    blob = _blob(draw(st.integers(0, 2**16)), length)
-    if shape == "blob":
-        return blob
-    if shape == "encrypted":
-        return json.dumps({"type": "reasoning", "id": reasoning_id, "encrypted_content": blob})
-    if shape == "encrypted_summary":
-        summary = [{"type": "summary_text", "text": _words(draw, 3, 12)}]
-        return json.dumps({"type": "reasoning", "id": reasoning_id, "summary": summary, "encrypted_content": blob})
-    if shape == "signature":
-        return json.dumps({"type": "thinking", "signature": blob})
-    # Chat Completions ``reasoning_details`` (OpenRouter): clear text, and ciphertext under ``data``.
-    return json.dumps(
-        [
-            {"type": "reasoning.text", "text": _words(draw, 3, 12), "format": "unknown"},
-            {"type": "reasoning.encrypted", "id": reasoning_id, "data": blob},
-        ]
-    )
-
-
-def _reasoning(draw: DrawFn, counters: _Counters) -> Content:
-    counters.reasoning += 1
-    reasoning_id = f"rs_{counters.reasoning:03d}"
-    text = draw(st.sampled_from(["", "", "short"]))
-    if text == "short":
-        text = "**Planning** " + _words(draw, 3, 25)
-    return Content.from_text_reasoning(id=reasoning_id, text=text, protected_data=_protected_data(draw, reasoning_id))
-
-
-# ----------------------------------------------------------------------------- messages
-
-
-def _message(draw: DrawFn, counters: _Counters, role: str, contents: Sequence[Content]) -> Message:
-    return Message(role, list(contents), message_id=counters.message_id(draw))
-
-
-def _user(draw: DrawFn, counters: _Counters) -> Message:
-    pasted = draw(st.integers(0, 19)) == 19  # now and then a user pastes a long text
-    text = _filler(draw(st.integers(0, 2**16)), draw(st.integers(300, 1_500))) if pasted else _words(draw, 2, 30)
-    contents = [Content.from_text(text)]
-    media = draw(st.integers(0, 29))  # an attachment costs a full media estimate (1,024 tokens)
-    if media == 28:
-        contents.append(Content.from_data(b"\x89PNG\r\n\x1a\n" + bytes(draw(st.integers(8, 64))), "image/png"))
-    elif media == 29:
-        contents.append(
-            Content.from_uri(f"https://files.example.com/{draw(st.integers(1, 999))}.pdf", media_type="application/pdf")
+def to_content(content: drawn.Content) -> Content:
+    """The framework content of one drawn content."""
+    if isinstance(content, drawn.Text):
+        return Content.from_text(content.text)
+    if isinstance(content, drawn.Media):
+        if content.data is not None:
+            return Content.from_data(content.data, content.media_type)
+        return Content.from_uri(content.uri or "", media_type=content.media_type)
+    if isinstance(content, drawn.Call):
+        arguments = content.arguments if isinstance(content.arguments, str) else dict(content.arguments)
+        return Content.from_function_call(call_id=content.call_id, name=content.name, arguments=arguments)
+    if isinstance(content, drawn.Reasoning):
+        return Content.from_text_reasoning(
+            id=content.reasoning_id, text=content.text, protected_data=content.protected_data
         )
-    return _message(draw, counters, "user", contents)
+    if isinstance(content.result, str):
+        return Content.from_function_result(call_id=content.call_id, result=content.result, exception=content.exception)
+    return Content.from_function_result(call_id=content.call_id, result=[to_content(item) for item in content.result])
 
 
-def _call(draw: DrawFn, counters: _Counters) -> Content:
-    name = _SCREENSHOT if draw(st.integers(0, 24)) == 24 else draw(st.sampled_from(_TOOLS))
-    arguments: dict[str, object] = {"query": _words(draw, 1, 6), "limit": draw(st.integers(1, 50))}
-    as_string = draw(st.booleans())
-    return Content.from_function_call(
-        call_id=counters.call_id(name),
-        name=name,
-        arguments=json.dumps(arguments) if as_string else arguments,
-    )
-
-
-def _result(draw: DrawFn, counters: _Counters, call: Content) -> Content:
-    call_id = call.call_id or ""
-    name = call.name or "tool"
-    shape = draw(st.integers(0, 19))
-    if shape == 18:
-        error = f"{name} timed out after {draw(st.integers(5, 120))}s"
-        return Content.from_function_result(
-            call_id=call_id, result=f"Error: Function failed. Exception: {error}", exception=error
-        )
-    if shape == 19 or name == _SCREENSHOT:  # a rich result: text plus an image
-        image = Content.from_data(b"\x89PNG\r\n\x1a\n" + bytes(draw(st.integers(8, 64))), "image/png")
-        return Content.from_function_result(
-            call_id=call_id, result=[Content.from_text(_result_text(draw, counters, name)), image]
-        )
-    return Content.from_function_result(call_id=call_id, result=_result_text(draw, counters, name))
-
-
-def _results(draw: DrawFn, counters: _Counters, calls: Sequence[Content]) -> list[Message]:
-    """The tool messages answering ``calls``: one message with all results, or one each."""
-    results = [_result(draw, counters, call) for call in calls]
-    if len(results) > 1 and draw(st.booleans()):
-        return [_message(draw, counters, "tool", results)]
-    return [_message(draw, counters, "tool", [result]) for result in results]
-
-
-def _tool_round(draw: DrawFn, counters: _Counters) -> list[_Step]:
-    """One model round that calls tools, as one or more steps."""
-    shape = draw(
-        st.sampled_from(
-            [
-                "single",
-                "single",
-                "single",
-                "reasoning_inline",
-                "reasoning_inline",
-                "reasoning_before",
-                "reasoning_after",
-                "parallel",
-                "parallel",
-                "late_result",
-                "stray",
-            ]
-        )
-    )
-    if shape == "stray":
-        orphan = Content.from_function_call(call_id=f"gone_{draw(st.integers(0, 999))}", name="search_docs")
-        return [_results(draw, counters, [orphan])]
-    calls = [_call(draw, counters) for _ in range(draw(st.integers(2, 3)) if shape == "parallel" else 1)]
-    inline: list[Content] = []
-    if shape == "reasoning_inline" or (shape == "parallel" and draw(st.booleans())):
-        inline.append(_reasoning(draw, counters))
-    step: _Step = []
-    if shape == "reasoning_before":
-        step.append(_message(draw, counters, "assistant", [_reasoning(draw, counters)]))
-    step.append(_message(draw, counters, "assistant", [*inline, *calls]))
-    if shape == "reasoning_after":
-        step.append(_message(draw, counters, "assistant", [_reasoning(draw, counters)]))
-    if shape == "late_result":
-        # The tool answers after the user has spoken again; the framework links the result
-        # to its call across the user message.
-        waiting: list[_Step] = [[_user(draw, counters)]]
-        if draw(st.booleans()):
-            waiting.append([_message(draw, counters, "assistant", [Content.from_text(_words(draw, 3, 15))])])
-        return [step, *waiting, _results(draw, counters, calls)]
-    step.extend(_results(draw, counters, calls))
-    return [step]
-
-
-def _reply(draw: DrawFn, counters: _Counters) -> _Step:
-    """The assistant's text answer, with reasoning in a few shapes."""
-    large = draw(st.integers(0, 7)) == 7
-    text = _filler(draw(st.integers(0, 2**16)), draw(st.integers(400, 2_000))) if large else _words(draw, 3, 40)
-    shape = draw(st.sampled_from(["plain", "plain", "plain", "reasoning_inline", "reasoning_only_before"]))
-    if shape == "reasoning_inline":
-        return [_message(draw, counters, "assistant", [_reasoning(draw, counters), Content.from_text(text)])]
-    if shape == "reasoning_only_before":
-        # A reasoning-only message that no call follows is an assistant_text group of its own.
-        return [
-            _message(draw, counters, "assistant", [_reasoning(draw, counters)]),
-            _message(draw, counters, "assistant", [Content.from_text(text)]),
-        ]
-    return [_message(draw, counters, "assistant", [Content.from_text(text)])]
-
-
-@st.composite
-def _round_steps(draw: DrawFn, counters: _Counters) -> list[_Step]:
-    return _tool_round(draw, counters)
-
-
-@st.composite
-def _turn_steps(draw: DrawFn, counters: _Counters) -> list[_Step]:
-    steps: list[_Step] = [[_user(draw, counters)]]
-    # Lists (not drawn counts) let the shrinker delete a round or a turn from the middle.
-    for round_steps in draw(st.lists(_round_steps(counters), max_size=3)):
-        steps.extend(round_steps)
-    if draw(st.integers(0, 4)):
-        steps.append(_reply(draw, counters))
-    return steps
-
-
-@st.composite
-def _steps(draw: DrawFn, min_turns: int, max_turns: int) -> list[_Step]:
-    counters = _Counters(reuse_call_ids=draw(st.integers(0, 9)) == 9)
-    steps: list[_Step] = []
-    if draw(st.integers(0, 3)):
-        system = "You are a careful operations assistant. " + _words(draw, 3, 30)
-        steps.append([_message(draw, counters, "system", [Content.from_text(system)])])
-    for turn in draw(st.lists(_turn_steps(counters), min_size=min_turns, max_size=max_turns)):
-        steps.extend(turn)
-    return steps
-
-
-def _flatten(steps: Sequence[_Step]) -> list[Message]:
-    return [message for step in steps for message in step]
+def to_messages(messages: Sequence[drawn.Drawn]) -> list[Message]:
+    """Fresh framework messages of drawn ones."""
+    return [Message(m.role, [to_content(content) for content in m.contents], message_id=m.message_id) for m in messages]
 
 
 # ----------------------------------------------------------------------------- public strategies
 
 
 def conversations(min_turns: int = 1, max_turns: int = 8) -> st.SearchStrategy[list[Message]]:
-    """A fresh history of ``min_turns`` to ``max_turns`` user turns."""
-    return _steps(min_turns, max_turns).map(_flatten)
+    """A fresh history of ``min_turns`` to ``max_turns`` user turns (``maf_compaction.testing.conversations``)."""
+    return testing.conversations(min_turns, max_turns).map(to_messages)
 
 
-@st.composite
 def conversation_chunks(
-    draw: DrawFn, min_chunks: int = 2, max_chunks: int = 4, min_turns: int = 1, max_turns: int = 8
-) -> Chunks:
+    min_chunks: int = 2, max_chunks: int = 4, min_turns: int = 1, max_turns: int = 8
+) -> st.SearchStrategy[Chunks]:
     """A history cut between steps into ``min_chunks`` to ``max_chunks`` non-empty chunks.
 
     ``chunks[0]`` is what was stored first; each later chunk is an append-only extension,
     so every ``sum(chunks[:i])`` is a valid history that starts the next one.
     """
-    low = max(min_turns, min_chunks)  # every turn is at least one step
-    steps: list[_Step] = draw(_steps(low, max(max_turns, low)))
-    if len(steps) < min_chunks:
-        return [_flatten(steps)]
-    count = min(draw(st.integers(min_chunks, max_chunks)), len(steps))
-    cuts = sorted(draw(st.sets(st.integers(1, len(steps) - 1), min_size=count - 1, max_size=count - 1)))
-    bounds = [0, *cuts, len(steps)]
-    return [_flatten(steps[a:b]) for a, b in itertools.pairwise(bounds)]
+    return testing.conversation_chunks(min_chunks, max_chunks, min_turns, max_turns).map(
+        lambda chunks: [to_messages(chunk) for chunk in chunks]
+    )
 
 
-@st.composite
 def conversation_and_extension(
-    draw: DrawFn, min_turns: int = 1, max_turns: int = 8
-) -> tuple[list[Message], list[Message]]:
+    min_turns: int = 1, max_turns: int = 8
+) -> st.SearchStrategy[tuple[list[Message], list[Message]]]:
     """``(prefix, extra)``: ``prefix + extra`` is a history and ``prefix`` is exactly its start."""
-    chunks: Chunks = draw(conversation_chunks(min_chunks=2, max_chunks=2, min_turns=min_turns, max_turns=max_turns))
-    if len(chunks) == 1:
-        return chunks[0], []
-    return chunks[0], chunks[1]
+    return testing.conversation_and_extension(min_turns, max_turns).map(
+        lambda pair: (to_messages(pair[0]), to_messages(pair[1]))
+    )
 
 
 def deep_copy_messages(messages: Sequence[Message]) -> list[Message]:
@@ -445,7 +169,7 @@ def _reshaped(payload: str, length: int, *, seed: int) -> str | None:
         return json.dumps(
             [_reshaped_entry(cast("dict[str, object]", e), length, seed) if isinstance(e, dict) else e for e in entries]
         )
-    return _blob(seed, length) if length else None
+    return opaque_blob(seed, length) if length else None
 
 
 def _reshaped_entry(entry: dict[str, object], length: int, seed: int) -> dict[str, object]:
@@ -456,7 +180,7 @@ def _reshaped_entry(entry: dict[str, object], length: int, seed: int) -> dict[st
     for key in opaque:
         if key in data:
             if length:
-                data[key] = _blob(seed, length)
+                data[key] = opaque_blob(seed, length)
             else:
                 del data[key]
     return data

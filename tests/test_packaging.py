@@ -77,3 +77,4 @@ def test_wheel_ships_every_module_of_the_editable_install(wheel: Path, tmp_path:
     assert from_wheel["modules"] == editable["modules"]
     assert from_wheel["all"] == editable["all"]
     assert "maf_compaction.core.anchored" in from_wheel["modules"]  # type: ignore[operator]
+    assert "maf_compaction.testing.replay" in from_wheel["modules"]  # type: ignore[operator]

@@ -153,3 +153,142 @@ def test_media_token_estimator_signature_matches_the_readme() -> None:
 
 def test_tiktoken_tokenizer_defaults_to_o200k_base() -> None:
     assert parameters(TiktokenTokenizer)["encoding"] == (POSITIONAL, "o200k_base")
+
+
+# --- the pure core's public API ----------------------------------------------------------------
+
+#: The core's public names: removing or renaming one breaks custom hosts, like any name of the package.
+CORE_NAMES = [
+    "AnchoredConfig",
+    "AnchoredReport",
+    "AnchoredSnapshot",
+    "Answer",
+    "CompactionBudgetExceeded",
+    "CompositionConfig",
+    "CompositionReport",
+    "Done",
+    "History",
+    "Measure",
+    "MessageRecord",
+    "Needs",
+    "Outcome",
+    "Part",
+    "PinRule",
+    "RecordConfig",
+    "RecordReport",
+    "Request",
+    "RequestKind",
+    "Route",
+    "SnapshotError",
+    "SnapshotVersionError",
+    "State",
+    "Step",
+    "UserReport",
+    "UserSummaryConfig",
+    "absorb",
+    "anchored_check",
+    "anchored_step",
+    "call_part",
+    "composition_check",
+    "composition_step",
+    "history",
+    "media_part",
+    "message",
+    "prompt",
+    "read_snapshot",
+    "read_state",
+    "reasoning_part",
+    "record_rule",
+    "records_check",
+    "records_step",
+    "request_sent",
+    "request_starting",
+    "result_part",
+    "sent_tokens",
+    "text_part",
+    "unchanged",
+    "user_summaries_check",
+    "user_summaries_step",
+]
+#: Type aliases: documented in docs/core.md (an alias has no docstring of its own).
+CORE_ALIASES = {"History", "Measure", "Step"}
+
+
+def test_the_core_exports_exactly_its_public_names() -> None:
+    import maf_compaction.core
+
+    assert sorted(maf_compaction.core.__all__) == CORE_NAMES
+
+
+@pytest.mark.parametrize("name", CORE_NAMES)
+def test_every_core_name_is_importable(name: str) -> None:
+    import maf_compaction.core
+
+    namespace: dict[str, Any] = {}
+
+    exec(f"from maf_compaction.core import {name}", namespace)
+
+    assert namespace[name] is getattr(maf_compaction.core, name)
+
+
+@pytest.mark.parametrize("name", sorted(set(CORE_NAMES) - CORE_ALIASES))
+def test_every_core_object_has_its_own_docstring(name: str) -> None:
+    import maf_compaction.core
+
+    assert (getattr(maf_compaction.core, name).__doc__ or "").strip() != ""
+
+
+@pytest.mark.parametrize("name", sorted(CORE_ALIASES))
+def test_every_core_alias_is_documented_in_docs_core(name: str) -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "core.md").read_text(encoding="utf-8")
+
+    assert f"`{name}`" in text
+
+
+def test_the_core_imports_no_framework_module() -> None:
+    import ast
+    from pathlib import Path
+
+    imported: set[str] = set()
+    for path in (Path(__file__).resolve().parents[1] / "src" / "core").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module)
+
+    assert not {name for name in imported if name.split(".")[0] in {"agent_framework", "maf_compaction"}}
+
+
+@pytest.mark.parametrize("module", ["maf_compaction.core", "maf_compaction.errors", "maf_compaction"])
+def test_importing_the_package_or_its_core_never_loads_agent_framework(module: str) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", f"import sys, {module}; print('agent_framework' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+    assert (completed.returncode, completed.stdout.strip()) == (0, "False"), completed.stderr
+
+
+def test_an_adapter_name_loads_its_module_on_first_use_and_dir_lists_every_name() -> None:
+    code = (
+        "import sys, maf_compaction as m\n"
+        "names = set(dir(m))\n"
+        "before = 'maf_compaction.adapters.records' in sys.modules\n"
+        "from maf_compaction import ToolResultAnchoredSummarizationCompactionStrategy as S\n"
+        "print(before, 'maf_compaction.adapters.records' in sys.modules, set(m.__all__) <= names, S.__name__)"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=False
+    )
+
+    assert completed.stdout.split() == ["False", "True", "True", "ToolResultAnchoredSummarizationCompactionStrategy"]
+
+
+def test_an_unknown_name_is_an_attribute_error_naming_it() -> None:
+    with pytest.raises(AttributeError, match="no_such_name"):
+        _ = maf_compaction.no_such_name  # type: ignore[attr-defined]
