@@ -203,8 +203,9 @@ def record_rule(
 
 def request_starting(rule: PinRule, state: State) -> State:
     """``state`` as a model request of the conversation is about to be built: a record due is asked for by the pass
-    that compacts this request (its ``step`` answers :class:`~.protocol.Needs` with it)."""
-    return on_recall(rule, state, RequestStarting())[0]
+    that compacts this request (its ``step`` answers :class:`~.protocol.Needs` with it). A host forces no tool call,
+    so under any ``rule`` a record due is asked for over the cached prefix, never pinned."""
+    return on_recall(rule, state, RequestStarting(forcible=False))[0]
 
 
 def request_sent(rule: PinRule, state: State, sent: History) -> State:
