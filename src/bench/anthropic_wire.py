@@ -19,7 +19,6 @@ import itertools
 import json
 import logging
 import secrets
-import socket
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -39,7 +38,7 @@ from anthropic.types.beta import (
 )
 from pydantic import TypeAdapter
 
-from .loopback import IssuedIds, canonical_json, sse_frame
+from .loopback import IssuedIds, canonical_json, serve, sse_frame
 from .model import ScriptedModel
 from .provider import CallKind, CallRecord, SimulatedProvider
 from .rendering import (
@@ -776,16 +775,7 @@ class AnthropicLoopback:
 
     async def __aenter__(self) -> AnthropicLoopback:
         """Start serving on an ephemeral port of ``127.0.0.1``."""
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        for path, kind in _ROUTES:
-            app.router.add_post(path, self._handler(kind))
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
-        self._port = int(sock.getsockname()[1])
-        await web.SockSite(runner, sock).start()
-        self._runner = runner
+        self._runner, self._port = await serve((path, self._handler(kind)) for path, kind in _ROUTES)
         return self
 
     async def __aexit__(

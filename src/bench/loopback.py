@@ -634,6 +634,25 @@ _ROUTES: Final[tuple[tuple[str, CallKind, WireApi], ...]] = (
 )
 
 
+#: A loopback route's handler.
+Handler: TypeAlias = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+async def serve(handlers: Iterable[tuple[str, Handler]]) -> tuple[web.AppRunner, int]:
+    """Serve ``handlers`` (each a POST path and its handler) on an ephemeral port of ``127.0.0.1``: the runner
+    (``cleanup()`` stops serving) and the port."""
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    for path, handler in handlers:
+        app.router.add_post(path, handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = int(sock.getsockname()[1])
+    await web.SockSite(runner, sock).start()
+    return runner, port
+
+
 class LoopbackProvider:
     """An OpenAI-compatible HTTP server on ``127.0.0.1`` answering with the scripted model.
 
@@ -680,16 +699,7 @@ class LoopbackProvider:
 
     async def __aenter__(self) -> LoopbackProvider:
         """Start serving on an ephemeral port of ``127.0.0.1``."""
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        for path, kind, api in _ROUTES:
-            app.router.add_post(path, self._handler(kind, api))
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))
-        self._port = int(sock.getsockname()[1])
-        await web.SockSite(runner, sock).start()
-        self._runner = runner
+        self._runner, self._port = await serve((path, self._handler(kind, api)) for path, kind, api in _ROUTES)
         logger.debug("loopback: serving on 127.0.0.1:%d", self._port)
         return self
 
