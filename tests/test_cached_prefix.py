@@ -1453,6 +1453,27 @@ async def test_a_record_strategy_without_its_recall_middleware_refuses_its_first
     assert client.requests == [], "a request was sent before the wiring was refused"
 
 
+@pytest.mark.parametrize("installed", [False, True], ids=["middleware-left-out", "readme-wiring"])
+async def test_a_stack_whose_middleware_is_left_out_of_the_agent_is_named_once(
+    installed: bool, warnings_seen: list[str]
+) -> None:
+    """A stack's parts share one conversation when it is built, so a strategy whose stack's middleware was never
+    put in the agent's middleware cannot tell at its first pass (the harness compacts before any model request).
+    By its second pass the middleware has seen a model request if it is installed: if not, one WARNING names it,
+    and the wiring the README shows never gets it."""
+    client = Provider()
+    stack = build_stack("composition", "cached_prefix")
+    agent = _direct_agent(client, stack.strategy, [stack.recall] if installed else [], stack.gate)
+    session = agent.create_session()
+    for n in range(TURNS):
+        await agent.run(question(n), session=session)
+    named = [w for w in warnings_seen if "has seen no model request" in w]
+    assert len(named) == (0 if installed else 1), named
+    if not installed:
+        assert "stack.recall" in named[0]
+        assert "ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy" in named[0]
+
+
 async def test_a_middleware_that_wraps_take_reforce_shares_only_through_bind_recall_which_checks_its_trigger() -> None:
     """A middleware whose reforce wraps take_reforce shares nothing by itself: the strategy's first pass refuses,
     naming bind_recall; bind_recall refuses a middleware whose trigger differs from the strategy's, naming it."""

@@ -46,6 +46,10 @@ class Conversation(Generic[S]):
         self.head: Any = None
         #: A recall middleware reads and writes this conversation (a record strategy cannot ask without one).
         self.recall_shared = False
+        #: Model requests the recall middleware saw, and passes that needed it (a middleware built but never
+        #: installed in the agent sees none: said once).
+        self.requests_seen = 0
+        self.recall_passes = 0
         #: What the strategy named in log lines already (kept across stacks of one session by its registry).
         self.named: NamedSets = OrderedDict()
         #: The prompt the last traced pass left (telemetry: whether the next pass keeps it as its prefix).

@@ -219,6 +219,17 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
                 "composition's record half, find_nested_strategy); a middleware whose reforce wraps take_reforce "
                 "needs records.bind_recall(middleware). CompactionStack.build(...) wires all of it in one call."
             )
+        if self.needs_recall:
+            # The middleware runs before the pass of each model call it sees; only an agent-level pass (the
+            # harness's, before a run) comes first. A second pass with no request seen: it is not installed.
+            conversation.recall_passes += 1
+            if conversation.recall_passes == 2 and not conversation.requests_seen:
+                logger.warning(
+                    "%s has compacted twice, but its ToolResultRecallMiddleware has seen no model request: if it "
+                    "is not in the agent's middleware (stack.recall, or SessionToolResultRecallMiddleware for a "
+                    "registry), no record is ever asked for and tool results are only trimmed.",
+                    type(self).__name__,
+                )
         history = self._histories.history(messages, note_kind=NOTE_KIND)
         orphans = provider_increment(history)
         if not orphans:

@@ -401,6 +401,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             RuntimeError: The call belongs to another session than the first one seen.
         """
         self._bind(context)
+        self.conversation.requests_seen += 1
         if self.conversation.head is None:
             # A conversation this instance has not seen sent (a restore, a new replica, a rebuilt stack): the
             # caller's head until the request has gone out (providers may add instructions and tools on the way).
