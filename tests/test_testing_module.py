@@ -126,3 +126,25 @@ def test_run_pass_refuses_a_step_that_asks_again_for_what_it_has() -> None:
 
     with pytest.raises(ReplayError, match="asked again"):
         run_pass(stubborn, CONFIG, core.State(), big_history(), estimate_tokens)
+
+
+def test_a_later_summary_that_replaces_an_earlier_one_is_a_later_decision() -> None:
+    """Found by the long profile: in the default mode (recompact) a later summary replaces the earlier summary with
+    the turns after it, so the earlier one is gone from the later pass. The check takes that as a later decision
+    (every turn the earlier summary replaced is now replaced by a summary the later pass inserted) and still names
+    an inserted summary that is gone with nothing in its place."""
+    from maf_compaction.core.model import flagged
+    from maf_compaction.testing.replay import _kept  # pyright: ignore[reportPrivateUsage]
+
+    def said(role: str, text: str, **ids: Any) -> core.MessageRecord:
+        return core.message(role, [core.text_part(text, estimate_tokens)], **ids)
+
+    turns = [said("user", f"turn {n}: keep RC-{n:04d}", origin=n) for n in range(3)]
+    given = core.history(turns)
+    first = said("user", "summary: RC-0000", message_id="user_summary_0")
+    earlier = core.history([flagged(turns[0], excluded=True, replaced_by="user_summary_0"), first, *turns[1:]])
+    second = said("user", "summary: RC-0000, RC-0001", message_id="user_summary_1")
+    replaced = [flagged(t, excluded=True, replaced_by="user_summary_1") for t in turns[:2]]
+    _kept(given, earlier, core.history([replaced[0], second, replaced[1], turns[2]]))  # replaced: a later decision
+    with pytest.raises(ReplayError, match="user_summary_0 of an earlier pass is gone"):
+        _kept(given, earlier, core.history([flagged(turns[0], excluded=True), *turns[1:]]))

@@ -23,7 +23,7 @@ host's model request does.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
@@ -187,7 +187,8 @@ def check_later_passes_keep_earlier_decisions(
     A message the earlier pass excluded stays excluded (unless a record strategy holds it in the prompt for a
     record to quote: a tool group the anchored fallback shed before any record existed); one it rewrote (a
     result shortened or cut to its value lines) reads the same while it stays in the prompt, or leaves it; a
-    message it inserted (a record, a summary) stands with the same text, excluded only by a later decision.
+    message it inserted (a record, a summary) stands with the same text, or is replaced by a later decision (a
+    summary that names it among the messages it replaces: a recompact, a fold).
 
     Raises:
         ReplayError: A later pass re-decided an earlier decision.
@@ -213,6 +214,8 @@ def _kept(earlier_given: History, earlier: History, later: History) -> None:
                 continue
             now = inserted.get(record.message_id)
             if now is None:
+                if _superseded(record, earlier, by_origin, inserted):
+                    continue
                 raise ReplayError(f"inserted message {record.message_id} of an earlier pass is gone")
             if now.parts != record.parts:
                 raise ReplayError(f"inserted message {record.message_id} of an earlier pass reads differently")
@@ -292,3 +295,16 @@ def check_restored_state_replays(
     if again.done.history != kept.done.history or again.state != kept.state:
         raise ReplayError("the restored state answers otherwise than the state never stored")
     return again.state
+
+
+def _superseded(
+    record: MessageRecord,
+    earlier: History,
+    by_origin: Mapping[int, MessageRecord],
+    inserted: Mapping[str, MessageRecord],
+) -> bool:
+    """A later decision replaced ``record`` (an inserted summary, gone from the later pass): every message it
+    replaced is replaced now by a message the later pass inserted (a recompact or a fold)."""
+    replaced = [r.origin for r in earlier if r.origin is not None and r.replaced_by == record.message_id]
+    successors = {by_origin[o].replaced_by if o in by_origin else None for o in replaced}
+    return bool(replaced) and all(s is not None and s != record.message_id and s in inserted for s in successors)
