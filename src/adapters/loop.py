@@ -209,27 +209,8 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
         conversation = self.conversation
         if conversation.provider_owned:
             return None
-        if self.needs_recall and not conversation.recall_shared:
-            name = type(self).__name__
-            raise RuntimeError(
-                f"{name} has no recall middleware: no ToolResultRecallMiddleware shares its state, so no record could "
-                "ever be asked for and its tool results would only be trimmed. Add "
-                "ToolResultRecallMiddleware(max_input_tokens, tokenizer, reforce=records.take_reforce, ...) to the "
-                "agent's middleware and make_recall_tool(...) to its tools, where records is this strategy (or a "
-                "composition's record half, find_nested_strategy); a middleware whose reforce wraps take_reforce "
-                "needs records.bind_recall(middleware). CompactionStack.build(...) wires all of it in one call."
-            )
         if self.needs_recall:
-            # The middleware runs before the pass of each model call it sees; only an agent-level pass (the
-            # harness's, before a run) comes first. A second pass with no request seen: it is not installed.
-            conversation.recall_passes += 1
-            if conversation.recall_passes == 2 and not conversation.requests_seen:
-                logger.warning(
-                    "%s has compacted twice, but its ToolResultRecallMiddleware has seen no model request: if it "
-                    "is not in the agent's middleware (stack.recall, or SessionToolResultRecallMiddleware for a "
-                    "registry), no record is ever asked for and tool results are only trimmed.",
-                    type(self).__name__,
-                )
+            self._check_recall(conversation)
         history = self._histories.history(messages, note_kind=NOTE_KIND)
         orphans = provider_increment(history)
         if not orphans:
@@ -286,6 +267,32 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
         self.conversation.value = state
         self._memo = None
         self._restored = True
+
+    def _check_recall(self, conversation: Conversation[Any]) -> None:
+        """A record strategy's recall middleware: refuse a pass that no middleware shares; name, once, a shared one
+        that sees no model request.
+
+        The middleware runs before the pass of each model call it sees; only an agent-level pass (the harness's,
+        before a run) comes first. A second pass with no request seen: it is not in the agent's middleware.
+        """
+        if not conversation.recall_shared:
+            name = type(self).__name__
+            raise RuntimeError(
+                f"{name} has no recall middleware: no ToolResultRecallMiddleware shares its state, so no record could "
+                "ever be asked for and its tool results would only be trimmed. Add "
+                "ToolResultRecallMiddleware(max_input_tokens, tokenizer, reforce=records.take_reforce, ...) to the "
+                "agent's middleware and make_recall_tool(...) to its tools, where records is this strategy (or a "
+                "composition's record half, find_nested_strategy); a middleware whose reforce wraps take_reforce "
+                "needs records.bind_recall(middleware). CompactionStack.build(...) wires all of it in one call."
+            )
+        conversation.recall_passes += 1
+        if conversation.recall_passes == 2 and not conversation.requests_seen:
+            logger.warning(
+                "%s has compacted twice, but its ToolResultRecallMiddleware has seen no model request: if it "
+                "is not in the agent's middleware (stack.recall, or SessionToolResultRecallMiddleware for a "
+                "registry), no record is ever asked for and tool results are only trimmed.",
+                type(self).__name__,
+            )
 
     def _step(self, before: History, *, options: Mapping[str, object] | None = None) -> Needs | Done[S, R]:
         core: CoreStrategy[ConfigT, S, R] = self.core
