@@ -18,6 +18,8 @@ covered by the same compatibility promise as the rest of ``maf_compaction``.
 - **Effects**: :class:`Request` (with its :class:`RequestKind` and :class:`Route`), answered
   into the state by :func:`absorb`; a record strategy's recall protocol around each model
   request: :func:`record_rule`, :func:`request_starting`, :func:`request_sent`.
+- **Prompt caches with breakpoints** (Anthropic's ``cache_control``): :func:`strategy_marks`
+  answers which messages of a pass's history a request should mark (:class:`CacheMarks`).
 - **State**: :class:`State` (records, the composition, user-turn summaries) and
   :class:`AnchoredSnapshot` (the anchored strategy), frozen values that serialize with
   ``to_dict()`` and read back strictly with :func:`read_state` / :func:`read_snapshot`.
@@ -30,6 +32,7 @@ from .anchored import Report as AnchoredReport
 from .anchored import check as anchored_check
 from .anchored import step as anchored_step
 from .answers import absorb
+from .breakpoints import CacheMarks, strategy_marks
 from .composition import CompositionConfig, CompositionReport
 from .composition import check as composition_check
 from .composition import step as composition_step
@@ -67,6 +70,7 @@ __all__ = [
     "AnchoredReport",
     "AnchoredSnapshot",
     "Answer",
+    "CacheMarks",
     "CompactionBudgetExceeded",
     "CompositionConfig",
     "CompositionReport",
@@ -109,6 +113,7 @@ __all__ = [
     "request_starting",
     "result_part",
     "sent_tokens",
+    "strategy_marks",
     "text_part",
     "unchanged",
     "user_summaries_check",
