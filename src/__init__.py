@@ -24,6 +24,7 @@ from .errors import (
 
 if TYPE_CHECKING:  # the adapters' names, seen by type checkers and IDEs; imported on first use at run time
     from .adapters.anchored import AnchoredCompactionStrategy, MinimumGainAnchoredCompactionStrategy
+    from .adapters.breakpoints import cache_breakpoints
     from .adapters.composition import ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy
     from .adapters.convert import original_results
     from .adapters.counting import MediaTokenEstimator
@@ -59,6 +60,7 @@ if TYPE_CHECKING:  # the adapters' names, seen by type checkers and IDEs; import
 _LAZY: dict[str, str] = {
     "AnchoredCompactionStrategy": "anchored",
     "MinimumGainAnchoredCompactionStrategy": "anchored",
+    "cache_breakpoints": "breakpoints",
     "ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy": "composition",
     "original_results": "convert",
     "MediaTokenEstimator": "counting",
@@ -162,6 +164,7 @@ __all__ = [
     "ToolResultRecallMiddleware",
     "UserTurnAnchoredSummarizationCompactionStrategy",
     "__version__",
+    "cache_breakpoints",
     "find_nested_strategy",
     "leased_session",
     "make_recall_tool",

@@ -20,12 +20,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, ClassVar, Final, Generic, Protocol, TypeVar, cast
+from typing import Annotated, Any, ClassVar, Final, Generic, TypeVar, cast
 
 from agent_framework import Message
 from msgspec import Meta
 
 from ..core.answers import absorb
+from ..core.breakpoints import StrategyConfig
 from ..core.checks import require, require_tokenizer
 from ..core.distill import newly_distilled
 from ..core.effects import Request, Route
@@ -39,6 +40,7 @@ from ..core.state import RequestKind, State
 from . import telemetry
 from .aligned import ask_over_prefix
 from .apply import apply, render
+from .breakpoints import publish
 from .conversation import STORE_FALSE_HINT, Conversation, NamedSets
 from .convert import HistoryCache
 from .counting import MediaTokenEstimator, Tokenizer, as_estimator
@@ -59,12 +61,7 @@ S = TypeVar("S")
 R = TypeVar("R")
 
 
-class _Budgeted(Protocol):
-    @property
-    def max_input_tokens(self) -> int: ...
-
-
-ConfigT = TypeVar("ConfigT", bound=_Budgeted)
+ConfigT = TypeVar("ConfigT", bound=StrategyConfig)
 
 
 def describe(before: History, messages: Sequence[Message], origin: int) -> str:
@@ -326,6 +323,7 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
         if changed:
             self._name_exclusions(before, done.history, messages)  # named as the list was handed in
             apply(messages, before, done.history, note_kind=NOTE_KIND)
+        publish(messages, done.history, self._config)  # where cache_breakpoints marks the request that follows
         return changed
 
     async def _answer(
