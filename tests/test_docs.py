@@ -55,7 +55,7 @@ def test_the_committed_docs_are_what_make_docs_writes() -> None:
 def test_every_generated_region_is_used_and_marked() -> None:
     """README carries the short tables and every workload's; docs/bench.md the plausible model beside the oracle,
     where the cost goes, the full default grid and the user-heavy workload; each strategy's page its own rows (the
-    composition's under both cache rules); the wire page the real clients'."""
+    composition's under both cache rules); the wire page the real clients'; Claude's page its own client's."""
     found = {name: regions_in((ROOT / name).read_text(encoding="utf-8"), name) for name in docs.DOCUMENTS}
     assert found == {
         "README.md": [
@@ -70,6 +70,7 @@ def test_every_generated_region_is_used_and_marked() -> None:
         "docs/user-summaries.md": ["user-modes"],
         "docs/composition.md": ["composition", "composition-free-tool-choice", "composition-anthropic"],
         "docs/wire-cache.md": ["wire"],
+        "docs/claude.md": ["claude"],
     }
     assert {name for names in found.values() for name in names} == set(REGIONS)
 

@@ -743,9 +743,9 @@ class AnthropicLoopback:
     thinking on, every answer starts with a thinking block (:data:`THINKING_TEXT`) whose signature
     the server remembers, so a block passed back changed or unsigned is refused.
 
-    ``requests``, ``kinds`` and ``layouts`` record each accepted request's body, route and
-    layout; ``rejected`` each refused one (:class:`Rejection`); ``outcomes`` each accepted
-    request's cache outcome.
+    ``requests``, ``rendered``, ``kinds`` and ``layouts`` record each accepted request's body, its
+    rendering for the cache, route and layout; ``rejected`` each refused one (:class:`Rejection`);
+    ``outcomes`` each accepted request's cache outcome.
     """
 
     def __init__(
@@ -763,6 +763,7 @@ class AnthropicLoopback:
         self.lookback_blocks = lookback_blocks
         self.ids = IssuedIds(seed=secrets.randbits(64) if id_seed is None else id_seed)
         self.requests: list[dict[str, Any]] = []
+        self.rendered: list[RenderedRequest] = []
         self.kinds: list[CallKind] = []
         self.layouts: list[WireLayout] = []
         self.outcomes: list[BreakpointResult] = []
@@ -861,6 +862,7 @@ class AnthropicLoopback:
             priced=outcome,
         )
         self.requests.append(dict(body))
+        self.rendered.append(request)
         self.kinds.append(kind)
         self.layouts.append(layout)
         self.outcomes.append(outcome)
@@ -926,13 +928,14 @@ def agent_options(
     """The ``default_options`` of an ``Agent`` over :func:`make_client`.
 
     ``cache="auto"`` adds the request-level ``cache_control`` (automatic caching: one breakpoint on
-    the last cacheable block), the one line a user adds; ``"none"`` sends none, as the framework
+    the last cacheable block), the one line a user adds, and so does ``"ours"`` (its client also
+    carries :func:`maf_compaction.cache_breakpoints`); ``"none"`` sends none, as the framework
     does by default. ``thinking`` turns extended thinking on with ``budget_tokens``.
     """
     if cache not in ANTHROPIC_CACHE_MODES:
         raise ValueError(f"cache must be one of {', '.join(ANTHROPIC_CACHE_MODES)}, got {cache!r}")
     options: dict[str, Any] = {}
-    if cache == "auto":
+    if cache in ("auto", "ours"):
         options["cache_control"] = {"type": "ephemeral"}
     if thinking:
         options["thinking"] = {"type": "enabled", "budget_tokens": budget_tokens}

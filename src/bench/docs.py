@@ -30,7 +30,7 @@ from .breaks import DOC_ROWS
 from .provider import CacheKind
 from .report import _cells, columns_for, row_figures, verdict, vs_none  # pyright: ignore[reportPrivateUsage]
 from .rows import ROWS
-from .runner import SPEND, Cell, CellResult, RowSummary, Settings, run_batches, run_grid, summarize
+from .runner import SPEND, AnthropicCacheMode, Cell, CellResult, RowSummary, Settings, run_batches, run_grid, summarize
 
 #: The documents whose regions the command maintains, relative to the repository root.
 DOCUMENTS: Final = (
@@ -40,6 +40,7 @@ DOCUMENTS: Final = (
     "docs/user-summaries.md",
     "docs/composition.md",
     "docs/wire-cache.md",
+    "docs/claude.md",
 )
 _REGION = re.compile(
     r"(<!-- bench:(?P<name>[A-Za-z0-9_-]+)(?P<note>[^>]*?)-->\n)(?P<body>.*?)(<!-- /bench -->)", re.DOTALL
@@ -114,6 +115,31 @@ WIRE_RUNS: Final[Mapping[str, Run]] = {
     for cache, profile in _WIRE_CACHES
 }
 
+#: Claude through agent-framework-anthropic's client: the control, the framework's default and the composition.
+CLAUDE_ROWS: Final = ("none", "context_window", "tool_and_user_summary_anchored")
+_CLAUDE_SEEDS: Final = (1, 2, 3)
+#: Per thinking mode: ``ours`` (automatic caching on every row, and ``cache_breakpoints`` on the client, which marks
+#: the requests our passes precede), ``auto`` (the composition with automatic caching alone) and ``none`` (the
+#: control with no cache_control at all: what the framework sends by default).
+_CLAUDE_CACHES: Final[Mapping[AnthropicCacheMode, tuple[str, ...]]] = {
+    "ours": CLAUDE_ROWS,
+    "auto": ("tool_and_user_summary_anchored",),
+    "none": ("none",),
+}
+CLAUDE_RUNS: Final[Mapping[str, Run]] = {
+    f"claude-{cache}{'-thinking' if thinking else ''}": Run(
+        Settings(
+            cache="anthropic", profile="anthropic-5m", client="anthropic", anthropic_cache=cache, thinking=thinking
+        ),
+        rows,
+        seeds=_CLAUDE_SEEDS,
+        command=f"python -m maf_compaction.bench --client anthropic --anthropic-cache {cache}"
+        f"{' --thinking' if thinking else ''} --rows {','.join(rows)}",
+    )
+    for thinking in (False, True)
+    for cache, rows in _CLAUDE_CACHES.items()
+}
+
 #: The rows the workload tables compare: the control, the framework's default, anchored trimming, the composition.
 WORKLOAD_ROWS: Final = ("none", "context_window", "anchored", "tool_and_user_summary_anchored")
 _WORKLOAD_CACHES: Final[tuple[tuple[CacheKind, str], ...]] = (("openai", "default"), ("anthropic", "anthropic-5m"))
@@ -177,6 +203,7 @@ RUNS: Final[Mapping[str, Run]] = {
         f"--rows {','.join((*COMPOSITION_ROWS, 'anchored'))}",
     ),
     **WIRE_RUNS,
+    **CLAUDE_RUNS,
 }
 
 
@@ -476,6 +503,45 @@ def render_wire(runs: Sequence[tuple[Run, Sequence[RowSummary]]]) -> str:
     return "\n".join([intro, "", *_markdown(header, rows), ""])
 
 
+_CLAUDE_LABELS: Final = {
+    ("none", "none"): "no compaction, no `cache_control` (the framework's default request)",
+    ("none", "ours"): "no compaction, automatic caching (the control)",
+    ("context_window", "ours"): "`ContextWindowCompactionStrategy`, automatic caching",
+    ("tool_and_user_summary_anchored", "auto"): "the composition, automatic caching",
+    ("tool_and_user_summary_anchored", "ours"): "the composition, automatic caching and `cache_breakpoints`",
+}
+
+
+def render_claude(runs: Sequence[tuple[Run, Sequence[RowSummary]]]) -> str:
+    """Claude's rows side by side, with and without extended thinking: dollars per conversation (mean over the
+    seeds), the ratio to the control (automatic caching, no compaction), facts kept and requests refused."""
+    fills = list(_by_fill(runs[0][1]))
+    header = ["thinking", "row", *(f"fill {f:.1f}: $ (vs control), facts, refused" for f in fills)]
+    rows: list[list[str]] = []
+    for thinking in (False, True):
+        mine = [(run, _by_fill(summaries)) for run, summaries in runs if run.settings.thinking == thinking]
+        control = next(table for run, table in mine if run.settings.anthropic_cache == "ours")
+        for (row, cache), label in _CLAUDE_LABELS.items():
+            table = next(table for run, table in mine if run.settings.anthropic_cache == cache)
+            cells = ["on" if thinking else "off", label]
+            for fill in fills:
+                s, base = table[fill][row], control[fill]["none"]
+                dq = ", **disqualified**" if s.dq else ""
+                ratio = s.cost / base.cost
+                cells.append(f"${s.cost:.4f} ({ratio:.2f}x), {s.facts_kept:g}/{s.facts_total}, {s.rejected:g}{dq}")
+            rows.append(cells)
+    first = runs[0][0]
+    intro = (
+        f"Seeds {first.seeds[0]}-{first.seeds[-1]}, {first.settings.context_window:,}-token window, "
+        "agent-framework-anthropic's `AnthropicClient` against the Anthropic loopback (`claude-sonnet-4-6`: "
+        f"2,048-token minimum, 5-minute writes at 1.25x, reads at 0.1x), {sum(len(run.cells()) for run, _ in runs)} "
+        "cells (`python -m maf_compaction.bench --client anthropic --anthropic-cache CACHE [--thinking] --rows ROWS`; "
+        "generated by `make docs`; do not edit by hand). Dollars are per conversation, the mean over the seeds; "
+        "refused: requests the loopback answered with Anthropic's 400, per conversation:"
+    )
+    return "\n".join([intro, "", *_markdown(header, rows), ""])
+
+
 _WORKLOAD_NAMES: Final = {
     "synthetic": "generated logs with planted codes (the default)",
     "dense": "number-dense logs (`--results dense`)",
@@ -557,6 +623,11 @@ def render_spend(run: Run, summaries: Sequence[RowSummary]) -> str:
 
 
 REGIONS: Final[Mapping[str, Region | Across]] = {
+    "claude": Across(
+        tuple(CLAUDE_RUNS),
+        render_claude,
+        "docs/claude.md: Claude through AnthropicClient, with and without thinking and cache_breakpoints",
+    ),
     "wire": Across(
         tuple(WIRE_RUNS),
         render_wire,

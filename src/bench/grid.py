@@ -286,7 +286,8 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
         choices=ANTHROPIC_CACHE_MODES,
         default="auto",
         help="with --client anthropic: auto sends the request-level cache_control (automatic caching, one line in "
-        "the agent's options); none sends no cache_control at all (the framework's default)",
+        "the agent's options); ours adds maf_compaction.cache_breakpoints on the client (our rows' requests carry "
+        "marks where the pass keeps the bytes); none sends no cache_control at all (the framework's default)",
     )
     rows_group = cli.add_argument_group("rows")
     rows_group.add_argument(

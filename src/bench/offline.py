@@ -27,7 +27,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from .args import install_hint
 
@@ -174,10 +174,14 @@ class OfflineTotals:
         ]
 
 
+#: The API an :class:`OfflineProvider` serves: OpenAI's (Responses and Chat Completions) or Anthropic's Messages.
+Wire = Literal["openai", "anthropic"]
+
+
 class _Lines(logging.Handler):
     """Collects ``maf_compaction`` log lines, each tagged with the requests answered before it."""
 
-    def __init__(self, server: LoopbackProvider) -> None:
+    def __init__(self, server: Any) -> None:
         super().__init__(logging.INFO)
         self._server = server
         self.lines: list[tuple[int, str]] = []
@@ -187,12 +191,12 @@ class _Lines(logging.Handler):
 
 
 class OfflineProvider:
-    """A scripted model behind the real OpenAI wire on ``127.0.0.1``, with a simulated prompt cache.
+    """A scripted model behind the real OpenAI or Anthropic wire on ``127.0.0.1``, with a simulated prompt cache.
 
     Use it as a context manager, ``with`` (the server runs on a thread of its own, so
     synchronous code and ``asyncio.run`` can call it) or ``async with`` (in the running
     loop), or call :meth:`start` and :meth:`stop` (a script that points
-    ``OPENAI_BASE_URL`` at it before building its client). While it runs it records the
+    ``OPENAI_BASE_URL`` or ``ANTHROPIC_BASE_URL`` at it before building its client). While it runs it records the
     ``maf_compaction`` logger's lines that the host's logging levels let through: WARNINGs (what left the prompt)
     by default, and each decision's INFO line once the host sets
     ``logging.getLogger("maf_compaction").setLevel(logging.INFO)``. It never changes a level itself.
@@ -204,6 +208,11 @@ class OfflineProvider:
             ``encode(text) -> list[int]``); by default ``TiktokenTokenizer()``.
         model: How the scripted model writes records and summaries (the bench's plausible
             model by default; ``ModelOptions(model="oracle")`` for the minimal, perfect one).
+        wire: ``"openai"`` (the default) serves the Responses and Chat Completions APIs, billed
+            by the OpenAI cache rule; ``"anthropic"`` serves Anthropic's Messages API for
+            agent-framework-anthropic's ``AnthropicClient`` (validated as Anthropic does: a request it
+            would refuse gets its 400, listed in ``server.rejected``), billed from the
+            ``cache_control`` marks each request carries, at Anthropic's 5-minute write and read prices.
     """
 
     def __init__(
@@ -213,7 +222,10 @@ class OfflineProvider:
         window: int = 128_000,
         encoder: Any = None,
         model: ModelOptions | None = None,
+        wire: Wire = "openai",
     ) -> None:
+        if wire not in ("openai", "anthropic"):
+            raise ValueError(f"wire must be 'openai' or 'anthropic', got {wire!r}")
         if not questions:
             raise ValueError("questions must name at least one question, got none")
         if encoder is None:
@@ -230,10 +242,22 @@ class OfflineProvider:
             for q in questions
         )
         scenario = Scenario("offline", "", tuple(ToolSpec(name, "") for name in tools), turns)
+        profile = "default" if wire == "openai" else "anthropic-5m"
         self.provider = SimulatedProvider(
-            encoder=encoder, window=window, profile=get_profile("default"), ttl=default_ttl("default")
+            encoder=encoder,
+            window=window,
+            profile=get_profile(profile),
+            cache="openai" if wire == "openai" else "anthropic",
+            ttl=default_ttl(profile),
         )
-        self.server = LoopbackProvider(ScriptedModel(scenario, model), self.provider)
+        self.wire: Wire = wire
+        scripted = ScriptedModel(scenario, model)
+        if wire == "anthropic":
+            from .anthropic_wire import AnthropicLoopback  # noqa: PLC0415 - needs the anthropic client's SDK
+
+            self.server: LoopbackProvider | AnthropicLoopback = AnthropicLoopback(scripted, self.provider)
+        else:
+            self.server = LoopbackProvider(scripted, self.provider)
         self._lines = _Lines(self.server)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -243,7 +267,8 @@ class OfflineProvider:
 
     @property
     def base_url(self) -> str:
-        """The ``base_url`` to give an OpenAI client (``http://127.0.0.1:<port>/v1``)."""
+        """The ``base_url`` to give the client: an OpenAI client's (``http://127.0.0.1:<port>/v1``), or an
+        ``AnthropicClient``'s (``ANTHROPIC_BASE_URL``) with ``wire="anthropic"``."""
         return self.server.base_url("model")
 
     async def __aenter__(self) -> OfflineProvider:

@@ -237,9 +237,11 @@ def refusal_lines(summary: RowSummary) -> list[str]:
 def rule_line(settings: Settings) -> str:
     """The cache rule a run priced by, and the client that sent its requests."""
     if settings.client == "anthropic":
-        automatic = (
-            "request-level automatic cache_control" if settings.anthropic_cache == "auto" else "no cache_control"
-        )
+        automatic = {
+            "auto": "request-level automatic cache_control",
+            "ours": "request-level automatic cache_control and cache_breakpoints on the client",
+            "none": "no cache_control",
+        }[settings.anthropic_cache]
         thinking = "extended thinking on" if settings.thinking else "thinking off"
         return (
             f"cache rule: the Anthropic wire (anthropic client over the loopback, {automatic}, {thinking}): "

@@ -42,9 +42,10 @@ logger = logging.getLogger("maf_compaction")
 ClientMode = Literal["inprocess", "openai-responses", "openai-chat", "anthropic"]
 CLIENT_MODES: tuple[ClientMode, ...] = ("inprocess", "openai-responses", "openai-chat", "anthropic")
 #: What ``--anthropic-cache`` makes the Anthropic client send: the request-level automatic ``cache_control``
-#: (``auto``) or none (``none``, the framework's default).
-AnthropicCacheMode = Literal["auto", "none"]
-ANTHROPIC_CACHE_MODES: tuple[AnthropicCacheMode, ...] = ("auto", "none")
+#: (``auto``), that and our breakpoints (``ours``: ``maf_compaction.cache_breakpoints`` on the client), or none
+#: (``none``, the framework's default).
+AnthropicCacheMode = Literal["auto", "ours", "none"]
+ANTHROPIC_CACHE_MODES: tuple[AnthropicCacheMode, ...] = ("auto", "ours", "none")
 
 #: The loopback server's id seed in every cell: the ids it issues (and so the opaque reasoning markers the cache
 #: counts) are the same from run to run, so the figures are reproducible.
@@ -549,10 +550,13 @@ async def _anthropic_clients(
     settings: Settings, model: ScriptedModel, provider: SimulatedProvider
 ) -> AsyncIterator[tuple[Any, Any, dict[str, Any], Callable[[], list[tuple[str, str]]]]]:
     """agent-framework-anthropic's clients against the Anthropic loopback (``docs/bench.md``)."""
+    from ..adapters.breakpoints import cache_breakpoints  # noqa: PLC0415
     from . import anthropic_wire  # noqa: PLC0415 - needs the anthropic extras
 
     async with anthropic_wire.AnthropicLoopback(model, provider, id_seed=LOOPBACK_ID_SEED) as server:
         client = anthropic_wire.make_client(server.base_url("model"))
+        if settings.anthropic_cache == "ours":
+            cache_breakpoints(client)
         summarizer = anthropic_wire.make_client(server.base_url("summarizer"))
         options = anthropic_wire.agent_options(cache=settings.anthropic_cache, thinking=settings.thinking)
         try:
