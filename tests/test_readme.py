@@ -108,6 +108,25 @@ async def run_shared():
 
 out["shared"] = namespace["RUNNER"].run(run_shared())
 offline.stop()
+claude_offline, claude = namespace["claude_offline"], namespace["claude"]
+claude_offline.stop()
+claude_bodies = claude_offline.server.requests
+
+
+def marks(body):
+    blocks = [b for m in body["messages"] if isinstance(m["content"], list) for b in m["content"]]
+    return sum("cache_control" in b for b in blocks)
+
+
+out["claude"] = {
+    "model": claude.model,
+    "base_url": str(claude.anthropic_client.base_url),
+    "rejected": [r.rule for r in claude_offline.server.rejected],
+    "requests": len(claude_bodies),
+    "automatic": sum(body.get("cache_control") == {"type": "ephemeral"} for body in claude_bodies),
+    "message_marks": [marks(body) for body in claude_bodies],
+    "streamed": sum(1 for body in claude_bodies if body.get("stream")),
+}
 sent = offline.server.requests
 out["requests"] = len(sent)
 out["stores"] = sorted({json.dumps(body.get("store")) for body in sent})
@@ -208,6 +227,7 @@ def test_the_readme_has_python_blocks_and_constructs_the_real_client() -> None:
     blocks = python_blocks(README.read_text(encoding="utf-8"))
     assert len(blocks) >= 5
     assert sum("OpenAIChatClient(" in block for block in blocks) == 1
+    assert sum("AnthropicClient(" in block for block in blocks) == 1
     assert sum("measure_agent_overhead(" in block for block in blocks) == 1  # the budget comes from a measurement
 
 
@@ -224,7 +244,7 @@ def test_every_readme_block_runs_outside_the_repository_from_a_wheel(
     # The real client, as the README constructs it, pointed at the README's offline provider.
     blocks = python_blocks(README.read_text(encoding="utf-8"))
     (client_block,) = [n for n, block in enumerate(blocks, start=1) if "OpenAIChatClient(" in block]
-    (offline_block,) = [n for n, block in enumerate(blocks, start=1) if "OfflineProvider(" in block]
+    (offline_block,) = [n for n, block in enumerate(blocks, start=1) if "OPENAI_BASE_URL" in block]
     assert offline_block < client_block
     (client,) = result["real_clients"]
     assert client["block"] == client_block
@@ -239,9 +259,10 @@ def test_every_readme_block_runs_outside_the_repository_from_a_wheel(
 
     # Every wiring ran real turns over HTTP (a lookup, then the answer, per question), the client-side way.
     wirings = [n for n, block in enumerate(blocks, start=1) if re.search(r"^ask\(\w+\)", block, re.M)]
-    assert len(wirings) == 6  # the one-call stack, a plain Agent, anchored, records, both halves, shared
+    # the one-call stack, a plain Agent, anchored, records, both halves, Claude, shared
+    assert len(wirings) == 7
     for number in wirings:
-        replies = result["printed"][number - 1].splitlines()
+        replies = [line for line in result["printed"][number - 1].splitlines() if line != "[]"]
         assert len(replies) == 3, (number, replies)
         assert all(CODE in reply for reply in replies), (number, replies)
     assert result["calls_after_blocks"] == 6 * 2 * 3 + 2  # and the telemetry block's turn: a lookup, the answer
@@ -263,9 +284,10 @@ def test_every_readme_block_runs_outside_the_repository_from_a_wheel(
     assert all(line.startswith(("compaction_pass ", "compaction_request ")) for line in spans), spans
     assert any("'tokens_before':" in line and "'prefix_stable':" in line for line in spans), spans
     if mode == "sse":  # every turn of ask() streamed through the real client, update by update
-        assert len(result["updates"]) == 6 * 3
+        assert len(result["updates"]) == 7 * 3
         assert all(updates > 1 for updates in result["updates"]), result["updates"]
         assert result["streamed_requests"] == 6 * 2 * 3
+        assert result["claude"]["streamed"] == result["claude"]["requests"]
     else:
         assert result["updates"] == []
         assert result["streamed_requests"] == 0
@@ -286,6 +308,19 @@ def test_every_readme_block_runs_outside_the_repository_from_a_wheel(
     # shared agent's next session a stack of another configuration, which the registry refuses.
     assert result["media_tokenizer"] == "MediaTokenEstimator"
     assert result["last_tokenizer"] == "TiktokenTokenizer"
+
+    # Claude's wiring: the real AnthropicClient against the offline provider's Messages API, every request valid,
+    # automatic caching on each and our marks on the requests a pass preceded (the block prints the refusals: none).
+    claude = result["claude"]
+    (claude_block,) = [n for n, block in enumerate(blocks, start=1) if "AnthropicClient(" in block]
+    assert result["printed"][claude_block - 1].splitlines()[-1] == "[]"
+    assert claude["model"] == "claude-sonnet-4-6"
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+/?", claude["base_url"]), claude["base_url"]
+    assert claude["rejected"] == []
+    assert claude["requests"] == 2 * 3
+    assert claude["automatic"] == claude["requests"]
+    assert all(0 <= n <= 3 for n in claude["message_marks"])
+    assert any(claude["message_marks"])
 
     # The shared agent served two sessions, each with its own stack, its state in the session.
     shared = result["shared"]
