@@ -813,6 +813,26 @@ def test_rows_repeated_anywhere_in_the_loaded_results_stay() -> None:
     assert "| 2 | PX-000102 | bo |" not in text
 
 
+def test_a_row_whose_twin_is_cut_to_a_remnant_on_the_same_pass_stays_and_a_second_pass_changes_nothing() -> None:
+    """Found by HYPOTHESIS_PROFILE=long (the composition's "a pass over a pass's output changes nothing"). The
+    record covers the twin in part (five of its six values), so the twin is cut to its remnant on this pass, and
+    the remnant leaves out the quoted row; the big result, quoted too thinly, releases the rows the record quotes
+    unless they are repeated in the loaded results. The row's twin was loaded whole, so the row stays on the first
+    pass as on the second (which reads the twin's original): a pass over a pass's output changes nothing."""
+    twin = "\n".join([*TABLE[:3], "more AB-0001 CD-0002 EF-0003 GH-0004 IJ-0005"])
+    messages = conversation(1)
+    messages += lookup(1, big_result(), call_id="big")
+    messages += lookup(2, twin, call_id="twin")
+    messages += recall("\n".join([*TABLE[:3], "AB-0001 CD-0002 EF-0003 GH-0004"]))
+    s = strategy(record_target_tokens=200)
+    run(s, messages)
+    assert is_remnant(result_of(messages, "twin").contents[0].result or "")
+    assert "| 1 | PX-000101 | ana |" in released_text(messages)  # ambiguous source: its twin was loaded whole
+    first = [m.to_dict() for m in messages]
+    run(s, messages)
+    assert [m.to_dict() for m in messages] == first
+
+
 def test_small_groups_and_non_string_results_keep_the_whole_group_rule() -> None:
     body = "\n".join(TABLE)
     s, messages = partial_setup(big_result(), body, record_target_tokens=100_000)

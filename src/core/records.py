@@ -807,8 +807,12 @@ def rules(
     remnants = sum(_rewrite_results(output, c.group, partial(_remnant_of, words), measure)[0] for c, words in cut)
     # A group quoted too thinly: a large result first releases the table rows the judging records quote
     # verbatim, then every result keeps only its lines with a value (the marker names what left).
-    rows, distilled = _cut_thin(config, output, weak, texts, judging, measure=measure, recall_ids=recall_ids)
-    rows += _release_rows(config, output, held_thin, text, measure=measure, recall_ids=recall_ids)
+    # Repeated (ambiguous) table rows are read in the results as loaded (``records``), not in ``output``: a
+    # remnant cut above has no original yet, and would hide rows a pass over this output reads again.
+    rows, distilled = _cut_thin(
+        config, output, weak, texts, judging, loaded=records, measure=measure, recall_ids=recall_ids
+    )
+    rows += _release_rows(config, output, held_thin, text, loaded=records, measure=measure, recall_ids=recall_ids)
     joined = _exclude(output, broken)
     # Every hold is decided afresh on each pass (so both lists agree on what stays): the
     # holds this pass gives, by index into ``records``; any other hold is released.
@@ -971,6 +975,7 @@ def _cut_thin(
     texts: Sequence[str],
     positions: Sequence[int],
     *,
+    loaded: Sequence[MessageRecord],
     measure: Measure,
     recall_ids: frozenset[str],
 ) -> tuple[int, int]:
@@ -980,7 +985,9 @@ def _cut_thin(
     to it, at ``positions``; the results loaded before it), so every later pass, on every list, gives the same
     bytes: a group larger than ``record_target_tokens`` first releases the table rows its judging records quote
     verbatim (:mod:`.tables`; a row repeated under the same headings in a result loaded before the judging record
-    stays), then the result keeps its title and its lines with a value (:func:`.distill.distill`).
+    stays), then the result keeps its title and its lines with a value (:func:`.distill.distill`). The repeated
+    rows are read in ``loaded`` (the pass's input), never in ``output``: a result this pass cut to its remnant has
+    no original yet, so its quoted rows would be missing here and back on the next pass, which reads its original.
     """
     target = config.record_target_tokens
     rows = changed = 0
@@ -989,7 +996,7 @@ def _cut_thin(
         quoted = frozenset(row_keys(judging)) if target is not None and "|" in judging else frozenset[RowKey]()
         results = [_judged_text(p) for p in _string_results(output, candidate.group) if p.text]
         large = bool(quoted) and target is not None and sum(map(measure, results)) > target
-        ambiguous = _ambiguous_rows(output[: positions[judge]], recall_ids) if large else None
+        ambiguous = _ambiguous_rows(loaded[: positions[judge]], recall_ids) if large else None
         cut = partial(_thinned, quoted, ambiguous)
         cut_now, released_now = _rewrite_results(output, candidate.group, cut, measure)
         changed, rows = changed + cut_now, rows + released_now
@@ -1071,6 +1078,7 @@ def _release_rows(
     uncovered: Sequence[_Candidate],
     record: str,
     *,
+    loaded: Sequence[MessageRecord],
     measure: Measure,
     recall_ids: frozenset[str],
 ) -> int:
@@ -1086,7 +1094,7 @@ def _release_rows(
     quoted = frozenset(row_keys(record)) if large else frozenset[RowKey]()
     if not quoted:
         return 0
-    ambiguous = _ambiguous_rows(output, recall_ids)
+    ambiguous = _ambiguous_rows(loaded, recall_ids)
 
     def release(part: Part) -> tuple[str, int]:
         # A distilled result is the safety net's final form (every value already kept): releasing
