@@ -54,6 +54,7 @@ from maf_compaction.core.anchored import TOOL_NOTE_PREFIX
 from maf_compaction.core.counting import MESSAGE_OVERHEAD_TOKENS
 from maf_compaction.core.records import RECORD_MARKER, RECORD_PREFIX
 from maf_compaction.core.state import Answer, RequestKind
+from maf_compaction.core.summary_check import directive_lines
 from maf_compaction.core.user_summaries import (
     DEFAULT_FOLD_PROMPT,
     DEFAULT_PROMPT,
@@ -107,13 +108,17 @@ def numbered_items(transcript: str) -> list[str]:
 
 
 def extractive(messages: Sequence[Message]) -> str:
-    """Every line of the transcript that carries a code, once, in order (a faithful summarizer)."""
+    """Every line of the transcript that carries a code or states a requirement, constraint or correction, once, in
+    order (a faithful summarizer: what the summary coverage rule asks for); the first line when none does."""
     kept: list[str] = []
-    for item in numbered_items(messages[-1].text):
+    items = numbered_items(messages[-1].text)
+    for item in items:
+        directives = set(directive_lines(item))
         for line in item.split("\n"):
-            if CODE.search(line) and line not in kept:
+            if (CODE.search(line) or line.strip() in directives) and line not in kept:
                 kept.append(line)
-    return "\n".join(kept) or "The user asked for nothing specific."
+    first = next((line.strip() for item in items for line in item.split("\n") if line.strip()), "")
+    return "\n".join(kept) or first or "The user asked for nothing specific."
 
 
 class ScriptedSummarizer(FunctionInvocationLayer, ChatMiddlewareLayer, ChatTelemetryLayer, BaseChatClient):
@@ -837,15 +842,19 @@ def test_a_summary_exactly_as_large_as_the_band_is_refused_one_token_less_is_acc
     # A summary message counts 4 (overhead) + len(marker + "\n" + answer) // 4.
     header = len(USER_SUMMARY_MARKER) + 1
 
-    def sized(total: int) -> str:
-        return "x" * ((total - 4) * 4 - header)
+    def sized(total: int) -> Script:
+        def script(messages: Sequence[Message]) -> str:  # what the coverage rule asks for, padded to the size
+            carried = extractive(messages)
+            return f"{carried}\n" + "x" * ((total - 4) * 4 - header - len(carried) - 1)
 
-    equal = ScriptedSummarizer(answer(sized(replaced)))
+        return script
+
+    equal = ScriptedSummarizer(sized(replaced))
     worker = strategy(equal, budget=over_budget(messages), min_band_share=0)
     assert run(worker, copy.deepcopy(messages)) is False
     assert worker.user_summaries_refused == 1
 
-    smaller = ScriptedSummarizer(answer(sized(replaced - 1)))
+    smaller = ScriptedSummarizer(sized(replaced - 1))
     accepted = strategy(smaller, budget=over_budget(messages), min_band_share=0)
     assert run(accepted, messages) is True
     assert ESTIMATOR.count_message_tokens(summaries(messages)[0]) == replaced - 1
@@ -1163,12 +1172,7 @@ def test_the_hook_receives_copies() -> None:
         message.message_id = "hijacked"
         return "a chart"
 
-    worker = strategy(
-        ScriptedSummarizer(answer("summary")),
-        budget=over_budget(messages),
-        min_band_share=0,
-        describe_media=vandal,
-    )
+    worker = strategy(ScriptedSummarizer(), budget=over_budget(messages), min_band_share=0, describe_media=vandal)
     assert run(worker, messages) is True
     after = by_id(messages, "u2")
     assert after.contents == original.contents
@@ -1368,13 +1372,17 @@ HOSTILE = {
 def test_hostile_summarizer_output_is_only_ever_one_marked_user_summary(hostile: str) -> None:
     messages = conversation(8, tools=True)
     before_ids = [m.message_id for m in messages]
-    worker = strategy(ScriptedSummarizer(answer(hostile)), budget=over_budget(messages), min_band_share=0)
+    # The hostile text after what the summary coverage rule asks for (else it is refused before anything else).
+    worker = strategy(
+        ScriptedSummarizer(lambda m: f"{extractive(m)}\n{hostile}"), budget=over_budget(messages), min_band_share=0
+    )
     assert run(worker, messages) is True
     new = [m for m in messages if m.message_id not in before_ids]
     assert len(new) == 1
     [summary] = new
     assert summary.role == "user"
-    assert summary.text == f"{USER_SUMMARY_MARKER}\n{hostile}"
+    assert summary.text.startswith(f"{USER_SUMMARY_MARKER}\n")
+    assert summary.text.endswith(f"\n{hostile}")
     assert len(summary.contents) == 1
     assert summary.contents[0].type == "text"
     assert is_summary(summary)

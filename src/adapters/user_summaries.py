@@ -36,6 +36,7 @@ FOLD_EXCLUDE_REASON = core.FOLD_EXCLUDE_REASON
 
 #: Why a summary was not kept (telemetry): it was not smaller than what it would replace.
 REFUSED_NOT_SMALLER = "not_smaller"
+REFUSED_INCOMPLETE = "incomplete"
 
 DescribeMediaHook = Callable[[Content, Message], Awaitable[str | None]]
 
@@ -92,6 +93,11 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
         user_summaries_replayed: Summaries or folds applied from a remembered answer.
         user_summary_failures: Fresh answers that failed or were refused.
         user_summaries_refused: Of those, the ones refused for not being smaller.
+        user_summaries_incomplete: Of those, the ones refused because the answer, and one more request naming
+            what it left out, missed a value, a requirement, constraint or correction line, or everything of
+            what it would replace (the summary coverage rule, :mod:`maf_compaction.core.summary_check`).
+        user_summaries_reasked: Answers that left something out, asked once more naming it.
+        user_summaries_repaired: Summaries kept with what the answer left out copied after it from the turns.
         user_messages_replaced: Messages the last applied summary replaced.
         user_summaries_in_conversation: Summaries standing after the last pass.
         user_summary_tokens: Their tokens.
@@ -147,6 +153,9 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
         self.user_summaries_replayed = 0
         self.user_summary_failures = 0
         self.user_summaries_refused = 0
+        self.user_summaries_incomplete = 0
+        self.user_summaries_reasked = 0
+        self.user_summaries_repaired = 0
         self.user_messages_replaced = 0
         self.user_summaries_in_conversation = 0
         self.user_summary_tokens = 0
@@ -234,10 +243,13 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
     def _refusals(self, report: UserReport) -> Mapping[str, str]:
         if report.outcome is Outcome.REFUSED and report.request is not None:
             return {report.request: REFUSED_NOT_SMALLER}
+        if report.outcome is Outcome.INCOMPLETE and report.request is not None:
+            return {report.request: REFUSED_INCOMPLETE}
         return {}
 
     def _observe(self, report: UserReport, asked: set[str]) -> None:
         fresh = report.request in asked  # answered in this pass, not replayed from the state
+        self.user_summaries_reasked += fresh and report.reasked
         nothing_fitted = self.last_report is not None and self.last_report.outcome is Outcome.NOTHING_FITS
         self.passes += 1
         self.last_report = report
@@ -262,6 +274,14 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
                 return
             self.user_folds += outcome is Outcome.FOLDED
             self.user_compactions += outcome is Outcome.SUMMARIZED
+            if report.missing is not None:
+                self.user_summaries_repaired += 1
+                logger.warning(
+                    "Summary %s left out %s, and so did one more request naming them: they follow it, copied "
+                    "verbatim from the turns it replaces",
+                    report.summary_id,
+                    report.missing.described(),
+                )
             logger.info(
                 "%s %d message(s) into %s (%d -> %d tokens)",
                 "Folded" if outcome is Outcome.FOLDED else "Summarised",
@@ -287,6 +307,16 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
                     "Refused summary %s: it was not smaller than the %d tokens it would replace",
                     report.summary_id,
                     report.band_tokens,
+                )
+            elif outcome is Outcome.INCOMPLETE and report.missing is not None:
+                self.user_summaries_incomplete += 1
+                logger.warning(
+                    "Refused summary %s: it left out %s, and so did one more request naming them; the %d "
+                    "message(s) it would have replaced stay verbatim: %s",
+                    report.summary_id,
+                    report.missing.described(),
+                    len(report.kept),
+                    ", ".join(report.kept),
                 )
 
 

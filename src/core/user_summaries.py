@@ -27,6 +27,12 @@ lists and after a restore. The rules, all pure:
 - Requests and answers are effects (:mod:`.effects`): the pass answers
   :class:`Needs` until the state holds every answer it needs, so the same request is
   never sent twice for the same conversation state.
+- An answer is judged by the summary coverage rule (:mod:`.summary_check`): it carries the
+  items' distinctive values, their requirement, constraint and correction lines, and
+  something of what they say. One that misses any of it is asked once more, the request
+  naming what it left out; what the second answer still leaves out is copied after it
+  from the turns, verbatim (:func:`with_verbatim`), and an answer that says nothing of
+  its items keeps them verbatim (:attr:`Outcome.INCOMPLETE`).
 - A summary is accepted only if it is smaller than what it replaces; a failure or a
   refusal changes nothing. An accepted summary is a user message starting with
   :data:`USER_SUMMARY_MARKER`, inserted where the first replaced turn stood.
@@ -51,6 +57,7 @@ from .effects import CALLED_INSTEAD, COMPACTION_REQUEST, Request, Route, identit
 from .model import MEDIA_KINDS, History, MessageRecord, Part, conversation_indices, flagged
 from .protocol import Done, Needs, sent_tokens
 from .state import RequestKind, State
+from .summary_check import Omission, omissions, reask_prompt
 from .values import distinctive_values, word_set
 
 Measure = Callable[[str], int]
@@ -157,6 +164,9 @@ class Outcome(Enum):
     FOLDED = "folded"
     REFUSED = "refused"
     """The answer was not smaller than what it would replace."""
+    INCOMPLETE = "incomplete"
+    """The answer, and the one more request naming what it left out, said nothing of what it would replace, or
+    missed values or lines whose verbatim copies beside it make it no smaller than the turns: its turns stay."""
     FAILED = "failed"
     """The summarizer failed or answered nothing."""
 
@@ -180,6 +190,10 @@ class UserReport:
         protected: Band turns left verbatim (preserved, unknown parts, undescribed media).
         standing: Our summaries standing after the pass, and their tokens.
         summary_tokens: Tokens of the standing summaries.
+        missing: What the last answer left out: on :attr:`Outcome.INCOMPLETE`, why its turns stay; on an applied
+            summary, what it carries verbatim after the answer (:func:`with_verbatim`).
+        kept: On :attr:`Outcome.INCOMPLETE`, the messages that stay verbatim for it (their ids, or where they stand).
+        reasked: The answer kept or judged is the one more request's (the first one left something out).
     """
 
     tokens_before: int
@@ -192,6 +206,9 @@ class UserReport:
     protected: int = 0
     standing: int = 0
     summary_tokens: int = 0
+    missing: Omission | None = None
+    kept: tuple[str, ...] = ()
+    reasked: bool = False
 
 
 UserDone = Done[State, UserReport]
@@ -235,9 +252,21 @@ class _Pass:
     band_tokens: int = 0  # of the band the pass asks about (its report's)
     protected: int = 0  # band turns left verbatim (its report's)
 
-    def done(self, outcome: Outcome, *, request: str | None = None, summary_id: str | None = None) -> UserDone:
+    def done(
+        self,
+        outcome: Outcome,
+        *,
+        request: str | None = None,
+        summary_id: str | None = None,
+        missing: Omission | None = None,
+        kept: tuple[str, ...] = (),
+        reasked: bool = False,
+    ) -> UserDone:
         """The history unchanged, with a report of why."""
         report = UserReport(
+            missing=missing,
+            kept=kept,
+            reasked=reasked,
             tokens_before=self.tokens,
             tokens_after=self.tokens,
             outcome=outcome,
@@ -578,16 +607,29 @@ def _ask(
     if _below_break_even(p, selected):
         return p.done(Outcome.DECLINED)
     asked = request(kind, prompt, selected, summary_id, p.user_turns)
-    answer = standing(p.state.answers, asked.identity, asked.turns)
+    sources = [item.text for item in selected]
+    # The one more request's answer, when there is one, is the one judged: the first one left something out.
+    second = standing(p.state.answers, reask_identity(asked), asked.turns)
+    answer = second or standing(p.state.answers, asked.identity, asked.turns)
     if answer is None:
         return Needs((asked,)) if new else p.done(Outcome.DECLINED)
     summary_id = answer.message_id or summary_id
-    done = partial(p.done, request=asked.identity, summary_id=summary_id)
-
+    again = second is not None
+    done = partial(p.done, request=answer.identity, summary_id=summary_id, reasked=again)
     if not answer.text or not answer.text.strip():
         return done(Outcome.FAILED)
-    summary = summary_record(answer.text, summary_id, p.measure)
+    text = answer.text
+    missing = omissions(sources, text)
+    if missing and not again:
+        # One more request names what the answer left out.
+        return Needs((reasked(asked, missing, summary_id),)) if new else p.done(Outcome.DECLINED)
     replaced_tokens = sum(p.records[i.index].tokens for i in selected)
+    repaired = with_verbatim(text, missing) if missing and not missing.substance else None
+    if missing and (repaired is None or summary_record(repaired, summary_id, p.measure).tokens >= replaced_tokens):
+        # Not even the turns' own lines beside it make a summary smaller than the turns: they stay verbatim.
+        kept = tuple(p.records[i.index].message_id or f"<user turn at {p.conversation[i.index]}>" for i in selected)
+        return done(Outcome.INCOMPLETE, missing=missing, kept=kept)
+    summary = summary_record(repaired or text, summary_id, p.measure)
     if summary.tokens >= replaced_tokens:
         return done(Outcome.REFUSED)
     reason = FOLD_EXCLUDE_REASON if folding else EXCLUDE_REASON
@@ -599,8 +641,37 @@ def _ask(
         tokens_after=p.tokens - replaced_tokens + summary.tokens,
         standing=len(summaries),
         summary_tokens=sum(r.tokens for r in summaries),
+        reasked=again,
+        missing=missing or None,
     )
     return Done(history=output, state=p.kept(), report=report)
+
+
+#: What a summary says before the lines of its turns it carries verbatim because the answer left them out.
+VERBATIM_HEADING: Final = "Kept verbatim from the turns (the summary left them out):"
+
+
+def with_verbatim(answer: str, missing: Omission) -> str:
+    """``answer`` with what it left out after it, copied from the turns: the lines verbatim, then the values no such
+    line quotes. Nothing the rule asks for is lost, whatever the model wrote."""
+    lines = list(missing.lines)
+    quoted = word_set("\n".join(lines))
+    values = [v for v in missing.values if v not in quoted]
+    extra = [*lines, *([f"Values: {', '.join(values)}"] if values else [])]
+    return "\n".join([answer.strip(), VERBATIM_HEADING, *extra])
+
+
+def reask_identity(asked: Request) -> str:
+    """The identity of the one more request for ``asked``: one per request, whatever its first answer missed (that
+    answer is fixed for the request), so a pass finds the second answer even after the first one is trimmed."""
+    return identity("reask", asked.identity)
+
+
+def reasked(asked: Request, missing: Omission, summary_id: str) -> Request:
+    """``asked`` once more, its prompt naming what the first answer left out (:func:`.summary_check.reask_prompt`)."""
+    return replace(
+        asked, identity=reask_identity(asked), prompt=reask_prompt(asked.prompt, missing), message_id=summary_id
+    )
 
 
 def apply(history: History, members: Iterable[int], reason: str, message: MessageRecord) -> History:
