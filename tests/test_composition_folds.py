@@ -303,3 +303,20 @@ def test_a_kept_fold_is_smaller_and_quotes_every_value_and_replays_without_a_cal
     asyncio.run(strategy(again))
     assert client.calls == calls
     assert [m.to_dict() for m in again] == [m.to_dict() for m in messages]
+
+
+def test_a_fold_that_quotes_every_value_but_drops_a_constraint_line_is_refused() -> None:
+    """The summary coverage rule judges emergency folds as it judges the user half's summaries: a constraint one of
+    the folded summaries carries must be carried by the fold too."""
+    messages = conversation()
+    constrained = by_id(messages, "user_summary_1")
+    constrained.contents[0].text += "\nNever drain more than one shard at a time."
+    strategy, client = build(faithful, budget_for(messages))
+    with pytest.raises(CompactionBudgetExceeded):
+        asyncio.run(strategy(messages))
+    assert client.calls == 1
+    assert not any(m.message_id and m.message_id.startswith(EMERGENCY_FOLD_ID_PREFIX) for m in messages)
+    constraint = "Never drain more than one shard at a time."
+    carrying, client = build(lambda m: f"{faithful(m)} {constraint}", budget_for(messages))
+    asyncio.run(carrying(messages))
+    assert any(m.message_id and m.message_id.startswith(EMERGENCY_FOLD_ID_PREFIX) for m in messages)

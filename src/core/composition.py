@@ -77,6 +77,7 @@ from .protocol import Done, Needs, Step, sent_tokens
 from .recall import records_over_prefix
 from .records import HOLD_RECORD, RecordConfig, RecordReport
 from .state import CHAIN_KINDS, Answer, ChainDecisions, RecallState, RecordRoute, RequestKind, State
+from .summary_check import omissions
 from .user_summaries import UserReport, UserSummaryConfig
 from .values import distinctive_values, word_set
 from .view import View, view
@@ -676,12 +677,15 @@ def _standing_summaries(seen: View, measure: anchored.Measure) -> list[user_summ
 def _kept(
     kind: _Kind, answer: Answer, items: Sequence[user_summaries.Item], measure: anchored.Measure
 ) -> MessageRecord | None:
-    """The message ``answer`` becomes if kept: smaller than ``items`` (like for like) AND quoting all their values."""
+    """The message ``answer`` becomes if kept: smaller than ``items`` (like for like) AND quoting all their values (a
+    fold of user summaries: AND carrying all they say by the summary coverage rule, :mod:`.summary_check`)."""
     if not answer.text or not answer.text.strip() or answer.message_id is None:
         return None
     message = kind.message(answer.text, answer.message_id, measure)
     if message.tokens >= sum(i.tokens for i in items):
         return None
+    if kind.request is RequestKind.EMERGENCY_FOLD:
+        return None if omissions([i.text for i in items], answer.text) else message
     quoted = word_set(answer.text)
     return message if all(value in quoted for i in items for value in distinctive_values(i.text)) else None
 
