@@ -331,8 +331,17 @@ def question(n: int) -> str:
     return f"question {n}: what does the lookup of item {n} say about the rollout? " + "Context. " * 10
 
 
+def faithful_summary(transcript: str, shown: str) -> str:
+    """A summary the coverage rule keeps: the codes ``shown`` carries, or, when it carries none, the opening words of
+    the transcript (something of what the turns say)."""
+    values = distinctive_values(shown)
+    if values:
+        return "Summary: " + " ".join(values)
+    return "Summary: " + " ".join(transcript.split()[:8])
+
+
 class Summarizer(BaseChatClient):
-    """The user half's summarizer: the transcript's codes, counted."""
+    """The user half's summarizer: the transcript's codes (or its opening words), counted."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -342,7 +351,7 @@ class Summarizer(BaseChatClient):
         self, *, messages: Sequence[Message], stream: bool, options: Mapping[str, Any], **kwargs: Any
     ) -> Awaitable[ChatResponse]:
         self.calls += 1
-        text = "Summary: " + " ".join(distinctive_values(" ".join(m.text or "" for m in messages)))
+        text = faithful_summary(messages[-1].text or "", " ".join(m.text or "" for m in messages))
 
         async def answer() -> ChatResponse:
             return ChatResponse(messages=[Message("assistant", [Content.from_text(text)])])

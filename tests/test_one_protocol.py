@@ -30,7 +30,7 @@ from maf_compaction import (
 from maf_compaction.core import anchored, answers, records, user_summaries
 from maf_compaction.core.protocol import Done, Needs
 from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_MARKER
-from test_user_summaries import ScriptedSummarizer, conversation, over_budget
+from test_user_summaries import ScriptedSummarizer, conversation, extractive, over_budget
 from wiring import recalled
 
 TOKENIZER = CharacterEstimatorTokenizer()
@@ -86,7 +86,8 @@ def test_a_step_answers_with_needs_or_done() -> None:
     needs = user_summaries.step(config, State(), history, TOKENIZER.count_tokens)
     assert isinstance(needs, Needs)
     assert needs.requests
-    state = answers.absorb(State(), [(needs.requests[0], "They asked for an export.")])
+    faithful = extractive([Message("user", [needs.requests[0].transcript])])  # what the coverage rule asks for
+    state = answers.absorb(State(), [(needs.requests[0], faithful)])
     done = user_summaries.step(config, state, history, TOKENIZER.count_tokens)
     assert isinstance(done, Done)
     assert done.state.answers
@@ -162,7 +163,7 @@ def test_concurrent_passes_on_copies_of_one_conversation_make_one_summarizer_cal
 
     async def slow(messages: Sequence[Message]) -> str:
         await asyncio.sleep(0.01)
-        return "The user asked for an export of every deployment."
+        return extractive(messages)
 
     client = ScriptedSummarizer(slow)
     messages = conversation(12)

@@ -19,7 +19,7 @@ from agent_framework._compaction import EXCLUDED_KEY
 from maf_compaction import CompactionBudgetExceeded
 from maf_compaction import UserTurnAnchoredSummarizationCompactionStrategy as Strategy
 from test_composition_chain import budget_for, build, conversation, lossy, merged, size
-from test_user_summaries import ScriptedSummarizer, over_budget
+from test_user_summaries import ScriptedSummarizer, extractive, over_budget
 from test_user_summaries import conversation as user_conversation
 
 POISON = "<|poison|>"
@@ -67,7 +67,7 @@ def test_an_answer_the_tokenizer_cannot_count_is_kept_and_not_asked_again() -> N
     """The pass fails with the tokenizer's error (loudly, the list untouched) on every pass, with one call."""
     messages = user_conversation(12)
     budget = over_budget(messages)
-    client = ScriptedSummarizer(lambda _: f"The user asked for exports {POISON}.")
+    client = ScriptedSummarizer(lambda m: f"{extractive(m)}\nThe user asked for exports {POISON}.")
     strategy = Strategy(
         max_input_tokens=budget, tokenizer=PoisonedTokenizer(), client=client, max_summary_input_tokens=10_000
     )

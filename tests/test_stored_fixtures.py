@@ -8,6 +8,13 @@ received, the summarizer's calls, the decisions read back through public values)
 stored format started over at version 1 (one state per conversation), the stored values were
 rewritten field for field in it; the continuations are still those the release produced, so
 the same decisions in today's format continue with the same bytes.
+
+One deliberate exception, when the summary coverage rule landed (a summary must say something
+of the turns it replaces): the release's scripted summarizer answered a bare ``Summary:`` for
+turns without codes, which the rule refuses. The summarizer now answers their opening words
+there, so two expected continuations changed in exactly that: ``user_summaries``' new
+summary's text, and ``composition_fold``'s summarizer calls (1 -> 2: a stored bare summary's
+answer is asked once more). The stored values are untouched.
 """
 
 from __future__ import annotations

@@ -97,6 +97,7 @@ from test_cached_prefix import (
     agent_for,
     content_of,
     excluded,
+    faithful_summary,
     make_lookup,
     question,
     render,
@@ -131,8 +132,10 @@ def note(n: int) -> str:
 
 
 def values_of(texts: Sequence[str]) -> str:
-    """What a faithful summary of ``texts`` says: their distinctive values, in order (as :class:`Summarizer`)."""
-    return "Summary: " + " ".join(distinctive_values(" ".join(texts)))
+    """What a faithful summary of ``texts`` says: their distinctive values, in order, or the opening words of their
+    numbered transcript when they carry none (as :class:`Summarizer`)."""
+    transcript = "\n".join(f"{number}. {text}" for number, text in enumerate(texts, start=1))
+    return faithful_summary(transcript, transcript)
 
 
 def named(instruction: str) -> list[str]:

@@ -599,7 +599,7 @@ async def test_request_metrics_match_the_strategys_own_counters(otel: Telemetry)
 
 
 async def test_a_refused_summary_is_marked_not_kept_and_says_why(otel: Telemetry) -> None:
-    bloated = Scripted(lambda messages: [Content.from_text("Summary: " + " ".join([FILLER] * 200))])
+    bloated = Scripted(lambda messages: [Content.from_text(f"{summary_reply(messages)[0].text} {FILLER * 200}")])
     strategy, model = await play_summaries(bloated)
 
     requests = otel.named("compaction_request ")

@@ -249,6 +249,10 @@ _BULLET: Final = re.compile(r"^\s*(?:[-*\u2022]|\d+[.)])\s+")
 def requirement_lines(text: str) -> list[str]:
     """The lines of ``text`` that state a requirement, constraint or correction, in order.
 
+    The scripted model's own notion, kept apart from the library's summary coverage rule
+    (``maf_compaction.core.summary_check.directive_lines``, a wider word list) on purpose: the
+    model a figure is measured with must not share the rule that judges it.
+
     A line with a directive word (must, never, always, only, require, constraint, correction,
     instead, should, do not, avoid, prefer), and every list item right after such a line (a
     list under "Requirements:" states requirements even where an item has no such word).

@@ -8,10 +8,11 @@ rule asks for what paraphrase keeps, checked on the replaced items and the answe
   versions, dates, counts) appears in the answer, exactly, as a record must quote them.
 - **Every directive line** of the items (:func:`directive_lines`: a line with a word that
   states a requirement, a constraint or a correction, and the list items under such a
-  line) is carried: its values quoted, and at least half of its content words (four
-  letters or more, case aside, a few function words aside) present in the answer.
-- **Substance**: when the items have content words, the answer shares at least one. An
-  answer like "Understood." summarises nothing.
+  line) is carried: its values quoted, or, for a line without values, at least half of
+  its content words (four letters or more, case, endings and function words aside)
+  present in the answer.
+- **Substance**: when the items have content words, the answer shares at least one or
+  quotes one of their values. An answer like "Understood." summarises nothing.
 
 A summary that misses any of it is refused; :func:`reask_prompt` names what it missed for
 one more request, and what is still missing then keeps its turns verbatim.
@@ -142,7 +143,7 @@ class Omission:
     Attributes:
         values: Distinctive values of the items the answer does not quote, in order.
         lines: Directive lines of the items the answer does not carry, in order.
-        substance: The answer shares no content word with items that have some.
+        substance: The answer shares no content word and no value with items that have content words.
     """
 
     values: tuple[str, ...] = ()
@@ -163,9 +164,12 @@ class Omission:
 
 
 def carried(line: str, answer_words: frozenset[str], answer_content: frozenset[str]) -> bool:
-    """Whether an answer (its exact words, its content words) carries the directive ``line``."""
-    if any(value not in answer_words for value in distinctive_values(line)):
-        return False
+    """Whether an answer (its exact words, its content words) carries the directive ``line``: every value of it
+    quoted, which is enough for a line that has values (they name what it is about, however tersely the answer
+    restates it); a line without one needs :data:`LINE_SHARE` of its content words."""
+    values = distinctive_values(line)
+    if values:
+        return all(value in answer_words for value in values)
     wanted = content_words(_BULLET.sub("", line, count=1))
     return not wanted or len(wanted & answer_content) >= share_of(len(wanted), LINE_SHARE)
 
@@ -177,7 +181,8 @@ def omissions(items: Sequence[str], answer: str) -> Omission:
     content = content_words(answer)
     values = tuple(v for v in distinctive_values(source) if v not in exact)
     lines = tuple(line for line in _lines(items) if not carried(line, exact, content))
-    substance = bool(content_words(source)) and not content_words(source) & content
+    quoted_any = any(v in exact for v in distinctive_values(source))
+    substance = bool(content_words(source)) and not content_words(source) & content and not quoted_any
     return Omission(values, lines, substance)
 
 
