@@ -310,7 +310,7 @@ def test_a_fold_that_quotes_every_value_but_drops_a_constraint_line_is_refused()
     the folded summaries carries must be carried by the fold too."""
     messages = conversation()
     constrained = by_id(messages, "user_summary_1")
-    constrained.contents[0].text += "\nNever drain more than one shard at a time."
+    constrained.contents[0].text = f"{constrained.text}\nNever drain more than one shard at a time."
     strategy, client = build(faithful, budget_for(messages))
     with pytest.raises(CompactionBudgetExceeded):
         asyncio.run(strategy(messages))
