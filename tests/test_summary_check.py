@@ -200,3 +200,32 @@ def test_an_answer_that_says_nothing_of_the_turns_never_replaces_them() -> None:
     assert worker.last_report.missing is not None
     assert worker.last_report.missing.substance
     assert not summaries(messages)
+
+
+# ----------------------------------------------------------------------------- records: an answer that saves nothing
+
+
+def test_a_record_answer_as_long_as_the_results_it_was_shown_is_refused() -> None:
+    """Issue 34: a verbatim echo wedged the composition from turn 8, a 200,000-word answer a session for good. A
+    record is kept only when it quotes a value of the results it was shown AND is shorter than they are."""
+    from maf_compaction.core import call_part, history, message, result_part
+    from maf_compaction.core.effects import Request, Route
+    from maf_compaction.core.records import RECORD_PREFIX, kept_record
+    from maf_compaction.core.state import RequestKind
+    from maf_compaction.testing import estimate_tokens
+
+    result = "region=westeurope release=2026.11.3 code_1=TL-3FA9C2 " + "status line ok " * 40
+    view = history(
+        [
+            message("user", [], message_id="u0"),
+            message("assistant", [call_part("c1", "lookup", {"service": "svc-a"}, estimate_tokens)]),
+            message("tool", [result_part("c1", result, estimate_tokens)]),
+        ]
+    )
+    asked = Request("r1", RequestKind.RECORD, Route.CACHED_PREFIX, message_id="rec_1", view=view)
+    kept = kept_record(asked, "lookup svc-a: code_1=TL-3FA9C2, release 2026.11.3")
+    assert kept is not None
+    assert kept.text == "lookup svc-a: code_1=TL-3FA9C2, release 2026.11.3"
+    assert kept_record(asked, f"{RECORD_PREFIX}\n{result}") is None  # an echo
+    assert kept_record(asked, "TL-3FA9C2 " + "and so on " * 20_000) is None  # a runaway answer
+    assert kept_record(asked, "Understood.") is None  # no value of what it was shown

@@ -657,18 +657,21 @@ def kept_record(request: Request, text: str | None) -> Answer | None:
 
     Kept when it quotes at least one distinctive value of the tool results its request
     showed: a reply that ignored the instruction (small talk, a refusal, a call of another
-    tool) is no record, and the coverage rule would find nothing it covers.
+    tool) is no record, and the coverage rule would find nothing it covers. And kept only
+    when it is shorter than those results: a record as long as what it records saves
+    nothing, and a runaway answer (an echo of the results, a reply that never ends) would
+    hold the prompt for good.
     """
     body = (text or "").strip().removeprefix(RECORD_PREFIX).strip()
-    shown = {
-        value
+    results = [
+        part.text
         for record in request.view or ()
         if not record.excluded and record.role == "tool"
         for part in record.parts
         if part.kind == "function_result"
-        for value in distinctive_values(part.text)
-    }
-    if not body or not shown & word_set(body):
+    ]
+    shown = {value for result in results for value in distinctive_values(result)}
+    if not body or not shown & word_set(body) or len(body) >= sum(len(result.strip()) for result in results):
         return None
     return Answer(
         identity=request.identity,
