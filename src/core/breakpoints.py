@@ -10,14 +10,16 @@ keep byte-stable, so they mark it, on every request, before they touch what foll
 1. **The last message** of the conversation as the pass leaves it: the next request
    extends this one and re-reads all of it. Context injected for one call after it (a
    to-do list, a memory) stays outside the entry, so it never spoils it.
-2. **The frontier**: the end of the settled run after the head, the inserts and notes
-   compaction wrote (user-turn summaries, written records, shed notes) that the next
-   decisions leave alone. The next summary or record goes after them, so the prompt
-   breaks after this mark and re-reads everything before it.
-3. **The end of the head**: the first ``keep_head_groups`` groups (with the tools and
-   instructions before them), never touched by any rule. A decision that rewrites
-   compacted output (a fold of summaries, a merge of records, a shed from the band's
-   front) breaks after it.
+2. **The frontier**: the message before the first one the strategy's next decision may
+   change: the user's first turn past the head still in the prompt (or, in ``recompact``
+   mode, the first standing summary, which a recompact replaces) for user-turn summaries;
+   the first tool group still in the prompt for records; the first band group for the
+   anchored rules. Summaries, records and the replies between them stand before it, so
+   the next summary or record breaks the prompt after this mark and re-reads all of it.
+3. **The end of the head**: the first ``keep_head_groups`` groups (or
+   ``keep_head_user_turns`` user turns, with the tools and instructions before them),
+   never touched by any rule. A decision that rewrites compacted output (a fold of
+   summaries, a merge of records, a shed under the budget) breaks after it.
 
 The answer is a pure function of the history a pass produced, so every replica marks
 the same places; marks on prefixes shorter than a model's minimum cacheable length are
@@ -154,10 +156,11 @@ def _turns_half(history: History, keep: int, *, summaries_move: bool) -> tuple[i
     if keep >= len(turns):
         return len(history) - 1, len(history)
     end = max((i for i in range(turns[keep]) if _own(history[i])), default=-1) if keep > 0 else -1
+    band = frozenset(turns[keep:])
     changing = (
         i
         for i in range(end + 1, len(history))
-        if not history[i].excluded and (i in turns[keep:] or (summaries_move and history[i].summary))
+        if not history[i].excluded and (i in band or (summaries_move and history[i].summary))
     )
     return end, next(changing, len(history))
 
