@@ -174,3 +174,12 @@ async def test_the_composition_costs_less_with_the_marks_and_every_request_is_va
 
 def _fields(settings: Settings) -> dict[str, Any]:
     return {name: getattr(settings, name) for name in Settings.__dataclass_fields__}
+
+
+def test_our_marks_take_the_automatic_marks_ttl_so_a_longer_one_never_follows_a_shorter_one() -> None:
+    """Anthropic refuses a 1-hour mark after a 5-minute one: with a 1-hour automatic mark, ours are 1-hour too."""
+    published = _published(6)
+    hour = {"type": "ephemeral", "ttl": "1h"}
+    marked_messages = breakpoints.mark(_body(published, cache_control=hour), published)
+    controls = [b["cache_control"] for m in marked_messages for b in m["content"] if "cache_control" in b]
+    assert controls == [hour]

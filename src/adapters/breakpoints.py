@@ -9,8 +9,9 @@ pass chose, on the wire blocks of the messages the pass named.
 The pass publishes what it produced (a value in a context variable: one task's request
 never sees another's); the wrapper asks the core where to mark, finds those messages'
 blocks in the request the client built (matched in order by tool call id or text), and
-adds ``{"type": "ephemeral"}`` to them, within the four marks a request may carry (the
-user's own marks and the request-level automatic one count first). A request no pass
+adds ``{"type": "ephemeral"}`` to them (with the request-level mark's TTL when the request
+has one), within the four marks a request may carry (the user's own marks and the
+request-level automatic one count first). A request no pass
 ran before (a summarizer's, another agent's) goes out as the client built it.
 """
 
@@ -119,11 +120,14 @@ def mark(body: Mapping[str, Any], published: _Published) -> list[Any]:
         cursor = at + 1
     if not found:
         return messages
+    # Ours stand before the automatic mark: with its TTL, so a longer TTL never follows a shorter one.
+    automatic_mark = body.get("cache_control")
+    control = dict(automatic_mark) if isinstance(automatic_mark, Mapping) else dict(EPHEMERAL)
     marked = list(messages)
     for m, b in found:
         message = dict(marked[m])
         content = list(_blocks(message))
-        content[b] = {**content[b], "cache_control": dict(EPHEMERAL)}
+        content[b] = {**content[b], "cache_control": dict(control)}
         message["content"] = content
         marked[m] = message
     return marked
