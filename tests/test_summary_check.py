@@ -183,7 +183,7 @@ def test_a_summary_that_with_what_it_left_out_is_no_smaller_keeps_the_turns_and_
     assert (worker.user_summaries_incomplete, worker.user_summary_failures) == (1, 1)
     assert not summaries(messages)
     assert not any(excluded(m) for m in messages)
-    (warning,) = [r.getMessage() for r in caplog.records if "Refused summary" in r.getMessage()]
+    (warning,) = [r.getMessage() for r in caplog.records if "refused: the" in r.getMessage()]
     assert "stay verbatim: u1, u2" in warning
     assert run(worker, messages) is False
     assert padded.calls == 2

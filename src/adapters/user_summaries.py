@@ -276,12 +276,7 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
             self.user_compactions += outcome is Outcome.SUMMARIZED
             if report.missing is not None:
                 self.user_summaries_repaired += 1
-                logger.warning(
-                    "Summary %s left out %s, and so did one more request naming them: they follow it, copied "
-                    "verbatim from the turns it replaces",
-                    report.summary_id,
-                    report.missing.described(),
-                )
+                _warn_left_out(report, "they follow it, copied verbatim from the turns it replaces")
             logger.info(
                 "%s %d message(s) into %s (%d -> %d tokens)",
                 "Folded" if outcome is Outcome.FOLDED else "Summarised",
@@ -308,16 +303,21 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
                     report.summary_id,
                     report.band_tokens,
                 )
-            elif outcome is Outcome.INCOMPLETE and report.missing is not None:
+            elif outcome is Outcome.INCOMPLETE:
                 self.user_summaries_incomplete += 1
-                logger.warning(
-                    "Refused summary %s: it left out %s, and so did one more request naming them; the %d "
-                    "message(s) it would have replaced stay verbatim: %s",
-                    report.summary_id,
-                    report.missing.described(),
-                    len(report.kept),
-                    ", ".join(report.kept),
+                _warn_left_out(
+                    report,
+                    f"refused: the {len(report.kept)} message(s) it would replace stay verbatim: "
+                    + ", ".join(report.kept),
                 )
+
+
+def _warn_left_out(report: UserReport, outcome: str) -> None:
+    """One WARNING for a summary whose answers left something out (:mod:`maf_compaction.core.summary_check`)."""
+    missing = report.missing.described() if report.missing is not None else "something"
+    logger.warning(
+        "Summary %s left out %s, and so did one more request naming them; %s", report.summary_id, missing, outcome
+    )
 
 
 def _what_stays(request: Request) -> str:
