@@ -21,7 +21,6 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
 from agent_framework import Content, Message
@@ -38,7 +37,7 @@ from anthropic.types.beta import (
 )
 from pydantic import TypeAdapter
 
-from .loopback import IssuedIds, canonical_json, serve, sse_frame
+from .loopback import IssuedIds, LoopbackServer, canonical_json, sse_frame
 from .model import ScriptedModel
 from .provider import CallKind, CallRecord, SimulatedProvider
 from .rendering import (
@@ -732,7 +731,7 @@ _ROUTES: Final[tuple[tuple[str, CallKind], ...]] = (
 )
 
 
-class AnthropicLoopback:
+class AnthropicLoopback(LoopbackServer):
     """A Messages API server on ``127.0.0.1`` that validates, prices and answers with the scripted model.
 
     Use it as an async context manager (``async with AnthropicLoopback(model, provider) as server``,
@@ -771,28 +770,15 @@ class AnthropicLoopback:
         self._signatures: dict[str, str] = {}
         self._cache: BreakpointCache | None = None
         self._received = 0
-        self._runner: web.AppRunner | None = None
-        self._port: int | None = None
 
     async def __aenter__(self) -> AnthropicLoopback:
         """Start serving on an ephemeral port of ``127.0.0.1``."""
-        self._runner, self._port = await serve((path, self._handler(kind)) for path, kind in _ROUTES)
+        await self._start((path, self._handler(kind)) for path, kind in _ROUTES)
         return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        """Stop serving."""
-        if self._runner is not None:
-            await self._runner.cleanup()
-        self._runner = None
-        self._port = None
 
     def base_url(self, kind: CallKind = "model") -> str:
         """The ``base_url`` an ``AsyncAnthropic`` client uses (it appends ``/v1/messages``)."""
-        if self._port is None:
-            raise RuntimeError("AnthropicLoopback is not running; use it as an async context manager")
-        return f"http://127.0.0.1:{self._port}" + ("/summarizer" if kind == "summarizer" else "")
+        return self._url("/summarizer" if kind == "summarizer" else "")
 
     def issued(self, signature: str, thinking: str) -> bool:
         """``signature`` was issued by this server for the thinking text ``thinking``."""

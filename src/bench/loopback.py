@@ -653,7 +653,33 @@ async def serve(handlers: Iterable[tuple[str, Handler]]) -> tuple[web.AppRunner,
     return runner, port
 
 
-class LoopbackProvider:
+class LoopbackServer:
+    """What both loopback servers share: serving on an ephemeral port of ``127.0.0.1`` (:func:`serve`), stopping
+    (``async with`` ends it), and their URLs while they run."""
+
+    _runner: web.AppRunner | None = None
+    _port: int | None = None
+
+    async def _start(self, handlers: Iterable[tuple[str, Handler]]) -> None:
+        self._runner, self._port = await serve(handlers)
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Stop serving."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self._runner = None
+        self._port = None
+
+    def _url(self, path: str) -> str:
+        """``http://127.0.0.1:<port><path>``; refused while the server is not running."""
+        if self._port is None:
+            raise RuntimeError(f"{type(self).__name__} is not running; use it as an async context manager")
+        return f"http://127.0.0.1:{self._port}{path}"
+
+
+class LoopbackProvider(LoopbackServer):
     """An OpenAI-compatible HTTP server on ``127.0.0.1`` answering with the scripted model.
 
     Use it as an async context manager (``async with LoopbackProvider(model, provider) as server``,
@@ -692,35 +718,18 @@ class LoopbackProvider:
         self.apis: list[WireApi] = []
         self.kinds: list[CallKind] = []
         self.rendered: list[RenderedRequest] = []
-        self._runner: web.AppRunner | None = None
-        self._port: int | None = None
 
     # -- lifecycle ------------------------------------------------------------------
 
     async def __aenter__(self) -> LoopbackProvider:
         """Start serving on an ephemeral port of ``127.0.0.1``."""
-        self._runner, self._port = await serve((path, self._handler(kind, api)) for path, kind, api in _ROUTES)
+        await self._start((path, self._handler(kind, api)) for path, kind, api in _ROUTES)
         logger.debug("loopback: serving on 127.0.0.1:%d", self._port)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        """Stop serving."""
-        if self._runner is not None:
-            await self._runner.cleanup()
-        self._runner = None
-        self._port = None
-
     def base_url(self, kind: CallKind = "model") -> str:
         """The ``base_url`` an OpenAI client uses for the agent's calls or a summarizer's."""
-        if self._port is None:
-            raise RuntimeError("LoopbackProvider is not running; use it as an async context manager")
-        prefix = "/summarizer/v1" if kind == "summarizer" else "/v1"
-        return f"http://127.0.0.1:{self._port}{prefix}"
+        return self._url("/summarizer/v1" if kind == "summarizer" else "/v1")
 
     # -- requests -------------------------------------------------------------------
 
