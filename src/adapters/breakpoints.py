@@ -52,10 +52,15 @@ class _Published:
 _LAST_PASS: contextvars.ContextVar[_Published | None] = contextvars.ContextVar("maf_compaction_last_pass", default=None)
 
 
+#: Whether any client was wrapped in this process: until one is, no pass copies its outcome (nothing would read it).
+_wrapping = False
+
+
 def publish(messages: Sequence[Message], history: History, config: StrategyConfig) -> None:
     """Record a pass's outcome (``messages`` as the pass left them, index for index with ``history``) for the
-    requests this task sends next."""
-    _LAST_PASS.set(_Published(tuple(messages), history, config))
+    requests this task sends next, once :func:`cache_breakpoints` wrapped a client."""
+    if _wrapping:
+        _LAST_PASS.set(_Published(tuple(messages), history, config))
 
 
 def cache_breakpoints(client: C) -> C:
@@ -82,6 +87,8 @@ def cache_breakpoints(client: C) -> C:
         )
     if getattr(create, _WRAPPED, False):
         return client
+    global _wrapping  # noqa: PLW0603 - one switch for the process: passes publish from now on
+    _wrapping = True
     resource.create = _wrapped(create)
     return client
 
