@@ -145,16 +145,46 @@ def test_a_refused_merge_is_counted_and_the_shed_policy_still_makes_room(caplog:
     call = Content.from_function_call(call_id="late", name="lookup", arguments={"n": 9})
     extra = Content.from_function_result(call_id="late", result="status: fine " + "pad " * 120)
     messages[-1:-1] = [Message("assistant", [call], message_id="a9"), Message("tool", [extra], message_id="t9")]
-    strategy, _ = build(lossy, size(messages) - 100, overflow_policy="shed")
+    strategy, client = build(lossy, size(messages) - 100, overflow_policy="shed")
     with caplog.at_level("WARNING", logger="maf_compaction"):
         asyncio.run(strategy(messages))
-    assert strategy.replacements_refused == 3  # the merge, then both harder rewrites: each drops values
+    # The merge drops values; a harder rewrite of the same records would drop as many: neither is asked.
+    assert (strategy.replacements_refused, strategy.replacements_spared, client.calls) == (1, 2, 1)
     shed = [m.message_id for m in messages if m.additional_properties.get(EXCLUDED_KEY)]
     assert {"a9", "t9"} <= set(shed)
     warned = " ".join(r.getMessage() for r in caplog.records)
     assert "a9" in warned
     assert "t9" in warned
-    assert "Refused 3 record replacement" in warned
+    assert "Refused 1 record replacement" in warned
+
+
+def test_a_merge_refused_only_for_its_size_still_gets_a_harder_rewrite() -> None:
+    """A faithful answer that is too long says nothing of the values: the harder rewrite is asked, and kept."""
+
+    def script(messages: Sequence[Message]) -> str:
+        if "Rewrite it as one record" in messages[0].text:
+            return merged(messages)
+        return merged(messages) + " Recorded with care and at length." * 80
+
+    messages = conversation()
+    strategy, client = build(script, budget_for(messages))
+    asyncio.run(strategy(messages))
+    assert (client.calls, strategy.replacements_refused, strategy.replacements_spared) == (2, 1, 0)
+    assert strategy.records_replaced == 1
+
+
+def test_a_merge_of_records_a_lossy_merge_stood_for_is_not_asked_again_with_one_more() -> None:
+    """After a merge left a value out, a merge of the same records and a newer one is spared too."""
+    messages = conversation()
+    strategy, client = build(lossy, budget_for(messages), overflow_policy="shed")
+    with pytest.raises(CompactionBudgetExceeded):
+        asyncio.run(strategy(messages))
+    assert client.calls == 1
+    codes = [f"code_{k}=TL-{k:06X}" for k in range(8, 12)]
+    messages[-1:-1] = record_pair(2, codes)
+    with pytest.raises(CompactionBudgetExceeded):
+        asyncio.run(strategy(messages))
+    assert client.calls == 1, "the merge of all three records stands for the two a lossy merge stood for"
 
 
 def test_the_user_half_declines_a_summary_whose_break_costs_more_than_it_saves() -> None:

@@ -144,6 +144,9 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             or replayed).
         replacements_refused: Distinct replacements and emergency folds refused: not smaller,
             or a value of what they replace missing (each is never asked for again).
+        replacements_spared: Distinct record merges and rewrites not asked for because an answer
+            over records they stand for (a merge of fewer, or a gentler rewrite) already left one of
+            their values out: they would be refused too, so they are not paid for.
         replacements_failed: Replacement and emergency-fold requests that failed (the
             summarizer raised or answered nothing); a failure stands until the next user turn,
             then the request is asked again.
@@ -215,6 +218,8 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         self.emergency_folds = 0
         self._refused: set[str] = set()
         self.replacements_refused = 0
+        self._spared: set[str] = set()
+        self.replacements_spared = 0
         self.replacements_failed = 0
         self.budget_failures = 0
         self.last_report: CompositionReport | None = None
@@ -277,6 +282,15 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         self.records_replaced += bool(report.replaced)
         self.emergency_folds += bool(report.folded)
         self._count_refusals(report.refused)
+        fresh_spared = set(report.spared) - self._spared
+        if fresh_spared:
+            self._spared |= fresh_spared
+            self.replacements_spared = len(self._spared)
+            logger.info(
+                "Did not ask for %d record merge(s) or rewrite(s): an answer over records they stand for already "
+                "left one of their values out",
+                len(fresh_spared),
+            )
 
     def _count_refusals(self, refused: Sequence[str]) -> None:
         """Count and warn about the refusals not seen before (each once, whatever its pass's outcome)."""

@@ -197,6 +197,8 @@ class CompositionReport:
             smaller, or a value of what they replace missing): never asked for again.
         failed: Identities of replacement requests whose failure stands on this pass
             (asked again after the next user turn).
+        spared: Identities of record replacements not asked on this pass: an answer over records
+            they stand for already left one of their values out (:func:`_next`).
     """
 
     tokens_before: int
@@ -211,6 +213,7 @@ class CompositionReport:
     folded: int = 0
     refused: tuple[str, ...] = ()
     failed: tuple[str, ...] = ()
+    spared: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,12 +414,10 @@ def _replay(config: CompositionConfig, work: _Pass, seen: View, measure: anchore
         items = found.get(kind.items)
         if items is None:
             items = found[kind.items] = kind.items(seen, measure)
-        items = items[: answer.sources]
-        if len(items) < answer.sources or all(
-            user_summaries.request(kind.request, prompt, items, "", 0).identity != answer.identity
-            for prompt in kind.prompts(config)
-        ):
+        stood = _stood_for(config, answer, items)
+        if stood is None:
             continue
+        items = stood
         message = _kept(kind, answer, items, measure)
         if message is None:
             refused.add(answer.identity)
@@ -437,11 +438,12 @@ def _ask(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.M
     """Over the budget, ask for the chain's next replacement (:func:`_next`), if any."""
     if seen.sent <= config.max_input_tokens:
         return Done(seen.history, work, None)
-    request, refused, failed = _next(config, work.state, seen, measure)
-    if request is not None:
+    found = _next(config, work.state, seen, measure)
+    if found.request is not None:
         # The next step recomputes everything from the state with the absorbed answer.
-        return Needs((request,))
-    report = replace(work.report, refused=tuple(sorted({*work.report.refused, *refused})), failed=failed)
+        return Needs((found.request,))
+    refused = tuple(sorted({*work.report.refused, *found.refused}))
+    report = replace(work.report, refused=refused, failed=found.failed, spared=found.spared)
     return Done(seen.history, replace(work, report=report), None)
 
 
@@ -690,6 +692,41 @@ def _kept(
     return message if all(value in quoted for i in items for value in distinctive_values(i.text)) else None
 
 
+def _lossy(answer: Answer, items: Sequence[user_summaries.Item]) -> bool:
+    """``answer`` leaves out a distinctive value of ``items`` (whatever its size)."""
+    quoted = word_set(answer.text or "")
+    return any(value not in quoted for i in items for value in distinctive_values(i.text))
+
+
+def _lossy_records(
+    config: CompositionConfig, state: State, records: Sequence[user_summaries.Item]
+) -> list[frozenset[int]]:
+    """The records (by index) each record replacement refused for leaving one of their values out stood for, among
+    those still standing (a replacement stands for the oldest ``records``, :attr:`.state.Answer.sources` of them)."""
+    gone: list[frozenset[int]] = []
+    for answer in state.answers:
+        if answer.kind not in _REPLACEMENTS or answer.text is None or answer.sources is None:
+            continue
+        items = _stood_for(config, answer, records)
+        if items is not None and _lossy(answer, items):  # refused: a replacement must quote every value
+            gone.append(frozenset(item.index for item in items))
+    return gone
+
+
+def _stood_for(
+    config: CompositionConfig, answer: Answer, items: Sequence[user_summaries.Item]
+) -> Sequence[user_summaries.Item] | None:
+    """The leading ``items`` a chain ``answer`` was asked over (:attr:`.state.Answer.sources` of them), or ``None``
+    when they no longer lead the conversation's items."""
+    kind, stood = _KINDS[answer.kind], items[: answer.sources]
+    if len(stood) < (answer.sources or 0) or all(
+        user_summaries.request(kind.request, prompt, stood, "", 0).identity != answer.identity
+        for prompt in kind.prompts(config)
+    ):
+        return None
+    return stood
+
+
 def _rewrites(state: State) -> int:
     """Harder rewrites answered (kept or refused) since the last merge answered: ``harder_attempts`` at most."""
     count = 0
@@ -700,10 +737,19 @@ def _rewrites(state: State) -> int:
     return count
 
 
-def _next(
-    config: CompositionConfig, state: State, seen: View, measure: anchored.Measure
-) -> tuple[Request | None, tuple[str, ...], tuple[str, ...]]:
-    """The next replacement to ask for while over the budget (or ``None``), the refusals found, the failure standing.
+@dataclass(frozen=True, slots=True)
+class _Next:
+    """What :func:`_next` found: the request to ask (or ``None``), the refusals, the failure standing, and the
+    replacements not asked because an answer over records they stand for already left a value out."""
+
+    request: Request | None = None
+    refused: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()
+    spared: tuple[str, ...] = ()
+
+
+def _next(config: CompositionConfig, state: State, seen: View, measure: anchored.Measure) -> _Next:
+    """The next replacement to ask for while over the budget (or none), the refusals found, the failure standing.
 
     Each kind in turn: the merge of the oldest records that fit the request bound (two
     at least), the harder rewrites (at most ``harder_attempts`` since the last kept
@@ -713,10 +759,18 @@ def _next(
     ones are reported. A failure stands until the next user turn, and while it stands
     nothing more is asked on this pass (the summarizer just failed: no retry storm);
     after it, the same request is asked again.
+
+    A replacement is not asked for (``spared``) when it stands for every record of one whose
+    answer left a value of theirs out (on this pass or an earlier one, while those records
+    stand): a harder rewrite asks for a shorter answer over the same values, and a merge
+    of them with more records for one answer over more values, so either would leave out
+    as much, and be refused after it was paid for. The chain moves on to the next kind.
     """
     turns, limit = user_summaries.user_turns(seen.history), config.users.summary_input_limit
     refused: list[str] = []
+    spared: list[str] = []
     found: dict[object, list[user_summaries.Item]] = {}  # each kind's items, by finder
+    lossy = _lossy_records(config, state, found.setdefault(_MERGE.items, _MERGE.items(seen, measure)))
     for name, kind in _KINDS.items():
         if name is RequestKind.REWRITE and _rewrites(state) >= config.harder_attempts:
             continue
@@ -733,13 +787,19 @@ def _next(
                 continue
             request = user_summaries.request(kind.request, prompt, selected, summary_id, turns)
             answer = standing(state.answers, request.identity, turns)
+            covered = frozenset(item.index for item in selected)
+            if answer is None and name in _REPLACEMENTS and any(covered >= gone for gone in lossy):
+                spared.append(request.identity)
+                continue
             if answer is None:
-                return request, (), ()
+                return _Next(request, spared=tuple(spared))
             if answer.text is None:
-                return None, tuple(refused), (answer.identity,)
+                return _Next(refused=tuple(refused), failed=(answer.identity,), spared=tuple(spared))
             if _kept(kind, answer, selected, measure) is None:
                 refused.append(answer.identity)  # refused once: never asked for again
-    return None, tuple(refused), ()
+                if _lossy(answer, selected):
+                    lossy.append(covered)
+    return _Next(refused=tuple(refused), spared=tuple(spared))
 
 
 _MERGE: Final = _Kind(
@@ -768,6 +828,8 @@ _FOLD: Final = _Kind(
     message=user_summaries.summary_record,
     reason=user_summaries.FOLD_EXCLUDE_REASON,
 )
+#: The kinds that replace records (a merge, a harder rewrite).
+_REPLACEMENTS: Final = frozenset({RequestKind.MERGE, RequestKind.REWRITE})
 #: The chain's kinds, in the order it asks for them.
 _KINDS: Final[Mapping[RequestKind, _Kind]] = {kind.request: kind for kind in (_MERGE, _REWRITE, _FOLD)}
 
