@@ -282,24 +282,27 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         self.records_replaced += bool(report.replaced)
         self.emergency_folds += bool(report.folded)
         self._count_refusals(report.refused)
-        fresh_spared = set(report.spared) - self._spared
-        if fresh_spared:
-            self._spared |= fresh_spared
+        if fresh := _first_seen(self._spared, report.spared):
             self.replacements_spared = len(self._spared)
             logger.info(
                 "Did not ask for %d record merge(s) or rewrite(s): an answer over records they stand for already "
                 "left one of their values out",
-                len(fresh_spared),
+                fresh,
             )
 
     def _count_refusals(self, refused: Sequence[str]) -> None:
         """Count and warn about the refusals not seen before (each once, whatever its pass's outcome)."""
-        fresh_refusals = set(refused) - self._refused
-        if fresh_refusals:
-            self._refused |= fresh_refusals
+        if fresh := _first_seen(self._refused, refused):
             self.replacements_refused = len(self._refused)
             logger.warning(
                 "Refused %d record replacement(s) or emergency fold(s): not smaller than the records or user "
                 "summaries they would replace, or a value of theirs missing; those stay as they are",
-                len(fresh_refusals),
+                fresh,
             )
+
+
+def _first_seen(known: set[str], identities: Sequence[str]) -> int:
+    """Add ``identities`` to ``known``; how many of them were new."""
+    fresh = set(identities) - known
+    known |= fresh
+    return len(fresh)
