@@ -222,8 +222,7 @@ def read_state(config: object, data: object) -> State:
         SnapshotVersionError: Another version wrote it.
         SnapshotError: It is malformed or inconsistent (the error names the field).
     """
-    head = getattr(config, "keep_head_groups", None)
-    return State.from_dict(data, keep_head_groups=head if isinstance(head, int) else None)
+    return State.from_dict(data, keep_head_groups=_head_groups(config))
 
 
 def read_snapshot(config: object, data: object) -> AnchoredSnapshot:
@@ -233,5 +232,11 @@ def read_snapshot(config: object, data: object) -> AnchoredSnapshot:
         SnapshotVersionError: Another version wrote it.
         SnapshotError: It is malformed or inconsistent (the error names the field).
     """
+    return AnchoredSnapshot.from_dict(data, keep_head_groups=_head_groups(config))
+
+
+def _head_groups(config: object) -> int | None:
+    """The head ``config`` keeps (``keep_head_groups``), which a stored value's positions must respect; ``None``
+    for a configuration without one."""
     head = getattr(config, "keep_head_groups", None)
-    return AnchoredSnapshot.from_dict(data, keep_head_groups=head if isinstance(head, int) else None)
+    return head if isinstance(head, int) else None
