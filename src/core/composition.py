@@ -688,8 +688,7 @@ def _kept(
         return None
     if kind.request is RequestKind.EMERGENCY_FOLD:
         return None if omissions([i.text for i in items], answer.text) else message
-    quoted = word_set(answer.text)
-    return message if all(value in quoted for i in items for value in distinctive_values(i.text)) else None
+    return None if _lossy(answer, items) else message
 
 
 def _lossy(answer: Answer, items: Sequence[user_summaries.Item]) -> bool:
@@ -700,7 +699,7 @@ def _lossy(answer: Answer, items: Sequence[user_summaries.Item]) -> bool:
 
 def _lossy_records(
     config: CompositionConfig, state: State, records: Sequence[user_summaries.Item]
-) -> list[frozenset[int]]:
+) -> tuple[frozenset[int], ...]:
     """The records (by index) each record replacement refused for leaving one of their values out stood for, among
     those still standing (a replacement stands for the oldest ``records``, :attr:`.state.Answer.sources` of them)."""
     gone: list[frozenset[int]] = []
@@ -710,7 +709,7 @@ def _lossy_records(
         items = _stood_for(config, answer, records)
         if items is not None and _lossy(answer, items):  # refused: a replacement must quote every value
             gone.append(frozenset(item.index for item in items))
-    return gone
+    return tuple(gone)
 
 
 def _stood_for(
@@ -787,7 +786,7 @@ def _next(config: CompositionConfig, state: State, seen: View, measure: anchored
                 continue
             request = user_summaries.request(kind.request, prompt, selected, summary_id, turns)
             answer = standing(state.answers, request.identity, turns)
-            covered = frozenset(item.index for item in selected)
+            covered = {item.index for item in selected}
             if answer is None and name in _REPLACEMENTS and any(covered >= gone for gone in lossy):
                 spared.append(request.identity)
                 continue
@@ -796,9 +795,7 @@ def _next(config: CompositionConfig, state: State, seen: View, measure: anchored
             if answer.text is None:
                 return _Next(refused=tuple(refused), failed=(answer.identity,), spared=tuple(spared))
             if _kept(kind, answer, selected, measure) is None:
-                refused.append(answer.identity)  # refused once: never asked for again
-                if _lossy(answer, selected):
-                    lossy.append(covered)
+                refused.append(answer.identity)  # refused once: never asked for again (and in ``lossy`` if it was)
     return _Next(refused=tuple(refused), spared=tuple(spared))
 
 
