@@ -31,7 +31,7 @@ from maf_compaction.bench.docs import (
     rewrite,
 )
 from maf_compaction.bench.report import render_table
-from maf_compaction.bench.runner import Settings, run_grid, summarize
+from maf_compaction.bench.runner import RowSummary, Settings, run_grid, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = Run(
@@ -53,7 +53,7 @@ def test_the_committed_docs_are_what_make_docs_writes() -> None:
 
 
 def test_every_generated_region_is_used_and_marked() -> None:
-    """README carries the short tables and every workload's; docs/bench.md the plausible model beside the oracle,
+    """README carries the short tables, every workload's and When to use it; docs/bench.md the plausible model beside the oracle,
     where the cost goes, the full default grid and the user-heavy workload; each strategy's page its own rows (the
     composition's under both cache rules); the wire page the real clients'; Claude's page its own client's."""
     found = {name: regions_in((ROOT / name).read_text(encoding="utf-8"), name) for name in docs.DOCUMENTS}
@@ -64,6 +64,7 @@ def test_every_generated_region_is_used_and_marked() -> None:
             "readme-anthropic",
             "readme-workloads",
             "readme-workloads-anthropic",
+            "when",
         ],
         "docs/bench.md": ["models", "spend", "demo", "user-heavy"],
         "docs/records.md": ["net-ignore-pin", "net-ignore-instruction", "net-record-quality", "records"],
@@ -208,3 +209,37 @@ def test_a_region_across_runs_renders_each_run_side_by_side(monkeypatch: pytest.
     assert len(rows) == 2 * (len(WIRE_ROWS) - 1), text  # the control is what the others are priced against
     assert all(re.search(r"\| \d+\.\d\dx, \d+/\d+", row) for row in rows), text
     assert "8 cells" in text  # two runs of four rows at one fill, seed 1
+
+
+def _summary(row: str, cost: float, facts: float, *, dq: int = 0) -> RowSummary:
+    return RowSummary(
+        row=row, fill=1.5, seeds=1, cost=cost, vs_none=None, hit=0.8, breaks=0, max_prompt_share=0.9, dq=dq,
+        dq_seeds=int(dq > 0), facts_kept=facts, facts_total=52, facts_lost=52 - facts, lost_unnamed=0,
+        accuracy=None, model_calls=30, summarizer_calls=0, pass_ms_median=None, pass_ms_max=None, errors=(),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("none", "default", "anchored", "ours", "says"),
+    [
+        # (cost, facts kept, calls over the window) per row.
+        # Below the window: not compacting keeps every fact for less.
+        ((0.10, 52, 0), (0.09, 25, 0), (0.10, 30, 0), (0.12, 52, 0), "no compaction"),
+        # Past it (the control over the window): the composition is cheaper and keeps more.
+        ((0.20, 52, 5), (0.17, 16, 0), (0.19, 14, 0), (0.15, 52, 0), "cheaper than the framework's default, 36 more"),
+        # It keeps more facts, for more money: the table says how much more.
+        ((0.20, 52, 5), (0.10, 16, 0), (0.12, 14, 0), (0.15, 52, 0), "36 more fact(s) kept for 1.50x the default's"),
+        # It keeps no more than the better of the others and costs more: the framework's default.
+        ((0.20, 52, 5), (0.10, 20, 0), (0.12, 30, 0), (0.15, 30, 0), "the framework's default"),
+    ],
+)
+def test_when_to_use_it_reads_the_choice_from_the_measurement(
+    none: tuple[float, int, int],
+    default: tuple[float, int, int],
+    anchored: tuple[float, int, int],
+    ours: tuple[float, int, int],
+    says: str,
+) -> None:
+    rows = dict(zip(docs.WORKLOAD_ROWS, (none, default, anchored, ours), strict=True))
+    table = {row: _summary(row, cost, facts, dq=dq) for row, (cost, facts, dq) in rows.items()}
+    assert says in docs._choice(table)  # pyright: ignore[reportPrivateUsage]
