@@ -318,3 +318,18 @@ def test_a_refused_merge_stays_refused_after_new_user_turns() -> None:
             asyncio.run(strategy(messages))
     assert client.calls == calls, "an answer judged lossy is never asked for again"
     assert strategy.replacements_failed == 0
+
+
+def test_a_lossy_harder_rewrite_does_not_spare_a_merge_of_its_record_with_another() -> None:
+    """A rewrite asked for a shorter record: its loss says nothing of a merge, which asks for no length."""
+    messages = [m for m in conversation() if m.message_id not in ("rc1", "rt1")]
+    strategy, client = build(lossy, size(messages) - 60, overflow_policy="shed")
+    with pytest.raises(CompactionBudgetExceeded):
+        asyncio.run(strategy(messages))
+    assert client.calls == 1, "one record: no merge, one harder rewrite, which drops values; the second is spared"
+    assert "Rewrite it as one record" in client.requests[0][0].text
+    messages[-1:-1] = record_pair(2, [f"code_{k}=TL-{k:06X}" for k in range(8, 12)])
+    with pytest.raises(CompactionBudgetExceeded):
+        asyncio.run(strategy(messages))
+    assert client.calls == 2
+    assert "compaction records" in client.requests[1][0].text, "the merge of both records is asked"

@@ -107,7 +107,7 @@ class Case:
 
 CASES: Final = (
     Case("tool_and_user_summary_anchored", "synthetic", 3.0),  # records, summaries, both in one request
-    Case("tool_and_user_summary_anchored", "dense", 3.0),  # over the prefix, then folds
+    Case("tool_and_user_summary_anchored", "dense", 3.0),  # over the prefix, then merges, rewrites and folds
     Case("tool_and_user_summary_anchored_pinned", "dense", 3.0),  # pinned records; the summarizer's prompts
     Case("user_summary_anchored_fold", "synthetic", 3.0),  # the summarizer's summaries
 )
@@ -224,13 +224,10 @@ def test_paraphrased_instructions_give_the_same_decisions(
 
 def test_the_cases_cover_every_kind_of_request(monkeypatch: pytest.MonkeyPatch) -> None:
     """Between them the cases send every instruction: records over the prefix and pinned, summaries over the
-    prefix and to the summarizer, a record and a summary in one request, and folds."""
+    prefix and to the summarizer, a record and a summary in one request, merges, rewrites and folds."""
     kinds = {(kind, label, pinned) for case in CASES for kind, label, pinned in _run(case, monkeypatch).calls}
     assert ("model", "record", False) in kinds  # over the cached prefix
     assert ("model", "record", True) in kinds  # pinned
     assert ("model", "summary", False) in kinds  # over the cached prefix
     assert ("model", "record+summary", False) in kinds
-    # No case asks a record merge or harder rewrite any more: the bench model's merges leave values out, and a
-    # replacement standing for records a lossy answer stood for is then not asked (``spared``).
-    # test_composition_chain asks both through the public strategy.
-    assert {("summarizer", label, False) for label in ("summary", "fold")} <= kinds
+    assert {("summarizer", label, False) for label in ("summary", "merge", "rewrite", "fold")} <= kinds

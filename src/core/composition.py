@@ -699,17 +699,27 @@ def _lossy(answer: Answer, items: Sequence[user_summaries.Item]) -> bool:
 
 def _lossy_records(
     config: CompositionConfig, state: State, records: Sequence[user_summaries.Item]
-) -> tuple[frozenset[int], ...]:
-    """The records (by index) each record replacement refused for leaving one of their values out stood for, among
-    those still standing (a replacement stands for the oldest ``records``, :attr:`.state.Answer.sources` of them)."""
-    gone: list[frozenset[int]] = []
+) -> tuple[tuple[RequestKind, frozenset[int]], ...]:
+    """Each record replacement refused for leaving one of its records' values out: its kind, and the records (by
+    index) it stood for, among those still standing (a replacement stands for the oldest ``records``,
+    :attr:`.state.Answer.sources` of them)."""
+    gone: list[tuple[RequestKind, frozenset[int]]] = []
     for answer in state.answers:
         if answer.kind not in _REPLACEMENTS or answer.text is None or answer.sources is None:
             continue
         items = _stood_for(config, answer, records)
         if items is not None and _lossy(answer, items):  # refused: a replacement must quote every value
-            gone.append(frozenset(item.index for item in items))
+            gone.append((answer.kind, frozenset(item.index for item in items)))
     return tuple(gone)
+
+
+def _spared(name: RequestKind, covered: frozenset[int], lossy: Sequence[tuple[RequestKind, frozenset[int]]]) -> bool:
+    """A replacement of kind ``name`` standing for the records ``covered`` would leave out values as a lossy one
+    did: it stands for all of that one's records and asks no less of them (a merge keeps its records' length, a
+    harder rewrite asks for a shorter one, so a lossy merge spares both and a lossy rewrite only rewrites)."""
+    return name in _REPLACEMENTS and any(
+        covered >= records and (name is RequestKind.REWRITE or kind is RequestKind.MERGE) for kind, records in lossy
+    )
 
 
 def _stood_for(
@@ -761,9 +771,10 @@ def _next(config: CompositionConfig, state: State, seen: View, measure: anchored
 
     A replacement is not asked for (``spared``) when it stands for every record of one whose
     answer left a value of theirs out (on this pass or an earlier one, while those records
-    stand): a harder rewrite asks for a shorter answer over the same values, and a merge
-    of them with more records for one answer over more values, so either would leave out
-    as much, and be refused after it was paid for. The chain moves on to the next kind.
+    stand) and asks no less of them (:func:`_spared`): a harder rewrite asks for a shorter
+    answer over the same values, and a merge of them with more records for one answer over
+    more values, so either would leave out as much, and be refused after it was paid for.
+    The chain moves on to the next kind.
     """
     turns, limit = user_summaries.user_turns(seen.history), config.users.summary_input_limit
     refused: list[str] = []
@@ -786,8 +797,7 @@ def _next(config: CompositionConfig, state: State, seen: View, measure: anchored
                 continue
             request = user_summaries.request(kind.request, prompt, selected, summary_id, turns)
             answer = standing(state.answers, request.identity, turns)
-            covered = {item.index for item in selected}
-            if answer is None and name in _REPLACEMENTS and any(covered >= gone for gone in lossy):
+            if answer is None and _spared(name, frozenset(item.index for item in selected), lossy):
                 spared.append(request.identity)
                 continue
             if answer is None:
