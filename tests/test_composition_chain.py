@@ -149,7 +149,7 @@ def test_a_refused_merge_is_counted_and_the_shed_policy_still_makes_room(caplog:
     with caplog.at_level("WARNING", logger="maf_compaction"):
         asyncio.run(strategy(messages))
     # The merge drops values; a harder rewrite of the same records would drop as many: neither is asked.
-    assert (strategy.replacements_refused, strategy.replacements_spared, client.calls) == (1, 2, 1)
+    assert (strategy.replacements_refused, strategy.replacements_skipped, client.calls) == (1, 2, 1)
     shed = [m.message_id for m in messages if m.additional_properties.get(EXCLUDED_KEY)]
     assert {"a9", "t9"} <= set(shed)
     warned = " ".join(r.getMessage() for r in caplog.records)
@@ -169,12 +169,12 @@ def test_a_merge_refused_only_for_its_size_still_gets_a_harder_rewrite() -> None
     messages = conversation()
     strategy, client = build(script, budget_for(messages))
     asyncio.run(strategy(messages))
-    assert (client.calls, strategy.replacements_refused, strategy.replacements_spared) == (2, 1, 0)
+    assert (client.calls, strategy.replacements_refused, strategy.replacements_skipped) == (2, 1, 0)
     assert strategy.records_replaced == 1
 
 
 def test_a_merge_of_records_a_lossy_merge_stood_for_is_not_asked_again_with_one_more() -> None:
-    """After a merge left a value out, a merge of the same records and a newer one is spared too."""
+    """After a merge left a value out, a merge of the same records and a newer one is skipped too."""
     messages = conversation()
     strategy, client = build(lossy, budget_for(messages), overflow_policy="shed")
     with pytest.raises(CompactionBudgetExceeded):
@@ -182,9 +182,13 @@ def test_a_merge_of_records_a_lossy_merge_stood_for_is_not_asked_again_with_one_
     assert client.calls == 1
     codes = [f"code_{k}=TL-{k:06X}" for k in range(8, 12)]
     messages[-1:-1] = record_pair(2, codes)
-    with pytest.raises(CompactionBudgetExceeded):
+    with pytest.raises(CompactionBudgetExceeded) as raised:
         asyncio.run(strategy(messages))
     assert client.calls == 1, "the merge of all three records stands for the two a lossy merge stood for"
+    # The failing pass names and counts what it did not ask for, as a pass that fits does.
+    assert raised.value.skipped
+    assert f"{len(raised.value.skipped)} not asked" in str(raised.value)
+    assert strategy.replacements_skipped >= len(raised.value.skipped)
 
 
 def test_the_user_half_declines_a_summary_whose_break_costs_more_than_it_saves() -> None:
@@ -326,7 +330,7 @@ def test_a_lossy_harder_rewrite_does_not_spare_a_merge_of_its_record_with_anothe
     strategy, client = build(lossy, size(messages) - 60, overflow_policy="shed")
     with pytest.raises(CompactionBudgetExceeded):
         asyncio.run(strategy(messages))
-    assert client.calls == 1, "one record: no merge, one harder rewrite, which drops values; the second is spared"
+    assert client.calls == 1, "one record: no merge, one harder rewrite, which drops values; the second is skipped"
     assert "Rewrite it as one record" in client.requests[0][0].text
     messages[-1:-1] = record_pair(2, [f"code_{k}=TL-{k:06X}" for k in range(8, 12)])
     with pytest.raises(CompactionBudgetExceeded):

@@ -144,7 +144,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             or replayed).
         replacements_refused: Distinct replacements and emergency folds refused: not smaller,
             or a value of what they replace missing (each is never asked for again).
-        replacements_spared: Distinct record merges and rewrites not asked for because an answer
+        replacements_skipped: Distinct record merges and rewrites not asked for because an answer
             over records they stand for (a merge of fewer, or a gentler rewrite) already left one of
             their values out: they would be refused too, so they are not paid for.
         replacements_failed: Replacement and emergency-fold requests that failed (the
@@ -218,8 +218,8 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         self.emergency_folds = 0
         self._refused: set[str] = set()
         self.replacements_refused = 0
-        self._spared: set[str] = set()
-        self.replacements_spared = 0
+        self._skipped: set[str] = set()
+        self.replacements_skipped = 0
         self.replacements_failed = 0
         self.budget_failures = 0
         self.last_report: CompositionReport | None = None
@@ -248,6 +248,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         except CompactionBudgetExceeded as error:
             self.budget_failures += 1
             self._count_refusals(error.refused)  # counted and warned about as on any pass
+            self._count_skipped(error.skipped)
             raise
 
     async def _perform(self, request: Request, messages: Sequence[Message]) -> str | None:
@@ -282,8 +283,12 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         self.records_replaced += bool(report.replaced)
         self.emergency_folds += bool(report.folded)
         self._count_refusals(report.refused)
-        if fresh := _first_seen(self._spared, report.spared):
-            self.replacements_spared = len(self._spared)
+        self._count_skipped(report.skipped)
+
+    def _count_skipped(self, skipped: Sequence[str]) -> None:
+        """Count and log the replacements not asked for, not seen before (each once)."""
+        if fresh := _first_seen(self._skipped, skipped):
+            self.replacements_skipped = len(self._skipped)
             logger.info(
                 "Did not ask for %d record merge(s) or rewrite(s): an answer over records they stand for already "
                 "left one of their values out",

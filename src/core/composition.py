@@ -197,7 +197,7 @@ class CompositionReport:
             smaller, or a value of what they replace missing): never asked for again.
         failed: Identities of replacement requests whose failure stands on this pass
             (asked again after the next user turn).
-        spared: Identities of record replacements not asked on this pass: an answer over records
+        skipped: Identities of record replacements not asked on this pass: an answer over records
             they stand for already left one of their values out (:func:`_next`).
     """
 
@@ -213,7 +213,7 @@ class CompositionReport:
     folded: int = 0
     refused: tuple[str, ...] = ()
     failed: tuple[str, ...] = ()
-    spared: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,11 +270,12 @@ def step(
             kept += " and the uncovered results overflow_policy='raise' keeps"
         raise CompactionBudgetExceeded(
             f"the prompt is {tokens_after} tokens after every step, over the {budget}-token budget: "
-            f"the {kept} alone do not fit{_chain_outcome(report.refused, report.failed)}",
+            f"the {kept} alone do not fit{_chain_outcome(report)}",
             needed=tokens_after,
             budget=budget,
             refused=report.refused,
             failed=report.failed,
+            skipped=report.skipped,
         )
     assert done.memo is not None
     return Done(history=output, state=done.state, report=report, memo=replace(done.memo, band=done.band))
@@ -443,7 +444,7 @@ def _ask(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.M
         # The next step recomputes everything from the state with the absorbed answer.
         return Needs((found.request,))
     refused = tuple(sorted({*work.report.refused, *found.refused}))
-    report = replace(work.report, refused=refused, failed=found.failed, spared=found.spared)
+    report = replace(work.report, refused=refused, failed=found.failed, skipped=found.skipped)
     return Done(seen.history, replace(work, report=report), None)
 
 
@@ -538,11 +539,13 @@ _STEPS: Final[Mapping[OverflowPolicy, tuple[pipeline.SubStep[CompositionConfig, 
 }
 
 
-def _chain_outcome(refused: Sequence[str], failed: Sequence[str]) -> str:
+def _chain_outcome(report: CompositionReport) -> str:
     """What the chain could not use on a failing pass, for the error's message (nothing is lost silently)."""
-    said = [f"{len(refused)} record replacement(s) or emergency fold(s) refused"] if refused else []
-    if failed:
-        said.append(f"{len(failed)} failed (asked again after the next user turn)")
+    said = [f"{len(report.refused)} record replacement(s) or emergency fold(s) refused"] if report.refused else []
+    if report.failed:
+        said.append(f"{len(report.failed)} failed (asked again after the next user turn)")
+    if report.skipped:
+        said.append(f"{len(report.skipped)} not asked (an answer over their records already left a value out)")
     return f" ({'; '.join(said)})" if said else ""
 
 
@@ -713,7 +716,7 @@ def _lossy_records(
     return tuple(gone)
 
 
-def _spared(name: RequestKind, covered: frozenset[int], lossy: Sequence[tuple[RequestKind, frozenset[int]]]) -> bool:
+def _skipped(name: RequestKind, covered: frozenset[int], lossy: Sequence[tuple[RequestKind, frozenset[int]]]) -> bool:
     """A replacement of kind ``name`` standing for the records ``covered`` would leave out values as a lossy one
     did: it stands for all of that one's records and asks no less of them (a merge keeps its records' length, a
     harder rewrite asks for a shorter one, so a lossy merge spares both and a lossy rewrite only rewrites)."""
@@ -754,7 +757,7 @@ class _Next:
     request: Request | None = None
     refused: tuple[str, ...] = ()
     failed: tuple[str, ...] = ()
-    spared: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
 
 
 def _next(config: CompositionConfig, state: State, seen: View, measure: anchored.Measure) -> _Next:
@@ -769,16 +772,16 @@ def _next(config: CompositionConfig, state: State, seen: View, measure: anchored
     nothing more is asked on this pass (the summarizer just failed: no retry storm);
     after it, the same request is asked again.
 
-    A replacement is not asked for (``spared``) when it stands for every record of one whose
+    A replacement is not asked for (``skipped``) when it stands for every record of one whose
     answer left a value of theirs out (on this pass or an earlier one, while those records
-    stand) and asks no less of them (:func:`_spared`): a harder rewrite asks for a shorter
+    stand) and asks no less of them (:func:`_skipped`): a harder rewrite asks for a shorter
     answer over the same values, and a merge of them with more records for one answer over
     more values, so either would leave out as much, and be refused after it was paid for.
     The chain moves on to the next kind.
     """
     turns, limit = user_summaries.user_turns(seen.history), config.users.summary_input_limit
     refused: list[str] = []
-    spared: list[str] = []
+    skipped: list[str] = []
     found: dict[object, list[user_summaries.Item]] = {}  # each kind's items, by finder
     lossy = _lossy_records(config, state, found.setdefault(_MERGE.items, _MERGE.items(seen, measure)))
     for name, kind in _KINDS.items():
@@ -797,16 +800,16 @@ def _next(config: CompositionConfig, state: State, seen: View, measure: anchored
                 continue
             request = user_summaries.request(kind.request, prompt, selected, summary_id, turns)
             answer = standing(state.answers, request.identity, turns)
-            if answer is None and _spared(name, frozenset(item.index for item in selected), lossy):
-                spared.append(request.identity)
+            if answer is None and _skipped(name, frozenset(item.index for item in selected), lossy):
+                skipped.append(request.identity)
                 continue
             if answer is None:
-                return _Next(request, spared=tuple(spared))
+                return _Next(request, skipped=tuple(skipped))
             if answer.text is None:
-                return _Next(refused=tuple(refused), failed=(answer.identity,), spared=tuple(spared))
+                return _Next(refused=tuple(refused), failed=(answer.identity,), skipped=tuple(skipped))
             if _kept(kind, answer, selected, measure) is None:
                 refused.append(answer.identity)  # refused once: never asked for again (and in ``lossy`` if it was)
-    return _Next(refused=tuple(refused), spared=tuple(spared))
+    return _Next(refused=tuple(refused), skipped=tuple(skipped))
 
 
 _MERGE: Final = _Kind(

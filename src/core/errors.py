@@ -46,19 +46,35 @@ class CompactionBudgetExceeded(ErrorValue):
         refused: Identities of the record replacements and emergency folds the failing pass
             found refused (counted and warned about like on any pass).
         failed: Identities of those whose failed request stands on the failing pass.
+        skipped: Identities of the record replacements the failing pass did not ask for, because an
+            answer over records they stand for already left a value out (counted like on any pass).
     """
 
     def __init__(
-        self, message: str, *, needed: int, budget: int, refused: tuple[str, ...] = (), failed: tuple[str, ...] = ()
+        self,
+        message: str,
+        *,
+        needed: int,
+        budget: int,
+        refused: tuple[str, ...] = (),
+        failed: tuple[str, ...] = (),
+        skipped: tuple[str, ...] = (),
     ) -> None:
         super().__init__(message)
         self.needed = needed
         self.budget = budget
         self.refused = tuple(refused)
         self.failed = tuple(failed)
+        self.skipped = tuple(skipped)
 
     def _arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        keywords = {"needed": self.needed, "budget": self.budget, "refused": self.refused, "failed": self.failed}
+        keywords = {
+            "needed": self.needed,
+            "budget": self.budget,
+            "refused": self.refused,
+            "failed": self.failed,
+            "skipped": self.skipped,
+        }
         return tuple(self.args), keywords
 
 
