@@ -25,7 +25,8 @@ then, only while the prompt is over the budget, a last-resort chain:
    rewritten harder (about 60%, then 36% of the length), each through the user half's
    summarizer and bounded by its ``max_summary_input_tokens``. A replacement is kept only
    when it is smaller than what it replaces AND quotes every distinctive value of it;
-   otherwise it is refused (and never asked for again). A request that failed (the
+   otherwise it is refused (and never asked for again); one that asks no less of records a
+   lossy answer stood for is not asked at all (:func:`_skipped`). A request that failed (the
    summarizer raised or answered nothing) is not a refusal: like the user half's, the
    failure stands until the next user turn, when it is asked again; while it stands
    the chain asks for nothing else. Kept replacements are state: they replay on both
