@@ -29,6 +29,7 @@ from maf_compaction import (
     record_text,
 )
 from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_PREFIX
+from maf_compaction.core.state import RequestKind
 from test_user_summaries import ScriptedSummarizer
 from wiring import recalled
 
@@ -156,6 +157,11 @@ def test_a_refused_merge_is_counted_and_the_shed_policy_still_makes_room(caplog:
     assert "a9" in warned
     assert "t9" in warned
     assert "Refused 1 record replacement" in warned
+    # What the refusal cost: the refused answer's output tokens, counted and said in the WARNING.
+    merge = next(a for a in strategy.decision_state().answers if a.kind is RequestKind.MERGE)
+    paid = TOKENIZER.count_tokens(merge.text or "")
+    assert strategy.refused_answer_tokens == paid > 0
+    assert f"their answers, {paid} output token(s), were paid for and dropped" in warned
 
 
 def test_a_merge_refused_only_for_its_size_still_gets_a_harder_rewrite() -> None:

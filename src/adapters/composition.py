@@ -144,6 +144,8 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             or replayed).
         replacements_refused: Distinct replacements and emergency folds refused: not smaller,
             or a value of what they replace missing (each is never asked for again).
+        refused_answer_tokens: Output tokens of the refused answers the conversation's state held when they
+            were refused: what the refusals cost (the WARNING says it too).
         replacements_skipped: Distinct record merges and rewrites not asked for because an answer
             over records they stand for (a merge of fewer, or a gentler rewrite) already left one of
             their values out: they would be refused too, so they are not paid for.
@@ -218,6 +220,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         self.emergency_folds = 0
         self._refused: set[str] = set()
         self.replacements_refused = 0
+        self.refused_answer_tokens = 0
         self._skipped: set[str] = set()
         self.replacements_skipped = 0
         self.replacements_failed = 0
@@ -292,22 +295,28 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             logger.info(
                 "Did not ask for %d record merge(s) or rewrite(s): an answer over records they stand for already "
                 "left one of their values out",
-                fresh,
+                len(fresh),
             )
 
     def _count_refusals(self, refused: Sequence[str]) -> None:
-        """Count and warn about the refusals not seen before (each once, whatever its pass's outcome)."""
+        """Count and warn about the refusals not seen before (each once, whatever its pass's outcome), with what their
+        answers cost in output tokens (those the conversation's state holds)."""
         if fresh := _first_seen(self._refused, refused):
             self.replacements_refused = len(self._refused)
+            answers = {answer.identity: answer.text for answer in self.conversation.value.answers}
+            paid = sum(self._counter.measure(text) for identity in fresh if (text := answers.get(identity)))
+            self.refused_answer_tokens += paid
             logger.warning(
                 "Refused %d record replacement(s) or emergency fold(s): not smaller than the records or user "
-                "summaries they would replace, or a value of theirs missing; those stay as they are",
-                fresh,
+                "summaries they would replace, or a value of theirs missing; those stay as they are (their answers, "
+                "%d output token(s), were paid for and dropped)",
+                len(fresh),
+                paid,
             )
 
 
-def _first_seen(known: set[str], identities: Sequence[str]) -> int:
-    """Add ``identities`` to ``known``; how many of them were new."""
+def _first_seen(known: set[str], identities: Sequence[str]) -> set[str]:
+    """Add ``identities`` to ``known``; those of them that were new."""
     fresh = set(identities) - known
     known |= fresh
-    return len(fresh)
+    return fresh

@@ -207,6 +207,7 @@ def composed_row(
             "user_passes_waited": strategy.user_passes_waited,
             "records_replaced": strategy.records_replaced,
             "replacements_refused": strategy.replacements_refused,
+            "refused_answer_tokens": strategy.refused_answer_tokens,
             "replacements_skipped": strategy.replacements_skipped,
             "replacements_failed": strategy.replacements_failed,
             "shed_events": strategy.shed_events,
