@@ -123,6 +123,7 @@ recall_states = st.builds(
     asking=st.sampled_from((None, "size", "reforce")),
     ignored_instructions=counts,
     summaries_to_summarizer=st.booleans(),
+    ignored_summaries=counts,
 )
 
 

@@ -88,6 +88,7 @@ from maf_compaction.bench.sessions import make_builder
 from maf_compaction.bench.simulator import get_profile
 from maf_compaction.core import records as record_rules
 from maf_compaction.core.effects import Request, Route
+from maf_compaction.core.envelope import VERSION
 from maf_compaction.core.model import History, MessageRecord, Part, flagged, history
 from maf_compaction.core.recall import FAILURE_LIMIT, REST_CALLS, Pin, RecallState, no_route, pins_given_up
 from maf_compaction.core.records import (
@@ -1756,7 +1757,7 @@ def test_how_the_host_asks_is_stored_with_the_state_and_another_version_is_refus
     route, is no longer read) is refused with ``SnapshotVersionError``."""
     state = State(recall=RecallState(asking="size", ignored_instructions=1, route=RecordRoute.CACHED_PREFIX))
     data = json.loads(json.dumps(state.to_dict()))
-    assert (data["kind"], data["version"], data["recall"]["route"]) == ("state", 1, "cached_prefix")
+    assert (data["kind"], data["version"], data["recall"]["route"]) == ("state", VERSION, "cached_prefix")
     assert State.from_dict(data) == state
     without = {**data, "recall": {k: v for k, v in data["recall"].items() if k != "route"}}
     with pytest.raises(SnapshotError, match=r"recall\.route"):
@@ -1979,7 +1980,7 @@ def test_a_state_with_written_records_round_trips_through_the_envelope() -> None
         ),
     )
     data = json.loads(json.dumps(state.to_dict()))
-    assert (data["kind"], data["version"]) == ("state", 1)
+    assert (data["kind"], data["version"]) == ("state", VERSION)
     assert data["answers"][1] == {
         "identity": "b" * 64,
         "kind": "record",
@@ -1998,8 +1999,9 @@ def test_a_state_with_written_records_round_trips_through_the_envelope() -> None
 
 def test_a_record_state_of_an_earlier_release_is_refused() -> None:
     """The record state an earlier release stored (``record_state``, version 1, before records were written over
-    the cached prefix: as the frozen ``records_stack`` fixture held it) is not read as a conversation's state: there
-    are no upgraders. Relabelled as a state, the answers it lacks are refused by name."""
+    the cached prefix: as the frozen ``records_stack`` fixture held it) is not read as a conversation's state: the
+    one upgrade adds a field version 5 added, it does not turn another kind into a state. Relabelled as a state, the
+    answers it lacks are refused by name."""
     old = {
         "kind": "record_state",
         "version": 1,

@@ -19,6 +19,7 @@ from maf_compaction.core.anchored import (
     AnchoredSnapshot,
     band_groups,
 )
+from maf_compaction.core.envelope import VERSION
 from maf_compaction.core.errors import SnapshotError, SnapshotVersionError
 from maf_compaction.core.model import History, MessageRecord, Part, history
 from maf_compaction.core.shorten import is_shortened
@@ -682,7 +683,7 @@ def test_snapshot_round_trips_through_its_dict() -> None:
 def test_snapshot_dict_names_its_kind_and_version() -> None:
     assert AnchoredSnapshot(tools_shed=3, spared_tools=(1,)).to_dict() == {
         "kind": "anchored",
-        "version": 1,
+        "version": VERSION,
         "tools_shed": 3,
         "texts_shed": 0,
         "shortened": 0,

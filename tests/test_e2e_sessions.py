@@ -76,6 +76,7 @@ from maf_compaction.bench.rendering import RenderedRequest, render_message
 from maf_compaction.bench.runner import Settings, load_scenario, stored_messages
 from maf_compaction.bench.scenario import Media, Scenario
 from maf_compaction.bench.simulator import get_profile
+from maf_compaction.core.envelope import VERSION
 from maf_compaction.core.records import RECALL_TOOL_NAME
 from offline_tokenizers import offline_tiktoken
 
@@ -534,7 +535,7 @@ async def test_the_session_entry_carries_the_readmes_state_and_bounds_remembered
     for label in range(SESSIONS):
         stored = shared.entries[label]
         assert stored["kind"] == "session_compaction"
-        assert stored["version"] == 1
+        assert stored["version"] == VERSION
         assert set(stored) == {"kind", "version", "configuration", "strategy", "state"}, "one flat entry, one header"
         assert stored["strategy"] == kind
         state = stored["state"]

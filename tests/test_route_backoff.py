@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from maf_compaction.core import recall
-from maf_compaction.core.recall import FAILURE_LIMIT, MAX_REST_CALLS, REST_CALLS, HistorySeen, PinRule
+from maf_compaction.core.recall import FAILURE_LIMIT, IGNORED_LIMIT, MAX_REST_CALLS, REST_CALLS, HistorySeen, PinRule
 from maf_compaction.core.state import RecallState, RecallStatus, RecordRoute
 
 Event = Literal["fail", "answer", "ignored", "call"]
@@ -81,3 +81,33 @@ def test_a_pinning_host_is_never_set_to_rest_by_prefix_failures() -> None:
     assert state.resting == REST_CALLS
     assert not recall.no_route(state)
     assert recall.advance(PINNING, state, HistorySeen(STATUS))[0].next_pin == "size"
+
+
+SummaryEvent = Literal["ignored", "followed", "aside"]
+
+
+@given(st.lists(st.sampled_from(("ignored", "followed", "aside")), max_size=12))
+def test_summaries_go_to_the_summarizer_for_good_only_after_a_run_of_ignored_answers(
+    events: list[SummaryEvent],
+) -> None:
+    """An ignored summary over the cached prefix sends that summary to the summarizer (``summaries_to_summarizer``);
+    the summarizer's answer sends the next one over the prefix again; only IGNORED_LIMIT ignored in a row (no
+    followed answer between them) keep every later summary with the summarizer, which is said once. The record
+    route's own verdict is never touched."""
+    state, run, given_up = RecallState(route=RecordRoute.CACHED_PREFIX), 0, False
+    for event in events:
+        before = state
+        if event == "aside":
+            state = recall.summarized_aside(state)
+        else:
+            state = recall.judged_summary(state, followed=event == "followed")
+            run = 0 if event == "followed" else run + 1
+            given_up = given_up or run >= IGNORED_LIMIT
+        news = recall.route_news(before, state)
+        assert state.ignored_summaries == run
+        assert (news is not None) == (run == IGNORED_LIMIT and before.ignored_summaries < IGNORED_LIMIT), news
+        if event == "ignored":
+            assert state.summaries_to_summarizer
+        elif event == "aside":
+            assert state.summaries_to_summarizer == (run >= IGNORED_LIMIT)
+        assert (state.route, state.ignored_instructions) == (RecordRoute.CACHED_PREFIX, 0)

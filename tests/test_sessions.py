@@ -68,6 +68,7 @@ from maf_compaction import (
 )
 from maf_compaction.bench.sessions import make_builder
 from maf_compaction.core.composition import OverflowPolicy
+from maf_compaction.core.envelope import READS, VERSION
 from maf_compaction.core.records import RECALL_TOOL_NAME
 from maf_compaction.core.state import RequestKind
 from snapshot_values import chain_decisions, record_decisions
@@ -260,7 +261,7 @@ def fresh_state(build: Callable[[], CompactionStack]) -> dict[str, object]:
 def stack_dict(stored: Mapping[str, Any]) -> dict[str, Any]:
     """The stack's dict (``CompactionStack.to_dict()``) a session entry carries: its fields under the stack's
     header (the entry holds them flat, under its own)."""
-    return {"kind": "stack", "version": 1, "strategy": stored["strategy"], "state": stored["state"]}
+    return {"kind": "stack", "version": VERSION, "strategy": stored["strategy"], "state": stored["state"]}
 
 
 async def converse(agent: Agent, session: AgentSession, turns: int, *, label: int = 0, stream: bool = False) -> None:
@@ -533,7 +534,7 @@ async def test_the_stacks_state_lives_in_the_session_json_safe_and_survives_the_
     stored = session.state[KEY]
     assert json.loads(json.dumps(stored)) == stored
     assert stored["kind"] == "session_compaction"
-    assert stored["version"] == 1
+    assert stored["version"] == VERSION
     assert set(stored) == {"kind", "version", "configuration", "strategy", "state"}, "one flat entry, one header"
     assert stored["configuration"] == registry.configuration.to_dict()
     assert stored["configuration"]["parameters"]["kind"] == "records"
@@ -688,8 +689,8 @@ def test_a_stack_kind_mismatch_raises_stack_kind_error_naming_both() -> None:
 
 def _assert_another_builds_version(raised: pytest.ExceptionInfo[SnapshotVersionError], version: int, kind: str) -> None:
     assert (raised.value.version, raised.value.kind) == (version, kind)
-    assert raised.value.supported == (1,)
-    assert "it reads version 1" in str(raised.value)
+    assert raised.value.supported == READS
+    assert "it reads versions 1 and 5" in str(raised.value)
     assert "a newer release: upgrade to read it" in str(raised.value)
 
 

@@ -37,6 +37,7 @@ from maf_compaction import (
     UserTurnAnchoredSummarizationCompactionStrategy,
 )
 from maf_compaction.adapters.fingerprint import tokenizer_identity
+from maf_compaction.core.envelope import READS
 from offline_tokenizers import offline_tiktoken
 from test_sessions import (
     COMPOSITION_BUDGET,
@@ -391,8 +392,8 @@ def test_an_entry_that_nests_its_stack_is_refused_with_snapshot_version_error() 
             registry.phase(session),
         ):
             pass
-        assert (raised.value.version, raised.value.kind, raised.value.supported) == (2, "session_compaction", (1,))
-        assert "it reads version 1" in str(raised.value)
+        assert (raised.value.version, raised.value.kind, raised.value.supported) == (2, "session_compaction", READS)
+        assert "it reads versions 1 and 5" in str(raised.value)
         assert "delete the entry" in str(raised.value)
         assert session.state[KEY] == old, "a refused phase wrote"
         with pytest.raises(SnapshotVersionError):

@@ -73,6 +73,7 @@ from maf_compaction.bench.runner import Settings, load_scenario, run_turn
 from maf_compaction.bench.scenario import LOOKUP_TOOL, RECALL_TOOL, Scenario
 from maf_compaction.bench.sessions import make_builder
 from maf_compaction.bench.simulator import get_profile
+from maf_compaction.core.envelope import VERSION
 from maf_compaction.core.stack import session_entry_from_dict
 from maf_compaction.core.state import RequestKind
 from offline_tokenizers import offline_tiktoken
@@ -459,7 +460,7 @@ class World:
 def stored_state(session: AgentSession) -> object:
     """The stack dict a session carries (its fields, under the stack's header as ``CompactionStack.to_dict()``)."""
     _, fields = session_entry_from_dict(session.state[STATE_KEY])
-    return json.loads(json.dumps({"kind": "stack", "version": 1, **fields}))
+    return json.loads(json.dumps({"kind": "stack", "version": VERSION, **fields}))
 
 
 conversations = st.lists(

@@ -34,7 +34,8 @@ from maf_compaction import (
     State,
     ToolResultAnchoredSummarizationCompactionStrategy,
 )
-from maf_compaction.core.envelope import MAX_COUNT
+from maf_compaction.core.envelope import MAX_COUNT, READS, VERSION
+from maf_compaction.core.recall import IGNORED_LIMIT, RecallState
 from maf_compaction.core.state import RequestKind
 from snapshot_values import anchored_snapshots, chain_decisions, record_decisions, states
 
@@ -252,16 +253,36 @@ def test_unknown_fields_are_refused_naming_them(data: dict[str, object], message
 
 
 @pytest.mark.parametrize("kind", list(READERS))
-@pytest.mark.parametrize("version", [2, 3, 4, 99, 0, -1])
+@pytest.mark.parametrize("version", [2, 3, 4, 6, 99, 0, -1])
 def test_another_version_is_refused_naming_it(kind: str, version: int) -> None:
     """The stored format started over at 1: a pre-release build's entry (versions 2 to 4 of its kinds) and a
     newer release's are refused alike, naming the version and what to do."""
     data = {**read({"kind": kind, "version": 1, **_fields(kind)}).to_dict(), "version": version}
-    with pytest.raises(SnapshotVersionError, match=rf"version {version} is not supported.*reads version 1") as raised:
+    with pytest.raises(
+        SnapshotVersionError, match=rf"version {version} is not supported.*reads versions 1 and 5"
+    ) as raised:
         READERS[kind](data)
-    assert (raised.value.version, raised.value.supported, raised.value.kind) == (version, (1,), kind)
+    assert (raised.value.version, raised.value.supported, raised.value.kind) == (version, READS, kind)
     assert "upgrade to read it" in str(raised.value)
     assert "delete the entry" in str(raised.value)
+
+
+def test_a_version_1_state_is_upgraded_as_it_is_read_and_written_back_at_today_s_version() -> None:
+    """Version 5 added ``recall.ignored_summaries``: a version-1 state (which lacks it) reads with the streak version 1
+    acted on (summaries it sent to the summarizer stayed there for good: the streak at IGNORED_LIMIT; else 0) and
+    every other decision as stored, and is written back at today's version; a version-5 state that lacks it is
+    refused naming the field (only the older version is upgraded)."""
+    for to_summarizer, streak in ((True, IGNORED_LIMIT), (False, 0)):
+        made = State(
+            recall=RecallState(summaries_to_summarizer=to_summarizer, ignored_instructions=1, ignored_summaries=streak)
+        ).to_dict()
+        recall = {k: v for k, v in cast("dict[str, object]", made["recall"]).items() if k != "ignored_summaries"}
+        older = {**made, "version": 1, "recall": recall}
+        read_back = State.from_dict(older)
+        assert (read_back.recall.summaries_to_summarizer, read_back.recall.ignored_summaries) == (to_summarizer, streak)
+        assert read_back.to_dict() == {**made, "version": VERSION}
+        with pytest.raises(SnapshotError, match=r"'recall\.ignored_summaries' is missing"):
+            State.from_dict({**older, "version": VERSION})
 
 
 def _fields(kind: str) -> dict[str, object]:
@@ -369,15 +390,15 @@ def test_inconsistent_snapshots_are_refused(data: dict[str, object], message: st
 
 
 def test_the_stored_layout_is_the_declared_one() -> None:
-    """One header at the top (kind, version 1), then the fields in their declared order; nested values carry none;
+    """One header at the top (kind, version 5), then the fields in their declared order; nested values carry none;
     enumerations are stored by value."""
     assert json.dumps(AnchoredSnapshot(tools_shed=3, spared_tools=(1,), keep_head_groups=3).to_dict()) == (
-        '{"kind": "anchored", "version": 1, "tools_shed": 3, "texts_shed": 0, "shortened": 0, "spared_tools": [1], '
+        '{"kind": "anchored", "version": 5, "tools_shed": 3, "texts_shed": 0, "shortened": 0, "spared_tools": [1], '
         '"spared_texts": [], "shed_sizes": [], "distilled": [], "keep_head_groups": 3}'
     )
     ask = Ask(targets=(2,), records_at_ask=1, responses_at_ask=3, taken=True)
     assert json.dumps(RecordDecisions(settled=(0,), ask=ask).to_dict()) == (
-        '{"kind": "records", "version": 1, "settled": [0], "ask": {"targets": [2], "records_at_ask": 1, '
+        '{"kind": "records", "version": 5, "settled": [0], "ask": {"targets": [2], "records_at_ask": 1, '
         '"responses_at_ask": 3, "taken": true}}'
     )
     failed = Answer(identity="i", kind=RequestKind.SUMMARY, message_id="user_summary_0", sources=2, turns=4)
@@ -408,7 +429,7 @@ def test_the_stored_layout_is_the_declared_one() -> None:
     assert cast("dict[str, object]", stored["recall"])["route"] == "pinned"
     stack = StackState(kind="records", state=State()).to_dict()
     assert list(stack) == ["kind", "version", "strategy", "state"]
-    assert (stack["kind"], stack["version"], stack["strategy"]) == ("stack", 1, "records")
+    assert (stack["kind"], stack["version"], stack["strategy"]) == ("stack", VERSION, "records")
 
 
 def test_a_stack_is_read_for_the_kind_the_builder_makes() -> None:

@@ -7,7 +7,9 @@ and what continuing from it produced then (the compacted messages, the prompts t
 received, the summarizer's calls, the decisions read back through public values). When the
 stored format started over at version 1 (one state per conversation), the stored values were
 rewritten field for field in it; the continuations are still those the release produced, so
-the same decisions in today's format continue with the same bytes.
+the same decisions in today's format continue with the same bytes. Version 5 added
+``recall.ignored_summaries``: the stored values stay at version 1, are upgraded as they are
+read (the streak at what version 1 acted on), and a value written back carries version 5.
 
 One deliberate exception, when the summary coverage rule landed (a summary must say something
 of the turns it replaces): the release's scripted summarizer answered a bare ``Summary:`` for
@@ -25,13 +27,26 @@ from typing import Any
 
 import pytest
 
+from maf_compaction.core.envelope import VERSION
 from stored_scenarios import anchored_continuation, continue_session, stack_continuation, user_continuation
 
 STORED = Path(__file__).parent / "fixtures" / "stored"
 
 
 def _load(name: str) -> dict[str, Any]:
-    return json.loads((STORED / f"{name}.json").read_text())
+    """A fixture, its expected continuation as this build writes it: the same decisions under today's version (the
+    values were stored at version 1; a value written back carries the version of the build that wrote it)."""
+    fixture = json.loads((STORED / f"{name}.json").read_text())
+    return {**fixture, "expected": _written_today(fixture["expected"])}
+
+
+def _written_today(value: Any) -> Any:
+    if isinstance(value, dict):
+        fields = {k: _written_today(v) for k, v in value.items()}
+        return {**fields, "version": VERSION} if "kind" in fields and fields.get("version") == 1 else fields
+    if isinstance(value, list):
+        return [_written_today(item) for item in value]
+    return value
 
 
 async def test_a_stored_anchored_snapshot_restores_and_continues_with_the_same_bytes() -> None:

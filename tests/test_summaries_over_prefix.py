@@ -8,9 +8,10 @@ continue the task. <prompt>`` followed by :data:`PREFIX_ITEMS_HEADING` and the t
 through the agent's chat client at its provider layer. The answer is judged like a summarizer answer (the same
 request identity, smaller than the turns it replaces) and must quote a value of the turns when they carry any (an
 answer that called a tool is never a summary). Summaries have their own verdict: one ignored answer or failure is
-not kept (not even as a failure) and sets ``RecallState.summaries_to_summarizer``, the same summary goes to the
-summarizer client on the same pass and every later one follows it there, while records keep going over the cached
-prefix (their own streak, ``ignored_instructions`` and the record route, is not touched). A pass that runs before
+not kept (not even as a failure) and sets ``RecallState.summaries_to_summarizer``: the same summary goes to the
+summarizer client on the same pass, the next one over the cached prefix again, and once two in a row were ignored
+every later one follows them to the summarizer, while records keep going over the cached prefix (their own streak,
+``ignored_instructions`` and the record route, is not touched). A pass that runs before
 any request went through the recall middleware (a ``CompactionProvider`` compacting a loaded session before the
 run), or without the middleware, has no head to repeat: the summarizer client answers. Inside a request the
 middleware already holds the caller's head, so even the first request's summary goes over the prompt as it stands
@@ -69,7 +70,7 @@ from maf_compaction.core import records as record_rules
 from maf_compaction.core.composition import SummaryRequest
 from maf_compaction.core.counting import MESSAGE_OVERHEAD_TOKENS
 from maf_compaction.core.effects import COMPACTION_REQUEST
-from maf_compaction.core.recall import FAILURE_LIMIT, RecallState, no_route
+from maf_compaction.core.recall import FAILURE_LIMIT, IGNORED_LIMIT, RecallState, no_route
 from maf_compaction.core.records import RECORD_INSTRUCTION, RECORD_MARKER, SUMMARY_SECTION
 from maf_compaction.core.state import BOUNDED_KINDS, Answer
 from maf_compaction.core.user_summaries import (
@@ -805,26 +806,32 @@ def check_ignored_answer_left_out(run: Talk) -> None:
 
 
 @pytest.mark.parametrize("answer", IGNORING)
-async def test_one_ignored_summary_goes_to_the_summarizer_on_the_same_pass_and_so_do_all_later_ones(
+async def test_an_ignored_summary_goes_to_the_summarizer_on_the_same_pass_and_two_in_a_row_send_all_later_ones(
     answer: SummaryAnswer, warnings_seen: list[str]
 ) -> None:
-    """Small talk, the task continued, a tool call or nothing, for the first summary asked over the
-    cached prefix: no summary is kept of it (not even a failure), ``summaries_to_summarizer`` is set, and the same
-    summary goes to the summarizer client at once, whose answer enters history; every later summary goes there too.
-    The record route's own streak is untouched, no tool runs, and the conversation and its history are those of the
-    run whose model follows the instruction (whose answer is the summarizer's, byte for byte)."""
+    """Small talk, the task continued, a tool call or nothing, for every summary asked over the cached prefix: no
+    summary is kept of an ignored answer (not even a failure), and the same summary goes to the summarizer client at
+    once, whose answer enters history. The next summary is asked over the cached prefix again (one ignored answer is
+    no verdict on the model); once IGNORED_LIMIT in a row were ignored, ``summaries_to_summarizer`` stays set, every
+    later summary goes to the summarizer, and a WARNING says so. The record route's own streak is untouched, no tool
+    runs, and the conversation and its history are those of the run whose model follows the instruction (whose
+    answer is the summarizer's, byte for byte)."""
+    turns = 3 * NOTES  # long enough for more summaries than IGNORED_LIMIT
     run = await talk(model=Model(summary_answer=answer), words=note, summarizer=RecordingSummarizer()).play(
-        range(NOTES)
+        range(turns)
     )
-    faithful = await played(words=note, turns=NOTES)
+    faithful = await played(words=note, turns=turns)
     sent = run.sent
     asks = summary_asks(sent)
-    assert asks == summary_asks(faithful.sent)[:1], f"summary requests over the cached prefix at {asks}"
+    assert len(summary_asks(faithful.sent)) > IGNORED_LIMIT
+    assert asks == summary_asks(faithful.sent)[:IGNORED_LIMIT], f"summary requests over the cached prefix at {asks}"
     check_summary_requests(run)
     check_given_to_the_summarizer(run, asks[0])
     state = run.stack.tool_results.conversation.value.recall
-    assert (state.summaries_to_summarizer, no_route(state), state.ignored_instructions) == (True, False, 0)
-    assert run.strategy.prefix_requests == 1
+    assert (state.summaries_to_summarizer, state.ignored_summaries) == (True, IGNORED_LIMIT)
+    assert (no_route(state), state.ignored_instructions) == (False, 0)
+    assert run.strategy.prefix_requests == IGNORED_LIMIT
+    assert len([w for w in warnings_seen if "ignored the summary instruction" in w]) == 1
     assert run.strategy.failed_prefix_requests == 0  # an answer, whatever it says, is no failure
     summaries = summarizer_summaries(run)
     assert run.summarizer.calls == run.strategy.user_turns.user_compactions == len(summaries) >= 1
@@ -835,8 +842,8 @@ async def test_one_ignored_summary_goes_to_the_summarizer_on_the_same_pass_and_s
     assert stored_form(run) == stored_form(faithful)
     check_ignored_answer_left_out(run)
     assert run.invoked == []
-    assert run.replies == [f"noted {n}" for n in range(NOTES)]
-    assert not facts_kept(run, range(NOTES))
+    assert run.replies == [f"noted {n}" for n in range(turns)]
+    assert not facts_kept(run, range(turns))
     assert not [w for w in warnings_seen if "asked for a summary over the cached prefix and the request failed" in w]
 
 
@@ -852,6 +859,41 @@ class FlakyModel(Model):
         if len(self.asked) <= self.failures:
             raise ScriptError("the summary request failed at the provider")
         return super()._summary(messages)
+
+
+@dataclass(frozen=True)
+class OnceIgnoringModel(Model):
+    """:class:`Model` that answers the first summary instruction with small talk, every later one faithfully."""
+
+    asked: list[int] = field(default_factory=list[int])
+
+    def _summary(self, messages: Sequence[Message]) -> list[Content]:
+        self.asked.append(len(messages))
+        if len(self.asked) == 1:
+            return [Content.from_text(SMALL_TALK)]
+        return super()._summary(messages)
+
+
+async def test_one_ignored_summary_is_no_verdict_the_next_goes_over_the_cached_prefix_and_is_kept(
+    warnings_seen: list[str],
+) -> None:
+    """The finding: one summary answer that quoted none of its turns' values (a model's slip on one summary) sent every
+    later summary to the summarizer for good, each a request that re-reads its transcript uncached. Now the ignored
+    summary goes to the summarizer on the same pass, the next one is asked over the cached prefix again and kept, the
+    streak is reset, and no WARNING says the route was given up."""
+    turns = 3 * NOTES
+    model = OnceIgnoringModel()
+    run = await talk(model=model, words=note, summarizer=RecordingSummarizer()).play(range(turns))
+    asks = summary_asks(run.sent)
+    assert len(asks) > IGNORED_LIMIT, f"summary requests over the cached prefix at {asks}"
+    check_given_to_the_summarizer(run, asks[0])
+    assert run.summarizer.calls == 1
+    state = run.stack.tool_results.conversation.value.recall
+    assert (state.summaries_to_summarizer, state.ignored_summaries) == (False, 0)
+    assert run.strategy.user_turns.user_compactions == len(asks)  # one by the summarizer, the rest over the prefix
+    assert not [w for w in warnings_seen if "ignored the summary instruction" in w]
+    check_ignored_answer_left_out(run)
+    assert run.replies == [f"noted {n}" for n in range(turns)]
 
 
 async def test_a_failed_summary_request_is_asked_again_over_the_cached_prefix_once_the_conversation_grows(
@@ -899,7 +941,7 @@ async def test_summaries_and_records_each_have_their_own_verdict(
     assert not facts_kept(run, range(16))
     if summary_answer == "small_talk":
         assert (state.summaries_to_summarizer, no_route(state), state.ignored_instructions) == (True, False, 0)
-        assert len(asks) == 1, f"summaries asked over the cached prefix after the first was ignored: {asks}"
+        assert len(asks) == IGNORED_LIMIT, f"summaries asked over the cached prefix after two were ignored: {asks}"
         later = [i for i in records if i > asks[0]]
         assert len(later) >= 2, "no record went over the cached prefix after the summaries' route was given up"
         assert all(run.client.answers[i].startswith("lookup values: XR-") for i in records)
@@ -916,7 +958,7 @@ async def test_summaries_and_records_each_have_their_own_verdict(
 async def test_an_ignored_summary_over_a_prompt_past_the_budget_is_answered_by_the_summarizer_on_the_same_pass() -> (
     None
 ):
-    """Notes of equal size, every summary instruction answered with small talk: the first summary over the cached
+    """Notes of equal size, every summary instruction answered with small talk: each summary over the cached
     prefix is ignored, and the summarizer client answers it in the same pass, so no later turn passes the budget and
     no ``CompactionBudgetExceeded`` is raised (before the fix the ignored summary stood as a failure until the next
     turn, whose prompt of 2,129 tokens was asked over the prefix again, ignored, and raised)."""
@@ -927,7 +969,7 @@ async def test_an_ignored_summary_over_a_prompt_past_the_budget_is_answered_by_t
     run = talk(model=Model(summary_answer="small_talk"), words=even, summarizer=RecordingSummarizer())
     await run.play(range(NOTES))
     asks = summary_asks(run.sent)
-    assert len(asks) == 1, f"summary requests over the cached prefix at {asks}"
+    assert len(asks) == IGNORED_LIMIT, f"summary requests over the cached prefix at {asks}"
     check_summary_requests(run)
     check_given_to_the_summarizer(run, asks[0])
     assert run.summarizer.calls == run.strategy.user_turns.user_compactions == len(summarizer_summaries(run)) >= 2
@@ -942,13 +984,14 @@ async def test_an_ignored_summary_over_a_prompt_past_the_budget_is_answered_by_t
 async def test_a_tool_call_is_never_taken_for_a_summary() -> None:
     """The scripted questions carry no value, so any text would do for a summary of them; the model answers the
     instruction with a ``lookup`` call, which the shell words ``[a call of lookup]``: that is no summary, the same
-    summary goes to the summarizer client on the same pass, no tool runs for it, and no stored message says it."""
+    summary goes to the summarizer client on the same pass (after two such answers, every later one), no tool runs
+    for it, and no stored message says it."""
     run = await talk(model=Model(summary_answer="tool"), words=question, summarizer=RecordingSummarizer()).play(
         range(TURNS)
     )
     asks = summary_asks(run.sent)
-    assert len(asks) == 1, f"summary requests over the cached prefix at {asks}"
-    assert run.client.answers[asks[0]] == "", "the model answered the instruction with text, not a call"
+    assert len(asks) == IGNORED_LIMIT, f"summary requests over the cached prefix at {asks}"
+    assert all(run.client.answers[i] == "" for i in asks), "the model answered the instruction with text, not a call"
     check_given_to_the_summarizer(run, asks[0])
     state = run.stack.tool_results.conversation.value.recall
     assert (state.summaries_to_summarizer, no_route(state)) == (True, False)

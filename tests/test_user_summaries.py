@@ -52,6 +52,7 @@ from maf_compaction.adapters.convert import (
 from maf_compaction.adapters.user_summaries import EXCLUDE_REASON, FOLD_EXCLUDE_REASON
 from maf_compaction.core.anchored import TOOL_NOTE_PREFIX
 from maf_compaction.core.counting import MESSAGE_OVERHEAD_TOKENS
+from maf_compaction.core.envelope import VERSION
 from maf_compaction.core.records import RECORD_MARKER, RECORD_PREFIX
 from maf_compaction.core.state import Answer, RequestKind
 from maf_compaction.core.summary_check import directive_lines
@@ -1464,7 +1465,7 @@ def test_the_snapshot_round_trips_through_json() -> None:
     )
     data = json.loads(json.dumps(snapshot.to_dict()))
     assert data["kind"] == "state"
-    assert data["version"] == 1
+    assert data["version"] == VERSION
     assert State.from_dict(data) == snapshot
     assert State.from_dict(State().to_dict()) == State()
 

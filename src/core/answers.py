@@ -6,8 +6,9 @@ conversation's one :class:`~.state.State`, whatever strategy asked; the next ste
 them there. Two answers say something about the route as well as about the request, and
 are judged here: a record asked over the cached prefix is kept only when it quotes a value
 of what it was shown (two that do not give the route up, :func:`.recall.judged_instruction`),
-and a summary asked over the cached prefix that is not a summary of its items sends the
-summaries to the summarizer from then on (it is not remembered: the summarizer is asked).
+and a summary asked over the cached prefix that is not a summary of its items goes to the
+summarizer (it is not remembered: the summarizer is asked), and so does every later summary once
+two in a row were ignored (:func:`.recall.judged_summary`).
 A request over the cached prefix that failed is no verdict on the model: it counts toward
 the route's rest (:func:`.recall.failed`) and is asked again later.
 """
@@ -58,11 +59,14 @@ def _one(state: State, request: Request, text: str | None) -> State:
         if text is None:  # remembered as any failure is (asked again once the conversation grows); toward a rest
             state = replace(state, recall=recall.failed(state.recall))
         else:
-            state = replace(state, recall=recall.answered_over_prefix(state.recall))
-            if not user_summaries.follows(request, text):
-                # An answer that ignored the instruction is no summary, and not even a failure: the summaries go to
-                # the summarizer from now on, this one at once.
-                return replace(state, recall=replace(state.recall, summaries_to_summarizer=True))
+            followed = user_summaries.follows(request, text)
+            state = replace(state, recall=recall.judged_summary(state.recall, followed=followed))
+            if not followed:
+                # An answer that ignored the instruction is no summary, and not even a failure: this summary goes to
+                # the summarizer at once (every later one too after IGNORED_LIMIT in a row).
+                return state
+    elif request.route is Route.SUMMARIZER and text is not None:
+        state = replace(state, recall=recall.summarized_aside(state.recall))
     answer = answered(request, text)
     state = remember(state, answer)
     if answer.text is None or request.kind not in (RequestKind.SUMMARY, RequestKind.FOLD):

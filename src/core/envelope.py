@@ -1,10 +1,11 @@
-"""How a state value is stored: ``{"kind": K, "version": 1, ...its fields}``, read strictly by msgspec.
+"""How a state value is stored: ``{"kind": K, "version": 5, ...its fields}``, read strictly by msgspec.
 
 Every state value is a frozen ``msgspec.Struct`` (:class:`Stored`); its annotations are its
 schema (:data:`Count`, :data:`Text`...). Stored alone it carries a header: its *kind*, so a
 value handed to the wrong reader is refused instead of misread, and one *version*, at the
 top only (nested values have none), so a value written by another build is refused with
-:class:`SnapshotVersionError` instead of being guessed at.
+:class:`SnapshotVersionError` instead of being guessed at; an older release's (:data:`READS`) is
+upgraded as it is read, each field it lacked set to what that release decided without it.
 
 Reading is strict because a stored state *is* decisions: a field that is missing, mistyped,
 out of range, unknown, duplicated or inconsistent would be replayed as a decision nobody
@@ -28,9 +29,12 @@ from .errors import SnapshotError, SnapshotVersionError
 
 T = TypeVar("T")
 
-#: The format this build writes and reads. It started at 1 with the first release's format; earlier builds'
-#: entries are refused with a :class:`SnapshotVersionError` naming their version.
-VERSION: Final = 1
+#: The format this build writes. It started at 1 with the first release's format; 5 adds
+#: ``recall.ignored_summaries`` (2 to 4 were pre-release builds' formats, which no release reads: their
+#: entries are refused with a :class:`SnapshotVersionError` naming their version).
+VERSION: Final = 5
+#: The versions this build reads: an older one is upgraded as it is read (:func:`_upgraded`).
+READS: Final = (1, VERSION)
 #: The largest count or position a snapshot may hold: no conversation reaches two billion groups, messages,
 #: turns or summaries, so a larger number is corruption (and never reaches a ``range``).
 MAX_COUNT: Final = 2**31 - 1
@@ -85,9 +89,29 @@ def body(kind: str, data: object) -> dict[str, object]:
     if "version" not in mapping:
         raise SnapshotError(f"snapshot field 'version' is missing ({_a(kind)} snapshot names its version)")
     version = mapping["version"]
-    if type(version) is not int or version != VERSION:
-        raise SnapshotVersionError(version, (VERSION,), kind=kind)
-    return {k: v for k, v in mapping.items() if k not in ("kind", "version")}
+    if type(version) is not int or version not in READS:
+        raise SnapshotVersionError(version, READS, kind=kind)
+    fields = {k: v for k, v in mapping.items() if k not in ("kind", "version")}
+    return fields if version == VERSION else cast("dict[str, object]", _upgraded(fields))
+
+
+#: :data:`.recall.IGNORED_LIMIT`: the streak at which summaries go to the summarizer for good (what version 1's
+#: ``summaries_to_summarizer`` meant).
+_GIVEN_UP_STREAK: Final = 2
+
+
+def _upgraded(data: object) -> object:
+    """``data`` of version 1 as version 5 writes it: every recall state (the only value that holds
+    ``summaries_to_summarizer``), wherever it is nested, gains ``ignored_summaries`` at what version 1 decided
+    without it: summaries sent to the summarizer stayed there for good (the streak at its limit), else 0."""
+    if isinstance(data, Mapping):
+        fields = {k: _upgraded(v) for k, v in cast("Mapping[str, object]", data).items()}
+        if "summaries_to_summarizer" in fields and "ignored_summaries" not in fields:
+            fields["ignored_summaries"] = _GIVEN_UP_STREAK if fields["summaries_to_summarizer"] is True else 0
+        return fields
+    if isinstance(data, list):
+        return [_upgraded(item) for item in cast("list[object]", data)]
+    return data
 
 
 def read(cls: type[S], data: object, *, path: str = "", keep_head_groups: int | None = None) -> S:

@@ -99,7 +99,7 @@ class SnapshotVersionError(SnapshotError):
         what = "snapshot" if kind is None else f"{kind!r} snapshot"
         super().__init__(
             f"{what} version {version!r} is not supported by this build of maf-compaction "
-            f"(it reads version {', '.join(map(str, supported))}): another build wrote it (a newer release: "
+            f"(it reads {_versions(supported)}): another build wrote it (a newer release: "
             "upgrade to read it; a pre-release build: its formats are not read, delete the entry to start the "
             "conversation's compaction afresh, its history stays)"
         )
@@ -109,3 +109,11 @@ class SnapshotVersionError(SnapshotError):
 
     def _arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return (self.version, self.supported), {"kind": self.kind}
+
+
+def _versions(supported: tuple[int, ...]) -> str:
+    """``version 1``, ``versions 1 and 5``, ``versions 1, 3 and 5``."""
+    said = [str(v) for v in supported]
+    if len(said) == 1:
+        return f"version {said[0]}"
+    return f"versions {', '.join(said[:-1])} and {said[-1]}"

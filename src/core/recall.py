@@ -309,6 +309,11 @@ def route_news(before: RecallState, after: RecallState) -> str | None:
             f"{IGNORED_LIMIT} answers in a row ignored the record instruction over the cached prefix: no record is "
             "asked for in this conversation from now on (the safety net keeps each tool result's value lines)"
         )
+    if after.ignored_summaries >= IGNORED_LIMIT > before.ignored_summaries:
+        return (
+            f"{IGNORED_LIMIT} answers in a row ignored the summary instruction over the cached prefix: summaries go to "
+            "the summarizer from now on"
+        )
     return None
 
 
@@ -332,6 +337,24 @@ def judged_instruction(state: RecallState, *, followed: bool) -> RecallState:
     streak = 0 if followed else state.ignored_instructions + 1
     route = RecordRoute.NONE if streak >= IGNORED_LIMIT else state.route
     return evolve(answered_over_prefix(state), ignored_instructions=streak, route=route)
+
+
+def judged_summary(state: RecallState, *, followed: bool) -> RecallState:
+    """``state`` after an answer to a summary or fold request over the cached prefix: one that was no summary of its
+    items sends that summary to the summarizer (:func:`summarized_aside`); :data:`IGNORED_LIMIT` in a row send every
+    later summary there too."""
+    if followed:
+        return evolve(answered_over_prefix(state), ignored_summaries=0)
+    streak = state.ignored_summaries + 1
+    return evolve(answered_over_prefix(state), ignored_summaries=streak, summaries_to_summarizer=True)
+
+
+def summarized_aside(state: RecallState) -> RecallState:
+    """``state`` after the summarizer answered a summary: the next summary goes over the cached prefix again, unless
+    :data:`IGNORED_LIMIT` answers in a row there ignored the instruction."""
+    if state.summaries_to_summarizer and state.ignored_summaries < IGNORED_LIMIT:
+        return evolve(state, summaries_to_summarizer=False)
+    return state
 
 
 def record_due(rule: PinRule, state: RecallState, *, reforce_pending: bool) -> bool:

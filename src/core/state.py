@@ -258,8 +258,11 @@ class RecallState(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
             (the compaction pass inside the request asks), with why.
         ignored_instructions: Consecutive answers over the cached prefix to record requests
             that did not follow the instruction (no value of what they were shown).
-        summaries_to_summarizer: A summary asked over the cached prefix was ignored: summaries
-            go to the summarizer from then on.
+        summaries_to_summarizer: A summary asked over the cached prefix was ignored: the next
+            summary goes to the summarizer (every later one too, once ``ignored_summaries`` reaches
+            :data:`~.recall.IGNORED_LIMIT`).
+        ignored_summaries: Consecutive answers over the cached prefix to summary requests that
+            were no summary of their items (:func:`~.user_summaries.follows`).
         failed_requests: Consecutive requests over the cached prefix (records and summaries)
             that failed (an error, a time-out, a cancellation); any answer resets it.
         resting: Model calls left before requests over the cached prefix are tried again:
@@ -277,6 +280,7 @@ class RecallState(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     asking: PinKind | None = None
     ignored_instructions: Count = 0
     summaries_to_summarizer: bool = False
+    ignored_summaries: Count = 0
     failed_requests: Count = 0
     resting: Count = 0
 
