@@ -112,8 +112,8 @@ class SnapshotVersionError(SnapshotError):
 
 
 def _versions(supported: tuple[int, ...]) -> str:
-    """``version 1``, ``versions 1 and 5``, ``versions 1, 3 and 5``."""
+    """``no version``, ``version 1``, ``versions 1 and 5``, ``versions 1, 3 and 5``."""
     said = [str(v) for v in supported]
-    if len(said) == 1:
-        return f"version {said[0]}"
+    if len(said) <= 1:
+        return f"version {said[0]}" if said else "no version"
     return f"versions {', '.join(said[:-1])} and {said[-1]}"
