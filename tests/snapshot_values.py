@@ -118,7 +118,8 @@ recall_states = st.builds(
     awaiting_record=st.booleans(),
     ignored_streak=counts,
     route=st.sampled_from(list(RecordRoute)),
-    seen=st.none() | st.builds(RecallStatus, included_tokens=counts, records=counts, pending_groups=counts),
+    seen=st.none()
+    | st.builds(RecallStatus, included_tokens=counts, records=counts, pending_groups=counts, pending_tokens=counts),
     armed=st.booleans(),
     asking=st.sampled_from((None, "size", "reforce")),
     ignored_instructions=counts,

@@ -442,6 +442,9 @@ def _middleware(**overrides: Any) -> ToolResultRecallMiddleware:
         ("max_groups_before_record", 2.5, ">= 1 or None"),
         ("min_groups_before_repeat", 0, ">= 1"),
         ("min_groups_before_repeat", None, ">= 1"),
+        ("repeat_fraction", 0, r"\(0, 1\] or None"),
+        ("repeat_fraction", 1.5, r"\(0, 1\] or None"),
+        ("repeat_fraction", True, r"\(0, 1\] or None"),
         ("repeat_records", 1, "True or False"),
         ("arm", None, "callable"),
         ("disarm", "no", "callable"),
@@ -979,6 +982,21 @@ async def test_further_size_records_wait_for_min_groups_before_repeat() -> None:
     for _ in range(3):
         await once.ask()
     assert [r.number for r in once.client.requests if r.forced] == [2]
+
+
+@pytest.mark.parametrize(("repeat_fraction", "due"), [(None, False), (0.9, False), (0.05, True)])
+async def test_new_tool_groups_that_send_repeat_fraction_of_the_budget_re_arm_the_trigger_alone(
+    repeat_fraction: float | None, due: bool
+) -> None:
+    """One lookup since the record, past the trigger: with ``min_groups_before_repeat=2`` it waits for a second
+    group, unless ``repeat_fraction`` is set and that one group sends at least that share of the budget (a lookup
+    here is about 45 tokens: 5% of a 400-token budget is 20, 90% is 360)."""
+    script: list[Step] = [lookup_call(), obey(say("unused")), say("recorded"), lookup_call(), say("one group")]
+    run = stack(script, budget=400, trigger_fraction=0.01, min_groups_before_repeat=2, repeat_fraction=repeat_fraction)
+    for _ in range(2):
+        await run.ask()
+    assert [r.number for r in run.client.requests if r.forced] == [2]
+    assert run.recall.record_due() is due
 
 
 async def test_the_default_waits_four_groups_before_a_repeat() -> None:

@@ -111,3 +111,36 @@ def test_summaries_go_to_the_summarizer_for_good_only_after_a_run_of_ignored_ans
         elif event == "aside":
             assert state.summaries_to_summarizer == (run >= IGNORED_LIMIT)
         assert (state.route, state.ignored_instructions) == (RecordRoute.CACHED_PREFIX, 0)
+
+
+@given(
+    st.builds(
+        RecallStatus,
+        included_tokens=st.integers(0, 20_000),
+        records=st.integers(0, 3),
+        pending_groups=st.integers(0, 5),
+        pending_tokens=st.integers(0, 20_000),
+    ),
+    st.integers(1, 20_000),
+    st.integers(1, 5),
+    st.booleans(),
+)
+def test_repeat_tokens_only_add_records_past_the_trigger_when_new_groups_send_that_much(
+    status: RecallStatus, repeat_tokens: int, min_groups: int, repeat_records: bool
+) -> None:
+    """``repeat_tokens`` makes a later record due where ``min_groups_before_repeat`` alone would wait, exactly when
+    new tool groups send that many tokens and the prompt is past the trigger; it never unmakes a record, never
+    makes one below the trigger, and changes nothing before the first record or with repeats off."""
+    base = PinRule(trigger_tokens=6_000, min_groups_before_repeat=min_groups, repeat_records=repeat_records)
+    with_tokens = PinRule(
+        trigger_tokens=6_000,
+        min_groups_before_repeat=min_groups,
+        repeat_records=repeat_records,
+        repeat_tokens=repeat_tokens,
+    )
+    before, after = recall.pin_due(base, status), recall.pin_due(with_tokens, status)
+    heavy = status.pending_groups > 0 and status.pending_tokens >= repeat_tokens
+    added = status.records > 0 and repeat_records and heavy and status.included_tokens > 6_000
+    assert after == (before or added)
+    if status.included_tokens <= 6_000:
+        assert not after

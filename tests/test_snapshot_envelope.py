@@ -35,7 +35,7 @@ from maf_compaction import (
     ToolResultAnchoredSummarizationCompactionStrategy,
 )
 from maf_compaction.core.envelope import MAX_COUNT, READS, VERSION
-from maf_compaction.core.recall import IGNORED_LIMIT, RecallState
+from maf_compaction.core.recall import IGNORED_LIMIT, RecallState, RecallStatus
 from maf_compaction.core.state import RequestKind
 from snapshot_values import anchored_snapshots, chain_decisions, record_decisions, states
 
@@ -268,21 +268,29 @@ def test_another_version_is_refused_naming_it(kind: str, version: int) -> None:
 
 
 def test_a_version_1_state_is_upgraded_as_it_is_read_and_written_back_at_today_s_version() -> None:
-    """Version 5 added ``recall.ignored_summaries``: a version-1 state (which lacks it) reads with the streak version 1
-    acted on (summaries it sent to the summarizer stayed there for good: the streak at IGNORED_LIMIT; else 0) and
-    every other decision as stored, and is written back at today's version; a version-5 state that lacks it is
-    refused naming the field (only the older version is upgraded)."""
+    """Version 5 added ``recall.ignored_summaries`` and ``recall.seen.pending_tokens``: a version-1 state (which lacks
+    them) reads with what version 1 acted on (summaries it sent to the summarizer stayed there for good: the streak
+    at IGNORED_LIMIT, else 0; no record was due by the new groups' size: 0 tokens) and every other decision as
+    stored, and is written back at today's version; a version-5 state that lacks either is refused naming the field
+    (only the older version is upgraded)."""
+    seen = RecallStatus(included_tokens=900, records=1, pending_groups=2, pending_tokens=0)
     for to_summarizer, streak in ((True, IGNORED_LIMIT), (False, 0)):
         made = State(
-            recall=RecallState(summaries_to_summarizer=to_summarizer, ignored_instructions=1, ignored_summaries=streak)
+            recall=RecallState(
+                summaries_to_summarizer=to_summarizer, ignored_instructions=1, ignored_summaries=streak, seen=seen
+            )
         ).to_dict()
         recall = {k: v for k, v in cast("dict[str, object]", made["recall"]).items() if k != "ignored_summaries"}
+        recall["seen"] = {k: v for k, v in cast("dict[str, object]", recall["seen"]).items() if k != "pending_tokens"}
         older = {**made, "version": 1, "recall": recall}
         read_back = State.from_dict(older)
         assert (read_back.recall.summaries_to_summarizer, read_back.recall.ignored_summaries) == (to_summarizer, streak)
+        assert read_back.recall.seen == seen
         assert read_back.to_dict() == {**made, "version": VERSION}
         with pytest.raises(SnapshotError, match=r"'recall\.ignored_summaries' is missing"):
             State.from_dict({**older, "version": VERSION})
+        with pytest.raises(SnapshotError, match=r"'recall\.seen\.pending_tokens' is missing"):
+            State.from_dict({**made, "recall": {**cast("dict[str, object]", made["recall"]), "seen": recall["seen"]}})
 
 
 def _fields(kind: str) -> dict[str, object]:

@@ -195,7 +195,8 @@ class ToolResultRecallMiddleware(ChatMiddleware):
     2. ``max_groups_before_record`` is set and at least that many tool groups arrived
        since the newest record: pin, even below the size trigger;
     3. a record exists and ``repeat_records`` is off, or fewer than
-       ``min_groups_before_repeat`` tool groups arrived since it: no pin;
+       ``min_groups_before_repeat`` tool groups arrived since it (and, with
+       ``repeat_fraction`` set, they send less than that share of the budget): no pin;
     4. otherwise pin iff the prompt exceeds ``int(max_input_tokens * trigger_fraction)``.
 
     So the first size-triggered record is asked for at once, later ones only once enough
@@ -232,6 +233,10 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             trigger; ``None`` turns the bound off.
         repeat_records: Ask for further size-triggered records after the first.
         min_groups_before_repeat: New tool groups a further size-triggered record waits for.
+        repeat_fraction: Share of the budget, in (0, 1], at which new tool groups re-arm the
+            size trigger however few they are (one large result is worth a record alone:
+            re-read on every call until more groups arrive, it costs more than the record);
+            ``None`` (default) leaves ``min_groups_before_repeat`` the only bound.
         reforce: A callable returning True once per wanted record, called once per
             decision (never for the :meth:`record_due` preview).
         record_request: ``"pinned"`` (default) or ``"cached_prefix"``: how a due record is
@@ -266,11 +271,13 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         max_groups_before_record: int | None = None,
         repeat_records: bool = True,
         min_groups_before_repeat: int = machine.DEFAULT_MIN_GROUPS_BEFORE_REPEAT,
+        repeat_fraction: float | None = None,
         reforce: Callable[[], bool] | None = None,
         record_request: RecordRequest = "pinned",
     ) -> None:
         require("max_input_tokens", max_input_tokens, AtLeastOne)  # the pin rule checks the rest
         require("trigger_fraction", trigger_fraction, Fraction)
+        require("repeat_fraction", repeat_fraction, Fraction | None)
         require("record_request", record_request, RecordRequest)
         require_sync_callable("arm", arm, kind="a callable taking no arguments")
         for name, value in (("disarm", disarm), ("reforce", reforce)):
@@ -284,6 +291,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             max_groups_before_record=max_groups_before_record,
             repeat_records=repeat_records,
             min_groups_before_repeat=min_groups_before_repeat,
+            repeat_tokens=None if repeat_fraction is None else max(1, int(max_input_tokens * repeat_fraction)),
             record_max_tokens=record_max_tokens,
             aligned=record_request == "cached_prefix",
         )

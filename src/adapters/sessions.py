@@ -71,7 +71,7 @@ from ..core.anchored import DEFAULT_KEEP_HEAD_GROUPS, DEFAULT_KEEP_TAIL_GROUPS
 from ..core.checks import AtLeastZero, NonEmpty, require, require_sync_callable, require_tokenizer
 from ..core.composition import OverflowPolicy, SummaryRequest
 from ..core.fingerprint import differences
-from ..core.recall import DEFAULT_TRIGGER_FRACTION
+from ..core.recall import DEFAULT_MIN_GROUPS_BEFORE_REPEAT, DEFAULT_TRIGGER_FRACTION
 from ..core.records import DEFAULT_FALLBACK_FRACTION, RECALL_TOOL_NAME
 from ..core.stack import (
     StackConfiguration,
@@ -184,6 +184,8 @@ class CompactionStack:
         trigger_fraction: float = DEFAULT_TRIGGER_FRACTION,
         fallback_fraction: float = DEFAULT_FALLBACK_FRACTION,
         record_target_tokens: int | None = DEFAULT_TARGET_TOKENS,
+        min_groups_before_repeat: int = DEFAULT_MIN_GROUPS_BEFORE_REPEAT,
+        repeat_fraction: float | None = None,
         record_request: RecordRequest = "cached_prefix",
         summary_request: SummaryRequest = "cached_prefix",
         summary_mode: SummaryMode = "boundary",
@@ -209,6 +211,11 @@ class CompactionStack:
             trigger_fraction: A record is asked for above this share of the budget.
             fallback_fraction: Without a record, the fallback runs from this share on.
             record_target_tokens: The record size the recall tool asks for (``None``: no size).
+            min_groups_before_repeat: New tool groups a later record waits for (the middleware's).
+            repeat_fraction: Share of the budget at which fewer new tool groups re-arm the record
+                trigger (the middleware's; ``None``, the default, keeps the configuration sessions
+                stored by earlier releases have; 0.3 measured cheaper with records over the cached
+                prefix: docs/records.md, "When a later record is due").
             record_request: ``"cached_prefix"`` or ``"pinned"``.
             summary_request: ``"cached_prefix"`` or ``"summarizer"`` (with a ``client``).
             summary_mode: The user half's mode (with a ``client``).
@@ -253,6 +260,8 @@ class CompactionStack:
             arm=gate.arm,
             disarm=gate.disarm,
             trigger_fraction=trigger_fraction,
+            min_groups_before_repeat=min_groups_before_repeat,
+            repeat_fraction=repeat_fraction,
             reforce=records.take_reforce,
             record_request=record_request,
         )

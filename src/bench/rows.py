@@ -81,6 +81,13 @@ def _both(strategy: CompactionStrategy) -> RowSetup:
     return RowSetup(before=strategy, after=strategy)
 
 
+#: The README's wirings' ``repeat_fraction`` for records asked over the cached prefix: past the trigger, a later
+#: record is due once the new tool groups send this share of the budget, however few they are (measured:
+#: docs/records.md, "When a later record is due"). Pinned rows leave it off: where ``tool_choice`` keys the cache a
+#: pinned record re-reads the whole prompt uncached, and more of them cost more than the re-reads they spare.
+REPEAT_FRACTION: Final = 0.3
+
+
 def _recall_wiring(
     context: RowContext,
     records: ToolResultAnchoredSummarizationCompactionStrategy,
@@ -98,6 +105,7 @@ def _recall_wiring(
         trigger_fraction=records.trigger_fraction,
         record_max_tokens=4_000,
         min_groups_before_repeat=min_groups_before_repeat,
+        repeat_fraction=REPEAT_FRACTION if record_request == "cached_prefix" else None,
         reforce=records.take_reforce,
         record_request=record_request,
     )
@@ -266,7 +274,8 @@ _BUILT_IN: Final[Mapping[str, tuple[RowFactory, str]]] = {
     "tool_summary_anchored": (
         record_row,
         "ToolResultAnchoredSummarizationCompactionStrategy(budget) + RecallGate, make_recall_tool, "
-        "ToolResultRecallMiddleware(min_groups_before_repeat=2, record_request='cached_prefix'): the README's wiring",
+        "ToolResultRecallMiddleware(min_groups_before_repeat=2, repeat_fraction=0.3, record_request='cached_prefix'): "
+        "the README's wiring",
     ),
     "tool_summary_anchored_pinned": (
         lambda c: record_row(c, record_request="pinned"),

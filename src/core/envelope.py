@@ -24,14 +24,15 @@ from typing import Annotated, Any, ClassVar, Final, Self, TypeVar, cast
 import msgspec
 from msgspec import Meta
 
+from . import fingerprint
 from .checks import shown
 from .errors import SnapshotError, SnapshotVersionError
 
 T = TypeVar("T")
 
 #: The format this build writes. It started at 1 with the first release's format; 5 adds
-#: ``recall.ignored_summaries`` (2 to 4 were pre-release builds' formats, which no release reads: their
-#: entries are refused with a :class:`SnapshotVersionError` naming their version).
+#: ``recall.ignored_summaries`` and ``recall.seen.pending_tokens`` (2 to 4 were pre-release builds' formats, which
+#: no release reads: their entries are refused with a :class:`SnapshotVersionError` naming their version).
 VERSION: Final = 5
 #: The versions this build reads: an older one is upgraded as it is read (:func:`_upgraded`).
 READS: Final = (1, VERSION)
@@ -100,14 +101,43 @@ def body(kind: str, data: object) -> dict[str, object]:
 _GIVEN_UP_STREAK: Final = 2
 
 
+#: Configuration parameters version 5 added: by the parameter each stands beside, its name there and the value
+#: that decides as version 1 did.
+_ADDED_PARAMETERS: Final = {".pin_rule.min_groups_before_repeat": (".pin_rule.repeat_tokens", None)}
+
+
+def _upgraded_configuration(fields: dict[str, object]) -> dict[str, object]:
+    """A stored configuration (``digest``, ``parameters``) of version 1 with the parameters version 5 added, at the
+    values that decide as version 1 did, and its digest for them; one whose digest does not match its parameters is
+    left as stored, for the reader to refuse."""
+    parameters = dict(cast("Mapping[str, fingerprint.Scalar]", fields["parameters"]))
+    try:
+        if fields["digest"] != fingerprint.digest(parameters):
+            return fields
+    except (TypeError, ValueError):  # not JSON scalars: the reader names it
+        return fields
+    for name in list(parameters):
+        for beside, (added, value) in _ADDED_PARAMETERS.items():
+            if name.endswith(beside):
+                parameters.setdefault(name.removesuffix(beside) + added, value)
+    return {**fields, "parameters": parameters, "digest": fingerprint.digest(parameters)}
+
+
 def _upgraded(data: object) -> object:
-    """``data`` of version 1 as version 5 writes it: every recall state (the only value that holds
-    ``summaries_to_summarizer``), wherever it is nested, gains ``ignored_summaries`` at what version 1 decided
-    without it: summaries sent to the summarizer stayed there for good (the streak at its limit), else 0."""
+    """``data`` of version 1 as version 5 writes it, at what version 1 decided without the fields it lacked, wherever
+    the values are nested: every recall state (the only value that holds ``summaries_to_summarizer``) gains
+    ``ignored_summaries`` (summaries sent to the summarizer stayed there for good: the streak at its limit; else 0),
+    and every last request seen (the only value that holds ``pending_groups``) ``pending_tokens``, 0 (no record was
+    due by size alone; the next request seen counts them); a session entry's configuration gains the parameters
+    version 5 added (:func:`_upgraded_configuration`)."""
     if isinstance(data, Mapping):
         fields = {k: _upgraded(v) for k, v in cast("Mapping[str, object]", data).items()}
         if "summaries_to_summarizer" in fields and "ignored_summaries" not in fields:
             fields["ignored_summaries"] = _GIVEN_UP_STREAK if fields["summaries_to_summarizer"] is True else 0
+        if "pending_groups" in fields and "pending_tokens" not in fields:
+            fields["pending_tokens"] = 0
+        if isinstance(fields.get("parameters"), Mapping) and isinstance(fields.get("digest"), str):
+            return _upgraded_configuration(fields)
         return fields
     if isinstance(data, list):
         return [_upgraded(item) for item in cast("list[object]", data)]

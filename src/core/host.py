@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, cast
 
-from .checks import AtLeastOne, AtLeastZero, describe_value, require
+from .checks import AtLeastOne, AtLeastZero, Fraction, describe_value, require
 from .composition import CompositionConfig
 from .counting import (
     MESSAGE_OVERHEAD_TOKENS,
@@ -184,19 +184,23 @@ def record_rule(
     max_groups_before_record: int | None = None,
     repeat_records: bool = True,
     min_groups_before_repeat: int = DEFAULT_MIN_GROUPS_BEFORE_REPEAT,
+    repeat_fraction: float | None = None,
 ) -> PinRule:
     """When a record is due, for a host that asks for records over the cached prefix (its request, plus one
     instruction; :attr:`~.effects.Route.CACHED_PREFIX`): above the record trigger of ``config``, or once
     ``max_groups_before_record`` tool groups wait for one; later records after ``min_groups_before_repeat`` new
-    tool groups."""
+    tool groups, or fewer that send ``repeat_fraction`` of the budget (as
+    :class:`~maf_compaction.ToolResultRecallMiddleware` takes them)."""
     records = config.records if isinstance(config, CompositionConfig) else config
     if max_groups_before_record is not None:
         require("max_groups_before_record", max_groups_before_record, AtLeastOne)
+    require("repeat_fraction", repeat_fraction, Fraction | None)
     return PinRule(
         trigger_tokens=records.trigger_tokens,
         max_groups_before_record=max_groups_before_record,
         repeat_records=repeat_records,
         min_groups_before_repeat=min_groups_before_repeat,
+        repeat_tokens=None if repeat_fraction is None else max(1, int(records.max_input_tokens * repeat_fraction)),
         aligned=True,
     )
 

@@ -72,6 +72,10 @@ class PinRule:
             below the trigger; ``None`` turns the bound off.
         repeat_records: Ask for later records at all.
         min_groups_before_repeat: New tool groups a later size-triggered record waits for.
+        repeat_tokens: A later size-triggered record waits for no more groups once the new
+            ones send this many tokens (one large result is worth a record alone: re-read on
+            every call until more groups arrive, it costs more than the record); ``None``
+            turns it off.
         record_max_tokens: The response cap of a pinned request (``None``: the caller's).
         aligned: Ask for every record over the cached prefix (the conversation's request
             plus one instruction, asked by the compaction pass) instead of pinning. Records
@@ -82,6 +86,7 @@ class PinRule:
     max_groups_before_record: AtLeastOne | None = None
     repeat_records: bool = True
     min_groups_before_repeat: AtLeastOne = DEFAULT_MIN_GROUPS_BEFORE_REPEAT
+    repeat_tokens: AtLeastOne | None = None
     record_max_tokens: AtLeastOne | None = DEFAULT_RECORD_MAX_TOKENS
     aligned: bool = False
 
@@ -373,11 +378,20 @@ def pin_due(rule: PinRule, status: RecallStatus) -> bool:
     """The pin rule on one history (an outstanding re-force ask is checked first, elsewhere).
 
     The first size-triggered record is asked for at once; a later one waits for
-    ``min_groups_before_repeat`` new tool groups, so the trigger re-arms on new tool
-    material, not on size alone. ``max_groups_before_record`` is a separate bound.
+    ``min_groups_before_repeat`` new tool groups, or for fewer that send ``repeat_tokens``,
+    so the trigger re-arms on new tool material, not on size alone.
+    ``max_groups_before_record`` is a separate bound.
     """
     if rule.max_groups_before_record is not None and status.pending_groups >= rule.max_groups_before_record:
         return True
-    if status.records and (not rule.repeat_records or status.pending_groups < rule.min_groups_before_repeat):
+    if status.records and not (rule.repeat_records and _repeat_armed(rule, status)):
         return False
     return status.included_tokens > rule.trigger_tokens
+
+
+def _repeat_armed(rule: PinRule, status: RecallStatus) -> bool:
+    """Enough new tool material since the newest record for another: ``min_groups_before_repeat`` groups, or
+    any that send ``repeat_tokens``."""
+    if status.pending_groups >= rule.min_groups_before_repeat:
+        return True
+    return rule.repeat_tokens is not None and status.pending_groups > 0 and status.pending_tokens >= rule.repeat_tokens

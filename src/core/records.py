@@ -259,7 +259,9 @@ def recall_status(history: History, grouping: Grouping | None = None) -> tuple[R
     for the next call: ``grouping`` is the last one's, and never changes the answer)."""
     seen = view(history, grouping)
     found, pending = _pending(seen)
-    return RecallStatus(included_tokens=seen.sent, records=found, pending_groups=len(pending)), seen.grouping
+    tokens = sum(seen.records[i].tokens for _, g in pending for i in g.members if not seen.records[i].excluded)
+    status = RecallStatus(included_tokens=seen.sent, records=found, pending_groups=len(pending), pending_tokens=tokens)
+    return status, seen.grouping
 
 
 def ask_for_pending(seen: View, decisions: RecordDecisions) -> RecordDecisions:

@@ -232,11 +232,13 @@ class RecallStatus(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         records: Active records in it.
         pending_groups: Tool groups (other than recall groups) after the newest record,
             or in the whole conversation without one; excluded groups do not count.
+        pending_tokens: Tokens those groups send (their included messages).
     """
 
     included_tokens: Count
     records: Count
     pending_groups: Count
+    pending_tokens: Count = 0
 
 
 class RecallState(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
