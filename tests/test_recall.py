@@ -19,7 +19,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import pytest
@@ -54,6 +54,7 @@ from maf_compaction.adapters.recall import (
     make_recall_tool,
 )
 from maf_compaction.adapters.records import ToolResultAnchoredSummarizationCompactionStrategy
+from maf_compaction.core.recall import pin_due
 from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_INSTRUCTION, RECORD_MARKER, RECORD_PREFIX
 from maf_compaction.errors import CompactionBudgetExceeded
 
@@ -985,18 +986,29 @@ async def test_further_size_records_wait_for_min_groups_before_repeat() -> None:
 
 
 @pytest.mark.parametrize(("repeat_fraction", "due"), [(None, False), (0.9, False), (0.05, True)])
-async def test_new_tool_groups_that_send_repeat_fraction_of_the_budget_re_arm_the_trigger_alone(
+async def test_new_tool_groups_that_send_repeat_fraction_of_the_budget_make_a_later_record_due_alone(
     repeat_fraction: float | None, due: bool
 ) -> None:
-    """One lookup since the record, past the trigger: with ``min_groups_before_repeat=2`` it waits for a second
-    group, unless ``repeat_fraction`` is set and that one group sends at least that share of the budget (a lookup
-    here is about 45 tokens: 5% of a 400-token budget is 20, 90% is 360)."""
+    """One lookup since the record: with ``min_groups_before_repeat=2`` it waits for a second group, unless
+    ``repeat_fraction`` is set and that one group sends at least that share of the budget (a lookup here is about
+    45 tokens: 5% of a 400-token budget is 20, 90% is 360); then the record is due at once, and below the trigger
+    too (the second budget puts the trigger above every prompt once the first record is in)."""
     script: list[Step] = [lookup_call(), obey(say("unused")), say("recorded"), lookup_call(), say("one group")]
     run = stack(script, budget=400, trigger_fraction=0.01, min_groups_before_repeat=2, repeat_fraction=repeat_fraction)
     for _ in range(2):
         await run.ask()
     assert [r.number for r in run.client.requests if r.forced] == [2]
     assert run.recall.record_due() is due
+    assert recall_rule_due(run, trigger_tokens=10**6) is due
+
+
+def recall_rule_due(run: Stack, *, trigger_tokens: int) -> bool:
+    """Whether ``run``'s pin rule, with its trigger at ``trigger_tokens``, makes a record due on the last request
+    its middleware saw."""
+    rule = replace(run.recall.pin_rule, trigger_tokens=trigger_tokens)
+    seen = run.recall.conversation.value.recall.seen
+    assert seen is not None
+    return pin_due(rule, seen)
 
 
 async def test_the_default_waits_four_groups_before_a_repeat() -> None:

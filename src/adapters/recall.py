@@ -194,10 +194,12 @@ class ToolResultRecallMiddleware(ChatMiddleware):
     1. ``reforce()`` returns True (the record strategy asks again for uncovered groups): pin;
     2. ``max_groups_before_record`` is set and at least that many tool groups arrived
        since the newest record: pin, even below the size trigger;
-    3. a record exists and ``repeat_records`` is off, or fewer than
-       ``min_groups_before_repeat`` tool groups arrived since it (and, with
-       ``repeat_fraction`` set, they send less than that share of the budget): no pin;
-    4. otherwise pin iff the prompt exceeds ``int(max_input_tokens * trigger_fraction)``.
+    3. a record exists, ``repeat_records`` is on, ``repeat_fraction`` is set and the tool
+       groups that arrived since it send at least that share of the budget: pin, even below
+       the size trigger;
+    4. a record exists and ``repeat_records`` is off, or fewer than
+       ``min_groups_before_repeat`` tool groups arrived since it: no pin;
+    5. otherwise pin iff the prompt exceeds ``int(max_input_tokens * trigger_fraction)``.
 
     So the first size-triggered record is asked for at once, later ones only once enough
     new tool material exists to be worth a record.
@@ -233,10 +235,11 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             trigger; ``None`` turns the bound off.
         repeat_records: Ask for further size-triggered records after the first.
         min_groups_before_repeat: New tool groups a further size-triggered record waits for.
-        repeat_fraction: Share of the budget, in (0, 1], at which new tool groups re-arm the
-            size trigger however few they are (one large result is worth a record alone:
-            re-read on every call until more groups arrive, it costs more than the record);
-            ``None`` (default) leaves ``min_groups_before_repeat`` the only bound.
+        repeat_fraction: Share of the budget, in (0, 1], at which the tool groups since the
+            newest record make the next record due at once, however few they are and below the
+            trigger too (one large result is worth a record alone: re-read on every call until
+            the trigger or more groups arrive, it costs more than the record); ``None``
+            (default) leaves ``min_groups_before_repeat`` and the trigger the only bounds.
         reforce: A callable returning True once per wanted record, called once per
             decision (never for the :meth:`record_due` preview).
         record_request: ``"pinned"`` (default) or ``"cached_prefix"``: how a due record is

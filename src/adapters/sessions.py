@@ -212,10 +212,11 @@ class CompactionStack:
             fallback_fraction: Without a record, the fallback runs from this share on.
             record_target_tokens: The record size the recall tool asks for (``None``: no size).
             min_groups_before_repeat: New tool groups a later record waits for (the middleware's).
-            repeat_fraction: Share of the budget at which fewer new tool groups re-arm the record
-                trigger (the middleware's; ``None``, the default, keeps the configuration sessions
-                stored by earlier releases have; 0.3 measured cheaper with records over the cached
-                prefix: docs/records.md, "When a later record is due").
+            repeat_fraction: Share of the budget at which the tool groups since the newest record
+                make the next record due at once (the middleware's; ``None``, the default, keeps
+                the configuration sessions stored by earlier releases have; 0.3 measured cheaper
+                with records over the cached prefix: docs/records.md, "When a later record is
+                due").
             record_request: ``"cached_prefix"`` or ``"pinned"``.
             summary_request: ``"cached_prefix"`` or ``"summarizer"`` (with a ``client``).
             summary_mode: The user half's mode (with a ``client``).

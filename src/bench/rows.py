@@ -81,8 +81,8 @@ def _both(strategy: CompactionStrategy) -> RowSetup:
     return RowSetup(before=strategy, after=strategy)
 
 
-#: The README's wirings' ``repeat_fraction`` for records asked over the cached prefix: past the trigger, a later
-#: record is due once the new tool groups send this share of the budget, however few they are (measured:
+#: The README's wirings' ``repeat_fraction`` for records asked over the cached prefix: a later record is due at
+#: once when the new tool groups send this share of the budget, however few they are (measured:
 #: docs/records.md, "When a later record is due"). Pinned rows leave it off: where ``tool_choice`` keys the cache a
 #: pinned record re-reads the whole prompt uncached, and more of them cost more than the re-reads they spare.
 REPEAT_FRACTION: Final = 0.3

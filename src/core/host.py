@@ -189,7 +189,7 @@ def record_rule(
     """When a record is due, for a host that asks for records over the cached prefix (its request, plus one
     instruction; :attr:`~.effects.Route.CACHED_PREFIX`): above the record trigger of ``config``, or once
     ``max_groups_before_record`` tool groups wait for one; later records after ``min_groups_before_repeat`` new
-    tool groups, or fewer that send ``repeat_fraction`` of the budget (as
+    tool groups, or at once when the new ones send ``repeat_fraction`` of the budget (as
     :class:`~maf_compaction.ToolResultRecallMiddleware` takes them)."""
     records = config.records if isinstance(config, CompositionConfig) else config
     if max_groups_before_record is not None:

@@ -72,10 +72,10 @@ class PinRule:
             below the trigger; ``None`` turns the bound off.
         repeat_records: Ask for later records at all.
         min_groups_before_repeat: New tool groups a later size-triggered record waits for.
-        repeat_tokens: A later size-triggered record waits for no more groups once the new
-            ones send this many tokens (one large result is worth a record alone: re-read on
-            every call until more groups arrive, it costs more than the record); ``None``
-            turns it off.
+        repeat_tokens: A later record is due at once, below the trigger too, once new tool
+            groups send this many tokens (one large result is worth a record alone: re-read on
+            every call until the trigger or more groups arrive, it costs more than the
+            record); ``None`` turns it off.
         record_max_tokens: The response cap of a pinned request (``None``: the caller's).
         aligned: Ask for every record over the cached prefix (the conversation's request
             plus one instruction, asked by the compaction pass) instead of pinning. Records
@@ -378,20 +378,17 @@ def pin_due(rule: PinRule, status: RecallStatus) -> bool:
     """The pin rule on one history (an outstanding re-force ask is checked first, elsewhere).
 
     The first size-triggered record is asked for at once; a later one waits for
-    ``min_groups_before_repeat`` new tool groups, or for fewer that send ``repeat_tokens``,
-    so the trigger re-arms on new tool material, not on size alone.
-    ``max_groups_before_record`` is a separate bound.
+    ``min_groups_before_repeat`` new tool groups, so the trigger re-arms on new tool
+    material, not on size alone, unless new groups send ``repeat_tokens``: then it is due at
+    once, below the trigger too. ``max_groups_before_record`` is a separate bound.
     """
     if rule.max_groups_before_record is not None and status.pending_groups >= rule.max_groups_before_record:
         return True
-    if status.records and not (rule.repeat_records and _repeat_armed(rule, status)):
-        return False
+    if status.records:
+        if not rule.repeat_records:
+            return False
+        if rule.repeat_tokens is not None and status.pending_groups and status.pending_tokens >= rule.repeat_tokens:
+            return True  # re-read on every call until a record covers it, it costs more than the record
+        if status.pending_groups < rule.min_groups_before_repeat:
+            return False
     return status.included_tokens > rule.trigger_tokens
-
-
-def _repeat_armed(rule: PinRule, status: RecallStatus) -> bool:
-    """Enough new tool material since the newest record for another: ``min_groups_before_repeat`` groups, or
-    any that send ``repeat_tokens``."""
-    if status.pending_groups >= rule.min_groups_before_repeat:
-        return True
-    return rule.repeat_tokens is not None and status.pending_groups > 0 and status.pending_tokens >= rule.repeat_tokens
