@@ -14,9 +14,10 @@ from typing import Literal
 from hypothesis import given
 from hypothesis import strategies as st
 
-from maf_compaction.core import recall
+from maf_compaction.core import answers, recall
+from maf_compaction.core.effects import Request, Route
 from maf_compaction.core.recall import FAILURE_LIMIT, IGNORED_LIMIT, MAX_REST_CALLS, REST_CALLS, HistorySeen, PinRule
-from maf_compaction.core.state import RecallState, RecallStatus, RecordRoute
+from maf_compaction.core.state import RecallState, RecallStatus, RecordRoute, RequestKind, State
 
 Event = Literal["fail", "answer", "ignored", "call"]
 RULE = PinRule(trigger_tokens=6_000, aligned=True)  # a host that asks over the cached prefix
@@ -144,3 +145,18 @@ def test_repeat_tokens_add_a_later_record_exactly_when_new_groups_send_that_much
     assert after == (before or added)
     if not status.records or not repeat_records:
         assert after == before
+
+
+def test_only_a_summary_the_summarizer_answers_sends_the_next_one_over_the_cached_prefix_again() -> None:
+    """After one ignored summary (the flag set, the streak at 1) a record merge the summarizer answers leaves the
+    next summary with the summarizer; the summary it answers sends the next one over the cached prefix again; a
+    failed summary request changes nothing."""
+    aside = State(recall=RecallState(summaries_to_summarizer=True, ignored_summaries=1))
+    merge = Request("m" * 32, RequestKind.MERGE, Route.SUMMARIZER, message_id="record_merge_0", sources=2)
+    summary = Request("s" * 32, RequestKind.SUMMARY, Route.SUMMARIZER, message_id="user_summary_0", sources=2)
+    assert answers.absorb(aside, [(merge, "merged: XR-1 XR-2")]).recall.summaries_to_summarizer
+    assert answers.absorb(aside, [(summary, None)]).recall.summaries_to_summarizer
+    after = answers.absorb(aside, [(summary, "the user asked for XR-1")]).recall
+    assert (after.summaries_to_summarizer, after.ignored_summaries) == (False, 1)
+    given_up = State(recall=RecallState(summaries_to_summarizer=True, ignored_summaries=IGNORED_LIMIT))
+    assert answers.absorb(given_up, [(summary, "the user asked for XR-1")]).recall.summaries_to_summarizer

@@ -26,6 +26,8 @@ from .effects import Request, Route, answered, remember
 from .state import RequestKind, State
 
 _ID_SUFFIX: Final = re.compile(r"(\d+)$")
+#: The kinds a summary request over the cached prefix asks for (a record replacement always goes to the summarizer).
+_SUMMARIES: Final = (RequestKind.SUMMARY, RequestKind.FOLD)
 
 
 def absorb(state: State, answers: Sequence[tuple[Request, str | None]]) -> State:
@@ -65,11 +67,11 @@ def _one(state: State, request: Request, text: str | None) -> State:
                 # An answer that ignored the instruction is no summary, and not even a failure: this summary goes to
                 # the summarizer at once (every later one too after IGNORED_LIMIT in a row).
                 return state
-    elif request.route is Route.SUMMARIZER and text is not None:
+    elif request.route is Route.SUMMARIZER and text is not None and request.kind in _SUMMARIES:
         state = replace(state, recall=recall.summarized_aside(state.recall))
     answer = answered(request, text)
     state = remember(state, answer)
-    if answer.text is None or request.kind not in (RequestKind.SUMMARY, RequestKind.FOLD):
+    if answer.text is None or request.kind not in _SUMMARIES:
         return state
     found = _ID_SUFFIX.search(request.message_id or "")
     allocated = (int(found.group(1)) if found else 0) + 1
