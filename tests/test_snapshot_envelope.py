@@ -19,6 +19,7 @@ from agent_framework import CharacterEstimatorTokenizer
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.strategies import SearchStrategy
+from msgspec.structs import replace
 
 from maf_compaction import (
     AnchoredCompactionStrategy,
@@ -640,6 +641,39 @@ def test_a_whole_state_round_trips_through_json(value: State) -> None:
     assert (
         StackState.from_dict(StackState(kind="composition", state=value).to_dict(), kind="composition").state == value
     )
+
+
+@given(states())
+def test_any_state_stored_by_version_1_reads_as_version_1_decided(value: State) -> None:
+    """Any state, stored as version 1 wrote it (without the fields version 5 added, inside a stack too), reads back
+    as the same decisions with those fields at what version 1 acted on: the ignored-summary streak at IGNORED_LIMIT
+    where summaries had gone to the summarizer (for good, then), else 0, and the last request's new tool tokens
+    at 0."""
+    recall_state = value.recall
+    decided = replace(
+        recall_state,
+        ignored_summaries=IGNORED_LIMIT if recall_state.summaries_to_summarizer else 0,
+        seen=None if recall_state.seen is None else replace(recall_state.seen, pending_tokens=0),
+    )
+    expected = replace(value, recall=decided)
+    stored = json.loads(json.dumps(value.to_dict()))
+    recall_fields = stored["recall"]
+    del recall_fields["ignored_summaries"]
+    if recall_fields["seen"] is not None:
+        del recall_fields["seen"]["pending_tokens"]
+    head = (
+        value.fallback.keep_head_groups
+        if value.fallback.keep_head_groups is not None
+        else value.chain.shed.keep_head_groups
+    )
+    assert State.from_dict({**stored, "version": 1}, keep_head_groups=head) == expected
+    stack = {
+        "kind": "stack",
+        "version": 1,
+        "strategy": "composition",
+        "state": {k: v for k, v in stored.items() if k not in ("kind", "version")},
+    }
+    assert StackState.from_dict(stack, kind="composition").state == expected
 
 
 def test_a_failure_is_dated_and_stands_until_the_next_user_turn() -> None:
