@@ -98,6 +98,7 @@ from maf_compaction.core.records import (
     RECORD_MARKER,
     RECORD_PREFIX,
     ask_aligned,
+    kept_record,
     place_written,
 )
 from maf_compaction.core.state import Answer, RecordRoute, RequestKind, State, record_message_id
@@ -1938,6 +1939,37 @@ def test_the_asks_identity_and_place_are_the_same_on_a_copy_with_injected_contex
     assert ask_aligned(plain, State(), plain) is None, "asked with no record due"
 
 
+def test_no_record_is_asked_over_results_that_carry_no_value() -> None:
+    """A record due over results without a distinctive value (prose, a document read) is not asked: no answer could
+    quote a value of them, so none could be kept, and the answer would count toward giving the record route up.
+    With one value among the results shown, it is asked."""
+    prose = "The deployment notes say the rollout went well and nothing needs doing. " * 20
+
+    def turn(n: int, text: str) -> list[MessageRecord]:
+        call = Part("function_call", f'read {{"n":{n}}}', 4, call_id=f"p{n}", name="read")
+        return [
+            _text_record("user", f"question {n}", f"u{n}"),
+            MessageRecord("assistant", (call,), 8, message_id=f"a{n}"),
+            MessageRecord(
+                "tool", (Part("function_result", text, _measure(text), call_id=f"p{n}"),), 300, message_id=f"t{n}"
+            ),
+            _text_record("assistant", f"done {n}", f"d{n}"),
+        ]
+
+    without = history([*turn(0, prose), *turn(1, prose), _text_record("user", "question 2", "u2")])
+    assert ask_aligned(without, _asking(), without) is None
+    assert (
+        kept_record(Request("k", RequestKind.RECORD, Route.CACHED_PREFIX, view=without), "lookup values: XR-0000")
+        is None
+    )
+    with_one = history(
+        [*turn(0, prose), *turn(1, prose + " Ticket TK-0042 stays open."), _text_record("user", "q", "u2")]
+    )
+    asked = ask_aligned(with_one, _asking(), with_one)
+    assert isinstance(asked, Request)
+    assert kept_record(asked, "read: TK-0042") is not None
+
+
 @given(conversations())
 def test_the_asks_identity_changes_with_the_results_shown(case: tuple[History, list[str]]) -> None:
     view, _ = case
@@ -1952,8 +1984,11 @@ def test_the_asks_identity_changes_with_the_results_shown(case: tuple[History, l
     hidden = view.set(tool_at, flagged(view[tool_at], excluded=True))
     shrunk = ask_aligned(hidden, _asking(), hidden)
     assert shrunk is None or shrunk.identity != base.identity
-    # The text of a result is not part of the identity: the same results shown are the same ask.
-    retold = view.set(tool_at, replace(view[tool_at], parts=tuple(replace(p, text="x") for p in view[tool_at].parts)))
+    # The text of a result is not part of the identity: the same results shown are the same ask (told otherwise,
+    # with a value still: over results without one no record is asked at all).
+    retold = view.set(
+        tool_at, replace(view[tool_at], parts=tuple(replace(p, text="x: XR-9999") for p in view[tool_at].parts))
+    )
     again = ask_aligned(retold, _asking(), retold)
     assert again is not None
     assert again.identity == base.identity

@@ -567,8 +567,8 @@ def ask_aligned(view: History, state: State, conversation: History) -> Request |
     if state.recall.asking is None:
         return None
     shown = _shown_results(view)
-    if not shown:
-        return None
+    if not shown or not _shown_values(view):
+        return None  # no value a record could quote: its answer could not be kept, and would count as ignored
     key = identity("aligned_record", RECORD_INSTRUCTION, shown)
     if any(a.identity == key for a in written(state)):
         return None
@@ -654,6 +654,18 @@ def _shown_results(view: History) -> list[str]:
     ]
 
 
+def _shown_values(view: History | None) -> set[str]:
+    """The distinctive values of the tool results ``view`` sends: what a record asked over it must quote one of."""
+    return {
+        value
+        for record in view or ()
+        if not record.excluded and record.role == "tool"
+        for part in record.parts
+        if part.kind == "function_result"
+        for value in distinctive_values(part.text)
+    }
+
+
 def kept_record(request: Request, text: str | None) -> Answer | None:
     """The record an answer to ``request`` becomes, or ``None``.
 
@@ -672,7 +684,7 @@ def kept_record(request: Request, text: str | None) -> Answer | None:
         for part in record.parts
         if part.kind == "function_result"
     ]
-    shown = {value for result in results for value in distinctive_values(result)}
+    shown = _shown_values(request.view)
     if not body or not shown & word_set(body) or len(body) >= sum(len(result.strip()) for result in results):
         return None
     return Answer(
