@@ -1376,9 +1376,9 @@ async def test_the_stack_dict_holds_the_narrower_replay_snapshots() -> None:
     assert inner == _fields(state.to_dict())
     assert inner["chain"] == _fields(state.chain.to_dict())
     assert inner["records"] == _fields(records.records.to_dict())
-    assert State.from_dict({"kind": "state", "version": 1, **inner}) == state
-    assert ChainDecisions.from_dict({"kind": "chain", "version": 1, **inner["chain"]}) == state.chain
-    assert RecordDecisions.from_dict({"kind": "records", "version": 1, **inner["records"]}) == records.records
+    assert State.from_dict({"kind": "state", "version": VERSION, **inner}) == state
+    assert ChainDecisions.from_dict({"kind": "chain", "version": VERSION, **inner["chain"]}) == state.chain
+    assert RecordDecisions.from_dict({"kind": "records", "version": VERSION, **inner["records"]}) == records.records
 
 
 def _fields(stored: Mapping[str, object]) -> dict[str, object]:

@@ -352,8 +352,13 @@ def test_an_entry_is_served_exactly_when_the_configurations_match(
 
 def _older_entries(stored: dict[str, Any]) -> list[dict[str, Any]]:
     """``stored`` in the shapes earlier builds wrote: version 1 of the old format named its registry instance,
-    version 2 named its configuration; both nested the stack (``{"kind": "stack", "version": 2, ...}``)."""
-    stack = {"kind": "stack", "version": 2, "strategy": stored["strategy"], "state": stored["state"]}
+    version 2 named its configuration; both nested the stack (``{"kind": "stack", "version": 2, ...}``), whose
+    state lacked what version 5 added."""
+    recall = {k: v for k, v in stored["state"]["recall"].items() if k != "ignored_summaries"}
+    if recall["seen"] is not None:
+        recall["seen"] = {k: v for k, v in recall["seen"].items() if k != "pending_tokens"}
+    state = {**stored["state"], "recall": recall}
+    stack = {"kind": "stack", "version": 2, "strategy": stored["strategy"], "state": state}
     return [
         {"kind": "session_compaction", "version": 1, "registry": "a-registry-id", "stack": stack},
         {"kind": "session_compaction", "version": 2, "configuration": stored["configuration"], "stack": stack},

@@ -258,7 +258,7 @@ def test_unknown_fields_are_refused_naming_them(data: dict[str, object], message
 def test_another_version_is_refused_naming_it(kind: str, version: int) -> None:
     """The stored format started over at 1: a pre-release build's entry (versions 2 to 4 of its kinds) and a
     newer release's are refused alike, naming the version and what to do."""
-    data = {**read({"kind": kind, "version": 1, **_fields(kind)}).to_dict(), "version": version}
+    data = {**read({"kind": kind, "version": VERSION, **_fields(kind)}).to_dict(), "version": version}
     with pytest.raises(
         SnapshotVersionError, match=rf"version {version} is not supported.*reads versions 1 and 5"
     ) as raised:
@@ -292,6 +292,19 @@ def test_a_version_1_state_is_upgraded_as_it_is_read_and_written_back_at_today_s
             State.from_dict({**older, "version": VERSION})
         with pytest.raises(SnapshotError, match=r"'recall\.seen\.pending_tokens' is missing"):
             State.from_dict({**made, "recall": {**cast("dict[str, object]", made["recall"]), "seen": recall["seen"]}})
+
+
+def test_a_version_1_value_that_holds_a_field_version_5_added_is_refused_naming_it() -> None:
+    """Version 1 never wrote ``ignored_summaries``, ``seen.pending_tokens`` or the configuration parameter
+    ``pin_rule.repeat_tokens``: a version-1 value that holds one was not written by version 1, and is refused
+    instead of being read as whatever it says."""
+    seen = RecallStatus(included_tokens=900, records=1, pending_groups=2, pending_tokens=5)
+    made = State(recall=RecallState(seen=seen)).to_dict()
+    with pytest.raises(SnapshotError, match="version 1 has no such field"):
+        State.from_dict({**made, "version": 1})
+    recall = {k: v for k, v in cast("dict[str, object]", made["recall"]).items() if k != "ignored_summaries"}
+    with pytest.raises(SnapshotError, match="'pending_tokens': version 1 has no such field"):
+        State.from_dict({**made, "version": 1, "recall": recall})
 
 
 def _fields(kind: str) -> dict[str, object]:

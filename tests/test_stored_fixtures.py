@@ -8,8 +8,9 @@ received, the summarizer's calls, the decisions read back through public values)
 stored format started over at version 1 (one state per conversation), the stored values were
 rewritten field for field in it; the continuations are still those the release produced, so
 the same decisions in today's format continue with the same bytes. Version 5 added
-``recall.ignored_summaries``: the stored values stay at version 1, are upgraded as they are
-read (the streak at what version 1 acted on), and a value written back carries version 5.
+``recall.ignored_summaries``, ``recall.seen.pending_tokens`` and the configuration parameter
+``pin_rule.repeat_tokens``: the stored values stay at version 1, are upgraded as they are read
+(each at what version 1 acted on), and a value written back carries version 5.
 
 One deliberate exception, when the summary coverage rule landed (a summary must say something
 of the turns it replaces): the release's scripted summarizer answered a bare ``Summary:`` for

@@ -119,7 +119,10 @@ def _upgraded_configuration(fields: dict[str, object]) -> dict[str, object]:
     for name in list(parameters):
         for beside, (added, value) in _ADDED_PARAMETERS.items():
             if name.endswith(beside):
-                parameters.setdefault(name.removesuffix(beside) + added, value)
+                new = name.removesuffix(beside) + added
+                if new in parameters:
+                    raise SnapshotError(f"unknown configuration parameter {new!r}: version 1 has no such parameter")
+                parameters[new] = value
     return {**fields, "parameters": parameters, "digest": fingerprint.digest(parameters)}
 
 
@@ -132,9 +135,12 @@ def _upgraded(data: object) -> object:
     version 5 added (:func:`_upgraded_configuration`)."""
     if isinstance(data, Mapping):
         fields = {k: _upgraded(v) for k, v in cast("Mapping[str, object]", data).items()}
-        if "summaries_to_summarizer" in fields and "ignored_summaries" not in fields:
+        for marker, added in (("summaries_to_summarizer", "ignored_summaries"), ("pending_groups", "pending_tokens")):
+            if marker in fields and added in fields:
+                raise SnapshotError(f"unknown snapshot field(s) {added!r}: version 1 has no such field")
+        if "summaries_to_summarizer" in fields:
             fields["ignored_summaries"] = _GIVEN_UP_STREAK if fields["summaries_to_summarizer"] is True else 0
-        if "pending_groups" in fields and "pending_tokens" not in fields:
+        if "pending_groups" in fields:
             fields["pending_tokens"] = 0
         if isinstance(fields.get("parameters"), Mapping) and isinstance(fields.get("digest"), str):
             return _upgraded_configuration(fields)

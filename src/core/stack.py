@@ -6,7 +6,7 @@ and the recall middleware. Every decision of the stack lives in the conversation
 :class:`~.state.State` (the recall protocol's state and the gate's one-shot permission,
 ``state.recall.armed``, included), so the stack's whole behavioural state is::
 
-    {"kind": "stack", "version": 1,
+    {"kind": "stack", "version": 5,
      "strategy": "records" | "composition",   # which strategy the state is read for
      "state": {...}}                          # the State's fields
 
