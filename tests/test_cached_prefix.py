@@ -90,7 +90,16 @@ from maf_compaction.core import records as record_rules
 from maf_compaction.core.effects import Request, Route
 from maf_compaction.core.envelope import VERSION
 from maf_compaction.core.model import History, MessageRecord, Part, flagged, history
-from maf_compaction.core.recall import FAILURE_LIMIT, REST_CALLS, Pin, RecallState, no_route, pins_given_up
+from maf_compaction.core.recall import (
+    FAILURE_LIMIT,
+    REST_CALLS,
+    Pin,
+    PinRule,
+    RecallState,
+    no_route,
+    pin_due,
+    pins_given_up,
+)
 from maf_compaction.core.records import (
     EXCLUDE_REASON,
     RECALL_TOOL_NAME,
@@ -100,6 +109,7 @@ from maf_compaction.core.records import (
     ask_aligned,
     kept_record,
     place_written,
+    recall_status,
 )
 from maf_compaction.core.state import Answer, RecordRoute, RequestKind, State, record_message_id
 from maf_compaction.core.values import distinctive_values
@@ -1937,6 +1947,24 @@ def test_the_asks_identity_and_place_are_the_same_on_a_copy_with_injected_contex
     assert ask_aligned(plain, done, plain) is None
     assert ask_aligned(other_list, done, other_list) is None
     assert ask_aligned(plain, State(), plain) is None, "asked with no record due"
+
+
+@pytest.mark.parametrize(("quoted", "counted"), [(50, False), (0, True)])
+def test_a_group_the_newest_record_was_shown_makes_no_record_due_by_its_size_alone(quoted: int, counted: bool) -> None:
+    """With thinking on, a record asked during a turn stands before the turn's question, so the lookup it was shown
+    (and quotes) stays after it. That group is still new tool material (``pending_groups``), but its tokens do not
+    count toward ``repeat_tokens``: otherwise every later call of the turn would ask for a record of it again. A
+    group the record does not quote counts."""
+    text = f"{RECORD_PREFIX}\nlookup values: XR-{quoted:02d}00 XR-{quoted:02d}05"
+    record = MessageRecord(
+        "assistant", (Part("text", text, _measure(text)),), 4 + _measure(text), message_id="r0", written_record=True
+    )
+    turn = [_text_record("user", "question 0", "u0"), *_group(0), _text_record("assistant", "done 0", "d0")]
+    view = history([*turn, record, _text_record("user", "question 50", "u50"), *_group(50, thinking=True)])
+    status, _ = recall_status(view)
+    assert (status.records, status.pending_groups) == (1, 1)
+    assert status.pending_tokens == (sum(r.tokens for r in _group(50, thinking=True)) if counted else 0)
+    assert pin_due(PinRule(trigger_tokens=10**6, min_groups_before_repeat=2, repeat_tokens=50), status) is counted
 
 
 def test_no_record_is_asked_over_results_that_carry_no_value() -> None:

@@ -259,9 +259,31 @@ def recall_status(history: History, grouping: Grouping | None = None) -> tuple[R
     for the next call: ``grouping`` is the last one's, and never changes the answer)."""
     seen = view(history, grouping)
     found, pending = _pending(seen)
-    tokens = sum(seen.records[i].tokens for _, g in pending for i in g.members if not seen.records[i].excluded)
+    records = seen.records
+    texts = [text for r in records if (text := record_text(r, seen.recall_ids))]
+    quoted = word_set(texts[-1]) if texts else frozenset[str]()
+    # A group the newest record quotes was shown to it (with thinking on, a record stands before its turn's groups):
+    # its tokens do not make another record due alone.
+    tokens = sum(
+        records[i].tokens
+        for _, g in pending
+        if not _group_values(records, g) & quoted
+        for i in g.members
+        if not records[i].excluded
+    )
     status = RecallStatus(included_tokens=seen.sent, records=found, pending_groups=len(pending), pending_tokens=tokens)
     return status, seen.grouping
+
+
+def _group_values(records: Sequence[MessageRecord], group: Group) -> set[str]:
+    """The distinctive values of ``group``'s tool results."""
+    return {
+        value
+        for i in group.members
+        for part in records[i].parts
+        if part.kind == "function_result"
+        for value in distinctive_values(part.text)
+    }
 
 
 def ask_for_pending(seen: View, decisions: RecordDecisions) -> RecordDecisions:

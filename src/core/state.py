@@ -232,7 +232,9 @@ class RecallStatus(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         records: Active records in it.
         pending_groups: Tool groups (other than recall groups) after the newest record,
             or in the whole conversation without one; excluded groups do not count.
-        pending_tokens: Tokens those groups send (their included messages).
+        pending_tokens: Tokens those groups send (their included messages), but for groups
+            the newest record quotes a value of: it was shown them (with thinking on, a record
+            stands before the groups of its turn).
     """
 
     included_tokens: Count
