@@ -294,7 +294,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             max_groups_before_record=max_groups_before_record,
             repeat_records=repeat_records,
             min_groups_before_repeat=min_groups_before_repeat,
-            repeat_tokens=None if repeat_fraction is None else max(1, int(max_input_tokens * repeat_fraction)),
+            repeat_tokens=machine.repeat_tokens(max_input_tokens, repeat_fraction),
             record_max_tokens=record_max_tokens,
             aligned=record_request == "cached_prefix",
         )

@@ -34,7 +34,7 @@ from .counting import (
     result_text,
 )
 from .model import MEDIA_KINDS, History, MessageRecord, Part
-from .recall import DEFAULT_MIN_GROUPS_BEFORE_REPEAT, HistorySeen, PinRule, RequestStarting
+from .recall import DEFAULT_MIN_GROUPS_BEFORE_REPEAT, HistorySeen, PinRule, RequestStarting, repeat_tokens
 from .records import RecordConfig, on_recall, recall_status
 from .state import AnchoredSnapshot, State
 
@@ -200,7 +200,7 @@ def record_rule(
         max_groups_before_record=max_groups_before_record,
         repeat_records=repeat_records,
         min_groups_before_repeat=min_groups_before_repeat,
-        repeat_tokens=None if repeat_fraction is None else max(1, int(records.max_input_tokens * repeat_fraction)),
+        repeat_tokens=repeat_tokens(records.max_input_tokens, repeat_fraction),
         aligned=True,
     )
 

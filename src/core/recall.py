@@ -374,6 +374,11 @@ def record_due(rule: PinRule, state: RecallState, *, reforce_pending: bool) -> b
     return state.next_pin is not None or (state.seen is not None and (reforce_pending or pin_due(rule, state.seen)))
 
 
+def repeat_tokens(max_input_tokens: int, repeat_fraction: float | None) -> int | None:
+    """:attr:`PinRule.repeat_tokens` for a budget and a ``repeat_fraction`` share of it (``None``: off)."""
+    return None if repeat_fraction is None else max(1, int(max_input_tokens * repeat_fraction))
+
+
 def pin_due(rule: PinRule, status: RecallStatus) -> bool:
     """The pin rule on one history (an outstanding re-force ask is checked first, elsewhere).
 

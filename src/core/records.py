@@ -239,13 +239,13 @@ def _is_recall_group(records: Sequence[MessageRecord], group: Group, recall_ids:
     )
 
 
-def _pending(seen: View) -> tuple[int, list[tuple[int, Group]]]:
-    """Active records, and (ordinal, group) of every tool group after the newest one that
-    still has an included message and is not a recall group: new tool material."""
+def _pending(seen: View) -> tuple[list[str], list[tuple[int, Group]]]:
+    """The active records' texts, in order, and (ordinal, group) of every tool group after the
+    newest one that still has an included message and is not a recall group: new tool material."""
     records, recall_ids = seen.records, seen.recall_ids
-    found = [k for k, r in enumerate(records) if record_text(r, recall_ids)]
-    newest = found[-1] if found else -1
-    return len(found), [
+    found = [(k, text) for k, r in enumerate(records) if (text := record_text(r, recall_ids))]
+    newest = found[-1][0] if found else -1
+    return [text for _, text in found], [
         (ordinal, g)
         for ordinal, g in enumerate(g for g in seen.grouping.all if g.kind == "tool_call")
         if g.start > newest
@@ -258,29 +258,30 @@ def recall_status(history: History, grouping: Grouping | None = None) -> tuple[R
     """Size, records and new tool material of ``history`` (for the recall middleware), with its grouping (a memo
     for the next call: ``grouping`` is the last one's, and never changes the answer)."""
     seen = view(history, grouping)
-    found, pending = _pending(seen)
+    texts, pending = _pending(seen)
     records = seen.records
-    texts = [text for r in records if (text := record_text(r, seen.recall_ids))]
     quoted = word_set(texts[-1]) if texts else frozenset[str]()
     # A group the newest record quotes was shown to it (with thinking on, a record stands before its turn's groups):
     # its tokens do not make another record due alone.
     tokens = sum(
         records[i].tokens
         for _, g in pending
-        if not _group_values(records, g) & quoted
+        if not _result_values(records[i] for i in g.members) & quoted
         for i in g.members
         if not records[i].excluded
     )
-    status = RecallStatus(included_tokens=seen.sent, records=found, pending_groups=len(pending), pending_tokens=tokens)
+    status = RecallStatus(
+        included_tokens=seen.sent, records=len(texts), pending_groups=len(pending), pending_tokens=tokens
+    )
     return status, seen.grouping
 
 
-def _group_values(records: Sequence[MessageRecord], group: Group) -> set[str]:
-    """The distinctive values of ``group``'s tool results."""
+def _result_values(records: Iterable[MessageRecord]) -> set[str]:
+    """The distinctive values of the tool results ``records`` carry."""
     return {
         value
-        for i in group.members
-        for part in records[i].parts
+        for record in records
+        for part in record.parts
         if part.kind == "function_result"
         for value in distinctive_values(part.text)
     }
@@ -678,14 +679,7 @@ def _shown_results(view: History) -> list[str]:
 
 def _shown_values(view: History | None) -> set[str]:
     """The distinctive values of the tool results ``view`` sends: what a record asked over it must quote one of."""
-    return {
-        value
-        for record in view or ()
-        if not record.excluded and record.role == "tool"
-        for part in record.parts
-        if part.kind == "function_result"
-        for value in distinctive_values(part.text)
-    }
+    return _result_values(r for r in view or () if not r.excluded and r.role == "tool")
 
 
 def kept_record(request: Request, text: str | None) -> Answer | None:
