@@ -642,14 +642,16 @@ def test_an_ask_for_a_settled_group_is_refused(decisions: RecordDecisions, data:
 # ----------------------------------------------------------------------------- the one table of answers
 
 
+def _head(value: State) -> int | None:
+    """The head a drawn state's positions were drawn for (its fallback's, else its shed policy's)."""
+    fallback = value.fallback.keep_head_groups
+    return fallback if fallback is not None else value.chain.shed.keep_head_groups
+
+
 @given(states())
 def test_a_whole_state_round_trips_through_json(value: State) -> None:
     data = json.loads(json.dumps(value.to_dict()))
-    head = (
-        value.fallback.keep_head_groups
-        if value.fallback.keep_head_groups is not None
-        else value.chain.shed.keep_head_groups
-    )
+    head = _head(value)
     assert State.from_dict(data, keep_head_groups=head) == value
     assert (
         StackState.from_dict(StackState(kind="composition", state=value).to_dict(), kind="composition").state == value
@@ -674,11 +676,7 @@ def test_any_state_stored_by_version_1_reads_as_version_1_decided(value: State) 
     del recall_fields["ignored_summaries"]
     if recall_fields["seen"] is not None:
         del recall_fields["seen"]["pending_tokens"]
-    head = (
-        value.fallback.keep_head_groups
-        if value.fallback.keep_head_groups is not None
-        else value.chain.shed.keep_head_groups
-    )
+    head = _head(value)
     assert State.from_dict({**stored, "version": 1}, keep_head_groups=head) == expected
     stack = {
         "kind": "stack",
