@@ -733,6 +733,24 @@ async def test_the_record_row_is_built_in_and_keeps_every_fact_within_the_window
     assert counters["failed_prefix_requests"] == 0, counters
 
 
+@pytest.mark.parametrize("fill", [1.5, 3.0])
+async def test_with_no_record_route_on_value_dense_results_the_composition_sheds_instead_of_raising(
+    fill: float,
+) -> None:
+    """A model that ignores every record instruction leaves the safety net in the record's place; on value-dense
+    logs its value lines are the whole result, so only shedding brings the prompt under the budget. The shed
+    policy sheds whole groups, each named (it used to see the net's narration notes past its own band as
+    misplaced, shed nothing, and the pass raised ``CompactionBudgetExceeded`` at turn 11 or 16)."""
+    settings = Settings(results="dense", ignore_instruction=True)
+    result = await run_cell(Cell("tool_and_user_summary_anchored", fill, 1), settings)
+    assert result.error is None, result.error
+    assert result.dq == 0, f"{result.dq} request(s) over the window"
+    assert result.counters["records"] == 0, result.counters
+    assert result.counters["shed_events"] >= 1, result.counters
+    assert result.facts_lost > 0, "some results had to leave: nothing else fits"
+    assert result.lost_unnamed - result.lost_cut_in_place == 0, "every lost value's message is named"
+
+
 async def test_the_pinned_record_row_reports_a_route_that_ignores_the_pin() -> None:
     """Two ignored pins disable forcing; every later record is asked over the cached prefix, and written."""
     result = await _record_cell(PINNED_ROW, ignore_pin=True)

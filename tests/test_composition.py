@@ -38,6 +38,7 @@ from maf_compaction import (
 )
 from maf_compaction.adapters.convert import EXCLUDED_KEY, NOTE_KEY, PRESERVED_KEY, SUMMARY_KEY, SUMMARY_OF_KEY
 from maf_compaction.core.anchored import TOOL_NOTE_PREFIX
+from maf_compaction.core.composition import shed_rules
 from maf_compaction.core.counting import MESSAGE_OVERHEAD_TOKENS
 from maf_compaction.core.distill import is_distilled, is_remnant
 from maf_compaction.core.errors import SnapshotError
@@ -347,7 +348,10 @@ def test_the_readme_record_half_with_an_explicit_anchored_fallback_composes() ->
     fallback = AnchoredCompactionStrategy(max_input_tokens=1_000, tokenizer=TOKENIZER)
     strategy = build(1_000, records={"fallback": fallback})
     assert strategy.config.records.fallback == fallback.config
-    assert strategy.config.shed.keep_tail_groups == fallback.config.keep_tail_groups
+    assert shed_rules(strategy.config, State()).keep_tail_groups == fallback.config.keep_tail_groups
+    # With no route to a record the shed policy reads the fallback's band: its tail keeps one group.
+    no_route = State(recall=RecallState(route=RecordRoute.NONE))
+    assert shed_rules(strategy.config, no_route).keep_tail_groups == 1
 
 
 @pytest.mark.parametrize(

@@ -170,13 +170,6 @@ class CompositionConfig:
         """
         return replace(self.records, coverage_share=1.0) if self.overflow_policy == "raise" else self.records
 
-    @property
-    def shed(self) -> AnchoredConfig:
-        """The anchored rules the shed policy uses: whole tool groups only (run without shortening, :func:`_shed`)."""
-        fallback = self.records.fallback
-        assert fallback is not None
-        return replace(fallback, collapse_assistant_text=False)
-
 
 @dataclass(frozen=True, slots=True)
 class CompositionReport:
@@ -509,13 +502,30 @@ def _net_breaks(config: CompositionConfig, work: _Pass, seen: View, measure: anc
     return bool(_run_fallback(config, work, seen, measure).report.distilled)
 
 
+def shed_rules(config: CompositionConfig, state: State) -> AnchoredConfig:
+    """The anchored rules the shed policy runs for ``state``: whole tool groups only (run without shortening,
+    :func:`_shed`), over the band of the fallback in effect (:func:`.records.fallback_for`).
+
+    The same band as the fallback's, because both read the notes of earlier sheds by band
+    position: once no route to a record is left, the fallback's tail keeps one group, and a
+    shed run keeping the configured tail would find the notes of the fallback's sheds past
+    its own band, take the positions for untrustworthy (``Report.misplaced``), and shed
+    nothing, so a prompt the safety net's value lines cannot bring under the budget (value-dense
+    results) raised :class:`~.errors.CompactionBudgetExceeded`.
+    """
+    fallback = records.fallback_for(config.records, state)
+    assert fallback is not None
+    return replace(fallback, collapse_assistant_text=False)
+
+
 def _shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
     """The shed policy: whole unrecorded tool groups leave, oldest band position first (replayed likewise)."""
     state = work.state.chain.shed
     if seen.sent <= config.max_input_tokens and not state.decided:
         return Done(seen.history, work, None)
+    rules = shed_rules(config, work.state)
     ran = records.run_with_holds(
-        config.shed, state, seen.history, measure, releasable=_SHEDDABLE, memo=work.band, shorten=False
+        rules, state, seen.history, measure, releasable=_SHEDDABLE, memo=work.band, shorten=False
     )
     new = evolve(work.state, chain=evolve(work.state.chain, shed=ran.state))
     report = replace(work.report, shed=ran.report)
@@ -614,7 +624,7 @@ def check(config: CompositionConfig, state: State, history: History) -> str | No
     """Why a restored ``state`` cannot belong to ``history``, or ``None``."""
     return (
         records.check(config.records, state, history)
-        or anchored.check(config.shed, state.chain.shed, history)
+        or anchored.check(shed_rules(config, state), state.chain.shed, history)
         or user_summaries.check(config.users, state, history)
     )
 
