@@ -58,6 +58,25 @@ def test_a_list_without_its_excluded_messages_is_reported_and_not_mis_shed(caplo
     assert any("skip_excluded=False" in r.getMessage() for r in caplog.records)
 
 
+def test_a_list_without_its_excluded_messages_leaves_the_tail_whole() -> None:
+    """Results are shortened by position; the list lost its shed groups, so the band is shorter than the positions the
+    state committed to shorten. Those past the band now name the tail's groups, the newest results: the state's
+    positions cannot be trusted, so nothing past the band is shortened (decisions past the band replay only where
+    the notes stand at their groups: a band that was wider when they were made)."""
+    anchored = AnchoredCompactionStrategy(
+        max_input_tokens=1_200, tokenizer=CharacterEstimatorTokenizer(), keep_tokens=100
+    )
+    stored = conversation(10)
+    asyncio.run(anchored(stored))
+    loaded = [m for m in stored if not m.additional_properties.get(EXCLUDED)] + conversation(11)[-4:]
+    tail = [m.to_dict() for m in loaded[-4:]]
+    asyncio.run(anchored(loaded))
+
+    assert anchored.last_report is not None
+    assert anchored.last_report.misplaced > 0
+    assert [m.to_dict() for m in loaded[-4:]] == tail
+
+
 def test_the_full_stored_list_is_not_misplaced() -> None:
     anchored = strategy()
     stored = conversation(8)

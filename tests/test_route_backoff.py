@@ -5,19 +5,28 @@ and switched records off for the rest of the session, in its saved state too. A 
 :func:`recall.failed` counts it, and only ``FAILURE_LIMIT`` in a row set the route to rest for ``REST_CALLS`` model
 calls (doubled on each further failure, at most ``MAX_REST_CALLS``); each model call the middleware sees counts the
 rest down; any answer resets the count. Every change is worded for a WARNING by :func:`recall.route_news`.
+
+While the route rests the safety net stands in for the record, over the band of a tail of one group
+(:func:`records.fallback_for`); when the rest ends the fallback keeps the configured tail again. What the net
+decided meanwhile is named by positions counted from the head, some of them in the configured tail: those decisions
+stand after the rest, like any other (the last tests here).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from maf_compaction import core
 from maf_compaction.core import answers, recall
 from maf_compaction.core.effects import Request, Route
 from maf_compaction.core.recall import FAILURE_LIMIT, IGNORED_LIMIT, MAX_REST_CALLS, REST_CALLS, HistorySeen, PinRule
 from maf_compaction.core.state import RecallState, RecallStatus, RecordRoute, RequestKind, State
+from maf_compaction.testing import check_later_passes_keep_earlier_decisions, estimate_tokens
 
 Event = Literal["fail", "answer", "ignored", "call"]
 RULE = PinRule(trigger_tokens=6_000, aligned=True)  # a host that asks over the cached prefix
@@ -160,3 +169,83 @@ def test_only_a_summary_the_summarizer_answers_sends_the_next_one_over_the_cache
     assert (after.summaries_to_summarizer, after.ignored_summaries) == (False, 1)
     given_up = State(recall=RecallState(summaries_to_summarizer=True, ignored_summaries=IGNORED_LIMIT))
     assert answers.absorb(given_up, [(summary, "the user asked for XR-1")]).recall.summaries_to_summarizer
+
+
+# ----------------------------------------------------------------------------- after the rest
+
+FILLER = "eu-west cache-miss status=ok took=12 ms shard=3 the request completed within its window"
+
+
+def lookup_text(n: int, *, dense: bool) -> str:
+    """A lookup's result: mostly filler with a value line in ten (``dense``: a value on every line)."""
+    if dense:
+        return "\n".join(f"code_{n}_{i}=TL-{n:02d}{i:04d} owner=ana{n}{i}" for i in range(40))
+    lines = [f"[record {i}] code_{n}_{i}=TL-{n:02d}{i:04d}" if i % 10 == 5 else FILLER for i in range(40)]
+    return "\n".join([f"# lookup {n}", *lines])
+
+
+def lookups(count: int, *, dense: bool) -> list[core.MessageRecord]:
+    """A task, then ``count`` lookups (a user turn, a call, its result, a reply): lookup 0 closes the head of three
+    groups, and lookup ``n``'s tool group is at band position ``n - 1``."""
+    measure = estimate_tokens
+    records = [core.message("user", [core.text_part("Task: reconcile.", measure)], origin=0)]
+    for n in range(count):
+        parts = [
+            ("user", core.text_part(f"Please run lookup {n}.", measure)),
+            ("assistant", core.call_part(f"call_{n}", "lookup", {"n": n}, measure)),
+            ("tool", core.result_part(f"call_{n}", lookup_text(n, dense=dense), measure)),
+            ("assistant", core.text_part(f"Lookup {n} is done.", measure)),
+        ]
+        records += [core.message(role, [part], origin=len(records) + k) for k, (role, part) in enumerate(parts)]
+    return records
+
+
+def rest_then_growth(*, dense: bool) -> tuple[core.History, core.History]:
+    """Eight lookups, then the same with the user's next turn: one group more, so the configured tail (four groups)
+    still holds lookup 7's tool group (band position 6) while a tail of one does not."""
+    first = lookups(8, dense=dense)
+    later = [*first, core.message("user", [core.text_part("And now?", estimate_tokens)], origin=len(first))]
+    return core.history(first), core.history(later)
+
+
+def configured(kind: str, budget: int) -> tuple[Any, Callable[..., Any]]:
+    records = core.RecordConfig(max_input_tokens=budget, fallback=core.AnchoredConfig(max_input_tokens=budget))
+    if kind == "records":
+        return records, core.records_step
+    users = core.UserSummaryConfig(max_input_tokens=budget)
+    return core.CompositionConfig(records=records, users=users), core.composition_step
+
+
+#: Pinning was given up, and the cached-prefix route rests for one more model call: the first pass runs the net
+#: (a tail of one group); the request it compacts counts the rest down, so the next pass keeps the configured tail.
+RESTING = State(recall=RecallState(route=RecordRoute.PINS_IGNORED, resting=1))
+
+
+@pytest.mark.parametrize("fill", [0.7, 3.0])
+@pytest.mark.parametrize("kind", ["records", "composition"])
+def test_what_the_net_cut_while_the_route_rested_stays_cut_after_the_rest(kind: str, fill: float) -> None:
+    """Past the record trigger while the route rests, the net cuts every lookup after the head and before the newest
+    group to its value lines, lookup 7 (band position 6) too. After the rest the band keeps four groups at the end
+    again, and position 6 lies in that tail: its cut replays there, byte for byte (it was dropped, from the prompt
+    and from the state: lookup 7's result came back whole, a second break)."""
+    first, later = rest_then_growth(dense=False)
+    config, step = configured(kind, int(core.sent_tokens(first) / fill))
+    after = check_later_passes_keep_earlier_decisions(
+        [first, later], step=step, config=config, state=RESTING, measure=estimate_tokens, rule=core.record_rule(config)
+    )
+    assert not recall.no_route(after.recall), "the second pass ran with the rest over"
+    assert after.fallback.distilled == tuple(range(7))
+
+
+def test_after_the_rest_the_composition_keeps_shedding_value_dense_results_under_the_budget() -> None:
+    """Value-dense results (the net's value lines are the whole result) over three times the budget: while the route
+    rests the shed policy sheds every lookup before the newest group, band position 6 too. After the rest it reads
+    its band with the configured tail, where position 6 is not: the group came back and nothing was shed in its
+    place, so the pass raised CompactionBudgetExceeded. It stays shed."""
+    first, later = rest_then_growth(dense=True)
+    config, step = configured("composition", int(core.sent_tokens(first) / 3))
+    after = check_later_passes_keep_earlier_decisions(
+        [first, later], step=step, config=config, state=RESTING, measure=estimate_tokens, rule=core.record_rule(config)
+    )
+    assert not recall.no_route(after.recall)
+    assert after.chain.shed.tools_shed == 7

@@ -164,9 +164,17 @@ class Band:
 
 @dataclass(slots=True)
 class _Lane:
-    """The shed state of one kind of band group (tool groups, or assistant replies)."""
+    """The shed state of one kind of band group (tool groups, or assistant replies).
+
+    ``groups`` are the band's, then (only when earlier decisions reach past the band) the
+    tail's up to the furthest decided position: positions count from the head, so a
+    decision made over a wider band (the record fallback's while no route to a record is
+    left, :func:`.records.fallback_for`) names the same group once the tail is wider again,
+    and is replayed there. New decisions are made only within the band: the first ``open``.
+    """
 
     groups: tuple[Group, ...]
+    open: int
     tag: str
     shed: int
     spared: set[int]
@@ -250,12 +258,18 @@ def run(
     existing_notes = {r.message_id: r for r in history if r.note and r.message_id}
     band = _band(config, records, memo if isinstance(memo, Band) else None)
     noted = _noted_positions(existing_notes)
-    tools = _Lane(band.tools, "tool", state.tools_shed, set(state.spared_tools), dict(state.shed_sizes))
-    texts = _Lane(band.texts, "reply", state.texts_shed, set(state.spared_texts))
+    reach = _reach(state, noted)
+    tools_reached, texts_reached = _reached(band, len(records), reach)
+    tools = _Lane(
+        tools_reached, len(band.tools), "tool", state.tools_shed, set(state.spared_tools), dict(state.shed_sizes)
+    )
+    texts = _Lane(texts_reached, len(band.texts), "reply", state.texts_shed, set(state.spared_texts))
     for lane in (tools, texts):
         _recover(lane, noted, records)
     plan = _Plan(records, tools, texts, existing_notes=existing_notes, releasable=releasable, distillable=distillable)
     misplaced = _misplaced_notes(plan, noted)
+    if misplaced:  # positions cannot be trusted: nothing past the band is touched
+        tools.groups, texts.groups = tools.groups[: tools.open], texts.groups[: texts.open]
     tokens_before = sent_tokens(history)
     if not misplaced:
         _replay_sheds(plan)
@@ -315,6 +329,36 @@ def _misplaced_notes(plan: _Plan, noted: set[tuple[str, int]]) -> int:
     return sum(
         position >= len(lanes[tag]) or not plan.records[lanes[tag][position].start].excluded for tag, position in noted
     )
+
+
+def _reach(state: AnchoredSnapshot, noted: set[tuple[str, int]]) -> tuple[int, int]:
+    """How far earlier decisions reach, tool positions and reply positions: every group below is decided
+    (shed, spared, shortened or distilled, by the snapshot or by a note in the history)."""
+    tools = max(state.tools_shed, state.shortened, max(state.distilled, default=-1) + 1)
+    texts = state.texts_shed
+    for tag, position in noted:
+        if tag == "tool":
+            tools = max(tools, position + 1)
+        else:
+            texts = max(texts, position + 1)
+    return tools, texts
+
+
+def _reached(band: Band, records: int, reach: tuple[int, int]) -> tuple[tuple[Group, ...], tuple[Group, ...]]:
+    """The band's tool groups and replies, each followed by the tail's up to ``reach`` (see :class:`_Lane`).
+
+    Within one configuration the band only grows, so decisions never reach past it; only a
+    tail that was narrower when they were made (or a list that lost messages) does.
+    """
+    if reach[0] <= len(band.tools) and reach[1] <= len(band.texts):
+        return band.tools, band.texts
+    groups = band.grouping.all
+    tail = groups[max(band.keep[0], len(groups) - band.keep[1]) :]
+    if len(band.conversation) != records:
+        tail = tuple(_reindex(group, band.conversation) for group in tail)
+    tools = tuple(g for g in tail if g.kind == "tool_call")[: max(0, reach[0] - len(band.tools))]
+    texts = tuple(g for g in tail if g.kind == "assistant_text")[: max(0, reach[1] - len(band.texts))]
+    return band.tools + tools, band.texts + texts
 
 
 def _noted_positions(notes: Mapping[str, MessageRecord]) -> set[tuple[str, int]]:
@@ -433,7 +477,7 @@ def _replay_sheds(plan: _Plan) -> None:
     # Tool integrity: a call is never sent without its result. A band tool group that
     # arrives partly excluded (a run that stopped between the two lists' passes, or
     # another component's exclusion) is excluded whole, and reported.
-    for group in plan.tools.groups:
+    for group in plan.tools.groups[: max(plan.tools.open, plan.tools.shed)]:
         if _half_excluded(plan.records, group.members) and not plan.protected(group):
             _exclude(plan, group, into=plan.newly_joined)
 
@@ -472,7 +516,9 @@ def _shorten_band(
     """
     records = plan.records
     edits: list[tuple[int, int, MessageRecord, MessageRecord]] = []  # (position, index, record, shortened)
-    for position, group in enumerate(plan.tools.groups if shorten else ()):
+    lane = plan.tools
+    # Past the band only committed positions (decided over a wider band) are shortened: replayed, never judged.
+    for position, group in enumerate(lane.groups[: max(lane.open, committed)] if shorten else ()):
         # A group no record covers is the safety net's: cut to its value lines over the budget, never
         # shortened by position (which would cut values from its middle).
         if plan.distillable and _distillable(plan, group):
@@ -508,7 +554,7 @@ def _shorten_band(
         for _, index, record, shortened in edits
         if records[index] is shortened and not shortened.excluded
     )
-    return applied, declined, committed if declined else max(committed, len(plan.tools.groups))
+    return applied, declined, committed if declined else max(committed, lane.open)
 
 
 def _shortened(part: Part, allowance: int, measure: Measure) -> Part:
@@ -537,7 +583,7 @@ def _shed_to_low_water(config: AnchoredConfig, plan: _Plan, measure: Measure, li
     low_water = math.floor(limit * config.low_water_fraction)
     lanes = [plan.tools, plan.texts] if config.collapse_assistant_text else [plan.tools]
     for lane in lanes:
-        while total > low_water and lane.shed < len(lane.groups):
+        while total > low_water and lane.shed < lane.open:
             position, group = lane.shed, lane.groups[lane.shed]
             lane.shed += 1
             if plan.protected(group) or _all_excluded(plan.records, group.members):
@@ -567,7 +613,7 @@ def _distill_to_low_water(
     if total <= limit:
         return
     low_water = math.floor(limit * config.low_water_fraction) if low_water is None else low_water
-    for position, group in enumerate(plan.tools.groups):
+    for position, group in enumerate(plan.tools.groups[: plan.tools.open]):
         if total <= low_water:
             return
         if position in plan.distilled or not _distillable(plan, group) or _all_excluded(plan.records, group.members):
