@@ -20,6 +20,7 @@ from typing import Any, Literal
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from msgspec.structs import replace as evolve
 
 from maf_compaction import core
 from maf_compaction.core import answers, recall
@@ -249,3 +250,22 @@ def test_after_the_rest_the_composition_keeps_shedding_value_dense_results_under
     )
     assert not recall.no_route(after.recall)
     assert after.chain.shed.tools_shed == 7
+
+
+@pytest.mark.parametrize("kind", ["records", "composition"])
+def test_a_state_after_the_rest_fits_its_conversation_on_restore(kind: str) -> None:
+    """A host restoring the state saved after the rest checks it against the conversation. Its positions were decided
+    over the net's band (a tail of one group), some past the configured band: the check judged them by the configured
+    band and refused the state as another conversation's ("snapshot field 'shortened' is 7, but this conversation's
+    band holds 6 such group(s)"). It judges them by the widest band the fallback runs with, and still refuses a
+    position past that."""
+    first, later = rest_then_growth(dense=False)
+    config, step = configured(kind, int(core.sent_tokens(first) / 0.7))
+    after = check_later_passes_keep_earlier_decisions(
+        [first, later], step=step, config=config, state=RESTING, measure=estimate_tokens, rule=core.record_rule(config)
+    )
+    check = core.records_check if kind == "records" else core.composition_check
+    assert not recall.no_route(after.recall)
+    assert check(config, after, later) is None
+    forged = evolve(after, fallback=evolve(after.fallback, distilled=(*after.fallback.distilled, 7)))
+    assert "names band position 7" in (check(config, forged, later) or "")

@@ -624,7 +624,7 @@ def check(config: CompositionConfig, state: State, history: History) -> str | No
     """Why a restored ``state`` cannot belong to ``history``, or ``None``."""
     return (
         records.check(config.records, state, history)
-        or anchored.check(shed_rules(config, state), state.chain.shed, history)
+        or anchored.check(records.net_rules(shed_rules(config, state)), state.chain.shed, history)
         or user_summaries.check(config.users, state, history)
     )
 

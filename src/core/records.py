@@ -482,6 +482,16 @@ def fallback_for(config: RecordConfig, state: State) -> AnchoredConfig | None:
     fallback = config.fallback
     if fallback is None or not no_route(state.recall):
         return fallback
+    return net_rules(fallback)
+
+
+def net_rules(fallback: AnchoredConfig) -> AnchoredConfig:
+    """``fallback`` as the safety net runs it (:func:`fallback_for` with no route to a record): its tail keeps one
+    group (none if the host keeps none), so its band is the widest the fallback runs with.
+
+    The route may rest and come back (:func:`.recall.no_route`), so a state's positions may have been decided over
+    this band while the fallback now keeps the configured tail: a check of a state's positions reads this band.
+    """
     return replace(fallback, keep_tail_groups=min(fallback.keep_tail_groups, 1))
 
 
@@ -768,8 +778,9 @@ def check(config: RecordConfig, state: State, history: History) -> str | None:
             f"snapshot field 'records.ask.responses_at_ask' is {ask.responses_at_ask}, but this conversation "
             f"has {answered} assistant responses (they only grow)"
         )
-    fallback = fallback_for(config, state)
-    return None if fallback is None else anchored.check(fallback, state.fallback, history)
+    # Positions decided while the route rested reach into the configured tail: judged by the net's band.
+    fallback = config.fallback
+    return None if fallback is None else anchored.check(net_rules(fallback), state.fallback, history)
 
 
 def rules(
