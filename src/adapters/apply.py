@@ -39,22 +39,30 @@ def apply(messages: list[Message], before: History, after: History, *, note_kind
         if record.origin is None:
             if notes is None and not (record.summary or record.written_record):
                 notes = _notes(messages, before)
-            updated.append(_created(record, notes or {}, note_kind, touch=True))
+            created = _created(record, notes or {}, note_kind, touch=True)
+            if record.excluded:  # made and replaced on one pass (a record a merge took in): stored, not sent
+                _exclude(created, record)
+            updated.append(created)
             continue
         message = messages[record.origin]
         source = before[record.origin]
         if record.excluded and not source.excluded:
-            props = message.additional_properties
-            props[EXCLUDED_KEY] = True
-            props[EXCLUDE_REASON_KEY] = record.reason or DEFAULT_EXCLUDE_REASON
-            if record.replaced_by is not None:
-                props[SUMMARIZED_BY_KEY] = record.replaced_by
+            _exclude(message, record)
         if record.parts is not source.parts:
             rewrite_results(message, source.parts, record.parts)
         if record.held != source.held:
             set_hold(message, record.held)
         updated.append(message)
     messages[:] = updated
+
+
+def _exclude(message: Message, record: MessageRecord) -> None:
+    """Mark ``message`` excluded as ``record`` says (its reason, and the replacement that took it in)."""
+    props = message.additional_properties
+    props[EXCLUDED_KEY] = True
+    props[EXCLUDE_REASON_KEY] = record.reason or DEFAULT_EXCLUDE_REASON
+    if record.replaced_by is not None:
+        props[SUMMARIZED_BY_KEY] = record.replaced_by
 
 
 def render(messages: list[Message], before: History, view: History, *, note_kind: str) -> list[Message]:
