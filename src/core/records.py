@@ -262,11 +262,11 @@ def recall_status(history: History, grouping: Grouping | None = None) -> tuple[R
     records = seen.records
     quoted = word_set(texts[-1]) if texts else frozenset[str]()
     # A group the newest record quotes was shown to it (with thinking on, a record stands before its turn's groups):
-    # its tokens do not make another record due alone.
+    # its tokens do not make another record due alone. Without a record no group is quoted: no value is read.
     tokens = sum(
         records[i].tokens
         for _, g in pending
-        if not _result_values(records[i] for i in g.members) & quoted
+        if not (quoted and _result_values(records[i] for i in g.members) & quoted)
         for i in g.members
         if not records[i].excluded
     )
