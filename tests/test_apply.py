@@ -20,13 +20,10 @@ from maf_compaction.bench.runner import Cell, Settings, run_cell
 from maf_compaction.core import history
 from maf_compaction.core.records import HOLD_RECORD, RECORD_PREFIX, REPLACED_REASON
 from maf_compaction.core.user_summaries import message as created_message
+from maf_compaction.testing import estimate_tokens
 
 ESTIMATOR = MediaTokenEstimator(CharacterEstimatorTokenizer())
 COUNTER = ESTIMATOR._parts  # pyright: ignore[reportPrivateUsage]
-
-
-def measure(text: str) -> int:
-    return len(text) // 4 + 1
 
 
 def test_a_message_made_and_replaced_on_one_pass_is_stored_excluded_with_its_replacement() -> None:
@@ -36,7 +33,7 @@ def test_a_message_made_and_replaced_on_one_pass_is_stored_excluded_with_its_rep
         "assistant",
         f"{RECORD_PREFIX}\nTL-3FA9C2 and TL-77AB01.",
         "rec_2",
-        measure,
+        estimate_tokens,
         written_record=True,
         held=HOLD_RECORD,
     )
@@ -44,7 +41,7 @@ def test_a_message_made_and_replaced_on_one_pass_is_stored_excluded_with_its_rep
         "assistant",
         f"{RECORD_PREFIX}\nTL-77AB01.",
         "rec_1",
-        measure,
+        estimate_tokens,
         written_record=True,
         excluded=True,
         reason=REPLACED_REASON,
