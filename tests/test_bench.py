@@ -751,6 +751,18 @@ async def test_with_no_record_route_on_value_dense_results_the_composition_sheds
     assert result.lost_unnamed - result.lost_cut_in_place == 0, "every lost value's message is named"
 
 
+async def test_a_pinned_record_of_long_prose_over_value_dense_results_fits_its_budget() -> None:
+    """The recall tool answers a record with a receipt: the record is the call's ``values``, carried once. When the
+    result repeated it, a pinned record of long prose over number-dense logs stood in the prompt twice, and at
+    fill 3.0 the composition raised ``CompactionBudgetExceeded`` (what must stay no longer fit)."""
+    settings = Settings(results="dense", prose_tokens=(300, 600), answer_tokens=4_000)
+    result = await run_cell(Cell("tool_and_user_summary_anchored_pinned", 3.0, 1), settings)
+    assert result.error is None, result.error
+    assert result.dq == 0, f"{result.dq} request(s) over the window"
+    assert result.counters["forced_calls"] >= 1, result.counters
+    assert result.counters["records"] >= 1, result.counters
+
+
 async def test_the_pinned_record_row_reports_a_route_that_ignores_the_pin() -> None:
     """Two ignored pins disable forcing; every later record is asked over the cached prefix, and written."""
     result = await _record_cell(PINNED_ROW, ignore_pin=True)

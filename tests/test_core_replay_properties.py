@@ -6,6 +6,7 @@ trigger and the budget, and far over it). Properties, one sentence each:
 
 - a later pass keeps every earlier decision byte for byte as the conversation grows;
 - two lists stepped from one state (the stored history, and a copy with context injected for one call) agree;
+- a list that kept a pass's flags but lost its insertions gets the same prompt from the next pass;
 - a state stored as JSON and read back replays with no second effect call.
 """
 
@@ -23,6 +24,7 @@ from hypothesis.strategies import DrawFn
 
 from maf_compaction import core
 from maf_compaction.testing import (
+    check_a_list_that_lost_its_insertions_agrees,
     check_later_passes_keep_earlier_decisions,
     check_restored_state_replays,
     check_two_lists_agree,
@@ -101,3 +103,10 @@ def test_two_lists_stepped_from_one_state_agree(kind: str, data: st.DataObject) 
 def test_a_restored_state_replays_with_no_second_effect_call(kind: str, data: st.DataObject) -> None:
     chosen, history = data.draw(single(kind))
     chosen.run(check_restored_state_replays, history)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@given(data=st.data())
+def test_a_list_that_lost_a_passs_insertions_gets_the_same_prompt(kind: str, data: st.DataObject) -> None:
+    chosen, history = data.draw(single(kind))
+    chosen.run(check_a_list_that_lost_its_insertions_agrees, history)

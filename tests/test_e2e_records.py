@@ -54,7 +54,7 @@ from maf_compaction.bench.rows import ROWS, RowContext, RowSetup, setup_of
 from maf_compaction.bench.runner import Settings, load_scenario, run_turn, stored_messages
 from maf_compaction.bench.scenario import LOOKUP_TOOL, ToolCall
 from maf_compaction.bench.simulator import get_profile
-from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_INSTRUCTION, RECORD_PREFIX
+from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_INSTRUCTION, RECORD_PREFIX, RECORD_RECEIPT
 from offline_tokenizers import offline_tiktoken
 
 SETTINGS: Final = Settings()  # a 32,000-token window, 2,048 output tokens
@@ -78,6 +78,13 @@ HARNESS = pytest.mark.parametrize("harness", list(HARNESSES))
 SCRIPTED: Final[Mapping[int, ToolCall]] = {
     int(c.arguments["lookup"]): c for t in SCENARIO.turns for c in t.calls if c.name == LOOKUP_TOOL
 }
+
+
+def carries(sent: Sent, record: str) -> bool:
+    """``sent`` carries ``record``: a written record as it stands, a recall record as its call's ``values`` (the
+    body after the prefix), which a request carries in the call's JSON arguments."""
+    body = json.dumps(record.removeprefix(RECORD_PREFIX).strip(), ensure_ascii=False)[1:-1]
+    return record in sent.text or body in sent.text
 
 
 @dataclass(frozen=True)
@@ -210,14 +217,14 @@ class Run:
         found: list[tuple[int, str]] = []
         for index, message in enumerate(self.stored):
             if any(c.type == "function_result" and c.call_id in recall_ids for c in message.contents):
-                text = record_text(message)
+                text = record_text(message, self.stored)
                 if text:
                     found.append((index, text))
         return found
 
     def event(self, record: str) -> int:
         """Index of the first request that carries ``record``."""
-        return next(i for i, s in enumerate(self.sent) if record in s.text)
+        return next(i for i, s in enumerate(self.sent) if carries(s, record))
 
     def covered_lookups(self) -> dict[str, tuple[int, int]]:
         """Lookup groups excluded by the record strategy: call id -> (lookup number, stored index of its result)."""
@@ -375,8 +382,13 @@ async def test_the_model_writes_a_record_into_stored_history(harness: str) -> No
         message = result.stored[index]
         (content,) = [c for c in message.contents if c.type == "function_result"]
         assert isinstance(content.result, str)
-        assert content.result.startswith(RECORD_PREFIX), f"stored result {index} does not start with the prefix"
-        assert text == content.result, "record_text(message) must return the stored record"
+        assert content.result == RECORD_RECEIPT, f"stored result {index} is not the recall tool's receipt"
+        (call,) = [
+            c for m in result.stored for c in m.contents if c.type == "function_call" and c.call_id == content.call_id
+        ]
+        values = call.parse_arguments()
+        assert values is not None
+        assert text == f"{RECORD_PREFIX}\n{values['values']}", "record_text must return the record its call carries"
         assert not message.additional_properties.get(EXCLUDED_KEY), f"record at {index} is excluded"
     # The record quotes what the model was shown: the planted codes of the lookups before it.
     first_index, first = records[0]
@@ -470,7 +482,7 @@ async def test_records_stay_in_every_later_prompt(harness: str) -> None:
     assert records
     for _, record in records:
         event = result.event(record)
-        lacking = [i for i in range(event, len(result.sent)) if record not in result.sent[i].text]
+        lacking = [i for i in range(event, len(result.sent)) if not carries(result.sent[i], record)]
         assert not lacking, f"requests after the record event {event} lack the record: {lacking}"
 
 

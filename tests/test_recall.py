@@ -53,9 +53,15 @@ from maf_compaction.adapters.recall import (
     ToolResultRecallMiddleware,
     make_recall_tool,
 )
-from maf_compaction.adapters.records import ToolResultAnchoredSummarizationCompactionStrategy
+from maf_compaction.adapters.records import ToolResultAnchoredSummarizationCompactionStrategy, record_text
 from maf_compaction.core.recall import pin_due
-from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_INSTRUCTION, RECORD_MARKER, RECORD_PREFIX
+from maf_compaction.core.records import (
+    RECALL_TOOL_NAME,
+    RECORD_INSTRUCTION,
+    RECORD_MARKER,
+    RECORD_PREFIX,
+    RECORD_RECEIPT,
+)
 from maf_compaction.errors import CompactionBudgetExceeded
 
 TOKENIZER = CharacterEstimatorTokenizer()
@@ -404,13 +410,13 @@ async def test_tool_records_only_with_the_gates_permission() -> None:
     assert "nothing was recorded" in NOT_NEEDED_REPLY
     assert "nothing was removed" in NOT_NEEDED_REPLY
     gate.arm()
-    assert (
-        await recall.invoke(arguments={"values": "lookup: XR-7"}, skip_parsing=True) == f"{RECORD_PREFIX}\nlookup: XR-7"
-    )
+    # The record is the call's argument, which the prompt carries: the result is a receipt, not a second copy.
+    assert await recall.invoke(arguments={"values": "lookup: XR-7"}, skip_parsing=True) == RECORD_RECEIPT
+    assert RECORD_RECEIPT.startswith(RECORD_PREFIX)
     assert await recall.invoke(arguments={"values": "again"}, skip_parsing=True) == NOT_NEEDED_REPLY  # one-shot
     ungated = make_recall_tool()
-    assert await ungated.invoke(arguments={"values": "x"}, skip_parsing=True) == f"{RECORD_PREFIX}\nx"
-    assert await ungated.invoke(arguments={"values": "y"}, skip_parsing=True) == f"{RECORD_PREFIX}\ny"
+    assert await ungated.invoke(arguments={"values": "x"}, skip_parsing=True) == RECORD_RECEIPT
+    assert await ungated.invoke(arguments={"values": "y"}, skip_parsing=True) == RECORD_RECEIPT
 
 
 @pytest.mark.parametrize("target", [0, -5, True, 1.5, "2000", 2.0])
@@ -654,7 +660,11 @@ async def test_harness_records_once_and_keeps_it(stream: bool, harness_defaults:
     assert all("max_tokens" not in r.options for i, r in enumerate(run.client.requests) if i != 1)
     stored = run.stored()
     assert len(record_results(stored)) == 1
-    assert record_results(stored)[0] == f"{RECORD_PREFIX}\nlookup: code=XR-7"
+    assert record_results(stored) == [RECORD_RECEIPT]
+    (receipt,) = [
+        m for m in stored if any(c.type == "function_result" and c.result == RECORD_RECEIPT for c in m.contents)
+    ]
+    assert record_text(receipt, stored) == f"{RECORD_PREFIX}\nlookup: code=XR-7"  # the record, read from its call
     assert run.recall.forced_calls == 1
     assert not run.recall.pin_disabled
 

@@ -39,7 +39,14 @@ from maf_compaction.adapters.convert import HOLD_KEY, PRESERVED_KEY, WRITTEN_REC
 from maf_compaction.core import records as records_core
 from maf_compaction.core.distill import distill, is_distilled, is_remnant
 from maf_compaction.core.model import MessageRecord, Part
-from maf_compaction.core.records import HOLD_RECORD, HOLD_UNCOVERED, HOLD_UNRECORDED, RECALL_TOOL_NAME, RECORD_PREFIX
+from maf_compaction.core.records import (
+    HOLD_RECORD,
+    HOLD_UNCOVERED,
+    HOLD_UNRECORDED,
+    RECALL_TOOL_NAME,
+    RECORD_PREFIX,
+    RECORD_RECEIPT,
+)
 from maf_compaction.core.state import RequestKind, record_message_id
 from maf_compaction.core.tables import PARTIAL_MARKER_PREFIX
 from maf_compaction.core.values import distinctive_values, words
@@ -82,8 +89,10 @@ def lookup(n: int, result: str | None = None, *, name: str = "lookup", call_id: 
     ]
 
 
-def recall(body: str, *, call_id: str = "recall_1", marker: bool = True) -> list[Message]:
-    text = f"{RECORD_PREFIX}\n{body}" if marker else body
+def recall(body: str, *, call_id: str = "recall_1", marker: bool = True, repeated: bool = False) -> list[Message]:
+    """A recall call writing ``body`` and its result: the tool's receipt (``repeated``: the record repeated in the
+    result, as an earlier release's tool answered; ``marker=False``: the body alone, no record)."""
+    text = (f"{RECORD_PREFIX}\n{body}" if repeated else RECORD_RECEIPT) if marker else body
     return [
         Message(
             "assistant",
@@ -277,7 +286,8 @@ def test_a_written_record_counts_only_with_its_metadata_and_prefix() -> None:
 
 def test_record_text_reads_only_marked_results() -> None:
     call, result = recall("TL-000001")
-    assert record_text(result).endswith("TL-000001")
+    assert record_text(result, [call, result]).endswith("TL-000001")  # the record is the call's
+    assert record_text(result) == f"{RECORD_PREFIX}\n"  # alone, the receipt names none
     assert record_text(call) == ""
     assert record_text(Message("tool", [Content.from_function_result(call_id="x", result="TL-000001")])) == ""
     result.additional_properties["_excluded"] = True
@@ -954,6 +964,20 @@ def test_record_text_with_the_conversation_requires_a_recall_call() -> None:
     assert record_text(other, messages) == ""  # with the conversation, its call is not a recall
     assert record_text(result_of(messages, "recall_1"), messages).endswith("TL-000002")
     assert record_text(Message("user", [f"{RECORD_PREFIX}\nTL-000003"])) == ""
+
+
+def test_a_receipt_carries_the_record_its_call_was_given_and_an_earlier_releases_result_its_own() -> None:
+    messages = [*conversation(2), *recall("TL-000002 and TL-000003"), *recall("TL-000004", call_id="r2", repeated=True)]
+    receipt, repeated = result_of(messages, "recall_1"), result_of(messages, "r2")
+    assert [c.result for c in receipt.contents] == [RECORD_RECEIPT]
+    assert record_text(receipt, messages) == f"{RECORD_PREFIX}\nTL-000002 and TL-000003"
+    assert record_text(repeated, messages) == f"{RECORD_PREFIX}\nTL-000004"
+    # Alone, the receipt names no record (its call is elsewhere); neither without its call in the conversation.
+    assert record_text(receipt) == f"{RECORD_PREFIX}\n"
+    assert record_text(receipt, [m for m in messages if m.role != "assistant"]) == ""
+    # The prompt carries each record once: in its call's arguments, never again in the result.
+    recorded = [m for m in messages[-4:] if "TL-000002" in str(m.contents[0].arguments) + str(m.contents[0].result)]
+    assert [m.role for m in recorded] == ["assistant"]
 
 
 def test_a_row_repeated_later_stays_even_after_its_twin_was_released() -> None:

@@ -23,6 +23,7 @@ import copy
 import gc
 import json
 import traceback
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -1409,3 +1410,46 @@ async def test_with_compact_before_off_the_providers_before_phase_compacts_the_l
     await off.after_run(agent=agent, session=session, context=context, state={})
     with registry.phase(session) as stack:
         assert stack.strategy.passes == passes + 1, "a disabled phase compacted"
+
+
+def _content_text(content: Content) -> str:
+    """What a content says to the model: a result, a call's arguments (a record is the recall call's), a text."""
+    if content.type == "function_result":
+        return str(content.result)
+    if content.type == "function_call":
+        return json.dumps(content.parse_arguments())
+    return content.text or ""
+
+
+@tool(name="lookup", approval_mode="never_require")
+def lookup_distinct(q: str) -> str:
+    """Look up the code of an item (each question's code is its own)."""
+    return f"{q}: code=XR-{zlib.crc32(q.encode()) % 100000} " + "pad " * 40
+
+
+@pytest.mark.parametrize("policy", ["shed", "raise"])
+async def test_a_replacement_the_hosts_list_loses_is_put_back_on_the_next_call(policy: OverflowPolicy) -> None:
+    """The harness wiring (``compact_before=True``, no after phase): each model call's list is the session's stored
+    messages, which keep the exclusion flags a pass wrote but not the messages it inserted (a record merge or
+    rewrite, a user summary). The next call's pass puts the replacement back: every code a lookup returned reaches
+    every later request, in the results or in what stands for them."""
+    summarizer = Summarizer()
+    registry = SessionCompactionRegistry(lambda: composition_stack(summarizer, policy=policy))
+    client = Model()
+    agent = Agent(
+        client,
+        "Be terse.",
+        tools=[lookup_distinct, make_session_recall_tool(registry)],
+        middleware=[SessionToolResultRecallMiddleware(registry, compact_before=True)],
+        context_providers=[SessionCompactionProvider(registry, tokenizer=TOKENIZER, before=False, after=False)],
+    )
+    session = agent.create_session()
+    ran_out = await converse_until_full(agent, session, 8)
+    assert summarizer.calls > 0, "no replacement was made: the test shows nothing"
+    returned: list[str] = []
+    for number, (messages, _) in enumerate(client.requests):
+        sent = " ".join(_content_text(c) for m in messages for c in m.contents)
+        lost = [code for code in returned if code not in sent]
+        assert not lost, f"request {number + 1} (of {len(client.requests)}, ran out: {ran_out}) lost {lost}"
+        results = (str(c.result) for m in messages for c in m.contents if c.type == "function_result")
+        returned += [w for r in results for w in r.split() if w.startswith("code=") and w not in returned]

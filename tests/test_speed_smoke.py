@@ -11,7 +11,7 @@ from pathlib import Path
 
 from maf_compaction import ToolResultAnchoredSummarizationCompactionStrategy
 from maf_compaction.bench import speed
-from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_PREFIX
+from maf_compaction.core.records import RECALL_TOOL_NAME, RECORD_RECEIPT
 from maf_compaction.core.values import distinctive_values, words
 
 
@@ -64,13 +64,14 @@ def test_history_is_deterministic_and_realistic() -> None:
 
 def test_the_history_carries_records_that_the_record_strategy_applies() -> None:
     history = speed.build_history(4 * speed.RECORD_EVERY)
-    record = history[-2]  # the last turn is the first record
-    result = record.contents[0].result
-    assert isinstance(result, str)
-    assert result.startswith(RECORD_PREFIX)
-    assert history[-3].contents[0].name == RECALL_TOOL_NAME
+    record = history[-2]  # the last turn is the first record: the tool's receipt, the record in its call
+    assert record.contents[0].result == RECORD_RECEIPT
+    call = history[-3].contents[0]
+    assert call.name == RECALL_TOOL_NAME
     # It quotes every value of the lookups before it but one.
-    quoted = set(words(result))
+    arguments = call.parse_arguments()
+    assert arguments is not None
+    quoted = set(words(str(arguments["values"])))
     lookups = [history[4 * turn + 2].contents[0].result for turn in range(speed.RECORD_EVERY - 1)]
     unquoted = [turn for turn, text in enumerate(lookups) if not set(distinctive_values(str(text))) <= quoted]
     assert unquoted == [speed.UNRECORDED_IN_BATCH]

@@ -18,6 +18,15 @@ turns without codes, which the rule refuses. The summarizer now answers their op
 there, so two expected continuations changed in exactly that: ``user_summaries``' new
 summary's text, and ``composition_fold``'s summarizer calls (1 -> 2: a stored bare summary's
 answer is asked once more). The stored values are untouched.
+
+A second, when the recall tool started answering a record with a receipt (the record is the call's
+``values``, carried once; a stored result that repeats it still reads as its record): the
+continuations of ``records_session`` and ``composition_session`` write a record, so they were
+recorded again. In ``records`` exactly the new record's result changed, in each request that
+carries it; in ``composition`` the requests up to the new record are the release's, and the
+prompt, smaller by the record's second copy, then stays under the budget (``full`` false: five
+requests and five summarizer calls, where the release ran out after three and two). The stored
+values are untouched.
 """
 
 from __future__ import annotations

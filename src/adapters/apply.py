@@ -48,6 +48,8 @@ def apply(messages: list[Message], before: History, after: History, *, note_kind
         source = before[record.origin]
         if record.excluded and not source.excluded:
             _exclude(message, record)
+        elif source.excluded and not record.excluded and source.replaced_by is not None:
+            _include(message)  # its replacement was lost: the core undid the exclusion (``relinked``)
         if record.parts is not source.parts:
             rewrite_results(message, source.parts, record.parts)
         if record.held != source.held:
@@ -63,6 +65,14 @@ def _exclude(message: Message, record: MessageRecord) -> None:
     props[EXCLUDE_REASON_KEY] = record.reason or DEFAULT_EXCLUDE_REASON
     if record.replaced_by is not None:
         props[SUMMARIZED_BY_KEY] = record.replaced_by
+
+
+def _include(message: Message) -> None:
+    """Mark ``message`` included again (the core undid an exclusion whose replacement the list lost)."""
+    props = message.additional_properties
+    props[EXCLUDED_KEY] = False
+    props.pop(EXCLUDE_REASON_KEY, None)
+    props.pop(SUMMARIZED_BY_KEY, None)
 
 
 def render(messages: list[Message], before: History, view: History, *, note_kind: str) -> list[Message]:

@@ -94,6 +94,8 @@ class HistoryCache:
             # Why it is excluded, as the strategy that excluded it wrote (the record rules read a replaced record's).
             reason = props.get(EXCLUDE_REASON_KEY) if excluded else None
             reason = reason if isinstance(reason, str) else None
+            replaced_by = props.get(SUMMARIZED_BY_KEY) if excluded else None
+            replaced_by = replaced_by if isinstance(replaced_by, str) else None
             held = props.get(HOLD_KEY)
             held = held if isinstance(held, str) and held in self._holds else None
             preserved = bool(props.get(PRESERVED_KEY)) and held is None
@@ -103,7 +105,10 @@ class HistoryCache:
             summary = is_summary(message)
             # Everything a record copies besides the parts: it is rebuilt only when one of them changed.
             role = message.role
-            flags = (role, message.message_id, excluded, reason, preserved, injected, note, held, written, summary)
+            flags = (
+                role, message.message_id, excluded, reason, replaced_by, preserved, injected, note, held, written,
+                summary,
+            )  # fmt: skip
             if entry.record is None or entry.record.origin != index or entry.flags != flags:
                 _check_identity(message, index)
                 entry.flags = flags
@@ -114,6 +119,7 @@ class HistoryCache:
                     message_id=message.message_id,
                     excluded=excluded,
                     reason=reason,
+                    replaced_by=replaced_by,
                     preserved=preserved,
                     injected=injected,
                     note=note,

@@ -39,7 +39,7 @@ from ..core.checks import AtLeastOne, Fraction, require, require_sync_callable, 
 from ..core.errors import CompactionBudgetExceeded
 from ..core.grouping import Grouping
 from ..core.recall import PinKind, PinRule
-from ..core.records import RECALL_TOOL_NAME, RECORD_PREFIX, RecordConfig, on_recall, recall_status, reforce_pending
+from ..core.records import RECALL_TOOL_NAME, RECORD_RECEIPT, RecordConfig, on_recall, recall_status, reforce_pending
 from ..core.stack import with_armed
 from ..core.state import State
 from .aligned import SentHead, function_calls
@@ -156,7 +156,8 @@ def make_recall_tool(
         raise ValueError(f"gate must be a RecallGate or None, got {gate!r}")
 
     def recall_earlier_tool_results(values: str) -> str:
-        return record_reply(gate, values)
+        del values  # the record is the call's argument: the strategy reads it there
+        return record_reply(gate)
 
     return recall_tool(recall_earlier_tool_results, target_tokens)
 
@@ -175,11 +176,12 @@ def recall_tool(function: Callable[..., Any], target_tokens: int | None) -> Func
     )
 
 
-def record_reply(gate: RecallGate | None, values: str) -> str:
-    """What the recall tool answers: the record (one per arming of ``gate``), or that none is needed."""
+def record_reply(gate: RecallGate | None) -> str:
+    """What the recall tool answers: a receipt for the record its call carries (one per arming of ``gate``; the
+    prompt carries the call's arguments already, so the result does not repeat them), or that none is needed."""
     if gate is not None and not gate.take():
         return NOT_NEEDED_REPLY
-    return f"{RECORD_PREFIX}\n{values}"
+    return RECORD_RECEIPT
 
 
 class ToolResultRecallMiddleware(ChatMiddleware):

@@ -320,7 +320,10 @@ def record_text(message: Message, messages: Sequence[Message] | None = None) -> 
     a tool message whose results carry the record marker and answer a
     ``recall_earlier_tool_results`` call: pass the conversation as ``messages`` to check
     the call there, as the strategy does; without it, the message's own call ids are
-    taken as recall calls. An excluded message carries no record.
+    taken as recall calls. The recall tool's result is a receipt and the record is its
+    call's ``values``, so without ``messages`` such a record reads as its prefix alone
+    (a result of an earlier release, which repeated the record, reads in full). An
+    excluded message carries no record.
 
     Raises:
         TypeError: ``message`` is not a ``Message``.
@@ -329,7 +332,7 @@ def record_text(message: Message, messages: Sequence[Message] | None = None) -> 
         raise TypeError(f"message must be an agent_framework Message, got {message!r}")
     record = to_history([message], _READER, note_kind=NOTE_KIND)[0]
     if messages is None:
-        recall_ids = frozenset(p.call_id for p in record.parts if p.call_id)
+        recall_calls: core.RecallCalls = {p.call_id: "" for p in record.parts if p.call_id}
     else:
-        recall_ids = core.recall_call_ids(to_history(messages, _READER, note_kind=NOTE_KIND))
-    return core.record_text(record, recall_ids)
+        recall_calls = core.find_recall_calls(to_history(messages, _READER, note_kind=NOTE_KIND))
+    return core.record_text(record, recall_calls)

@@ -1020,8 +1020,9 @@ def make_session_recall_tool(
         raise ValueError(f"registry must be a SessionCompactionRegistry, got {registry!r}")
 
     async def recall_earlier_tool_results(values: str, ctx: FunctionInvocationContext) -> str:
+        del values  # the record is the call's argument: the strategy reads it there
         # A coroutine, so the phase opens and closes on the event loop, never in a worker thread.
         with registry.phase(ctx.session, RECALL_TOOL_NAME) as stack:
-            return record_reply(stack.gate, values)
+            return record_reply(stack.gate)
 
     return recall_tool(recall_earlier_tool_results, target_tokens)

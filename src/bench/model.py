@@ -151,7 +151,8 @@ def content_text(content: Content) -> str:
         return content.text or ""
     if kind == "function_call":
         arguments = content.arguments
-        return arguments if isinstance(arguments, str) else json.dumps(arguments, sort_keys=True)
+        # As a provider sends them: JSON, non-ASCII as written (a record's values are the recall call's).
+        return arguments if isinstance(arguments, str) else json.dumps(arguments, sort_keys=True, ensure_ascii=False)
     if kind == "function_result":
         result = content.result
         if isinstance(result, str):

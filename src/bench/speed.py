@@ -48,7 +48,7 @@ from ..adapters.recall import RecallGate, ToolResultRecallMiddleware
 from ..adapters.records import ToolResultAnchoredSummarizationCompactionStrategy
 from ..adapters.tiktoken import TiktokenTokenizer
 from ..adapters.user_summaries import UserTurnAnchoredSummarizationCompactionStrategy
-from ..core.records import RECALL_TOOL_NAME, RECORD_PREFIX
+from ..core.records import RECALL_TOOL_NAME, RECORD_RECEIPT
 from ..core.values import distinctive_values
 from .args import positive_int, program_name
 from .client import SimulatedChatClient
@@ -210,7 +210,7 @@ def build_record_turn(turn: int) -> list[Message]:
         ),
         Message(
             "tool",
-            [Content.from_function_result(call_id, result=f"{RECORD_PREFIX}\n{values}")],
+            [Content.from_function_result(call_id, result=RECORD_RECEIPT)],
             message_id=f"{prefix}_result",
         ),
         Message("assistant", ["The earlier values are recorded."], message_id=f"{prefix}_answer"),

@@ -244,7 +244,9 @@ def step(
     """One composed pass (see the module docstring); ``memo`` is the last ``Done.memo`` (the record rules')."""
     budget = config.max_input_tokens
     record_memo = memo if isinstance(memo, records.RecordMemo) else None
-    given, history = history, records.place_written(history, records.written(state), measure)
+    # An exclusion whose replacement the list lost is undone first: the replay puts a kept one back.
+    given = user_summaries.relinked(history)
+    history = records.place_written(given, records.written(state), measure)
     seen = view(history, record_memo.view if record_memo else None)
     # The record half's report is a placeholder until its sub-step runs.
     report = CompositionReport(seen.sent, seen.sent, records=RecordReport(seen.sent, seen.sent))
@@ -658,20 +660,20 @@ def _active_records(seen: View, measure: anchored.Measure) -> list[user_summarie
     written record): a replacement excludes the whole group, and a tool call made beside
     the recall call has a result no replacement quotes.
     """
-    output, indices, conversation, recall_ids = seen.history, seen.indices, seen.records, seen.recall_ids
+    output, indices, conversation, recall_calls = seen.history, seen.indices, seen.records, seen.recall_calls
     groups: dict[int, tuple[int, ...]] = {}  # history index -> its whole group, for groups of records only
     for group in seen.grouping.all:
         members = [conversation[m] for m in group.members]
         calls_other = any(name != records.RECALL_TOOL_NAME for r in members for name in r.call_names)
         answers_other = any(
-            p.kind == "function_result" and p.call_id not in recall_ids for r in members for p in r.parts
+            p.kind == "function_result" and p.call_id not in recall_calls for r in members for p in r.parts
         )
         if not calls_other and not answers_other:
             whole = tuple(indices[m] for m in group.members)
             groups.update(dict.fromkeys(whole, whole))
     found: list[user_summaries.Item] = []
     for index in sorted(groups):
-        text = records.record_text(output[index], recall_ids)
+        text = records.record_text(output[index], recall_calls)
         if text:
             body = text.split(records.RECORD_MARKER, 1)[-1].removeprefix(" " + records.RECORD_PREAMBLE).strip()
             found.append(

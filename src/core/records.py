@@ -73,7 +73,7 @@ from .state import (
 )
 from .tables import RowKey, release_rows, repeated_rows, row_keys
 from .values import distinctive_values, name_mentions, word_set
-from .view import RECALL_TOOL_NAME, View, recall_call_ids, view
+from .view import RECALL_ARGUMENT, RECALL_TOOL_NAME, RecallCalls, View, call_values, find_recall_calls, view
 
 Measure = Callable[[str], int]
 
@@ -84,6 +84,10 @@ RECORD_PREAMBLE: Final = (
     "as absent only if it appears nowhere, including here."
 )
 RECORD_PREFIX: Final = f"{RECORD_MARKER} {RECORD_PREAMBLE}"
+#: What the recall tool answers a record with: the record is the call's own argument, which the prompt
+#: already carries, so the result names it rather than repeating it (:func:`record_text` joins the two).
+RECORD_IN_CALL: Final = f"The record is the `{RECALL_ARGUMENT}` this call was given."
+RECORD_RECEIPT: Final = f"{RECORD_PREFIX}\n{RECORD_IN_CALL}"
 
 #: Hold reasons, written on held messages so the fallback leaves them whole.
 HOLD_UNCOVERED: Final = "tool_summary_uncovered"
@@ -199,42 +203,54 @@ class RecordConfig:
 # ----------------------------------------------------------------------------------------
 
 
-def record_text(record: MessageRecord, recall_ids: frozenset[str]) -> str:
+def record_text(record: MessageRecord, recall_calls: RecallCalls) -> str:
     """The record text ``record`` carries: "" when it is not a record."""
     if record.excluded:
         return ""
     if record.written_record:
         text = "\n".join(p.text for p in record.parts if p.kind == "text")
         return text if text.startswith(RECORD_PREFIX) and not record.has_tool_call else ""
-    return "\n".join(_recall_records(record, recall_ids))
+    return "\n".join(_recall_records(record, recall_calls))
 
 
-def _recall_records(record: MessageRecord, recall_ids: frozenset[str]) -> list[str]:
-    """The records ``record`` carries as results of recall calls, excluded or not."""
+def _recall_records(record: MessageRecord, recall_calls: RecallCalls) -> list[str]:
+    """The records ``record`` carries as results of recall calls, excluded or not.
+
+    A result that is the tool's receipt (:data:`RECORD_RECEIPT`) carries its call's record; an
+    earlier release's result repeated the record after the prefix, and carries it itself.
+    """
     if record.role != "tool":
         return []
     return [
-        part.text
+        _receipted(part.text, recall_calls.get(part.call_id or "", ""))
         for part in record.parts
-        if part.kind == "function_result" and part.call_id in recall_ids and RECORD_MARKER in part.text
+        if part.kind == "function_result" and part.call_id in recall_calls and RECORD_MARKER in part.text
     ]
+
+
+def _receipted(result: str, call: str) -> str:
+    """The record a recall result carries: its call's (:func:`.view.call_values`) when ``result`` is the tool's
+    receipt (:data:`RECORD_RECEIPT`), else ``result`` itself."""
+    if result.startswith(RECORD_PREFIX) and result.removeprefix(RECORD_PREFIX).strip() == RECORD_IN_CALL:
+        return f"{RECORD_PREFIX}\n{call_values(call)}"
+    return result
 
 
 #: Why a record a composition's merge or rewrite replaced is excluded (written on its messages).
 REPLACED_REASON: Final = "record_replaced"
 
 
-def _replaced_text(record: MessageRecord, recall_ids: frozenset[str]) -> str:
+def _replaced_text(record: MessageRecord, recall_calls: RecallCalls) -> str:
     """The record text ``record`` carried before a merge or rewrite replaced it: "" when it is no such record."""
     if not (record.excluded and record.reason == REPLACED_REASON):
         return ""
-    return record_text(replace(record, excluded=False), recall_ids)
+    return record_text(replace(record, excluded=False), recall_calls)
 
 
-def _is_recall_group(records: Sequence[MessageRecord], group: Group, recall_ids: frozenset[str]) -> bool:
+def _is_recall_group(records: Sequence[MessageRecord], group: Group, recall_calls: RecallCalls) -> bool:
     return any(
         RECALL_TOOL_NAME in records[i].call_names
-        or any(p.kind == "function_result" and p.call_id in recall_ids for p in records[i].parts)
+        or any(p.kind == "function_result" and p.call_id in recall_calls for p in records[i].parts)
         for i in group.members
     )
 
@@ -242,15 +258,15 @@ def _is_recall_group(records: Sequence[MessageRecord], group: Group, recall_ids:
 def _pending(seen: View) -> tuple[list[str], list[tuple[int, Group]]]:
     """The active records' texts, in order, and (ordinal, group) of every tool group after the
     newest one that still has an included message and is not a recall group: new tool material."""
-    records, recall_ids = seen.records, seen.recall_ids
-    found = [(k, text) for k, r in enumerate(records) if (text := record_text(r, recall_ids))]
+    records, recall_calls = seen.records, seen.recall_calls
+    found = [(k, text) for k, r in enumerate(records) if (text := record_text(r, recall_calls))]
     newest = found[-1][0] if found else -1
     return [text for _, text in found], [
         (ordinal, g)
         for ordinal, g in enumerate(g for g in seen.grouping.all if g.kind == "tool_call")
         if g.start > newest
         and not all(records[i].excluded for i in g.members)
-        and not _is_recall_group(records, g, recall_ids)
+        and not _is_recall_group(records, g, recall_calls)
     ]
 
 
@@ -677,13 +693,13 @@ def originals(history: Iterable[MessageRecord]) -> int:
 
 def _shown_results(view: History) -> list[str]:
     """Call ids of the tool results ``view`` sends (recall results aside), in order."""
-    recall_ids = recall_call_ids(conversation_records(view))
+    recall_calls = find_recall_calls(conversation_records(view))
     return [
         part.call_id
         for record in view
         if not record.excluded and not record.injected and record.role == "tool"
         for part in record.parts
-        if part.kind == "function_result" and part.call_id and part.call_id not in recall_ids
+        if part.kind == "function_result" and part.call_id and part.call_id not in recall_calls
     ]
 
 
@@ -810,29 +826,30 @@ def rules(
     """
     memo = memo if isinstance(memo, RecordMemo) else RecordMemo()
     seen = history if isinstance(history, View) else view(history, memo.view)
-    records, recall_ids, grouping = seen.records, seen.recall_ids, seen.grouping
+    records, recall_calls, grouping = seen.records, seen.recall_calls, seen.grouping
     tokens_before = seen.sent
     triggered = tokens_before > config.trigger_tokens
-    found = [k for k, r in enumerate(records) if record_text(r, recall_ids)]
+    found = [k for k, r in enumerate(records) if record_text(r, recall_calls)]
     if not found:  # every hold is released (holds are decided afresh on each pass, so both lists agree)
         fallback = Fallback.PLAIN if tokens_before >= config.fallback_tokens else Fallback.NONE
         report = RecordReport(tokens_before, tokens_before, triggered=triggered, fallback=fallback)
         return _done(seen, _with_holds(records, {}), decisions=decisions, report=report, memo=memo)
 
-    text = "\n".join(record_text(records[k], recall_ids) for k in found)
+    text = "\n".join(record_text(records[k], recall_calls) for k in found)
     quoted = memo.quoted if memo.quoted is not None and memo.quoted[0] == text else (text, name_mentions(text))
     # The records that judge: the active ones, and those a composition's merge or rewrite replaced, where they
     # stood (a replacement stands where the first it replaced stood: without these, a group a later replaced
     # record judged would be judged again by the next record, at its old position).
     active = set(found)
     said = [
-        (k, record_text(r, recall_ids) if k in active else _replaced_text(r, recall_ids)) for k, r in enumerate(records)
+        (k, record_text(r, recall_calls) if k in active else _replaced_text(r, recall_calls))
+        for k, r in enumerate(records)
     ]
     judging = [k for k, t in said if t]
     texts = tuple(t for _, t in said if t)
     judges = _judges(texts, memo.judges)
     values: dict[str, tuple[str, ...]] = {}
-    candidates, gone = _candidates(config, records, grouping, found[-1], recall_ids, values=(memo.values, values))
+    candidates, gone = _candidates(config, records, grouping, found[-1], recall_calls, values=(memo.values, values))
     by_position = list(zip(judging, judges[1], judges[2], strict=True))
     covered, weak, uncovered = _coverage(config, candidates, quoted[1], gone, by_position)
     held_thin: list[_Candidate] = []
@@ -854,9 +871,9 @@ def rules(
     # Repeated (ambiguous) table rows are read in the results as loaded (``records``), not in ``output``: a
     # remnant cut above has no original yet, and would hide rows a pass over this output reads again.
     rows, distilled = _cut_thin(
-        config, output, weak, texts, judging, loaded=records, measure=measure, recall_ids=recall_ids
+        config, output, weak, texts, judging, loaded=records, measure=measure, recall_calls=recall_calls
     )
-    rows += _release_rows(config, output, held_thin, text, loaded=records, measure=measure, recall_ids=recall_ids)
+    rows += _release_rows(config, output, held_thin, text, loaded=records, measure=measure, recall_calls=recall_calls)
     joined = _exclude(output, broken)
     # Every hold is decided afresh on each pass (so both lists agree on what stays): the
     # holds this pass gives, by index into ``records``; any other hold is released.
@@ -868,7 +885,7 @@ def rules(
     tokens_after = tokens_before + sent_tokens(output) - sent_tokens(records)
     over = tokens_after > config.max_input_tokens
     # Over the budget, the fallback behind the record runs; when its sheds stand, it replays them under these holds.
-    held_unrecorded = _hold_unrecorded(output, grouping, recall_ids, holds) if over or fallback_stands else 0
+    held_unrecorded = _hold_unrecorded(output, grouping, recall_calls, holds) if over or fallback_stands else 0
     output = _with_holds(output, holds)
     report = RecordReport(
         tokens_before=tokens_before,
@@ -912,7 +929,7 @@ def _done(
     """The rules' answer: the decisions are its state; its memo carries the view of its history (the input's
     grouping: the rules change only flags and results' text)."""
     output = _placed(seen, records)
-    changed = View(output, seen.indices, tuple(records), seen.grouping, seen.recall_ids, sent_tokens(output))
+    changed = View(output, seen.indices, tuple(records), seen.grouping, seen.recall_calls, sent_tokens(output))
     return Done(history=output, state=decisions, report=report, memo=replace(memo, view=changed))
 
 
@@ -931,7 +948,7 @@ def _candidates(
     records: Sequence[MessageRecord],
     grouping: Grouping,
     anchor: int,
-    recall_ids: frozenset[str],
+    recall_calls: RecallCalls,
     *,
     values: tuple[Mapping[str, tuple[str, ...]], dict[str, tuple[str, ...]]],
 ) -> tuple[list[_Candidate], list[tuple[str, ...]]]:
@@ -959,7 +976,7 @@ def _candidates(
         ordinal += 1
         if position < config.keep_head_groups or members[-1] >= anchor:
             continue
-        if any(records[i].preserved for i in members) or _is_recall_group(records, group, recall_ids):
+        if any(records[i].preserved for i in members) or _is_recall_group(records, group, recall_calls):
             continue  # another component's, or a recall group
         names = tuple(name for i in members for name in records[i].call_names)
         if all(records[i].excluded for i in members):  # already gone, judged all the same
@@ -1021,7 +1038,7 @@ def _cut_thin(
     *,
     loaded: Sequence[MessageRecord],
     measure: Measure,
-    recall_ids: frozenset[str],
+    recall_calls: RecallCalls,
 ) -> tuple[int, int]:
     """Cut the plain-text results of thinly quoted groups, in ``output``; (rows newly released, results newly cut).
 
@@ -1040,7 +1057,7 @@ def _cut_thin(
         quoted = frozenset(row_keys(judging)) if target is not None and "|" in judging else frozenset[RowKey]()
         results = [_judged_text(p) for p in _string_results(output, candidate.group) if p.text]
         large = bool(quoted) and target is not None and sum(map(measure, results)) > target
-        ambiguous = _ambiguous_rows(loaded[: positions[judge]], recall_ids) if large else None
+        ambiguous = _ambiguous_rows(loaded[: positions[judge]], recall_calls) if large else None
         cut = partial(_thinned, quoted, ambiguous)
         cut_now, released_now = _rewrite_results(output, candidate.group, cut, measure)
         changed, rows = changed + cut_now, rows + released_now
@@ -1124,7 +1141,7 @@ def _release_rows(
     *,
     loaded: Sequence[MessageRecord],
     measure: Measure,
-    recall_ids: frozenset[str],
+    recall_calls: RecallCalls,
 ) -> int:
     """Release quoted table rows from large uncovered string results, in ``output`` (their excluded messages too).
 
@@ -1138,7 +1155,7 @@ def _release_rows(
     quoted = frozenset(row_keys(record)) if large else frozenset[RowKey]()
     if not quoted:
         return 0
-    ambiguous = _ambiguous_rows(loaded, recall_ids)
+    ambiguous = _ambiguous_rows(loaded, recall_calls)
 
     def release(part: Part) -> tuple[str, int]:
         # A distilled result is the safety net's final form (every value already kept): releasing
@@ -1150,13 +1167,13 @@ def _release_rows(
     return sum(_rewrite_results(output, c.group, release, measure, excluded_too=True)[1] for c in large)
 
 
-def _ambiguous_rows(loaded: Iterable[MessageRecord], recall_ids: frozenset[str]) -> frozenset[RowKey]:
+def _ambiguous_rows(loaded: Iterable[MessageRecord], recall_calls: RecallCalls) -> frozenset[RowKey]:
     """Table rows repeated under the same headings in the ``loaded`` tool results (records aside)."""
     return repeated_rows(
         p.original or p.text
         for r in loaded
         for p in r.parts
-        if p.kind == "function_result" and p.call_id not in recall_ids
+        if p.kind == "function_result" and p.call_id not in recall_calls
     )
 
 
@@ -1200,11 +1217,11 @@ def records_written(history: Iterable[MessageRecord]) -> int:
     records, and a record that arrives after it is still a new one.
     """
     conversation = conversation_records(history)
-    recall_ids = recall_call_ids(conversation)
+    recall_calls = find_recall_calls(conversation)
     return sum(
         1
         for r in conversation
-        if _recall_records(r, recall_ids)
+        if _recall_records(r, recall_calls)
         or (r.written_record and (r.message_id or "").startswith(ALIGNED_RECORD_ID_PREFIX))
     )
 
@@ -1283,7 +1300,7 @@ def record_expected(state: State) -> bool:
 def _hold_unrecorded(
     output: Sequence[MessageRecord],
     grouping: Grouping,
-    recall_ids: frozenset[str],
+    recall_calls: RecallCalls,
     holds: dict[int, str],
     *,
     shed_too: bool = False,
@@ -1300,7 +1317,7 @@ def _hold_unrecorded(
         if group.kind != "tool_call" or any(output[i].preserved or holds.get(i) for i in group.members):
             continue
         excluded = all(output[i].excluded for i in group.members)
-        if (excluded and shed_too) or (not excluded and not _is_recall_group(output, group, recall_ids)):
+        if (excluded and shed_too) or (not excluded and not _is_recall_group(output, group, recall_calls)):
             holds.update(dict.fromkeys(group.members, HOLD_UNRECORDED))
             held += 1
     return held
@@ -1321,7 +1338,7 @@ def hold_unrecorded(seen: View) -> History:
     """
     records = seen.records
     holds = {k: r.held for k, r in enumerate(records) if r.held is not None}
-    if not _hold_unrecorded(records, seen.grouping, seen.recall_ids, holds, shed_too=True):
+    if not _hold_unrecorded(records, seen.grouping, seen.recall_calls, holds, shed_too=True):
         return seen.history
     return _placed(seen, [_held(r, holds.get(k)) for k, r in enumerate(records)])
 

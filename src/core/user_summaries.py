@@ -290,9 +290,11 @@ def step(
     """One pass over ``history`` (see the module docstring for the rules); ``memo`` is unused.
 
     Below the trigger, a remembered summary this list does not show yet is still applied:
-    injected context may put only the other list over the trigger, and both must agree.
+    injected context may put only the other list over the trigger, and both must agree. An
+    exclusion whose summary the list lost is undone first (:func:`relinked`).
     """
     del memo
+    history = relinked(history)
     answer = pass_(config, state, history, measure)
     if isinstance(answer, Done) and answer.report.outcome is Outcome.BELOW_TRIGGER:
         return replayed(config, state, history, measure) or answer
@@ -690,6 +692,29 @@ def apply(history: History, members: Iterable[int], reason: str, message: Messag
                 replaced_ids.append(record.message_id)
     rebuilt.insert(indices[0], replace(message, replaces=tuple(replaced_ids)))
     return pvector(rebuilt)
+
+
+def relinked(history: History) -> History:
+    """``history`` with every exclusion whose replacement it does not hold undone (the one rule :func:`apply` needs
+    read back).
+
+    A message a replacement took in (a summary, a fold, a record merge or rewrite: :func:`apply`) names it in
+    ``replaced_by``, and stays excluded only while that replacement is in the history. A host whose list keeps
+    the flags on its messages but not the messages a pass inserted (a chat client's per-call compaction over a
+    session's stored history, the harness wiring) hands the pass an exclusion whose replacement is gone: read
+    as written, those messages would leave the prompt with nothing standing for them. Read as included, the pass
+    decides them again, and a kept answer in the state puts the same replacement back (the same bytes, nothing
+    asked).
+    """
+    present = {r.message_id for r in history if r.message_id is not None and (r.summary or r.written_record)}
+    if all(not r.excluded or r.replaced_by is None or r.replaced_by in present for r in history):
+        return history
+    return pvector(
+        flagged(r, excluded=False, reason=None, replaced_by=None)
+        if r.excluded and r.replaced_by is not None and r.replaced_by not in present
+        else r
+        for r in history
+    )
 
 
 def _below_break_even(p: _Pass, selected: Sequence[Item]) -> bool:

@@ -11,26 +11,53 @@ A view is a value: it never changes an answer, only saves work.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Final
+from types import MappingProxyType
+from typing import Final, TypeAlias, cast
 
 from .grouping import Grouping, regroup
 from .model import History, MessageRecord, conversation_indices
 from .protocol import sent_tokens
 
 RECALL_TOOL_NAME: Final = "recall_earlier_tool_results"
+#: The recall tool's one parameter: the record the model writes.
+RECALL_ARGUMENT: Final = "values"
+#: The conversation's recall calls: each call id with the call's text (its name and arguments; the record it
+#: carries: :func:`call_values`).
+RecallCalls: TypeAlias = Mapping[str, str]
 
 
-def recall_call_ids(history: Iterable[MessageRecord]) -> frozenset[str]:
-    """Call ids of every ``recall_earlier_tool_results`` call in ``history``."""
-    return frozenset(
-        part.call_id
-        for record in history
-        if record.has_tool_call and RECALL_TOOL_NAME in record.call_names
-        for part in record.parts
-        if part.call_id and part.name == RECALL_TOOL_NAME
+def find_recall_calls(history: Iterable[MessageRecord]) -> RecallCalls:
+    """Every ``recall_earlier_tool_results`` call in ``history``: its call id, with its text."""
+    return MappingProxyType(
+        {
+            part.call_id: part.text
+            for record in history
+            if record.has_tool_call and RECALL_TOOL_NAME in record.call_names
+            for part in record.parts
+            if part.call_id and part.name == RECALL_TOOL_NAME
+        }
     )
+
+
+def call_values(text: str) -> str:
+    """The record a recall call's text (its name and arguments, :func:`~.counting.call_text`) carries.
+
+    The ``values`` argument when the arguments are the JSON object the tool takes; otherwise the arguments as
+    they stand (a provider that sent something else: the model still reads it as written).
+    """
+    arguments = text.removeprefix(RECALL_TOOL_NAME).strip()
+    try:
+        parsed: object = json.loads(arguments)
+    except ValueError:
+        return arguments
+    if isinstance(parsed, dict):
+        value = cast("dict[str, object]", parsed).get(RECALL_ARGUMENT)
+        if isinstance(value, str):
+            return value
+    return arguments
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +69,7 @@ class View:
         indices: Indices of the conversation in ``history`` (neither injected nor a note).
         records: The conversation's records, in order (``history[i]`` for each index).
         grouping: The conversation's grouping; group members index ``records``.
-        recall_ids: Call ids of the conversation's recall calls.
+        recall_calls: The conversation's recall calls (:func:`find_recall_calls`).
         sent: The sent prompt's size (:func:`~.protocol.sent_tokens` of ``history``).
     """
 
@@ -50,7 +77,7 @@ class View:
     indices: tuple[int, ...]
     records: tuple[MessageRecord, ...]
     grouping: Grouping
-    recall_ids: frozenset[str]
+    recall_calls: RecallCalls
     sent: int
 
 
@@ -61,4 +88,4 @@ def view(history: History, previous: View | Grouping | None = None) -> View:
     indices = conversation_indices(history)
     records = tuple(history[i] for i in indices)
     grouping = regroup(records, previous.grouping if isinstance(previous, View) else previous)
-    return View(history, indices, records, grouping, recall_call_ids(records), sent_tokens(history))
+    return View(history, indices, records, grouping, find_recall_calls(records), sent_tokens(history))

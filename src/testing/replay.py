@@ -10,6 +10,9 @@ needs, absorb, step again) and raises :class:`ReplayError` naming what broke:
   same text, excluded only by a later decision that links to it;
 - :func:`check_two_lists_agree`: two lists stepped from one state (the stored history, and a copy
   with context injected for one call) put the same conversation in the prompt;
+- :func:`check_a_list_that_lost_its_insertions_agrees`: a list that kept the flags a pass wrote on its
+  messages but not the messages the pass inserted (a chat client's per-call compaction over a session's
+  stored history) gets the same prompt from the next pass;
 - :func:`check_restored_state_replays`: a state stored as JSON and read back is the same value,
   and the next pass from it asks for nothing the first pass asked for and answers as the next pass
   from the state never stored does.
@@ -47,6 +50,7 @@ from ..core import (
     text_part,
 )
 from ..core.counting import Measure
+from ..core.model import flagged
 from ..core.values import distinctive_values
 
 S = TypeVar("S", State, AnchoredSnapshot)
@@ -261,6 +265,41 @@ def check_two_lists_agree(
     if shown(copy.done.history) != shown(stored.done.history):
         raise ReplayError("the in-call copy and the stored history put different conversations in the prompt")
     return stored.state
+
+
+def check_a_list_that_lost_its_insertions_agrees(
+    given: History,
+    *,
+    step: StepFunction,
+    config: object,
+    state: S,
+    measure: Measure,
+    answer: Answerer = quoting_answer,
+    rule: PinRule | None = None,
+) -> S:
+    """After a pass over ``given``, the list a host keeps when it writes the pass's flags onto its messages but drops
+    what the pass inserted (records, summaries, notes: a chat client's per-call compaction over a session's stored
+    history) puts the same conversation in the prompt on the next pass, and asks for no answer the state holds.
+    Returns the state after that pass.
+
+    Raises:
+        ReplayError: The next pass asked again, or its prompt differs (a message excluded for a replacement the
+            list lost left the prompt with nothing standing for it).
+    """
+    first = run_pass(step, config, state, given, measure, answer=answer, rule=rule)
+    kept = history(
+        flagged(record, origin=index)
+        for index, record in enumerate(r for r in first.done.history if r.origin is not None)
+    )
+    # The same request's state, stepped again over the list the host kept (no new request: ``rule`` is not applied).
+    again = run_pass(step, config, first.state, kept, measure, answer=answer)
+    answered = {a.identity for a in first.state.answers} if isinstance(first.state, State) else set[str]()
+    repeated = {request.identity for request in again.asked} & answered
+    if repeated:
+        raise ReplayError(f"the list that lost its insertions asked again for {len(repeated)} answer(s)")
+    if shown(first.done.history) != shown(again.done.history):
+        raise ReplayError("the list that lost the pass's insertions puts another conversation in the prompt")
+    return again.state
 
 
 def check_restored_state_replays(
