@@ -293,13 +293,18 @@ def check_a_list_that_lost_its_insertions_agrees(
     )
     # The same request's state, stepped again over the list the host kept (no new request: ``rule`` is not applied).
     again = run_pass(step, config, first.state, kept, measure, answer=answer)
-    answered = {a.identity for a in first.state.answers} if isinstance(first.state, State) else set[str]()
-    repeated = {request.identity for request in again.asked} & answered
+    repeated = _asked_again(first.state, again)
     if repeated:
-        raise ReplayError(f"the list that lost its insertions asked again for {len(repeated)} answer(s)")
+        raise ReplayError(f"the list that lost its insertions asked again for {repeated} answer(s)")
     if shown(first.done.history) != shown(again.done.history):
         raise ReplayError("the list that lost the pass's insertions puts another conversation in the prompt")
     return again.state
+
+
+def _asked_again(state: S, later: Passed[S]) -> int:
+    """How many answers ``state`` holds that ``later`` asked for again."""
+    answered = {a.identity for a in state.answers} if isinstance(state, State) else set[str]()
+    return len({request.identity for request in later.asked} & answered)
 
 
 def check_restored_state_replays(
@@ -325,10 +330,9 @@ def check_restored_state_replays(
         raise ReplayError("the state read back from JSON is not the state stored")
     kept = run_pass(step, config, first.state, given, measure, answer=answer, rule=rule)
     again = run_pass(step, config, restored, given, measure, answer=answer, rule=rule)
-    answered = {a.identity for a in first.state.answers} if isinstance(first.state, State) else set[str]()
-    repeated = {request.identity for request in again.asked} & answered
+    repeated = _asked_again(first.state, again)
     if repeated:
-        raise ReplayError(f"the restored state asked again for {len(repeated)} answer(s) it already had")
+        raise ReplayError(f"the restored state asked again for {repeated} answer(s) it already had")
     if [r.identity for r in again.asked] != [r.identity for r in kept.asked]:
         raise ReplayError("the restored state asks otherwise than the state never stored")
     if again.done.history != kept.done.history or again.state != kept.state:
