@@ -67,6 +67,7 @@ from maf_compaction import (
     ToolResultRecallMiddleware,
     make_session_recall_tool,
 )
+from maf_compaction.bench.model import content_text
 from maf_compaction.bench.sessions import make_builder
 from maf_compaction.core.composition import OverflowPolicy
 from maf_compaction.core.envelope import READS, VERSION
@@ -1412,15 +1413,6 @@ async def test_with_compact_before_off_the_providers_before_phase_compacts_the_l
         assert stack.strategy.passes == passes + 1, "a disabled phase compacted"
 
 
-def _content_text(content: Content) -> str:
-    """What a content says to the model: a result, a call's arguments (a record is the recall call's), a text."""
-    if content.type == "function_result":
-        return str(content.result)
-    if content.type == "function_call":
-        return json.dumps(content.parse_arguments())
-    return content.text or ""
-
-
 @tool(name="lookup", approval_mode="never_require")
 def lookup_distinct(q: str) -> str:
     """Look up the code of an item (each question's code is its own)."""
@@ -1448,7 +1440,7 @@ async def test_a_replacement_the_hosts_list_loses_is_put_back_on_the_next_call(p
     assert summarizer.calls > 0, "no replacement was made: the test shows nothing"
     returned: list[str] = []
     for number, (messages, _) in enumerate(client.requests):
-        sent = " ".join(_content_text(c) for m in messages for c in m.contents)
+        sent = " ".join(content_text(c) for m in messages for c in m.contents)
         lost = [code for code in returned if code not in sent]
         assert not lost, f"request {number + 1} (of {len(client.requests)}, ran out: {ran_out}) lost {lost}"
         results = (str(c.result) for m in messages for c in m.contents if c.type == "function_result")

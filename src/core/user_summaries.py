@@ -706,8 +706,11 @@ def relinked(history: History) -> History:
     decides them again, and a kept answer in the state puts the same replacement back (the same bytes, nothing
     asked).
     """
-    present = {r.message_id for r in history if r.message_id is not None and (r.summary or r.written_record)}
-    if all(not r.excluded or r.replaced_by is None or r.replaced_by in present for r in history):
+    linked = {r.replaced_by for r in history if r.excluded and r.replaced_by is not None}
+    if not linked:  # the usual pass: nothing excluded by a replacement, no set of the others to build
+        return history
+    present = {r.message_id for r in history if r.message_id in linked and (r.summary or r.written_record)}
+    if linked <= present:
         return history
     return pvector(
         flagged(r, excluded=False, reason=None, replaced_by=None)
