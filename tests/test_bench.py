@@ -32,6 +32,7 @@ from maf_compaction.bench.rows import (
     ROWS,
     RowContext,
     RowSetup,
+    composed_row,
     parse_strategy_option,
     resolve_rows,
 )
@@ -756,11 +757,36 @@ async def test_a_pinned_record_of_long_prose_over_value_dense_results_fits_its_b
     result repeated it, a pinned record of long prose over number-dense logs stood in the prompt twice, and at
     fill 3.0 the composition raised ``CompactionBudgetExceeded`` (what must stay no longer fit)."""
     settings = Settings(results="dense", prose_tokens=(300, 600), answer_tokens=4_000)
-    result = await run_cell(Cell("tool_and_user_summary_anchored_pinned", 3.0, 1), settings)
+
+    def pinned_every_record(context: RowContext) -> RowSetup:  # such records would not pay: asked for anyway
+        return composed_row(context, record_request="pinned", summary_request="summarizer", record_payoff_share=None)
+
+    cell = Cell("tool_and_user_summary_anchored_pinned", 3.0, 1)
+    result = await run_cell(cell, settings, factory=pinned_every_record)
     assert result.error is None, result.error
     assert result.dq == 0, f"{result.dq} request(s) over the window"
     assert result.counters["forced_calls"] >= 1, result.counters
     assert result.counters["records"] >= 1, result.counters
+
+
+async def test_on_value_dense_results_the_composition_asks_no_record_that_would_not_pay() -> None:
+    """Every lookup of ``--results dense`` is number-dense logs: a record quoting its values would be about a third
+    of it at the output price. The README's composition (``record_payoff_share=0.2``) asks for none and costs less
+    than the same wiring asking for every record, keeping more facts than the framework's default."""
+    settings = Settings(results="dense")
+    results = {
+        row: await run_cell(Cell(row, 1.5, 1), settings)
+        for row in ("tool_and_user_summary_anchored", "tool_and_user_summary_anchored_ungated", "context_window")
+    }
+    gated, every, default = results.values()
+    assert gated.error is None, gated.error
+    assert gated.dq == 0, f"{gated.dq} request(s) over the window"
+    assert not any(kind.startswith("record") for kind in gated.requests), gated.requests
+    assert gated.counters["records"] == 0, gated.counters
+    assert any(kind.startswith("record") for kind in every.requests), every.requests
+    assert gated.cost < 0.8 * every.cost, (gated.cost, every.cost)
+    assert gated.facts_kept > default.facts_kept, (gated.facts_kept, default.facts_kept)
+    assert gated.lost_unnamed - gated.lost_cut_in_place == 0, "every lost value's message is named"
 
 
 async def test_the_pinned_record_row_reports_a_route_that_ignores_the_pin() -> None:

@@ -127,3 +127,20 @@ def test_a_stored_state_reads_back_strictly() -> None:
     with pytest.raises(core.SnapshotError):
         core.read_state(config, {**stored, "answers": "none"})
     assert core.read_snapshot(config.records.fallback, core.AnchoredSnapshot().to_dict()) == core.AnchoredSnapshot()
+
+
+def test_a_rule_with_a_payoff_share_takes_the_hosts_measure() -> None:
+    """``record_rule`` carries the config's payoff share; ``request_sent`` then needs the host's measure to judge
+    which tool groups a record would pay for, and says so rather than count every group."""
+    config = core.RecordConfig(max_input_tokens=1_000, payoff_share=0.2)
+    rule = core.record_rule(config)
+    assert rule.payoff_share == 0.2
+    assert core.record_rule(core.RecordConfig(max_input_tokens=1_000)).payoff_share is None
+    history = to_history(
+        [Message("user", ["Task."])], as_estimator(CharacterEstimatorTokenizer()).parts, note_kind="anchored"
+    )
+    with pytest.raises(TypeError, match="measure"):
+        core.request_sent(rule, core.State(), history)
+    state = core.request_sent(rule, core.State(), history, CharacterEstimatorTokenizer().count_tokens)
+    assert state.recall.seen is not None
+    assert state.recall.next_pin is None  # no tool group: no record is due

@@ -55,8 +55,8 @@ def test_the_committed_docs_are_what_make_docs_writes() -> None:
 def test_every_generated_region_is_used_and_marked() -> None:
     """README carries the short tables, every workload's and When to use it; docs/bench.md the plausible model
     beside the oracle, where the cost goes, the full default grid and the user-heavy workload; each strategy's page
-    its own rows (the composition's under both cache rules); the wire page the real clients'; Claude's page its own
-    client's."""
+    its own rows (the composition's under both cache rules; the records page the payoff share's, per workload);
+    the wire page the real clients'; Claude's page its own client's."""
     found = {name: regions_in((ROOT / name).read_text(encoding="utf-8"), name) for name in docs.DOCUMENTS}
     assert found == {
         "README.md": [
@@ -68,7 +68,7 @@ def test_every_generated_region_is_used_and_marked() -> None:
             "when",
         ],
         "docs/bench.md": ["models", "spend", "demo", "user-heavy"],
-        "docs/records.md": ["net-ignore-pin", "net-ignore-instruction", "net-record-quality", "records"],
+        "docs/records.md": ["payoff", "net-ignore-pin", "net-ignore-instruction", "net-record-quality", "records"],
         "docs/user-summaries.md": ["user-modes"],
         "docs/composition.md": ["composition", "composition-free-tool-choice", "composition-anthropic"],
         "docs/wire-cache.md": ["wire"],

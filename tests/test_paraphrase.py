@@ -107,8 +107,9 @@ class Case:
 
 CASES: Final = (
     Case("tool_and_user_summary_anchored", "synthetic", 3.0),  # records, summaries, both in one request
-    Case("tool_and_user_summary_anchored", "dense", 3.0),  # over the prefix, then merges, rewrites and folds
-    Case("tool_and_user_summary_anchored_pinned", "dense", 3.0),  # pinned records; the summarizer's prompts
+    # over the prefix, then merges, rewrites and folds (a record of value-dense results would not pay: asked anyway)
+    Case("tool_and_user_summary_anchored_ungated", "dense", 3.0),
+    Case("tool_and_user_summary_anchored_pinned", "synthetic", 3.0),  # pinned records; the summarizer's prompts
     Case("user_summary_anchored_fold", "synthetic", 3.0),  # the summarizer's summaries
 )
 #: Ids that are digests of a request, its instruction included: they may differ, the decision may not.

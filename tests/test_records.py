@@ -176,6 +176,9 @@ class Recording:
         ({"record_target_tokens": 0}, "record_target_tokens"),
         ({"record_target_tokens": "2000"}, "record_target_tokens"),
         ({"fallback": "anchored"}, "fallback"),
+        ({"record_payoff_share": 0}, "record_payoff_share"),
+        ({"record_payoff_share": 1.5}, "record_payoff_share"),
+        ({"record_payoff_share": "0.2"}, "record_payoff_share"),
     ],
 )
 def test_invalid_parameters_name_themselves(kwargs: dict[str, Any], name: str) -> None:
@@ -190,6 +193,7 @@ def test_defaults_follow_the_readme() -> None:
     assert (config.keep_head_groups, config.keep_tail_groups) == (3, 4)
     assert (s.trigger_fraction, s.fallback_fraction, s.coverage_share) == (0.6, 0.9, 0.8)
     assert s.record_target_tokens == 2_000
+    assert s.record_payoff_share is None  # every group is asked for unless the host sets a share
     assert isinstance(s.fallback, AnchoredCompactionStrategy)
     assert s.fallback.max_input_tokens == 12_000
     assert s.fallback.config.keep_head_groups == 3
@@ -1069,3 +1073,108 @@ def test_a_group_judged_by_a_record_a_merge_replaced_is_not_judged_again_by_the_
     assert result_of(messages, "call_3").contents[0].result == cut
     assert not excluded(result_of(messages, "call_3"))
     assert excluded(result_of(messages, "call_5")), "the third record judged nothing: the test proves nothing"
+
+
+# ----------------------------------------------------------------------------- records that pay
+
+
+def dense_text(n: int, lines: int = 40) -> str:
+    """A value-dense result (a log whose every line carries identifiers and numbers): a record that quotes its
+    values would be nearly as large as the result."""
+    return "\n".join(
+        f"{n:02d}-{i:04d} req=RQ-{n:02d}{i:04d} node=nd{i % 7}x{n:02d} took={1000 + i}ms" for i in range(lines)
+    )
+
+
+def test_a_record_pays_only_when_expected_at_most_the_share_of_what_it_replaces() -> None:
+    measure = TOKENIZER.count_tokens
+    for text, pays in ((lookup_text(1), True), (dense_text(1), False)):
+        values = distinctive_values(text)
+        assert records_core.record_pays(values, measure(text), measure, 0.2) is pays
+        assert records_core.record_pays(values, measure(text), measure, None) is True
+    # The expected size is the values as a record quotes them and the prose it writes about a group.
+    values = distinctive_values(lookup_text(1))
+    size = measure(" ".join(values)) + records_core.RECORD_PROSE_TOKENS
+    assert records_core.record_pays(values, size * 4, measure, 0.25)
+    assert not records_core.record_pays(values, size * 4 - 1, measure, 0.25)
+
+
+def _dense_uncovered(share: float | None) -> tuple[Strategy, list[Message]]:
+    """Lookups 0-3 (lookup 0 in the head, lookup 2 value-dense) and a record of lookup 1: lookups 2 and 3 are
+    uncovered."""
+    messages = [Message("user", ["Task: reconcile."])]
+    for n in range(4):
+        messages += lookup(n, dense_text(n) if n == 2 else None)
+    messages += recall(quote_all(lookup_text(1)))
+    s = strategy(record_payoff_share=share)
+    run(s, messages)
+    return s, messages
+
+
+def test_an_uncovered_group_whose_record_would_not_pay_is_held_and_never_asked_for() -> None:
+    s, messages = _dense_uncovered(0.2)
+    report = s.last_report
+    assert report is not None
+    assert (report.uncovered, report.declined, report.asked) == ((2, 3), (2,), (3,))
+    ask = s.decision_state().records.ask
+    assert ask is not None
+    assert ask.targets == (3,)
+    assert s.groups_declined == 1
+    # Held like any uncovered group: nothing leaves the prompt unquoted.
+    for n in (2, 3):
+        assert not excluded(result_of(messages, f"call_{n}"))
+        assert hold(result_of(messages, f"call_{n}")) == HOLD_UNCOVERED
+    # Without a share every uncovered group is asked for, and the prompt is the same.
+    plain, same = _dense_uncovered(None)
+    assert plain.last_report is not None
+    assert (plain.last_report.declined, plain.last_report.asked) == ((), (2, 3))
+    assert [m.text for m in messages] == [m.text for m in same]
+
+
+def test_new_tool_material_counts_only_where_its_record_would_pay() -> None:
+    from maf_compaction.adapters.convert import to_history
+    from maf_compaction.adapters.counting import as_estimator
+    from maf_compaction.core.recall import PinRule, pin_due
+
+    measure = TOKENIZER.count_tokens
+    rule = PinRule(trigger_tokens=0, payoff_share=0.2)
+    memos: list[records_core.StatusMemo] = []
+    for dense, pending in ((False, 3), (True, 0)):
+        messages = [Message("user", ["Task: reconcile."])]
+        for n in range(3):
+            messages += lookup(n, dense_text(n) if dense else None)
+        history = to_history(messages, as_estimator(TOKENIZER).parts, note_kind="anchored")
+        status, memo = records_core.recall_status(history, measure=measure, payoff_share=0.2)
+        assert status.pending_groups == pending
+        assert pin_due(rule, status) is bool(pending)  # nothing whose record would pay: no record is due
+        # The memo of this history, or of another, never changes the answer.
+        for earlier in (memo, *memos):
+            assert records_core.recall_status(history, earlier, measure=measure, payoff_share=0.2)[0] == status
+        memos.append(memo)
+        every, _ = records_core.recall_status(history)
+        assert every.pending_groups == 3
+        assert pin_due(PinRule(trigger_tokens=0), every)
+
+
+def test_the_middleware_must_share_the_strategys_payoff_share() -> None:
+    from maf_compaction import RecallGate, ToolResultRecallMiddleware
+
+    records = Strategy(max_input_tokens=10_000, tokenizer=TOKENIZER, record_payoff_share=0.2)
+    gate = RecallGate()
+    options: dict[str, Any] = {"max_input_tokens": 10_000, "tokenizer": TOKENIZER, "arm": gate.arm}
+    with pytest.raises(ValueError, match=r"record_payoff_share must be the record_payoff_share of the record strategy"):
+        ToolResultRecallMiddleware(**options, reforce=records.take_reforce)
+    with pytest.raises(ValueError, match=r"record_payoff_share"):
+        ToolResultRecallMiddleware(**options, record_payoff_share=0)
+    agrees = ToolResultRecallMiddleware(**options, record_payoff_share=0.2, reforce=records.take_reforce)
+    assert agrees.pin_rule.payoff_share == 0.2
+
+
+def test_an_entry_stored_before_the_payoff_share_existed_restores_without_one_only() -> None:
+    from maf_compaction.core.fingerprint import differences
+
+    stored = {"strategy.records.max_input_tokens": 1_000}
+    assert differences(stored, {**stored, "strategy.records.payoff_share": None}) == ()
+    changed = {**stored, "strategy.records.payoff_share": 0.2}
+    assert differences(stored, changed) == (("strategy.records.payoff_share", None, 0.2),)
+    assert differences(changed, stored) == (("strategy.records.payoff_share", 0.2, None),)

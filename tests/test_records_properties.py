@@ -16,7 +16,8 @@ sentence each:
 - a partial release keeps a result's set of values, so coverage reads the same;
 - a group is judged once: a later record never changes the bytes of a group an earlier one judged;
 - decisions survive a JSON round trip unchanged;
-- the memo a pass hands the next (of this history or any other) never changes an answer.
+- the memo a pass hands the next (of this history or any other) never changes an answer;
+- a payoff share changes only which uncovered groups are asked for, never what the prompt shows.
 """
 
 from __future__ import annotations
@@ -338,6 +339,29 @@ def test_a_memo_never_changes_the_answer(
     # The memo of this very history, handed back, gives the same answer too.
     repeat = rules(config, history, state, counter.measure, memo=fresh.memo)
     assert (repeat.history, repeat.state, repeat.report) == (fresh.history, fresh.state, fresh.report)
+
+
+@given(recorded(), st.sampled_from([0.05, 0.2, 1.0]), st.sampled_from([1_000_000, 2_000]))
+def test_a_payoff_share_changes_only_which_uncovered_groups_are_asked_for(
+    case: tuple[list[Message], list[Message]], share: float, budget: int
+) -> None:
+    """The gate asks for fewer records, never drops more: the same groups are covered and uncovered, the
+    prompt is the same, and every uncovered group is asked for or declined (held either way)."""
+    history, _ = case
+    gated, plain = deep_copy_messages(history), deep_copy_messages(history)
+    with_share, without = _strategy(budget, record_payoff_share=share), _strategy(budget)
+    _run(with_share, gated)
+    _run(without, plain)
+    assert _shown(gated) == _shown(plain)
+    ours, theirs = with_share.last_report, without.last_report
+    assert ours is not None
+    assert theirs is not None
+    assert (ours.covered, ours.uncovered, ours.thin) == (theirs.covered, theirs.uncovered, theirs.thin)
+    assert set(ours.asked) <= set(theirs.asked)
+    assert not set(ours.asked) & set(ours.declined)
+    assert set(ours.declined) <= set(ours.uncovered)
+    assert set(theirs.asked) - set(ours.asked) <= set(ours.declined)
+    assert theirs.declined == ()
 
 
 @given(decisions)

@@ -175,7 +175,7 @@ async def model_request(messages: list[Message], store: Path) -> Message:
     state = core.request_starting(RULE, state)
     prompt, state, sent = await compact(messages, state)
     reply = await complete(prompt)
-    state = core.request_sent(RULE, state, sent)
+    state = core.request_sent(RULE, state, sent, measure)
     store.write_text(json.dumps(state.to_dict()))
     return reply
 

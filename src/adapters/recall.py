@@ -37,9 +37,16 @@ from ..core import recall as machine
 from ..core import records as records_core
 from ..core.checks import AtLeastOne, Fraction, require, require_sync_callable, require_tokenizer
 from ..core.errors import CompactionBudgetExceeded
-from ..core.grouping import Grouping
 from ..core.recall import PinKind, PinRule
-from ..core.records import RECALL_TOOL_NAME, RECORD_RECEIPT, RecordConfig, on_recall, recall_status, reforce_pending
+from ..core.records import (
+    RECALL_TOOL_NAME,
+    RECORD_RECEIPT,
+    RecordConfig,
+    StatusMemo,
+    on_recall,
+    recall_status,
+    reforce_pending,
+)
 from ..core.stack import with_armed
 from ..core.state import State
 from .aligned import SentHead, function_calls
@@ -244,11 +251,15 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             (default) leaves ``min_groups_before_repeat`` and the trigger the only bounds.
         reforce: A callable returning True once per wanted record, called once per
             decision (never for the :meth:`record_due` preview).
+        record_payoff_share: New tool groups make a record due only where their record would
+            pay: its expected size (the group's distinct values and a little prose) at most this
+            share of the group, in (0, 1]; ``None`` (default) counts every group. It must be the
+            record strategy's ``record_payoff_share``.
         record_request: ``"pinned"`` (default) or ``"cached_prefix"``: how a due record is
             asked for (see above). The record strategy's
             ``take_reforce`` also makes the middleware share the strategy's state (the
             preview then reads its outstanding ask for uncovered groups), and its
-            ``max_input_tokens`` and ``trigger_fraction`` must be the strategy's (another
+            ``max_input_tokens``, ``trigger_fraction`` and ``record_payoff_share`` must be the strategy's (another
             value raises ``ValueError`` naming both); a host that wraps ``take_reforce``
             calls ``strategy.bind_recall(middleware)`` to share the state.
 
@@ -278,11 +289,13 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         min_groups_before_repeat: int = machine.DEFAULT_MIN_GROUPS_BEFORE_REPEAT,
         repeat_fraction: float | None = None,
         reforce: Callable[[], bool] | None = None,
+        record_payoff_share: float | None = None,
         record_request: RecordRequest = "pinned",
     ) -> None:
         require("max_input_tokens", max_input_tokens, AtLeastOne)  # the pin rule checks the rest
         require("trigger_fraction", trigger_fraction, Fraction)
         require("repeat_fraction", repeat_fraction, Fraction | None)
+        require("record_payoff_share", record_payoff_share, Fraction | None)
         require("record_request", record_request, RecordRequest)
         require_sync_callable("arm", arm, kind="a callable taking no arguments")
         for name, value in (("disarm", disarm), ("reforce", reforce)):
@@ -299,6 +312,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
             repeat_tokens=machine.repeat_tokens(max_input_tokens, repeat_fraction),
             record_max_tokens=record_max_tokens,
             aligned=record_request == "cached_prefix",
+            payoff_share=None if record_payoff_share is None else float(record_payoff_share),
         )
         self._arm = arm
         self._disarm = disarm
@@ -312,7 +326,8 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         ):
             self.share(owner.conversation, owner.config)  # pyright: ignore[reportOptionalMemberAccess]
         self._histories = HistoryCache(as_estimator(tokenizer).parts)
-        self._grouping: Grouping | None = None  # the last status's grouping: a memo, never a decision
+        self._measure = tokenizer.count_tokens
+        self._status_memo: StatusMemo | None = None  # the last status's grouping and payoff decisions: never a decision
         self._session_id: str | None = None
         self.forced_calls = 0
         self.reforced_calls = 0
@@ -325,6 +340,7 @@ class ToolResultRecallMiddleware(ChatMiddleware):
         for name, ours, theirs in (
             ("max_input_tokens", self._max_input_tokens, config.max_input_tokens),
             ("trigger_fraction", self._trigger_fraction, config.trigger_fraction),
+            ("record_payoff_share", self._rule.payoff_share, config.payoff_share),
         ):
             if ours != theirs:
                 raise ValueError(
@@ -599,7 +615,9 @@ class ToolResultRecallMiddleware(ChatMiddleware):
 
     def _decide(self, messages: Sequence[Message]) -> None:
         history = self._histories.history(messages, note_kind=NOTE_KIND)
-        status, self._grouping = recall_status(history, self._grouping)
+        status, self._status_memo = recall_status(
+            history, self._status_memo, measure=self._measure, payoff_share=self._rule.payoff_share
+        )
         # The reforce callable is asked once per decision (a record asked for while pins are disabled goes over
         # the cached prefix).
         reforce = self._reforce is not None and bool(self._reforce())

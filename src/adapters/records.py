@@ -18,7 +18,7 @@ from agent_framework import CharacterEstimatorTokenizer, CompactionStrategy, Mes
 
 from ..core import records as core
 from ..core.anchored import DEFAULT_KEEP_HEAD_GROUPS, DEFAULT_KEEP_TAIL_GROUPS, AnchoredConfig
-from ..core.checks import require_async_callable
+from ..core.checks import Fraction, require, require_async_callable
 from ..core.protocol import Done, sent_tokens
 from ..core.records import Fallback, RecordConfig, RecordReport
 from ..core.state import State
@@ -69,6 +69,14 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         record_target_tokens: Set it to the recall tool's ``target_tokens``. Larger groups
             may release quoted table rows; ``None`` disables that and the
             :attr:`groups_held_unreachable_coverage` estimate.
+        record_payoff_share: A record is asked for a tool group only when its expected size
+            (the group's distinct values and a little prose) is at most this share of the
+            group's tokens, in (0, 1]: on value-dense results (logs, metrics, tables, JSON) a
+            record would be nearly as large as what it replaces and cost more at the output
+            price than it saves. Such a group is held like a settled one and left to the
+            fallback (:attr:`groups_declined`). ``None`` (default) asks for every group; the
+            README's composition uses 0.2 (``maf_compaction.core.records.PAYOFF_SHARE``). Give the
+            middleware the same value.
         fallback: Any ``CompactionStrategy`` (an async callable), run on the list after the
             pass; by default the anchored rules with the same budget, head and tail, run
             within the pass on the same converted history (the held messages protected).
@@ -81,6 +89,7 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         groups_covered: Tool groups records have covered so far (they left the prompt).
         groups_kept_uncovered: Groups held uncovered on the last pass with a record.
         groups_preserved_uncovered: Of those, the settled ones (held for good).
+        groups_declined: Of those, the groups whose record would not pay (never asked for).
         groups_held_unreachable_coverage: Held groups on the last pass with a record whose
             cheapest sufficient values alone exceed ``record_target_tokens`` (an estimate:
             the token counts of the cheapest ``ceil(values * coverage_share)`` distinct
@@ -111,8 +120,10 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         fallback_fraction: float = core.DEFAULT_FALLBACK_FRACTION,
         coverage_share: float = core.DEFAULT_COVERAGE_SHARE,
         record_target_tokens: int | None = core.DEFAULT_RECORD_TARGET_TOKENS,
+        record_payoff_share: float | None = None,
         fallback: CompactionStrategy | None = None,
     ) -> None:
+        require("record_payoff_share", record_payoff_share, Fraction | None)
         in_pass = None
         if fallback is None:
             in_pass = AnchoredConfig(
@@ -128,6 +139,7 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
             fallback_fraction=fallback_fraction,
             coverage_share=coverage_share,
             record_target_tokens=record_target_tokens,
+            payoff_share=record_payoff_share,
             fallback=in_pass,
         )
         self._setup(config, tokenizer, State(), holds=core.HOLD_REASONS)
@@ -143,6 +155,7 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
         self.groups_covered = 0
         self.groups_kept_uncovered = 0
         self.groups_preserved_uncovered = 0
+        self.groups_declined = 0
         self.groups_held_unreachable_coverage = 0
         self.rows_released = 0
         self.fallbacks_used = 0
@@ -166,6 +179,11 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
     def coverage_share(self) -> float:
         """Share of a group's distinct values the records must quote."""
         return self._config.coverage_share
+
+    @property
+    def record_payoff_share(self) -> float | None:
+        """A record is asked for a group only when expected at most this share of it (pass it to the middleware)."""
+        return self._config.payoff_share
 
     @property
     def record_target_tokens(self) -> int | None:
@@ -256,6 +274,7 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
             self.groups_covered = len(self._covered)
             self.groups_kept_uncovered = len(report.uncovered)
             self.groups_preserved_uncovered = len(report.settled)
+            self.groups_declined = len(report.declined)
             self.groups_held_unreachable_coverage = report.unreachable
             self.rows_released += report.rows_released
         self._log(report)
@@ -300,6 +319,11 @@ class ToolResultAnchoredSummarizationCompactionStrategy(CompactionAdapter[Record
             logger.info("Released %d table row(s) that a record quotes verbatim", report.rows_released)
         if report.asked:
             logger.info("%d tool group(s) are not covered by a record; asking for one", len(report.asked))
+        if report.declined:
+            logger.debug(
+                "%d tool group(s) are not covered by a record, and a record of them would not pay: held, not asked for",
+                len(report.declined),
+            )
         if report.unreachable:
             logger.warning(
                 "%d held tool group(s) need more value text than the record target of %s tokens "

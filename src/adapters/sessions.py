@@ -186,6 +186,7 @@ class CompactionStack:
         record_target_tokens: int | None = DEFAULT_TARGET_TOKENS,
         min_groups_before_repeat: int = DEFAULT_MIN_GROUPS_BEFORE_REPEAT,
         repeat_fraction: float | None = None,
+        record_payoff_share: float | None = None,
         record_request: RecordRequest = "cached_prefix",
         summary_request: SummaryRequest = "cached_prefix",
         summary_mode: SummaryMode = "boundary",
@@ -217,6 +218,10 @@ class CompactionStack:
                 the configuration sessions stored by earlier releases have; 0.3 measured cheaper
                 with records over the cached prefix: docs/records.md, "When a later record is
                 due").
+            record_payoff_share: A record is asked for a tool group only when expected at most this
+                share of the group (the record strategy's and the middleware's; ``None``, the default,
+                asks for every group and keeps the configuration sessions stored by earlier releases
+                have; 0.2 measured cheaper on value-dense results: docs/records.md, "Records that pay").
             record_request: ``"cached_prefix"`` or ``"pinned"``.
             summary_request: ``"cached_prefix"`` or ``"summarizer"`` (with a ``client``).
             summary_mode: The user half's mode (with a ``client``).
@@ -236,6 +241,7 @@ class CompactionStack:
             trigger_fraction=trigger_fraction,
             fallback_fraction=fallback_fraction,
             record_target_tokens=record_target_tokens,
+            record_payoff_share=record_payoff_share,
         )
         strategy: Strategy = records
         if client is not None:
@@ -263,6 +269,7 @@ class CompactionStack:
             trigger_fraction=trigger_fraction,
             min_groups_before_repeat=min_groups_before_repeat,
             repeat_fraction=repeat_fraction,
+            record_payoff_share=record_payoff_share,
             reforce=records.take_reforce,
             record_request=record_request,
         )
@@ -812,7 +819,7 @@ class SessionCompactionRegistry:
         kind, built = stored.parameters.get("kind"), own.parameters.get("kind")
         if kind != built:
             raise StackKindError(str(kind), str(built))
-        if stored.parameters != own.parameters:
+        if differences(stored.parameters, own.parameters):
             raise StackConfigurationError(stored.parameters, own.parameters, state_key=self._key)
 
     def _save(self, session: AgentSession, entry: _Entry) -> None:

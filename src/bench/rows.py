@@ -30,6 +30,7 @@ from ..adapters.recall import RecallGate, RecordRequest, ToolResultRecallMiddlew
 from ..adapters.records import ToolResultAnchoredSummarizationCompactionStrategy
 from ..adapters.tiktoken import TiktokenTokenizer
 from ..adapters.user_summaries import UserTurnAnchoredSummarizationCompactionStrategy
+from ..core.records import PAYOFF_SHARE
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +104,7 @@ def _recall_wiring(
         arm=gate.arm,
         disarm=gate.disarm,
         trigger_fraction=records.trigger_fraction,
+        record_payoff_share=records.record_payoff_share,
         record_max_tokens=4_000,
         min_groups_before_repeat=min_groups_before_repeat,
         repeat_fraction=REPEAT_FRACTION if record_request == "cached_prefix" else None,
@@ -183,13 +185,14 @@ def composed_row(
     overflow_policy: str = "shed",
     record_request: RecordRequest = "cached_prefix",
     summary_request: str = "cached_prefix",
+    record_payoff_share: float | None = PAYOFF_SHARE,
 ) -> RowSetup:
     """The composition wired as the README wires it: both halves, the gate, the recall tool and its middleware.
 
     ``min_groups_before_repeat`` is 2 for the reason :func:`record_row` gives.
     """
     records = ToolResultAnchoredSummarizationCompactionStrategy(
-        max_input_tokens=context.budget, tokenizer=context.tokenizer
+        max_input_tokens=context.budget, tokenizer=context.tokenizer, record_payoff_share=record_payoff_share
     )
     users = UserTurnAnchoredSummarizationCompactionStrategy(
         max_input_tokens=context.budget,
@@ -299,6 +302,10 @@ _BUILT_IN: Final[Mapping[str, tuple[RowFactory, str]]] = {
         "summary_request='cached_prefix') + the recall wiring with record_request='cached_prefix': the README's "
         "composition",
     ),
+    "tool_and_user_summary_anchored_ungated": (
+        lambda c: composed_row(c, record_payoff_share=None),
+        "the same with record_payoff_share=None: a record is asked for every tool group, whatever it costs",
+    ),
     "tool_and_user_summary_anchored_pinned": (
         lambda c: composed_row(c, record_request="pinned", summary_request="summarizer"),
         "the same with records pinned and summaries sent to the summarizer client (the earlier request shapes)",
@@ -308,9 +315,10 @@ _BUILT_IN: Final[Mapping[str, tuple[RowFactory, str]]] = {
         "ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(..., users in recompact mode)",
     ),
     "tool_and_user_summary_anchored_raise": (
-        lambda c: composed_row(c, overflow_policy="raise"),
+        lambda c: composed_row(c, overflow_policy="raise", record_payoff_share=None),
         "ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(..., overflow_policy='raise'): keeps "
-        "uncovered results; a run it cannot fit stops with CompactionBudgetExceeded",
+        "uncovered results (and asks for every record: record_payoff_share=None); a run it cannot fit stops with "
+        "CompactionBudgetExceeded",
     ),
 }
 #: Built-in rows, in table order.

@@ -48,7 +48,7 @@ from ..adapters.recall import RecallGate, ToolResultRecallMiddleware
 from ..adapters.records import ToolResultAnchoredSummarizationCompactionStrategy
 from ..adapters.tiktoken import TiktokenTokenizer
 from ..adapters.user_summaries import UserTurnAnchoredSummarizationCompactionStrategy
-from ..core.records import RECALL_TOOL_NAME, RECORD_RECEIPT
+from ..core.records import PAYOFF_SHARE, RECALL_TOOL_NAME, RECORD_RECEIPT
 from ..core.values import distinctive_values
 from .args import positive_int, program_name
 from .client import SimulatedChatClient
@@ -110,8 +110,9 @@ STRATEGY_LABELS: Final = {
 STRATEGY_WIRING: Final = {
     OURS: "AnchoredCompactionStrategy(max_input_tokens=budget)",
     RECORDS: "ToolResultAnchoredSummarizationCompactionStrategy(max_input_tokens=budget), as the README wires it",
-    COMPOSED: "ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(records, users in boundary mode with "
-    "remembered_requests=2), as the README wires it; the user half's client is the bench's scripted summarizer",
+    COMPOSED: "ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(records with record_payoff_share=0.2, "
+    "users in boundary mode with remembered_requests=2), as the README wires it; the user half's client is the "
+    "bench's scripted summarizer",
     FRAMEWORK: "ContextWindowCompactionStrategy(max_context_window_tokens=budget + output, max_output_tokens=output)",
     BASELINE: "a strategy that changes nothing: the framework's driver alone",
 }
@@ -352,6 +353,7 @@ def with_recall(strategy: Recorded) -> Recorded:
         max_input_tokens=records.max_input_tokens,
         tokenizer=records.tokenizer,
         trigger_fraction=records.config.trigger_fraction,
+        record_payoff_share=records.config.payoff_share,
         arm=gate.arm,
         disarm=gate.disarm,
         reforce=records.take_reforce,
@@ -379,7 +381,7 @@ def make_strategy(name: str, budget: int, tokenizer: TokenizerProtocol) -> Compa
             ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
                 tokenizer=tokenizer,
                 tool_results=ToolResultAnchoredSummarizationCompactionStrategy(
-                    max_input_tokens=budget, tokenizer=tokenizer
+                    max_input_tokens=budget, tokenizer=tokenizer, record_payoff_share=PAYOFF_SHARE
                 ),
                 user_turns=users,
                 overflow_policy="shed",

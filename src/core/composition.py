@@ -98,6 +98,11 @@ EMERGENCY_FOLD_ID_PREFIX: Final = "user_summary_emergency_fold_"
 #: How the user half's summaries are asked for (:attr:`CompositionConfig.summary_request`).
 SummaryRequest: TypeAlias = Literal["summarizer", "cached_prefix"]
 DEFAULT_HARDER_ATTEMPTS: Final = 2
+#: How far the shed policy sheds, as a share of the budget, at most (the fallback's low water when lower). A shed
+#: removes whole tool groups and breaks the cached prefix whatever it removes; going deeper than the fallback's
+#: shortening leaves room for the next steps before the next break (measured on value-dense results, where no record
+#: pays and the shed carries the conversation: docs/composition.md, "Overflow policy").
+SHED_LOW_WATER_FRACTION: Final = 0.6
 
 DEFAULT_MERGE_PROMPT: Final = (
     "The numbered texts below are compaction records: each lists values from earlier tool results that are no "
@@ -360,7 +365,7 @@ def _record_rules(config: CompositionConfig, work: _Pass, seen: View, measure: a
     # The largest step the conversation has taken still fits beside the prompt; when it does not, what no record
     # holds yet is asked for (pinned, or asked over the cached prefix once pinning is given up).
     roomy = _after_next_step(memo.view, work.state.recall, measure) <= config.max_input_tokens
-    decisions = passed.state if roomy else records.ask_for_pending(memo.view, passed.state)
+    decisions = passed.state if roomy else records.ask_for_pending(memo.view, passed.state, rules, measure)
     state = evolve(work.state, records=decisions)
     report = replace(work.report, records=passed.report)
     return Done(passed.history, replace(work, state=state, report=report, memo=memo, roomy=roomy), None, memo.view)
@@ -506,7 +511,8 @@ def _net_breaks(config: CompositionConfig, work: _Pass, seen: View, measure: anc
 
 def shed_rules(config: CompositionConfig, state: State) -> AnchoredConfig:
     """The anchored rules the shed policy runs for ``state``: whole tool groups only (run without shortening,
-    :func:`_shed`), over the band of the fallback in effect (:func:`.records.fallback_for`).
+    :func:`_shed`), over the band of the fallback in effect (:func:`.records.fallback_for`), down to
+    :data:`SHED_LOW_WATER_FRACTION` of the budget.
 
     The same band as the fallback's, because both read the notes of earlier sheds by band
     position: once no route to a record is left, the fallback's tail keeps one group, and a
@@ -517,7 +523,8 @@ def shed_rules(config: CompositionConfig, state: State) -> AnchoredConfig:
     """
     fallback = records.fallback_for(config.records, state)
     assert fallback is not None
-    return replace(fallback, collapse_assistant_text=False)
+    low_water = min(fallback.low_water_fraction, SHED_LOW_WATER_FRACTION)
+    return replace(fallback, collapse_assistant_text=False, low_water_fraction=low_water)
 
 
 def _shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:

@@ -27,6 +27,10 @@ Parameters: TypeAlias = "Mapping[str, Scalar]"
 
 #: Texts longer than this are kept as a digest (prompts): named, compared, but not copied into every session.
 LONG_TEXT: Final = 64
+#: Parameters added after a release, by their last path component, with the value that keeps that release's
+#: behaviour: an entry stored before one existed was written under that value, and a stack built with it
+#: continues the entry as it was written.
+ADDED: Final[Mapping[str, Scalar]] = {"payoff_share": None}
 
 
 def _digest_text(text: str) -> str:
@@ -67,9 +71,20 @@ def digest(parameters: Parameters) -> str:
 
 
 def differences(stored: Parameters, built: Parameters) -> tuple[tuple[str, Scalar, Scalar], ...]:
-    """``(parameter, stored value, built value)`` for every parameter that differs (missing: ``None``), sorted."""
+    """``(parameter, stored value, built value)`` for every parameter that differs (missing: ``None``), sorted.
+
+    A parameter added after the entry was stored (:data:`ADDED`) differs only when the stack is built with
+    another value than the one that kept the earlier behaviour.
+    """
     return tuple(
         (name, stored.get(name), built.get(name))
         for name in sorted(set(stored) | set(built))
         if name not in stored or name not in built or stored[name] != built[name]
+        if not _added_as_before(name, stored, built)
     )
+
+
+def _added_as_before(name: str, stored: Parameters, built: Parameters) -> bool:
+    """``name`` is missing from ``stored`` because it was added later, and ``built`` keeps the earlier behaviour."""
+    last = name.rsplit(".", 1)[-1]
+    return name not in stored and name in built and last in ADDED and built[name] == ADDED[last]

@@ -14,7 +14,7 @@ A host's turn, for a record strategy or the composition (see docs/core.md):
    ``state = absorb(state, answers)``, then step again;
 4. apply the :class:`~.protocol.Done`: send :func:`prompt` of its history (a record whose ``origin`` names a message
    it left :func:`unchanged` is the host's own message; any other is rendered from its parts), keep its state;
-5. ``state = request_sent(rule, state, done.history)`` once the request has gone out.
+5. ``state = request_sent(rule, state, done.history, measure)`` once the request has gone out.
 """
 
 from __future__ import annotations
@@ -202,6 +202,7 @@ def record_rule(
         min_groups_before_repeat=min_groups_before_repeat,
         repeat_tokens=repeat_tokens(records.max_input_tokens, repeat_fraction),
         aligned=True,
+        payoff_share=records.payoff_share,
     )
 
 
@@ -212,10 +213,19 @@ def request_starting(rule: PinRule, state: State) -> State:
     return on_recall(rule, state, RequestStarting(forcible=False))[0]
 
 
-def request_sent(rule: PinRule, state: State, sent: History) -> State:
+def request_sent(rule: PinRule, state: State, sent: History, measure: Measure | None = None) -> State:
     """``state`` once the request of ``sent`` (the pass's ``Done.history``) has gone out: the recall protocol reads
-    its size and the tool groups no record holds, and decides whether the next request asks for a record."""
-    status, _ = recall_status(sent)
+    its size and the tool groups no record holds, and decides whether the next request asks for a record.
+
+    With a payoff share (``rule.payoff_share``) only groups whose record would pay count
+    (:func:`~.records.record_pays`), measured with ``measure`` (the host's token counter).
+
+    Raises:
+        TypeError: The rule has a payoff share and no ``measure`` was given.
+    """
+    if rule.payoff_share is not None and measure is None:
+        raise TypeError("request_sent needs the host's measure when the rule has a payoff_share")
+    status, _ = recall_status(sent, measure=measure, payoff_share=rule.payoff_share)
     return on_recall(rule, state, HistorySeen(status))[0]
 
 

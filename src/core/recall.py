@@ -42,7 +42,7 @@ from typing import Final, TypeAlias
 
 from msgspec.structs import replace as evolve
 
-from .checks import AtLeastOne, AtLeastZero, validate
+from .checks import AtLeastOne, AtLeastZero, Fraction, validate
 from .state import PinKind, RecallState, RecallStatus, RecordRoute, State
 
 #: Consecutive pinned responses without a recall call after which pinning stops.
@@ -59,6 +59,13 @@ DEFAULT_TRIGGER_FRACTION: Final = 0.6
 DEFAULT_MIN_GROUPS_BEFORE_REPEAT: Final = 4
 #: The response cap of a pinned request.
 DEFAULT_RECORD_MAX_TOKENS: Final = 4_000
+#: The payoff share the README's composition gives its record half (``record_payoff_share``): the most a record
+#: of a tool group may be expected to take, as a share of the group's tokens, for the record to be asked for
+#: (:func:`.records.record_pays`). A record is written once at the output price (about 4x to 5x the input price)
+#: and saves what it replaces on every later read at the cached price (about 0.1x): a record 0.2x the size of its
+#: group repays its answer within about ten cached reads; a larger one (value-dense results: logs, metrics,
+#: tables, JSON) takes longer than a conversation past the trigger usually runs (measured: docs/records.md).
+PAYOFF_SHARE: Final = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +87,10 @@ class PinRule:
         aligned: Ask for every record over the cached prefix (the conversation's request
             plus one instruction, asked by the compaction pass) instead of pinning. Records
             are asked for that way anyway once pinning is disabled.
+        payoff_share: New tool material counts only where its record would pay
+            (:func:`.records.record_pays`, :data:`PAYOFF_SHARE`): the status this rule reads is
+            made with this share, and no record is due while none is pending; ``None``
+            (default) counts every group.
     """
 
     trigger_tokens: AtLeastZero
@@ -89,6 +100,7 @@ class PinRule:
     repeat_tokens: AtLeastOne | None = None
     record_max_tokens: AtLeastOne | None = DEFAULT_RECORD_MAX_TOKENS
     aligned: bool = False
+    payoff_share: Fraction | None = None
 
     def __post_init__(self) -> None:
         validate(self)
@@ -385,8 +397,11 @@ def pin_due(rule: PinRule, status: RecallStatus) -> bool:
     The first size-triggered record is asked for at once; a later one waits for
     ``min_groups_before_repeat`` new tool groups, so the trigger re-arms on new tool
     material, not on size alone, unless new groups send ``repeat_tokens``: then it is due at
-    once, below the trigger too. ``max_groups_before_record`` is a separate bound.
+    once, below the trigger too. ``max_groups_before_record`` is a separate bound. With a payoff share
+    (:class:`PinRule`), nothing is due while no group whose record would pay is pending.
     """
+    if rule.payoff_share is not None and not status.pending_groups:
+        return False
     if rule.max_groups_before_record is not None and status.pending_groups >= rule.max_groups_before_record:
         return True
     if status.records:

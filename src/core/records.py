@@ -104,6 +104,11 @@ DEFAULT_TRIGGER_FRACTION: Final = recall.DEFAULT_TRIGGER_FRACTION
 DEFAULT_FALLBACK_FRACTION: Final = 0.9
 DEFAULT_COVERAGE_SHARE: Final = 0.8
 DEFAULT_RECORD_TARGET_TOKENS: Final = 2_000
+#: The payoff share the README's composition uses (:func:`record_pays`; :data:`.recall.PAYOFF_SHARE` says why).
+PAYOFF_SHARE: Final = recall.PAYOFF_SHARE
+#: The prose a record is expected to write about each tool group it covers, beside quoting the group's values
+#: (a sentence or two: what the tool was asked and what it found).
+RECORD_PROSE_TOKENS: Final = 60
 #: Responses after an ask without a new record before the ask is judged failed.
 ASK_RESPONSES: Final = 2
 #: What a record must hold: the recall tool's description and the instruction of a record
@@ -150,6 +155,12 @@ class RecordConfig:
             (0, 1]: at 0 every group would count as covered with nothing quoted.
         record_target_tokens: Groups above this size may release quoted table rows;
             ``None`` disables partial release and the unreachable-coverage estimate.
+        payoff_share: A record is asked for a tool group only when its expected size (its
+            distinct values and :data:`RECORD_PROSE_TOKENS` of prose) is at most this share of
+            the group's tokens (:func:`record_pays`); a group whose record would not pay is
+            held like a settled one, never asked for, and left to the fallback. ``None``
+            (default) asks for every group whatever its record costs; :data:`PAYOFF_SHARE` is
+            what the README's composition uses.
         fallback: The anchored fallback run within the pass when no record can help;
             ``None`` when the host supplied a fallback of its own, which the shell runs
             after applying the pass (:attr:`RecordReport.fallback` says when).
@@ -162,6 +173,7 @@ class RecordConfig:
     fallback_fraction: Fraction = DEFAULT_FALLBACK_FRACTION
     coverage_share: Fraction = DEFAULT_COVERAGE_SHARE
     record_target_tokens: AtLeastOne | None = DEFAULT_RECORD_TARGET_TOKENS
+    payoff_share: Fraction | None = None
     fallback: AnchoredConfig | None = None
 
     def __post_init__(self) -> None:
@@ -255,26 +267,123 @@ def _is_recall_group(records: Sequence[MessageRecord], group: Group, recall_call
     )
 
 
-def _pending(seen: View) -> tuple[list[str], list[tuple[int, Group]]]:
+def _pending(
+    seen: View, gate: _Gate | None = None, pays: _PaysMemo | None = None
+) -> tuple[list[str], list[tuple[int, Group]]]:
     """The active records' texts, in order, and (ordinal, group) of every tool group after the
-    newest one that still has an included message and is not a recall group: new tool material."""
+    newest one that still has an included message and is not a recall group: new tool material
+    (with ``gate``, only the groups whose own record would pay: :func:`record_pays`; ``pays`` is
+    (the last call's decisions, this call's to fill), a memo that never changes the answer)."""
     records, recall_calls = seen.records, seen.recall_calls
     found = [(k, text) for k, r in enumerate(records) if (text := record_text(r, recall_calls))]
     newest = found[-1][0] if found else -1
-    return [text for _, text in found], [
+    pending = [
         (ordinal, g)
         for ordinal, g in enumerate(g for g in seen.grouping.all if g.kind == "tool_call")
         if g.start > newest
         and not all(records[i].excluded for i in g.members)
         and not _is_recall_group(records, g, recall_calls)
+        and (gate is None or _pays_memo(records, g, gate, pays))
     ]
+    return [text for _, text in found], pending
 
 
-def recall_status(history: History, grouping: Grouping | None = None) -> tuple[RecallStatus, Grouping]:
-    """Size, records and new tool material of ``history`` (for the recall middleware), with its grouping (a memo
-    for the next call: ``grouping`` is the last one's, and never changes the answer)."""
-    seen = view(history, grouping)
-    texts, pending = _pending(seen)
+#: What :func:`record_pays` reads beside a group: the host's measure and the payoff share.
+_Gate: TypeAlias = tuple[Measure, float]
+
+
+def _gate(share: float | None, measure: Measure | None) -> _Gate | None:
+    """The payoff gate of ``share`` (``None``: every record pays, or no measure to judge by)."""
+    return None if share is None or measure is None else (measure, share)
+
+
+def record_pays(values: Sequence[str], tokens: int, measure: Measure, share: float | None) -> bool:
+    """Would a record of a tool group of ``tokens`` tokens with distinct distinctive ``values`` pay for itself?
+
+    A record must quote the group's values (the coverage rule) and writes some prose about it
+    (:data:`RECORD_PROSE_TOKENS`); it is worth asking for only when that expected size is at
+    most ``share`` of what it lets leave the prompt (:data:`.recall.PAYOFF_SHARE` says
+    why). A pure function of the group's own text, so every pass and every replica decide
+    alike, whatever stands around it. ``share`` ``None``: every record pays.
+    """
+    if share is None:
+        return True
+    return measure(" ".join(values)) + RECORD_PROSE_TOKENS <= share * tokens
+
+
+def _pays(records: Sequence[MessageRecord], group: Group, gate: _Gate, values: Sequence[str] | None = None) -> bool:
+    """:func:`record_pays` for ``group`` as it was loaded: results an earlier pass cut count as their original
+    (``values``: its distinct values, when known)."""
+    measure, share = gate
+    members = [records[i] for i in group.members if not records[i].excluded]
+    if values is None:
+        texts = [_judged_text(p) for r in members for p in r.parts if p.kind == "function_result" and p.text]
+        values = tuple(dict.fromkeys(v for t in texts for v in distinctive_values(t)))
+    return record_pays(values, _uncut_tokens(members, measure), measure, share)
+
+
+#: Payoff decisions by what decides them (:func:`_pays_key`): the last call's, and this call's to fill.
+_PaysMemo: TypeAlias = tuple[Mapping[object, bool], dict[object, bool]]
+
+
+def _pays_key(records: Sequence[MessageRecord], group: Group) -> object:
+    """What :func:`_pays` reads of ``group``: its included messages' tokens and its results' texts, originals and
+    counts (text objects the shell reuses hash and compare at once)."""
+    members = [records[i] for i in group.members if not records[i].excluded]
+    parts = tuple((p.text, p.original, p.tokens) for r in members for p in r.parts if p.kind == "function_result")
+    return sum(r.tokens for r in members), parts
+
+
+def _pays_memo(records: Sequence[MessageRecord], group: Group, gate: _Gate, pays: _PaysMemo | None) -> bool:
+    """:func:`_pays`, read from (and written to) ``pays`` when given."""
+    if pays is None:
+        return _pays(records, group, gate)
+    known, fresh = pays
+    key = _pays_key(records, group)
+    fresh[key] = known[key] if key in known else _pays(records, group, gate)
+    return fresh[key]
+
+
+def _uncut_tokens(members: Iterable[MessageRecord], measure: Measure) -> int:
+    """Tokens ``members`` send, with every result an earlier pass cut counted as its original."""
+    total = 0
+    for record in members:
+        total += record.tokens
+        for part in record.parts:
+            if part.kind == "function_result" and (original := _judged_text(part)) != part.text:
+                total += measure(original) - part.tokens
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class StatusMemo:
+    """What one :func:`recall_status` call hands the next: it saves work and never changes an answer.
+
+    Attributes:
+        grouping: The history's grouping (the next history regroups from it).
+        pays: The payoff decisions of the groups it judged, by what decides them.
+    """
+
+    grouping: Grouping
+    pays: Mapping[object, bool] = field(default_factory=dict[object, bool])
+
+
+def recall_status(
+    history: History,
+    memo: StatusMemo | None = None,
+    *,
+    measure: Measure | None = None,
+    payoff_share: float | None = None,
+) -> tuple[RecallStatus, StatusMemo]:
+    """Size, records and new tool material of ``history`` (for the recall middleware), with a memo for the next
+    call (``memo`` is the last one's, and never changes the answer).
+
+    With ``measure`` and ``payoff_share``, new tool material is the groups whose record would pay
+    (:func:`record_pays`): a group whose record would cost more than it saves never makes one due.
+    """
+    seen = view(history, None if memo is None else memo.grouping)
+    fresh: dict[object, bool] = {}
+    texts, pending = _pending(seen, _gate(payoff_share, measure), ({} if memo is None else memo.pays, fresh))
     records = seen.records
     quoted = word_set(texts[-1]) if texts else frozenset[str]()
     # A group the newest record quotes was shown to it (with thinking on, a record stands before its turn's groups):
@@ -289,7 +398,7 @@ def recall_status(history: History, grouping: Grouping | None = None) -> tuple[R
     status = RecallStatus(
         included_tokens=seen.sent, records=len(texts), pending_groups=len(pending), pending_tokens=tokens
     )
-    return status, seen.grouping
+    return status, StatusMemo(seen.grouping, fresh)
 
 
 def _result_values(records: Iterable[MessageRecord]) -> set[str]:
@@ -303,18 +412,21 @@ def _result_values(records: Iterable[MessageRecord]) -> set[str]:
     }
 
 
-def ask_for_pending(seen: View, decisions: RecordDecisions) -> RecordDecisions:
+def ask_for_pending(seen: View, decisions: RecordDecisions, config: RecordConfig, measure: Measure) -> RecordDecisions:
     """``decisions`` with an ask for the tool groups after the newest record (none outstanding yet).
 
     A composition near its budget asks for a record of what no record holds yet rather
-    than shed it unrecorded; the recall middleware pins the next request for it.
+    than shed it unrecorded; the recall middleware pins the next request for it. Only
+    groups whose record would pay are asked for (``config.payoff_share``, :func:`record_pays`).
     Unchanged when an ask is outstanding or nothing is pending.
     """
     if decisions.ask is not None:
         return decisions
     records, settled = seen.records, decisions.settled
     ordinals = [
-        o for o, g in _pending(seen)[1] if o not in settled and not any(records[i].preserved for i in g.members)
+        o
+        for o, g in _pending(seen, _gate(config.payoff_share, measure))[1]
+        if o not in settled and not any(records[i].preserved for i in g.members)
     ]
     if not ordinals:
         return decisions
@@ -355,6 +467,8 @@ class RecordReport:
             value lines (see ``distilled``), not held, not asked for.
         uncovered: Ordinals of candidate groups no record after them quotes (held).
         settled: Ordinals of uncovered groups held for good.
+        declined: Ordinals of uncovered groups whose record would not pay (:func:`record_pays`):
+            held like settled ones, never asked for.
         asked: Ordinals of a new ask made on this pass (empty when none).
         rows_released: Table rows this pass newly released from held results.
         remnants: Results of groups the records cover in part, cut on this pass to their
@@ -380,6 +494,7 @@ class RecordReport:
     thin: tuple[int, ...] = ()
     uncovered: tuple[int, ...] = ()
     settled: tuple[int, ...] = ()
+    declined: tuple[int, ...] = ()
     asked: tuple[int, ...] = ()
     rows_released: int = 0
     remnants: int = 0
@@ -881,7 +996,11 @@ def rules(
     # Every record is held with its group (the host's own preserve already protects a message).
     recorded = [g for g in grouping.all if any(i in active for i in g.members)]
     holds.update((i, HOLD_RECORD) for g in recorded for i in g.members if not output[i].preserved)
-    decided, asked = _chain(decisions, {c.ordinal for c in uncovered}, records_written(records), responses(records))
+    # A group whose record would not pay is held like a settled one, and never asked for.
+    gate = _gate(config.payoff_share, measure)
+    declined = [c for c in uncovered if gate is not None and not _pays(records, c.group, gate, c.values)]
+    wanted = {c.ordinal for c in uncovered} - {c.ordinal for c in declined}
+    decided, asked = _chain(decisions, wanted, records_written(records), responses(records))
     tokens_after = tokens_before + sent_tokens(output) - sent_tokens(records)
     over = tokens_after > config.max_input_tokens
     # Over the budget, the fallback behind the record runs; when its sheds stand, it replays them under these holds.
@@ -898,6 +1017,7 @@ def rules(
         thin=tuple(c.ordinal for c, _ in weak),
         uncovered=tuple(c.ordinal for c in uncovered),
         settled=tuple(c.ordinal for c in uncovered if c.ordinal in decided.settled),
+        declined=tuple(c.ordinal for c in declined),
         asked=asked,
         rows_released=rows,
         remnants=remnants,

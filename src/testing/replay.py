@@ -129,7 +129,7 @@ def run_pass(
     done = cast("Done[S, Any]", result)
     after = done.state
     if rule is not None and isinstance(after, State):
-        after = cast("S", request_sent(rule, after, done.history))
+        after = cast("S", request_sent(rule, after, done.history, measure))
     return Passed(done, after, tuple(asked))
 
 
@@ -260,7 +260,7 @@ def check_two_lists_agree(
     copy = run_pass(step, config, state, with_injected_context(given, measure), measure, answer=answer)
     after = copy.state
     if rule is not None and isinstance(after, State):
-        after = cast("S", request_sent(rule, after, copy.done.history))
+        after = cast("S", request_sent(rule, after, copy.done.history, measure))
     stored = run_pass(step, config, after, given, measure, answer=answer)
     if shown(copy.done.history) != shown(stored.done.history):
         raise ReplayError("the in-call copy and the stored history put different conversations in the prompt")
