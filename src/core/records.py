@@ -317,8 +317,7 @@ def _pays(records: Sequence[MessageRecord], group: Group, gate: _Gate, values: S
     measure, share = gate
     members = [records[i] for i in group.members if not records[i].excluded]
     if values is None:
-        texts = [_judged_text(p) for r in members for p in r.parts if p.kind == "function_result" and p.text]
-        values = tuple(dict.fromkeys(v for t in texts for v in distinctive_values(t)))
+        values = tuple(dict.fromkeys(v for t in _judged_texts(members) for v in distinctive_values(t)))
     return record_pays(values, _uncut_tokens(members, measure), measure, share)
 
 
@@ -1102,11 +1101,16 @@ def _candidates(
         if all(records[i].excluded for i in members):  # already gone, judged all the same
             gone.append(names)
             continue
-        texts = [_judged_text(p) for i in members for p in records[i].parts if p.kind == "function_result" and p.text]
+        texts = _judged_texts(records[i] for i in members)
         seen.update({t: known[t] if t in known else distinctive_values(t) for t in texts if t not in seen})
         group_values = seen[texts[0]] if len(texts) == 1 else tuple(dict.fromkeys(v for t in texts for v in seen[t]))
         found.append(_Candidate(ordinal, group, group_values, names))
     return found, gone
+
+
+def _judged_texts(members: Iterable[MessageRecord]) -> list[str]:
+    """The texts the results of ``members`` are judged by (:func:`_judged_text`), in order; empty ones left out."""
+    return [_judged_text(p) for r in members for p in r.parts if p.kind == "function_result" and p.text]
 
 
 def _judged_text(part: Part) -> str:
