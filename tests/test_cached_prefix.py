@@ -169,9 +169,29 @@ def render(message: Message, *, ids: bool = True) -> str:
     return json.dumps({"role": message.role, "author": message.author_name, "contents": contents}, sort_keys=True)
 
 
+#: The one option a request over the cached prefix sets itself: its output cap (``core.max_answer_tokens``), which
+#: no provider keys its prompt cache by.
+OUTPUT_CAP: Final = "max_tokens"
+
+
+def head_of(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A request's options as the provider's cache sees them: the output cap aside."""
+    return {k: v for k, v in options.items() if k != OUTPUT_CAP}
+
+
+def check_capped(ask: Mapping[str, Any], caller: Mapping[str, Any]) -> None:
+    """A request over the cached prefix carries the caller's head, and an output cap never above the caller's own."""
+    assert head_of(ask) == head_of(caller), "the request over the cached prefix changed the head"
+    cap = ask.get(OUTPUT_CAP)
+    assert isinstance(cap, int), "a request over the cached prefix carries no output cap"
+    assert cap >= 1
+    own = caller.get(OUTPUT_CAP)
+    assert own is None or cap <= own, f"the cap {cap} is above the caller's own {own}"
+
+
 def render_options(options: Mapping[str, Any]) -> str:
-    """A request's options as canonical JSON, each tool as the declaration the model reads."""
-    data = {k: v for k, v in options.items() if k != "tools"}
+    """A request's options as canonical JSON, each tool as the declaration the model reads, the output cap aside."""
+    data = {k: v for k, v in head_of(options).items() if k != "tools"}
     data["tools"] = [tool_spec(t) for t in options.get("tools") or ()]
     return json.dumps(data, sort_keys=True, default=str)
 
@@ -727,7 +747,7 @@ def check_record_requests(run: Conversation) -> None:
         assert sum(t == RECORD_INSTRUCTION for t in ask.texts) == 1
         # The head: the previous request's options, unchanged (instructions, tools, tool_choice, the rest),
         # which are also the options of the request the pass ran in.
-        assert ask.options == previous.options, f"request {ask.number} changed the head"
+        check_capped(ask.options, previous.options)
         assert render_options(ask.options) == render_options(carrier.options)
         assert ask.options.get("instructions"), "the instructions did not reach the record request"
         assert {tool_spec(t)["name"] for t in ask.options["tools"]} >= {"lookup", RECALL_TOOL_NAME}
@@ -853,7 +873,7 @@ async def test_a_request_over_the_cached_prefix_sends_at_most_what_the_last_requ
         assert list(map(_anonymous, own)) == list(map(_anonymous, last.messages[: len(own)])), (
             f"request {ask.number} is no prefix of request {last.number}"
         )
-        assert ask.options == last.options
+        check_capped(ask.options, last.options)
         if last.size <= room:  # with room: the last request whole, and nothing that arrived since
             assert len(own) == len(last.messages)
             assert sends == last.size
@@ -904,6 +924,8 @@ WIRE_MODES: Final[list[tuple[ClientKind, bool]]] = [
 WIRE_IDS: Final = ["responses", "responses-stream", "chat", "chat-stream"]
 #: Body fields that only steer transport: a record request is sent whole whatever the conversation streams.
 STREAMING_FIELDS: Final = ("stream", "stream_options")
+#: Where each OpenAI wire puts the output cap a request over the cached prefix sets (no cache key of the provider).
+WIRE_CAPS: Final = ("max_output_tokens", "max_completion_tokens", "max_tokens")
 
 
 class WireModel(ScriptedModel):
@@ -986,8 +1008,9 @@ async def test_on_the_wire_the_record_request_repeats_the_last_body_and_appends_
         last = items[-1]
         assert last.get("role") == "user"
         assert _wire_text(last) == RECORD_INSTRUCTION
-        head = {k: v for k, v in ask.items() if k not in (key, *STREAMING_FIELDS)}
-        assert head == {k: v for k, v in previous.items() if k not in (key, *STREAMING_FIELDS)}
+        head = {k: v for k, v in ask.items() if k not in (key, *STREAMING_FIELDS, *WIRE_CAPS)}
+        assert head == {k: v for k, v in previous.items() if k not in (key, *STREAMING_FIELDS, *WIRE_CAPS)}
+        assert [k for k in WIRE_CAPS if k in ask], "the record request carries no output cap"
         assert head.get("instructions" if kind == "openai-responses" else "model")
         assert not ask.get("stream")
         assert bool(previous.get("stream")) is stream
@@ -1631,7 +1654,7 @@ async def test_after_two_ignored_pins_the_next_record_is_asked_over_the_cached_p
     assert len(records) == len(asks) >= 1
     for i in asks:
         head = max(j for j in range(i) if not sent[j].pinned and not sent[j].asks_record)
-        assert sent[i].options == sent[head].options, "the record request did not repeat the last unpinned head"
+        check_capped(sent[i].options, sent[head].options)
         assert not sent[i].pinned
         assert render_options(sent[i].options) == render_options(sent[i + 1].options)
     assert run.records.groups_covered > 0

@@ -193,6 +193,7 @@ CORE_NAMES = [
     "composition_check",
     "composition_step",
     "history",
+    "max_answer_tokens",
     "media_part",
     "message",
     "prompt",

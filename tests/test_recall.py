@@ -54,6 +54,7 @@ from maf_compaction.adapters.recall import (
     make_recall_tool,
 )
 from maf_compaction.adapters.records import ToolResultAnchoredSummarizationCompactionStrategy, record_text
+from maf_compaction.core.answers import ANSWER_HEADROOM_TOKENS
 from maf_compaction.core.recall import pin_due
 from maf_compaction.core.records import (
     RECALL_TOOL_NAME,
@@ -748,9 +749,13 @@ async def test_two_ignored_pins_in_a_row_disable_forcing(stream: bool, warnings_
     # before the instruction from its cache.
     assert prefix.sent[:-1] == last.sent
     assert [m.role for m in prefix.messages[len(last.messages) :]] == ["user"]
-    # ... with the head the caller sent: the same tools, instructions and tool_choice, no cap; never streamed.
-    assert prefix.options == last.options == following.options
-    assert "max_tokens" not in prefix.options
+    # ... with the head the caller sent: the same tools, instructions and tool_choice; never streamed. Its one
+    # option of its own is its output cap: what a record must be shorter than (the results it shows) plus headroom.
+    assert {k: v for k, v in prefix.options.items() if k != "max_tokens"} == last.options == following.options
+    shown = [c.result for m in prefix.messages if m.role == "tool" for c in m.contents if c.type == "function_result"]
+    assert prefix.options["max_tokens"] == (
+        strategy._counter.measure("\n".join(str(r) for r in shown)) + ANSWER_HEADROOM_TOKENS  # pyright: ignore[reportPrivateUsage]
+    )
     assert not prefix.stream
     assert (strategy.prefix_requests, strategy.failed_prefix_requests) == (1, 0)
     # The answer is a record: it stands in the conversation's request, which no longer carries the lookups it

@@ -56,13 +56,14 @@ def measure(text: str) -> int:
 # -- the host's model ------------------------------------------------------------------------------------
 
 
-async def complete(messages: Sequence[Message]) -> Message:
-    """The host's one model call: OpenAI-format messages in, an assistant message out.
+async def complete(messages: Sequence[Message], max_tokens: int | None = None) -> Message:
+    """The host's one model call: OpenAI-format messages in, an assistant message out, at most ``max_tokens``.
 
     A scripted model stands in for a real client (``await client.chat.completions.create(...)``): it looks a
     service up with the ``lookup`` tool, answers with the code the tool returned, and follows a compaction
-    instruction or a summarizer's prompt by quoting every code it was shown.
+    instruction or a summarizer's prompt by quoting every code it was shown (within ``max_tokens``).
     """
+    del max_tokens  # its answers are short; a real client sends it, and reports a cut answer as a "length" finish
     last = messages[-1]
     text = str(last.get("content") or "")
     codes = sorted({code for m in messages for code in re.findall(r"TL-[0-9A-F]{6}", str(m.get("content") or ""))})
@@ -145,8 +146,8 @@ async def perform(request: core.Request, given: core.History, messages: Sequence
         asked = [*to_messages(request.view, given, messages), {"role": "user", "content": request.instruction}]
     else:  # a media description (only with UserSummaryConfig(describe_media=True)): this host has no hook
         return None
-    try:
-        answer = await complete(asked)
+    try:  # the cap: what the answer must stay under to be kept, plus room to reason (an answer cut at it: None)
+        answer = await complete(asked, max_tokens=core.max_answer_tokens(request, measure))
     except Exception:  # a failed request is an answer too: the core asks again later
         return None
     return answer.get("content") or ""

@@ -5,7 +5,9 @@ The core asks for them as :class:`~maf_compaction.core.effects.Request` effects 
 carries its view). The shell sends the messages of the view (the
 conversation's last request, byte for byte, as the core cut it) with the head of the last
 unpinned request as the recall middleware saw it sent (its chat client and options:
-instructions, tools, ``tool_choice``, the rest), and one user message at the end. The
+instructions, tools, ``tool_choice``, the rest), and one user message at the end, with the
+output cap the core gives the request (:func:`~maf_compaction.core.max_answer_tokens`, never
+above the request's own ``max_tokens``; an answer cut at it counts as a failure). The
 request goes to the chat client's own provider layer: no function loop runs a tool the
 model calls, no middleware sees it, and nothing of it enters history but the answer.
 """
@@ -22,6 +24,8 @@ from typing import Any, cast
 from agent_framework import BaseChatClient, ChatResponse, Content, Message
 from agent_framework._sessions import is_local_history_conversation_id
 
+from ..core.answers import max_answer_tokens
+from ..core.counting import Measure
 from ..core.effects import CALLED_INSTEAD, Request
 from ..core.records import RECALL_TOOL_NAME
 from ..core.state import RequestKind
@@ -68,13 +72,16 @@ async def _unchanged(messages: list[Message]) -> bool:
     return False
 
 
-async def ask_over_prefix(head: SentHead | None, sent: Sequence[Message], request: Request, owner: str) -> str | None:
+async def ask_over_prefix(
+    head: SentHead | None, sent: Sequence[Message], request: Request, owner: str, measure: Measure
+) -> str | None:
     """Send ``sent`` plus ``request.instruction`` with ``head``; the answer's text (empty when it has none), or
     ``None`` on a failure.
 
     A recall call in the answer counts as its ``values`` argument; otherwise the answer's
     text. An ordinary exception is a failure (logged, never raised: history stays as it
-    is, and what no record or summary replaces stays or is kept by the safety net);
+    is, and what no record or summary replaces stays or is kept by the safety net), and so
+    is an answer the provider cut at the request's output cap (:func:`capped_options`);
     cancellation propagates.
     """
     record = request.kind is RequestKind.RECORD
@@ -95,8 +102,9 @@ async def ask_over_prefix(head: SentHead | None, sent: Sequence[Message], reques
     try:
         # The provider layer itself: the function loop would run a tool the model calls, and the client's
         # middleware belongs to the agent's own requests.
+        options = capped_options(head.options, request, measure)
         pending: Any = BaseChatClient.get_response(
-            client, messages, stream=False, options=cast("Any", dict(head.options)), compaction_strategy=strategy
+            client, messages, stream=False, options=cast("Any", options), compaction_strategy=strategy
         )
         response: ChatResponse = await pending
     except Exception as error:  # the provider is outside our control; cancellation propagates
@@ -111,10 +119,48 @@ async def ask_over_prefix(head: SentHead | None, sent: Sequence[Message], reques
         )
         return None
     telemetry.note_response(response)
+    if cut_at_cap(response, owner, what, options.get("max_tokens"), stays):
+        return None
     text = answer_text(response)
     if text is None:  # an answer all the same (the provider is up): judged as one that ignored the instruction
         logger.warning("%s asked for %s over the cached prefix and got no text; %s", owner, what, stays)
     return text or ""
+
+
+def capped_options(options: Mapping[str, Any], request: Request, measure: Measure) -> dict[str, Any]:
+    """``options`` (the conversation's own request's) with ``max_tokens`` set to ``request``'s output cap.
+
+    The cap never rises above the request's own ``max_tokens``, and leaves room for an enabled
+    extended-thinking budget (``thinking``), which Anthropic counts toward it.
+    """
+    capped = dict(options)
+    own = capped.get("max_tokens")
+    thinking = capped.get("thinking")
+    budget = thinking.get("budget_tokens") if isinstance(thinking, Mapping) else None  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    cap = max_answer_tokens(
+        request,
+        measure,
+        limit=own if isinstance(own, int) and own >= 1 else None,
+        thinking=budget if isinstance(budget, int) and budget > 0 else 0,
+    )
+    if cap is not None:
+        capped["max_tokens"] = cap
+    return capped
+
+
+def cut_at_cap(response: ChatResponse, owner: str, what: str, cap: object, stays: str) -> bool:
+    """Whether the provider cut ``response`` at its output cap (``finish_reason`` ``"length"``), warned about:
+    such an answer is no record or summary (it would miss what it had left to write), and counts as a failure."""
+    if response.finish_reason != "length":
+        return False
+    logger.warning(
+        "%s: the answer to %s reached its output cap (max_tokens=%s) and counts as failed; %s",
+        owner,
+        what,
+        cap,
+        stays,
+    )
+    return True
 
 
 def answer_text(response: ChatResponse) -> str | None:

@@ -374,7 +374,7 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
         assert request.view is not None
         self.prefix_requests += 1
         sent = render(messages, before, request.view, note_kind=NOTE_KIND)
-        text = await ask_over_prefix(self.conversation.head, sent, request, type(self).__name__)
+        text = await ask_over_prefix(self.conversation.head, sent, request, type(self).__name__, self._counter.measure)
         self.failed_prefix_requests += text is None
         return text
 

@@ -18,12 +18,14 @@ from typing import Any, ClassVar
 from agent_framework import Content, Message
 
 from ..core import user_summaries as core
+from ..core.answers import max_answer_tokens
 from ..core.checks import require_async_callable
 from ..core.effects import Request
 from ..core.effects import trimmed as remembered
 from ..core.state import RequestKind, State
 from ..core.user_summaries import Outcome, SummaryMode, UserReport, UserSummaryConfig
 from . import telemetry
+from .aligned import cut_at_cap
 from .counting import Tokenizer
 from .loop import CompactionAdapter
 
@@ -191,9 +193,12 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
 
     async def _summarize(self, request: Request) -> str | None:
         self.summarizer_calls += 1
+        cap = max_answer_tokens(request, self._counter.measure)
         try:
             response = await self.client.get_response(
-                [Message("system", [request.prompt]), Message("user", [request.transcript])], stream=False
+                [Message("system", [request.prompt]), Message("user", [request.transcript])],
+                stream=False,
+                options={"max_tokens": cap},
             )
         except Exception as error:  # the summarizer is outside our control; cancellation propagates
             telemetry.note_failure(error)
@@ -202,6 +207,10 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
             )
             return None
         telemetry.note_response(response)
+        if cut_at_cap(
+            response, "The summarizer", f"a {request.kind.value}", cap, f"{_what_stays(request)} stay as they are"
+        ):
+            return None
         text = getattr(response, "text", None)
         if not isinstance(text, str) or not text.strip():
             logger.warning("The summarizer returned no text; %s stay as they are", _what_stays(request))

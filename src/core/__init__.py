@@ -16,7 +16,8 @@ covered by the same compatibility promise as the rest of ``maf_compaction``.
   :func:`composition_step`) answering :class:`Needs` or :class:`Done`, and each one's check
   of a restored state against its history (``*_check``).
 - **Effects**: :class:`Request` (with its :class:`RequestKind` and :class:`Route`), answered
-  into the state by :func:`absorb`; a record strategy's recall protocol around each model
+  into the state by :func:`absorb`, each sent with the output cap :func:`max_answer_tokens`
+  gives (an answer cut at it counts as a failure); a record strategy's recall protocol around each model
   request: :func:`record_rule`, :func:`request_starting`, :func:`request_sent`.
 - **Prompt caches with breakpoints** (Anthropic's ``cache_control``): :func:`strategy_marks`
   answers which messages of a pass's history a request should mark (:class:`CacheMarks`).
@@ -31,7 +32,7 @@ from .anchored import AnchoredConfig
 from .anchored import Report as AnchoredReport
 from .anchored import check as anchored_check
 from .anchored import step as anchored_step
-from .answers import absorb
+from .answers import absorb, max_answer_tokens
 from .breakpoints import CacheMarks, strategy_marks
 from .composition import CompositionConfig, CompositionReport
 from .composition import check as composition_check
@@ -100,6 +101,7 @@ __all__ = [
     "composition_check",
     "composition_step",
     "history",
+    "max_answer_tokens",
     "media_part",
     "message",
     "prompt",

@@ -11,12 +11,17 @@ summarizer (it is not remembered: the summarizer is asked), and so does every la
 two in a row were ignored (:func:`.recall.judged_summary`).
 A request over the cached prefix that failed is no verdict on the model: it counts toward
 the route's rest (:func:`.recall.failed`) and is asked again later.
+
+What an answer may cost is bounded before it is asked (:func:`max_answer_tokens`): every
+answer the rules could keep is smaller than what it replaces, so the shell sends each request
+with an output cap of that size plus a headroom for reasoning, and an answer the provider cut
+at the cap counts as a failure; a runaway answer costs at most the cap, and never enters history.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 from msgspec.structs import replace
@@ -28,6 +33,49 @@ from .state import RequestKind, State
 _ID_SUFFIX: Final = re.compile(r"(\d+)$")
 #: The kinds a summary request over the cached prefix asks for (a record replacement always goes to the summarizer).
 _SUMMARIES: Final = (RequestKind.SUMMARY, RequestKind.FOLD)
+#: Output tokens a compaction request may spend beyond the size its answer must stay under to be kept: a
+#: reasoning model's thinking counts as output, and the provider's tokenizer is not ours.
+ANSWER_HEADROOM_TOKENS: Final = 4_096
+
+
+def answer_bound(request: Request, measure: Callable[[str], int]) -> int | None:
+    """The size an answer to ``request`` must stay under to be kept, in tokens; ``None`` for a host hook's.
+
+    A record must be shorter than the tool results its request shows (:func:`.records.kept_record`);
+    a user summary, a fold, a record merge or rewrite and an emergency fold smaller than the items
+    they replace, which their transcript numbers. A record asked with a summary answers both, with
+    the section line between them.
+    """
+    if request.route is Route.HOOK:
+        return None
+    if request.kind is not RequestKind.RECORD:
+        return measure(request.transcript)
+    bound = measure("\n".join(records.shown_result_texts(request.view)))
+    also = None if request.also is None else answer_bound(request.also, measure)
+    return bound if also is None else bound + measure(f"\n{records.SUMMARY_SECTION}\n") + also
+
+
+def max_answer_tokens(
+    request: Request, measure: Callable[[str], int], *, limit: int | None = None, thinking: int = 0
+) -> int | None:
+    """The output cap ``request`` is sent with, or ``None`` (a host hook's: the host bounds it).
+
+    Its :func:`answer_bound` plus :data:`ANSWER_HEADROOM_TOKENS`, plus ``thinking``: a thinking
+    budget the request spends before it answers (Anthropic's extended thinking counts toward the
+    cap, which must exceed the budget). Never above ``limit``, the cap the conversation's own
+    request carries when the request repeats it. An answer over the bound would be refused
+    anyway, so the cap refuses nothing a rule could keep; it bounds what a runaway answer costs.
+
+    Raises:
+        ValueError: ``thinking`` is negative, or ``limit`` is below 1.
+    """
+    if thinking < 0 or (limit is not None and limit < 1):
+        raise ValueError(f"thinking must be >= 0 and limit None or >= 1, got {thinking} and {limit}")
+    bound = answer_bound(request, measure)
+    if bound is None:
+        return None
+    cap = bound + ANSWER_HEADROOM_TOKENS + thinking
+    return cap if limit is None else min(limit, cap)
 
 
 def absorb(state: State, answers: Sequence[tuple[Request, str | None]]) -> State:

@@ -833,13 +833,7 @@ def kept_record(request: Request, text: str | None) -> Answer | None:
     hold the prompt for good.
     """
     body = (text or "").strip().removeprefix(RECORD_PREFIX).strip()
-    results = [
-        part.text
-        for record in request.view or ()
-        if not record.excluded and record.role == "tool"
-        for part in record.parts
-        if part.kind == "function_result"
-    ]
+    results = shown_result_texts(request.view)
     shown = _shown_values(request.view)
     if not body or not shown & word_set(body) or len(body) >= sum(len(result.strip()) for result in results):
         return None
@@ -850,6 +844,17 @@ def kept_record(request: Request, text: str | None) -> Answer | None:
         message_id=request.message_id,
         after=request.after,
     )
+
+
+def shown_result_texts(view: History | None) -> list[str]:
+    """The texts of the tool results a record request's ``view`` sends: what its record must be shorter than."""
+    return [
+        part.text
+        for record in view or ()
+        if not record.excluded and record.role == "tool"
+        for part in record.parts
+        if part.kind == "function_result"
+    ]
 
 
 def written_record(body: str, record_id: str, measure: Measure) -> MessageRecord:

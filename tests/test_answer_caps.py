@@ -1,0 +1,180 @@
+"""Every compaction request is sent with an output cap derived from what its answer must be smaller than.
+
+An answer the rules could keep is smaller than what it replaces (a record than the tool results its request shows,
+a summary, fold, merge or rewrite than the items its transcript numbers), so the cap refuses nothing keepable: it
+is that bound plus :data:`ANSWER_HEADROOM_TOKENS` for reasoning (plus an enabled thinking budget), never above the
+cap the conversation's own request carries. An answer the provider cut at the cap (``finish_reason="length"``)
+counts as a failure, named in a WARNING, and never enters history: a runaway answer costs at most the cap.
+
+Proven on the pure rule, and through the framework's own parts: the composition wired as the README wires it
+(``tests/test_summaries_over_prefix.py``'s conversation over ``create_harness_agent``), summaries sent to a
+summarizer client and asked over the cached prefix.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any
+
+import pytest
+from agent_framework import ChatResponse, Content, Message
+
+from maf_compaction.adapters.aligned import capped_options
+from maf_compaction.adapters.convert import is_summary
+from maf_compaction.core import max_answer_tokens
+from maf_compaction.core.answers import ANSWER_HEADROOM_TOKENS, answer_bound
+from maf_compaction.core.effects import Request, Route
+from maf_compaction.core.host import call_part, message, result_part, text_part
+from maf_compaction.core.model import history
+from maf_compaction.core.records import SUMMARY_SECTION
+from maf_compaction.core.state import RequestKind
+from test_summaries_over_prefix import (
+    NOTES,
+    TURNS,
+    Summarizer,
+    asks_summary,
+    note,
+    summary_asks,
+    talk,
+)
+
+
+def measure(text: str) -> int:
+    """One token per word: the rule is a function of the measure it is given."""
+    return len(text.split())
+
+
+RESULTS = ("code=TL-1 status=ok region=eu " * 20, "code=TL-2 owner=ops " * 30)
+
+
+def record_request(*, also: Request | None = None) -> Request:
+    view = history(
+        [
+            message("user", [text_part("look both up", measure)]),
+            message(
+                "assistant",
+                [call_part("c1", "lookup", {"n": 1}, measure), call_part("c2", "lookup", {"n": 2}, measure)],
+            ),
+            message("tool", [result_part("c1", RESULTS[0], measure)]),
+            message("tool", [result_part("c2", RESULTS[1], measure)]),
+        ]
+    )
+    return Request("r", RequestKind.RECORD, Route.CACHED_PREFIX, instruction="record", view=view, also=also)
+
+
+SUMMARY = Request("s", RequestKind.SUMMARY, transcript="1. keep R1 (RQ-1)\n2. the deadline is 2026-12-01")
+
+
+def test_a_records_bound_is_the_tool_results_its_request_shows() -> None:
+    assert answer_bound(record_request(), measure) == measure("\n".join(RESULTS))
+
+
+@pytest.mark.parametrize("kind", [RequestKind.SUMMARY, RequestKind.FOLD, RequestKind.MERGE, RequestKind.REWRITE])
+def test_a_replacements_bound_is_the_items_it_replaces(kind: RequestKind) -> None:
+    request = Request("x", kind, transcript=SUMMARY.transcript)
+    assert answer_bound(request, measure) == measure(SUMMARY.transcript)
+
+
+def test_a_record_asked_with_a_summary_is_bounded_by_both_and_the_section_line() -> None:
+    both = record_request(also=SUMMARY)
+    expected = measure("\n".join(RESULTS)) + measure(f"\n{SUMMARY_SECTION}\n") + measure(SUMMARY.transcript)
+    assert answer_bound(both, measure) == expected
+
+
+def test_the_cap_is_the_bound_plus_headroom_and_thinking_never_above_the_requests_own() -> None:
+    bound = measure(SUMMARY.transcript)
+    assert max_answer_tokens(SUMMARY, measure) == bound + ANSWER_HEADROOM_TOKENS
+    assert max_answer_tokens(SUMMARY, measure, thinking=2_000) == bound + ANSWER_HEADROOM_TOKENS + 2_000
+    assert max_answer_tokens(SUMMARY, measure, limit=100) == 100
+    assert max_answer_tokens(SUMMARY, measure, limit=10**6) == bound + ANSWER_HEADROOM_TOKENS
+
+
+def test_a_host_hooks_request_has_no_cap() -> None:
+    media = Request("m", RequestKind.MEDIA, Route.HOOK)
+    assert answer_bound(media, measure) is None
+    assert max_answer_tokens(media, measure) is None
+
+
+@pytest.mark.parametrize(("limit", "thinking"), [(0, 0), (None, -1)])
+def test_invalid_limits_are_refused_naming_them(limit: int | None, thinking: int) -> None:
+    with pytest.raises(ValueError, match="thinking must be >= 0 and limit None or >= 1"):
+        max_answer_tokens(SUMMARY, measure, limit=limit, thinking=thinking)
+
+
+def test_over_the_prefix_the_cap_leaves_room_for_an_enabled_thinking_budget_within_the_requests_own() -> None:
+    """Anthropic counts thinking toward ``max_tokens``, which must exceed the budget: the cap adds the budget, and
+    the conversation's own cap (valid with that budget) is never exceeded."""
+    bound = measure(SUMMARY.transcript)
+    thinking = {"type": "enabled", "budget_tokens": 6_000}
+    own_large = capped_options({"max_tokens": 64_000, "thinking": thinking, "temperature": 1}, SUMMARY, measure)
+    assert own_large == {"max_tokens": bound + ANSWER_HEADROOM_TOKENS + 6_000, "thinking": thinking, "temperature": 1}
+    own_small = capped_options({"max_tokens": 8_000, "thinking": thinking}, SUMMARY, measure)
+    assert own_small["max_tokens"] == 8_000
+    assert capped_options({}, SUMMARY, measure) == {"max_tokens": bound + ANSWER_HEADROOM_TOKENS}
+    media = Request("m", RequestKind.MEDIA, Route.HOOK)
+    assert capped_options({"max_tokens": 5}, media, measure) == {"max_tokens": 5}
+
+
+# --- through the framework's parts ----------------------------------------------------------------------------
+
+
+class CappingSummarizer(Summarizer):
+    """A summarizer client that keeps each request's options and, with ``runaway``, writes until its cap cuts it."""
+
+    def __init__(self, *, runaway: bool = False) -> None:
+        super().__init__()
+        self.runaway = runaway
+        self.options: list[dict[str, Any]] = []
+        self.transcripts: list[str] = []
+
+    def _inner_get_response(
+        self, *, messages: Sequence[Message], stream: bool, options: Mapping[str, Any], **kwargs: Any
+    ) -> Awaitable[ChatResponse]:
+        self.options.append(dict(options))
+        self.transcripts.append(messages[-1].text or "")
+        if not self.runaway:
+            return super()._inner_get_response(messages=messages, stream=stream, options=options, **kwargs)
+        self.calls += 1
+        text = " ".join(["again"] * int(options["max_tokens"]))
+
+        async def answer() -> ChatResponse:
+            return ChatResponse(messages=[Message("assistant", [Content.from_text(text)])], finish_reason="length")
+
+        return answer()
+
+
+async def test_each_summarizer_request_carries_the_cap_of_the_turns_it_would_replace() -> None:
+    summarizer = CappingSummarizer()
+    run = await talk("summarizer", summarizer=summarizer, words=note).play(range(NOTES))
+    assert summarizer.calls >= 1
+    composition = run.strategy
+    counted = composition.user_turns._counter.measure  # pyright: ignore[reportPrivateUsage]
+    for options, transcript in zip(summarizer.options, summarizer.transcripts, strict=True):
+        assert options["max_tokens"] == counted(transcript) + ANSWER_HEADROOM_TOKENS
+    assert [m for m in run.stored() if is_summary(m)], "a capped request still gets its summary"
+
+
+async def test_an_answer_cut_at_its_cap_is_a_failure_named_in_a_warning_and_never_enters_history(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    summarizer = CappingSummarizer(runaway=True)
+    with caplog.at_level(logging.WARNING, logger="maf_compaction"):
+        run = await talk("summarizer", summarizer=summarizer, words=note).play(range(NOTES))
+    assert summarizer.calls >= 1
+    assert not [m for m in run.stored() if is_summary(m)]
+    assert not [m for m in run.stored() if "again again" in (m.text or "")]
+    cut = [r.getMessage() for r in caplog.records if "reached its output cap" in r.getMessage()]
+    assert len(cut) == summarizer.calls
+    assert all(f"max_tokens={o['max_tokens']}" in line for line, o in zip(cut, summarizer.options, strict=True))
+
+
+async def test_a_summary_over_the_cached_prefix_carries_its_cap_and_task_requests_keep_their_own() -> None:
+    run = await talk().play(range(TURNS))
+    asks = summary_asks(run.sent)
+    assert asks
+    for i, sent in enumerate(run.sent):
+        if i in asks:
+            assert sent.options["max_tokens"] > ANSWER_HEADROOM_TOKENS
+        elif not sent.asks_record and not asks_summary(sent):
+            assert sent.options.get("max_tokens") == run.sent[0].options.get("max_tokens")
