@@ -2,9 +2,10 @@
 
 An answer the rules could keep is smaller than what it replaces (a record than the tool results its request shows,
 a summary, fold, merge or rewrite than the items its transcript numbers), so the cap refuses nothing keepable: it
-is that bound plus :data:`ANSWER_HEADROOM_TOKENS` for reasoning (plus an enabled thinking budget), never above the
-cap the conversation's own request carries. An answer the provider cut at the cap (``finish_reason="length"``)
-counts as a failure, named in a WARNING, and never enters history: a runaway answer costs at most the cap.
+is that bound and as much again for reasoning (at least :data:`ANSWER_HEADROOM_TOKENS`; plus an enabled thinking
+budget), never above the cap the conversation's own request carries. An answer the provider cut at the cap
+(``finish_reason="length"``) counts as a failure, named in a WARNING, and never enters history: a runaway answer
+costs at most the cap.
 
 Proven on the pure rule, and through the framework's own parts: the composition wired as the README wires it
 (``tests/test_summaries_over_prefix.py``'s conversation over ``create_harness_agent``), summaries sent to a
@@ -85,6 +86,8 @@ def test_a_record_asked_with_a_summary_is_bounded_by_both_and_the_section_line()
 def test_the_cap_is_the_bound_plus_headroom_and_thinking_never_above_the_requests_own() -> None:
     bound = measure(SUMMARY.transcript)
     assert max_answer_tokens(SUMMARY, measure) == bound + ANSWER_HEADROOM_TOKENS
+    large = Request("l", RequestKind.SUMMARY, transcript="word " * (3 * ANSWER_HEADROOM_TOKENS))
+    assert max_answer_tokens(large, measure) == 2 * 3 * ANSWER_HEADROOM_TOKENS, "room to reason grows with the answer"
     assert max_answer_tokens(SUMMARY, measure, thinking=2_000) == bound + ANSWER_HEADROOM_TOKENS + 2_000
     assert max_answer_tokens(SUMMARY, measure, limit=100) == 100
     assert max_answer_tokens(SUMMARY, measure, limit=10**6) == bound + ANSWER_HEADROOM_TOKENS
@@ -151,7 +154,8 @@ async def test_each_summarizer_request_carries_the_cap_of_the_turns_it_would_rep
     composition = run.strategy
     counted = composition.user_turns._counter.measure  # pyright: ignore[reportPrivateUsage]
     for options, transcript in zip(summarizer.options, summarizer.transcripts, strict=True):
-        assert options["max_tokens"] == counted(transcript) + ANSWER_HEADROOM_TOKENS
+        bound = counted(transcript)
+        assert options["max_tokens"] == bound + max(bound, ANSWER_HEADROOM_TOKENS)
     assert [m for m in run.stored() if is_summary(m)], "a capped request still gets its summary"
 
 

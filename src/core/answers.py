@@ -14,7 +14,7 @@ the route's rest (:func:`.recall.failed`) and is asked again later.
 
 What an answer may cost is bounded before it is asked (:func:`max_answer_tokens`): every
 answer the rules could keep is smaller than what it replaces, so the shell sends each request
-with an output cap of that size plus a headroom for reasoning, and an answer the provider cut
+with an output cap of that size and as much again for reasoning (at least 4,096 tokens), and an answer the provider cut
 at the cap counts as a failure; a runaway answer costs at most the cap, and never enters history.
 """
 
@@ -33,8 +33,8 @@ from .state import RequestKind, State
 _ID_SUFFIX: Final = re.compile(r"(\d+)$")
 #: The kinds a summary request over the cached prefix asks for (a record replacement always goes to the summarizer).
 _SUMMARIES: Final = (RequestKind.SUMMARY, RequestKind.FOLD)
-#: Output tokens a compaction request may spend beyond the size its answer must stay under to be kept: a
-#: reasoning model's thinking counts as output, and the provider's tokenizer is not ours.
+#: The least room a compaction request gets beyond the size its answer must stay under to be kept: a reasoning
+#: model's thinking counts as output, and the provider's tokenizer is not ours.
 ANSWER_HEADROOM_TOKENS: Final = 4_096
 
 
@@ -60,7 +60,8 @@ def max_answer_tokens(
 ) -> int | None:
     """The output cap ``request`` is sent with, or ``None`` (a host hook's: the host bounds it).
 
-    Its :func:`answer_bound` plus :data:`ANSWER_HEADROOM_TOKENS`, plus ``thinking``: a thinking
+    Its :func:`answer_bound`, then as much again for reasoning (at least
+    :data:`ANSWER_HEADROOM_TOKENS`: a model reasons more over more), plus ``thinking``: a thinking
     budget the request spends before it answers (Anthropic's extended thinking counts toward the
     cap, which must exceed the budget). Never above ``limit``, the cap the conversation's own
     request carries when the request repeats it. An answer over the bound would be refused
@@ -74,7 +75,7 @@ def max_answer_tokens(
     bound = answer_bound(request, measure)
     if bound is None:
         return None
-    cap = bound + ANSWER_HEADROOM_TOKENS + thinking
+    cap = bound + max(bound, ANSWER_HEADROOM_TOKENS) + thinking
     return cap if limit is None else min(limit, cap)
 
 
