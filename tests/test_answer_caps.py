@@ -4,8 +4,8 @@ An answer the rules could keep is smaller than what it replaces (a record than t
 a summary, fold, merge or rewrite than the items its transcript numbers), so the cap refuses nothing keepable: it
 is that bound and as much again for reasoning (at least :data:`ANSWER_HEADROOM_TOKENS`; plus an enabled thinking
 budget), never above the cap the conversation's own request carries. An answer the provider cut at the cap
-(``finish_reason="length"``) counts as a failure, named in a WARNING, and never enters history: a runaway answer
-costs at most the cap.
+(``finish_reason="length"``) is named in a WARNING and never enters history (from the summarizer a failure, over the
+cached prefix an answer that did not follow the instruction): a runaway answer costs at most the cap.
 
 Proven on the pure rule, and through the framework's own parts: the composition wired as the README wires it
 (``tests/test_summaries_over_prefix.py``'s conversation over ``create_harness_agent``), summaries sent to a
@@ -28,8 +28,11 @@ from maf_compaction.core.answers import ANSWER_HEADROOM_TOKENS, answer_bound
 from maf_compaction.core.effects import Request, Route
 from maf_compaction.core.host import call_part, message, result_part, text_part
 from maf_compaction.core.model import history
+from maf_compaction.core.recall import IGNORED_LIMIT, no_route
 from maf_compaction.core.records import SUMMARY_SECTION
 from maf_compaction.core.state import RequestKind
+from test_cached_prefix import TURNS as CONVERSATION_TURNS
+from test_cached_prefix import Provider, asked, conversation, written_records
 from test_summaries_over_prefix import (
     NOTES,
     TURNS,
@@ -182,3 +185,40 @@ async def test_a_summary_over_the_cached_prefix_carries_its_cap_and_task_request
             assert sent.options["max_tokens"] > ANSWER_HEADROOM_TOKENS
         elif not sent.asks_record and not asks_summary(sent):
             assert sent.options.get("max_tokens") == run.sent[0].options.get("max_tokens")
+
+
+class CuttingProvider(Provider):
+    """The framework's client layers over the scripted model, whose every record answer is cut at its cap."""
+
+    def _inner_get_response(
+        self, *, messages: Sequence[Message], stream: bool, options: Mapping[str, Any], **kwargs: Any
+    ) -> Any:
+        pending = super()._inner_get_response(messages=messages, stream=stream, options=options, **kwargs)
+        if not self.requests[-1].asks_record:
+            return pending
+
+        async def cut() -> ChatResponse:
+            response = await pending  # type: ignore[misc]
+            response.finish_reason = "length"
+            return response
+
+        return cut()
+
+
+async def test_a_record_cut_at_its_cap_is_an_answer_that_did_not_follow_the_instruction(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Asked again, the same request would be cut again: two such answers turn the route off, as two answers that
+    quote nothing do, and the safety net takes the record's place; nothing of them enters history."""
+    with caplog.at_level(logging.WARNING, logger="maf_compaction"):
+        run = await conversation(client=CuttingProvider()).play(range(CONVERSATION_TURNS))
+    asks = asked(run.sent)
+    assert len(asks) == IGNORED_LIMIT
+    for i in asks:
+        assert isinstance(run.sent[i].options.get("max_tokens"), int)
+    cut = [r.getMessage() for r in caplog.records if "reached its output cap" in r.getMessage()]
+    assert len(cut) == len(asks)
+    assert all("did not follow the instruction" in line for line in cut)
+    state = run.records.conversation.value.recall
+    assert (state.ignored_instructions, state.failed_requests, no_route(state)) == (IGNORED_LIMIT, 0, True)
+    assert not written_records(run.stored())

@@ -146,7 +146,7 @@ async def perform(request: core.Request, given: core.History, messages: Sequence
         asked = [*to_messages(request.view, given, messages), {"role": "user", "content": request.instruction}]
     else:  # a media description (only with UserSummaryConfig(describe_media=True)): this host has no hook
         return None
-    try:  # the cap: what the answer must stay under to be kept, plus room to reason (an answer cut at it: None)
+    try:  # the cap: what the answer must stay under to be kept, and room to reason (a "length" finish: no answer)
         answer = await complete(asked, max_tokens=core.max_answer_tokens(request, measure))
     except Exception:  # a failed request is an answer too: the core asks again later
         return None

@@ -7,7 +7,8 @@ conversation's last request, byte for byte, as the core cut it) with the head of
 unpinned request as the recall middleware saw it sent (its chat client and options:
 instructions, tools, ``tool_choice``, the rest), and one user message at the end, with the
 output cap the core gives the request (:func:`~maf_compaction.core.max_answer_tokens`, never
-above the request's own ``max_tokens``; an answer cut at it counts as a failure). The
+above the request's own ``max_tokens``; an answer cut at it is judged as one that did not follow the
+instruction). The
 request goes to the chat client's own provider layer: no function loop runs a tool the
 model calls, no middleware sees it, and nothing of it enters history but the answer.
 """
@@ -80,8 +81,9 @@ async def ask_over_prefix(
 
     A recall call in the answer counts as its ``values`` argument; otherwise the answer's
     text. An ordinary exception is a failure (logged, never raised: history stays as it
-    is, and what no record or summary replaces stays or is kept by the safety net), and so
-    is an answer the provider cut at the request's output cap (:func:`capped_options`);
+    is, and what no record or summary replaces stays or is kept by the safety net). An
+    answer the provider cut at the request's output cap (:func:`capped_options`) is judged
+    as one that did not follow the instruction (``""``): asked again, it would be cut again;
     cancellation propagates.
     """
     record = request.kind is RequestKind.RECORD
@@ -119,8 +121,8 @@ async def ask_over_prefix(
         )
         return None
     telemetry.note_response(response)
-    if cut_at_cap(response, owner, what, options.get("max_tokens"), stays):
-        return None
+    if cut_at_cap(response, owner, what, options.get("max_tokens"), stays, verdict="did not follow the instruction"):
+        return ""  # answered, not as asked: the same request would be cut again, so it is no failure to retry
     text = answer_text(response)
     if text is None:  # an answer all the same (the provider is up): judged as one that ignored the instruction
         logger.warning("%s asked for %s over the cached prefix and got no text; %s", owner, what, stays)
@@ -148,16 +150,20 @@ def capped_options(options: Mapping[str, Any], request: Request, measure: Measur
     return capped
 
 
-def cut_at_cap(response: ChatResponse, owner: str, what: str, cap: object, stays: str) -> bool:
+def cut_at_cap(
+    response: ChatResponse, owner: str, what: str, cap: object, stays: str, *, verdict: str = "failed"
+) -> bool:
     """Whether the provider cut ``response`` at its output cap (``finish_reason`` ``"length"``), warned about:
-    such an answer is no record or summary (it would miss what it had left to write), and counts as a failure."""
+    such an answer is no record or summary (it would miss what it had left to write); the WARNING says what it
+    counts as (``verdict``)."""
     if response.finish_reason != "length":
         return False
     logger.warning(
-        "%s: the answer to %s reached its output cap (max_tokens=%s) and counts as failed; %s",
+        "%s: the answer to %s reached its output cap (max_tokens=%s) and counts as one that %s; %s",
         owner,
         what,
         cap,
+        verdict,
         stays,
     )
     return True

@@ -17,8 +17,9 @@ covered by the same compatibility promise as the rest of ``maf_compaction``.
   of a restored state against its history (``*_check``).
 - **Effects**: :class:`Request` (with its :class:`RequestKind` and :class:`Route`), answered
   into the state by :func:`absorb`, each sent with the output cap :func:`max_answer_tokens`
-  gives (an answer cut at it counts as a failure); a record strategy's recall protocol around each model
-  request: :func:`record_rule`, :func:`request_starting`, :func:`request_sent`.
+  gives (an answer cut at it is no answer: pass ``None``, or ``""`` over the cached prefix);
+  a record strategy's recall protocol around each model request: :func:`record_rule`,
+  :func:`request_starting`, :func:`request_sent`.
 - **Prompt caches with breakpoints** (Anthropic's ``cache_control``): :func:`strategy_marks`
   answers which messages of a pass's history a request should mark (:class:`CacheMarks`).
 - **State**: :class:`State` (records, the composition, user-turn summaries) and

@@ -14,8 +14,10 @@ the route's rest (:func:`.recall.failed`) and is asked again later.
 
 What an answer may cost is bounded before it is asked (:func:`max_answer_tokens`): every
 answer the rules could keep is smaller than what it replaces, so the shell sends each request
-with an output cap of that size and as much again for reasoning (at least 4,096 tokens), and an answer the provider cut
-at the cap counts as a failure; a runaway answer costs at most the cap, and never enters history.
+with an output cap of that size and as much again for reasoning (at least 4,096 tokens). An
+answer the provider cut at the cap is no record or summary: from the summarizer it counts as a
+failure, over the cached prefix as an answer that did not follow the instruction (asked again,
+it would be cut again). A runaway answer costs at most the cap, and never enters history.
 """
 
 from __future__ import annotations
