@@ -174,6 +174,7 @@ async def test_an_answer_cut_at_its_cap_is_a_failure_named_in_a_warning_and_neve
     cut = [r.getMessage() for r in caplog.records if "reached its output cap" in r.getMessage()]
     assert len(cut) == summarizer.calls
     assert all(f"max_tokens={o['max_tokens']}" in line for line, o in zip(cut, summarizer.options, strict=True))
+    assert run.strategy.answers_cut == run.strategy.user_turns.answers_cut == summarizer.calls
 
 
 async def test_a_summary_over_the_cached_prefix_carries_its_cap_and_task_requests_keep_their_own() -> None:
@@ -222,3 +223,5 @@ async def test_a_record_cut_at_its_cap_is_an_answer_that_did_not_follow_the_inst
     state = run.records.conversation.value.recall
     assert (state.ignored_instructions, state.failed_requests, no_route(state)) == (IGNORED_LIMIT, 0, True)
     assert not written_records(run.stored())
+    assert run.records.answers_cut == len(asks)
+    assert run.records.failed_prefix_requests == 0

@@ -614,6 +614,43 @@ async def test_a_refused_summary_is_marked_not_kept_and_says_why(otel: Telemetry
         assert span.attributes[telemetry.MESSAGE_ID] not in model.sent_ids
 
 
+class CutSummarizer(Scripted):
+    """A summarizer whose every answer runs on until the provider cuts it at the request's output cap."""
+
+    def __init__(self) -> None:
+        super().__init__(summary_reply)
+        #: The output cap of each request, as sent.
+        self.caps: list[int] = []
+
+    def _inner_get_response(
+        self, *, messages: Sequence[Message], stream: bool, options: Mapping[str, Any], **kwargs: Any
+    ) -> Any:
+        self.caps.append(int(options["max_tokens"]))
+        text = " ".join(["again"] * self.caps[-1])
+
+        async def cut() -> ChatResponse:
+            return ChatResponse(messages=[Message("assistant", [Content.from_text(text)])], finish_reason="length")
+
+        return cut()
+
+
+async def test_an_answer_cut_at_its_output_cap_is_marked_cut_with_the_cap_and_not_kept(otel: Telemetry) -> None:
+    summarizer = CutSummarizer()
+    strategy, _ = await play_summaries(summarizer)
+
+    requests = otel.named("compaction_request ")
+    assert strategy.answers_cut == len(summarizer.caps) == len(requests) > 0
+    for span, cap in zip(requests, summarizer.caps, strict=True):
+        assert span.attributes is not None
+        assert span.attributes[telemetry.OUTCOME] == telemetry.CUT
+        assert span.attributes[telemetry.MAX_TOKENS] == cap
+        assert span.attributes[telemetry.KEPT] is False
+        assert span.attributes[telemetry.REFUSED] == telemetry.CUT
+        assert span.status.status_code is not StatusCode.ERROR  # an answer, not an error
+    points = otel.points()
+    assert total(points, "maf_compaction.requests", maf_compaction__request__outcome=telemetry.CUT) == len(requests)
+
+
 async def test_a_summary_past_its_time_limit_is_marked_timed_out_with_error_status(otel: Telemetry) -> None:
     slow = Scripted(summary_reply, delay=30)
     strategy = UserTurnAnchoredSummarizationCompactionStrategy(max_input_tokens=1_200, tokenizer=TOKENIZER, client=slow)

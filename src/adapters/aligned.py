@@ -74,7 +74,13 @@ async def _unchanged(messages: list[Message]) -> bool:
 
 
 async def ask_over_prefix(
-    head: SentHead | None, sent: Sequence[Message], request: Request, owner: str, measure: Measure
+    head: SentHead | None,
+    sent: Sequence[Message],
+    request: Request,
+    owner: str,
+    measure: Measure,
+    *,
+    on_cut: Callable[[], None] | None = None,
 ) -> str | None:
     """Send ``sent`` plus ``request.instruction`` with ``head``; the answer's text (empty when it has none), or
     ``None`` on a failure.
@@ -83,8 +89,8 @@ async def ask_over_prefix(
     text. An ordinary exception is a failure (logged, never raised: history stays as it
     is, and what no record or summary replaces stays or is kept by the safety net). An
     answer the provider cut at the request's output cap (:func:`capped_options`) is judged
-    as one that did not follow the instruction (``""``): asked again, it would be cut again;
-    cancellation propagates.
+    as one that did not follow the instruction (``""``): asked again, it would be cut again
+    (``on_cut`` counts it); cancellation propagates.
     """
     record = request.kind is RequestKind.RECORD
     what = "a record" if record else f"a {request.kind.value}"
@@ -105,6 +111,7 @@ async def ask_over_prefix(
         # The provider layer itself: the function loop would run a tool the model calls, and the client's
         # middleware belongs to the agent's own requests.
         options = capped_options(head.options, request, measure)
+        telemetry.note_cap(options.get("max_tokens"))
         pending: Any = BaseChatClient.get_response(
             client, messages, stream=False, options=cast("Any", options), compaction_strategy=strategy
         )
@@ -122,6 +129,8 @@ async def ask_over_prefix(
         return None
     telemetry.note_response(response)
     if cut_at_cap(response, owner, what, options.get("max_tokens"), stays, verdict="did not follow the instruction"):
+        if on_cut is not None:
+            on_cut()
         return ""  # answered, not as asked: the same request would be cut again, so it is no failure to retry
     text = answer_text(response)
     if text is None:  # an answer all the same (the provider is up): judged as one that ignored the instruction
@@ -158,6 +167,7 @@ def cut_at_cap(
     counts as (``verdict``)."""
     if response.finish_reason != "length":
         return False
+    telemetry.note_cut()
     logger.warning(
         "%s: the answer to %s reached its output cap (max_tokens=%s) and counts as one that %s; %s",
         owner,

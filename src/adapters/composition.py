@@ -255,7 +255,9 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
             raise
 
     async def _perform(self, request: Request, messages: Sequence[Message]) -> str | None:
+        cut = self.user_turns.answers_cut
         answer = await self.user_turns._perform(request, messages)  # pyright: ignore[reportPrivateUsage]
+        self.answers_cut += self.user_turns.answers_cut - cut  # a request of this composition's, sent by its half
         if request.kind in CHAIN_KINDS and answer is None:
             self.replacements_failed += 1  # the user half's WARNING says why; it is asked again after a new turn
         return answer

@@ -106,6 +106,9 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
         self.failed_prefix_requests = 0
         #: Compaction requests that took longer than ``request_timeout_s`` (counted as failed).
         self.timed_out_requests = 0
+        #: Answers the provider cut at their request's output cap (:func:`~maf_compaction.core.max_answer_tokens`):
+        #: never kept, each named in a WARNING.
+        self.answers_cut = 0
         self._request_timeout_s = DEFAULT_REQUEST_TIMEOUT_S
 
     @property
@@ -374,9 +377,15 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
         assert request.view is not None
         self.prefix_requests += 1
         sent = render(messages, before, request.view, note_kind=NOTE_KIND)
-        text = await ask_over_prefix(self.conversation.head, sent, request, type(self).__name__, self._counter.measure)
+        text = await ask_over_prefix(
+            self.conversation.head, sent, request, type(self).__name__, self._counter.measure, on_cut=self._count_cut
+        )
         self.failed_prefix_requests += text is None
         return text
+
+    def _count_cut(self) -> None:
+        """An answer the provider cut at its request's output cap (the WARNING names it)."""
+        self.answers_cut += 1
 
     def _over_prefix(self, request: Request) -> bool:
         """``request`` is sent over the cached prefix here (a summary goes to the summarizer until a request of the

@@ -72,18 +72,21 @@ TIMEOUT: Final = "maf_compaction.request.timeout_s"
 ALSO_IDENTITY: Final = "maf_compaction.request.also_identity"
 ALSO_KEPT: Final = "maf_compaction.request.also_kept"
 CHANGE: Final = "maf_compaction.change"
+MAX_TOKENS: Final = "gen_ai.request.max_tokens"
 INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
 OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
 TOKEN_TYPE: Final = "gen_ai.token.type"
 _USAGE: Final = {"input": INPUT_TOKENS, "output": OUTPUT_TOKENS}
 ERROR_TYPE: Final = "error.type"
 
-#: A request's outcome: answered with text, answered with none, failed, past ``request_timeout_s``, cancelled.
+#: A request's outcome: answered with text, answered with none, failed, past ``request_timeout_s``, cancelled, or
+#: answered with a text the provider cut at the request's output cap.
 ANSWERED: Final = "answered"
 EMPTY: Final = "empty"
 FAILED: Final = "failed"
 TIMED_OUT: Final = "timed_out"
 CANCELLED: Final = "cancelled"
+CUT: Final = "cut_at_cap"
 #: Why an answered request was not kept, when the pass's report does not say: its message is not in the prompt.
 NOT_PLACED: Final = "not_placed"
 
@@ -403,6 +406,20 @@ def note_response(response: object) -> None:
     traced = _CURRENT.get()
     if traced is not None:
         traced.response(response)
+
+
+def note_cap(cap: int | None) -> None:
+    """Note the output cap the request being traced is sent with (``gen_ai.request.max_tokens``)."""
+    traced = _CURRENT.get()
+    if traced is not None and cap is not None and traced.span is not None and traced.span.is_recording():
+        traced.span.set_attribute(MAX_TOKENS, cap)
+
+
+def note_cut() -> None:
+    """Note that the provider cut the answer of the request being traced at its output cap (no error: an answer)."""
+    traced = _CURRENT.get()
+    if traced is not None:
+        traced.outcome = CUT
 
 
 def note_failure(error: BaseException, outcome: str = FAILED) -> None:

@@ -194,6 +194,7 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
     async def _summarize(self, request: Request) -> str | None:
         self.summarizer_calls += 1
         cap = max_answer_tokens(request, self._counter.measure)
+        telemetry.note_cap(cap)
         try:
             response = await self.client.get_response(
                 [Message("system", [request.prompt]), Message("user", [request.transcript])],
@@ -210,6 +211,7 @@ class UserTurnAnchoredSummarizationCompactionStrategy(CompactionAdapter[UserSumm
         if cut_at_cap(
             response, "The summarizer", f"a {request.kind.value}", cap, f"{_what_stays(request)} stay as they are"
         ):
+            self._count_cut()
             return None
         text = getattr(response, "text", None)
         if not isinstance(text, str) or not text.strip():
