@@ -730,7 +730,7 @@ def ask_aligned(view: History, state: State, conversation: History) -> Request |
     if state.recall.asking is None:
         return None
     shown = _shown_results(view)
-    if not shown or not _shown_values(view):
+    if not shown or not _values_in(shown_result_texts(view)):
         return None  # no value a record could quote: its answer could not be kept, and would count as ignored
     key = identity("aligned_record", RECORD_INSTRUCTION, shown)
     if any(a.identity == key for a in written(state)):
@@ -817,9 +817,20 @@ def _shown_results(view: History) -> list[str]:
     ]
 
 
-def _shown_values(view: History | None) -> set[str]:
-    """The distinctive values of the tool results ``view`` sends: what a record asked over it must quote one of."""
-    return _result_values(r for r in view or () if not r.excluded and r.role == "tool")
+def shown_result_texts(view: History | None) -> list[str]:
+    """The texts of the tool results a record request's ``view`` sends: what its record must be shorter than."""
+    return [
+        part.text
+        for record in view or ()
+        if not record.excluded and record.role == "tool"
+        for part in record.parts
+        if part.kind == "function_result"
+    ]
+
+
+def _values_in(results: Iterable[str]) -> set[str]:
+    """The distinctive values of tool results' texts: what a record asked over them must quote one of."""
+    return {value for text in results for value in distinctive_values(text)}
 
 
 def kept_record(request: Request, text: str | None) -> Answer | None:
@@ -834,8 +845,11 @@ def kept_record(request: Request, text: str | None) -> Answer | None:
     """
     body = (text or "").strip().removeprefix(RECORD_PREFIX).strip()
     results = shown_result_texts(request.view)
-    shown = _shown_values(request.view)
-    if not body or not shown & word_set(body) or len(body) >= sum(len(result.strip()) for result in results):
+    if (
+        not body
+        or not _values_in(results) & word_set(body)
+        or len(body) >= sum(len(result.strip()) for result in results)
+    ):
         return None
     return Answer(
         identity=request.identity,
@@ -844,17 +858,6 @@ def kept_record(request: Request, text: str | None) -> Answer | None:
         message_id=request.message_id,
         after=request.after,
     )
-
-
-def shown_result_texts(view: History | None) -> list[str]:
-    """The texts of the tool results a record request's ``view`` sends: what its record must be shorter than."""
-    return [
-        part.text
-        for record in view or ()
-        if not record.excluded and record.role == "tool"
-        for part in record.parts
-        if part.kind == "function_result"
-    ]
 
 
 def written_record(body: str, record_id: str, measure: Measure) -> MessageRecord:
