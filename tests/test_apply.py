@@ -62,9 +62,10 @@ def test_a_message_made_and_replaced_on_one_pass_is_stored_excluded_with_its_rep
 def test_no_request_carries_a_record_a_merge_took_in_on_the_same_pass() -> None:
     """Records with long prose over source files: the answer over the cached prefix is merged at once by the
     composition's chain. Each request sent was what the pass left, under the budget, so none is over the window
-    (two requests were, by 3K tokens: the record and its merge went out together)."""
+    (two requests were, by 3K tokens: the record and its merge went out together). A record asked for every group
+    (the ungated row): the gated composition learns that such records do not pay and asks for too few to merge."""
     settings = Settings(results="stdlib", answer_tokens=4_000, prose_tokens=(300, 600))
-    result = asyncio.run(run_cell(Cell("tool_and_user_summary_anchored", 1.5, 1), settings))
+    result = asyncio.run(run_cell(Cell("tool_and_user_summary_anchored_ungated", 2.0, 1), settings))
     assert result.error is None, result.error
     assert result.counters["records_replaced"] >= 1, result.counters
     assert result.dq == 0, f"{result.dq} request(s) over the window"

@@ -38,7 +38,7 @@ from maf_compaction import (
 )
 from maf_compaction.adapters.convert import EXCLUDED_KEY, NOTE_KEY, PRESERVED_KEY, SUMMARY_KEY, SUMMARY_OF_KEY
 from maf_compaction.core.anchored import TOOL_NOTE_PREFIX
-from maf_compaction.core.composition import shed_rules
+from maf_compaction.core.composition import ROOM_LOW_WATER_FRACTION, shed_rules
 from maf_compaction.core.counting import MESSAGE_OVERHEAD_TOKENS
 from maf_compaction.core.distill import is_distilled, is_remnant
 from maf_compaction.core.errors import SnapshotError
@@ -951,6 +951,65 @@ def test_a_shed_replays_on_the_other_list_and_after_a_restore() -> None:
     third = conversation(6, covers=(0, 1, 2), dense=True)
     run(restored, third)
     assert dump(third) == dump(messages)
+
+
+def _no_record_pays(budget: int, **kwargs: Any) -> Composition:
+    """A composition whose record half asks only for records that pay (none does on value-dense lookups)."""
+    return build(budget, records={"record_payoff_share": 0.2}, **kwargs)
+
+
+def test_room_no_record_will_make_is_shed_before_the_budget_with_the_summary_on_the_same_break(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A step like the largest no longer fits and no record would pay: the shed the next lookup would force a pass
+    later is made now, judged on the prompt before the summary, which rides on it (one break, not two)."""
+    messages = conversation(6, dense=True, pad=6)
+    budget = needs_room(messages)
+    before = measured(messages)[0]
+    strategy = _no_record_pays(budget)
+    with caplog.at_level(logging.WARNING, logger="maf_compaction"):
+        run(strategy, messages)
+    report = strategy.last_report
+    assert report is not None
+    assert report.tokens_before <= budget, "the prompt fits: an over-budget shed would prove nothing"
+    assert strategy.tool_results.decision_state().records.ask is None, "no record was asked for the room"
+    assert report.users is not None
+    assert report.users.outcome is Outcome.SUMMARIZED, "the summary rides on the shed's break"
+    assert strategy.shed_events == 1
+    shed = [i for i in excluded_ids(messages) if not i.startswith("q")]
+    assert shed[:2] == ["c0", "r0"], f"oldest first, shed {shed}"
+    assert not excluded(by_id(messages, "c5"))
+    assert not excluded(by_id(messages, "r5")), "the newest lookup stays: the conversation works with it"
+    # Judged before the summary: the shed frees what takes the prompt to the room low water, and the summary more.
+    low = int(budget * ROOM_LOW_WATER_FRACTION)
+    freed_by_shed = sum(TOKENIZER.count_tokens(lookup_text(int(i[1:]), dense=True)) for i in shed if i[0] == "r")
+    assert freed_by_shed >= before - low
+    assert report.tokens_after < low
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert all(any(i in w for w in warnings) for i in shed), "a shed message no WARNING names"
+    # The other list and a restored copy replay it.
+    other = conversation(6, dense=True, pad=6)
+    run(strategy, other)
+    assert dump(other) == dump(messages)
+    restored = _no_record_pays(budget)
+    restored.restore_state(strategy.decision_state())
+    third = conversation(6, dense=True, pad=6)
+    run(restored, third)
+    assert dump(third) == dump(messages)
+
+
+def test_room_is_not_shed_before_the_budget_under_raise_or_from_the_newest_lookup() -> None:
+    messages = conversation(6, dense=True, pad=6)
+    strategy = _no_record_pays(needs_room(messages), overflow_policy="raise")
+    run(strategy, messages)
+    assert [i for i in excluded_ids(messages) if not i.startswith("q")] == []
+    # The only unrecorded lookup in the band is the conversation's newest: the shed waits for the budget.
+    messages = conversation(1, dense=True, pad=6)[:-1] + user_rounds(8, start=1) + [Message("user", ["Report."])]
+    strategy = _no_record_pays(needs_room(messages))
+    run(strategy, messages)
+    assert strategy.shed_events == 0
+    assert not excluded(by_id(messages, "c0"))
+    assert not excluded(by_id(messages, "r0"))
 
 
 def test_raise_keeps_uncovered_results_and_leaves_the_list_untouched() -> None:

@@ -1156,6 +1156,71 @@ def test_new_tool_material_counts_only_where_its_record_would_pay() -> None:
         assert pin_due(PinRule(trigger_tokens=0), every)
 
 
+#: A paragraph a model opens a record with: words, no value.
+PROSE = " ".join(["The lookup listed the requests of the window, and every one of them completed as expected."] * 12)
+
+
+def _recorded_with(prose: str) -> tuple[Strategy, list[Message]]:
+    """Lookups 0-3 (lookup 0 in the head) and a record of lookup 1 opening with ``prose``: 2 and 3 are uncovered,
+    and each would pay under the estimate made before any record."""
+    messages = [Message("user", ["Task: reconcile."])]
+    for n in range(4):
+        messages += lookup(n)
+    messages += recall(f"{prose}\n{quote_all(lookup_text(1))}".strip())
+    s = strategy(record_payoff_share=0.2)
+    run(s, messages)
+    return s, messages
+
+
+def test_the_prose_a_record_is_expected_to_carry_is_learned_from_the_conversations_records() -> None:
+    measure = TOKENIZER.count_tokens
+    assert records_core.learned_prose([], measure) == records_core.RECORD_PROSE_TOKENS
+    terse, wordy = quote_all(lookup_text(1)), f"{PROSE}\n{quote_all(lookup_text(2))}"
+    values = " ".join(dict.fromkeys(distinctive_values(wordy)))
+    assert records_core.learned_prose([wordy], measure) == measure(wordy) - measure(values)
+    # The mean over the records; a record of values alone carries none (never less).
+    both = records_core.learned_prose([terse, wordy], measure)
+    assert both == round((records_core.learned_prose([terse], measure) + measure(wordy) - measure(values)) / 2)
+    assert records_core.learned_prose([" ".join(distinctive_values(terse))], measure) == 0
+    # The estimate adds the prose given to the values.
+    group = distinctive_values(lookup_text(2))
+    size = measure(" ".join(group)) + 300
+    assert records_core.record_pays(group, size * 5, measure, 0.2, prose=300)
+    assert not records_core.record_pays(group, size * 5 - 1, measure, 0.2, prose=300)
+    assert records_core.record_pays(group, size * 5 - 1, measure, 0.2)  # the prior: RECORD_PROSE_TOKENS
+
+
+def test_a_conversation_whose_records_carry_long_prose_stops_asking_for_records_that_would_not_pay() -> None:
+    from maf_compaction.adapters.convert import to_history
+    from maf_compaction.adapters.counting import as_estimator
+
+    measure = TOKENIZER.count_tokens
+    group = measure(lookup_text(2))
+    values = measure(" ".join(distinctive_values(lookup_text(2))))
+    assert values + records_core.RECORD_PROSE_TOKENS <= 0.2 * group < values + measure(PROSE), "sizes prove nothing"
+    terse, terse_messages = _recorded_with("")
+    assert terse.last_report is not None
+    assert (terse.last_report.declined, terse.last_report.asked) == ((), (2, 3))
+    wordy, wordy_messages = _recorded_with(PROSE)
+    assert wordy.last_report is not None
+    assert (wordy.last_report.uncovered, wordy.last_report.declined) == ((2, 3), (2, 3))
+    assert wordy.decision_state().records.ask is None
+    for n in (2, 3):  # held, as any group whose record would not pay: nothing leaves unquoted
+        assert not excluded(result_of(wordy_messages, f"call_{n}"))
+        assert hold(result_of(wordy_messages, f"call_{n}")) == HOLD_UNCOVERED
+    # The recall middleware reads the same estimate: no new tool material (lookups after the record) would pay; a
+    # memo made over the terse conversation's records never carries its decisions over.
+    histories = [
+        to_history([*m, *lookup(4), *lookup(5)], as_estimator(TOKENIZER).parts, note_kind="anchored")
+        for m in (terse_messages, wordy_messages)
+    ]
+    terse_status, memo = records_core.recall_status(histories[0], measure=measure, payoff_share=0.2)
+    assert terse_status.pending_groups == 2
+    for earlier in (None, memo):
+        status, _ = records_core.recall_status(histories[1], earlier, measure=measure, payoff_share=0.2)
+        assert status.pending_groups == 0
+
+
 def test_the_middleware_must_share_the_strategys_payoff_share() -> None:
     from maf_compaction import RecallGate, ToolResultRecallMiddleware
 

@@ -20,7 +20,8 @@ then, only while the prompt is over the budget, a last-resort chain:
    conversation's largest step (its largest group; a tool step with room for a record's
    instruction when records go over the cached prefix) would no longer fit beside the
    prompt. At that point the composition first asks for a record of the tool groups no
-   record holds yet, so the user half waits for it and rides on its break.
+   record holds yet, so the user half waits for it and rides on its break; when no record
+   would pay for them, the shed policy makes the room and the summary rides on its break.
 3. **Record replacements**: the records are merged into one written record, then
    rewritten harder (about 60%, then 36% of the length), each through the user half's
    summarizer and bounded by its ``max_summary_input_tokens``. A replacement is kept only
@@ -44,7 +45,10 @@ then, only while the prompt is over the budget, a last-resort chain:
 6. **Overflow policy**: ``"shed"`` removes whole unrecorded tool groups, oldest band
    position first, each leaving a removal note the model sees (the shell names every
    lost message in a WARNING); the sheds are watermarks in the state, so they replay on
-   both lists and after a restore. ``"raise"`` keeps uncovered results, and under it a group
+   both lists and after a restore. It also sheds before the budget, down to
+   :data:`ROOM_LOW_WATER_FRACTION` of it, when the room a step like the largest needs can
+   come from nothing else (no record is expected to make it): the user half's summary for
+   that room rides on its break (:func:`_room_to_shed`). ``"raise"`` keeps uncovered results, and under it a group
    counts as covered only when the records quote every one of its values: nothing leaves
    the prompt unquoted.
 
@@ -103,6 +107,11 @@ DEFAULT_HARDER_ATTEMPTS: Final = 2
 #: shortening leaves room for the next steps before the next break (measured on value-dense results, where no record
 #: pays and the shed carries the conversation: docs/composition.md, "Overflow policy").
 SHED_LOW_WATER_FRACTION: Final = 0.6
+#: How far a shed made for room before the budget goes (:func:`_room_to_shed`), as a share of the budget, judged on
+#: the prompt before the summary that rides on it. Shallower than an over-budget shed: the step it makes room for
+#: may never come, and what it sheds is lost for good (measured on number-dense logs and reads of the standard
+#: library, seeds 1-3: 0.6 kept fewer facts than the framework's default at 1.5x the window; docs/composition.md).
+ROOM_LOW_WATER_FRACTION: Final = 0.7
 
 DEFAULT_MERGE_PROMPT: Final = (
     "The numbered texts below are compaction records: each lists values from earlier tool results that are no "
@@ -227,6 +236,8 @@ class _Pass:
         roomy: The conversation's largest step still fits (:func:`_roomy`).
         netting: The safety net breaks on this pass (judged on the prompt before the user
             half's summary): the fallback distills whatever the summary leaves.
+        room: Tokens the shed policy frees on this pass before the prompt is over the budget
+            (judged on the prompt before the user half's summary, :func:`_room_to_shed`); 0 when it waits.
         given: The history handed to the pass (a summary asked over the cached prefix repeats it, with
             the records written before this request placed: :func:`_over_prefix`).
     """
@@ -237,6 +248,7 @@ class _Pass:
     band: object = None
     roomy: bool = True
     netting: bool = False
+    room: int = 0
     given: History = field(default_factory=pvector)
 
 
@@ -394,6 +406,9 @@ def _users(config: CompositionConfig, work: _Pass, seen: View, measure: anchored
         if not breaking:
             work = replace(work, netting=_net_breaks(config, work, seen, measure))
             breaking = work.netting
+        if not breaking:
+            work = replace(work, room=_room_to_shed(config, work, seen, measure))
+            breaking = work.room > 0
         answer = _user_pass(config, state, seen.history, measure, breaking=breaking, roomy=work.roomy)
         if isinstance(answer, Needs):
             return _over_prefix(config, state, work.given, measure, answer)
@@ -527,12 +542,55 @@ def shed_rules(config: CompositionConfig, state: State) -> AnchoredConfig:
     return replace(fallback, collapse_assistant_text=False, low_water_fraction=low_water)
 
 
+def _shed_early(rules: AnchoredConfig, sent: int, room: int) -> AnchoredConfig:
+    """``rules`` made to free ``room`` tokens of a prompt of ``sent`` that fits the budget (all the band's
+    unrecorded groups, when they hold less)."""
+    ceiling = max(1, sent - 1)
+    return replace(rules, max_input_tokens=ceiling, low_water_fraction=max(1, sent - room) / ceiling)
+
+
+def _room_to_shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> int:
+    """Tokens the shed policy frees on this pass while the prompt still fits; 0 when it waits for the budget.
+
+    When a step like the conversation's largest would no longer fit beside the prompt and no
+    record is expected to make the room (none would pay, or no route to one is left), the
+    unrecorded groups are what the shed will remove for that step, a pass or two later, on a
+    break of its own, after the user half's summary made its own break for the same room.
+    Shedding them now, down to :data:`ROOM_LOW_WATER_FRACTION` of the budget, puts both on
+    one break: the summary rides on the shed's, as on a record's. Judged on the prompt before
+    the summary (like the safety net's cut), only under the ``"shed"`` policy, and only when
+    the shed removes something and spares the conversation's newest tool group, the result
+    the conversation is working with (a shed that would need it waits for the budget).
+    """
+    low = int(config.max_input_tokens * ROOM_LOW_WATER_FRACTION)
+    if (
+        config.overflow_policy != "shed"
+        or work.roomy
+        or not low < seen.sent <= config.max_input_tokens
+        or records.record_expected(work.state)
+    ):
+        return 0
+    room = seen.sent - low
+    rules = _shed_early(shed_rules(config, work.state), seen.sent, room)
+    ran = records.run_with_holds(
+        rules, work.state.chain.shed, seen.history, measure, releasable=_SHEDDABLE, memo=work.band, shorten=False
+    )
+    tools = [g for g in seen.grouping.all if g.kind == "tool_call"]
+    newest = {seen.records[i].origin for i in tools[-1].members} if tools else set[int | None]()
+    return room if ran.report.shed and newest.isdisjoint(ran.report.shed) else 0
+
+
 def _shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
-    """The shed policy: whole unrecorded tool groups leave, oldest band position first (replayed likewise)."""
+    """The shed policy: whole unrecorded tool groups leave, oldest band position first (replayed likewise);
+    before the prompt is over the budget too, when room for the next large step must come from it
+    (:func:`_room_to_shed`)."""
     state = work.state.chain.shed
-    if seen.sent <= config.max_input_tokens and not state.decided:
+    early = work.room > 0 and seen.sent <= config.max_input_tokens
+    if seen.sent <= config.max_input_tokens and not state.decided and not early:
         return Done(seen.history, work, None)
     rules = shed_rules(config, work.state)
+    if early:
+        rules = _shed_early(rules, seen.sent, work.room)
     ran = records.run_with_holds(
         rules, state, seen.history, measure, releasable=_SHEDDABLE, memo=work.band, shorten=False
     )

@@ -277,6 +277,8 @@ def _pending(
     records, recall_calls = seen.records, seen.recall_calls
     found = [(k, text) for k, r in enumerate(records) if (text := record_text(r, recall_calls))]
     newest = found[-1][0] if found else -1
+    if gate is not None and found:
+        gate = _learned(gate, judging_texts(records, recall_calls))
     pending = [
         (ordinal, g)
         for ordinal, g in enumerate(g for g in seen.grouping.all if g.kind == "tool_call")
@@ -288,37 +290,72 @@ def _pending(
     return [text for _, text in found], pending
 
 
-#: What :func:`record_pays` reads beside a group: the host's measure and the payoff share.
-_Gate: TypeAlias = tuple[Measure, float]
+#: What :func:`record_pays` reads beside a group: the host's measure, the payoff share and the prose expected
+#: (:func:`learned_prose`).
+_Gate: TypeAlias = tuple[Measure, float, int]
 
 
 def _gate(share: float | None, measure: Measure | None) -> _Gate | None:
-    """The payoff gate of ``share`` (``None``: every record pays, or no measure to judge by)."""
-    return None if share is None or measure is None else (measure, share)
+    """The payoff gate of ``share`` before any record (``None``: every record pays, or no measure to judge by)."""
+    return None if share is None or measure is None else (measure, share, RECORD_PROSE_TOKENS)
 
 
-def record_pays(values: Sequence[str], tokens: int, measure: Measure, share: float | None) -> bool:
+def _learned(gate: _Gate, texts: Sequence[str]) -> _Gate:
+    """``gate`` expecting the prose the conversation's records ``texts`` carried (:func:`learned_prose`)."""
+    measure, share, _ = gate
+    return measure, share, learned_prose(texts, measure)
+
+
+def judging_texts(records: Sequence[MessageRecord], recall_calls: RecallCalls) -> list[str]:
+    """Every record text the conversation holds, in order: the active records and those a merge or rewrite
+    replaced (they stay in the history, excluded)."""
+    return [t for r in records if (t := record_text(r, recall_calls) or _replaced_text(r, recall_calls))]
+
+
+def learned_prose(texts: Sequence[str], measure: Measure) -> int:
+    """The prose a record of this conversation is expected to carry beside the values it quotes: the mean over
+    its records ``texts`` of each one's tokens less those of its distinct distinctive values, joined;
+    :data:`RECORD_PROSE_TOKENS` before the first record.
+
+    A model writes as it writes: one that opens every record with a paragraph will do it
+    again, so the estimate of the next record's size (:func:`record_pays`) is learned from
+    the records the conversation already holds. They stay in the history (a merge or
+    rewrite leaves the records it replaced there, excluded), so every pass, every replica
+    and a restored copy read the same records and decide alike. The mean is over records,
+    not over the groups each covers: a record of several groups counts its prose once, so
+    the estimate errs toward asking less.
+    """
+    if not texts:
+        return RECORD_PROSE_TOKENS
+    prose = [max(0, measure(t) - measure(" ".join(dict.fromkeys(distinctive_values(t))))) for t in texts]
+    return round(sum(prose) / len(prose))
+
+
+def record_pays(
+    values: Sequence[str], tokens: int, measure: Measure, share: float | None, *, prose: int = RECORD_PROSE_TOKENS
+) -> bool:
     """Would a record of a tool group of ``tokens`` tokens with distinct distinctive ``values`` pay for itself?
 
-    A record must quote the group's values (the coverage rule) and writes some prose about it
-    (:data:`RECORD_PROSE_TOKENS`); it is worth asking for only when that expected size is at
-    most ``share`` of what it lets leave the prompt (:data:`.recall.PAYOFF_SHARE` says
-    why). A pure function of the group's own text, so every pass and every replica decide
-    alike, whatever stands around it. ``share`` ``None``: every record pays.
+    A record must quote the group's values (the coverage rule) and writes ``prose`` about it
+    (what the conversation's records carried, :func:`learned_prose`; :data:`RECORD_PROSE_TOKENS`
+    before the first); it is worth asking for only when that expected size is at most
+    ``share`` of what it lets leave the prompt (:data:`.recall.PAYOFF_SHARE` says why). A pure
+    function of the group's own text and the conversation's records, so every pass and every
+    replica decide alike. ``share`` ``None``: every record pays.
     """
     if share is None:
         return True
-    return measure(" ".join(values)) + RECORD_PROSE_TOKENS <= share * tokens
+    return measure(" ".join(values)) + prose <= share * tokens
 
 
 def _pays(records: Sequence[MessageRecord], group: Group, gate: _Gate, values: Sequence[str] | None = None) -> bool:
     """:func:`record_pays` for ``group`` as it was loaded: results an earlier pass cut count as their original
     (``values``: its distinct values, when known)."""
-    measure, share = gate
+    measure, share, prose = gate
     members = [records[i] for i in group.members if not records[i].excluded]
     if values is None:
         values = tuple(dict.fromkeys(v for t in _judged_texts(members) for v in distinctive_values(t)))
-    return record_pays(values, _uncut_tokens(members, measure), measure, share)
+    return record_pays(values, _uncut_tokens(members, measure), measure, share, prose=prose)
 
 
 #: Payoff decisions by what decides them (:func:`_pays_key`): the last call's, and this call's to fill.
@@ -338,7 +375,7 @@ def _pays_memo(records: Sequence[MessageRecord], group: Group, gate: _Gate, pays
     if pays is None:
         return _pays(records, group, gate)
     known, fresh = pays
-    key = _pays_key(records, group)
+    key = gate[2], _pays_key(records, group)
     fresh[key] = known[key] if key in known else _pays(records, group, gate)
     return fresh[key]
 
@@ -1005,6 +1042,7 @@ def rules(
     holds.update((i, HOLD_RECORD) for g in recorded for i in g.members if not output[i].preserved)
     # A group whose record would not pay is held like a settled one, and never asked for.
     gate = _gate(config.payoff_share, measure)
+    gate = None if gate is None else _learned(gate, texts)
     declined = [c for c in uncovered if gate is not None and not _pays(records, c.group, gate, c.values)]
     wanted = {c.ordinal for c in uncovered} - {c.ordinal for c in declined}
     decided, asked = _chain(decisions, wanted, records_written(records), responses(records))
