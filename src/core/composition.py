@@ -406,9 +406,9 @@ def _users(config: CompositionConfig, work: _Pass, seen: View, measure: anchored
         if not breaking:
             work = replace(work, netting=_net_breaks(config, work, seen, measure))
             breaking = work.netting
-        if not breaking:
-            work = replace(work, room=_room_to_shed(config, work, seen, measure))
-            breaking = work.room > 0
+        # Judged whatever else breaks on this pass: a replay of this pass (the other list) breaks for nothing else.
+        work = replace(work, room=_room_to_shed(config, work, seen, measure))
+        breaking = breaking or work.room > 0
         answer = _user_pass(config, state, seen.history, measure, breaking=breaking, roomy=work.roomy)
         if isinstance(answer, Needs):
             return _over_prefix(config, state, work.given, measure, answer)
@@ -558,16 +558,18 @@ def _room_to_shed(config: CompositionConfig, work: _Pass, seen: View, measure: a
     break of its own, after the user half's summary made its own break for the same room.
     Shedding them now, down to :data:`ROOM_LOW_WATER_FRACTION` of the budget, puts both on
     one break: the summary rides on the shed's, as on a record's. Judged on the prompt before
-    the summary (like the safety net's cut), only under the ``"shed"`` policy, and only when
+    the summary (like the safety net's cut), and judged again by :func:`_shed` on a pass that
+    made no such room before its other steps (one that began over the budget), so a pass over
+    a pass's output finds no room left to make. Only under the ``"shed"`` policy, and only when
     the shed removes something and spares the conversation's newest tool group, the result
     the conversation is working with (a shed that would need it waits for the budget).
     """
     low = int(config.max_input_tokens * ROOM_LOW_WATER_FRACTION)
     if (
         config.overflow_policy != "shed"
-        or work.roomy
         or not low < seen.sent <= config.max_input_tokens
         or records.record_expected(work.state)
+        or _after_next_step(seen, work.state.recall, measure) <= config.max_input_tokens
     ):
         return 0
     room = seen.sent - low
@@ -585,12 +587,14 @@ def _shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.
     before the prompt is over the budget too, when room for the next large step must come from it
     (:func:`_room_to_shed`)."""
     state = work.state.chain.shed
-    early = work.room > 0 and seen.sent <= config.max_input_tokens
-    if seen.sent <= config.max_input_tokens and not state.decided and not early:
+    # The room judged before the summary; else, on a pass that made its room otherwise (over the budget), the
+    # room the prompt as it stands still lacks (so a pass over this pass's output finds none to make).
+    room = (work.room or _room_to_shed(config, work, seen, measure)) if seen.sent <= config.max_input_tokens else 0
+    if seen.sent <= config.max_input_tokens and not state.decided and not room:
         return Done(seen.history, work, None)
     rules = shed_rules(config, work.state)
-    if early:
-        rules = _shed_early(rules, seen.sent, work.room)
+    if room:
+        rules = _shed_early(rules, seen.sent, room)
     ran = records.run_with_holds(
         rules, state, seen.history, measure, releasable=_SHEDDABLE, memo=work.band, shorten=False
     )
