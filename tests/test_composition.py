@@ -1012,6 +1012,43 @@ def test_room_is_not_shed_before_the_budget_under_raise_or_from_the_newest_looku
     assert not excluded(by_id(messages, "r0"))
 
 
+def test_room_is_judged_alike_on_the_in_call_copies_and_the_stored_history() -> None:
+    """Context injected into the in-call copies (the harness's todo list) must not tip the decision: both lists
+    shed the same groups, whichever runs first, at budgets around the one where the copies alone pass it."""
+    base = conversation(6, dense=True, pad=6)
+    for budget in range(measured(base)[0] - 40, needs_room(base) + 41, 8):
+        for copies_first in (True, False):
+            strategy = _no_record_pays(budget)
+            copies = with_injected_context(base)
+            stored = deep_copy_messages(base)
+            for messages in (copies, stored) if copies_first else (stored, copies):
+                run(strategy, messages)
+            sent = [m for m in shown(copies) if "Todo list" not in m]
+            assert sent == shown(stored), f"budget {budget}, copies first: {copies_first}"
+
+
+def test_room_spares_the_newest_lookup_not_a_record_call_after_it() -> None:
+    """The newest tool group the conversation works with is its newest lookup, even when a record the model wrote
+    through the recall tool came after it."""
+    messages = conversation(6, covers=(0,), dense=True, pad=6)[:-1] + user_rounds(3, start=6)
+    strategy = _no_record_pays(needs_room(messages))
+    run(strategy, messages)
+    assert not excluded(by_id(messages, "c5"))
+    assert not excluded(by_id(messages, "r5"))
+
+
+def test_room_is_left_to_the_safety_net_when_no_route_to_a_record_is_left() -> None:
+    """With no route left, the net cuts the groups in the record's place and keeps pace: no shed before the
+    budget (it once shed every cut lookup, the newest too, by the room judged before the net's cut)."""
+    messages = conversation(8, pad=2)
+    strategy = _no_record_pays(needs_room(messages))
+    shared = strategy.tool_results.conversation
+    shared.value = replace(shared.value, recall=RecallState(route=RecordRoute.NONE))
+    run(strategy, messages)
+    assert strategy.shed_events == 0
+    assert not excluded(by_id(messages, "r7"))
+
+
 def test_raise_keeps_uncovered_results_and_leaves_the_list_untouched() -> None:
     budget, messages = _over_by_groups(1)
     strategy = build_without_user_band(budget, overflow_policy="raise")

@@ -91,6 +91,13 @@ def cases(draw: DrawFn) -> Case:
         for n, message in enumerate(history):
             if message.role == "user" and all(c.type == "text" for c in message.contents):
                 message.contents[0].text = f"{message.text}\nRequirement RQ-{n:06X}: " + " ".join([_PAD] * 12)
+    if draw(st.booleans()):  # value-dense results: a record would quote every line, so none pays under a share
+        for message in history:
+            for content in message.contents:
+                if content.type == "function_result" and isinstance(content.result, str):
+                    content.result = "\n".join(
+                        f"{content.call_id}-{i:04d} node=nd{i % 7}x took={1000 + i}ms" for i in range(24)
+                    )
     if draw(st.booleans()):
         history = [*history, *draw(records_for(history))]
         history.append(Message("user", ["Go on."], message_id="after_record"))

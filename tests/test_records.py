@@ -1190,6 +1190,40 @@ def test_the_prose_a_record_is_expected_to_carry_is_learned_from_the_conversatio
     assert records_core.record_pays(group, size * 5 - 1, measure, 0.2)  # the prior: RECORD_PROSE_TOKENS
 
 
+def test_the_prose_is_learned_from_the_records_the_model_wrote_not_from_merges() -> None:
+    """A merge or rewrite the composition's summarizer wrote is not how the conversation's model writes; the
+    records it replaced still are (they stay in the history, excluded)."""
+    from agent_framework._compaction import EXCLUDE_REASON_KEY, EXCLUDED_KEY
+
+    from maf_compaction.adapters.convert import to_history
+    from maf_compaction.adapters.counting import as_estimator
+    from maf_compaction.core.records import REPLACED_REASON
+    from maf_compaction.core.view import find_recall_calls
+
+    messages = [Message("user", ["Task: reconcile."])]
+    for n in range(3):
+        messages += lookup(n)
+    messages += recall(f"{PROSE}\n{quote_all(lookup_text(1))}")
+    merged = f"{RECORD_PREFIX}\nA merge with prose of its own. {PROSE}\n{quote_all(lookup_text(1))}"
+    messages.append(
+        Message(
+            "assistant",
+            [merged],
+            message_id=f"{records_core.REPLACEMENT_ID_PREFIX}1",
+            additional_properties={WRITTEN_RECORD_KEY: True},
+        )
+    )
+    for message in messages:  # the merge replaced the model's record
+        if any(c.call_id == "recall_1" for c in message.contents):
+            message.additional_properties[EXCLUDED_KEY] = True
+            message.additional_properties[EXCLUDE_REASON_KEY] = REPLACED_REASON
+    history = to_history(messages, as_estimator(TOKENIZER).parts, note_kind="anchored")
+    texts = records_core.model_records(history, find_recall_calls(history))
+    assert len(texts) == 1
+    assert PROSE in texts[0]
+    assert "A merge with prose of its own" not in texts[0]
+
+
 def test_a_conversation_whose_records_carry_long_prose_stops_asking_for_records_that_would_not_pay() -> None:
     from maf_compaction.adapters.convert import to_history
     from maf_compaction.adapters.counting import as_estimator

@@ -79,7 +79,7 @@ from .effects import Request, standing
 from .errors import CompactionBudgetExceeded
 from .model import History, MessageRecord
 from .protocol import Done, Needs, Step, sent_tokens
-from .recall import records_over_prefix
+from .recall import no_route, records_over_prefix
 from .records import HOLD_RECORD, RecordConfig, RecordReport
 from .state import CHAIN_KINDS, Answer, ChainDecisions, RecallState, RecordRoute, RequestKind, State
 from .summary_check import omissions
@@ -95,7 +95,7 @@ RECORD_WAIT_RESPONSES: Final = 2
 _SHEDDABLE: Final = records.HOLD_REASONS - {HOLD_RECORD}
 #: Why the records a kept replacement stands for are excluded.
 MERGED_REASON: Final = records.REPLACED_REASON
-REPLACEMENT_ID_PREFIX: Final = "record_replacement_"
+REPLACEMENT_ID_PREFIX: Final = records.REPLACEMENT_ID_PREFIX
 #: The ids of emergency folds: user summaries, apart from the user half's own (``user_summary_<n>``,
 #: ``user_summary_fold_<n>``), which it allocates without seeing the chain's.
 EMERGENCY_FOLD_ID_PREFIX: Final = "user_summary_emergency_fold_"
@@ -543,17 +543,20 @@ def shed_rules(config: CompositionConfig, state: State) -> AnchoredConfig:
 
 
 def _shed_early(rules: AnchoredConfig, sent: int, room: int) -> AnchoredConfig:
-    """``rules`` made to free ``room`` tokens of a prompt of ``sent`` that fits the budget (all the band's
-    unrecorded groups, when they hold less)."""
+    """``rules`` made to free ``room`` tokens of a prompt of ``sent`` (all the band's unrecorded groups, when they
+    hold less): the groups shed are the same whatever else the prompt carries (context injected into one list)."""
     ceiling = max(1, sent - 1)
-    return replace(rules, max_input_tokens=ceiling, low_water_fraction=max(1, sent - room) / ceiling)
+    target = max(1, sent - room)
+    # Half a token over the target, so the rules' floor of ceiling x fraction lands on it whatever the rounding.
+    return replace(rules, max_input_tokens=ceiling, low_water_fraction=min(1.0, (target + 0.5) / ceiling))
 
 
 def _room_to_shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> int:
     """Tokens the shed policy frees on this pass while the prompt still fits; 0 when it waits for the budget.
 
     When a step like the conversation's largest would no longer fit beside the prompt and no
-    record is expected to make the room (none would pay, or no route to one is left), the
+    record is expected to make the room (none would pay; with no route to one left, the
+    safety net cuts in the record's place and keeps pace, so this rule stands aside), the
     unrecorded groups are what the shed will remove for that step, a pass or two later, on a
     break of its own, after the user half's summary made its own break for the same room.
     Shedding them now, down to :data:`ROOM_LOW_WATER_FRACTION` of the budget, puts both on
@@ -564,31 +567,34 @@ def _room_to_shed(config: CompositionConfig, work: _Pass, seen: View, measure: a
     the shed removes something and spares the conversation's newest tool group, the result
     the conversation is working with (a shed that would need it waits for the budget).
     """
+    if config.overflow_policy != "shed" or no_route(work.state.recall) or records.record_expected(work.state):
+        return 0  # with no route left, the safety net cuts in the record's place and keeps pace
+    # Of the conversation's own tokens: context injected into one list only must not tip the decision.
+    own = sent_tokens(r for r in seen.history if not r.injected)
     low = int(config.max_input_tokens * ROOM_LOW_WATER_FRACTION)
-    if (
-        config.overflow_policy != "shed"
-        or not low < seen.sent <= config.max_input_tokens
-        or records.record_expected(work.state)
-        or _after_next_step(seen, work.state.recall, measure) <= config.max_input_tokens
-    ):
+    step = _after_next_step(seen, work.state.recall, measure) - seen.sent
+    if not low < own <= config.max_input_tokens or own + step <= config.max_input_tokens:
         return 0
-    room = seen.sent - low
+    room = own - low
     rules = _shed_early(shed_rules(config, work.state), seen.sent, room)
     ran = records.run_with_holds(
         rules, work.state.chain.shed, seen.history, measure, releasable=_SHEDDABLE, memo=work.band, shorten=False
     )
-    tools = [g for g in seen.grouping.all if g.kind == "tool_call"]
-    newest = {seen.records[i].origin for i in tools[-1].members} if tools else set[int | None]()
+    lookups = [
+        g
+        for g in seen.grouping.all
+        if g.kind == "tool_call" and not records.is_recall_group(seen.records, g, seen.recall_calls)
+    ]
+    newest = {seen.records[i].origin for i in lookups[-1].members} if lookups else set[int | None]()
     return room if ran.report.shed and newest.isdisjoint(ran.report.shed) else 0
 
 
 def _shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
     """The shed policy: whole unrecorded tool groups leave, oldest band position first (replayed likewise);
     before the prompt is over the budget too, when room for the next large step must come from it
-    (:func:`_room_to_shed`)."""
+    (:func:`_room_to_shed`: judged before the user half's summary, else judged here, on the prompt the other
+    steps left, so a pass over this pass's output finds no room left to make)."""
     state = work.state.chain.shed
-    # The room judged before the summary; else, on a pass that made its room otherwise (over the budget), the
-    # room the prompt as it stands still lacks (so a pass over this pass's output finds none to make).
     room = (work.room or _room_to_shed(config, work, seen, measure)) if seen.sent <= config.max_input_tokens else 0
     if seen.sent <= config.max_input_tokens and not state.decided and not room:
         return Done(seen.history, work, None)

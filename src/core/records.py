@@ -250,6 +250,9 @@ def _receipted(result: str, call: str) -> str:
 
 #: Why a record a composition's merge or rewrite replaced is excluded (written on its messages).
 REPLACED_REASON: Final = "record_replaced"
+#: The ids of the composition's record merges and rewrites (``record_replacement_<n>``): records the summarizer
+#: wrote, not the conversation's model.
+REPLACEMENT_ID_PREFIX: Final = "record_replacement_"
 
 
 def _replaced_text(record: MessageRecord, recall_calls: RecallCalls) -> str:
@@ -259,7 +262,8 @@ def _replaced_text(record: MessageRecord, recall_calls: RecallCalls) -> str:
     return record_text(replace(record, excluded=False), recall_calls)
 
 
-def _is_recall_group(records: Sequence[MessageRecord], group: Group, recall_calls: RecallCalls) -> bool:
+def is_recall_group(records: Sequence[MessageRecord], group: Group, recall_calls: RecallCalls) -> bool:
+    """``group`` is a call of the recall tool (a record the model wrote through it) or its result."""
     return any(
         RECALL_TOOL_NAME in records[i].call_names
         or any(p.kind == "function_result" and p.call_id in recall_calls for p in records[i].parts)
@@ -278,13 +282,13 @@ def _pending(
     found = [(k, text) for k, r in enumerate(records) if (text := record_text(r, recall_calls))]
     newest = found[-1][0] if found else -1
     if gate is not None and found:
-        gate = _learned(gate, judging_texts(records, recall_calls))
+        gate = _learned(gate, model_records(records, recall_calls))
     pending = [
         (ordinal, g)
         for ordinal, g in enumerate(g for g in seen.grouping.all if g.kind == "tool_call")
         if g.start > newest
         and not all(records[i].excluded for i in g.members)
-        and not _is_recall_group(records, g, recall_calls)
+        and not is_recall_group(records, g, recall_calls)
         and (gate is None or _pays_memo(records, g, gate, pays))
     ]
     return [text for _, text in found], pending
@@ -306,16 +310,21 @@ def _learned(gate: _Gate, texts: Sequence[str]) -> _Gate:
     return measure, share, learned_prose(texts, measure)
 
 
-def judging_texts(records: Sequence[MessageRecord], recall_calls: RecallCalls) -> list[str]:
-    """Every record text the conversation holds, in order: the active records and those a merge or rewrite
-    replaced (they stay in the history, excluded)."""
-    return [t for r in records if (t := record_text(r, recall_calls) or _replaced_text(r, recall_calls))]
+def model_records(records: Sequence[MessageRecord], recall_calls: RecallCalls) -> list[str]:
+    """The texts of the records the conversation's model wrote, in order: the active ones and those a merge or
+    rewrite replaced (they stay in the history, excluded), not the replacements (the summarizer writes those)."""
+    return [
+        t
+        for r in records
+        if not (r.message_id or "").startswith(REPLACEMENT_ID_PREFIX)
+        and (t := record_text(r, recall_calls) or _replaced_text(r, recall_calls))
+    ]
 
 
 def learned_prose(texts: Sequence[str], measure: Measure) -> int:
-    """The prose a record of this conversation is expected to carry beside the values it quotes: the mean over
-    its records ``texts`` of each one's tokens less those of its distinct distinctive values, joined;
-    :data:`RECORD_PROSE_TOKENS` before the first record.
+    """The prose a record of this conversation is expected to carry beside the values it quotes: over the
+    records ``texts`` the model wrote (:func:`model_records`), the mean of each one's tokens less those of its
+    distinct distinctive values, joined; :data:`RECORD_PROSE_TOKENS` before the first record.
 
     A model writes as it writes: one that opens every record with a paragraph will do it
     again, so the estimate of the next record's size (:func:`record_pays`) is learned from
@@ -323,7 +332,10 @@ def learned_prose(texts: Sequence[str], measure: Measure) -> int:
     rewrite leaves the records it replaced there, excluded), so every pass, every replica
     and a restored copy read the same records and decide alike. The mean is over records,
     not over the groups each covers: a record of several groups counts its prose once, so
-    the estimate errs toward asking less.
+    the estimate errs toward asking less. What the records showed stands: once it declines
+    every later group, no record comes to revise it (measured against counting the prior
+    as one record more, which asked for records that cost more than they saved on reads of
+    the standard library: docs/records.md).
     """
     if not texts:
         return RECORD_PROSE_TOKENS
@@ -1042,7 +1054,7 @@ def rules(
     holds.update((i, HOLD_RECORD) for g in recorded for i in g.members if not output[i].preserved)
     # A group whose record would not pay is held like a settled one, and never asked for.
     gate = _gate(config.payoff_share, measure)
-    gate = None if gate is None else _learned(gate, texts)
+    gate = None if gate is None else _learned(gate, model_records(records, recall_calls))
     declined = [c for c in uncovered if gate is not None and not _pays(records, c.group, gate, c.values)]
     wanted = {c.ordinal for c in uncovered} - {c.ordinal for c in declined}
     decided, asked = _chain(decisions, wanted, records_written(records), responses(records))
@@ -1141,7 +1153,7 @@ def _candidates(
         ordinal += 1
         if position < config.keep_head_groups or members[-1] >= anchor:
             continue
-        if any(records[i].preserved for i in members) or _is_recall_group(records, group, recall_calls):
+        if any(records[i].preserved for i in members) or is_recall_group(records, group, recall_calls):
             continue  # another component's, or a recall group
         names = tuple(name for i in members for name in records[i].call_names)
         if all(records[i].excluded for i in members):  # already gone, judged all the same
@@ -1487,7 +1499,7 @@ def _hold_unrecorded(
         if group.kind != "tool_call" or any(output[i].preserved or holds.get(i) for i in group.members):
             continue
         excluded = all(output[i].excluded for i in group.members)
-        if (excluded and shed_too) or (not excluded and not _is_recall_group(output, group, recall_calls)):
+        if (excluded and shed_too) or (not excluded and not is_recall_group(output, group, recall_calls)):
             holds.update(dict.fromkeys(group.members, HOLD_UNRECORDED))
             held += 1
     return held
