@@ -273,7 +273,8 @@ def settles(history: Sequence[Message], strategy: Composition) -> int:
 
     One summarizer request is bounded by ``max_summary_input_tokens`` and never spans a
     turn that stays verbatim, so a pass summarises the oldest whole turns that fit and newer
-    ones stay for later passes (the README). Each later pass may summarise more of them,
+    ones stay for later passes (the README). Each later pass may summarise more of them
+    (in fold mode, fold the summaries so made: one fold request per pass, as one summary),
     and nothing else: every message that is not a user turn is left as it was.
     """
     messages = deep_copy_messages(history)
@@ -291,7 +292,7 @@ def settles(history: Sequence[Message], strategy: Composition) -> int:
         report = strategy.last_report
         assert report is not None
         assert report.users is not None
-        assert report.users.outcome is Outcome.SUMMARIZED, "only a summary of turns left for later passes"
+        assert report.users.outcome in {Outcome.SUMMARIZED, Outcome.FOLDED}, "only the user half's later passes"
         assert [m for m in dump(messages) if m["role"] != "user"] == [m for m in compacted if m["role"] != "user"]
     pytest.fail("passes over the output never settled")
 
