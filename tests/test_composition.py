@@ -1012,6 +1012,34 @@ def test_room_is_not_shed_before_the_budget_under_raise_or_from_the_newest_looku
     assert not excluded(by_id(messages, "r0"))
 
 
+def test_a_summary_alone_waits_for_the_shed_the_next_step_makes() -> None:
+    """Only the newest lookup could make the room a step like it needs: the user half's summary does not break the
+    prefix alone for that room now (a summary, then the shed the next step forces: two breaks for one step); on
+    the pass the next lookup arrives, which breaks the prefix for that room anyway, it is asked."""
+    opening = conversation(1, dense=True, pad=6)[:-1] + user_rounds(8, start=1)
+    messages = [*opening, Message("user", ["Report."], message_id="last")]
+    budget = needs_room(messages)
+    strategy = _no_record_pays(budget)
+    assert not run(strategy, messages)
+    report = strategy.last_report
+    assert report is not None
+    assert report.users is not None
+    assert report.users.outcome is not Outcome.SUMMARIZED, "a summary alone for room the shed makes next step"
+    assert strategy.user_turns.summarizer_calls == 0
+    assert strategy.shed_events == 0
+    # The next lookup arrives (lookup 0 is no longer the newest): the pass makes the room, the summary on its break.
+    later = [*opening, *lookup_round(9, pad=6, dense=True), Message("user", ["Report."], message_id="last")]
+    run(strategy, later)
+    report = strategy.last_report
+    assert report is not None
+    assert report.tokens_before > budget
+    assert report.users is not None
+    assert report.users.outcome is Outcome.SUMMARIZED
+    assert strategy.user_turns.summarizer_calls == 1
+    assert report.tokens_after <= budget
+    assert not excluded(by_id(later, "r9"))
+
+
 def test_room_is_judged_alike_on_the_in_call_copies_and_the_stored_history() -> None:
     """Context injected into the in-call copies (the harness's todo list) must not tip the decision: both lists
     shed the same groups, whichever runs first, at budgets around the one where the copies alone pass it."""

@@ -48,9 +48,10 @@ then, only while the prompt is over the budget, a last-resort chain:
    both lists and after a restore. It also sheds before the budget, down to
    :data:`ROOM_LOW_WATER_FRACTION` of it, when the room a step like the largest needs can
    come from nothing else (no record is expected to make it): the user half's summary for
-   that room rides on its break (:func:`_room_to_shed`). ``"raise"`` keeps uncovered results, and under it a group
-   counts as covered only when the records quote every one of its values: nothing leaves
-   the prompt unquoted.
+   that room rides on its break (:func:`_room_to_shed`). When only the newest tool group
+   could make it, the summary waits for the next step's pass, where the shed makes it.
+   ``"raise"`` keeps uncovered results, and under it a group counts as covered only when
+   the records quote every one of its values: nothing leaves the prompt unquoted.
 
 When what must stay (anchors, records, protected messages, and under ``"raise"`` the
 uncovered results) does not fit, the pass raises :class:`~.errors.CompactionBudgetExceeded`.
@@ -233,7 +234,8 @@ class _Pass:
         report: The report so far (its token counts and verdict are set at the end).
         memo: The record rules' memo (the input's, then their answer's).
         band: The anchored runs' band, handed run to run.
-        roomy: The conversation's largest step still fits (:func:`_roomy`).
+        roomy: A step like the conversation's largest still fits beside the prompt
+            (:func:`_after_next_step`).
         netting: The safety net breaks on this pass (judged on the prompt before the user
             half's summary): the fallback distills whatever the summary leaves.
         room: Tokens the shed policy frees on this pass before the prompt is over the budget
@@ -407,9 +409,12 @@ def _users(config: CompositionConfig, work: _Pass, seen: View, measure: anchored
             work = replace(work, netting=_net_breaks(config, work, seen, measure))
             breaking = work.netting
         # Judged whatever else breaks on this pass: a replay of this pass (the other list) breaks for nothing else.
-        work = replace(work, room=_room_to_shed(config, work, seen, measure))
-        breaking = breaking or work.room > 0
-        answer = _user_pass(config, state, seen.history, measure, breaking=breaking, roomy=work.roomy)
+        room, later = _room_to_shed(config, work, seen, measure)
+        work = replace(work, room=room)
+        breaking = breaking or room > 0
+        # When the shed makes the room later (on the pass the next step arrives), a summary alone waits to ride on it.
+        roomy = work.roomy or later
+        answer = _user_pass(config, state, seen.history, measure, breaking=breaking, roomy=roomy)
         if isinstance(answer, Needs):
             return _over_prefix(config, state, work.given, measure, answer)
     else:  # a wait holds back new requests only: a summary the other list made replays here too
@@ -551,8 +556,9 @@ def _shed_early(rules: AnchoredConfig, sent: int, room: int) -> AnchoredConfig:
     return replace(rules, max_input_tokens=ceiling, low_water_fraction=min(1.0, (target + 0.5) / ceiling))
 
 
-def _room_to_shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> int:
-    """Tokens the shed policy frees on this pass while the prompt still fits; 0 when it waits for the budget.
+def _room_to_shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> tuple[int, bool]:
+    """Tokens the shed policy frees on this pass while the prompt still fits (0 when it waits), and whether
+    it makes that room later instead: on the pass a newer step arrives, when the break is paid anyway.
 
     When a step like the conversation's largest would no longer fit beside the prompt and no
     record is expected to make the room (none would pay; with no route to one left, the
@@ -565,18 +571,25 @@ def _room_to_shed(config: CompositionConfig, work: _Pass, seen: View, measure: a
     made no such room before its other steps (one that began over the budget), so a pass over
     a pass's output finds no room left to make. Only under the ``"shed"`` policy, and only when
     the shed removes something and spares the conversation's newest tool group, the result
-    the conversation is working with (a shed that would need it waits for the budget).
+    the conversation is working with.
+
+    A shed that would need that group, or a prompt under the low water, waits for the next
+    step: the shed makes the room then, on the break that step's pass pays anyway (over the
+    budget, or for room again). The user half's summary, which would break the prefix alone
+    now for the same room, waits to ride on that break (``later``); a lone summary and then a
+    shed were two breaks for one step.
     """
     if config.overflow_policy != "shed" or no_route(work.state.recall) or records.record_expected(work.state):
-        return 0  # with no route left, the safety net cuts in the record's place and keeps pace
+        return 0, False  # with no route left, the safety net cuts in the record's place and keeps pace
     # Of the conversation's own tokens: context injected into one list only must not tip the decision.
     own = sent_tokens(r for r in seen.history if not r.injected)
     low = int(config.max_input_tokens * ROOM_LOW_WATER_FRACTION)
-    step = _after_next_step(seen, work.state.recall, measure) - seen.sent
-    if not low < own <= config.max_input_tokens or own + step <= config.max_input_tokens:
-        return 0
-    room = own - low
-    rules = _shed_early(shed_rules(config, work.state), seen.sent, room)
+    need = own + _after_next_step(seen, work.state.recall, measure) - seen.sent - config.max_input_tokens
+    if need <= 0 or own > config.max_input_tokens:
+        return 0, False
+    room = max(0, own - low)
+    # To the low water; under it, only what the step needs: whether the shed can make the room at all.
+    rules = _shed_early(shed_rules(config, work.state), seen.sent, room or need)
     ran = records.run_with_holds(
         rules, work.state.chain.shed, seen.history, measure, releasable=_SHEDDABLE, memo=work.band, shorten=False
     )
@@ -586,7 +599,9 @@ def _room_to_shed(config: CompositionConfig, work: _Pass, seen: View, measure: a
         if g.kind == "tool_call" and not records.is_recall_group(seen.records, g, seen.recall_calls)
     ]
     newest = {seen.records[i].origin for i in lookups[-1].members} if lookups else set[int | None]()
-    return room if ran.report.shed and newest.isdisjoint(ran.report.shed) else 0
+    if not ran.report.shed:
+        return 0, False
+    return (room, False) if room and newest.isdisjoint(ran.report.shed) else (0, True)
 
 
 def _shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
@@ -595,7 +610,7 @@ def _shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.
     (:func:`_room_to_shed`: judged before the user half's summary, else judged here, on the prompt the other
     steps left, so a pass over this pass's output finds no room left to make)."""
     state = work.state.chain.shed
-    room = (work.room or _room_to_shed(config, work, seen, measure)) if seen.sent <= config.max_input_tokens else 0
+    room = (work.room or _room_to_shed(config, work, seen, measure)[0]) if seen.sent <= config.max_input_tokens else 0
     if seen.sent <= config.max_input_tokens and not state.decided and not room:
         return Done(seen.history, work, None)
     rules = shed_rules(config, work.state)
@@ -655,7 +670,9 @@ def _user_pass(
       later call pays about a tenth of what it saves, so it is asked for only when the
       room is needed: when the largest group the conversation has seen (a lookup, a long
       turn) would no longer fit beside the prompt, so the next step like it would
-      overflow. Over the budget the user half asks as it would alone.
+      overflow, and the shed will not make that room on the pass the next step arrives
+      (``roomy`` is true then: :func:`_room_to_shed`). Over the budget the user half asks
+      as it would alone.
     """
     if not breaking and roomy:
         return user_summaries.replayed(config.users, state, output, measure) or _declined(state, output)
