@@ -281,8 +281,6 @@ def _pending(
     records, recall_calls = seen.records, seen.recall_calls
     found = [(k, text) for k, r in enumerate(records) if (text := record_text(r, recall_calls))]
     newest = found[-1][0] if found else -1
-    if gate is not None and found:
-        gate = _learned(gate, model_records(records, recall_calls))
     pending = [
         (ordinal, g)
         for ordinal, g in enumerate(g for g in seen.grouping.all if g.kind == "tool_call")
@@ -299,15 +297,12 @@ def _pending(
 _Gate: TypeAlias = tuple[Measure, float, int]
 
 
-def _gate(share: float | None, measure: Measure | None) -> _Gate | None:
-    """The payoff gate of ``share`` before any record (``None``: every record pays, or no measure to judge by)."""
-    return None if share is None or measure is None else (measure, share, RECORD_PROSE_TOKENS)
-
-
-def _learned(gate: _Gate, texts: Sequence[str]) -> _Gate:
-    """``gate`` expecting the prose the conversation's records ``texts`` carried (:func:`learned_prose`)."""
-    measure, share, _ = gate
-    return measure, share, learned_prose(texts, measure)
+def _gate(share: float | None, measure: Measure | None, seen: View) -> _Gate | None:
+    """The payoff gate of ``share``, expecting the prose the records of ``seen`` carried (:func:`learned_prose`);
+    ``None``: every record pays, or no measure to judge by."""
+    if share is None or measure is None:
+        return None
+    return measure, share, learned_prose(model_records(seen.records, seen.recall_calls), measure)
 
 
 def model_records(records: Sequence[MessageRecord], recall_calls: RecallCalls) -> list[str]:
@@ -431,7 +426,7 @@ def recall_status(
     """
     seen = view(history, None if memo is None else memo.grouping)
     fresh: dict[object, bool] = {}
-    texts, pending = _pending(seen, _gate(payoff_share, measure), ({} if memo is None else memo.pays, fresh))
+    texts, pending = _pending(seen, _gate(payoff_share, measure, seen), ({} if memo is None else memo.pays, fresh))
     records = seen.records
     quoted = word_set(texts[-1]) if texts else frozenset[str]()
     # A group the newest record quotes was shown to it (with thinking on, a record stands before its turn's groups):
@@ -473,7 +468,7 @@ def ask_for_pending(seen: View, decisions: RecordDecisions, config: RecordConfig
     records, settled = seen.records, decisions.settled
     ordinals = [
         o
-        for o, g in _pending(seen, _gate(config.payoff_share, measure))[1]
+        for o, g in _pending(seen, _gate(config.payoff_share, measure, seen))[1]
         if o not in settled and not any(records[i].preserved for i in g.members)
     ]
     if not ordinals:
@@ -1053,8 +1048,7 @@ def rules(
     recorded = [g for g in grouping.all if any(i in active for i in g.members)]
     holds.update((i, HOLD_RECORD) for g in recorded for i in g.members if not output[i].preserved)
     # A group whose record would not pay is held like a settled one, and never asked for.
-    gate = _gate(config.payoff_share, measure)
-    gate = None if gate is None else _learned(gate, model_records(records, recall_calls))
+    gate = _gate(config.payoff_share, measure, seen)
     declined = [c for c in uncovered if gate is not None and not _pays(records, c.group, gate, c.values)]
     wanted = {c.ordinal for c in uncovered} - {c.ordinal for c in declined}
     decided, asked = _chain(decisions, wanted, records_written(records), responses(records))
