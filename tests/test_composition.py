@@ -25,7 +25,7 @@ import pytest
 from agent_framework import CharacterEstimatorTokenizer, Content, Message
 from msgspec.structs import replace
 
-from histories import deep_copy_messages, with_injected_context
+from histories import TODO_ATTRIBUTION, deep_copy_messages, with_injected_context
 from maf_compaction import (
     AnchoredCompactionStrategy,
     CompactionBudgetExceeded,
@@ -1038,6 +1038,39 @@ def test_a_summary_alone_waits_for_the_shed_the_next_step_makes() -> None:
     assert strategy.user_turns.summarizer_calls == 1
     assert report.tokens_after <= budget
     assert not excluded(by_id(later, "r9"))
+
+
+def test_a_summary_waits_only_while_the_prompt_fits_with_its_injected_context() -> None:
+    """Found by review: the wait is judged on the conversation's own tokens, but the in-call copies carry the
+    harness's todo list too; where that alone puts them over the budget, the user half asks as it would alone (it
+    once declined, and the over-budget shed took the newest lookup, or the pass raised)."""
+    base = [*conversation(1, dense=True, pad=6)[:-1], *user_rounds(8, start=1), Message("user", ["Report."])]
+    own, sent = measured(base)[0], measured(with_injected_context(base))[0]
+    budget = own + (sent - own) // 2
+    strategy = _no_record_pays(budget)
+    copies = with_injected_context(base)
+    run(strategy, copies)
+    report = strategy.last_report
+    assert report is not None
+    assert report.tokens_before > budget
+    assert report.users is not None
+    assert report.users.outcome is Outcome.SUMMARIZED
+    assert not excluded(by_id(copies, "r0")), "the newest lookup shed in the summary's place"
+    # Under the low water, with a long user brief as the largest step and a long todo list injected: no raise.
+    lookup = conversation(1, dense=True, pad=0)[3:5]
+    brief = [Message("user", ["Long brief:\n" + "\n".join([PAD] * 80)]), Message("assistant", ["Noted."])]
+    chat_base = [*chat(3), *brief, *user_rounds(1, start=3), *lookup, *user_rounds(6, start=4)]
+    todo = Message(
+        "user",
+        ["## Todo list\n" + "\n".join(f"- [ ] item {i}: {PAD}" for i in range(100))],
+        additional_properties={"_attribution": dict(TODO_ATTRIBUTION)},
+    )
+    strategy = _no_record_pays(5500)
+    messages = [todo, *deep_copy_messages([*chat_base, Message("user", ["Report."])])]
+    run(strategy, messages)
+    report = strategy.last_report
+    assert report is not None
+    assert report.tokens_after <= 5500
 
 
 def test_room_is_judged_alike_on_the_in_call_copies_and_the_stored_history() -> None:

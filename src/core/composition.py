@@ -49,7 +49,8 @@ then, only while the prompt is over the budget, a last-resort chain:
    :data:`ROOM_LOW_WATER_FRACTION` of it, when the room a step like the largest needs can
    come from nothing else (no record is expected to make it): the user half's summary for
    that room rides on its break (:func:`_room_to_shed`). When only the newest tool group
-   could make it, the summary waits for the next step's pass, where the shed makes it.
+   could be shed, or the prompt is under the low water, the summary waits for the next
+   step's pass: over the budget then, the summary and any shed share one break.
    ``"raise"`` keeps uncovered results, and under it a group counts as covered only when
    the records quote every one of its values: nothing leaves the prompt unquoted.
 
@@ -412,8 +413,9 @@ def _users(config: CompositionConfig, work: _Pass, seen: View, measure: anchored
         room, later = _room_to_shed(config, work, seen, measure)
         work = replace(work, room=room)
         breaking = breaking or room > 0
-        # When the shed makes the room later (on the pass the next step arrives), a summary alone waits to ride on it.
-        roomy = work.roomy or later
+        # While the prompt fits and the shed has something to take when the next step comes, a summary alone waits
+        # for that step's pass (over the budget, the user half asks as it would alone).
+        roomy = work.roomy or (later and seen.sent <= config.max_input_tokens)
         answer = _user_pass(config, state, seen.history, measure, breaking=breaking, roomy=roomy)
         if isinstance(answer, Needs):
             return _over_prefix(config, state, work.given, measure, answer)
@@ -558,7 +560,7 @@ def _shed_early(rules: AnchoredConfig, sent: int, room: int) -> AnchoredConfig:
 
 def _room_to_shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> tuple[int, bool]:
     """Tokens the shed policy frees on this pass while the prompt still fits (0 when it waits), and whether
-    it makes that room later instead: on the pass a newer step arrives, when the break is paid anyway.
+    it waits with something to take (``later``): the newest tool group, or groups under the low water.
 
     When a step like the conversation's largest would no longer fit beside the prompt and no
     record is expected to make the room (none would pay; with no route to one left, the
@@ -574,10 +576,10 @@ def _room_to_shed(config: CompositionConfig, work: _Pass, seen: View, measure: a
     the conversation is working with.
 
     A shed that would need that group, or a prompt under the low water, waits for the next
-    step: the shed makes the room then, on the break that step's pass pays anyway (over the
-    budget, or for room again). The user half's summary, which would break the prefix alone
-    now for the same room, waits to ride on that break (``later``); a lone summary and then a
-    shed were two breaks for one step.
+    step. The user half's summary, which would break the prefix alone now for the same room,
+    waits too (``later``): when that step comes and the prompt no longer fits, its pass asks
+    for the summary and sheds what it must on one break; a step that still fits needs no
+    break at all. A lone summary and then a shed were two breaks for one step.
     """
     if config.overflow_policy != "shed" or no_route(work.state.recall) or records.record_expected(work.state):
         return 0, False  # with no route left, the safety net cuts in the record's place and keeps pace
@@ -588,7 +590,7 @@ def _room_to_shed(config: CompositionConfig, work: _Pass, seen: View, measure: a
     if need <= 0 or own > config.max_input_tokens:
         return 0, False
     room = max(0, own - low)
-    # To the low water; under it, only what the step needs: whether the shed can make the room at all.
+    # To the low water; under it, only what the step needs: whether the shed has anything to take.
     rules = _shed_early(shed_rules(config, work.state), seen.sent, room or need)
     ran = records.run_with_holds(
         rules, work.state.chain.shed, seen.history, measure, releasable=_SHEDDABLE, memo=work.band, shorten=False
