@@ -38,7 +38,7 @@ from maf_compaction import (
 )
 from maf_compaction.adapters.convert import EXCLUDED_KEY, NOTE_KEY, PRESERVED_KEY, SUMMARY_KEY, SUMMARY_OF_KEY
 from maf_compaction.core.anchored import TOOL_NOTE_PREFIX
-from maf_compaction.core.composition import ROOM_LOW_WATER_FRACTION, shed_rules
+from maf_compaction.core.composition import ROOM_LOW_WATER_FRACTION, CompositionReport, shed_rules
 from maf_compaction.core.counting import MESSAGE_OVERHEAD_TOKENS
 from maf_compaction.core.distill import is_distilled, is_remnant
 from maf_compaction.core.errors import SnapshotError
@@ -1030,14 +1030,19 @@ def test_a_summary_alone_waits_for_the_shed_the_next_step_makes() -> None:
     # The next lookup arrives (lookup 0 is no longer the newest): the pass makes the room, the summary on its break.
     later = [*opening, *lookup_round(9, pad=6, dense=True), Message("user", ["Report."], message_id="last")]
     run(strategy, later)
+    assert _summarized_over(strategy, budget).tokens_after <= budget
+    assert strategy.user_turns.summarizer_calls == 1
+    assert not excluded(by_id(later, "r9"))
+
+
+def _summarized_over(strategy: Composition, budget: int) -> CompositionReport:
+    """The last pass's report, asserting that it began over ``budget`` and the user half summarised on it."""
     report = strategy.last_report
     assert report is not None
     assert report.tokens_before > budget
     assert report.users is not None
     assert report.users.outcome is Outcome.SUMMARIZED
-    assert strategy.user_turns.summarizer_calls == 1
-    assert report.tokens_after <= budget
-    assert not excluded(by_id(later, "r9"))
+    return report
 
 
 def test_a_summary_waits_only_while_the_prompt_fits_with_its_injected_context() -> None:
@@ -1050,11 +1055,7 @@ def test_a_summary_waits_only_while_the_prompt_fits_with_its_injected_context() 
     strategy = _no_record_pays(budget)
     copies = with_injected_context(base)
     run(strategy, copies)
-    report = strategy.last_report
-    assert report is not None
-    assert report.tokens_before > budget
-    assert report.users is not None
-    assert report.users.outcome is Outcome.SUMMARIZED
+    _summarized_over(strategy, budget)
     assert not excluded(by_id(copies, "r0")), "the newest lookup shed in the summary's place"
     # Under the low water, with a long user brief as the largest step and a long todo list injected: no raise.
     lookup = conversation(1, dense=True, pad=0)[3:5]
