@@ -595,15 +595,17 @@ def _room_to_shed(config: CompositionConfig, work: _Pass, seen: View, measure: a
     ran = records.run_with_holds(
         rules, work.state.chain.shed, seen.history, measure, releasable=_SHEDDABLE, memo=work.band, shorten=False
     )
+    if not ran.report.shed:
+        return 0, False
+    if not room:
+        return 0, True
     lookups = [
         g
         for g in seen.grouping.all
         if g.kind == "tool_call" and not records.is_recall_group(seen.records, g, seen.recall_calls)
     ]
     newest = {seen.records[i].origin for i in lookups[-1].members} if lookups else set[int | None]()
-    if not ran.report.shed:
-        return 0, False
-    return (room, False) if room and newest.isdisjoint(ran.report.shed) else (0, True)
+    return (room, False) if newest.isdisjoint(ran.report.shed) else (0, True)
 
 
 def _shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
