@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from agent_framework import ChatResponse, Content, Message
 
-from maf_compaction.adapters.aligned import capped_options
+from maf_compaction.adapters.aligned import SentHead, answer_room, capped_options
 from maf_compaction.adapters.convert import is_summary
 from maf_compaction.core import max_answer_tokens
 from maf_compaction.core.answers import ANSWER_HEADROOM_TOKENS, answer_bound
@@ -120,6 +120,17 @@ def test_over_the_prefix_the_cap_leaves_room_for_an_enabled_thinking_budget_with
     assert capped_options({}, SUMMARY, measure) == {"max_tokens": bound + ANSWER_HEADROOM_TOKENS}
     media = Request("m", RequestKind.MEDIA, Route.HOOK)
     assert capped_options({"max_tokens": 5}, media, measure) == {"max_tokens": 5}
+
+
+def test_the_room_an_answer_has_is_the_requests_own_cap_less_its_thinking_budget() -> None:
+    """What a composition's answer over the cached prefix may hold (it decides whether a record request carries a
+    summary from it): none known without a request or a cap; the cap less an enabled thinking budget."""
+    assert answer_room(None) is None
+    assert answer_room(SentHead.of(None, {})) is None
+    assert answer_room(SentHead.of(None, {"max_tokens": 2_048})) == 2_048
+    thinking = {"type": "enabled", "budget_tokens": 6_000}
+    assert answer_room(SentHead.of(None, {"max_tokens": 8_000, "thinking": thinking})) == 2_000
+    assert answer_room(SentHead.of(None, {"max_tokens": True})) is None
 
 
 # --- through the framework's parts ----------------------------------------------------------------------------

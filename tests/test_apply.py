@@ -63,9 +63,11 @@ def test_no_request_carries_a_record_a_merge_took_in_on_the_same_pass() -> None:
     """Records with long prose over source files: the answer over the cached prefix is merged at once by the
     composition's chain. Each request sent was what the pass left, under the budget, so none is over the window
     (two requests were, by 3K tokens: the record and its merge went out together). A record asked for every group
-    (the ungated row): the gated composition learns that such records do not pay and asks for too few to merge."""
+    (the ungated row): the gated composition learns that such records do not pay and asks for too few to merge. At
+    3x the window: at 2x every record and summary now fits (each asked alone when the two would not fit one answer
+    under the 2,048-token cap), and nothing needs merging there."""
     settings = Settings(results="stdlib", answer_tokens=4_000, prose_tokens=(300, 600))
-    result = asyncio.run(run_cell(Cell("tool_and_user_summary_anchored_ungated", 2.0, 1), settings))
+    result = asyncio.run(run_cell(Cell("tool_and_user_summary_anchored_ungated", 3.0, 4), settings))
     assert result.error is None, result.error
     assert result.counters["records_replaced"] >= 1, result.counters
     assert result.dq == 0, f"{result.dq} request(s) over the window"

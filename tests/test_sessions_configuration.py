@@ -209,6 +209,8 @@ def test_a_stack_built_alike_in_any_registry_has_the_same_fingerprint() -> None:
     assert str(first.configuration.parameters["tokenizer"]).endswith("CharacterEstimatorTokenizer")
     # A long prompt is a digest: named and compared, not copied into every session.
     assert str(first.configuration.parameters["strategy.users.prompt"]).startswith("sha256:")
+    # What each pass reads from the host's last request (the answer's output cap) is no configuration.
+    assert not [name for name in first.configuration.parameters if name.endswith("answer_tokens")]
 
 
 # --- a different configuration is refused, naming the parameter ----------------------------------------

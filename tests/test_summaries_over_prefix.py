@@ -85,6 +85,7 @@ from test_cached_prefix import (
     BUDGET,
     ESTIMATOR,
     HARNESS_OFF,
+    OUTPUT_CAP,
     SMALL_TALK,
     TOKENIZER,
     Capture,
@@ -295,15 +296,17 @@ def talk(
     middleware: bool = True,
     summarizer: Summarizer | None = None,
     budget: int = BUDGET,
+    max_tokens: int | None = None,
 ) -> Talk:
     """A conversation through ``create_harness_agent``; without ``middleware`` neither the recall middleware nor the
-    recall tool is installed."""
+    recall tool is installed; ``max_tokens``: the agent's own output cap."""
     client = Provider(model or Model())
     summarizer = summarizer if summarizer is not None else Summarizer()
     stack = build(summary_request, summarizer, budget)
     invoked: list[int] = []
     if middleware:
-        agent = agent_for(client, stack, invoked, HARNESS_OFF)
+        capped = {} if max_tokens is None else {"default_options": {"max_tokens": max_tokens}}
+        agent = agent_for(client, stack, invoked, {**HARNESS_OFF, **capped})
     else:
         agent = create_harness_agent(
             client,
@@ -1113,13 +1116,15 @@ class RecordOnly(Model):
         return super().answer(messages, pinned=pinned)
 
 
-async def test_a_record_request_carries_the_summary_the_pass_will_want_and_its_answer_is_used_without_a_request() -> (
-    None
-):
+@pytest.mark.parametrize("max_tokens", [None, 4_096])
+async def test_a_record_request_carries_the_summary_the_pass_will_want_and_its_answer_is_used_without_a_request(
+    max_tokens: int | None,
+) -> None:
     """A record due on a pass asks, in the same request, for the summary the user half asks for once the record is
     in: the answer's part after the section line is that summary (stored as the summarizer's would be), and no
-    request over the cached prefix asks for the same turns again."""
-    run = await talk(budget=ROOMY).play(range(TURNS))
+    request over the cached prefix asks for the same turns again. So it does under the agent's own output cap when
+    both are expected to fit it."""
+    run = await talk(budget=ROOMY, max_tokens=max_tokens).play(range(TURNS))
     sent = run.sent
     both = [i for i in summary_asks(sent) if sent[i].asks_record]
     assert both, "no record request carried a summary"
@@ -1131,6 +1136,24 @@ async def test_a_record_request_carries_the_summary_the_pass_will_want_and_its_a
         assert f"{USER_SUMMARY_MARKER}\n{summary_answer(sent[i], run.client.answers[i])}" in summaries
     assert run.strategy.user_turns.user_compactions == len(summary_asks(sent))
     assert run.summarizer.calls == 0
+
+
+async def test_a_record_request_asks_for_no_summary_when_both_would_not_fit_the_agents_output_cap() -> None:
+    """One cap bounds the whole answer over the cached prefix (the agent's own ``max_tokens``): when the record and
+    the summary together are expected to exceed it, the record is asked for alone and the summary goes over the
+    cached prefix in a request of its own on the same pass; nothing counts as ignored and every fact stays."""
+    small = 96
+    run = await talk(budget=ROOMY, max_tokens=small).play(range(TURNS))
+    sent = run.sent
+    records = [i for i, s in enumerate(sent) if s.asks_record]
+    assert records, "no record was asked for"
+    assert summary_asks(sent), "no summary was asked for"
+    assert not [i for i in summary_asks(sent) if sent[i].asks_record], "a record request carried a summary"
+    assert all(sent[i].options.get(OUTPUT_CAP, small) <= small for i in [*records, *summary_asks(sent)])
+    state = run.stack.tool_results.conversation.value.recall
+    assert (state.ignored_instructions, no_route(state), state.summaries_to_summarizer) == (0, False, False)
+    assert run.summarizer.calls == 0
+    assert not facts_kept(run, range(TURNS))
 
 
 async def test_an_answer_without_the_summary_part_keeps_the_record_and_the_summary_is_asked_on_its_own() -> None:

@@ -19,7 +19,7 @@ from agent_framework import Message
 from hypothesis import given
 from hypothesis import strategies as st
 
-from maf_compaction.core.summary_check import Omission, directive_lines, omissions, reask_prompt
+from maf_compaction.core.summary_check import Omission, directive_lines, omissions, owed, reask_prompt
 from maf_compaction.core.user_summaries import VERBATIM_HEADING, Outcome
 from maf_compaction.core.values import distinctive_values
 from test_user_summaries import (
@@ -113,6 +113,22 @@ def test_what_is_named_missing_is_always_the_items_own(items: list[str], answer:
     missing = omissions(items, answer)
     assert set(missing.values) <= set(distinctive_values("\n".join(items)))
     assert set(missing.lines) <= {line for item in items for line in directive_lines(item)}
+
+
+@given(_ITEMS)
+def test_what_a_summary_owes_quotes_every_value_and_is_never_longer_than_the_items(items: list[str]) -> None:
+    """:func:`owed` (what a summary's size is estimated from) holds every value the rule asks for, and no more
+    words than the items have."""
+    least = owed(items)
+    assert not omissions(items, least).values
+    assert len(least.split()) <= len("\n".join(items).split())
+
+
+def test_a_line_with_a_value_owes_the_value_and_one_without_owes_half_its_content_words() -> None:
+    least = owed(["Use build v1.23.4 for the canary only.", "- totals stay in EUR, never USD"]).split()
+    assert "v1.23.4" in least
+    assert "canary" not in least  # the value names the line: it owes nothing more
+    assert len(least) == 1 + 1  # half of "totals" and "stay" (EUR and USD are under four letters)
 
 
 # ----------------------------------------------------------------------------- the strategy

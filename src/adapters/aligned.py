@@ -138,6 +138,27 @@ async def ask_over_prefix(
     return text or ""
 
 
+def _own_cap(options: Mapping[str, Any]) -> tuple[int | None, int]:
+    """The output cap ``options`` (a request's) set, if any, and the extended-thinking budget (``thinking``) it
+    spends before answering, which Anthropic counts toward that cap (0 when off)."""
+    own = options.get("max_tokens")
+    thinking = options.get("thinking")
+    budget = thinking.get("budget_tokens") if isinstance(thinking, Mapping) else None  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    return (
+        own if isinstance(own, int) and not isinstance(own, bool) and own >= 1 else None,
+        budget if isinstance(budget, int) and budget > 0 else 0,
+    )
+
+
+def answer_room(head: SentHead | None) -> int | None:
+    """What an answer over the cached prefix may hold when it repeats ``head``: its output cap less its thinking
+    budget (``None``: no request seen yet, or no cap set)."""
+    if head is None:
+        return None
+    own, thinking = _own_cap(head.options)
+    return None if own is None else max(1, own - thinking)
+
+
 def capped_options(options: Mapping[str, Any], request: Request, measure: Measure) -> dict[str, Any]:
     """``options`` (the conversation's own request's) with ``max_tokens`` set to ``request``'s output cap.
 
@@ -145,15 +166,8 @@ def capped_options(options: Mapping[str, Any], request: Request, measure: Measur
     extended-thinking budget (``thinking``), which Anthropic counts toward it.
     """
     capped = dict(options)
-    own = capped.get("max_tokens")
-    thinking = capped.get("thinking")
-    budget = thinking.get("budget_tokens") if isinstance(thinking, Mapping) else None  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
-    cap = max_answer_tokens(
-        request,
-        measure,
-        limit=own if isinstance(own, int) and own >= 1 else None,
-        thinking=budget if isinstance(budget, int) and budget > 0 else 0,
-    )
+    own, thinking = _own_cap(capped)
+    cap = max_answer_tokens(request, measure, limit=own, thinking=thinking)
     if cap is not None:
         capped["max_tokens"] = cap
     return capped

@@ -25,6 +25,7 @@ from ..core.effects import Request
 from ..core.errors import CompactionBudgetExceeded
 from ..core.records import RecordConfig
 from ..core.state import CHAIN_KINDS, State
+from .aligned import answer_room
 from .anchored import AnchoredCompactionStrategy, log_anchored
 from .counting import Tokenizer
 from .loop import CompactionAdapter
@@ -239,6 +240,11 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
 
     def _read(self, data: Mapping[str, object]) -> State:
         return State.from_dict(data, keep_head_groups=self._config.records.keep_head_groups)
+
+    def _pass_config(self) -> CompositionConfig:
+        """The configuration with the output cap an answer over the cached prefix would be sent with."""
+        room = answer_room(self.conversation.head)
+        return self._config if room == self._config.answer_tokens else replace(self._config, answer_tokens=room)
 
     async def __call__(self, messages: list[Message]) -> bool:
         """Compact ``messages`` in place; True if anything changed.

@@ -304,7 +304,13 @@ class CompactionAdapter(Generic[ConfigT, S, R]):
                     f"{type(self).__name__}: the restored state does not fit this conversation: {problem}"
                 )
             self._restored = False
-        return core.step(self._config, current, before, self._counter.measure, memo=self._memo, **(options or {}))
+        config = self._pass_config()
+        return core.step(config, current, before, self._counter.measure, memo=self._memo, **(options or {}))
+
+    def _pass_config(self) -> ConfigT:
+        """The configuration this pass runs with: the strategy's own (a subclass adds what the host's last
+        request says)."""
+        return self._config
 
     def _finish(
         self, messages: list[Message], before: History, done: Done[S, R], fresh: set[str], traced: PassTrace | None

@@ -76,9 +76,10 @@ from pyrsistent import pvector
 
 from . import anchored, pipeline, records, user_summaries
 from .anchored import AnchoredConfig, Report
-from .checks import AtLeastZero, NonEmpty, validate
+from .checks import AtLeastOne, AtLeastZero, NonEmpty, validate
 from .effects import Request, standing
 from .errors import CompactionBudgetExceeded
+from .fingerprint import FINGERPRINT
 from .model import History, MessageRecord
 from .protocol import Done, Needs, Step, sent_tokens
 from .recall import no_route, records_over_prefix
@@ -151,6 +152,10 @@ class CompositionConfig:
             that names the items by their opening words (read from the provider's cache),
             through the agent's client, falling back to the summarizer when that cannot be
             sent (no request seen yet, or an item outside what fits the budget).
+        answer_tokens: The most an answer over the cached prefix may hold: the output cap of the request it
+            repeats, less the thinking budget spent before the answer (``None``: no cap known). Not a
+            parameter of the strategy: the shell sets it on each pass from the conversation's last request
+            (:func:`_with_summary` reads it).
     """
 
     records: RecordConfig
@@ -159,6 +164,7 @@ class CompositionConfig:
     merge_prompt: NonEmpty = DEFAULT_MERGE_PROMPT
     harder_attempts: AtLeastZero = DEFAULT_HARDER_ATTEMPTS
     summary_request: SummaryRequest = "summarizer"
+    answer_tokens: AtLeastOne | None = field(default=None, metadata={FINGERPRINT: False})
 
     def __post_init__(self) -> None:
         validate(self)
@@ -358,7 +364,31 @@ def _with_summary(
     both = records.with_summary(asked, sent)
     # The view was cut for the record's instruction alone: both must still fit what the request may send.
     limit = config.records.prefix_tokens(state.recall, records.instruction_tokens(measure, both.instruction))
-    return both if sent_tokens(asked.view) <= limit else asked
+    return both if sent_tokens(asked.view) <= limit and _answer_fits(config, standing, both, measure) else asked
+
+
+def _answer_fits(config: CompositionConfig, standing: History, both: Request, measure: anchored.Measure) -> bool:
+    """Whether the answer ``both`` asks for (a record, the section line, a summary) is expected to fit the output
+    cap it will be sent with (:attr:`CompositionConfig.answer_tokens`; any answer fits when none is known).
+
+    One cap bounds the whole answer. Past it the provider cuts the answer, and a cut
+    answer is no record or summary: both would be lost and the record's route judged
+    ignored. A model that rations its answer to the cap instead shortens the summary
+    it writes last until the summary check refuses it. Either way the summary is asked
+    again alone. Asked alone from the start, the record gets the whole cap and the summary
+    goes in a request of its own over the same cached prefix (it rides on the record's
+    break all the same). The record is expected to quote its results' values with the
+    prose the conversation's records carried (:func:`.records.learned_prose`); the summary,
+    to carry what the summary check asks of it with a sentence or two per item.
+    """
+    if config.answer_tokens is None:
+        return True
+    assert both.also is not None
+    seen = view(standing)
+    prose = records.learned_prose(records.model_records(seen.records, seen.recall_calls), measure)
+    record = records.expected_record_tokens(both, measure, prose)
+    summary = user_summaries.expected_summary_tokens(both.also, measure)
+    return record + measure(f"\n{records.SUMMARY_SECTION}\n") + summary <= config.answer_tokens
 
 
 def _record_rules(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:

@@ -64,6 +64,7 @@ class Request:
             answer is replayed (not retried) until the conversation has more.
         openings: The opening words of each item, in order (an instruction over the cached
             prefix names the items by them).
+        items: The items' texts, in order (what the transcript numbers).
         instruction: Over the cached prefix: the one message appended to ``view``.
         view: Over the cached prefix: the history to send (the conversation's last request,
             cut between groups to fit), with the head of its last request.
@@ -83,6 +84,7 @@ class Request:
     message_id: str | None = None
     turns: int = 0
     openings: tuple[str, ...] = field(default=(), compare=False)
+    items: tuple[str, ...] = field(default=(), compare=False, repr=False)
     instruction: str = field(default="", compare=False)
     view: History | None = field(default=None, compare=False, repr=False)
     after: int = 0

@@ -33,6 +33,11 @@ LONG_TEXT: Final = 64
 ADDED: Final[Mapping[str, Scalar]] = {"payoff_share": None}
 
 
+#: A dataclass field's metadata key: ``False`` leaves the field out (a value set per pass from the host's request,
+#: not configured).
+FINGERPRINT: Final = "fingerprint"
+
+
 def _digest_text(text: str) -> str:
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
 
@@ -40,9 +45,9 @@ def _digest_text(text: str) -> str:
 def flatten(value: object, path: str) -> dict[str, Scalar]:
     """Every leaf of ``value`` by its dotted path below ``path``.
 
-    Dataclasses are walked field by field, mappings key by key, sequences and sets item by
-    item (sets sorted by their text), scalars are kept (long texts as a digest); any other
-    value is known by its type's qualified name.
+    Dataclasses are walked field by field (but a field whose metadata says ``fingerprint: False``),
+    mappings key by key, sequences and sets item by item (sets sorted by their text), scalars
+    are kept (long texts as a digest); any other value is known by its type's qualified name.
     """
     if value is None or isinstance(value, (bool, int, float)):
         return {path: value}
@@ -50,7 +55,11 @@ def flatten(value: object, path: str) -> dict[str, Scalar]:
         return {path: value if len(value) <= LONG_TEXT else _digest_text(value)}
     empty: dict[str, Scalar] = {}  # what stands for a value with no leaves
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        children = [(field.name, getattr(value, field.name)) for field in dataclasses.fields(value)]
+        children = [
+            (field.name, getattr(value, field.name))
+            for field in dataclasses.fields(value)
+            if field.metadata.get(FINGERPRINT, True)
+        ]
     elif isinstance(value, Mapping):
         children = sorted(((str(k), v) for k, v in cast("Mapping[object, object]", value).items()), key=lambda c: c[0])
         empty = {path: "{}"}

@@ -338,6 +338,14 @@ def learned_prose(texts: Sequence[str], measure: Measure) -> int:
     return round(sum(prose) / len(prose))
 
 
+def expected_record_tokens(request: Request, measure: Measure, prose: int) -> int:
+    """The size a record answering ``request`` (asked over the cached prefix) is expected to have: the distinct
+    distinctive values of the tool results its view shows, which the coverage rule asks it to quote, and
+    ``prose`` (:func:`learned_prose`: what the conversation's records carried beside their values)."""
+    texts = shown_result_texts(request.view) if request.view is not None else []
+    return measure(" ".join(dict.fromkeys(v for t in texts for v in distinctive_values(t)))) + prose
+
+
 def record_pays(
     values: Sequence[str], tokens: int, measure: Measure, share: float | None, *, prose: int = RECORD_PROSE_TOKENS
 ) -> bool:

@@ -186,6 +186,19 @@ def omissions(items: Sequence[str], answer: str) -> Omission:
     return Omission(values, lines, substance)
 
 
+def owed(items: Sequence[str]) -> str:
+    """The least a summary of ``items`` must say to pass the rule: their distinctive values, and, for each
+    directive line without a value, the share of its content words :func:`carried` asks for (a value names
+    its line, so a line with one owes nothing more). What the answer's size is estimated from."""
+    source = "\n".join(items)
+    words = [
+        " ".join(sorted(wanted)[: share_of(len(wanted), LINE_SHARE)])
+        for line in _lines(items)
+        if not distinctive_values(line) and (wanted := content_words(_BULLET.sub("", line, count=1)))
+    ]
+    return " ".join([*dict.fromkeys(distinctive_values(source)), *words])
+
+
 def _lines(items: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(line for item in items for line in directive_lines(item)))
 

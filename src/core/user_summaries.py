@@ -57,7 +57,7 @@ from .effects import CALLED_INSTEAD, COMPACTION_REQUEST, Request, Route, identit
 from .model import MEDIA_KINDS, History, MessageRecord, Part, conversation_indices, flagged
 from .protocol import Done, Needs, sent_tokens
 from .state import RequestKind, State
-from .summary_check import Omission, omissions, reask_prompt
+from .summary_check import Omission, omissions, owed, reask_prompt
 from .values import distinctive_values, word_set
 
 Measure = Callable[[str], int]
@@ -519,6 +519,7 @@ def request(kind: RequestKind, prompt: str, items: Sequence[Item], message_id: s
         message_id=message_id,
         turns=turns,
         openings=tuple(opening(item.text) for item in items),
+        items=tuple(item.text for item in items),
     )
 
 
@@ -538,6 +539,16 @@ PREFIX_SUMMARY_LEAD: Final = "Do not continue the task."
 PREFIX_ITEMS_HEADING: Final = (
     "The numbered items are these earlier messages of this conversation, named by their opening words:"
 )
+
+
+#: The prose a summary is expected to write about each item beside what it must carry (a sentence or two).
+SUMMARY_PROSE_TOKENS: Final = 60
+
+
+def expected_summary_tokens(request: Request, measure: Measure) -> int:
+    """The size a summary answering ``request`` is expected to have: the least the summary check asks it to
+    carry (:func:`.summary_check.owed`) and :data:`SUMMARY_PROSE_TOKENS` per item."""
+    return measure(owed(request.items)) + SUMMARY_PROSE_TOKENS * max(1, len(request.openings))
 
 
 def follows(request: Request, answer: str) -> bool:
