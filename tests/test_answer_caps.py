@@ -31,8 +31,8 @@ from maf_compaction.core.model import history
 from maf_compaction.core.recall import IGNORED_LIMIT, no_route
 from maf_compaction.core.records import SUMMARY_SECTION
 from maf_compaction.core.state import RequestKind
+from test_cached_prefix import HARNESS_OFF, Provider, asked, conversation, written_records
 from test_cached_prefix import TURNS as CONVERSATION_TURNS
-from test_cached_prefix import Provider, asked, conversation, written_records
 from test_summaries_over_prefix import (
     NOTES,
     TURNS,
@@ -236,3 +236,25 @@ async def test_a_record_cut_at_its_cap_is_an_answer_that_did_not_follow_the_inst
     assert not written_records(run.stored())
     assert run.records.answers_cut == len(asks)
     assert run.records.failed_prefix_requests == 0
+
+
+async def test_a_record_cut_at_the_agents_own_cap_is_judged_as_written_and_the_route_stays(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The agent's own ``max_tokens`` is below what a record may hold: an answer cut there is no runaway. What it
+    wrote is judged as any record is (it quotes its results, so it is kept), nothing counts as ignored, and the
+    WARNING says so."""
+    own = 1_000
+    harness = {**HARNESS_OFF, "default_options": {"max_tokens": own}}
+    with caplog.at_level(logging.WARNING, logger="maf_compaction"):
+        run = await conversation(client=CuttingProvider(), harness=harness).play(range(CONVERSATION_TURNS))
+    asks = asked(run.sent)
+    assert asks, "no record was asked for"
+    assert all(run.sent[i].options.get("max_tokens") == own for i in asks)
+    cut = [r.getMessage() for r in caplog.records if "reached its output cap" in r.getMessage()]
+    assert len(cut) == len(asks)
+    assert all("judged as written" in line for line in cut)
+    state = run.records.conversation.value.recall
+    assert (state.ignored_instructions, no_route(state)) == (0, False)
+    assert written_records(run.stored())
+    assert run.records.answers_cut == len(asks)

@@ -20,7 +20,7 @@ import logging
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from agent_framework import BaseChatClient, ChatResponse, Content, Message
 from agent_framework._sessions import is_local_history_conversation_id
@@ -90,7 +90,10 @@ async def ask_over_prefix(
     is, and what no record or summary replaces stays or is kept by the safety net). An
     answer the provider cut at the request's output cap (:func:`capped_options`) is judged
     as one that did not follow the instruction (``""``): asked again, it would be cut again
-    (``on_cut`` counts it); cancellation propagates.
+    (``on_cut`` counts it). One cut at the agent's own ``max_tokens``, which keeps the request's cap
+    below that size, is no runaway: its text is judged as any answer is (a record keeps the groups it
+    quotes, a summary passes the summary check or is asked again), so a host's small cap costs
+    the records it cannot hold, never the route. Cancellation propagates.
     """
     record = request.kind is RequestKind.RECORD
     what = "a record" if record else f"a {request.kind.value}"
@@ -128,11 +131,18 @@ async def ask_over_prefix(
         )
         return None
     telemetry.note_response(response)
+    text = answer_text(response)
+    if _host_cut(head.options, request, measure) and text:
+        # Cut at the agent's own cap, not at the size a kept answer must stay under: what was written is judged
+        # as any answer is (the coverage rule takes the groups it quotes; the summary check what it carries).
+        cut = cut_at_cap(response, owner, what, options.get("max_tokens"), stays, verdict=_JUDGED_AS_WRITTEN)
+        if cut and on_cut is not None:
+            on_cut()
+        return text
     if cut_at_cap(response, owner, what, options.get("max_tokens"), stays, verdict="did not follow the instruction"):
         if on_cut is not None:
             on_cut()
         return ""  # answered, not as asked: the same request would be cut again, so it is no failure to retry
-    text = answer_text(response)
     if text is None:  # an answer all the same (the provider is up): judged as one that ignored the instruction
         logger.warning("%s asked for %s over the cached prefix and got no text; %s", owner, what, stays)
     return text or ""
@@ -157,6 +167,18 @@ def answer_room(head: SentHead | None) -> int | None:
         return None
     own, thinking = _own_cap(head.options)
     return None if own is None else max(1, own - thinking)
+
+
+#: What an answer cut at the agent's own output cap counts as (the WARNING's words).
+_JUDGED_AS_WRITTEN: Final = "is judged as written (the rules keep what it quotes or carries, nothing it cut)"
+
+
+def _host_cut(options: Mapping[str, Any], request: Request, measure: Measure) -> bool:
+    """Whether an answer to ``request`` sent with ``options`` (the conversation's own request's) would be cut at the
+    agent's own ``max_tokens``, below the cap the request's bound gives (:func:`~.core.max_answer_tokens`)."""
+    own, thinking = _own_cap(options)
+    ours = max_answer_tokens(request, measure, thinking=thinking)
+    return own is not None and ours is not None and own < ours
 
 
 def capped_options(options: Mapping[str, Any], request: Request, measure: Measure) -> dict[str, Any]:

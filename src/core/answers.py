@@ -17,7 +17,9 @@ answer the rules could keep is smaller than what it replaces, so the shell sends
 with an output cap of that size and as much again for reasoning (at least 4,096 tokens). An
 answer the provider cut at the cap is no record or summary: from the summarizer it counts as a
 failure, over the cached prefix as an answer that did not follow the instruction (asked again,
-it would be cut again). A runaway answer costs at most the cap, and never enters history.
+it would be cut again). A runaway answer costs at most the cap, and never enters history. Over the
+cached prefix the cap never rises above the conversation's own; an answer cut there, below the
+bound's cap, is no runaway, and the shell hands in what it wrote to be judged like any answer.
 """
 
 from __future__ import annotations
