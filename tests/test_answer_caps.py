@@ -21,16 +21,17 @@ from typing import Any
 import pytest
 from agent_framework import ChatResponse, Content, Message
 
-from maf_compaction.adapters.aligned import SentHead, answer_room, capped_options
+from maf_compaction.adapters.aligned import SentHead, capped_options, head_answer_room
 from maf_compaction.adapters.convert import is_summary
 from maf_compaction.core import max_answer_tokens
-from maf_compaction.core.answers import ANSWER_HEADROOM_TOKENS, answer_bound
+from maf_compaction.core.answers import ANSWER_HEADROOM_TOKENS, answer_bound, answer_room, cut_answer
 from maf_compaction.core.effects import Request, Route
 from maf_compaction.core.host import call_part, message, result_part, text_part
 from maf_compaction.core.model import history
 from maf_compaction.core.recall import IGNORED_LIMIT, no_route
 from maf_compaction.core.records import SUMMARY_SECTION
 from maf_compaction.core.state import RequestKind
+from maf_compaction.core.values import distinctive_values
 from test_cached_prefix import HARNESS_OFF, Provider, asked, conversation, written_records
 from test_cached_prefix import TURNS as CONVERSATION_TURNS
 from test_summaries_over_prefix import (
@@ -126,11 +127,30 @@ def test_the_room_an_answer_has_is_the_requests_own_cap_less_its_thinking_budget
     """What a composition's answer over the cached prefix may hold (it decides whether a record request carries a
     summary from it): none known without a request or a cap; the cap less an enabled thinking budget."""
     assert answer_room(None) is None
-    assert answer_room(SentHead.of(None, {})) is None
-    assert answer_room(SentHead.of(None, {"max_tokens": 2_048})) == 2_048
+    assert answer_room(2_048) == 2_048
+    assert answer_room(8_000, 6_000) == 2_000
+    assert answer_room(1_024, 1_024) == 1
+    assert head_answer_room(None) is None
+    assert head_answer_room(SentHead.of(None, {})) is None
+    assert head_answer_room(SentHead.of(None, {"max_tokens": True})) is None
     thinking = {"type": "enabled", "budget_tokens": 6_000}
-    assert answer_room(SentHead.of(None, {"max_tokens": 8_000, "thinking": thinking})) == 2_000
-    assert answer_room(SentHead.of(None, {"max_tokens": True})) is None
+    assert head_answer_room(SentHead.of(None, {"max_tokens": 8_000, "thinking": thinking})) == 2_000
+    disabled = {"type": "disabled", "budget_tokens": 6_000}
+    assert head_answer_room(SentHead.of(None, {"max_tokens": 8_000, "thinking": disabled})) == 8_000
+
+
+def test_an_answer_cut_below_what_a_kept_one_may_hold_counts_by_its_complete_lines() -> None:
+    """Cut at the conversation's own cap, below the answer's bound, an answer keeps its complete lines (the line the
+    cut fell in may end in the start of a value); cut at the bound's cap, or with no line complete, it is a runaway."""
+    bound = answer_bound(SUMMARY, measure)
+    assert bound is not None
+    assert bound > 2
+    written = "- R1 (RQ-11AB22): keep totals in EUR.\n- R2 (RQ-33CD"
+    assert cut_answer(SUMMARY, written, measure, limit=bound - 1) == "- R1 (RQ-11AB22): keep totals in EUR."
+    assert cut_answer(SUMMARY, written, measure, limit=bound) == ""
+    assert cut_answer(SUMMARY, written, measure, limit=None) == ""
+    assert cut_answer(SUMMARY, "- R2 (RQ-33CD", measure, limit=1) == ""
+    assert cut_answer(Request("m", RequestKind.MEDIA, Route.HOOK), written, measure, limit=1) == ""
 
 
 # --- through the framework's parts ----------------------------------------------------------------------------
@@ -238,23 +258,53 @@ async def test_a_record_cut_at_its_cap_is_an_answer_that_did_not_follow_the_inst
     assert run.records.failed_prefix_requests == 0
 
 
-async def test_a_record_cut_at_the_agents_own_cap_is_judged_as_written_and_the_route_stays(
+def _text(message: Message) -> str:
+    """Every text and tool result ``message`` carries."""
+    return "\n".join(str(c.text or c.result or "") for c in message.contents)
+
+
+class TruncatingProvider(Provider):
+    """The framework's client layers over the scripted model, whose every record answer the provider cuts after
+    two thirds of its text, in the middle of a value, one value to a line."""
+
+    def _inner_get_response(
+        self, *, messages: Sequence[Message], stream: bool, options: Mapping[str, Any], **kwargs: Any
+    ) -> Any:
+        pending = super()._inner_get_response(messages=messages, stream=stream, options=options, **kwargs)
+        if not self.requests[-1].asks_record:
+            return pending
+
+        async def cut() -> ChatResponse:
+            response = await pending  # type: ignore[misc]
+            lines = " ".join(part.text or "" for m in response.messages for part in m.contents).split()
+            text = "\n".join(lines)
+            response.messages = [Message("assistant", [Content.from_text(text[: 2 * len(text) // 3])])]
+            response.finish_reason = "length"
+            return response
+
+        return cut()
+
+
+async def test_a_record_cut_at_the_agents_own_cap_is_judged_by_its_complete_lines_and_the_route_stays(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The agent's own ``max_tokens`` is below what a record may hold: an answer cut there is no runaway. What it
-    wrote is judged as any record is (it quotes its results, so it is kept), nothing counts as ignored, and the
-    WARNING says so."""
-    own = 1_000
+    """The agent's own ``max_tokens`` is below what a record may hold: an answer cut there is no runaway. Its complete
+    lines are judged as any record is (they quote results, so it is kept), the line the cut fell in never enters
+    history (its last value is the start of another), nothing counts as ignored, and a WARNING says so."""
+    own = 64  # below every record's bound here: no cut answer could be a runaway
     harness = {**HARNESS_OFF, "default_options": {"max_tokens": own}}
     with caplog.at_level(logging.WARNING, logger="maf_compaction"):
-        run = await conversation(client=CuttingProvider(), harness=harness).play(range(CONVERSATION_TURNS))
+        run = await conversation(client=TruncatingProvider(), harness=harness).play(range(CONVERSATION_TURNS))
     asks = asked(run.sent)
     assert asks, "no record was asked for"
     assert all(run.sent[i].options.get("max_tokens") == own for i in asks)
-    cut = [r.getMessage() for r in caplog.records if "reached its output cap" in r.getMessage()]
+    cut = [r.getMessage() for r in caplog.records if "reached the agent's own output cap" in r.getMessage()]
     assert len(cut) == len(asks)
-    assert all("judged as written" in line for line in cut)
     state = run.records.conversation.value.recall
     assert (state.ignored_instructions, no_route(state)) == (0, False)
-    assert written_records(run.stored())
+    records = [m for _, m in written_records(run.stored())]
+    assert records, "no cut record was kept"
+    planted = {v for m in run.stored() if m.role == "tool" for v in distinctive_values(_text(m))}
+    for record in records:
+        assert set(distinctive_values(_text(record))) <= planted, "a value cut short entered a record"
     assert run.records.answers_cut == len(asks)

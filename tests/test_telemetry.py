@@ -70,6 +70,7 @@ from maf_compaction.core import records as record_rules
 from maf_compaction.core import user_summaries as user_rules
 from maf_compaction.core.anchored import Report
 from maf_compaction.core.changes import Changes, Prefix, changes, kept_prefix, prompt
+from maf_compaction.core.effects import Request, Route
 from maf_compaction.core.model import MessageRecord, Part, flagged, history
 from maf_compaction.core.records import RECORD_INSTRUCTION
 from maf_compaction.core.state import RequestKind
@@ -649,6 +650,16 @@ async def test_an_answer_cut_at_its_output_cap_is_marked_cut_with_the_cap_and_no
         assert span.status.status_code is not StatusCode.ERROR  # an answer, not an error
     points = otel.points()
     assert total(points, "maf_compaction.requests", maf_compaction__request__outcome=telemetry.CUT) == len(requests)
+
+
+def test_an_answer_cut_at_the_agents_own_cap_is_kept_when_its_complete_lines_were_placed() -> None:
+    """An answer over the cached prefix cut at the agent's own cap is judged by its complete lines: it counts as
+    kept when its message was placed, and as not placed otherwise (never as refused for the cut)."""
+    asked = Request("r", RequestKind.RECORD, Route.CACHED_PREFIX, message_id="rec_1")
+    verdict = telemetry._verdict  # pyright: ignore[reportPrivateUsage]
+    assert verdict(asked, telemetry.CUT_JUDGED, frozenset({"rec_1"}), {}) == (True, None)
+    assert verdict(asked, telemetry.CUT_JUDGED, frozenset(), {}) == (False, telemetry.NOT_PLACED)
+    assert verdict(asked, telemetry.CUT, frozenset({"rec_1"}), {}) == (False, telemetry.CUT)
 
 
 async def test_a_summary_past_its_time_limit_is_marked_timed_out_with_error_status(otel: Telemetry) -> None:

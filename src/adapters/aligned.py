@@ -8,7 +8,8 @@ unpinned request as the recall middleware saw it sent (its chat client and optio
 instructions, tools, ``tool_choice``, the rest), and one user message at the end, with the
 output cap the core gives the request (:func:`~maf_compaction.core.max_answer_tokens`, never
 above the request's own ``max_tokens``; an answer cut at it is judged as one that did not follow the
-instruction). The
+instruction, or, cut at the request's own cap below what a kept answer may hold, by its complete lines:
+:func:`~maf_compaction.core.answers.cut_answer`). The
 request goes to the chat client's own provider layer: no function loop runs a tool the
 model calls, no middleware sees it, and nothing of it enters history but the answer.
 """
@@ -20,12 +21,12 @@ import logging
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Any, cast
 
 from agent_framework import BaseChatClient, ChatResponse, Content, Message
 from agent_framework._sessions import is_local_history_conversation_id
 
-from ..core.answers import max_answer_tokens
+from ..core.answers import answer_room, cut_answer, max_answer_tokens
 from ..core.counting import Measure
 from ..core.effects import CALLED_INSTEAD, Request
 from ..core.records import RECALL_TOOL_NAME
@@ -90,10 +91,10 @@ async def ask_over_prefix(
     is, and what no record or summary replaces stays or is kept by the safety net). An
     answer the provider cut at the request's output cap (:func:`capped_options`) is judged
     as one that did not follow the instruction (``""``): asked again, it would be cut again
-    (``on_cut`` counts it). One cut at the agent's own ``max_tokens``, which keeps the request's cap
-    below that size, is no runaway: its text is judged as any answer is (a record keeps the groups it
-    quotes, a summary passes the summary check or is asked again), so a host's small cap costs
-    the records it cannot hold, never the route. Cancellation propagates.
+    (``on_cut`` counts it). One cut at the agent's own ``max_tokens``, below what a kept answer may
+    hold, is no runaway: its complete lines are judged as any answer is (a record keeps the groups
+    it quotes, a summary passes the summary check or is asked again; :func:`~.core.answers.cut_answer`),
+    so a host's small cap costs the records it cannot hold, never the route. Cancellation propagates.
     """
     record = request.kind is RequestKind.RECORD
     what = "a record" if record else f"a {request.kind.value}"
@@ -131,54 +132,50 @@ async def ask_over_prefix(
         )
         return None
     telemetry.note_response(response)
-    text = answer_text(response)
-    if _host_cut(head.options, request, measure) and text:
-        # Cut at the agent's own cap, not at the size a kept answer must stay under: what was written is judged
-        # as any answer is (the coverage rule takes the groups it quotes; the summary check what it carries).
-        cut = cut_at_cap(response, owner, what, options.get("max_tokens"), stays, verdict=_JUDGED_AS_WRITTEN)
-        if cut and on_cut is not None:
-            on_cut()
-        return text
-    if cut_at_cap(response, owner, what, options.get("max_tokens"), stays, verdict="did not follow the instruction"):
+    if response.finish_reason == "length":
         if on_cut is not None:
             on_cut()
-        return ""  # answered, not as asked: the same request would be cut again, so it is no failure to retry
+        written = cut_answer(request, answer_text(response), measure, limit=_own_cap(head.options)[0])
+        if not written:
+            # A runaway: answered, not as asked (the same request would be cut again, so it is no failure to retry).
+            cut_at_cap(
+                response, owner, what, options.get("max_tokens"), stays, verdict="did not follow the instruction"
+            )
+            return ""
+        telemetry.note_cut(kept_as_written=True)
+        logger.warning(
+            "%s: the answer to %s reached the agent's own output cap (max_tokens=%s), below what a kept answer may "
+            "hold; its complete lines are judged as any answer is",
+            owner,
+            what,
+            options.get("max_tokens"),
+        )
+        return written
+    text = answer_text(response)
     if text is None:  # an answer all the same (the provider is up): judged as one that ignored the instruction
         logger.warning("%s asked for %s over the cached prefix and got no text; %s", owner, what, stays)
     return text or ""
 
 
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
 def _own_cap(options: Mapping[str, Any]) -> tuple[int | None, int]:
-    """The output cap ``options`` (a request's) set, if any, and the extended-thinking budget (``thinking``) it
-    spends before answering, which Anthropic counts toward that cap (0 when off)."""
-    own = options.get("max_tokens")
-    thinking = options.get("thinking")
-    budget = thinking.get("budget_tokens") if isinstance(thinking, Mapping) else None  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
-    return (
-        own if isinstance(own, int) and not isinstance(own, bool) and own >= 1 else None,
-        budget if isinstance(budget, int) and budget > 0 else 0,
-    )
+    """The output cap ``options`` (a request's) set, if any, and the extended-thinking budget it spends before
+    answering when thinking is enabled (``thinking``), which Anthropic counts toward that cap (0 when off)."""
+    thinking: Any = options.get("thinking")
+    enabled = isinstance(thinking, Mapping) and thinking.get("type", "enabled") == "enabled"  # pyright: ignore[reportUnknownMemberType]
+    budget = _count(thinking.get("budget_tokens")) if enabled else None  # pyright: ignore[reportUnknownMemberType]
+    return _count(options.get("max_tokens")), budget or 0
 
 
-def answer_room(head: SentHead | None) -> int | None:
-    """What an answer over the cached prefix may hold when it repeats ``head``: its output cap less its thinking
-    budget (``None``: no request seen yet, or no cap set)."""
+def head_answer_room(head: SentHead | None) -> int | None:
+    """What an answer over the cached prefix may hold when it repeats ``head`` (:func:`~.core.answers.answer_room`
+    of its output cap and thinking budget; ``None``: no request seen yet, or no cap set)."""
     if head is None:
         return None
-    own, thinking = _own_cap(head.options)
-    return None if own is None else max(1, own - thinking)
-
-
-#: What an answer cut at the agent's own output cap counts as (the WARNING's words).
-_JUDGED_AS_WRITTEN: Final = "is judged as written (the rules keep what it quotes or carries, nothing it cut)"
-
-
-def _host_cut(options: Mapping[str, Any], request: Request, measure: Measure) -> bool:
-    """Whether an answer to ``request`` sent with ``options`` (the conversation's own request's) would be cut at the
-    agent's own ``max_tokens``, below the cap the request's bound gives (:func:`~.core.max_answer_tokens`)."""
-    own, thinking = _own_cap(options)
-    ours = max_answer_tokens(request, measure, thinking=thinking)
-    return own is not None and ours is not None and own < ours
+    return answer_room(*_own_cap(head.options))
 
 
 def capped_options(options: Mapping[str, Any], request: Request, measure: Measure) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from ..core.effects import Request
 from ..core.errors import CompactionBudgetExceeded
 from ..core.records import RecordConfig
 from ..core.state import CHAIN_KINDS, State
-from .aligned import answer_room
+from .aligned import head_answer_room
 from .anchored import AnchoredCompactionStrategy, log_anchored
 from .counting import Tokenizer
 from .loop import CompactionAdapter
@@ -243,7 +243,7 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
 
     def _pass_config(self) -> CompositionConfig:
         """The configuration with the output cap an answer over the cached prefix would be sent with."""
-        room = answer_room(self.conversation.head)
+        room = head_answer_room(self.conversation.head)
         return self._config if room == self._config.answer_tokens else replace(self._config, answer_tokens=room)
 
     async def __call__(self, messages: list[Message]) -> bool:

@@ -87,6 +87,8 @@ FAILED: Final = "failed"
 TIMED_OUT: Final = "timed_out"
 CANCELLED: Final = "cancelled"
 CUT: Final = "cut_at_cap"
+#: Cut at the agent's own output cap, below what a kept answer may hold: its complete lines are judged as an answer.
+CUT_JUDGED: Final = "cut_at_own_cap"
 #: Why an answered request was not kept, when the pass's report does not say: its message is not in the prompt.
 NOT_PLACED: Final = "not_placed"
 
@@ -230,13 +232,13 @@ class RequestTrace:
 def _verdict(
     request: Request, outcome: str, placed: frozenset[str], refusals: Mapping[str, str]
 ) -> tuple[bool, str | None]:
-    if outcome not in (ANSWERED, EMPTY):
+    if outcome not in (ANSWERED, EMPTY, CUT_JUDGED):
         return False, outcome
     if request.message_id is None:  # a media description: the answer is used as it is
         return outcome == ANSWERED, None if outcome == ANSWERED else EMPTY
     if request.message_id in placed:
         return True, None
-    return False, refusals.get(request.identity, NOT_PLACED if outcome == ANSWERED else EMPTY)
+    return False, refusals.get(request.identity, EMPTY if outcome == EMPTY else NOT_PLACED)
 
 
 @dataclass(slots=True)
@@ -415,11 +417,12 @@ def note_cap(cap: int | None) -> None:
         traced.span.set_attribute(MAX_TOKENS, cap)
 
 
-def note_cut() -> None:
-    """Note that the provider cut the answer of the request being traced at its output cap (no error: an answer)."""
+def note_cut(*, kept_as_written: bool = False) -> None:
+    """Note that the provider cut the answer of the request being traced at its output cap (no error: an answer);
+    ``kept_as_written``: cut at the agent's own cap, its complete lines are judged as an answer."""
     traced = _CURRENT.get()
     if traced is not None:
-        traced.outcome = CUT
+        traced.outcome = CUT_JUDGED if kept_as_written else CUT
 
 
 def note_failure(error: BaseException, outcome: str = FAILED) -> None:

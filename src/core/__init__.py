@@ -17,7 +17,8 @@ covered by the same compatibility promise as the rest of ``maf_compaction``.
   of a restored state against its history (``*_check``).
 - **Effects**: :class:`Request` (with its :class:`RequestKind` and :class:`Route`), answered
   into the state by :func:`absorb`, each sent with the output cap :func:`max_answer_tokens`
-  gives (an answer cut at it is no answer: pass ``None``, or ``""`` over the cached prefix);
+  gives (an answer cut at it is no answer: pass ``None``, or over the cached prefix what :func:`cut_answer` makes
+  of it);
   a record strategy's recall protocol around each model request: :func:`record_rule`,
   :func:`request_starting`, :func:`request_sent`.
 - **Prompt caches with breakpoints** (Anthropic's ``cache_control``): :func:`strategy_marks`
@@ -33,7 +34,7 @@ from .anchored import AnchoredConfig
 from .anchored import Report as AnchoredReport
 from .anchored import check as anchored_check
 from .anchored import step as anchored_step
-from .answers import absorb, max_answer_tokens
+from .answers import absorb, answer_room, cut_answer, max_answer_tokens
 from .breakpoints import CacheMarks, strategy_marks
 from .composition import CompositionConfig, CompositionReport
 from .composition import check as composition_check
@@ -98,9 +99,11 @@ __all__ = [
     "absorb",
     "anchored_check",
     "anchored_step",
+    "answer_room",
     "call_part",
     "composition_check",
     "composition_step",
+    "cut_answer",
     "history",
     "max_answer_tokens",
     "media_part",

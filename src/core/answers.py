@@ -18,8 +18,9 @@ with an output cap of that size and as much again for reasoning (at least 4,096 
 answer the provider cut at the cap is no record or summary: from the summarizer it counts as a
 failure, over the cached prefix as an answer that did not follow the instruction (asked again,
 it would be cut again). A runaway answer costs at most the cap, and never enters history. Over the
-cached prefix the cap never rises above the conversation's own; an answer cut there, below the
-bound's cap, is no runaway, and the shell hands in what it wrote to be judged like any answer.
+cached prefix the cap never rises above the conversation's own; an answer cut there, below the size
+a kept answer may have, is no runaway: its complete lines are judged like any answer
+(:func:`cut_answer`).
 """
 
 from __future__ import annotations
@@ -81,6 +82,30 @@ def max_answer_tokens(
         return None
     cap = bound + max(bound, ANSWER_HEADROOM_TOKENS) + thinking
     return cap if limit is None else min(limit, cap)
+
+
+def answer_room(limit: int | None, thinking: int = 0) -> int | None:
+    """What an answer over the cached prefix may hold when its request repeats an output cap of ``limit`` (the
+    conversation's own ``max_tokens``) with a thinking budget of ``thinking`` spent before it: ``None`` when no cap
+    is set. What :attr:`.composition.CompositionConfig.answer_tokens` is set to on each pass."""
+    return None if limit is None else max(1, limit - max(0, thinking))
+
+
+def cut_answer(request: Request, text: str | None, measure: Callable[[str], int], *, limit: int | None) -> str:
+    """What an answer over the cached prefix the provider cut at its output cap counts as.
+
+    Cut at a cap the request's bound gave (:func:`max_answer_tokens` without ``limit``, or a
+    ``limit`` at or above :func:`answer_bound`), it is a runaway: ``""``, an answer that did not
+    follow the instruction (asked again, it would be cut again). Cut at the conversation's own
+    ``limit``, below the size a kept answer may have, it is no runaway: what it wrote up to its last
+    complete line (the cut fell in the last one, so its last value may be the start of another),
+    judged as any answer is; ``""`` when no line is complete.
+    """
+    bound = answer_bound(request, measure)
+    if limit is None or bound is None or limit >= bound or not text:
+        return ""
+    complete, newline, _ = text.rstrip("\n").rpartition("\n")
+    return complete.rstrip() if newline else ""
 
 
 def absorb(state: State, answers: Sequence[tuple[Request, str | None]]) -> State:

@@ -371,11 +371,11 @@ def _answer_fits(config: CompositionConfig, standing: History, both: Request, me
     """Whether the answer ``both`` asks for (a record, the section line, a summary) is expected to fit the output
     cap it will be sent with (:attr:`CompositionConfig.answer_tokens`; any answer fits when none is known).
 
-    One cap bounds the whole answer. Past it the provider cuts the answer, and a cut
-    answer is no record or summary: both would be lost and the record's route judged
-    ignored. A model that rations its answer to the cap instead shortens the summary
-    it writes last until the summary check refuses it. Either way the summary is asked
-    again alone. Asked alone from the start, the record gets the whole cap and the summary
+    One cap bounds the whole answer. Past it the provider cuts the answer, and the
+    summary written last is what the cut takes (:func:`.answers.cut_answer` keeps the
+    complete lines). A model that rations its answer to the cap instead shortens that
+    summary until the summary check refuses it. Either way the summary is asked again
+    alone. Asked alone from the start, the record gets the whole cap and the summary
     goes in a request of its own over the same cached prefix (it rides on the record's
     break all the same). The record is expected to quote its results' values with the
     prose the conversation's records carried (:func:`.records.learned_prose`); the summary,
