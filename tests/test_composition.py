@@ -1035,6 +1035,33 @@ def test_a_summary_alone_waits_for_the_shed_the_next_step_makes() -> None:
     assert not excluded(by_id(later, "r9"))
 
 
+def test_a_pass_that_began_over_the_budget_makes_room_for_the_next_step_on_its_own_break() -> None:
+    """Over the budget, a record is asked for (it comes with the next request, on a break of its own) and the summary
+    brings the prompt under the budget, but not beside a step like the largest: the room that step needs is shed on
+    this pass's break (groups no record would pay for, oldest first), not left to the next pass, which would break
+    the prefix again for it (an emergency fold or a shed besides the record's break). The other list replays it."""
+
+    def lookups() -> list[Message]:
+        return [*conversation(6, dense=True, pad=2)[:-1], *lookup_round(6, pad=2), Message("user", ["Now report."])]
+
+    messages = lookups()
+    budget = int(measured(messages)[0] * 0.96)
+    strategy = _no_record_pays(budget)
+    run(strategy, messages)
+    report = _summarized_over(strategy, budget)
+    ask = strategy.tool_results.decision_state().records.ask
+    assert ask is not None, "no record is asked for: the case the room was left to it"
+    assert ask.targets == (6,)
+    assert strategy.shed_events == 1
+    assert report.tokens_after <= int(budget * ROOM_LOW_WATER_FRACTION)
+    assert not excluded(by_id(messages, "r6")), "the lookup a record is asked for stays"
+    shed = [i for i in excluded_ids(messages) if i.startswith("r")]
+    assert shed == [f"r{n}" for n in range(len(shed))], f"oldest first, shed {shed}"
+    other = lookups()
+    run(strategy, other)
+    assert dump(other) == dump(messages)
+
+
 def _summarized_over(strategy: Composition, budget: int) -> CompositionReport:
     """The last pass's report, asserting that it began over ``budget`` and the user half summarised on it."""
     report = strategy.last_report

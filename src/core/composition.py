@@ -47,8 +47,10 @@ then, only while the prompt is over the budget, a last-resort chain:
    lost message in a WARNING); the sheds are watermarks in the state, so they replay on
    both lists and after a restore. It also sheds before the budget, down to
    :data:`ROOM_LOW_WATER_FRACTION` of it, when the room a step like the largest needs can
-   come from nothing else (no record is expected to make it): the user half's summary for
-   that room rides on its break (:func:`_room_to_shed`). When only the newest tool group
+   come from nothing else (no record is expected to make it, or the pass began over the
+   budget: its break is paid now, an expected record comes on a break of its own, and the
+   groups left are ones no record would pay for): the user half's summary for that room rides
+   on its break (:func:`_room_to_shed`). When only the newest tool group
    could be shed, or the prompt is under the low water, the summary waits for the next
    step's pass: over the budget then, the summary and any shed share one break.
    ``"raise"`` keeps uncovered results, and under it a group counts as covered only when
@@ -594,7 +596,12 @@ def _room_to_shed(config: CompositionConfig, work: _Pass, seen: View, measure: a
 
     When a step like the conversation's largest would no longer fit beside the prompt and no
     record is expected to make the room (none would pay; with no route to one left, the
-    safety net cuts in the record's place and keeps pace, so this rule stands aside), the
+    safety net cuts in the record's place and keeps pace, so this rule stands aside), or the
+    pass began over the budget (its break is paid now; an expected record comes with the
+    next request on a break of its own, and the step after it would break the prefix a
+    third time for the room: an emergency fold, a shed) and all it would shed is groups whose
+    record would not pay (:func:`.records.unpaying`; a group whose record is still to come keeps
+    its values), the
     unrecorded groups are what the shed will remove for that step, a pass or two later, on a
     break of its own, after the user half's summary made its own break for the same room.
     Shedding them now, down to :data:`ROOM_LOW_WATER_FRACTION` of the budget, puts both on
@@ -611,7 +618,8 @@ def _room_to_shed(config: CompositionConfig, work: _Pass, seen: View, measure: a
     for the summary and sheds what it must on one break; a step that still fits needs no
     break at all. A lone summary and then a shed were two breaks for one step.
     """
-    if config.overflow_policy != "shed" or no_route(work.state.recall) or records.record_expected(work.state):
+    expected = records.record_expected(work.state)
+    if config.overflow_policy != "shed" or no_route(work.state.recall) or (expected and not _began_over(config, work)):
         return 0, False  # with no route left, the safety net cuts in the record's place and keeps pace
     # Of the conversation's own tokens: context injected into one list only must not tip the decision.
     own = sent_tokens(r for r in seen.history if not r.injected)
@@ -625,7 +633,9 @@ def _room_to_shed(config: CompositionConfig, work: _Pass, seen: View, measure: a
     ran = records.run_with_holds(
         rules, work.state.chain.shed, seen.history, measure, releasable=_SHEDDABLE, memo=work.band, shorten=False
     )
-    if not ran.report.shed:
+    if not ran.report.shed or (
+        expected and not set(ran.report.shed) <= records.unpaying(seen, config.records, measure)
+    ):
         return 0, False
     if not room:
         return 0, True
@@ -636,6 +646,10 @@ def _room_to_shed(config: CompositionConfig, work: _Pass, seen: View, measure: a
     ]
     newest = {seen.records[i].origin for i in lookups[-1].members} if lookups else set[int | None]()
     return (room, False) if newest.isdisjoint(ran.report.shed) else (0, True)
+
+
+def _began_over(config: CompositionConfig, work: _Pass) -> bool:
+    return work.report.tokens_before > config.max_input_tokens
 
 
 def _shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:

@@ -485,6 +485,17 @@ def ask_for_pending(seen: View, decisions: RecordDecisions, config: RecordConfig
     return evolve(decisions, ask=ask)
 
 
+def unpaying(seen: View, config: RecordConfig, measure: Measure) -> set[int | None]:
+    """The origins of the messages of every tool group whose record would not pay (:func:`record_pays`, with the
+    prose the conversation's records carried): no record to come would keep their values. Empty when every
+    record pays (no ``payoff_share``)."""
+    gate = _gate(config.payoff_share, measure, seen)
+    if gate is None:
+        return set()
+    tools = [g for g in seen.grouping.all if g.kind == "tool_call"]
+    return {seen.records[i].origin for g in tools if not _pays(seen.records, g, gate) for i in g.members}
+
+
 # ----------------------------------------------------------------------------------------
 # The pass
 # ----------------------------------------------------------------------------------------
