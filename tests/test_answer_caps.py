@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from agent_framework import ChatResponse, Content, Message
@@ -220,7 +220,10 @@ async def test_a_summary_over_the_cached_prefix_carries_its_cap_and_task_request
 
 
 class CuttingProvider(Provider):
-    """The framework's client layers over the scripted model, whose every record answer is cut at its cap."""
+    """The framework's client layers over the scripted model, whose every record answer is cut at its cap (with
+    ``truncate``, after two thirds of its text, one value to a line: the cut falls in the middle of a value)."""
+
+    truncate: ClassVar[bool] = False
 
     def _inner_get_response(
         self, *, messages: Sequence[Message], stream: bool, options: Mapping[str, Any], **kwargs: Any
@@ -231,6 +234,9 @@ class CuttingProvider(Provider):
 
         async def cut() -> ChatResponse:
             response = await pending  # type: ignore[misc]
+            if self.truncate:
+                text = "\n".join(" ".join(part.text or "" for m in response.messages for part in m.contents).split())
+                response.messages = [Message("assistant", [Content.from_text(text[: 2 * len(text) // 3])])]
             response.finish_reason = "length"
             return response
 
@@ -263,26 +269,10 @@ def _text(message: Message) -> str:
     return "\n".join(str(c.text or c.result or "") for c in message.contents)
 
 
-class TruncatingProvider(Provider):
-    """The framework's client layers over the scripted model, whose every record answer the provider cuts after
-    two thirds of its text, in the middle of a value, one value to a line."""
+class TruncatingProvider(CuttingProvider):
+    """:class:`CuttingProvider`, cutting each record answer in the middle of a value."""
 
-    def _inner_get_response(
-        self, *, messages: Sequence[Message], stream: bool, options: Mapping[str, Any], **kwargs: Any
-    ) -> Any:
-        pending = super()._inner_get_response(messages=messages, stream=stream, options=options, **kwargs)
-        if not self.requests[-1].asks_record:
-            return pending
-
-        async def cut() -> ChatResponse:
-            response = await pending  # type: ignore[misc]
-            lines = " ".join(part.text or "" for m in response.messages for part in m.contents).split()
-            text = "\n".join(lines)
-            response.messages = [Message("assistant", [Content.from_text(text[: 2 * len(text) // 3])])]
-            response.finish_reason = "length"
-            return response
-
-        return cut()
+    truncate = True
 
 
 async def test_a_record_cut_at_the_agents_own_cap_is_judged_by_its_complete_lines_and_the_route_stays(
