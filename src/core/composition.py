@@ -343,7 +343,7 @@ def _over_prefix(
 
 
 def _with_summary(
-    config: CompositionConfig, state: State, standing: History, asked: Request, measure: anchored.Measure
+    config: CompositionConfig, state: State, seen: View, asked: Request, measure: anchored.Measure
 ) -> Request:
     """``asked`` (a record over the cached prefix) asking in the same request for the summary the user half will
     want on this pass, when summaries go over the cached prefix too.
@@ -351,12 +351,12 @@ def _with_summary(
     The record's break is the user half's to ride, so it summarises on this pass (its gates off); its items
     are the user turns, which the record does not change, so the summary it asks for once the record is in
     is, as a rule, the one guessed here over the prompt as it stands: then its answer is already known. When
-    it is not (or the answer came without a summary part), the pass asks as it would have. ``standing`` is the
-    prompt as it stands, the one the record was asked over.
+    it is not (or the answer came without a summary part), the pass asks as it would have. ``seen`` is the
+    view of the prompt as it stands, the one the record was asked over.
     """
     if not _summaries_over_prefix(config, state.recall):
         return asked
-    ran = _user_pass(config, state, standing, measure, breaking=True, roomy=True)
+    ran = _user_pass(config, state, seen.history, measure, breaking=True, roomy=True)
     if not isinstance(ran, Needs):
         return asked
     wanted = [r for r in ran.requests if r.kind is RequestKind.SUMMARY]
@@ -366,10 +366,10 @@ def _with_summary(
     both = records.with_summary(asked, sent)
     # The view was cut for the record's instruction alone: both must still fit what the request may send.
     limit = config.records.prefix_tokens(state.recall, records.instruction_tokens(measure, both.instruction))
-    return both if sent_tokens(asked.view) <= limit and _answer_fits(config, standing, both, measure) else asked
+    return both if sent_tokens(asked.view) <= limit and _answer_fits(config, seen, both, measure) else asked
 
 
-def _answer_fits(config: CompositionConfig, standing: History, both: Request, measure: anchored.Measure) -> bool:
+def _answer_fits(config: CompositionConfig, seen: View, both: Request, measure: anchored.Measure) -> bool:
     """Whether the answer ``both`` asks for (a record, the section line, a summary) is expected to fit the output
     cap it will be sent with (:attr:`CompositionConfig.answer_tokens`; any answer fits when none is known).
 
@@ -380,15 +380,13 @@ def _answer_fits(config: CompositionConfig, standing: History, both: Request, me
     alone. Asked alone from the start, the record gets the whole cap and the summary
     goes in a request of its own over the same cached prefix (it rides on the record's
     break all the same). The record is expected to quote its results' values with the
-    prose the conversation's records carried (:func:`.records.learned_prose`); the summary,
+    prose the conversation's records carried (:func:`.records.expected_record_tokens`); the summary,
     to carry what the summary check asks of it with a sentence or two per item.
     """
     if config.answer_tokens is None:
         return True
     assert both.also is not None
-    seen = view(standing)
-    prose = records.learned_prose(records.model_records(seen.records, seen.recall_calls), measure)
-    record = records.expected_record_tokens(both, measure, prose)
+    record = records.expected_record_tokens(both, seen, measure)
     summary = user_summaries.expected_summary_tokens(both.also, measure)
     return record + measure(f"\n{records.SUMMARY_SECTION}\n") + summary <= config.answer_tokens
 
@@ -408,7 +406,7 @@ def _record_rules(config: CompositionConfig, work: _Pass, seen: View, measure: a
     # and what came since), before anything new is decided; else at the pass's end (:func:`_record_over_prefix`).
     asked = records.ask_over(config.records, work.state, passed.history, measure)
     if asked is not None:
-        return Needs((_with_summary(config, work.state, passed.history, asked, measure),))
+        return Needs((_with_summary(config, work.state, memo.view, asked, measure),))
     # The largest step the conversation has taken still fits beside the prompt; when it does not, what no record
     # holds yet is asked for (pinned, or asked over the cached prefix once pinning is given up).
     roomy = _after_next_step(memo.view, work.state.recall, measure) <= config.max_input_tokens
@@ -619,7 +617,8 @@ def _room_to_shed(config: CompositionConfig, work: _Pass, seen: View, measure: a
     break at all. A lone summary and then a shed were two breaks for one step.
     """
     expected = records.record_expected(work.state)
-    if config.overflow_policy != "shed" or no_route(work.state.recall) or (expected and not _began_over(config, work)):
+    began_over = work.report.tokens_before > config.max_input_tokens
+    if config.overflow_policy != "shed" or no_route(work.state.recall) or (expected and not began_over):
         return 0, False  # with no route left, the safety net cuts in the record's place and keeps pace
     # Of the conversation's own tokens: context injected into one list only must not tip the decision.
     own = sent_tokens(r for r in seen.history if not r.injected)
@@ -648,10 +647,6 @@ def _room_to_shed(config: CompositionConfig, work: _Pass, seen: View, measure: a
     return (room, False) if newest.isdisjoint(ran.report.shed) else (0, True)
 
 
-def _began_over(config: CompositionConfig, work: _Pass) -> bool:
-    return work.report.tokens_before > config.max_input_tokens
-
-
 def _shed(config: CompositionConfig, work: _Pass, seen: View, measure: anchored.Measure) -> _Answer:
     """The shed policy: whole unrecorded tool groups leave, oldest band position first (replayed likewise);
     before the prompt is over the budget too, when room for the next large step must come from it
@@ -678,7 +673,7 @@ def _record_over_prefix(config: CompositionConfig, work: _Pass, seen: View, meas
     asked = records.ask_over(config.records, work.state, seen.history, measure)
     if asked is None:
         return Done(seen.history, work, None)
-    return Needs((_with_summary(config, work.state, seen.history, asked, measure),))
+    return Needs((_with_summary(config, work.state, seen, asked, measure),))
 
 
 #: The composed pass, by overflow policy: the record rules, the user half, the chain's

@@ -302,7 +302,13 @@ def _gate(share: float | None, measure: Measure | None, seen: View) -> _Gate | N
     ``None``: every record pays, or no measure to judge by."""
     if share is None or measure is None:
         return None
-    return measure, share, learned_prose(model_records(seen.records, seen.recall_calls), measure)
+    return measure, share, expected_prose(seen, measure)
+
+
+def expected_prose(seen: View, measure: Measure) -> int:
+    """The prose the conversation's next record is expected to carry beside its values: :func:`learned_prose` of
+    the records its model wrote (:func:`model_records`)."""
+    return learned_prose(model_records(seen.records, seen.recall_calls), measure)
 
 
 def model_records(records: Sequence[MessageRecord], recall_calls: RecallCalls) -> list[str]:
@@ -338,12 +344,18 @@ def learned_prose(texts: Sequence[str], measure: Measure) -> int:
     return round(sum(prose) / len(prose))
 
 
-def expected_record_tokens(request: Request, measure: Measure, prose: int) -> int:
-    """The size a record answering ``request`` (asked over the cached prefix) is expected to have: the distinct
-    distinctive values of the tool results its view shows, which the coverage rule asks it to quote, and
-    ``prose`` (:func:`learned_prose`: what the conversation's records carried beside their values)."""
+def expected_record_tokens(request: Request, seen: View, measure: Measure) -> int:
+    """The size a record answering ``request`` (asked over the cached prefix) is expected to have, as
+    :func:`record_pays` expects it: the distinct distinctive values of the tool results its view shows, which
+    the coverage rule asks it to quote, and the prose the records of ``seen`` carried (:func:`expected_prose`)."""
     texts = shown_result_texts(request.view) if request.view is not None else []
-    return measure(" ".join(dict.fromkeys(v for t in texts for v in distinctive_values(t)))) + prose
+    values = list(dict.fromkeys(v for t in texts for v in distinctive_values(t)))
+    return _record_size(values, measure, expected_prose(seen, measure))
+
+
+def _record_size(values: Sequence[str], measure: Measure, prose: int) -> int:
+    """A record's expected size: the ``values`` it must quote and ``prose`` beside them."""
+    return measure(" ".join(values)) + prose
 
 
 def record_pays(
@@ -360,7 +372,7 @@ def record_pays(
     """
     if share is None:
         return True
-    return measure(" ".join(values)) + prose <= share * tokens
+    return _record_size(values, measure, prose) <= share * tokens
 
 
 def _pays(records: Sequence[MessageRecord], group: Group, gate: _Gate, values: Sequence[str] | None = None) -> bool:
