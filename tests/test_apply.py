@@ -67,7 +67,7 @@ def test_no_request_carries_a_record_a_merge_took_in_on_the_same_pass() -> None:
     3x the window: at 2x every record and summary now fits (each asked alone when the two would not fit one answer
     under the 2,048-token cap), and nothing needs merging there."""
     settings = Settings(results="stdlib", answer_tokens=4_000, prose_tokens=(300, 600))
-    result = asyncio.run(run_cell(Cell("tool_and_user_summary_anchored_ungated", 3.0, 4), settings))
+    result = asyncio.run(run_cell(Cell("tool_and_user_summary_anchored_ungated", 3.0, 3), settings))
     assert result.error is None, result.error
     assert result.counters["records_replaced"] >= 1, result.counters
     assert result.dq == 0, f"{result.dq} request(s) over the window"

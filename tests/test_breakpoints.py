@@ -78,6 +78,30 @@ def test_the_composition_marks_its_head_the_end_of_what_it_settled_and_the_last_
     assert strategy_marks(recompact, composed()) == CacheMarks(last=13, frontier=None, head=1)
 
 
+def test_a_short_turn_left_before_a_summary_never_pulls_the_frontier_back() -> None:
+    """A composition leaves a turn shorter than its summary verbatim at the band's edge, before the summary that
+    follows it; past the head a summary is asked only for turns after the last one standing, so that turn never
+    changes and the frontier stays after the summary (in recompact mode a summary re-summarises the band from its
+    first turn, the short one too when nothing longer follows it: the frontier stays before it)."""
+    history = core.history(
+        [
+            text("user", "Build the export; keep the totals in EUR."),  # 0 head
+            text("assistant", "Starting."),  # 1 head
+            text("user", "Ok."),  # 2: short, left verbatim
+            text("assistant", "Sure."),  # 3
+            text("user", "[earlier turns, compacted] ...", summary=True),  # 4
+            text("user", "Add a CSV header with every column the finance team asked for.", excluded=True),  # 5
+            text("assistant", "Added."),  # 6
+            text("user", "Now sort by date."),  # 7: the next summary starts here
+            text("assistant", "Sorted."),  # 8
+        ]
+    )
+    assert cache_marks(history, keep_head_user_turns=1) == CacheMarks(last=8, frontier=6, head=1)
+    assert cache_marks(history, keep_head_user_turns=1, summaries_move=True) == CacheMarks(
+        last=8, frontier=None, head=1
+    )
+
+
 def test_the_record_half_alone_builds_after_assistant_replies_it_never_changes() -> None:
     history = composed()
     records = cache_marks(history, keep_head_groups=1, group_kinds=frozenset({"tool_call"}))

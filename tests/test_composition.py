@@ -501,6 +501,75 @@ def test_alone_the_user_half_asks_only_when_the_next_step_would_not_fit() -> Non
     assert any(SUMMARY_KEY in m.additional_properties for m in messages)
 
 
+def short_rounds(names: Sequence[str]) -> list[Message]:
+    """Short user turns (an acknowledgement, a go-ahead), each shorter than a summary of it would be."""
+    messages: list[Message] = []
+    for name in names:
+        messages += [Message("user", [f"Ok, go on ({name})."], message_id=name), Message("assistant", ["Sure."])]
+    return messages
+
+
+def summarised(messages: Sequence[Message]) -> list[str]:
+    """What the summaries standing in ``messages`` replaced, in order."""
+    return [
+        str(m)
+        for s in messages
+        if SUMMARY_KEY in s.additional_properties and not excluded(s)
+        for m in s.additional_properties[SUMMARY_OF_KEY]
+    ]
+
+
+def edged() -> list[Message]:
+    """Short turns before, between and after long ones, then the tail."""
+    return [
+        Message("system", ["You keep requirements."], message_id="sys"),
+        Message("user", ["Task: collect the requirements."], message_id="task"),
+        *short_rounds(["s0", "s1"]),
+        *user_rounds(3),
+        *short_rounds(["s2"]),
+        *user_rounds(3, start=3),
+        *short_rounds(["s3", "s4"]),
+        *user_rounds(1, start=6),  # the tail, never summarised
+    ]
+
+
+def test_short_turns_at_the_bands_edges_stay_verbatim_where_they_stand() -> None:
+    """A turn shorter than its summary would be (what it owes the check and a sentence or two of prose) costs
+    output to summarise and saves nothing: at the band's edges it stays verbatim, before or after the summary,
+    so the model still reads every turn in the order it was said; between long turns it goes with them."""
+    messages = edged()
+    summarizer = ScriptedSummarizer(extractive)
+    strategy = build(needs_room(messages), summarizer=summarizer)
+    run(strategy, messages)
+    assert summarizer.calls == 1
+    assert summarised(messages) == ["q0", "q1", "q2", "s2", "q3", "q4", "q5"]
+    summary = next(m.message_id for m in messages if SUMMARY_KEY in m.additional_properties)
+    assert [m.message_id for m in messages if m.role == "user" and not excluded(m)] == [
+        "task", "s0", "s1", summary, "s3", "s4", "q6"
+    ]  # fmt: skip
+    # The user-turn strategy alone summarises every turn of its band, short ones too.
+    alone = edged()
+    user_half = UserTurnAnchoredSummarizationCompactionStrategy(
+        max_input_tokens=needs_room(alone), tokenizer=TOKENIZER, client=ScriptedSummarizer(extractive)
+    )
+    asyncio.run(user_half(alone))
+    assert summarised(alone)[:2] == ["s0", "s1"]
+
+
+def test_a_band_of_short_turns_only_is_summarised_whole() -> None:
+    """With no turn worth a summary of its own, the short ones together are what can make room."""
+    messages = [
+        Message("system", ["You keep requirements."], message_id="sys"),
+        Message("user", ["Task: collect the requirements."], message_id="task"),
+        *short_rounds([f"s{n}" for n in range(40)]),
+    ]
+    summarizer = ScriptedSummarizer(extractive)
+    strategy = build(int(measured(messages)[0] * 0.95), summarizer=summarizer)  # over the budget: room is due
+    run(strategy, messages)
+    assert summarizer.calls == 1
+    assert summarised(messages) == [f"s{n}" for n in range(39)]
+
+
 def asks_at(budget: int, messages: Sequence[Message], recall: RecallState) -> bool:
     """Does one pass at ``budget``, from ``recall``, ask for a record of the pending groups?"""
     strategy = build(budget)

@@ -95,7 +95,8 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
     record newly excludes tool groups (that break is paid anyway), or, while the prompt
     fits, only when the conversation's largest step would no longer fit beside it; then a
     record of the unrecorded tool groups is asked for first and the summary rides on its
-    break. Only while the prompt is over the
+    break. A user turn no larger than its summary would be stays verbatim at the band's
+    edges (a summary of it costs output and saves nothing). Only while the prompt is over the
     budget it then merges and rewrites the records, folds the oldest user summaries into
     one (an emergency fold: kept only when smaller and quoting every value), holds every
     uncovered tool group and lets the anchored rules shed narration, and then applies
@@ -198,7 +199,9 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
         validate(_Chain(trigger, chain_gain_fraction))
         config = CompositionConfig(
             records=_record_rules(tool_results, tokenizer),
-            users=replace(users, trigger_fraction=trigger, min_gain_fraction=chain_gain_fraction),
+            users=replace(
+                users, trigger_fraction=trigger, min_gain_fraction=chain_gain_fraction, keep_short_turns=True
+            ),
             overflow_policy=overflow_policy,
             merge_prompt=core.DEFAULT_MERGE_PROMPT if merge_prompt is None else merge_prompt,
             harder_attempts=harder_attempts,

@@ -112,13 +112,16 @@ def absorb(state: State, answers: Sequence[tuple[Request, str | None]]) -> State
     """``state`` with ``answers`` (each request with its text, ``None`` for a failure) in its table.
 
     A record asked with a summary in the same request answers both: each part goes to its own
-    request (a part the answer lacks is no answer; its request is asked alone next).
+    request (a part the answer lacks is no answer; its request is asked alone next). A summary part
+    that is no summary of its items (:func:`.user_summaries.follows`) is lacking too, not an ignored
+    instruction: it shared the answer's room with the record, so it says nothing of how the model
+    follows a summary request of its own.
     """
     for request, text in answers:
         if request.also is not None:
             record, summary = records.split_answer(request, text)
             state = _one(state, request, record)
-            if summary is not None:
+            if summary is not None and user_summaries.follows(request.also, summary):
                 state = _one(state, request.also, summary)
         else:
             state = _one(state, request, text)

@@ -11,8 +11,10 @@ keep byte-stable, so they mark it, on every request, before they touch what foll
    extends this one and re-reads all of it. Context injected for one call after it (a
    to-do list, a memory) stays outside the entry, so it never spoils it.
 2. **The frontier**: the message before the first one the strategy's next decision may
-   change: the user's first turn past the head still in the prompt (or, in ``recompact``
-   mode, the first standing summary, which a recompact replaces) for user-turn summaries;
+   change: the user's first turn past the head and the last standing summary still in the
+   prompt (a turn before that summary, a short one a composition left verbatim, never
+   changes; in ``recompact`` mode, the first standing summary or turn, which a recompact
+   replaces) for user-turn summaries;
    the first tool group still in the prompt for records; the first band group for the
    anchored rules. Summaries, records and the replies between them stand before it, so
    the next summary or record breaks the prompt after this mark and re-reads all of it.
@@ -157,9 +159,13 @@ def _turns_half(history: History, keep: int, *, summaries_move: bool) -> tuple[i
         return len(history) - 1, len(history)
     end = max((i for i in range(turns[keep]) if _own(history[i])), default=-1) if keep > 0 else -1
     band = frozenset(turns[keep:])
+    # Past the head, a summary is asked only for turns after the last one standing (unless summaries move): a turn
+    # before it (a short one a composition left verbatim at the band's edge) never changes.
+    standing = [i for i in range(end + 1, len(history)) if history[i].summary and not history[i].excluded]
+    start = standing[-1] + 1 if standing and not summaries_move else end + 1
     changing = (
         i
-        for i in range(end + 1, len(history))
+        for i in range(start, len(history))
         if not history[i].excluded and (i in band or (summaries_move and history[i].summary))
     )
     return end, next(changing, len(history))

@@ -44,7 +44,7 @@ lists and after a restore. The rules, all pure:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import partial
 from typing import Final, Literal, TypeAlias, get_args
@@ -54,6 +54,7 @@ from pyrsistent import pvector
 from .checks import AtLeastOne, AtLeastZero, Floor, Fraction, NonEmpty, share_of, validate
 from .counting import MESSAGE_OVERHEAD_TOKENS
 from .effects import CALLED_INSTEAD, COMPACTION_REQUEST, Request, Route, identity, standing, trimmed
+from .fingerprint import FINGERPRINT
 from .model import MEDIA_KINDS, History, MessageRecord, Part, conversation_indices, flagged
 from .protocol import Done, Needs, sent_tokens
 from .state import RequestKind, State
@@ -123,6 +124,9 @@ class UserSummaryConfig:
             fits the budget, a summary whose turns are fewer tokens than this share of
             everything behind the first of them is not asked for (its prefix break would
             cost more than it saves); 0 never declines.
+        keep_short_turns: Set by a composition: a user turn no larger than its summary is expected
+            to be (what it owes the summary check and :data:`SUMMARY_PROSE_TOKENS` of prose) stays
+            verbatim at the band's edges instead of being summarised (:func:`_trimmed`).
     """
 
     max_input_tokens: AtLeastOne
@@ -137,6 +141,8 @@ class UserSummaryConfig:
     max_summary_input_tokens: AtLeastOne | None = None
     describe_media: bool = False
     min_gain_fraction: Floor = 0.0
+    # A rule of the composition's, not a configuration: not in the fingerprint, so an upgrade restores stored sessions.
+    keep_short_turns: bool = field(default=False, metadata={FINGERPRINT: False})
 
     def __post_init__(self) -> None:
         validate(self)
@@ -347,6 +353,9 @@ def pass_(
         else:
             waiting.append((Item(k, "", records[k].tokens, run=run), tuple(item)))
             run += 1  # until it is described, the turn ends the run a request may cover
+    kept = _trimmed(p, items, waiting)
+    eligible_tokens -= sum(i.tokens for i in items[: len(items) - len(kept)])  # short turns that stay verbatim
+    items = kept
     # Worth a call: user turns to summarise (not only our summaries), and enough of them.
     has_turns = bool(waiting) or any(not records[i.index].summary for i in items)
     # Of the conversation's own tokens: context injected into one list only must not tip
@@ -365,6 +374,8 @@ def pass_(
     while selected and all(records[i.index].summary for i in selected):
         items = items[1:]
         selected = select(config.prompt, items, config.summary_input_limit, measure)
+    while any(_worth_summarising(p, i) for i in selected) and not _worth_summarising(p, selected[-1]):
+        selected.pop()
     band = replace(p, band_tokens=eligible_tokens, protected=protected)
     if selected:
         summary_id = next_id(SUMMARY_ID_PREFIX, state.compactions, records)
@@ -377,6 +388,37 @@ def pass_(
     elif worth:
         return band.done(Outcome.NOTHING_FITS)
     return _fold(p) if config.summary_mode == "fold" and len(p.standing) >= 2 else band.done(Outcome.DECLINED)
+
+
+def _worth_summarising(p: _Pass, item: Item) -> bool:
+    """A user turn larger than its summary is expected to be (what it owes the summary check and
+    :data:`SUMMARY_PROSE_TOKENS` of prose); a standing summary (recompact mode) always is, and every turn
+    is unless :attr:`UserSummaryConfig.keep_short_turns` is set."""
+    if not p.config.keep_short_turns or p.records[item.index].summary:
+        return True
+    return item.tokens > p.measure(owed([item.text])) + SUMMARY_PROSE_TOKENS
+
+
+def _trimmed(p: _Pass, items: list[Item], waiting: Sequence[tuple[Item, tuple[Request, ...]]]) -> list[Item]:
+    """``items`` without the leading turns no larger than their summary would be: they stay verbatim before it.
+
+    A summary of a short turn costs output and saves nothing; at the band's edges such a turn can stay
+    where it is (the summary stands after the leading ones and before the trailing ones, which
+    :func:`pass_` drops from the selection), so the order of what the model reads is the order it was
+    said. Inside the band a short turn goes with its neighbours: a summary never reaches past a turn
+    that stays verbatim.
+    """
+    first_waiting = min((w.index for w, _ in waiting), default=None)
+    if not any(_worth_summarising(p, i) for i in items):
+        return items  # every turn short: summarised together they still make room
+    start = 0
+    while (
+        start < len(items)
+        and (first_waiting is None or items[start].index < first_waiting)
+        and not _worth_summarising(p, items[start])
+    ):
+        start += 1
+    return items[start:]
 
 
 def user_turns(history: Iterable[MessageRecord]) -> int:
@@ -556,13 +598,16 @@ def follows(request: Request, answer: str) -> bool:
 
     A model that ignored the instruction answers about something else: when the items
     carry distinctive values it quotes none of them. Items without values cannot be
-    told apart from a reply about something else, so any text is taken for them (it is
-    linked from the summary like any other, and what it replaces stays in stored history).
+    told apart from a reply about something else, nor can items with one (a summary may
+    leave out the one correction it should carry, as a lossy model does), so any text is
+    taken for them: the summary check still refuses it when it lacks that value, and asks
+    again over the same route (it is linked from the summary like any other, and what it
+    replaces stays in stored history).
     """
     if answer.lstrip().startswith(CALLED_INSTEAD):
         return False  # the model called a tool instead
-    values = distinctive_values(request.transcript)
-    return bool(set(values) & word_set(answer)) if values else bool(answer.strip())
+    values = set(distinctive_values(request.transcript))
+    return bool(values & word_set(answer)) if len(values) > 1 else bool(answer.strip())
 
 
 def over_prefix(request: Request, view: History) -> Request | None:
