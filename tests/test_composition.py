@@ -520,7 +520,7 @@ def summarised(messages: Sequence[Message]) -> list[str]:
 
 
 def edged() -> list[Message]:
-    """Short turns before, between and after long ones, then the tail."""
+    """Short turns right after the head, then long ones with short ones among and after them, then the tail."""
     return [
         Message("system", ["You keep requirements."], message_id="sys"),
         Message("user", ["Task: collect the requirements."], message_id="task"),
@@ -533,27 +533,55 @@ def edged() -> list[Message]:
     ]
 
 
-def test_short_turns_at_the_bands_edges_stay_verbatim_where_they_stand() -> None:
+@pytest.mark.parametrize("mode", ["boundary", "recompact"])
+def test_short_turns_that_open_the_band_stay_verbatim_before_the_first_summary(mode: str) -> None:
     """A turn shorter than its summary would be (what it owes the check and a sentence or two of prose) costs
-    output to summarise and saves nothing: at the band's edges it stays verbatim, before or after the summary,
-    so the model still reads every turn in the order it was said; between long turns it goes with them."""
+    output to summarise and saves nothing: the short turns right after the head stay verbatim, and the first
+    summary stands after them, so the model reads every turn in the order it was said. Every other short turn goes
+    with its neighbours; the user-turn strategy on its own summarises them all."""
     messages = edged()
     summarizer = ScriptedSummarizer(extractive)
-    strategy = build(needs_room(messages), summarizer=summarizer)
+    strategy = build(needs_room(messages), summarizer=summarizer, summary_mode=mode)
     run(strategy, messages)
     assert summarizer.calls == 1
-    assert summarised(messages) == ["q0", "q1", "q2", "s2", "q3", "q4", "q5"]
+    assert summarised(messages) == ["q0", "q1", "q2", "s2", "q3", "q4", "q5", "s3", "s4"]
     summary = next(m.message_id for m in messages if SUMMARY_KEY in m.additional_properties)
     assert [m.message_id for m in messages if m.role == "user" and not excluded(m)] == [
-        "task", "s0", "s1", summary, "s3", "s4", "q6"
-    ]  # fmt: skip
-    # The user-turn strategy alone summarises every turn of its band, short ones too.
+        "task",
+        "s0",
+        "s1",
+        summary,
+        "q6",
+    ]
     alone = edged()
     user_half = UserTurnAnchoredSummarizationCompactionStrategy(
-        max_input_tokens=needs_room(alone), tokenizer=TOKENIZER, client=ScriptedSummarizer(extractive)
+        max_input_tokens=needs_room(alone),
+        tokenizer=TOKENIZER,
+        client=ScriptedSummarizer(extractive),
+        summary_mode=mode,  # type: ignore[arg-type]
     )
     asyncio.run(user_half(alone))
     assert summarised(alone)[:2] == ["s0", "s1"]
+
+
+@pytest.mark.parametrize("mode", ["boundary", "recompact"])
+def test_short_turns_after_a_summary_go_into_the_next_one(mode: str) -> None:
+    """Once a summary stands, no short turn stays behind: the next summary takes the ones that open its band, so
+    what stays verbatim never grows past the run before the first summary, and no short turn ever stands between
+    two summaries."""
+    messages = edged()
+    strategy = build(needs_room(messages), summarizer=ScriptedSummarizer(extractive), summary_mode=mode)
+    run(strategy, messages)
+    first = len(summarised(messages))
+    messages += [*short_rounds(["s5", "s6"]), *user_rounds(12, start=7)]
+    run(strategy, messages)
+    assert len(summarised(messages)) > first, "the grown conversation needed room again"
+    standing = [m for m in messages if SUMMARY_KEY in m.additional_properties and not excluded(m)]
+    assert len(standing) == (2 if mode == "boundary" else 1)
+    assert {"q6", "s5", "s6"} <= set(summarised(messages))
+    users = [m for m in messages if m.role == "user" and not excluded(m)]
+    assert [m.message_id for m in users[:3]] == ["task", "s0", "s1"]
+    assert all(SUMMARY_KEY in m.additional_properties for m in users[3:-1])
 
 
 def test_a_band_of_short_turns_only_is_summarised_whole() -> None:

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from msgspec.structs import replace as evolve
 
 from maf_compaction import core
-from maf_compaction.core import answers, recall, records, user_summaries
+from maf_compaction.core import answers, recall, records
 from maf_compaction.core.effects import Request, Route
 from maf_compaction.core.recall import FAILURE_LIMIT, IGNORED_LIMIT, MAX_REST_CALLS, REST_CALLS, HistorySeen, PinRule
 from maf_compaction.core.state import RecallState, RecallStatus, RecordRoute, RequestKind, State
@@ -187,21 +187,6 @@ def test_a_summary_part_that_quotes_none_of_its_values_is_lacking_not_an_ignored
     assert all(a.identity != summary.identity for a in state.answers)
     alone = answers.absorb(State(), [(summary, lacking)]).recall
     assert (alone.summaries_to_summarizer, alone.ignored_summaries) == (True, 1)
-
-
-@pytest.mark.parametrize(
-    ("transcript", "followed"),
-    [
-        ("1. Correction (FB-37A574): reports go through the streaming pipeline.\n2. background detail", True),
-        ("1. keep ticket XR-1 open\n2. ship ticket XR-2 by friday", False),
-        ("1. thanks\n2. go on", True),
-    ],
-)
-def test_a_summary_of_items_with_one_value_at_most_is_taken_whatever_it_quotes(transcript: str, followed: bool) -> None:
-    """Dropping the one value its items carry is what a lossy summary does, not a reply about something else:
-    such an answer is taken for a summary (the summary check still refuses it for the missing value)."""
-    summary = Request("s" * 32, RequestKind.SUMMARY, Route.CACHED_PREFIX, transcript=transcript)
-    assert user_summaries.follows(summary, "Item 1 is about reporting. Item 2 is background.") is followed
 
 
 # ----------------------------------------------------------------------------- after the rest

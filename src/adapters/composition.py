@@ -95,8 +95,8 @@ class ToolResultAndUserTurnAnchoredSummarizationCompactionStrategy(
     record newly excludes tool groups (that break is paid anyway), or, while the prompt
     fits, only when the conversation's largest step would no longer fit beside it; then a
     record of the unrecorded tool groups is asked for first and the summary rides on its
-    break. A user turn no larger than its summary would be stays verbatim at the band's
-    edges (a summary of it costs output and saves nothing). Only while the prompt is over the
+    break. The short user turns right after the head (each no larger than its summary would
+    be) stay verbatim before the first summary. Only while the prompt is over the
     budget it then merges and rewrites the records, folds the oldest user summaries into
     one (an emergency fold: kept only when smaller and quoting every value), holds every
     uncovered tool group and lets the anchored rules shed narration, and then applies

@@ -22,7 +22,7 @@ then, only while the prompt is over the budget, a last-resort chain:
    prompt. At that point the composition first asks for a record of the tool groups no
    record holds yet, so the user half waits for it and rides on its break; when no record
    would pay for them, the shed policy makes the room and the summary rides on its break.
-   User turns no larger than their summary would be stay verbatim at the band's edges
+   The short user turns right after the head, before the first summary, stay verbatim
    (:attr:`.user_summaries.UserSummaryConfig.keep_short_turns`, which the composition sets).
 3. **Record replacements**: the records are merged into one written record, then
    rewritten harder (about 60%, then 36% of the length), each through the user half's

@@ -124,9 +124,11 @@ class UserSummaryConfig:
             fits the budget, a summary whose turns are fewer tokens than this share of
             everything behind the first of them is not asked for (its prefix break would
             cost more than it saves); 0 never declines.
-        keep_short_turns: Set by a composition: a user turn no larger than its summary is expected
-            to be (what it owes the summary check and :data:`SUMMARY_PROSE_TOKENS` of prose) stays
-            verbatim at the band's edges instead of being summarised (:func:`_trimmed`).
+        keep_short_turns: Set by a composition: the user turns no larger than their summary is
+            expected to be that open the band, right after the head and before the first summary,
+            stay verbatim instead of being summarised (:func:`_trimmed`). Not fingerprinted (a rule,
+            not a configuration): a session stored before it restores, and a summary still to be
+            asked then leaves those turns out.
     """
 
     max_input_tokens: AtLeastOne
@@ -374,8 +376,6 @@ def pass_(
     while selected and all(records[i.index].summary for i in selected):
         items = items[1:]
         selected = select(config.prompt, items, config.summary_input_limit, measure)
-    while any(_worth_summarising(p, i) for i in selected) and not _worth_summarising(p, selected[-1]):
-        selected.pop()
     band = replace(p, band_tokens=eligible_tokens, protected=protected)
     if selected:
         summary_id = next_id(SUMMARY_ID_PREFIX, state.compactions, records)
@@ -390,35 +390,38 @@ def pass_(
     return _fold(p) if config.summary_mode == "fold" and len(p.standing) >= 2 else band.done(Outcome.DECLINED)
 
 
-def _worth_summarising(p: _Pass, item: Item) -> bool:
-    """A user turn larger than its summary is expected to be (what it owes the summary check and
-    :data:`SUMMARY_PROSE_TOKENS` of prose); a standing summary (recompact mode) always is, and every turn
-    is unless :attr:`UserSummaryConfig.keep_short_turns` is set."""
-    if not p.config.keep_short_turns or p.records[item.index].summary:
-        return True
-    return item.tokens > p.measure(owed([item.text])) + SUMMARY_PROSE_TOKENS
+def _short(p: _Pass, item: Item) -> bool:
+    """A user turn no larger than its summary is expected to be: what it owes the summary check and
+    :data:`SUMMARY_PROSE_TOKENS` of prose (a standing summary never is)."""
+    record = p.records[item.index]
+    return not record.summary and item.tokens <= p.measure(owed([item.text])) + SUMMARY_PROSE_TOKENS
 
 
 def _trimmed(p: _Pass, items: list[Item], waiting: Sequence[tuple[Item, tuple[Request, ...]]]) -> list[Item]:
-    """``items`` without the leading turns no larger than their summary would be: they stay verbatim before it.
+    """``items`` without the short turns that open the conversation's band, when
+    :attr:`UserSummaryConfig.keep_short_turns` is set: they stay verbatim where they stand.
 
-    A summary of a short turn costs output and saves nothing; at the band's edges such a turn can stay
-    where it is (the summary stands after the leading ones and before the trailing ones, which
-    :func:`pass_` drops from the selection), so the order of what the model reads is the order it was
-    said. Inside the band a short turn goes with its neighbours: a summary never reaches past a turn
-    that stays verbatim.
+    A summary of a turn no larger than its summary would be (:func:`_short`) costs output and saves
+    nothing. Only the run of such turns right after the head, before the conversation's first summary
+    and before a longer turn, stays: the first summary stands after them, so the model still reads every
+    turn in the order it was said, the run never grows once a summary stands, and no short turn ever
+    stands between two summaries (a fold of them would move what the later one says before it). Every
+    other short turn goes with its neighbours, and a band of short turns only is summarised whole
+    (together they are what can make room).
     """
+    if not p.config.keep_short_turns:
+        return items
+    before = min(p.standing, default=None)  # indices into the conversation's records, as items' are
     first_waiting = min((w.index for w, _ in waiting), default=None)
-    if not any(_worth_summarising(p, i) for i in items):
-        return items  # every turn short: summarised together they still make room
     start = 0
     while (
         start < len(items)
+        and (before is None or items[start].index < before)
         and (first_waiting is None or items[start].index < first_waiting)
-        and not _worth_summarising(p, items[start])
+        and _short(p, items[start])
     ):
         start += 1
-    return items[start:]
+    return items[start:] if start < len(items) else items
 
 
 def user_turns(history: Iterable[MessageRecord]) -> int:
@@ -598,16 +601,13 @@ def follows(request: Request, answer: str) -> bool:
 
     A model that ignored the instruction answers about something else: when the items
     carry distinctive values it quotes none of them. Items without values cannot be
-    told apart from a reply about something else, nor can items with one (a summary may
-    leave out the one correction it should carry, as a lossy model does), so any text is
-    taken for them: the summary check still refuses it when it lacks that value, and asks
-    again over the same route (it is linked from the summary like any other, and what it
-    replaces stays in stored history).
+    told apart from a reply about something else, so any text is taken for them (it is
+    linked from the summary like any other, and what it replaces stays in stored history).
     """
     if answer.lstrip().startswith(CALLED_INSTEAD):
         return False  # the model called a tool instead
-    values = set(distinctive_values(request.transcript))
-    return bool(values & word_set(answer)) if len(values) > 1 else bool(answer.strip())
+    values = distinctive_values(request.transcript)
+    return bool(set(values) & word_set(answer)) if values else bool(answer.strip())
 
 
 def over_prefix(request: Request, view: History) -> Request | None:
