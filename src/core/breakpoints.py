@@ -160,7 +160,7 @@ def _turns_half(history: History, keep: int, *, summaries_move: bool) -> tuple[i
     end = max((i for i in range(turns[keep]) if _own(history[i])), default=-1) if keep > 0 else -1
     band = frozenset(turns[keep:])
     # Past the head, a summary is asked only for turns after the last one standing (unless summaries move): a turn
-    # before it (a short one a composition left verbatim at the band's edge) never changes.
+    # before it (a short one a composition left verbatim before its first summary) never changes.
     standing = [i for i in range(end + 1, len(history)) if history[i].summary and not history[i].excluded]
     start = standing[-1] + 1 if standing and not summaries_move else end + 1
     changing = (
