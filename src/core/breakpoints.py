@@ -161,8 +161,8 @@ def _turns_half(history: History, keep: int, *, summaries_move: bool) -> tuple[i
     band = frozenset(turns[keep:])
     # Past the head, a summary is asked only for turns after the last one standing (unless summaries move): a turn
     # before it (a short one a composition left verbatim before its first summary) never changes.
-    standing = [i for i in range(end + 1, len(history)) if history[i].summary and not history[i].excluded]
-    start = standing[-1] + 1 if standing and not summaries_move else end + 1
+    last = max((i for i in range(end + 1, len(history)) if history[i].summary and not history[i].excluded), default=end)
+    start = end + 1 if summaries_move else last + 1
     changing = (
         i
         for i in range(start, len(history))

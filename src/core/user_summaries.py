@@ -126,7 +126,7 @@ class UserSummaryConfig:
             cost more than it saves); 0 never declines.
         keep_short_turns: Set by a composition: the user turns no larger than their summary is
             expected to be that open the band, right after the head and before the first summary,
-            stay verbatim instead of being summarised (:func:`_trimmed`). Not fingerprinted (a rule,
+            stay verbatim instead of being summarised (:func:`_verbatim_run`). Not fingerprinted (a rule,
             not a configuration): a session stored before it restores, and a summary still to be
             asked then leaves those turns out.
     """
@@ -355,9 +355,9 @@ def pass_(
         else:
             waiting.append((Item(k, "", records[k].tokens, run=run), tuple(item)))
             run += 1  # until it is described, the turn ends the run a request may cover
-    kept = _trimmed(p, items, waiting)
-    eligible_tokens -= sum(i.tokens for i in items[: len(items) - len(kept)])  # short turns that stay verbatim
-    items = kept
+    verbatim = _verbatim_run(p, items, waiting)
+    eligible_tokens -= sum(i.tokens for i in items[:verbatim])  # short turns that stay where they stand
+    items = items[verbatim:]
     # Worth a call: user turns to summarise (not only our summaries), and enough of them.
     has_turns = bool(waiting) or any(not records[i.index].summary for i in items)
     # Of the conversation's own tokens: context injected into one list only must not tip
@@ -394,12 +394,12 @@ def _short(p: _Pass, item: Item) -> bool:
     """A user turn no larger than its summary is expected to be: what it owes the summary check and
     :data:`SUMMARY_PROSE_TOKENS` of prose (a standing summary never is)."""
     record = p.records[item.index]
-    return not record.summary and item.tokens <= p.measure(owed([item.text])) + SUMMARY_PROSE_TOKENS
+    return not record.summary and item.tokens <= _summary_size([item.text], 1, p.measure)
 
 
-def _trimmed(p: _Pass, items: list[Item], waiting: Sequence[tuple[Item, tuple[Request, ...]]]) -> list[Item]:
-    """``items`` without the short turns that open the conversation's band, when
-    :attr:`UserSummaryConfig.keep_short_turns` is set: they stay verbatim where they stand.
+def _verbatim_run(p: _Pass, items: Sequence[Item], waiting: Sequence[tuple[Item, tuple[Request, ...]]]) -> int:
+    """How many of ``items`` (from the first) are short turns that open the conversation's band and stay
+    verbatim where they stand, when :attr:`UserSummaryConfig.keep_short_turns` is set (0 otherwise).
 
     A summary of a turn no larger than its summary would be (:func:`_short`) costs output and saves
     nothing. Only the run of such turns right after the head, before the conversation's first summary
@@ -410,7 +410,7 @@ def _trimmed(p: _Pass, items: list[Item], waiting: Sequence[tuple[Item, tuple[Re
     (together they are what can make room).
     """
     if not p.config.keep_short_turns:
-        return items
+        return 0
     before = min(p.standing, default=None)  # indices into the conversation's records, as items' are
     first_waiting = min((w.index for w, _ in waiting), default=None)
     start = 0
@@ -421,7 +421,7 @@ def _trimmed(p: _Pass, items: list[Item], waiting: Sequence[tuple[Item, tuple[Re
         and _short(p, items[start])
     ):
         start += 1
-    return items[start:] if start < len(items) else items
+    return start if start < len(items) else 0  # every turn short: summarised together they make room
 
 
 def user_turns(history: Iterable[MessageRecord]) -> int:
@@ -593,7 +593,12 @@ SUMMARY_PROSE_TOKENS: Final = 60
 def expected_summary_tokens(request: Request, measure: Measure) -> int:
     """The size a summary answering ``request`` is expected to have: the least the summary check asks it to
     carry (:func:`.summary_check.owed`) and :data:`SUMMARY_PROSE_TOKENS` per item."""
-    return measure(owed(request.items)) + SUMMARY_PROSE_TOKENS * max(1, len(request.openings))
+    return _summary_size(request.items, len(request.openings), measure)
+
+
+def _summary_size(texts: Sequence[str], count: int, measure: Measure) -> int:
+    """What a summary of ``count`` items with ``texts`` owes the summary check, and its prose."""
+    return measure(owed(texts)) + SUMMARY_PROSE_TOKENS * max(1, count)
 
 
 def follows(request: Request, answer: str) -> bool:
